@@ -1,0 +1,303 @@
+"""Vision-token budgets: frame caps, decode sampling, per-frame token counts and the layout plan (DESIGN §3.1-3.4).
+
+Legend: B budget (LLM vision rows per video), K rows per compressed group (64), T frames, D feature dim,
+G groups, hw merged tokens per frame at the encode size, raw_hw rows per raw frame in the LLM input.
+
+A *merged token* (or cell) is one 28×28 pixel area: a 2×2 block of 14-pixel ViT patches that VideoLLaMA3 merges
+into one LLM row. Pure python/torch; no lightning, no transformers, no I/O.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from .segmentation import (
+    MAX_GROUP_FRAMES,
+    adaptive_segment_count,
+    adaptive_segment_lengths,
+    frame_changes,
+    group_variation,
+    uniform_segment_lengths,
+)
+
+K_ROWS = 64                    # rows a compressed group becomes (qbase queries)
+PATCH_SIZE = 14                # ViT patch side, pixels
+MERGE_SIZE = 2                 # patches merged per side into one LLM row
+CELL_PIXELS = PATCH_SIZE * MERGE_SIZE  # 28: side of one merged token, pixels
+MAX_TOKENS_PER_FRAME = 256
+MIN_TOKENS_PER_FRAME = 16
+BASE_FPS = 1.0
+
+PlanMode = Literal["raw", "hybrid", "forced8", "all_compressed"]
+
+
+def max_frames(budget_tokens: int, k: int = K_ROWS) -> int:
+    """Most frames a budget can carry: ``(B // K) * 8`` (every group compressed, 8 frames each).
+
+    Raises:
+        ValueError: ``B < K`` (not even one compressed group fits).
+    """
+    check_budget(budget_tokens, k)
+    return (budget_tokens // k) * MAX_GROUP_FRAMES
+
+
+def check_budget(budget_tokens: int, k: int = K_ROWS) -> None:
+    """Raise ``ValueError`` when the budget cannot hold even one compressed group of K rows."""
+    if budget_tokens < k:
+        raise ValueError(f"budget of {budget_tokens} vision tokens is smaller than one compressed group ({k} rows)")
+
+
+def evenly_spaced(n_total: int, n_keep: int) -> list[int]:
+    """``n_keep`` distinct indices of ``range(n_total)`` spread evenly, first and last included.
+
+    ``round(i * (n_total - 1) / (n_keep - 1))``; distinct because the step is at least 1.
+    """
+    if not 1 <= n_keep <= n_total:
+        raise ValueError(f"cannot keep {n_keep} of {n_total} items")
+    if n_keep == 1:
+        return [0]
+    return [int(round(i * (n_total - 1) / (n_keep - 1))) for i in range(n_keep)]
+
+
+def sample_times(duration_s: float, budget_tokens: int, base_fps: float = BASE_FPS, k: int = K_ROWS) -> tuple[float, list[float]]:
+    """Frame times (s) to decode for the largest budget (DESIGN §3.1).
+
+    At ``base_fps`` (1 fps) the frames are at ``j / fps`` for ``j < ceil(duration * fps)``. If that exceeds
+    ``M = max_frames(B)``, sample at ``(M + 1) / duration`` fps instead and thin evenly to M frames.
+
+    Args:
+        duration_s: video duration in seconds (a non-positive duration gives the single frame at 0 s).
+        budget_tokens: the largest budget of the run.
+
+    Returns:
+        ``(fps, times_s)``: the sampling rate used (before thinning) and T increasing times in seconds.
+    """
+    cap = max_frames(budget_tokens, k)
+    if duration_s <= 0:
+        return base_fps, [0.0]
+    n = max(1, math.ceil(duration_s * base_fps - 1e-9))
+    if n <= cap:
+        return base_fps, [j / base_fps for j in range(n)]
+    fps = (cap + 1) / duration_s
+    n = max(1, math.ceil(duration_s * fps - 1e-9))
+    times = [j / fps for j in range(n)]
+    return fps, [times[i] for i in evenly_spaced(n, cap)]
+
+
+def native_frame_indices(times_s: list[float], native_fps: float, num_native_frames: int) -> list[int]:
+    """Index of the decoded frame shown at each time (``floor(t * fps + 1e-6)``, clipped to the last frame)."""
+    last = max(num_native_frames - 1, 0)
+    return [min(int(math.floor(t * native_fps + 1e-6)), last) for t in times_s]
+
+
+def subsample(num_frames: int, budget_tokens: int, k: int = K_ROWS) -> list[int]:
+    """Frames a budget uses out of the T decoded ones: all if ``T <= max_frames(B)``, else that many evenly spaced."""
+    cap = max_frames(budget_tokens, k)
+    return list(range(num_frames)) if num_frames <= cap else evenly_spaced(num_frames, cap)
+
+
+def frame_grid(height: int, width: int, max_tokens: int, min_tokens: int = MIN_TOKENS_PER_FRAME) -> tuple[int, int]:
+    """Merged-token grid ``(gh, gw)`` a ``height × width`` frame is resized to, keeping its aspect ratio.
+
+    Follows VideoLLaMA3's ``smart_resize`` with ``factor = 28``, ``max_pixels = max_tokens * 28²`` and
+    ``min_pixels = min(min_tokens, max_tokens) * 28²``: the frame keeps its size rounded to multiples of 28
+    when that fits, else is scaled down (floor) to fit, or up (ceil) to reach the minimum.
+
+    Returns:
+        ``(gh, gw)`` with ``gh * gw <= max_tokens`` (when ``max_tokens >= 1``); the pixel size is ``28 gh × 28 gw``.
+    """
+    if height < 1 or width < 1:
+        raise ValueError(f"frame size must be positive, got {height}x{width}")
+    f = CELL_PIXELS
+    max_px = max_tokens * f * f
+    min_px = min(min_tokens, max_tokens) * f * f
+    h_bar = max(f, round(height / f) * f)
+    w_bar = max(f, round(width / f) * f)
+    if h_bar * w_bar > max_px:
+        beta = math.sqrt(height * width / max_px)
+        h_bar = max(f, math.floor(height / beta / f) * f)
+        w_bar = max(f, math.floor(width / beta / f) * f)
+    elif h_bar * w_bar < min_px:
+        beta = math.sqrt(min_px / (height * width))
+        h_bar = math.ceil(height * beta / f) * f
+        w_bar = math.ceil(width * beta / f) * f
+    return h_bar // f, w_bar // f
+
+
+def frame_token_cap(budget_tokens: int, num_frames: int, max_tokens_per_frame: int = MAX_TOKENS_PER_FRAME,
+                    min_tokens: int = MIN_TOKENS_PER_FRAME) -> int:
+    """Largest per-frame token count ``<= max_tokens_per_frame`` with ``T * tokens <= 8 * B``, at least ``min_tokens``."""
+    return max(min_tokens, min(max_tokens_per_frame, (MAX_GROUP_FRAMES * budget_tokens) // max(num_frames, 1)))
+
+
+def frame_tokens(height: int, width: int, budget_tokens: int, num_frames: int,
+                 max_tokens_per_frame: int = MAX_TOKENS_PER_FRAME, min_tokens: int = MIN_TOKENS_PER_FRAME) -> int:
+    """Merged tokens per frame (``hw``) the vision encoder produces for a budget (DESIGN §3.3).
+
+    The cap of :func:`frame_token_cap` turned into the aspect-preserving grid of :func:`frame_grid`;
+    ``hw = gh * gw`` (at most the cap, fewer when the frame is small or the aspect ratio leaves cells unused).
+    """
+    gh, gw = frame_grid(height, width, frame_token_cap(budget_tokens, num_frames, max_tokens_per_frame, min_tokens),
+                        min_tokens)
+    return gh * gw
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Layout of one video's frames in the LLM input.
+
+    Attributes:
+        mode: ``raw`` | ``hybrid`` | ``forced8`` | ``all_compressed``.
+        seg_lens: group lengths in frames, in time order; they tile T exactly (raw mode: one group per frame).
+        compressed: indices of the compressed groups (ascending).
+        vision_tokens: exact LLM vision rows, ``n_raw_frames * raw_hw + len(compressed) * k`` (``<= B``).
+        n_raw_frames: frames entering as raw rows.
+        hw: merged tokens per frame at the encode size.
+        raw_hw: rows per raw frame in the LLM input.
+        k: rows per compressed group.
+    """
+
+    mode: PlanMode
+    seg_lens: tuple[int, ...]
+    compressed: tuple[int, ...]
+    vision_tokens: int
+    n_raw_frames: int
+    hw: int
+    raw_hw: int
+    k: int = K_ROWS
+
+    @property
+    def num_frames(self) -> int:
+        return sum(self.seg_lens)
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.seg_lens)
+
+    @property
+    def n_compressed(self) -> int:
+        return len(self.compressed)
+
+    def group_bounds(self) -> list[tuple[int, int]]:
+        """``[start, end)`` frame range of each group."""
+        out, s = [], 0
+        for n in self.seg_lens:
+            out.append((s, s + n))
+            s += n
+        return out
+
+    def blocks(self) -> list[tuple[str, int, int]]:
+        """LLM input blocks in time order: ``("raw", t, t + 1)`` per raw frame, ``("group", a, b)`` per compressed group."""
+        comp = set(self.compressed)
+        out: list[tuple[str, int, int]] = []
+        for g, (a, b) in enumerate(self.group_bounds()):
+            if g in comp:
+                out.append(("group", a, b))
+            else:
+                out.extend(("raw", t, t + 1) for t in range(a, b))
+        return out
+
+    def stats(self) -> dict:
+        """Record fields (DESIGN §3.8)."""
+        return {"mode": self.mode, "hw": self.hw, "raw_hw": self.raw_hw, "n_groups": self.n_groups,
+                "n_compressed": self.n_compressed, "n_raw_frames": self.n_raw_frames,
+                "vision_tokens": self.vision_tokens, "seg_lens": list(self.seg_lens)}
+
+
+def make_plan(mode: PlanMode, seg_lens: list[int], compressed: list[int] | set[int], hw: int, raw_hw: int,
+              k: int = K_ROWS) -> Plan:
+    """A :class:`Plan` with its derived counts computed from ``seg_lens`` and ``compressed``."""
+    comp = tuple(sorted(compressed))
+    n_raw = sum(n for g, n in enumerate(seg_lens) if g not in set(comp))
+    return Plan(mode=mode, seg_lens=tuple(seg_lens), compressed=comp, vision_tokens=n_raw * raw_hw + len(comp) * k,
+                n_raw_frames=n_raw, hw=hw, raw_hw=raw_hw, k=k)
+
+
+def compression_order(variation: list[float], seg_lens: list[int], most_changing_first: bool = False) -> list[int]:
+    """Order in which groups are compressed: least-varying first (1-frame groups, +inf, last);
+    ties: longer group first, then earlier. ``most_changing_first`` reverses the variation order (``hivar``)."""
+    sign = -1.0 if most_changing_first else 1.0
+
+    def key(g: int):
+        v = variation[g]
+        return (sign * v if math.isfinite(v) else math.inf, -seg_lens[g], g)
+
+    return sorted(range(len(seg_lens)), key=key)
+
+
+def compress_until_fits(seg_lens: list[int], order: list[int], budget_tokens: int, raw_hw: int,
+                        k: int = K_ROWS) -> set[int]:
+    """Start from all frames raw and compress groups in ``order`` until ``raw rows + K * compressed <= B``.
+
+    Returns:
+        The compressed group indices (may still not fit if every group is compressed and ``G * K > B``).
+    """
+    cost = sum(seg_lens) * raw_hw
+    compressed: set[int] = set()
+    for g in order:
+        if cost <= budget_tokens:
+            break
+        compressed.add(g)
+        cost += k - seg_lens[g] * raw_hw
+    return compressed
+
+
+def plan_groups(per_frame: torch.Tensor, hw: int, budget_tokens: int, raw_hw: int,
+                force_mode: PlanMode | None = None, k: int = K_ROWS) -> Plan:
+    """Plan a video's layout under a vision-token budget (DESIGN §3.4).
+
+    * ``raw``: ``T * raw_hw <= B``: every frame raw.
+    * ``hybrid``: otherwise cut into ``n = min(T // 4 + 1, T)`` adaptive groups (cuts at the largest
+      consecutive-frame changes, groups of at most 8 frames); if ``n * K <= B``, compress groups least-varying
+      first (see :func:`compression_order`) until the cost fits.
+    * ``forced8``: otherwise uniform groups of 8 frames (the last shorter), all compressed.
+    * ``all_compressed`` (only as ``force_mode``): the adaptive groups, every one compressed.
+
+    Args:
+        per_frame: (T, D) per-frame mean features (any float dtype).
+        hw: merged tokens per frame at the encode size (recorded).
+        budget_tokens: B.
+        raw_hw: LLM rows one raw frame costs.
+        force_mode: force ``raw``, ``hybrid``, ``forced8`` or ``all_compressed`` instead of the rule.
+        k: rows per compressed group.
+
+    Returns:
+        A :class:`Plan` with ``vision_tokens <= B``.
+
+    Raises:
+        ValueError: ``B < K``; ``T > max_frames(B)`` (subsample first); or a forced mode that cannot fit B.
+    """
+    check_budget(budget_tokens, k)
+    num_frames = int(per_frame.shape[0])
+    if num_frames < 1:
+        raise ValueError("cannot plan a video with no frames")
+    if num_frames > max_frames(budget_tokens, k):
+        raise ValueError(f"{num_frames} frames exceed max_frames({budget_tokens}) = {max_frames(budget_tokens, k)}; "
+                         "subsample() the frames for this budget first")
+    changes = frame_changes(per_frame)
+    n = adaptive_segment_count(num_frames)
+    fits_raw = num_frames * raw_hw <= budget_tokens
+    fits_hybrid = n * k <= budget_tokens
+    mode = force_mode or ("raw" if fits_raw else "hybrid" if fits_hybrid else "forced8")
+    if mode == "raw":
+        plan = make_plan("raw", [1] * num_frames, [], hw, raw_hw, k)
+    elif mode in ("hybrid", "all_compressed"):
+        seg = adaptive_segment_lengths(changes, n)
+        if mode == "all_compressed":
+            comp = set(range(len(seg)))
+        else:
+            comp = compress_until_fits(seg, compression_order(group_variation(changes, seg), seg), budget_tokens,
+                                       raw_hw, k)
+        plan = make_plan(mode, seg, comp, hw, raw_hw, k)
+    elif mode == "forced8":
+        seg = uniform_segment_lengths(num_frames, MAX_GROUP_FRAMES)
+        plan = make_plan("forced8", seg, range(len(seg)), hw, raw_hw, k)
+    else:
+        raise ValueError(f"unknown plan mode {mode!r}")
+    if plan.vision_tokens > budget_tokens:
+        raise ValueError(f"{mode} plan of {num_frames} frames needs {plan.vision_tokens} vision tokens > budget "
+                         f"{budget_tokens}")
+    return plan

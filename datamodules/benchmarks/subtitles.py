@@ -1,0 +1,150 @@
+"""Subtitle files of the benchmarks: Video-MME ``.srt`` and LongVideoBench's two JSON forms.
+
+Every parser returns timed lines ``[(start_s, end_s, text), ...]`` in seconds of the *video file's* timeline,
+sorted by ``(start_s, end_s)``; :func:`subtitles_text` joins them into the text shown with a question.
+Interleaving subtitles with frames by time is done by the model input builder from these timed lines.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from .base import AnnotationError
+
+TimedLine = tuple[float, float, str]
+
+_SRT_TIME = re.compile(
+    r"(\d+):(\d{1,2}):(\d{1,2})(?:[,.](\d{1,3}))?\s*-->\s*(\d+):(\d{1,2}):(\d{1,2})(?:[,.](\d{1,3}))?"
+)
+_TAG = re.compile(r"<[^>]*>")            # <font color="#fff">, <i>, </b> ...
+_ASS = re.compile(r"\{\\[^}]*\}")          # {\an8}, {\i1} (SSA override codes found in many .srt files)
+
+
+def strip_markup(text: str) -> str:
+    """Remove HTML-like tags (``<font ...>``, ``<i>``) and SSA override codes (``{\\an8}``); collapse spaces."""
+    text = _ASS.sub("", _TAG.sub("", text))
+    text = text.replace("&nbsp;", " ").replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">")
+    return " ".join(text.split())
+
+
+def _hms(h: str, m: str, s: str, frac: str | None) -> float:
+    ms = int((frac or "0").ljust(3, "0")[:3])
+    return int(h) * 3600 + int(m) * 60 + int(s) + ms / 1000.0
+
+
+def parse_srt(text: str, where: str = "<srt>") -> list[TimedLine]:
+    """Parse SubRip text into timed lines (seconds), markup stripped, multi-line cues joined by a space.
+
+    Cues whose text is empty after stripping are dropped. A cue without a ``-->`` timing line is skipped
+    (common in hand-edited files); a timing line with end < start raises.
+
+    Raises:
+        AnnotationError: a cue whose end time precedes its start (``where`` and the cue number are named).
+    """
+    lines: list[TimedLine] = []
+    blocks = re.split(r"\n\s*\n", text.replace("\r\n", "\n").replace("\r", "\n").lstrip("\ufeff"))
+    for b, block in enumerate(blocks):
+        rows = [r for r in block.strip().split("\n") if r.strip()]
+        for k, row in enumerate(rows):
+            m = _SRT_TIME.search(row)
+            if m:
+                start = _hms(*m.group(1, 2, 3, 4))
+                end = _hms(*m.group(5, 6, 7, 8))
+                if end < start:
+                    raise AnnotationError(f"{where}: cue {b + 1} ends ({end}s) before it starts ({start}s)")
+                body = strip_markup(" ".join(rows[k + 1:]))
+                if body:
+                    lines.append((start, end, body))
+                break
+    return sorted(lines, key=lambda x: (x[0], x[1]))
+
+
+def load_srt(path: str | Path) -> list[TimedLine]:
+    """Read and parse an ``.srt`` file (UTF-8, BOM tolerated). Raises ``AnnotationError`` as :func:`parse_srt`."""
+    path = Path(path)
+    return parse_srt(path.read_text(encoding="utf-8-sig", errors="replace"), where=str(path))
+
+
+def hms_to_seconds(stamp: str) -> float:
+    """``"HH:MM:SS.mmm"`` (or ``"MM:SS.mmm"``, or ``"SS.mmm"``; ``,`` accepted for ``.``) to seconds.
+
+    Raises:
+        ValueError: not a timestamp.
+    """
+    parts = str(stamp).strip().replace(",", ".").split(":")
+    if not 1 <= len(parts) <= 3:
+        raise ValueError(f"not a timestamp: {stamp!r}")
+    total = 0.0
+    for p in parts:
+        total = total * 60 + float(p)
+    return total
+
+
+def parse_lvb_subtitles(items: list, starting_timestamp_s: float = 0.0, duration_s: float | None = None,
+                        where: str = "<lvb subtitles>") -> list[TimedLine]:
+    """LongVideoBench subtitles (both public forms) as timed lines on the clip's own timeline.
+
+    Forms (LongVideoBench's ``LongVideoBenchDataset`` reads the same two):
+
+    * ``{"timestamp": [start_s, end_s], "text": "..."}`` (Whisper style; ``end_s`` may be ``null``: the line then
+      lasts to ``duration_s``, or is a point at ``start_s`` when the duration is unknown);
+    * ``{"start": "HH:MM:SS.mmm", "end": "HH:MM:SS.mmm", "line": "..."}``.
+
+    Times are shifted by ``-starting_timestamp_s`` (the clip's offset inside the subtitled source video). Lines
+    that end before 0 after the shift are dropped and starts are clamped to 0. Markup is stripped; empty lines are
+    dropped.
+
+    Raises:
+        AnnotationError: an item in neither form, or with unreadable times (``where`` and the item index named).
+    """
+    if not isinstance(items, list):
+        raise AnnotationError(f"{where}: expected a JSON list of subtitle items, got {type(items).__name__}")
+    out: list[TimedLine] = []
+    for i, it in enumerate(items):
+        try:
+            if isinstance(it, dict) and "timestamp" in it:
+                start, end = it["timestamp"]
+                start = float(start)
+                end = float(end) if end is not None else (float(duration_s) + starting_timestamp_s
+                                                          if duration_s is not None else start)
+                text = it.get("text", "")
+            elif isinstance(it, dict) and "start" in it and "end" in it:
+                start, end = hms_to_seconds(it["start"]), hms_to_seconds(it["end"])
+                text = it.get("line", it.get("text", ""))
+            else:
+                raise AnnotationError(f"{where}: item {i} is neither {{timestamp, text}} nor {{start, end, line}}")
+        except (TypeError, ValueError) as e:
+            raise AnnotationError(f"{where}: item {i} has unreadable times: {e}") from e
+        start -= starting_timestamp_s
+        end -= starting_timestamp_s
+        if end < 0:
+            continue
+        body = strip_markup(str(text or ""))
+        if body:
+            out.append((max(start, 0.0), end, body))
+    return sorted(out, key=lambda x: (x[0], x[1]))
+
+
+def load_lvb_subtitles(path: str | Path, starting_timestamp_s: float = 0.0,
+                       duration_s: float | None = None) -> list[TimedLine]:
+    """Read a LongVideoBench subtitle JSON file; see :func:`parse_lvb_subtitles`.
+
+    Raises:
+        AnnotationError: invalid JSON or items (the file is named).
+    """
+    path = Path(path)
+    try:
+        items = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise AnnotationError(f"{path}: invalid JSON: {e}") from e
+    return parse_lvb_subtitles(items, starting_timestamp_s, duration_s, where=str(path))
+
+
+def subtitles_text(lines: list[TimedLine]) -> str:
+    """Subtitle lines as one text ordered by time, one line per cue, consecutive duplicates removed."""
+    out: list[str] = []
+    for _, _, text in sorted(lines, key=lambda x: (x[0], x[1])):
+        if not out or out[-1] != text:
+            out.append(text)
+    return "\n".join(out)

@@ -1,0 +1,92 @@
+"""Video-MME: the public parquet (``videomme/test-*.parquet``) and ``<root>/videos/<videoID>.mp4``.
+
+Columns: ``video_id, duration, domain, sub_category, url, videoID, question_id, task_type, question, options,
+answer``; ``options`` holds strings ``"A. text"``; ``answer`` is a letter.
+
+Optional subtitles: ``<root>/subtitles/<videoID>.srt`` (markup such as ``<font ...>`` stripped). Whether they were
+used is recorded in each question's ``meta["subtitles"]``, since published Video-MME numbers come in both settings.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from .base import LETTERS, AnnotationError, Question, register, resolve_media_path
+from .subtitles import load_srt, subtitles_text
+
+COLUMNS = ("video_id", "duration", "domain", "sub_category", "videoID", "question_id", "task_type", "question",
+           "options", "answer")
+_LETTER_PREFIX = re.compile(r"^\s*([A-J])[.)]\s*")
+
+
+def find_parquets(root: Path) -> list[Path]:
+    """The annotation parquet files under ``root`` (``root`` itself may be a parquet file)."""
+    if root.is_file():
+        return [root]
+    files = sorted(root.glob("*.parquet")) + sorted(root.glob("videomme/*.parquet"))
+    if not files:
+        raise AnnotationError(f"Video-MME: no *.parquet under {root} or {root / 'videomme'}")
+    return files
+
+
+@register("videomme")
+def load_videomme(root: Path, parquet: str | None = None, video_dir: str = "videos",
+                  subtitles: bool = False, subtitle_dir: str = "subtitles") -> list[Question]:
+    """Read Video-MME questions.
+
+    Args:
+        root: benchmark root (holds ``videos/`` and the parquet, or ``videomme/*.parquet``).
+        parquet: explicit annotation file (default: discovered under ``root``).
+        video_dir: folder of ``<videoID>.mp4`` relative to ``root``.
+        subtitles: attach ``<root>/<subtitle_dir>/<videoID>.srt`` when it exists (``Question.subtitles`` text and
+            ``Question.subtitle_lines`` timed lines in seconds); a video without a file gets none.
+        subtitle_dir: folder of the ``.srt`` files relative to ``root``.
+
+    Raises:
+        AnnotationError: a missing column, a row whose options/answer are malformed, or a videoID whose path
+            escapes ``root`` (file and row named); a malformed ``.srt`` (file named).
+    """
+    root = Path(root)
+    files = [Path(parquet)] if parquet else find_parquets(root)
+    questions: list[Question] = []
+    subs_cache: dict[str, list | None] = {}
+    for f in files:
+        table = pq.read_table(f)
+        missing = [c for c in COLUMNS if c not in table.column_names]
+        if missing:
+            raise AnnotationError(f"{f}: missing column(s) {missing}")
+        for i, row in enumerate(table.to_pylist()):
+            where = f"{f} row {i} (question_id={row.get('question_id')!r})"
+            options = []
+            for j, opt in enumerate(list(row["options"] or [])):
+                m = _LETTER_PREFIX.match(str(opt))
+                if m and m.group(1) != LETTERS[j]:
+                    raise AnnotationError(f"{where}: option {j} is lettered {m.group(1)!r}, expected {LETTERS[j]!r}")
+                options.append(str(opt)[m.end():] if m else str(opt))
+            answer = (row["answer"] or "").strip() or None
+            if answer is not None and answer not in LETTERS[: len(options)]:
+                raise AnnotationError(f"{where}: answer {answer!r} is not one of {len(options)} option letters")
+            vid = str(row["videoID"])
+            video_path = resolve_media_path(root, Path(video_dir) / f"{vid}.mp4", where)
+            lines = None
+            if subtitles:
+                if vid not in subs_cache:
+                    srt = resolve_media_path(root, Path(subtitle_dir) / f"{vid}.srt", where)
+                    subs_cache[vid] = load_srt(srt) if srt.is_file() else None
+                lines = subs_cache[vid]
+            questions.append(Question(
+                qid=str(row["question_id"]),
+                video_id=vid,
+                video_path=str(video_path),
+                question=str(row["question"]),
+                options=options,
+                answer=answer,
+                meta={"benchmark": "videomme", "duration": row["duration"], "domain": row["domain"],
+                      "sub_category": row["sub_category"], "task_type": row["task_type"],
+                      **({"subtitles": bool(lines)} if subtitles else {})},
+                subtitles=subtitles_text(lines) if lines else None,
+                subtitle_lines=list(lines) if lines else None,
+            ))
+    return questions

@@ -1,0 +1,105 @@
+"""Cached causal-feature files (one per session and streaming mode): the contract between extraction
+(``python evaluate.py predict --config configs/extract/<mode>.yaml``) and turn-head training (``train.py``).
+
+File: ``<dir>/<session>.<mode>.safetensors`` (safetensors; never pickles).
+
+Tensors (T_rows = number of 5 Hz rows; row ``i`` is at ``t_i = 0.2 (i + 1)`` s):
+    states                 float32 (T_rows, D)  hidden state read out at layer ``meta["layer"]``
+    row_times              float32 (T_rows,)    t_i in seconds
+    initialization_mask    uint8   (T_rows,)    1 where no state exists yet (row holds zeros)
+    state_source_times     float32 (T_rows,)    end time (s) of the newest media the row's state saw (-1 if none)
+    state_update_mask      uint8   (T_rows,)    1 where the state was recomputed at this row
+    payload_commit_mask    uint8   (T_rows,)    1 where media was committed to the KV cache at this row
+    native_boundary_mask   uint8   (T_rows,)    1 where a 2 s native block ends at this row
+
+Metadata (safetensors header): ``format = "omni-features/1"`` and ``meta`` = JSON object with at least
+``mode, memory_s, fps, output_hz, layer, model, session, config_hash, production_processor_calls,
+production_prepared_media_seconds, wall_time_s, peak_memory_bytes, verification``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+FORMAT = "omni-features/1"
+REQUIRED_TENSORS = ("states", "row_times", "initialization_mask", "state_source_times", "state_update_mask",
+                    "payload_commit_mask", "native_boundary_mask")
+REQUIRED_META = ("mode", "memory_s", "fps", "output_hz", "layer", "model", "session", "config_hash")
+
+
+class FeatureFileError(ValueError):
+    """A feature file is unreadable, incomplete, or does not match what the run expects (file named)."""
+
+
+def feature_path(out_dir: str | Path, session: str, mode: str) -> Path:
+    """``<out_dir>/<session>.<mode>.safetensors``."""
+    return Path(out_dir) / f"{session}.{mode}.safetensors"
+
+
+def save_features(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Path:
+    """Write a feature file atomically (temp file in the same folder, fsync, rename).
+
+    Raises:
+        FeatureFileError: a required tensor or meta key is missing, or tensor lengths disagree.
+    """
+    path = Path(path)
+    missing = [k for k in REQUIRED_TENSORS if k not in tensors] + [k for k in REQUIRED_META if k not in meta]
+    if missing:
+        raise FeatureFileError(f"{path}: cannot save, missing {missing}")
+    n = tensors["states"].shape[0]
+    bad = [k for k in REQUIRED_TENSORS if tensors[k].shape[0] != n]
+    if bad:
+        raise FeatureFileError(f"{path}: tensors {bad} do not have T_rows={n} rows")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        out = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+        save_file(out, tmp, metadata={"format": FORMAT, "meta": json.dumps(meta, sort_keys=True)})
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def load_features(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Read a feature file: ``(tensors, meta)``.
+
+    Raises:
+        FeatureFileError: unreadable file, wrong format tag, or missing tensors/meta keys (file named).
+    """
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # safetensors raises several types for bad bytes
+        raise FeatureFileError(f"{path}: not a readable safetensors feature file ({e})") from e
+    if header.get("format") != FORMAT:
+        raise FeatureFileError(f"{path}: format {header.get('format')!r}, expected {FORMAT!r}")
+    meta = json.loads(header.get("meta", "{}"))
+    missing = [k for k in REQUIRED_TENSORS if k not in tensors] + [k for k in REQUIRED_META if k not in meta]
+    if missing:
+        raise FeatureFileError(f"{path}: missing {missing}")
+    return tensors, meta
+
+
+def check_meta(path: str | Path, meta: dict[str, Any], expected: dict[str, Any]) -> None:
+    """Fail closed when a file's settings differ from the run's.
+
+    Raises:
+        FeatureFileError: naming the file and every mismatching key (expected vs found).
+    """
+    diffs = [f"{k}: expected {v!r}, file has {meta.get(k)!r}" for k, v in expected.items() if meta.get(k) != v]
+    if diffs:
+        raise FeatureFileError(f"{path}: feature file does not match this run ({'; '.join(diffs)})")

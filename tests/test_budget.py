@@ -1,0 +1,187 @@
+"""Rules of DESIGN §3.1-3.4: hand-computed cases and hypothesis properties of the plan invariants."""
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from algorithms.budget import (
+    compression_order, evenly_spaced, frame_grid, frame_token_cap, frame_tokens, max_frames, native_frame_indices,
+    plan_groups, sample_times, subsample,
+)
+from algorithms.segmentation import (
+    adaptive_segment_count, adaptive_segment_lengths, frame_changes, group_variation, uniform_segment_lengths,
+)
+
+
+def feats_from_changes(changes):
+    """Unit 2-D features whose consecutive 1 - cos equal ``changes`` (angles accumulate)."""
+    ang = [0.0]
+    for c in changes:
+        ang.append(ang[-1] + math.acos(1 - c))
+    a = torch.tensor(ang, dtype=torch.float64)
+    return torch.stack([a.cos(), a.sin()], 1)
+
+
+def test_max_frames_and_budget_too_small():
+    assert max_frames(64) == 8 and max_frames(1024) == 128 and max_frames(16384) == 2048 and max_frames(127) == 8
+    with pytest.raises(ValueError, match="smaller than one compressed group"):
+        max_frames(63)
+    with pytest.raises(ValueError, match="smaller than one compressed group"):
+        plan_groups(torch.randn(2, 4), 16, 32, 16)
+
+
+def test_sample_times_1fps_and_capped():
+    fps, t = sample_times(14.0, 1024)
+    assert fps == 1.0 and t == [float(i) for i in range(14)]
+    fps, t = sample_times(1.2, 1024)
+    assert t == [0.0, 1.0]
+    # B=64 -> cap 8 frames; 14 s at 1 fps gives 14 > 8 -> (8+1)/14 fps gives 9 frames, thinned to 8
+    fps, t = sample_times(14.0, 64)
+    assert fps == pytest.approx(9 / 14) and len(t) == 8
+    step = 14 / 9
+    kept = [round(i * 8 / 7) for i in range(8)]  # evenly spaced 8 of 9: 0,1,2,3,5,6,7,8
+    assert kept == [0, 1, 2, 3, 5, 6, 7, 8]
+    assert t == pytest.approx([k * step for k in kept])
+    assert sample_times(0.0, 256) == (1.0, [0.0])
+
+
+def test_native_indices_clip():
+    assert native_frame_indices([0.0, 1.0, 13.0], 20.0, 280) == [0, 20, 260]
+    assert native_frame_indices([1.0], 29.97, 36) == [29]
+    assert native_frame_indices([5.0], 10.0, 12) == [11]
+
+
+def test_subsample():
+    assert subsample(10, 256) == list(range(10))
+    assert subsample(40, 256) == evenly_spaced(40, 32)
+    assert subsample(40, 256)[0] == 0 and subsample(40, 256)[-1] == 39 and len(set(subsample(40, 256))) == 32
+
+
+def test_frame_grid_matches_transformers_smart_resize():
+    from transformers.models.video_llama_3.video_processing_video_llama_3 import smart_resize
+
+    for h, w in [(720, 1280), (240, 320), (1080, 1920), (100, 3000), (28, 28), (500, 499), (2160, 3840)]:
+        for tok in [16, 64, 146, 256]:
+            hh, ww = smart_resize(h, w, 28, min_pixels=16 * 784, max_pixels=tok * 784)
+            assert frame_grid(h, w, tok) == (hh // 28, ww // 28)
+
+
+def test_frame_tokens_hand_cases():
+    # 14 frames, B=256: cap = 8*256 // 14 = 146; 720x1280 -> beta = sqrt(921600/114464)=2.8375 -> 9 x 16 = 144
+    assert frame_token_cap(256, 14) == 146
+    assert frame_grid(720, 1280, 146) == (9, 16)
+    assert frame_tokens(720, 1280, 256, 14) == 144
+    # B=1024, 14 frames: cap 256 -> 12 x 21 = 252
+    assert frame_tokens(720, 1280, 1024, 14) == 252
+    # small frame keeps its native grid rounded to 28 px: 240x320 -> 252x308 px -> 9 x 11 = 99
+    assert frame_tokens(240, 320, 1024, 2) == 99
+    # floor of 16 tokens for very many frames
+    assert frame_token_cap(64, 8000) == 16
+
+
+def test_adaptive_segmentation_hand_case():
+    # 9 frames, 3 groups: largest changes at boundaries 5 (after frame 5) and 2
+    ch = torch.tensor([0.1, 0.1, 0.5, 0.1, 0.1, 0.9, 0.1, 0.1], dtype=torch.float64)
+    assert adaptive_segment_lengths(ch, 3) == [3, 3, 3]
+    # ties go to the earliest boundary
+    assert adaptive_segment_lengths(torch.zeros(5, dtype=torch.float64), 2) == [1, 5]
+    # max 8 frames: 20 frames, 3 groups, biggest change at boundary 0 -> cut there would force a 19-frame
+    # remainder into 2 groups of <= 8: impossible, so boundary 0 is refused; the next ones are taken
+    ch = torch.zeros(19, dtype=torch.float64)
+    ch[0] = 1.0
+    ch[6] = 0.5
+    ch[13] = 0.4
+    assert adaptive_segment_lengths(ch, 3) == [7, 7, 6]
+
+
+def test_plan_modes_hand_cases():
+    ch = [0.01, 0.02, 0.5, 0.01, 0.01, 0.3, 0.01, 0.01, 0.02, 0.4, 0.005, 0.005, 0.005]  # 14 frames
+    f = feats_from_changes(ch)
+    # raw: 14 * 16 <= 256
+    p = plan_groups(f, 16, 256, 16)
+    assert p.mode == "raw" and p.vision_tokens == 224 and p.n_raw_frames == 14 and p.seg_lens == (1,) * 14
+    # hybrid: n = 14 // 4 + 1 = 4 groups; 4*64 = 256 <= 512 < 14*144
+    p = plan_groups(f, 144, 512, 144)
+    assert p.mode == "hybrid" and p.n_groups == 4 and sum(p.seg_lens) == 14
+    assert p.seg_lens == (3, 3, 4, 4)  # cuts after frames 2, 5, 9 (changes 0.5, 0.3, 0.4)
+    # variations: g0 .015, g1 .01, g2 .0133, g3 .005 -> least-varying first: g3, g1, g2, g0
+    v = group_variation(frame_changes(f), list(p.seg_lens))
+    assert compression_order(v, list(p.seg_lens)) == [3, 1, 2, 0]
+    # ties: longer group first, then earlier; 1-frame groups (+inf) last; hivar reverses the variation order
+    assert compression_order([0.1, 0.1, math.inf, 0.1], [2, 3, 1, 3]) == [1, 3, 0, 2]
+    assert compression_order([0.1, 0.3, math.inf, 0.2], [2, 3, 1, 3], most_changing_first=True) == [1, 3, 0, 2]
+    # all raw = 2016; compress g3 (4 frames): 2016 - 576 + 64 = 1504; g1: 1504 - 432 + 64 = 1136;
+    # g2: 1136 - 576 + 64 = 624; g0: 624 - 432 + 64 = 256 <= 512
+    assert p.compressed == (0, 1, 2, 3) and p.vision_tokens == 256
+    p = plan_groups(f, 144, 1200, 144)
+    assert p.compressed == (1, 3) and p.vision_tokens == 1136 and p.n_raw_frames == 7
+    # forced8: 4*64 = 256 > 128 -> groups of 8: [8, 6], 128 tokens
+    p = plan_groups(f, 144, 128, 144)
+    assert p.mode == "forced8" and p.seg_lens == (8, 6) and p.vision_tokens == 128
+    p = plan_groups(f, 144, 256, 144, force_mode="all_compressed")
+    assert p.mode == "all_compressed" and p.compressed == (0, 1, 2, 3) and p.seg_lens == (3, 3, 4, 4)
+    with pytest.raises(ValueError, match="needs"):
+        plan_groups(f, 144, 192, 144, force_mode="all_compressed")
+    with pytest.raises(ValueError, match="subsample"):
+        plan_groups(torch.randn(20, 3), 16, 128, 16)
+
+
+@st.composite
+def plan_inputs(draw):
+    budget = draw(st.integers(64, 4096))
+    t = draw(st.integers(1, max_frames(budget)))
+    raw_hw = draw(st.integers(1, 256))
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    ties = draw(st.booleans())
+    feats = torch.randn(t, 4, generator=g, dtype=torch.float64)
+    if ties:
+        feats = feats.round()  # many equal changes and equal frames
+    return feats, budget, raw_hw
+
+
+@settings(max_examples=300, deadline=None)
+@given(plan_inputs())
+def test_plan_invariants(args):
+    feats, budget, raw_hw = args
+    t = feats.shape[0]
+    p = plan_groups(feats, raw_hw, budget, raw_hw)
+    assert p.vision_tokens <= budget
+    assert sum(p.seg_lens) == t and all(1 <= n <= 8 for n in p.seg_lens)
+    assert p.vision_tokens == p.n_raw_frames * raw_hw + 64 * p.n_compressed
+    n = min(t // 4 + 1, t)
+    if t * raw_hw <= budget:
+        assert p.mode == "raw"
+    elif n * 64 <= budget:
+        assert p.mode == "hybrid" and p.n_groups == n
+        ch = frame_changes(feats)
+        v = group_variation(ch, list(p.seg_lens))
+        order = compression_order(v, list(p.seg_lens))
+        # least-varying first: the compressed set is a prefix of the order, and the prefix one shorter did not fit
+        k = p.n_compressed
+        assert set(order[:k]) == set(p.compressed)
+        if k:
+            prev = t * raw_hw + sum(64 - p.seg_lens[g] * raw_hw for g in order[: k - 1])
+            assert prev > budget
+    else:
+        assert p.mode == "forced8" and list(p.seg_lens) == uniform_segment_lengths(t, 8)
+        assert p.n_compressed == p.n_groups
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(2, 200), st.integers(0, 2**31 - 1), st.data())
+def test_adaptive_cuts_tile_and_prefer_big_changes(t, seed, data):
+    n = data.draw(st.integers(math.ceil(t / 8), t))
+    g = torch.Generator().manual_seed(seed)
+    ch = torch.rand(t - 1, generator=g, dtype=torch.float64)
+    lens = adaptive_segment_lengths(ch, n)
+    assert len(lens) == n and sum(lens) == t and max(lens) <= 8
+    if t <= 8:  # no length pressure: the cuts are exactly the n-1 largest changes
+        cuts = set(torch.cumsum(torch.tensor(lens[:-1]), 0).sub(1).tolist())
+        top = set(sorted(range(t - 1), key=lambda b: (-ch[b].item(), b))[: n - 1])
+        assert cuts == top
+
+
+def test_adaptive_segment_count():
+    assert [adaptive_segment_count(t) for t in (1, 2, 3, 4, 7, 8, 14)] == [1, 1, 1, 2, 2, 3, 4]
