@@ -1,0 +1,126 @@
+"""Multiple-choice video QA data: one item per video carrying all its questions, decoded in DataLoader workers.
+
+Resuming: before any decode, questions whose qid is already written for a job are dropped (the prediction writer
+reports what is done), and videos with nothing left are skipped. The decode always targets the run's largest
+budget, so a resumed run produces the same frames, and records, as an uninterrupted one.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Dataset
+
+from .benchmarks import AnnotationError, Question, load_benchmark
+from .decoding import DecodeError, decode_video
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class VideoTask:
+    """One video and the (question, job) pairs still to answer on it."""
+
+    video_id: str
+    video_path: str
+    benchmark: str
+    questions: list[Question]
+    jobs: dict[str, list[str]] = field(default_factory=dict)  # qid -> job names still to do
+
+
+class VideoQADataset(Dataset):
+    """Decodes each video once (for ``max_budget``) and returns a dict item; a failed decode yields an item with
+    ``error`` set instead of frames, so the run records it and goes on."""
+
+    def __init__(self, tasks: list[VideoTask], max_budget: int, decode_max_side: int = 896):
+        self.tasks, self.max_budget, self.decode_max_side = tasks, max_budget, decode_max_side
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __getitem__(self, i: int) -> dict:
+        task = self.tasks[i]
+        item = {"video_id": task.video_id, "video_path": task.video_path, "benchmark": task.benchmark,
+                "questions": [asdict(q) for q in task.questions], "jobs": task.jobs, "error": None}
+        try:
+            dec = decode_video(task.video_path, self.max_budget, self.decode_max_side)
+            item.update(frames=dec.frames, times_s=dec.times_s, video_info=dec.info)
+        except DecodeError as e:
+            item["error"] = str(e)
+        except Exception as e:  # noqa: BLE001 - any decoder failure must become an error record, not a crash
+            item["error"] = f"{task.video_path}: unexpected decode failure ({type(e).__name__}: {e})"
+        return item
+
+
+class VideoQADataModule(LightningDataModule):
+    """A benchmark's questions grouped by video.
+
+    Args:
+        benchmark: loader name (``videomme``, ``mlvu``, ``lvb``, ``worldsense``).
+        root: benchmark root directory.
+        loader_kwargs: extra arguments of the loader (e.g. ``{"parquet": ...}``).
+        num_workers: DataLoader worker processes decoding videos.
+        prefetch_factor: videos each worker decodes ahead.
+        decode_max_side: longest decoded side (pixels).
+        limit_videos: use only the first N videos (quick runs).
+    """
+
+    def __init__(self, benchmark: str = "videomme", root: str = "assets/demo_videomme",
+                 loader_kwargs: dict | None = None, num_workers: int = 2, prefetch_factor: int = 2,
+                 decode_max_side: int = 896, limit_videos: int | None = None):
+        super().__init__()
+        self.benchmark, self.root = benchmark, root
+        self.loader_kwargs = loader_kwargs or {}
+        self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
+        self.decode_max_side, self.limit_videos = decode_max_side, limit_videos
+        self.questions: list[Question] | None = None
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.questions is None:
+            qs = load_benchmark(self.benchmark, self.root, **self.loader_kwargs)
+            dup = [q for q, n in Counter(q.qid for q in qs).items() if n > 1]
+            if dup:
+                raise AnnotationError(f"{self.benchmark} at {self.root}: duplicate qid(s) {dup[:10]}")
+            self.questions = qs
+
+    def tasks(self, jobs: list[str], done: dict[str, set[str]] | None = None) -> list[VideoTask]:
+        """Videos (in annotation order) with the jobs each question still needs; finished ones are dropped."""
+        self.setup()
+        done = done or {}
+        by_video: dict[str, VideoTask] = {}
+        for q in self.questions:
+            todo = [j for j in jobs if q.qid not in done.get(j, ())]
+            if not todo:
+                continue
+            task = by_video.get(q.video_path)
+            if task is None:
+                if self.limit_videos is not None and len(by_video) >= self.limit_videos:
+                    continue
+                task = by_video[q.video_path] = VideoTask(q.video_id, q.video_path, self.benchmark, [])
+            task.questions.append(q)
+            task.jobs[q.qid] = todo
+        return list(by_video.values())
+
+    def _run_context(self) -> tuple[list[str], int, dict[str, set[str]]]:
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        if module is None or not hasattr(module, "jobs"):
+            raise RuntimeError("VideoQADataModule needs a LightningModule exposing `jobs` (name -> budget)")
+        jobs: dict[str, int] = module.jobs
+        done: dict[str, set[str]] = {}
+        for cb in self.trainer.callbacks:
+            if hasattr(cb, "done_qids"):
+                done = cb.done_qids()
+        return list(jobs), max(jobs.values()), done
+
+    def predict_dataloader(self) -> DataLoader:
+        jobs, max_budget, done = self._run_context()
+        tasks = self.tasks(jobs, done)
+        n_done = sum(len(v) for v in done.values())
+        log.info("%s: %d videos to process (%d (job, qid) records already written)", self.benchmark, len(tasks), n_done)
+        ds = VideoQADataset(tasks, max_budget, self.decode_max_side)
+        return DataLoader(ds, batch_size=None, shuffle=False, num_workers=self.num_workers,
+                          prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
+                          persistent_workers=False)

@@ -1,0 +1,130 @@
+"""BudgetedQA: thin LightningModule around :class:`models.videollama3.BudgetedVideoLlama3`.
+
+``predict_step`` takes one video (all its questions) and returns one record per (question, budget) still to do;
+the prediction writer appends them to jsonl. Decode failures and CUDA out-of-memory become error records.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+
+import torch
+from lightning.pytorch import LightningModule
+
+from datamodules.benchmarks import Question
+from datamodules.benchmarks.prompts import build_prompt
+from models.videollama3 import BudgetedVideoLlama3, prepare_budgets
+
+log = logging.getLogger(__name__)
+
+
+def job_name(budget: int, variant: str | None = None) -> str:
+    """Output folder / job key: ``b<B>`` or ``<variant>_b<B>``."""
+    return f"b{budget}" if variant is None else f"{variant}_b{budget}"
+
+
+def error_records(item: dict, jobs: dict[str, int], message: str) -> list[dict]:
+    """One error record per (question, job) still to do on a video."""
+    out = []
+    for q in item["questions"]:
+        for job in item["jobs"].get(q["qid"], []):
+            out.append({"qid": q["qid"], "video": item["video_id"], "benchmark": item["benchmark"], "job": job,
+                        "budget": jobs[job], "variant": None, "answer": q["answer"], "meta": q["meta"],
+                        "error": message})
+    return out
+
+
+class BudgetedQA(LightningModule):
+    """Budgeted multiple-choice QA with VideoLLaMA3 (DESIGN §3).
+
+    Args:
+        model_path: local checkpoint directory (transformers VideoLLaMA3 + ``qbase/``).
+        budgets: vision-token budgets B evaluated for every video from one decode.
+        raw_mode: ``phase3`` (raw frames capped at ``raw_max_tokens`` rows, checkpoint projector) or ``orig``
+            (raw frames at the group grid through the original projector).
+        raw_max_tokens: row cap of a raw frame in ``phase3``.
+        max_tokens_per_frame: encode cap per frame (merged tokens).
+        max_new_tokens: greedy answer length.
+        prompt_template: template name of :mod:`datamodules.benchmarks.prompts`.
+        dtype: model dtype (``float32``, ``bfloat16``...).
+        attn_implementation: transformers attention backend.
+        encode_chunk_frames: frames per vision-encoder call.
+    """
+
+    def __init__(self, model_path: str = "checkpoints/tiny-videollama3", budgets: list[int] = (128, 256, 1024),
+                 raw_mode: str = "phase3", raw_max_tokens: int = 256, max_tokens_per_frame: int = 256,
+                 max_new_tokens: int = 16, prompt_template: str = "mcq_letter", dtype: str = "float32",
+                 attn_implementation: str = "sdpa", encode_chunk_frames: int = 64):
+        super().__init__()
+        if not budgets:
+            raise ValueError("budgets must not be empty")
+        for b in budgets:
+            if b < 64:
+                raise ValueError(f"budget of {b} vision tokens is smaller than one compressed group (64 rows)")
+        self.save_hyperparameters()
+        self.budgets = [int(b) for b in budgets]
+        self.vlm: BudgetedVideoLlama3 | None = None
+
+    @property
+    def jobs(self) -> dict[str, int]:
+        """Job name -> budget."""
+        return {job_name(b): b for b in self.budgets}
+
+    def setup(self, stage: str) -> None:
+        if self.vlm is None:
+            hp = self.hparams
+            self.vlm = BudgetedVideoLlama3.from_pretrained(hp.model_path, dtype=hp.dtype,
+                                                           attn_implementation=hp.attn_implementation,
+                                                           raw_mode=hp.raw_mode)
+
+    def predict_step(self, item: dict, batch_idx: int = 0) -> list[dict]:
+        jobs = self.jobs
+        if item.get("error"):
+            log.warning("video %s: %s", item["video_id"], item["error"])
+            return error_records(item, jobs, item["error"])
+        try:
+            return self._answer_video(item)
+        except torch.cuda.OutOfMemoryError as e:
+            msg = f"{item['video_path']}: CUDA out of memory ({str(e).splitlines()[0][:160]})"
+            log.warning(msg)
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            return error_records(item, jobs, msg)
+
+    def _answer_video(self, item: dict) -> list[dict]:
+        from algorithms.choice import parse_official, parse_robust
+
+        hp = self.hparams
+        jobs = self.jobs
+        needed = sorted({jobs[j] for js in item["jobs"].values() for j in js})
+        frames = item["frames"]
+        inputs = prepare_budgets(self.vlm, frames.to(self.device) if frames.device != self.device else frames,
+                                 item["times_s"], needed, hp.raw_mode, hp.raw_max_tokens, hp.max_tokens_per_frame,
+                                 hp.encode_chunk_frames)
+        questions = [Question(**q) for q in item["questions"]]
+        info = item["video_info"]
+        records = []
+        for bi in inputs:
+            job = job_name(bi.budget)
+            todo = [q for q in questions if job in item["jobs"].get(q.qid, [])]
+            texts = [build_prompt(q, hp.prompt_template) for q in todo]
+            answers = self.vlm.answer_all(bi.prompt, texts, hp.max_new_tokens)
+            stats = bi.plan.stats()
+            video_info = {"duration_s": info["duration_s"], "native_hw": info["native_hw"],
+                          "n_frames": len(bi.frame_idx), "fps": info["fps"], "fps_ok": info["fps_ok"],
+                          "capped": len(bi.frame_idx) < round(info["duration_s"]) or
+                          info["sample_fps"] < 1.0 or len(bi.frame_idx) < info["n_frames"]}
+            for q, a in zip(todo, answers):
+                records.append({
+                    "qid": q.qid, "video": item["video_id"], "benchmark": item["benchmark"], "job": job,
+                    "budget": bi.budget, "variant": None, "answer": q.answer,
+                    "pred": parse_official(a.text, len(q.options)), "pred_robust": parse_robust(a.text, q.options),
+                    "response": a.text, "seq_len": a.seq_len, "prefix_fallback": a.fallback,
+                    "meta": {**q.meta, "template": hp.prompt_template},
+                    "mode": stats["mode"], "hw": stats["hw"], "raw_hw": stats["raw_hw"],
+                    "n_groups": stats["n_groups"], "n_compressed": stats["n_compressed"],
+                    "n_raw_frames": stats["n_raw_frames"], "vision_tokens": stats["vision_tokens"],
+                    "seg_lens": stats["seg_lens"], "video_info": video_info,
+                })
+        return records

@@ -1,0 +1,466 @@
+"""Budgeted VideoLLaMA3: encode frames, compress groups with qbase, build ``inputs_embeds``, answer from one prefix.
+
+Legend: T frames, hw merged tokens per frame, C vision hidden size, D LLM hidden size, K rows per compressed group,
+G_c compressed groups, N vision rows in the LLM input.
+
+The model is transformers' own ``VideoLlama3ForConditionalGeneration`` loaded with ``from_pretrained`` from a local
+directory; preprocessing is transformers' ``VideoLlama3VideoProcessor`` at the size the plan needs. The checkpoint
+directory additionally holds ``qbase/`` (the group compressor, :mod:`models.qbase`) and, for ``raw_mode="orig"``,
+``original_projector/model.safetensors``.
+
+LLM input (DESIGN §3.6): blocks in time order inside the user turn, before the question. A raw frame is
+``Time {t:.1f}s:`` + its rows, then ``,`` (``\\n`` after the last block); a compressed group is
+``Time:{a}s-{b}s:<|compression_start|>`` + K rows + ``<|compression_end|>`` (``\\n`` after it when last), with
+``a``/``b`` the first/last frame times rounded half-up to whole seconds. Vision rows enter as ``inputs_embeds`` at
+``<|video_pad|>`` positions; dataset text is tokenized with ``split_special_tokens=True``, so no question, option
+or subtitle can create a placeholder or end the user turn.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from algorithms.budget import (
+    CELL_PIXELS, MIN_TOKENS_PER_FRAME, Plan, frame_grid, frame_token_cap, plan_groups, subsample,
+)
+from .qbase import QBaseCompressor, load_state_dict_strict
+
+QBASE_DIR = "qbase"
+ORIGINAL_PROJECTOR_DIR = "original_projector"
+COMPRESSION_START = "<|compression_start|>"
+COMPRESSION_END = "<|compression_end|>"
+_VIDEO_MARK = "\x00VIDEO\x00"
+_TEXT_MARK = "\x00TEXT\x00"
+
+
+def round_half_up(x: float) -> int:
+    """Whole seconds for group timestamps (``floor(x + 0.5)``; Python's ``round`` rounds half to even)."""
+    return int(math.floor(x + 0.5))
+
+
+@dataclass
+class VideoPrompt:
+    """The shared prefix of one (video, budget): token ids with placeholders, and the vision rows for them.
+
+    Attributes:
+        ids: (L,) prefix token ids (system + user header + video blocks, ending with the video's last separator).
+        vision_embeds: (N, D) rows for the N placeholder positions of ``ids``, in order.
+        last_text: the text of the prefix's last text piece (after the last vision row), tokenized alone at the
+            end of ``ids``; the question is appended to it for the fallback check of DESIGN §3.7.
+    """
+
+    ids: torch.Tensor
+    vision_embeds: torch.Tensor
+    last_text: str
+    last_text_len: int
+
+
+@dataclass
+class Answer:
+    """One greedy answer: generated token ids (without the prompt), decoded text, prompt length, fallback flag."""
+
+    token_ids: list[int]
+    text: str
+    seq_len: int
+    fallback: bool = False
+    meta: dict = field(default_factory=dict)
+
+
+class BudgetedVideoLlama3(nn.Module):
+    """VideoLLaMA3 + qbase compressor with budgeted layouts and shared-prefix answering."""
+
+    def __init__(self, model, tokenizer, video_processor, compressor: QBaseCompressor,
+                 original_projector: nn.Module | None = None):
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.video_processor = video_processor
+        self.compressor = compressor
+        self.original_projector = original_projector
+        self.placeholder_id = int(model.config.video_token_id)
+        self.eos_ids = sorted({i for i in (tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id,
+                                           tokenizer.convert_tokens_to_ids("<|endoftext|>")) if i is not None})
+        for tok in (COMPRESSION_START, COMPRESSION_END):
+            if tokenizer.convert_tokens_to_ids(tok) in (None, tokenizer.unk_token_id):
+                raise ValueError(f"tokenizer has no special token {tok!r}")
+        self._template = self._split_chat_template()
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype | str = torch.float32,
+                        attn_implementation: str | None = "sdpa", raw_mode: str = "phase3") -> "BudgetedVideoLlama3":
+        """Load a transformers-format VideoLLaMA3 directory plus ``qbase/`` (and ``original_projector/``).
+
+        Raises:
+            FileNotFoundError: the directory or a required file is missing (path named).
+            ValueError: missing/unexpected weight keys (listed).
+        """
+        from transformers import AutoTokenizer, AutoVideoProcessor, VideoLlama3ForConditionalGeneration
+
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"no VideoLLaMA3 checkpoint at {path} (config.json missing); "
+                                    "for the demo run `python -m models.tiny` first")
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        model, info = VideoLlama3ForConditionalGeneration.from_pretrained(
+            path, dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True)
+        bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+        if bad:
+            raise ValueError(f"{path}: checkpoint weights do not match VideoLlama3ForConditionalGeneration: {bad}")
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        video_processor = AutoVideoProcessor.from_pretrained(path)
+        compressor = QBaseCompressor.from_pretrained(path / QBASE_DIR).to(dtype)
+        orig = None
+        if raw_mode == "orig":
+            w = path / ORIGINAL_PROJECTOR_DIR / "model.safetensors"
+            if not w.is_file():
+                raise FileNotFoundError(f"raw_mode='orig' needs the original projector at {w}")
+            orig = type(model.model.projector)(model.config)
+            load_state_dict_strict(orig, load_file(str(w)), str(w))
+            orig = orig.to(dtype)
+        return cls(model.eval(), tokenizer, video_processor, compressor.eval(),
+                   orig.eval() if orig is not None else None)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    # ------------------------------------------------------------------ vision
+    @torch.no_grad()
+    def encode(self, frames: torch.Tensor, max_tokens: int, chunk_frames: int = 64) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Vision-encoder rows of frames resized to at most ``max_tokens`` merged cells each.
+
+        Args:
+            frames: (T, H, W, 3) uint8 RGB frames.
+            max_tokens: the per-frame cap (:func:`algorithms.budget.frame_token_cap`); the VideoLLaMA3 video
+                processor resizes with ``smart_resize(max_pixels = max_tokens * 28²)``, whose grid is
+                :func:`algorithms.budget.frame_grid` ``(H, W, max_tokens)``.
+            chunk_frames: frames per encoder call (attention is per frame, so chunking changes nothing).
+
+        Returns:
+            ``(rows, (gh, gw))``: rows (T, gh * gw, C) merged encoder rows (before the projector), row-major.
+
+        Raises:
+            RuntimeError: the processor's grid differs from ``frame_grid`` (a preprocessing mismatch).
+        """
+        gh, gw = frame_grid(frames.shape[1], frames.shape[2], max_tokens)
+        out = []
+        for s in range(0, frames.shape[0], chunk_frames):
+            clip = frames[s:s + chunk_frames]
+            t = clip.shape[0]
+            inputs = self.video_processor(
+                videos=[clip.permute(0, 3, 1, 2)], do_sample_frames=False, use_token_compression=False,
+                size={"shortest_edge": min(MIN_TOKENS_PER_FRAME, max_tokens) * CELL_PIXELS ** 2,
+                      "longest_edge": max_tokens * CELL_PIXELS ** 2 * t},
+                return_tensors="pt")
+            thw = inputs["video_grid_thw"]
+            if tuple(thw[0].tolist()) != (t, 2 * gh, 2 * gw):
+                raise RuntimeError(f"video processor produced grid {thw[0].tolist()}, frame_grid says "
+                                   f"{(t, 2 * gh, 2 * gw)} for frames of {tuple(clip.shape[1:3])}")
+            vis = self.model.model.vision_model(
+                pixel_values=inputs["pixel_values_videos"].to(self.device, self.dtype),
+                grid_thw=thw.to(self.device), merge_sizes=inputs["video_merge_sizes"].to(self.device))
+            out.append(vis.last_hidden_state.view(t, gh * gw, -1))
+        return torch.cat(out), (gh, gw)
+
+    def project(self, rows: torch.Tensor, original: bool = False) -> torch.Tensor:
+        """(..., C) vision rows -> (..., D) LLM rows through the checkpoint projector (or the original one)."""
+        proj = self.original_projector if original else self.model.model.projector
+        if proj is None:
+            raise ValueError("raw_mode='orig' needs the original projector (load with raw_mode='orig')")
+        return proj(rows)
+
+    @torch.no_grad()
+    def compress(self, rows: torch.Tensor, plan: Plan) -> torch.Tensor:
+        """qbase rows of the plan's compressed groups, in one call over the whole video.
+
+        Args:
+            rows: (T, hw, C) encoder rows of the plan's frames.
+
+        Returns:
+            (G_c, K, C) compressed rows (before the projector).
+        """
+        if not plan.compressed:
+            return rows.new_zeros(0, self.compressor.num_queries, rows.shape[-1])
+        bounds = plan.group_bounds()
+        groups = [rows[bounds[g][0]:bounds[g][1]].reshape(-1, rows.shape[-1]) for g in plan.compressed]
+        context = rows.reshape(-1, rows.shape[-1]).mean(0)
+        return self.compressor(torch.cat(groups), [x.shape[0] for x in groups], video_context=context)
+
+    # ------------------------------------------------------------------ text
+    def _split_chat_template(self) -> tuple[str, str, str]:
+        """The chat template rendered around a video marker and a text marker: ``(head, mid, tail)``."""
+        msgs = [{"role": "user", "content": _VIDEO_MARK + _TEXT_MARK}]
+        text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        if _VIDEO_MARK not in text or _TEXT_MARK not in text:
+            raise ValueError("the tokenizer's chat template does not place string user content verbatim")
+        head, rest = text.split(_VIDEO_MARK)
+        mid, tail = rest.split(_TEXT_MARK)
+        return head, mid, tail
+
+    def _ids(self, text: str, untrusted: bool = False) -> list[int]:
+        if not text:
+            return []
+        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=untrusted)["input_ids"]
+
+    def build_prompt(self, plan: Plan, times_s: list[float], raw_rows: torch.Tensor,
+                     group_rows: torch.Tensor) -> VideoPrompt:
+        """The shared prefix for one (video, budget).
+
+        Args:
+            plan: the layout.
+            times_s: T frame times (s) of the plan's frames.
+            raw_rows: (n_raw_frames, raw_hw, D) projected rows of the raw frames, in time order.
+            group_rows: (G_c, K, D) projected rows of the compressed groups, in time order.
+
+        Returns:
+            A :class:`VideoPrompt`.
+        """
+        head, mid, _ = self._template
+        ids: list[int] = self._ids(head)
+        embeds = []
+        blocks = plan.blocks()
+        text = ""
+        ri = gi = 0
+        cs, ce = (self.tokenizer.convert_tokens_to_ids(t) for t in (COMPRESSION_START, COMPRESSION_END))
+        for bi, (kind, a, b) in enumerate(blocks):
+            last = bi == len(blocks) - 1
+            if kind == "raw":
+                ids += self._ids(text + f"Time {times_s[a]:.1f}s:")
+                rows = raw_rows[ri]
+                ri += 1
+                ids += [self.placeholder_id] * rows.shape[0]
+                embeds.append(rows)
+                text = "\n" if last else ","
+            else:
+                ids += self._ids(text + f"Time:{round_half_up(times_s[a])}s-{round_half_up(times_s[b - 1])}s:") + [cs]
+                rows = group_rows[gi]
+                gi += 1
+                ids += [self.placeholder_id] * rows.shape[0] + [ce]
+                embeds.append(rows)
+                text = "\n" if last else ""
+        text += mid
+        last_ids = self._ids(text)
+        ids += last_ids
+        vision = torch.cat(embeds) if embeds else raw_rows.new_zeros(0, raw_rows.shape[-1])
+        return VideoPrompt(ids=torch.tensor(ids, dtype=torch.long), vision_embeds=vision, last_text=text,
+                           last_text_len=len(last_ids))
+
+    def question_ids(self, prompt: VideoPrompt, question_text: str) -> tuple[list[int], bool]:
+        """Token ids that follow the prefix for one question, and whether the prefix is *not* reusable.
+
+        The reference is the whole text after the last vision row (``prompt.last_text + question``) tokenized in
+        one piece, as a plain pass would. If its first tokens differ from the prefix's own tokenization of
+        ``prompt.last_text`` (a BPE merge across the boundary), the shared prefix cannot be used: the returned ids
+        then replace the prefix's last piece, and ``fallback`` is True (DESIGN §3.7).
+
+        Returns:
+            ``(ids, fallback)``: without fallback, the ids to append to the full prefix; with fallback, the ids
+            to append to ``prompt.ids[:-prompt.last_text_len]``.
+        """
+        _, _, tail = self._template
+        whole = self._ids(prompt.last_text + question_text, untrusted=True)
+        n = prompt.last_text_len
+        own = prompt.ids[len(prompt.ids) - n:].tolist() if n else []
+        tail_ids = self._ids(tail)
+        if whole[:n] == own:
+            return whole[n:] + tail_ids, False
+        return whole + tail_ids, True
+
+    # ------------------------------------------------------------------ LLM
+    def embed(self, ids: torch.Tensor, vision_embeds: torch.Tensor) -> torch.Tensor:
+        """(L,) ids + (N, D) rows -> (1, L, D) ``inputs_embeds`` with rows at the N placeholder positions.
+
+        Raises:
+            ValueError: the placeholder count differs from N.
+        """
+        ids = ids.to(self.device)
+        emb = self.model.get_input_embeddings()(ids)
+        mask = ids == self.placeholder_id
+        if int(mask.sum()) != vision_embeds.shape[0]:
+            raise ValueError(f"{int(mask.sum())} placeholders for {vision_embeds.shape[0]} vision rows")
+        emb = emb.clone()
+        emb[mask] = vision_embeds.to(emb.dtype)
+        return emb.unsqueeze(0)
+
+    def _generate(self, input_ids: torch.Tensor, max_new_tokens: int, cache=None, inputs_embeds=None) -> list[int]:
+        out = self.model.generate(
+            input_ids=input_ids.view(1, -1).to(self.device), inputs_embeds=inputs_embeds, past_key_values=cache,
+            max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, temperature=None, top_p=None, top_k=None,
+            eos_token_id=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id, use_cache=True)
+        new = out[0, input_ids.numel():].tolist()  # generate returns prompt + new tokens when input_ids is given
+        if new and new[-1] in self.eos_ids:
+            new = new[:-1]
+        return new
+
+    def _answer(self, tokens: list[int], seq_len: int, fallback: bool) -> Answer:
+        return Answer(token_ids=tokens, text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+                      seq_len=seq_len, fallback=fallback)
+
+    @torch.no_grad()
+    def answer_from_scratch(self, prompt: VideoPrompt, question_text: str, max_new_tokens: int = 16) -> Answer:
+        """Reference path: prefill the whole prompt (prefix + question) in one pass and decode greedily."""
+        q_ids, fallback = self.question_ids(prompt, question_text)
+        base = prompt.ids if not fallback else prompt.ids[: len(prompt.ids) - prompt.last_text_len]
+        full = torch.cat([base, torch.tensor(q_ids, dtype=torch.long)])
+        emb = self.embed(full, prompt.vision_embeds)
+        return self._answer(self._generate(full, max_new_tokens, inputs_embeds=emb), full.numel(), fallback)
+
+    @torch.no_grad()
+    def answer_all(self, prompt: VideoPrompt, question_texts: list[str], max_new_tokens: int = 16) -> list[Answer]:
+        """Answer every question of a (video, budget) from one prefilled prefix (DESIGN §3.7).
+
+        The prefix is prefilled once into a ``DynamicCache``; each question then runs ``generate`` on the full
+        ids, which only feeds the uncached question tokens, and the cache is cropped back to the prefix.
+        A question whose text merges with the prefix's last piece falls back to :meth:`answer_from_scratch`.
+        """
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config.get_text_config())
+        emb = self.embed(prompt.ids, prompt.vision_embeds)
+        self.model(inputs_embeds=emb, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        prefix_len = prompt.ids.numel()
+        answers = []
+        for text in question_texts:
+            q_ids, fallback = self.question_ids(prompt, text)
+            if fallback:
+                answers.append(self.answer_from_scratch(prompt, text, max_new_tokens))
+                continue
+            full = torch.cat([prompt.ids, torch.tensor(q_ids, dtype=torch.long)])
+            tokens = self._generate(full, max_new_tokens, cache=cache)
+            cache.crop(prefix_len - cache.get_seq_length())  # negative: tokens to drop (transformers 5 API)
+            answers.append(self._answer(tokens, full.numel(), False))
+        return answers
+
+
+# ---------------------------------------------------------------------- one video, several budgets
+@dataclass
+class BudgetInput:
+    """Everything the LLM needs for one (video, budget): the frames used, the plan and the shared prefix.
+
+    Attributes:
+        budget: B.
+        frame_idx: indices into the decoded frames used by this budget (``subsample(T, B)``).
+        plan: the layout.
+        prompt: the shared prefix (ids + vision rows).
+        grid, raw_grid: merged-token grids of the encode and of raw frames.
+    """
+
+    budget: int
+    frame_idx: list[int]
+    plan: Plan
+    prompt: VideoPrompt
+    grid: tuple[int, int]
+    raw_grid: tuple[int, int]
+
+
+class EncodeCache:
+    """Encoder rows per grid, each grid encoded at most once per video over the union of requested frames.
+
+    ``encode_calls`` lists ``(grid, n_frames)`` of every encode, for instrumentation (tests assert one per size).
+    """
+
+    def __init__(self, vlm: "BudgetedVideoLlama3", frames: torch.Tensor, chunk_frames: int = 64):
+        self.vlm, self.frames, self.chunk_frames = vlm, frames, chunk_frames
+        self.rows: dict[tuple[int, int], dict[int, torch.Tensor]] = {}
+        self.encode_calls: list[tuple[tuple[int, int], int]] = []
+
+    def grid_for(self, max_tokens: int) -> tuple[int, int]:
+        return frame_grid(self.frames.shape[1], self.frames.shape[2], max_tokens)
+
+    def encode(self, requests: list[tuple[list[int], int]]) -> None:
+        """Encode, per grid, the union of frames requested for it that are not cached yet (one call per grid).
+
+        Args:
+            requests: ``(frame indices, max_tokens)`` pairs.
+        """
+        want: dict[tuple[int, int], tuple[set[int], int]] = {}
+        for idx, cap in requests:
+            grid = self.grid_for(cap)
+            have = self.rows.get(grid, {})
+            missing = {i for i in idx if i not in have}
+            if missing:
+                s, _ = want.setdefault(grid, (set(), cap))
+                s.update(missing)
+        for grid, (idx_set, cap) in want.items():
+            idx = sorted(idx_set)
+            rows, got = self.vlm.encode(self.frames[idx], cap, self.chunk_frames)
+            assert got == grid
+            self.encode_calls.append((grid, len(idx)))
+            store = self.rows.setdefault(grid, {})
+            for j, i in enumerate(idx):
+                store[i] = rows[j]
+
+    def get(self, idx: list[int], max_tokens: int) -> torch.Tensor:
+        """(len(idx), gh * gw, C) rows (encoding what is missing)."""
+        self.encode([(idx, max_tokens)])
+        store = self.rows[self.grid_for(max_tokens)]
+        return torch.stack([store[i] for i in idx])
+
+
+def _budget_geometry(height: int, width: int, budget: int, num_frames: int, max_tokens_per_frame: int,
+                     raw_mode: str, raw_max_tokens: int) -> tuple[list[int], int, tuple[int, int], int, tuple[int, int]]:
+    idx = subsample(num_frames, budget)
+    cap = frame_token_cap(budget, len(idx), max_tokens_per_frame)
+    grid = frame_grid(height, width, cap)
+    raw_cap = cap
+    if raw_mode == "phase3" and grid[0] * grid[1] > raw_max_tokens:
+        raw_cap = raw_max_tokens
+    elif raw_mode not in ("phase3", "orig"):
+        raise ValueError(f"raw_mode must be 'phase3' or 'orig', got {raw_mode!r}")
+    return idx, cap, grid, raw_cap, frame_grid(height, width, raw_cap)
+
+
+@torch.no_grad()
+def prepare_budgets(vlm: BudgetedVideoLlama3, frames: torch.Tensor, times_s: list[float], budgets: list[int],
+                    raw_mode: str = "phase3", raw_max_tokens: int = 256, max_tokens_per_frame: int = 256,
+                    chunk_frames: int = 64, cache: EncodeCache | None = None) -> list[BudgetInput]:
+    """DESIGN §3 steps 2-6 for every budget of one decoded video.
+
+    Per budget: frames ``subsample(T, B)``; grid from ``frame_token_cap``; one encode per grid over the union of
+    the budgets' frames; plan from per-frame mean rows; raw frames re-encoded once per smaller raw grid
+    (``raw_mode="phase3"``, rows capped at ``raw_max_tokens``) or kept at the group grid through the original
+    projector (``raw_mode="orig"``); qbase over the compressed groups; the shared prefix.
+
+    Args:
+        frames: (T, H, W, 3) uint8 decoded frames (for the largest budget).
+        times_s: T frame times in seconds.
+
+    Returns:
+        One :class:`BudgetInput` per budget, in the order given.
+    """
+    t, h, w = frames.shape[0], frames.shape[1], frames.shape[2]
+    cache = cache or EncodeCache(vlm, frames, chunk_frames)
+    geo = [_budget_geometry(h, w, b, t, max_tokens_per_frame, raw_mode, raw_max_tokens) for b in budgets]
+    cache.encode([(idx, cap) for idx, cap, *_ in geo])
+    plans = []
+    for b, (idx, cap, grid, raw_cap, raw_grid) in zip(budgets, geo):
+        rows = cache.get(idx, cap)                                     # (T_b, hw, C)
+        plans.append((rows, plan_groups(rows.float().mean(1), grid[0] * grid[1], b, raw_grid[0] * raw_grid[1])))
+    # raw frames at a smaller grid: one encode per raw grid over all budgets' raw frames
+    raw_requests = []
+    for (idx, cap, grid, raw_cap, raw_grid), (_, plan) in zip(geo, plans):
+        if raw_grid != grid:
+            raw_requests.append(([idx[a] for kind, a, _ in plan.blocks() if kind == "raw"], raw_cap))
+    cache.encode(raw_requests)
+    out = []
+    for b, (idx, cap, grid, raw_cap, raw_grid), (rows, plan) in zip(budgets, geo, plans):
+        raw_pos = [a for kind, a, _ in plan.blocks() if kind == "raw"]
+        if raw_grid != grid:
+            raw_rows = cache.get([idx[a] for a in raw_pos], raw_cap) if raw_pos else rows[:0]
+        else:
+            raw_rows = rows[raw_pos]
+        raw_llm = vlm.project(raw_rows, original=raw_mode == "orig")   # (n_raw, raw_hw, D)
+        group_llm = vlm.project(vlm.compress(rows, plan))                # (G_c, K, D)
+        prompt = vlm.build_prompt(plan, [times_s[i] for i in idx], raw_llm, group_llm)
+        out.append(BudgetInput(budget=b, frame_idx=idx, plan=plan, prompt=prompt, grid=grid, raw_grid=raw_grid))
+    return out
