@@ -45,7 +45,9 @@ class Question:
 
 
 def resolve_media_path(root: str | Path, relative: str | Path, where: str) -> Path:
-    """Absolute ``root / relative`` (not symlink-resolved), refusing paths that escape ``root`` (``..``, absolute paths, symlinks out).
+    """Absolute ``root / relative`` (not symlink-resolved), refusing paths that escape ``root``.
+
+    Escapes are ``..`` components, absolute paths and symlinks pointing out of ``root``.
 
     Raises:
         AnnotationError: the path leaves ``root`` (``where`` names the annotation file and row).

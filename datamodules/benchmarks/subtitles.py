@@ -92,8 +92,8 @@ def parse_lvb_subtitles(items: list, starting_timestamp_s: float = 0.0, duration
     * ``{"start": "HH:MM:SS.mmm", "end": "HH:MM:SS.mmm", "line": "..."}``.
 
     Times are shifted by ``-starting_timestamp_s`` (the clip's offset inside the subtitled source video). Lines
-    that end before 0 after the shift are dropped and starts are clamped to 0. Markup is stripped; empty lines are
-    dropped.
+    that end before 0 after the shift are dropped, starts are clamped to 0, times are rounded to 1 ms. Markup is
+    stripped; empty lines are dropped.
 
     Raises:
         AnnotationError: an item in neither form, or with unreadable times (``where`` and the item index named).
@@ -122,7 +122,7 @@ def parse_lvb_subtitles(items: list, starting_timestamp_s: float = 0.0, duration
             continue
         body = strip_markup(str(text or ""))
         if body:
-            out.append((max(start, 0.0), end, body))
+            out.append((round(max(start, 0.0), 3), round(end, 3), body))
     return sorted(out, key=lambda x: (x[0], x[1]))
 
 

@@ -1,0 +1,491 @@
+"""Scoring of prediction records: accuracies per job and parser, benchmark breakdowns, ``scores.json`` and plots.
+
+Records are the jsonl lines written by the prediction writer under ``<out_root>/<job>/<benchmark>/*.jsonl``
+(``job`` e.g. ``b1024`` or ``<variant>_b<B>``), one per (question, budget[, variant]) with ``qid, video, budget,
+variant, answer, pred, pred_robust, response, meta{benchmark, template, ...}``, or ``error`` instead of the answer
+fields when the question failed.
+
+Protocol (every choice is visible in ``scores.json``):
+
+* **Groups**: one per ``(benchmark, job, variant, budget)``; ``benchmark`` is ``meta["benchmark"]`` (else the
+  folder name), ``job`` is the record's ``job`` key (else the first folder under ``out_root``).
+* **De-duplication**: a qid seen twice in a group (restarts, overlapping shards) counts once; the *first* record
+  wins, in sorted-path then line order. ``n_duplicates`` reports how many were dropped.
+* **Parsers**: ``official`` scores ``record["pred"]`` (:func:`algorithms.choice.parse_official`, Video-MME's
+  official rule) and ``robust`` scores ``record["pred_robust"]`` (:func:`algorithms.choice.parse_robust`). A
+  parser appears for a group only if some record of the group carries its key.
+* **Accuracy** (fractions in [0, 1]): ``accuracy = correct / n_scored`` with ``n_scored`` the records with an
+  answer and no error (an unparseable answer, ``pred`` null, counts as wrong); ``accuracy_all = correct /
+  (n_scored + n_errors + n_missing)`` also counts failed and missing questions as wrong.
+* **Breakdowns** (over scored records): Video-MME by ``duration`` / ``domain`` / ``task_type``; MLVU by ``task``
+  with ``m_avg`` = the mean of the per-task accuracies (the official MLVU "M-Avg") and ``pooled`` = accuracy over
+  all questions; LongVideoBench by ``duration_group`` / ``question_category``; WorldSense by ``domain`` /
+  ``task_type``.
+* **Missing**: when the expected qids of a benchmark are known (from the annotation), ``n_missing`` counts those
+  with no record (error records are not missing) and ``missing_qids`` lists the first 50.
+
+Command: ``python -m callbacks.scoring <out_root> [--expected videomme=/data/videomme ...] [--no-plots]`` prints
+the table and writes ``<out_root>/scores.json`` and the PNG plots; :class:`ScoreOnPredictEnd` does the same at
+the end of ``trainer.predict``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import re
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable
+
+from lightning.pytorch import Callback
+
+log = logging.getLogger(__name__)
+
+PARSERS = {"official": "pred", "robust": "pred_robust"}
+BREAKDOWNS = {
+    "videomme": ("duration", "domain", "task_type"),
+    "mlvu": ("task",),
+    "lvb": ("duration_group", "question_category"),
+    "worldsense": ("domain", "task_type"),
+}
+DURATION_KEY = {"videomme": "duration", "lvb": "duration_group"}
+_DURATION_ORDER = {"short": 0, "medium": 1, "long": 2}
+MAX_LISTED_MISSING = 50
+SCORES_FILE = "scores.json"
+_JOB = re.compile(r"^(?:(.+)_)?b(\d+)$")
+
+
+# ----------------------------------------------------------------------------------------------------- reading
+def read_records(out_root: str | Path) -> tuple[list[dict], dict[str, int]]:
+    """All records under ``out_root`` (every ``*.jsonl``, sorted by path, lines in order).
+
+    Each record gets ``job`` (first folder under ``out_root`` unless the record has one) and ``benchmark``
+    (``meta["benchmark"]``, else the second folder) keys if missing; a record without a budget takes it (and, if
+    it has no ``variant`` key, the variant) from a job name ``b<B>`` / ``<variant>_b<B>``. Unreadable lines (e.g. a line cut by a crash)
+    are skipped and counted.
+
+    Returns:
+        ``(records, stats)`` with ``stats = {"n_files", "n_bad_lines"}``.
+    """
+    root = Path(out_root)
+    records: list[dict] = []
+    n_files = n_bad = 0
+    for path in sorted(root.rglob("*.jsonl")):
+        parts = path.relative_to(root).parts
+        job_dir = parts[0] if len(parts) >= 2 else None
+        bench_dir = parts[1] if len(parts) >= 3 else None
+        n_files += 1
+        with open(path, encoding="utf-8") as fh:
+            for k, line in enumerate(fh):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    n_bad += 1
+                    log.warning("scoring: skipping unreadable line %d of %s", k + 1, path)
+                    continue
+                if not isinstance(rec, dict) or "qid" not in rec:
+                    n_bad += 1
+                    continue
+                rec.setdefault("job", job_dir or "default")
+                m = _JOB.match(str(rec["job"]))
+                if m and rec.get("budget") is None:  # budget/variant from a job name such as rho32_b1024
+                    rec["budget"] = int(m.group(2))
+                    if "variant" not in rec:
+                        rec["variant"] = m.group(1)
+                meta = rec.get("meta") or {}
+                rec.setdefault("benchmark", meta.get("benchmark") or bench_dir or "unknown")
+                records.append(rec)
+    return records, {"n_files": n_files, "n_bad_lines": n_bad}
+
+
+# ----------------------------------------------------------------------------------------------------- scoring
+def _acc(correct: int, n: int) -> float | None:
+    return correct / n if n else None
+
+
+def _breakdown(rows: list[tuple[dict, bool]], field: str) -> dict[str, dict]:
+    cells: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for rec, ok in rows:
+        value = (rec.get("meta") or {}).get(field)
+        cell = cells["unknown" if value is None else str(value)]
+        cell[0] += 1
+        cell[1] += int(ok)
+    return {k: {"n": n, "correct": c, "accuracy": _acc(c, n)} for k, (n, c) in sorted(cells.items())}
+
+
+def _group_key(rec: dict) -> tuple:
+    meta = rec.get("meta") or {}
+    return (rec.get("benchmark") or meta.get("benchmark") or "unknown", str(rec.get("job") or "default"),
+            rec.get("variant"), rec.get("budget"))
+
+
+def _sort_key(g: dict) -> tuple:
+    b = g["budget"]
+    return (g["benchmark"], g["variant"] or "", b if isinstance(b, (int, float)) else math.inf, g["job"])
+
+
+def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] | None = None) -> dict:
+    """Score records (see the module docstring for the protocol).
+
+    Args:
+        records: record dicts; each needs ``qid`` and ``benchmark`` (or ``meta["benchmark"]``) and ``job``
+            (default ``"default"``); ``answer``, ``pred``, ``pred_robust``, ``error``, ``variant``, ``budget``,
+            ``meta`` are read when present.
+        expected_qids: per benchmark name, the qids of the annotation (for ``n_missing``); optional.
+
+    Returns:
+        ``{"groups": [group, ...]}`` sorted by (benchmark, variant, budget, job), each group
+        ``{benchmark, job, variant, budget, n_records, n_duplicates, n_errors, n_scored, n_expected, n_missing,
+        missing_qids, templates, parsers: {name: {correct, unparseable, accuracy, accuracy_all, by: {field:
+        {value: {n, correct, accuracy}}}, [m_avg, pooled]}}}``; accuracies are fractions (``None`` when
+        nothing was scored).
+    """
+    groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    dups: dict[tuple, int] = defaultdict(int)
+    for rec in records:
+        key = _group_key(rec)
+        qid = str(rec["qid"])
+        if qid in groups[key]:
+            dups[key] += 1
+            continue
+        groups[key][qid] = rec
+    expected = {b: {str(q) for q in qs} for b, qs in (expected_qids or {}).items()}
+
+    out = []
+    for key, by_qid in groups.items():
+        benchmark, job, variant, budget = key
+        recs = list(by_qid.values())
+        errors = [r for r in recs if r.get("error")]
+        scored = [r for r in recs if not r.get("error") and r.get("answer") is not None]
+        missing = sorted(expected[benchmark] - set(by_qid)) if benchmark in expected else []
+        templates = sorted({str((r.get("meta") or {}).get("template")) for r in recs
+                            if (r.get("meta") or {}).get("template") is not None})
+        g: dict[str, Any] = {
+            "benchmark": benchmark, "job": job, "variant": variant, "budget": budget,
+            "n_records": len(recs), "n_duplicates": dups[key], "n_errors": len(errors), "n_scored": len(scored),
+            "n_expected": len(expected[benchmark]) if benchmark in expected else None,
+            "n_missing": len(missing), "missing_qids": missing[:MAX_LISTED_MISSING], "templates": templates,
+            "parsers": {},
+        }
+        for parser, field in PARSERS.items():
+            if not any(field in r for r in recs):
+                continue
+            rows = [(r, r.get(field) is not None and str(r.get(field)) == str(r["answer"])) for r in scored]
+            correct = sum(ok for _, ok in rows)
+            p: dict[str, Any] = {
+                "correct": correct,
+                "unparseable": sum(r.get(field) is None for r in scored),
+                "accuracy": _acc(correct, len(scored)),
+                "accuracy_all": _acc(correct, len(scored) + len(errors) + len(missing)),
+                "by": {f: _breakdown(rows, f) for f in BREAKDOWNS.get(benchmark, ())},
+            }
+            if benchmark == "mlvu":
+                tasks = [c["accuracy"] for c in p["by"]["task"].values() if c["accuracy"] is not None]
+                p["m_avg"] = sum(tasks) / len(tasks) if tasks else None
+                p["pooled"] = p["accuracy"]
+            g["parsers"][parser] = p
+        out.append(g)
+    return {"groups": sorted(out, key=_sort_key)}
+
+
+# ----------------------------------------------------------------------------------------------------- table
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}"
+
+
+def _duration_sort(v: str) -> tuple:
+    try:
+        return (1, float(v), v)
+    except ValueError:
+        return (0, _DURATION_ORDER.get(v, 99), v)
+
+
+def _extra(benchmark: str, p: dict) -> str:
+    if benchmark == "mlvu":
+        return f"M-Avg {_pct(p.get('m_avg'))}  pooled {_pct(p.get('pooled'))}"
+    dk = DURATION_KEY.get(benchmark)
+    if dk and dk in p["by"]:
+        cells = p["by"][dk]
+        return "  ".join(f"{k} {_pct(cells[k]['accuracy'])}" for k in sorted(cells, key=_duration_sort))
+    return ""
+
+
+def format_table(scores: dict) -> str:
+    """A readable fixed-width table of ``scores`` (from :func:`score_records`): one row per group and parser with
+    n, accuracy (%), errors, unparseable, missing, duplicates and the benchmark's headline breakdown (Video-MME /
+    LongVideoBench per duration, MLVU M-Avg and pooled)."""
+    header = ("benchmark", "job", "variant", "budget", "parser", "n", "acc%", "err", "unparse", "miss", "dup",
+              "breakdown")
+    rows = [header]
+    for g in scores.get("groups", []):
+        for parser, p in g["parsers"].items():
+            rows.append((g["benchmark"], g["job"], g["variant"] or "-", str(g["budget"]), parser, str(g["n_scored"]),
+                         _pct(p["accuracy"]), str(g["n_errors"]), str(p["unparseable"]), str(g["n_missing"]),
+                         str(g["n_duplicates"]), _extra(g["benchmark"], p)))
+        if not g["parsers"]:
+            rows.append((g["benchmark"], g["job"], g["variant"] or "-", str(g["budget"]), "-", str(g["n_scored"]),
+                         "-", str(g["n_errors"]), "-", str(g["n_missing"]), str(g["n_duplicates"]), ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------- writing
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _save_figure(fig, path: Path) -> None:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    _atomic_write_bytes(path, buf.getvalue())
+
+
+def plot_scores(scores: dict, out_dir: str | Path) -> list[Path]:
+    """Render PNG plots of ``scores`` into ``out_dir`` (matplotlib Agg, no display; files replaced atomically).
+
+    * ``acc_vs_budget_<benchmark>.png``: accuracy (%) vs budget (vision tokens), one line per (variant, parser);
+      groups without a numeric budget are left out.
+    * ``duration_<benchmark>.png`` (Video-MME, LongVideoBench): accuracy (%) per duration group, one bar per
+      (job, parser).
+
+    Returns:
+        The written paths.
+    """
+    import matplotlib
+    from matplotlib.figure import Figure  # a bare Figure renders with Agg; pyplot's global state is never touched
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    by_bench: dict[str, list[dict]] = defaultdict(list)
+    for g in scores.get("groups", []):
+        by_bench[g["benchmark"]].append(g)
+    for bench, groups in sorted(by_bench.items()):
+        lines: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+        for g in groups:
+            if not isinstance(g["budget"], (int, float)):
+                continue
+            for parser, p in g["parsers"].items():
+                if p["accuracy"] is not None:
+                    lines[(g["variant"] or "base", parser)].append((g["budget"], 100 * p["accuracy"]))
+        if lines:
+            fig = Figure(figsize=(6.4, 4.2))
+            ax = fig.add_subplot()
+            for (variant, parser), pts in sorted(lines.items()):
+                pts.sort()
+                ax.plot([b for b, _ in pts], [a for _, a in pts], marker="o",
+                        linestyle="-" if parser == "official" else "--", label=f"{variant} / {parser}")
+            ax.set_xscale("log", base=2)
+            budgets = sorted({b for pts in lines.values() for b, _ in pts})
+            ax.set_xticks(budgets)
+            ax.set_xticklabels([f"{b:g}" for b in budgets])
+            ax.minorticks_off()
+            ax.set_xlabel("budget (vision tokens)")
+            ax.set_ylabel("accuracy (%)")
+            ax.set_title(f"{bench}: accuracy vs budget")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+            path = out_dir / f"acc_vs_budget_{bench}.png"
+            _save_figure(fig, path)
+            written.append(path)
+
+        dk = DURATION_KEY.get(bench)
+        if not dk:
+            continue
+        series = []
+        cats: set[str] = set()
+        for g in groups:
+            for parser, p in g["parsers"].items():
+                cells = p["by"].get(dk) or {}
+                if cells:
+                    series.append((f"{g['job']} / {parser}", {k: c["accuracy"] for k, c in cells.items()}))
+                    cats.update(cells)
+        if not series:
+            continue
+        cats_sorted = sorted(cats, key=_duration_sort)
+        fig = Figure(figsize=(max(6.4, 1.2 * len(cats_sorted) + 0.15 * len(series)), 4.2))
+        ax = fig.add_subplot()
+        width = 0.8 / len(series)
+        cmap = matplotlib.colormaps["tab20" if len(series) > 10 else "tab10"]
+        for s, (label, accs) in enumerate(series):
+            xs = [c + (s - (len(series) - 1) / 2) * width for c in range(len(cats_sorted))]
+            ax.bar(xs, [100 * (accs.get(k) or 0.0) for k in cats_sorted], width=width, label=label,
+                   color=cmap(s % cmap.N))
+        ax.set_xticks(range(len(cats_sorted)))
+        ax.set_xticklabels(cats_sorted)
+        ax.set_xlabel(dk)
+        ax.set_ylabel("accuracy (%)")
+        ax.set_ylim(0, 100)
+        ax.set_title(f"{bench}: accuracy per {dk}")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        path = out_dir / f"duration_{bench}.png"
+        _save_figure(fig, path)
+        written.append(path)
+    return written
+
+
+def write_scores(out_dir: str | Path, expected_qids: dict[str, Iterable[str]] | None = None,
+                 plots: bool = True) -> dict:
+    """Read every record under ``out_dir``, score it and write ``<out_dir>/scores.json`` (+ PNG plots beside it).
+
+    ``scores.json`` is written atomically (temp file in the same folder + ``os.replace``), so a reader never sees a
+    partial file. It holds :func:`score_records`'s result plus ``n_files``, ``n_bad_lines`` and ``plots`` (file
+    names).
+
+    Args:
+        out_dir: the prediction output root (``<out_dir>/<job>/<benchmark>/*.jsonl``).
+        expected_qids: per benchmark, the annotation's qids (for missing counts); optional.
+        plots: also render :func:`plot_scores`.
+
+    Returns:
+        The scores dict that was written.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records, stats = read_records(out_dir)
+    scores = score_records(records, expected_qids)
+    scores.update(stats)
+    scores["plots"] = [p.name for p in plot_scores(scores, out_dir)] if plots else []
+    data = json.dumps(scores, indent=1, sort_keys=False, default=str).encode("utf-8")
+    _atomic_write_bytes(out_dir / SCORES_FILE, data)
+    return scores
+
+
+# ----------------------------------------------------------------------------------------------------- lightning
+def _expected_from_datamodule(dm) -> dict[str, list[str]] | None:
+    """Duck-typed: ``dm.expected_qids()`` -> {benchmark: qids}, or ``dm.questions`` (Question objects)."""
+    if dm is None:
+        return None
+    fn = getattr(dm, "expected_qids", None)
+    if callable(fn):
+        return fn()
+    questions = getattr(dm, "questions", None)
+    if isinstance(questions, (list, tuple)) and questions and hasattr(questions[0], "qid"):
+        out: dict[str, list[str]] = defaultdict(list)
+        for q in questions:
+            out[(getattr(q, "meta", None) or {}).get("benchmark", "unknown")].append(q.qid)
+        return dict(out)
+    return None
+
+
+class ScoreOnPredictEnd(Callback):
+    """Score the whole output root at the end of ``trainer.predict`` and print the table (global rank 0 only).
+
+    All ranks wait at a barrier first, so every shard's records are on disk. List this callback after the
+    prediction writer. Expected qids (for missing counts) come from ``expected_qids`` or, duck-typed, from the
+    datamodule's ``expected_qids()`` or ``questions``. When a ``WandbLogger`` is attached, the per-group table is
+    also logged to it (offline unless a key is configured).
+
+    Args:
+        out_root: the writer's output root; ``None``: taken from the first callback with an ``out_root`` or
+            ``output_dir`` attribute.
+        plots: render the PNG plots.
+        expected_qids: per benchmark, the annotation's qids.
+    """
+
+    def __init__(self, out_root: str | None = None, plots: bool = True,
+                 expected_qids: dict[str, list[str]] | None = None):
+        super().__init__()
+        self.out_root = out_root
+        self.plots = plots
+        self.expected_qids = expected_qids
+        self.last_scores: dict | None = None
+
+    def _root(self, trainer) -> Path | None:
+        if self.out_root:
+            return Path(self.out_root)
+        for cb in trainer.callbacks:
+            for attr in ("out_root", "output_dir"):
+                value = getattr(cb, attr, None)
+                if cb is not self and value:
+                    return Path(value)
+        return None
+
+    def on_predict_end(self, trainer, pl_module) -> None:
+        trainer.strategy.barrier("score_on_predict_end")
+        if not trainer.is_global_zero:
+            return
+        root = self._root(trainer)
+        if root is None:
+            log.warning("ScoreOnPredictEnd: no out_root given and no writer callback exposes one; not scoring")
+            return
+        expected = self.expected_qids or _expected_from_datamodule(getattr(trainer, "datamodule", None))
+        scores = write_scores(root, expected, plots=self.plots)
+        self.last_scores = scores
+        print(format_table(scores))
+        print(f"scores: {root / SCORES_FILE}")
+        log_to_wandb(trainer, scores, root)
+
+
+def log_to_wandb(trainer, scores: dict, root: Path) -> bool:
+    """Log the per-group accuracies as a W&B table (key ``scores``) and each PNG plot as an image (key
+    ``scores/<plot name>``), when a ``WandbLogger`` is attached to ``trainer`` (offline unless a key is set).
+    Returns whether anything was logged."""
+    try:
+        from lightning.pytorch.loggers import WandbLogger
+    except ImportError:  # pragma: no cover
+        return False
+    loggers = [lg for lg in getattr(trainer, "loggers", []) if isinstance(lg, WandbLogger)]
+    if not loggers:
+        return False
+    columns = ["benchmark", "job", "variant", "budget", "parser", "n_scored", "accuracy", "n_errors",
+               "unparseable", "n_missing"]
+    data = [[g["benchmark"], g["job"], g["variant"] or "base", g["budget"], parser, g["n_scored"], p["accuracy"],
+             g["n_errors"], p["unparseable"], g["n_missing"]]
+            for g in scores.get("groups", []) for parser, p in g["parsers"].items()]
+    for lg in loggers:
+        lg.log_table(key="scores", columns=columns, data=data)
+        for name in scores.get("plots", []):
+            lg.log_image(key=f"scores/{Path(name).stem}", images=[str(root / name)])
+    return True
+
+
+# ----------------------------------------------------------------------------------------------------- CLI
+def _parse_expected(items: list[str]) -> dict[str, list[str]]:
+    from datamodules.benchmarks import load_benchmark  # lazy: only the CLI reads annotations
+
+    out = {}
+    for item in items:
+        name, _, root = item.partition("=")
+        if not root:
+            raise SystemExit(f"--expected wants NAME=ROOT, got {item!r}")
+        out[name] = [q.qid for q in load_benchmark(name, root)]
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """``python -m callbacks.scoring <out_root> [--expected NAME=ROOT ...] [--no-plots]``: score, write
+    ``scores.json`` and plots, print the table."""
+    ap = argparse.ArgumentParser(prog="python -m callbacks.scoring", description=main.__doc__)
+    ap.add_argument("out_root")
+    ap.add_argument("--expected", action="append", default=[], metavar="NAME=ROOT",
+                    help="benchmark annotation to count missing qids against (repeatable)")
+    ap.add_argument("--no-plots", action="store_true")
+    args = ap.parse_args(argv)
+    scores = write_scores(args.out_root, _parse_expected(args.expected) or None, plots=not args.no_plots)
+    print(format_table(scores))
+    print(f"scores: {Path(args.out_root) / SCORES_FILE}", file=sys.stderr)
+    return scores
+
+
+if __name__ == "__main__":
+    main()

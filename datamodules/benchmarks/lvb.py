@@ -1,0 +1,94 @@
+"""LongVideoBench val: ``<root>/lvb_val.json``, videos under ``<root>/videos/``, subtitles under ``<root>/subtitles/``.
+
+``lvb_val.json`` is a JSON list of ``{"id", "video_id", "video_path", "question", "candidates" (<= 5),
+"correct_choice" (index), "duration_group", "question_category", "level", "subtitle_path",
+"starting_timestamp_for_subtitles", "duration"}``. Subtitle files come in two public JSON forms, see
+:func:`datamodules.benchmarks.subtitles.parse_lvb_subtitles`.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .base import LETTERS, AnnotationError, Question, register, resolve_media_path
+from .subtitles import load_lvb_subtitles, subtitles_text
+
+_FIELDS = ("id", "video_id", "video_path", "question", "candidates")
+
+
+@register("lvb")
+def load_lvb(root: Path, annotation: str = "lvb_val.json", video_dir: str = "videos",
+             subtitle_dir: str = "subtitles", subtitles: bool = False) -> list[Question]:
+    """Read LongVideoBench questions.
+
+    Args:
+        root: benchmark root.
+        annotation: the annotation file relative to ``root`` (``lvb_val.json``; the test split without
+            ``correct_choice`` gives ``answer=None``).
+        video_dir: folder the rows' ``video_path`` is relative to.
+        subtitle_dir: folder the rows' ``subtitle_path`` is relative to.
+        subtitles: attach subtitles (shifted by ``starting_timestamp_for_subtitles``, seconds) as
+            ``Question.subtitles`` (text ordered by time) and ``Question.subtitle_lines`` (timed lines); a row whose
+            subtitle file is absent gets none.
+
+    Returns:
+        Questions in file order; ``meta = {benchmark, duration_group, question_category, level, duration (s),
+        [subtitles]}``.
+
+    Raises:
+        AnnotationError: invalid JSON, a row missing a field, 0 or more than 5 candidates, ``correct_choice`` out
+            of range, a media path escaping ``root`` (file and row named), a malformed subtitle file.
+    """
+    root = Path(root)
+    f = root / annotation
+    try:
+        rows = json.loads(f.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise AnnotationError(f"LongVideoBench: {f} not found") from e
+    except json.JSONDecodeError as e:
+        raise AnnotationError(f"{f}: invalid JSON: {e}") from e
+    if not isinstance(rows, list):
+        raise AnnotationError(f"{f}: expected a JSON list of questions")
+    questions: list[Question] = []
+    cache: dict[tuple, list] = {}
+    for i, row in enumerate(rows):
+        where = f"{f} row {i}"
+        if not isinstance(row, dict) or any(k not in row for k in _FIELDS):
+            raise AnnotationError(f"{where}: expected an object with fields {_FIELDS}")
+        where = f"{f} row {i} (id={row['id']!r})"
+        cands = row["candidates"]
+        if not isinstance(cands, list) or not 1 <= len(cands) <= 5:
+            raise AnnotationError(f"{where}: candidates must be a list of 1..5 strings")
+        answer = None
+        if row.get("correct_choice") is not None:
+            c = row["correct_choice"]
+            if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < len(cands):
+                raise AnnotationError(f"{where}: correct_choice {c!r} is not an index into {len(cands)} candidates")
+            answer = LETTERS[c]
+        video_path = resolve_media_path(root, Path(video_dir) / str(row["video_path"]), where)
+        lines = None
+        if subtitles and row.get("subtitle_path"):
+            sub = resolve_media_path(root, Path(subtitle_dir) / str(row["subtitle_path"]), where)
+            start = float(row.get("starting_timestamp_for_subtitles") or 0.0)
+            dur = row.get("duration")
+            key = (str(sub), start, dur)
+            if key not in cache:
+                cache[key] = load_lvb_subtitles(sub, start, dur) if sub.is_file() else None
+            lines = cache[key]
+        meta = {"benchmark": "lvb", "duration_group": row.get("duration_group"),
+                "question_category": row.get("question_category"), "level": row.get("level"),
+                "duration": row.get("duration")}
+        if subtitles:
+            meta["subtitles"] = bool(lines)
+        questions.append(Question(
+            qid=str(row["id"]),
+            video_id=str(row["video_id"]),
+            video_path=str(video_path),
+            question=str(row["question"]),
+            options=[str(c) for c in cands],
+            answer=answer,
+            meta=meta,
+            subtitles=subtitles_text(lines) if lines else None,
+            subtitle_lines=list(lines) if lines else None,
+        ))
+    return questions

@@ -1,0 +1,95 @@
+"""MLVU dev: ``<root>/json/<n>_<task>.json`` and videos under ``<root>/video/<n>_<task>/<video>``.
+
+Each annotation file is a JSON list of ``{"video", "duration", "question", "candidates", "answer",
+"question_type"}``; ``answer`` is the *text* of the correct candidate (its letter is its index). Only the seven
+multiple-choice tasks are loaded; the open-ended ones (``subPlot``, ``summary``) are skipped and counted in the log.
+Question ids are synthesised stably as ``<task>_<index>`` (index = position in the task's file).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+from .base import LETTERS, AnnotationError, Question, register, resolve_media_path
+
+log = logging.getLogger(__name__)
+
+MC_TASKS = ("plotQA", "needle", "ego", "count", "order", "anomaly_reco", "topic_reasoning")
+OPEN_ENDED_TASKS = ("subPlot", "summary")
+_FILE = re.compile(r"^(\d+)_(.+)\.json$")
+_FIELDS = ("video", "question", "candidates", "answer")
+
+
+@register("mlvu")
+def load_mlvu(root: Path, json_dir: str = "json", video_dir: str = "video",
+              tasks: tuple[str, ...] | list[str] | None = None) -> list[Question]:
+    """Read MLVU dev multiple-choice questions.
+
+    Args:
+        root: benchmark root holding ``json/`` and ``video/``.
+        json_dir: folder of the ``<n>_<task>.json`` files, relative to ``root``.
+        video_dir: folder of the ``<n>_<task>/`` video folders, relative to ``root``.
+        tasks: multiple-choice tasks to keep (default: all seven of :data:`MC_TASKS`).
+
+    Returns:
+        Questions in file order (files sorted by their number), ``meta = {benchmark, task, duration (s),
+        question_type}``.
+
+    Raises:
+        AnnotationError: no annotation files, invalid JSON, a row missing a field, an answer that is not one of
+            its candidates, more than 10 candidates, or a video path escaping ``root`` (file and row named).
+    """
+    root = Path(root)
+    keep = tuple(tasks) if tasks is not None else MC_TASKS
+    unknown = [t for t in keep if t not in MC_TASKS]
+    if unknown:
+        raise ValueError(f"MLVU: {unknown} are not multiple-choice tasks; choose from {MC_TASKS}")
+    files = []
+    for f in (root / json_dir).glob("*.json"):
+        m = _FILE.match(f.name)
+        if m:
+            files.append((int(m.group(1)), m.group(2), f))
+    if not files:
+        raise AnnotationError(f"MLVU: no <n>_<task>.json under {root / json_dir}")
+    questions: list[Question] = []
+    skipped: dict[str, int] = {}
+    for _, task, f in sorted(files):
+        try:
+            rows = json.loads(f.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise AnnotationError(f"{f}: invalid JSON: {e}") from e
+        if not isinstance(rows, list):
+            raise AnnotationError(f"{f}: expected a JSON list of questions")
+        if task not in MC_TASKS:
+            skipped[task] = skipped.get(task, 0) + len(rows)
+            continue
+        if task not in keep:
+            continue
+        for i, row in enumerate(rows):
+            where = f"{f} row {i}"
+            if not isinstance(row, dict) or any(k not in row for k in _FIELDS):
+                raise AnnotationError(f"{where}: expected an object with fields {_FIELDS}")
+            cands = row["candidates"]
+            if not isinstance(cands, list) or not 1 <= len(cands) <= len(LETTERS):
+                raise AnnotationError(f"{where}: candidates must be a list of 1..{len(LETTERS)} strings")
+            options = [str(c) for c in cands]
+            answer_text = str(row["answer"])
+            if answer_text not in options:
+                raise AnnotationError(f"{where}: answer {answer_text!r} is not one of the candidates {options}")
+            video_path = resolve_media_path(root, Path(video_dir) / f.stem / str(row["video"]), where)
+            questions.append(Question(
+                qid=f"{task}_{i}",
+                video_id=f"{f.stem}/{row['video']}",
+                video_path=str(video_path),
+                question=str(row["question"]),
+                options=options,
+                answer=LETTERS[options.index(answer_text)],
+                meta={"benchmark": "mlvu", "task": task, "duration": row.get("duration"),
+                      "question_type": row.get("question_type", task)},
+            ))
+    if skipped:
+        log.info("MLVU: skipped %d open-ended questions (%s)", sum(skipped.values()),
+                 ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items())))
+    return questions

@@ -1,0 +1,106 @@
+"""WorldSense: ``<root>/worldsense_qa.json`` and videos ``<root>/videos/<video_id>.mp4`` (audio from the video).
+
+Accepted annotation shapes:
+
+1. The public release (``worldsense_qa.json``): an object keyed by video id, each value
+   ``{"video_id"?, "domain", "sub_category"?, "duration"?, "audio_class"?, ..., "task0": Q, "task1": Q, ...}``
+   where ``Q = {"question", "candidates": ["A. text", "B. text", "C. text", "D. text"], "answer": "B",
+   "task_domain"?, "task_type"}``. qid = ``<video_id>_<taskK>``.
+2. A flat JSON list of ``{"video_id", "question", "candidates" | "options", "answer", "domain", "task_type",
+   "qid"? | "question_id"?, "task_domain"?, "sub_category"?, "duration"?}``; qid defaults to
+   ``<video_id>_<index>``.
+
+Options may carry ``"A. "`` letters (checked against their position) or not; exactly 4 are required.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from .base import LETTERS, AnnotationError, Question, register, resolve_media_path
+
+_LETTER_PREFIX = re.compile(r"^\s*\(?([A-J])[.):]\s*")
+NUM_OPTIONS = 4
+
+
+def _options(raw, where: str) -> list[str]:
+    if not isinstance(raw, list) or len(raw) != NUM_OPTIONS:
+        raise AnnotationError(f"{where}: expected {NUM_OPTIONS} options, got {raw!r}")
+    out = []
+    for j, opt in enumerate(raw):
+        m = _LETTER_PREFIX.match(str(opt))
+        if m and m.group(1) != LETTERS[j]:
+            raise AnnotationError(f"{where}: option {j} is lettered {m.group(1)!r}, expected {LETTERS[j]!r}")
+        out.append(str(opt)[m.end():] if m else str(opt))
+    return out
+
+
+def _answer(raw, where: str) -> str:
+    a = str(raw or "").strip().strip("().").upper()
+    if a not in LETTERS[:NUM_OPTIONS]:
+        raise AnnotationError(f"{where}: answer {raw!r} is not a letter A-D")
+    return a
+
+
+@register("worldsense")
+def load_worldsense(root: Path, annotation: str = "worldsense_qa.json", video_dir: str = "videos") -> list[Question]:
+    """Read WorldSense questions (either shape of the module docstring).
+
+    Returns:
+        Questions (videos in file order, tasks in ``task0, task1...`` order); ``meta = {benchmark, domain,
+        sub_category, task_domain, task_type, duration}``.
+
+    Raises:
+        AnnotationError: invalid JSON, an unknown shape, a question without 4 options or with an answer outside
+            A-D, a missing question/task_type, or a video path escaping ``root`` (file and row named).
+    """
+    root = Path(root)
+    f = root / annotation
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise AnnotationError(f"WorldSense: {f} not found") from e
+    except json.JSONDecodeError as e:
+        raise AnnotationError(f"{f}: invalid JSON: {e}") from e
+
+    items: list[tuple[str, str, dict, dict]] = []  # (qid, where, video-level fields, question fields)
+    if isinstance(data, dict):
+        for key, video in data.items():
+            if not isinstance(video, dict):
+                raise AnnotationError(f"{f} video {key!r}: expected an object")
+            vid = str(video.get("video_id") or key)
+            tasks = sorted((k for k in video if re.fullmatch(r"task\d+", k)), key=lambda k: int(k[4:]))
+            if not tasks:
+                raise AnnotationError(f"{f} video {key!r}: no task<k> entries")
+            for k in tasks:
+                items.append((f"{vid}_{k}", f"{f} video {key!r} {k}", {**video, "video_id": vid}, video[k]))
+    elif isinstance(data, list):
+        for i, row in enumerate(data):
+            if not isinstance(row, dict) or "video_id" not in row:
+                raise AnnotationError(f"{f} row {i}: expected an object with a video_id")
+            qid = str(row.get("qid") or row.get("question_id") or f"{row['video_id']}_{i}")
+            items.append((qid, f"{f} row {i}", row, row))
+    else:
+        raise AnnotationError(f"{f}: expected an object keyed by video id or a list of questions")
+
+    questions: list[Question] = []
+    for qid, where, video, q in items:
+        if not isinstance(q, dict) or not q.get("question"):
+            raise AnnotationError(f"{where}: missing question")
+        if not q.get("task_type"):
+            raise AnnotationError(f"{where}: missing task_type")
+        vid = str(video["video_id"])
+        video_path = resolve_media_path(root, Path(video_dir) / f"{vid}.mp4", where)
+        questions.append(Question(
+            qid=qid,
+            video_id=vid,
+            video_path=str(video_path),
+            question=str(q["question"]),
+            options=_options(q.get("candidates", q.get("options")), where),
+            answer=_answer(q.get("answer"), where),
+            meta={"benchmark": "worldsense", "domain": video.get("domain"),
+                  "sub_category": video.get("sub_category"), "task_domain": q.get("task_domain"),
+                  "task_type": q["task_type"], "duration": video.get("duration")},
+        ))
+    return questions

@@ -1,0 +1,269 @@
+"""Benchmark loaders on fixtures in each public format, subtitles, prompts."""
+import json
+import logging
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from datamodules.benchmarks import AnnotationError, load_benchmark
+from datamodules.benchmarks.prompts import TEMPLATES, build_prompt, prompt_and_template, template_for
+from datamodules.benchmarks.subtitles import (hms_to_seconds, parse_lvb_subtitles, parse_srt, strip_markup,
+                                              subtitles_text)
+
+SRT = """1
+00:00:01,000 --> 00:00:02,500
+<font color="#ffffff">Hello <b>there</b></font>
+
+2
+00:00:03,000 --> 00:00:04,000
+{\\an8}second <i>line</i>
+continues
+
+3
+00:00:00,200 --> 00:00:00,900
+<font face="Arial">first</font>
+
+4
+00:00:05,000 --> 00:00:06,000
+<font color="#fff"></font>
+"""
+
+
+# ------------------------------------------------------------------------------------------------ subtitles
+def test_srt_markup_stripped_and_sorted():
+    lines = parse_srt(SRT)
+    assert lines == [(0.2, 0.9, "first"), (1.0, 2.5, "Hello there"), (3.0, 4.0, "second line continues")]
+    assert subtitles_text(lines) == "first\nHello there\nsecond line continues"
+    assert strip_markup('<font size="2">a &amp; b</font>') == "a & b"
+
+
+def test_srt_bad_cue():
+    with pytest.raises(AnnotationError, match="x.srt: cue 1"):
+        parse_srt("1\n00:00:05,000 --> 00:00:01,000\nbackwards\n", where="x.srt")
+
+
+def test_lvb_subtitles_timestamp_form_shifted():
+    items = [
+        {"timestamp": [12.0, 14.5], "text": " later "},
+        {"timestamp": [10.5, 11.0], "text": "first"},
+        {"timestamp": [2.0, 5.0], "text": "before the clip"},     # ends before the clip starts: dropped
+        {"timestamp": [9.0, 10.2], "text": "straddles"},          # start clamped to 0
+        {"timestamp": [20.0, None], "text": "open end"},          # lasts to the duration
+    ]
+    lines = parse_lvb_subtitles(items, starting_timestamp_s=10.0, duration_s=30.0)
+    assert lines == [(0.0, 0.2, "straddles"), (0.5, 1.0, "first"), (2.0, 4.5, "later"), (10.0, 30.0, "open end")]
+
+
+def test_lvb_subtitles_start_end_form_shifted():
+    items = [
+        {"start": "00:01:05.500", "end": "00:01:07.000", "line": "<i>two</i>"},
+        {"start": "00:01:02.250", "end": "00:01:03.000", "line": "one"},
+    ]
+    lines = parse_lvb_subtitles(items, starting_timestamp_s=60.0)
+    assert lines == [(2.25, 3.0, "one"), (5.5, 7.0, "two")]
+    assert hms_to_seconds("01:02:03.5") == 3723.5
+    with pytest.raises(AnnotationError, match="subs.json: item 0"):
+        parse_lvb_subtitles([{"begin": 1}], where="subs.json")
+
+
+# ------------------------------------------------------------------------------------------------ Video-MME
+def _videomme(root, rows):
+    cols = {k: [r[k] for r in rows] for k in rows[0]}
+    pq.write_table(pa.table(cols), root / "test-00000-of-00001.parquet")
+
+
+def _vm_row(qid, vid, answer="B", options=None, **kw):
+    row = {"video_id": "001", "duration": "short", "domain": "Knowledge", "sub_category": "Humanity & History",
+           "url": f"https://www.youtube.com/watch?v={vid}", "videoID": vid, "question_id": qid,
+           "task_type": "Counting Problem", "question": "How many dogs?",
+           "options": options or ["A. one", "B. two", "C. three", "D. four"], "answer": answer}
+    row.update(kw)
+    return row
+
+
+def test_videomme_with_subtitles(tmp_path):
+    _videomme(tmp_path, [_vm_row("001-1", "fFjv93ACGo8"),
+                         _vm_row("002-1", "xyz", answer="D", duration="long", task_type="OCR Problems")])
+    (tmp_path / "subtitles").mkdir()
+    (tmp_path / "subtitles" / "fFjv93ACGo8.srt").write_text(SRT, encoding="utf-8")
+    qs = load_benchmark("videomme", tmp_path, subtitles=True)
+    assert [q.qid for q in qs] == ["001-1", "002-1"]
+    q = qs[0]
+    assert q.options == ["one", "two", "three", "four"] and q.answer == "B"
+    assert q.video_path == str(tmp_path / "videos" / "fFjv93ACGo8.mp4")
+    assert q.subtitles == "first\nHello there\nsecond line continues"
+    assert q.subtitle_lines[0] == (0.2, 0.9, "first")
+    assert q.meta == {"benchmark": "videomme", "duration": "short", "domain": "Knowledge",
+                      "sub_category": "Humanity & History", "task_type": "Counting Problem", "subtitles": True}
+    assert qs[1].subtitles is None and qs[1].meta["subtitles"] is False and qs[1].answer == "D"
+    plain = load_benchmark("videomme", tmp_path)           # default: no subtitles, signature unchanged
+    assert plain[0].subtitles is None and "subtitles" not in plain[0].meta
+
+
+def test_videomme_bad_rows(tmp_path):
+    _videomme(tmp_path, [_vm_row("001-1", "a"), _vm_row("001-2", "a", answer="E")])
+    with pytest.raises(AnnotationError, match=r"row 1 \(question_id='001-2'\)"):
+        load_benchmark("videomme", tmp_path)
+    _videomme(tmp_path, [_vm_row("001-1", "../../etc/x")])
+    with pytest.raises(AnnotationError, match="escapes"):
+        load_benchmark("videomme", tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------ MLVU
+def _mlvu(root):
+    (root / "json").mkdir()
+    plot = [
+        {"video": "movie101_66.mp4", "duration": 246, "question": "What is the color of the car?",
+         "candidates": ["red", "blue", "green", "black"], "answer": "green", "question_type": "plotQA"},
+        {"video": "movie101_67.mp4", "duration": 300, "question": "Who enters first?",
+         "candidates": ["the man", "the woman", "the dog", "nobody"], "answer": "the man",
+         "question_type": "plotQA"},
+    ]
+    count = [{"video": "count_1.mp4", "duration": 500, "question": "How many times?",
+              "candidates": ["1", "2", "3", "4", "5", "6"], "answer": "6", "question_type": "count"}]
+    summary = [{"video": "s.mp4", "duration": 900, "question": "Summarise.", "answer": "long text",
+                "question_type": "summary"}] * 3
+    (root / "json" / "1_plotQA.json").write_text(json.dumps(plot))
+    (root / "json" / "4_count.json").write_text(json.dumps(count))
+    (root / "json" / "9_summary.json").write_text(json.dumps(summary))
+
+
+def test_mlvu(tmp_path, caplog):
+    _mlvu(tmp_path)
+    with caplog.at_level(logging.INFO, logger="datamodules.benchmarks.mlvu"):
+        qs = load_benchmark("mlvu", tmp_path)
+    assert "skipped 3 open-ended" in caplog.text
+    assert [q.qid for q in qs] == ["plotQA_0", "plotQA_1", "count_0"]
+    assert [q.answer for q in qs] == ["C", "A", "F"]
+    assert qs[0].video_path == str(tmp_path / "video" / "1_plotQA" / "movie101_66.mp4")
+    assert qs[0].options == ["red", "blue", "green", "black"]
+    assert qs[0].meta == {"benchmark": "mlvu", "task": "plotQA", "duration": 246, "question_type": "plotQA"}
+    assert [q.qid for q in load_benchmark("mlvu", tmp_path, tasks=["count"])] == ["count_0"]
+
+
+def test_mlvu_answer_not_a_candidate(tmp_path):
+    _mlvu(tmp_path)
+    rows = json.loads((tmp_path / "json" / "4_count.json").read_text())
+    rows.append(dict(rows[0], answer="seven"))
+    (tmp_path / "json" / "4_count.json").write_text(json.dumps(rows))
+    with pytest.raises(AnnotationError, match=r"4_count.json row 1: answer 'seven'"):
+        load_benchmark("mlvu", tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------ LongVideoBench
+def _lvb(root):
+    rows = [
+        {"id": "86CxyhFV9MI_0", "video_id": "86CxyhFV9MI", "video_path": "86CxyhFV9MI.mp4",
+         "question": "What does the man hold?", "candidates": ["a cup", "a pen", "a phone", "a book", "a key"],
+         "correct_choice": 3, "duration_group": 600, "question_category": "S2E", "level": "L1-Perception",
+         "subtitle_path": "86CxyhFV9MI_en.json", "starting_timestamp_for_subtitles": 100.0, "duration": 420.5},
+        {"id": "xyz_1", "video_id": "xyz", "video_path": "xyz.mp4", "question": "Then?",
+         "candidates": ["yes", "no", "maybe"], "correct_choice": 0, "duration_group": 15,
+         "question_category": "T3O", "level": "L2-Relation", "subtitle_path": "xyz_en.json",
+         "starting_timestamp_for_subtitles": 0, "duration": 12.0},
+    ]
+    (root / "lvb_val.json").write_text(json.dumps(rows))
+    (root / "subtitles").mkdir()
+    (root / "subtitles" / "86CxyhFV9MI_en.json").write_text(json.dumps([
+        {"timestamp": [105.0, 107.0], "text": "second"}, {"timestamp": [101.0, 103.0], "text": "first"}]))
+    (root / "subtitles" / "xyz_en.json").write_text(json.dumps([
+        {"start": "00:00:03.000", "end": "00:00:04.000", "line": "<font color=red>hi</font>"}]))
+    return rows
+
+
+def test_lvb(tmp_path):
+    _lvb(tmp_path)
+    qs = load_benchmark("lvb", tmp_path, subtitles=True)
+    assert [q.qid for q in qs] == ["86CxyhFV9MI_0", "xyz_1"]
+    assert [q.answer for q in qs] == ["D", "A"]
+    assert len(qs[0].options) == 5 and len(qs[1].options) == 3
+    assert qs[0].video_path == str(tmp_path / "videos" / "86CxyhFV9MI.mp4")
+    assert qs[0].meta == {"benchmark": "lvb", "duration_group": 600, "question_category": "S2E",
+                          "level": "L1-Perception", "duration": 420.5, "subtitles": True}
+    assert qs[0].subtitle_lines == [(1.0, 3.0, "first"), (5.0, 7.0, "second")]
+    assert qs[0].subtitles == "first\nsecond"
+    assert qs[1].subtitle_lines == [(3.0, 4.0, "hi")]
+    assert load_benchmark("lvb", tmp_path)[0].subtitles is None
+
+
+def test_lvb_bad_rows(tmp_path):
+    rows = _lvb(tmp_path)
+    rows[1]["correct_choice"] = 3
+    (tmp_path / "lvb_val.json").write_text(json.dumps(rows))
+    with pytest.raises(AnnotationError, match=r"lvb_val.json row 1 \(id='xyz_1'\): correct_choice 3"):
+        load_benchmark("lvb", tmp_path)
+    rows[1]["correct_choice"] = 0
+    rows[1]["video_path"] = "../../outside.mp4"
+    (tmp_path / "lvb_val.json").write_text(json.dumps(rows))
+    with pytest.raises(AnnotationError, match="row 1.*escapes"):
+        load_benchmark("lvb", tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------ WorldSense
+def _ws_release():
+    return {
+        "vid_a": {"video_id": "vid_a", "video_duration": "60s", "duration": "<1min", "domain": "Music",
+                  "sub_category": "Concert", "audio_class": ["Music"], "video_caption": "...",
+                  "task0": {"task_domain": "Recognition", "task_type": "Audio Recognition",
+                            "question": "Which instrument?", "answer": "C",
+                            "candidates": ["A. piano", "B. violin", "C. drums", "D. flute"]},
+                  "task1": {"task_domain": "Reasoning", "task_type": "Causal Reasoning",
+                            "question": "Why clap?", "answer": "A",
+                            "candidates": ["A. song ended", "B. rain", "C. joke", "D. goal"]}},
+        "vid_b": {"video_id": "vid_b", "domain": "Sports", "sub_category": "Soccer",
+                  "task0": {"task_domain": "Perception", "task_type": "Object Counting",
+                            "question": "How many players?", "answer": "B",
+                            "candidates": ["A. 1", "B. 2", "C. 3", "D. 4"]}},
+    }
+
+
+def test_worldsense_release_shape(tmp_path):
+    (tmp_path / "worldsense_qa.json").write_text(json.dumps(_ws_release()))
+    qs = load_benchmark("worldsense", tmp_path)
+    assert [q.qid for q in qs] == ["vid_a_task0", "vid_a_task1", "vid_b_task0"]
+    assert [q.answer for q in qs] == ["C", "A", "B"]
+    assert qs[0].options == ["piano", "violin", "drums", "flute"]
+    assert qs[0].video_path == str(tmp_path / "videos" / "vid_a.mp4")
+    assert qs[0].meta == {"benchmark": "worldsense", "domain": "Music", "sub_category": "Concert",
+                          "task_domain": "Recognition", "task_type": "Audio Recognition", "duration": "<1min"}
+
+
+def test_worldsense_flat_shape_and_errors(tmp_path):
+    rows = [{"video_id": "v1", "question": "Q?", "options": ["x", "y", "z", "w"], "answer": "D",
+             "domain": "Games", "task_type": "Event Sorting"}]
+    (tmp_path / "ws.json").write_text(json.dumps(rows))
+    qs = load_benchmark("worldsense", tmp_path, annotation="ws.json")
+    assert qs[0].qid == "v1_0" and qs[0].answer == "D" and qs[0].meta["domain"] == "Games"
+    rows.append(dict(rows[0], options=["x", "y", "z"]))
+    (tmp_path / "ws.json").write_text(json.dumps(rows))
+    with pytest.raises(AnnotationError, match="ws.json row 1: expected 4 options"):
+        load_benchmark("worldsense", tmp_path, annotation="ws.json")
+    bad = _ws_release()
+    bad["vid_b"]["task0"]["answer"] = "F"
+    (tmp_path / "worldsense_qa.json").write_text(json.dumps(bad))
+    with pytest.raises(AnnotationError, match="video 'vid_b' task0: answer 'F'"):
+        load_benchmark("worldsense", tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------ prompts
+def test_prompts_per_benchmark(tmp_path):
+    _lvb(tmp_path)
+    q = load_benchmark("lvb", tmp_path, subtitles=True)[0]
+    assert template_for("lvb") == "lvb" and template_for("videomme") == "videomme"
+    assert template_for(None) == "mcq_letter"
+    text, name = prompt_and_template(q)
+    assert name == "lvb"
+    assert text == build_prompt(q, template=None) == build_prompt(q, "lvb")
+    assert text.startswith("This video's subtitles are listed below:\nfirst\nsecond\n")
+    assert "\nA. a cup\nB. a pen\nC. a phone\nD. a book\nE. a key\n" in text
+    assert text.rstrip().endswith("letter from the given choices directly.")
+    for name in TEMPLATES:
+        assert "letter" in build_prompt(q, name).splitlines()[-1] or "letter" in build_prompt(q, name)
+    # the generic template and Video-MME's are the same text (old callers unchanged)
+    assert build_prompt(q) == build_prompt(q, "videomme")
+
+
+def test_unknown_benchmark():
+    with pytest.raises(KeyError, match="known"):
+        load_benchmark("nope", ".")

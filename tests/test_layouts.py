@@ -1,0 +1,336 @@
+"""Layout ablations (DESIGN §4): caps, plans of every variant, fill, short-video baseline, job parsing, reuse."""
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
+
+from algorithms.budget import K_ROWS, compression_order, evenly_spaced, frame_grid, make_plan, max_frames, plan_groups, subsample
+from algorithms.layouts import (
+    VARIANTS, fill, fill_order, frame_cap, layout_video, parse_jobs, plan_variant, raw_rows_limit, same_llm_input,
+    select_frames, substitute_frame, substitute_grid, variant_frames,
+)
+from algorithms.segmentation import frame_changes, group_variation
+
+ALL = list(VARIANTS)
+SWAPS = ("sel_resize", "sel_merge", "mean_merge")
+
+
+def feats_from_changes(changes):
+    """Unit 2-D features whose consecutive 1 - cos equal ``changes`` (angles accumulate)."""
+    ang = [0.0]
+    for c in changes:
+        ang.append(ang[-1] + math.acos(1 - c))
+    a = torch.tensor(ang, dtype=torch.float64)
+    return torch.stack([a.cos(), a.sin()], 1)
+
+
+def random_feats(num_frames, seed, piecewise):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_frames, 6, generator=g)
+    if piecewise:  # runs of identical frames: ties in changes and variations
+        x = x[torch.div(torch.arange(num_frames), 3, rounding_mode="floor")]
+    return x
+
+
+def frame_mask(plan):
+    """Per-frame True where the frame sits in a compressed group."""
+    comp = set(plan.compressed)
+    return [g in comp for g, n in enumerate(plan.seg_lens) for _ in range(n)]
+
+
+def check_plan(plan, num_frames, budget):
+    assert plan.vision_tokens <= budget
+    assert sum(plan.seg_lens) == num_frames and all(1 <= n <= 8 for n in plan.seg_lens)
+    assert list(plan.compressed) == sorted(set(plan.compressed))
+    assert all(0 <= g < plan.n_groups for g in plan.compressed)
+    n_raw = sum(n for g, n in enumerate(plan.seg_lens) if g not in set(plan.compressed))
+    assert plan.n_raw_frames == n_raw
+    assert plan.vision_tokens == n_raw * plan.raw_hw + plan.n_compressed * plan.k
+
+
+# ------------------------------------------------------------------------------------------------ caps
+
+
+@pytest.mark.parametrize("name, b1024, b4096", [
+    ("rho16", 63, 255), ("qtf1", 16, 64), ("qtf2", 31, 127), ("low64", 16, 64),
+    ("rho32", 32, 128), ("rho32nf", 32, 128), ("rho64", 16, 64), ("rho128", 8, 32), ("rho256", 4, 16),
+    ("uni16", 63, 255), ("base", None, None), ("uni8", None, None), ("hivar", None, None), ("sel_merge", None, None),
+])
+def test_hand_computed_caps(name, b1024, b4096):
+    assert frame_cap(name, 1024) == b1024 and frame_cap(name, 4096) == b4096
+
+
+def test_caps_are_tight_for_pure_qbase():
+    # rho16 at the cap: T // 4 + 1 = B // 64 groups fit (hybrid); one frame more would need forced8
+    for b in (1024, 4096):
+        cap = frame_cap("rho16", b)
+        x = random_feats(cap + 1, 0, False)
+        assert plan_groups(x[:cap], 256, b, 256).mode == "hybrid"
+        assert plan_groups(x, 256, b, 256).mode == "forced8"
+        for name, k in (("qtf1", 1), ("qtf2", 2)):
+            cap = frame_cap(name, b)
+            plan = plan_variant(name, random_feats(cap, 1, False), 256, b, 256, capped=True)
+            assert plan.mode == "all_compressed" and plan.n_groups == b // 64 and plan.vision_tokens == b
+            if k == 1:
+                assert set(plan.seg_lens) == {1}
+    assert frame_cap("rho256", 100) == 1  # never below one frame
+
+
+def test_select_frames_caps_evenly_and_keeps_short_videos():
+    assert select_frames("rho32", 100, 1024) == [round(i * 99 / 31) for i in range(32)]
+    assert select_frames("rho32", 20, 1024) == list(range(20))
+    assert select_frames("base", 128, 1024) == list(range(128))
+    assert variant_frames("rho128", 500, 1024) == [subsample(500, 1024)[i] for i in select_frames("rho128", 128, 1024)]
+    with pytest.raises(ValueError, match="subsample"):
+        select_frames("rho32", 129, 1024)
+
+
+# ------------------------------------------------------------------------------------------------ every variant
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(num_decoded=st.integers(1, 400), budget=st.integers(64, 4200), raw_hw=st.integers(1, 256),
+       group_rows=st.integers(1, 64), seed=st.integers(0, 2**16), piecewise=st.booleans())
+def test_every_variant_respects_budget_and_tiles(num_decoded, budget, raw_hw, group_rows, seed, piecewise):
+    sub = subsample(num_decoded, budget)
+    per_frame_b = random_feats(len(sub), seed, piecewise)
+    base = plan_groups(per_frame_b, 256, budget, raw_hw)
+    for name, v in VARIANTS.items():
+        keep = select_frames(v, len(sub), budget)
+        capped = len(keep) < len(sub)
+        assert keep == sorted(set(keep)) and keep[0] == 0 and (len(keep) == 1 or keep[-1] == len(sub) - 1)
+        if v.cap is not None and capped:
+            assert len(keep) == frame_cap(v, budget)
+        rhw = min(raw_hw, raw_rows_limit(v, capped, 256))
+        rows = group_rows if name in SWAPS else None
+        plan = plan_variant(v, per_frame_b[keep], 256, budget, rhw, capped=capped, group_rows=rows)
+        check_plan(plan, len(keep), budget)
+        if name in SWAPS:  # the baseline plan with cheaper groups
+            assert plan.k == group_rows and (plan.seg_lens, plan.compressed) == (base.seg_lens, base.compressed)
+        if name == "base":
+            assert plan == base
+        if capped and v.compress_group_frames:
+            t = len(keep)
+            assert plan.mode == "all_compressed" and plan.n_compressed == plan.n_groups
+            assert plan.n_groups == max(min(t // v.compress_group_frames + 1, t), math.ceil(t / 8))
+        if capped and v.raw_rows_cap:
+            assert plan.mode == "raw" and plan.raw_hw <= 64
+        if not capped and v.cut == "adaptive" and not v.most_changing_first and name not in SWAPS:
+            assert plan == base  # short videos keep the baseline layout
+
+
+@settings(max_examples=40, deadline=None)
+@given(num_frames=st.integers(1, 300), budget=st.integers(64, 4200), raw_hw=st.integers(1, 256),
+       seed=st.integers(0, 2**16))
+def test_short_videos_keep_the_baseline_layout(num_frames, budget, raw_hw, seed):
+    sub = subsample(num_frames, budget)
+    x = random_feats(len(sub), seed, False)
+    grid = lambda m: frame_grid(28 * 16, 28 * 16, min(m, raw_hw))  # noqa: E731
+    base = layout_video("base", x, 256, budget, grid, 256)
+    assert base.frames == tuple(range(len(sub))) and not base.capped
+    for name in ("rho16", "rho32", "rho32nf", "rho64", "rho128", "rho256", "qtf1", "qtf2", "low64"):
+        lay = layout_video(name, x, 256, budget, grid, 256)
+        if len(sub) <= frame_cap(name, budget):
+            assert not lay.capped and lay.plan == base.plan and same_llm_input(lay, base)
+        else:
+            assert lay.capped and not same_llm_input(lay, base)
+    uni16, uni8 = layout_video("uni16", x, 256, budget, grid, 256), layout_video("uni8", x, 256, budget, grid, 256)
+    if not uni16.capped:
+        assert same_llm_input(uni16, uni8)
+
+
+def test_short_video_hand_case():
+    x = random_feats(40, 3, False)  # 40 frames at B=4096: under every cap >= 40 (rho32 128, rho64 64, qtf2 127)
+    base = plan_groups(x, 256, 4096, 256)
+    assert base.mode == "hybrid" and base.n_compressed > 0
+    for name in ("rho32", "rho32nf", "rho64", "rho16", "qtf2", "low64"):
+        assert select_frames(name, 40, 4096) == list(range(40))
+        assert plan_variant(name, x, 256, 4096, 256, capped=False) == base
+    assert select_frames("rho128", 40, 4096) == evenly_spaced(40, 32)  # capped: 32 < 40
+    assert plan_variant("rho128", x[evenly_spaced(40, 32)], 256, 4096, 256, capped=True) != base
+
+
+def test_capped_checks():
+    x = random_feats(20, 0, False)
+    with pytest.raises(ValueError, match="exceed"):
+        plan_variant("rho64", x, 256, 1024, 64, capped=True)  # cap 16 < 20
+    with pytest.raises(ValueError, match="raw_hw"):
+        plan_variant("low64", x[:16], 256, 1024, 100, capped=True)
+    with pytest.raises(ValueError, match="no frame cap"):
+        plan_variant("base", x, 256, 1024, 64, capped=True)
+    with pytest.raises(ValueError, match="group_rows"):
+        plan_variant("sel_merge", x, 256, 1024, 64, capped=False)
+
+
+# ------------------------------------------------------------------------------------------------ grouping / order
+
+
+def test_uniform_cut_and_hivar_order():
+    # 12 frames, B=640, raw_hw=64: T*64 = 768 > 640 -> hybrid with n = 4 groups
+    ch = [0.01, 0.9, 0.01, 0.01, 0.01, 0.01, 0.9, 0.2, 0.2, 0.9, 0.01]
+    x = feats_from_changes(ch)
+    base = plan_groups(x, 64, 640, 64)
+    uni = plan_variant("uni8", x, 64, 640, 64, capped=False)
+    assert base.mode == uni.mode == "hybrid" and uni.seg_lens == (3, 3, 3, 3) and base.n_groups == 4
+    assert base.seg_lens == (2, 5, 3, 2)
+    hiv = plan_variant("hivar", x, 64, 640, 64, capped=False)
+    assert hiv.seg_lens == base.seg_lens
+    var = group_variation(frame_changes(x), list(base.seg_lens))  # [0.01, 0.01, 0.2, 0.01]
+    # need to free >= 128 rows: baseline compresses the calm 5-frame group (saves 256); hivar the 3-frame 0.2 group
+    assert base.compressed == (1,) and hiv.compressed == (2,)
+    assert var[2] == pytest.approx(0.2)
+
+
+# ------------------------------------------------------------------------------------------------ fill
+
+
+def test_fill_hand_case():
+    # groups of 3 frames with within-group variation 0.1, 0.5, 0.3
+    ch = [0.1, 0.1, 0.9, 0.5, 0.5, 0.9, 0.3, 0.3]
+    changes = frame_changes(feats_from_changes(ch))
+    plan = make_plan("hybrid", [3, 3, 3], [0, 1, 2], 256, 48)  # 192 rows
+    assert fill_order(group_variation(changes, [3, 3, 3]), [3, 3, 3]) == [1, 2, 0]
+    # leftover 130: group 1 whole (3*48-64 = 80), then group 2 only its first frame (48), group 0 untouched
+    out = fill(plan, changes, 322)
+    assert out.seg_lens == (3, 3, 1, 2) and out.compressed == (0, 3) and out.vision_tokens == 320
+    assert out.mode == "hybrid" and out.n_raw_frames == 4
+    # leftover 40 with raw_hw 32: group 1 whole (32); nothing else fits
+    out = fill(make_plan("hybrid", [3, 3, 3], [0, 1, 2], 256, 32), changes, 232)
+    assert out.seg_lens == (3, 3, 3) and out.compressed == (0, 2) and out.vision_tokens == 224
+    # no leftover: unchanged
+    assert fill(plan, changes, 192) is plan
+    with pytest.raises(ValueError, match="budget"):
+        fill(plan, changes, 100)
+
+
+def test_fill_single_frame_groups_first_and_all_back_is_raw():
+    changes = frame_changes(feats_from_changes([0.5, 0.5, 0.9, 0.4]))
+    plan = make_plan("hybrid", [3, 1, 1], [0, 1, 2], 256, 16)  # 192 rows
+    assert fill_order(group_variation(changes, [3, 1, 1]), [3, 1, 1]) == [2, 1, 0]
+    out = fill(plan, changes, 10_000)
+    assert out.mode == "raw" and out.seg_lens == (1,) * 5 and out.vision_tokens == 80
+
+
+def test_fill_credits_groups_cheaper_raw_than_compressed():
+    # raw_hw 16: the calm 2-frame group costs 32 raw < 64 compressed, so it comes back and its rows let the
+    # most-changing 8-frame group (64 rows more raw) come back whole rather than only its first 2 frames
+    changes = frame_changes(feats_from_changes([0.6] * 7 + [0.9, 0.01]))
+    plan = make_plan("hybrid", [8, 2], [0, 1], 256, 16)  # 128 rows
+    out = fill(plan, changes, 168)
+    assert out.mode == "raw" and out.vision_tokens == 160
+
+
+@settings(max_examples=300, deadline=None)
+@given(seg=st.lists(st.integers(1, 8), min_size=1, max_size=30), raw_hw=st.integers(1, 300),
+       comp_seed=st.integers(0, 2**16), feat_seed=st.integers(0, 2**16), extra=st.integers(0, 3000),
+       piecewise=st.booleans())
+def test_fill_properties(seg, raw_hw, comp_seed, feat_seed, extra, piecewise):
+    g = torch.Generator().manual_seed(comp_seed)
+    comp = [i for i in range(len(seg)) if torch.rand(1, generator=g).item() < 0.7]
+    plan = make_plan("hybrid", seg, comp, 256, raw_hw)
+    budget = plan.vision_tokens + extra
+    assume(budget >= K_ROWS)
+    changes = frame_changes(random_feats(sum(seg), feat_seed, piecewise))
+    out = fill(plan, changes, budget)
+    check_plan(out, sum(seg), budget)
+    before, after = frame_mask(plan), frame_mask(out)
+    assert all(b or not a for a, b in zip(after, before))  # raw frames stay raw
+    assert out.vision_tokens >= plan.vision_tokens or raw_hw < K_ROWS
+    leftover = budget - out.vision_tokens
+    order = [g for g in fill_order(group_variation(changes, seg), seg) if g in set(comp)]
+    status = {}
+    for gi, (a, b) in enumerate(plan.group_bounds()):
+        if gi not in set(comp):
+            continue
+        back = [not m for m in after[a:b]]
+        k = sum(back)
+        assert back == [True] * k + [False] * (b - a - k)  # a group comes back from its first frame on
+        status[gi] = "whole" if k == b - a else "none" if k == 0 else "partial"
+        if status[gi] == "none":  # maximal: could not take even one frame at the end either
+            assert leftover < (b - a) * raw_hw - K_ROWS
+            if b - a > 1:
+                assert leftover < raw_hw
+    partial = [gi for gi in order if status[gi] == "partial"]
+    assert len(partial) <= 1
+    if partial:  # most-changing first: every group ahead of the partly returned one came back whole
+        assert all(status[gi] == "whole" for gi in order[:order.index(partial[0])])
+    if order and (seg[order[0]] * raw_hw - K_ROWS) <= extra:
+        assert status[order[0]] == "whole"  # the most-changing group comes back first when it fits
+
+
+@settings(max_examples=40, deadline=None)
+@given(num_decoded=st.integers(1, 400), budget=st.integers(64, 4200), raw_hw=st.integers(1, 256),
+       seed=st.integers(0, 2**16))
+def test_rho_fill_only_adds_raw_frames(num_decoded, budget, raw_hw, seed):
+    sub = subsample(num_decoded, budget)
+    x = random_feats(len(sub), seed, False)
+    keep = select_frames("rho32", len(sub), budget)
+    capped = len(keep) < len(sub)
+    nf = plan_variant("rho32nf", x[keep], 256, budget, raw_hw, capped=capped)
+    f = plan_variant("rho32", x[keep], 256, budget, raw_hw, capped=capped)
+    assert nf == plan_groups(x[keep], 256, budget, raw_hw)
+    assert f.vision_tokens <= budget and f.n_raw_frames >= nf.n_raw_frames
+    if not capped:
+        assert f == nf
+
+
+# ------------------------------------------------------------------------------------------------ swaps, reuse
+
+
+def test_substitutes():
+    assert substitute_grid("base", (16, 16)) is None
+    assert substitute_grid("sel_merge", (16, 16)) == (8, 8) and substitute_grid("mean_merge", (6, 10)) == (6, 10)
+    gh, gw = substitute_grid("mean_merge", (9, 16))
+    assert gh * gw <= 64 and gh <= 9 and gw <= 16
+    gh, gw = substitute_grid("sel_resize", (16, 16), native_hw=(1080, 1920))
+    assert gh * gw <= 64 and gw > gh
+    with pytest.raises(ValueError, match="native"):
+        substitute_grid("sel_resize", (16, 16))
+    assert [substitute_frame(0, n) for n in (1, 2, 3, 4, 8)] == [0, 0, 1, 1, 3] and substitute_frame(5, 6) == 5
+
+
+def test_layout_video_swap_is_not_reused_even_with_64_rows():
+    x = random_feats(60, 7, False)
+    grid = lambda m: frame_grid(448, 448, m)  # noqa: E731  (16x16 = 256 rows)
+    base = layout_video("base", x, 256, 2048, grid, 256)
+    swap = layout_video("sel_merge", x, 256, 2048, grid, 256, encode_grid=(16, 16))
+    assert base.plan.n_compressed > 0 and swap.group_grid == (8, 8)
+    assert swap.plan.seg_lens == base.plan.seg_lens and swap.plan.compressed == base.plan.compressed
+    assert swap.plan == base.plan  # 64 rows either way ...
+    assert not same_llm_input(swap, base)  # ... but the group enters as raw-frame text
+    low = layout_video("low64", torch.cat([x, x]), 256, 1024, grid, 256)
+    assert low.capped and low.raw_grid == (8, 8) and low.plan.mode == "raw" and low.stats()["capped"]
+
+
+# ------------------------------------------------------------------------------------------------ jobs
+
+
+def test_parse_jobs():
+    assert parse_jobs("rho32:1024:4096,base:256") == [("rho32", 1024), ("rho32", 4096), ("base", 256)]
+    assert parse_jobs(" qtf1:64 , low64:4096 ") == [("qtf1", 64), ("low64", 4096)]
+    assert len(parse_jobs(",".join(f"{v}:1024" for v in VARIANTS))) == 16
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("", "empty job list"),
+    ("rho32", "'rho32': no budget"),
+    ("rho33:1024", "'rho33:1024': unknown layout variant 'rho33'"),
+    ("base:256,rho32:abc", "'rho32:abc': budget 'abc'"),
+    ("rho32:-5", "'rho32:-5': budget '-5'"),
+    ("rho32:1024:", "'rho32:1024:': budget ''"),
+    ("rho32:32", "'rho32:32': budget 32 is smaller"),
+    ("base:256,,rho32:512", "empty job token"),
+    ("base:256,base:256", "'base:256': base:256 is listed twice"),
+])
+def test_parse_jobs_errors(spec, match):
+    with pytest.raises(ValueError, match=match):
+        parse_jobs(spec)
+
+
+def test_registry_is_declarative():
+    assert set(VARIANTS) == {"rho16", "rho32", "rho32nf", "rho64", "rho128", "rho256", "qtf1", "qtf2", "low64",
+                             "sel_resize", "sel_merge", "mean_merge", "uni8", "uni16", "hivar", "base"}
+    assert all(v.name == k for k, v in VARIANTS.items())
+    assert [n for n, v in VARIANTS.items() if v.fill] == ["rho32", "rho64", "rho128"]
+    assert max_frames(1024) == 128 and compression_order([1.0], [2]) == [0]

@@ -1,0 +1,220 @@
+"""Scoring over prediction records: hand-computed accuracies, breakdowns, de-duplication, files, plots, callback."""
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from callbacks.scoring import ScoreOnPredictEnd, format_table, main, read_records, score_records, write_scores
+
+
+def rec(qid, answer, pred, robust, bench, budget=1024, variant=None, **meta):
+    return {"qid": qid, "video": f"{qid}.mp4", "budget": budget, "variant": variant, "answer": answer,
+            "pred": pred, "pred_robust": robust, "response": "...", "mode": "hybrid", "vision_tokens": budget - 8,
+            "meta": {"benchmark": bench, "template": bench, **meta}}
+
+
+def err(qid, bench, budget=1024, variant=None, **meta):
+    return {"qid": qid, "video": f"{qid}.mp4", "budget": budget, "variant": variant, "error": "CUDA out of memory",
+            "meta": {"benchmark": bench, **meta}}
+
+
+VM = dict(bench="videomme")
+VIDEOMME_1024 = [
+    rec("q1", "A", "A", "A", duration="short", domain="Knowledge", task_type="Counting", **VM),
+    rec("q2", "B", None, "B", duration="short", domain="Knowledge", task_type="OCR", **VM),
+    rec("q3", "C", "C", "C", duration="medium", domain="Sports", task_type="Counting", **VM),
+    rec("q4", "D", "B", "D", duration="long", domain="Sports", task_type="OCR", **VM),
+    err("q5", "videomme", duration="long", domain="Sports", task_type="OCR"),
+    rec("q1", "A", "B", "B", duration="short", domain="Knowledge", task_type="Counting", **VM),  # duplicate
+]
+VIDEOMME_2048 = [rec(f"q{i}", "A", "A", "A", budget=2048, duration=d, domain="Sports", task_type="OCR", **VM)
+                 for i, d in zip(range(1, 5), ["short", "short", "medium", "long"])]
+VIDEOMME_RHO = [rec("q1", "A", "A", "A", variant="rho32", duration="short", **VM),
+                rec("q2", "B", "C", "C", variant="rho32", duration="short", **VM)]
+MLVU = [
+    rec("plotQA_0", "A", "A", "A", "mlvu", task="plotQA"),
+    rec("plotQA_1", "B", "B", "B", "mlvu", task="plotQA"),
+    rec("plotQA_2", "C", None, "C", "mlvu", task="plotQA"),
+    rec("count_0", "F", "B", "F", "mlvu", task="count"),
+]
+LVB = [
+    rec("a_0", "A", "A", "A", "lvb", duration_group=15, question_category="S2E"),
+    rec("b_0", "B", "C", "C", "lvb", duration_group=15, question_category="T3O"),
+    rec("c_0", "E", "E", "E", "lvb", duration_group=600, question_category="S2E"),
+]
+
+
+def _write(root, job, bench, records, name="rank0.jsonl", extra=""):
+    d = root / job / bench
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / name, "a") as fh:
+        for r in records:
+            fh.write(json.dumps(r) + "\n")
+        fh.write(extra)
+
+
+@pytest.fixture
+def out_root(tmp_path):
+    _write(tmp_path, "b1024", "videomme", VIDEOMME_1024[:3])
+    _write(tmp_path, "b1024", "videomme", VIDEOMME_1024[3:], name="rank1.jsonl", extra='{"qid": "q9", "ans')
+    _write(tmp_path, "b2048", "videomme", VIDEOMME_2048)
+    _write(tmp_path, "rho32_b1024", "videomme", VIDEOMME_RHO)
+    _write(tmp_path, "b1024", "mlvu", MLVU)
+    _write(tmp_path, "b1024", "lvb", LVB)
+    return tmp_path
+
+
+def _group(scores, bench, job):
+    (g,) = [g for g in scores["groups"] if g["benchmark"] == bench and g["job"] == job]
+    return g
+
+
+def test_videomme_scores_by_hand():
+    recs = [dict(r, job="b1024") for r in VIDEOMME_1024]
+    scores = score_records(recs, expected_qids={"videomme": ["q1", "q2", "q3", "q4", "q5", "q6"]})
+    g = _group(scores, "videomme", "b1024")
+    assert (g["n_records"], g["n_duplicates"], g["n_errors"], g["n_scored"]) == (5, 1, 1, 4)
+    assert (g["n_expected"], g["n_missing"], g["missing_qids"]) == (6, 1, ["q6"])
+    assert g["templates"] == ["videomme"]
+    off, rob = g["parsers"]["official"], g["parsers"]["robust"]
+    # official: q1, q3 right; q2 unparseable; q4 wrong  -> 2/4; with the error and the missing qid 2/6
+    assert (off["correct"], off["unparseable"], off["accuracy"]) == (2, 1, 0.5)
+    assert off["accuracy_all"] == pytest.approx(2 / 6)
+    assert (rob["correct"], rob["unparseable"], rob["accuracy"]) == (4, 0, 1.0)
+    assert rob["accuracy_all"] == pytest.approx(4 / 6)
+    assert off["by"]["duration"] == {"long": {"n": 1, "correct": 0, "accuracy": 0.0},
+                                     "medium": {"n": 1, "correct": 1, "accuracy": 1.0},
+                                     "short": {"n": 2, "correct": 1, "accuracy": 0.5}}
+    assert off["by"]["domain"]["Knowledge"]["accuracy"] == 0.5 and off["by"]["domain"]["Sports"]["accuracy"] == 0.5
+    assert off["by"]["task_type"]["Counting"]["accuracy"] == 1.0 and off["by"]["task_type"]["OCR"]["accuracy"] == 0.0
+
+
+def test_mlvu_m_avg_and_pooled():
+    g = _group(score_records([dict(r, job="b1024") for r in MLVU]), "mlvu", "b1024")
+    off, rob = g["parsers"]["official"], g["parsers"]["robust"]
+    assert off["by"]["task"]["plotQA"] == {"n": 3, "correct": 2, "accuracy": pytest.approx(2 / 3)}
+    assert off["by"]["task"]["count"]["accuracy"] == 0.0
+    assert off["m_avg"] == pytest.approx((2 / 3 + 0.0) / 2)   # task mean (official M-Avg)
+    assert off["pooled"] == off["accuracy"] == 0.5             # 2 of 4 questions
+    assert rob["m_avg"] == rob["pooled"] == 1.0
+
+
+def test_lvb_breakdowns():
+    g = _group(score_records([dict(r, job="b1024") for r in LVB]), "lvb", "b1024")
+    off = g["parsers"]["official"]
+    assert off["accuracy"] == pytest.approx(2 / 3)
+    assert off["by"]["duration_group"] == {"15": {"n": 2, "correct": 1, "accuracy": 0.5},
+                                           "600": {"n": 1, "correct": 1, "accuracy": 1.0}}
+    assert off["by"]["question_category"]["S2E"]["accuracy"] == 1.0
+    assert off["by"]["question_category"]["T3O"]["accuracy"] == 0.0
+
+
+def test_read_and_write_scores(out_root):
+    records, stats = read_records(out_root)
+    assert stats == {"n_files": 6, "n_bad_lines": 1}
+    assert len(records) == len(VIDEOMME_1024) + len(VIDEOMME_2048) + len(VIDEOMME_RHO) + len(MLVU) + len(LVB)
+    scores = write_scores(out_root, expected_qids={"videomme": ["q1", "q2", "q3", "q4", "q5", "q6"]})
+    on_disk = json.loads((out_root / "scores.json").read_text())
+    assert on_disk["groups"] == json.loads(json.dumps(scores["groups"]))
+    assert [(g["benchmark"], g["job"], g["variant"], g["budget"]) for g in on_disk["groups"]] == [
+        ("lvb", "b1024", None, 1024), ("mlvu", "b1024", None, 1024), ("videomme", "b1024", None, 1024),
+        ("videomme", "b2048", None, 2048), ("videomme", "rho32_b1024", "rho32", 1024)]
+    # the duplicate q1 in rank1.jsonl (pred B) lost to the first one (pred A), read earlier
+    assert _group(on_disk, "videomme", "b1024")["parsers"]["official"]["accuracy"] == 0.5
+    assert _group(on_disk, "videomme", "b2048")["parsers"]["official"]["accuracy"] == 1.0
+    assert _group(on_disk, "videomme", "b2048")["n_missing"] == 2
+    rho = _group(on_disk, "videomme", "rho32_b1024")
+    assert rho["parsers"]["robust"]["accuracy"] == 0.5 and rho["n_missing"] == 4
+    assert sorted(on_disk["plots"]) == ["acc_vs_budget_lvb.png", "acc_vs_budget_mlvu.png",
+                                        "acc_vs_budget_videomme.png", "duration_lvb.png", "duration_videomme.png"]
+    for name in on_disk["plots"]:
+        data = (out_root / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    assert not [p for p in out_root.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_table_and_cli(out_root, capsys):
+    main([str(out_root), "--no-plots"])
+    table = capsys.readouterr().out
+    lines = table.splitlines()
+    assert lines[0].split()[:6] == ["benchmark", "job", "variant", "budget", "parser", "n"]
+    (mlvu_off,) = [ln for ln in lines if ln.startswith("mlvu") and " official " in ln]
+    assert "50.0" in mlvu_off and "M-Avg 33.3  pooled 50.0" in mlvu_off
+    (vm_off,) = [ln for ln in lines if ln.startswith("videomme") and "b1024" in ln and "rho32" not in ln
+                 and " official " in ln]
+    assert vm_off.split()[5:10] == ["4", "50.0", "1", "1", "0"]
+    assert "short 50.0  medium 100.0  long 0.0" in vm_off
+    assert not (out_root / "acc_vs_budget_videomme.png").exists()
+    assert format_table({"groups": []}).startswith("benchmark")
+
+
+def test_callback_fake_trainer(out_root, capsys):
+    calls = []
+    writer = SimpleNamespace(out_root=str(out_root))
+    trainer = SimpleNamespace(strategy=SimpleNamespace(barrier=lambda name=None: calls.append(name)),
+                              is_global_zero=False, callbacks=[writer], loggers=[], datamodule=None)
+    cb = ScoreOnPredictEnd(plots=False)
+    cb.on_predict_end(trainer, None)
+    assert calls and cb.last_scores is None and not (out_root / "scores.json").exists()
+    trainer.is_global_zero = True
+    trainer.datamodule = SimpleNamespace(expected_qids=lambda: {"lvb": ["a_0", "b_0", "c_0", "d_0"]})
+    cb.on_predict_end(trainer, None)
+    assert _group(cb.last_scores, "lvb", "b1024")["n_missing"] == 1
+    assert "lvb" in capsys.readouterr().out and (out_root / "scores.json").exists()
+
+
+def test_callback_in_real_predict(out_root):
+    from lightning.pytorch import LightningModule, Trainer
+
+    class Tiny(LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def predict_step(self, batch, batch_idx):
+            return self.layer(batch)
+
+    cb = ScoreOnPredictEnd(out_root=str(out_root), plots=False)
+    trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False, callbacks=[cb])
+    trainer.predict(Tiny(), torch.utils.data.DataLoader(torch.zeros(2, 2), batch_size=1))
+    assert _group(cb.last_scores, "mlvu", "b1024")["parsers"]["official"]["m_avg"] == pytest.approx(1 / 3)
+
+
+def test_wandb_table_and_images(out_root):
+    from lightning.pytorch.loggers import WandbLogger
+
+    from callbacks.scoring import log_to_wandb
+
+    class RecordingWandb(WandbLogger):  # records calls instead of starting a run
+        def __init__(self):
+            self.calls = []
+
+        def log_table(self, key, columns=None, data=None, **kw):
+            self.calls.append(("table", key, columns, data))
+
+        def log_image(self, key, images, **kw):
+            self.calls.append(("image", key, images))
+
+    scores = write_scores(out_root)
+    lg = RecordingWandb()
+    assert log_to_wandb(SimpleNamespace(loggers=[lg]), scores, out_root)
+    kind, key, columns, data = lg.calls[0]
+    assert (kind, key) == ("table", "scores") and len(data) == 10  # 5 groups x 2 parsers
+    mlvu_official = [r for r in data if r[0] == "mlvu" and r[4] == "official"][0]
+    assert mlvu_official[columns.index("accuracy")] == 0.5
+    assert {c[1] for c in lg.calls[1:]} == {"scores/acc_vs_budget_lvb", "scores/acc_vs_budget_mlvu",
+                                             "scores/acc_vs_budget_videomme", "scores/duration_lvb",
+                                             "scores/duration_videomme"}
+    assert not log_to_wandb(SimpleNamespace(loggers=[]), scores, out_root)
+
+
+def test_budget_and_variant_from_job_name(tmp_path):
+    r = rec("q1", "A", "A", "A", "videomme", duration="short")
+    del r["budget"], r["variant"]
+    _write(tmp_path, "rho64_b512", "videomme", [r])
+    _write(tmp_path, "b256", "videomme", [r])
+    records, _ = read_records(tmp_path)
+    assert sorted((x["job"], x["variant"], x["budget"]) for x in records) == [
+        ("b256", None, 256), ("rho64_b512", "rho64", 512)]
