@@ -1,0 +1,271 @@
+"""Temporal token merging (TTM): DyCoke's released form, its retention formula, and our window variant.
+
+Two functions select tokens that stay after temporal merging of consecutive frames (for Qwen2.5-Omni a
+"frame" is one temporal patch: 2 video frames at 2 FPS = 1 s; for audio the caller chooses a frame of
+``tokens_per_frame`` audio tokens, e.g. 25 = 1 s):
+
+* :func:`dycoke_ttm` reproduces ``dycole_ttm`` of the authors' release (repo ``KD-TAO/DyCoke``,
+  ``llava/model/llava_arch.py``; paper: Tao et al., "DyCoke: Dynamic Compression of Tokens for Fast Video
+  Large Language Models", CVPR 2025), including its edge behaviour (see its docstring).
+* :func:`window_ttm` is **our** variant from the study notes (not DyCoke): every window of 4 frames handled
+  the same way, short tail windows included, a token count ``k`` per pruned frame.
+
+Both return keep indices, never gathered tensors: "merging" in DyCoke's TTM is pruning of the tokens of a
+frame that are most similar (position-wise) to the same position in its reference frame.
+
+The module also hosts the small helpers shared by the pruning package (:func:`num_keep`,
+:func:`stable_topk`, :func:`cosine_matrix`). Ties are always broken towards the earlier token.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "num_keep",
+    "stable_topk",
+    "cosine_matrix",
+    "dycoke_ttm",
+    "dycoke_ttm_num_kept",
+    "dycoke_retention",
+    "dycoke_merging_ratio",
+    "window_ttm",
+    "window_ttm_num_kept",
+    "window_ttm_tokens_per_frame",
+]
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+def num_keep(num_tokens: int, retention: float) -> int:
+    """Tokens kept out of ``num_tokens`` at ``retention``: ``round(retention * num_tokens)``, half up.
+
+    Rounding is half-up (``floor(x + 0.5)`` with a 1e-9 guard against float noise such as
+    ``0.3 * 10 = 3.0000000000000004``), not Python's banker's rounding.
+
+    Raises:
+        ValueError: ``retention`` outside ``[0, 1]`` or ``num_tokens < 0``.
+    """
+    if not 0.0 <= retention <= 1.0:
+        raise ValueError(f"retention must be in [0, 1], got {retention}")
+    if num_tokens < 0:
+        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+    return min(num_tokens, int(math.floor(retention * num_tokens + 0.5 + 1e-9)))
+
+
+def stable_topk(scores: Tensor, k: int, largest: bool = True) -> Tensor:
+    """Indices of the ``k`` best entries of 1-D ``scores`` in rank order; ties go to the lower index.
+
+    Unlike ``torch.topk`` (whose tie order is unspecified) the result is deterministic.
+    ``k`` is clipped to ``[0, len(scores)]``.
+
+    Raises:
+        ValueError: ``scores`` is not 1-D.
+    """
+    if scores.dim() != 1:
+        raise ValueError(f"scores must be 1-D, got shape {tuple(scores.shape)}")
+    k = max(0, min(int(k), scores.numel()))
+    return torch.sort(scores, descending=largest, stable=True).indices[:k]
+
+
+def cosine_matrix(x: Tensor, y: Tensor | None = None) -> Tensor:
+    """Pairwise cosine similarity, float32. ``x``: (N, D), ``y``: (M, D) (default ``x``) -> (N, M).
+
+    A zero vector has cosine 0 with everything (``F.normalize`` eps behaviour).
+    """
+    xn = F.normalize(x.float(), p=2, dim=-1)
+    yn = xn if y is None else F.normalize(y.float(), p=2, dim=-1)
+    return xn @ yn.T
+
+
+def _least_similar(sim: Tensor, k: int) -> Tensor:
+    """Sorted positions of the ``k`` smallest similarities (ties: earlier position first)."""
+    return torch.sort(stable_topk(sim, k, largest=False)).values
+
+
+# ------------------------------------------------------------------------------------------------ DyCoke
+def dycoke_ttm(
+    tokens: Tensor,
+    tokens_per_frame: int,
+    merging_ratio: float = 0.7,
+    release_indexing: bool = True,
+) -> Tensor:
+    """DyCoke token temporal merging (TTM), as released in ``KD-TAO/DyCoke`` (``dycole_ttm``).
+
+    With ``F = L // N`` full frames and ``k = int((1 - merging_ratio) * N)`` (the release's expression):
+
+    1. frames are paired ``(0,1), (2,3), ...`` (``i`` over ``range(0, F - 1, 2)``); the first frame of each
+       pair is kept whole and the second keeps its ``k`` tokens **least** cosine-similar, position by
+       position, to the first frame of a pair;
+    2. for ``i`` in ``range(0, F - 4, 4)`` frame ``i + 2`` is re-pruned against frame ``i``: it keeps its ``k``
+       tokens least similar to frame ``i`` (frame ``i`` stays whole).
+
+    Edge behaviour reproduced from the release (``release_indexing=True``):
+
+    * frame ``2j+1`` is ranked with the similarity of pair ``(i - 2) // 2 = j - 1``, i.e. frames
+      ``(2j-2, 2j-1)``; frame 1 uses Python index ``-1``, the **last** pair. ``release_indexing=False``
+      uses its own pair ``j`` (the fix other ports, e.g. LLMC, apply);
+    * the last window never gets step 2 (``range(0, F - 4, 4)`` stops one window early), so e.g. with
+      ``F = 32`` frame 30 stays whole;
+    * with ``F`` odd the last frame is dropped entirely, and the ``L - F * N`` trailing tokens that do
+      not fill a frame are dropped (the release concatenates only the paired frames);
+    * the release raises on ``F <= 4`` (``torch.stack`` of an empty list); here step 2 is simply empty
+      there, and ``F < 2`` raises.
+
+    The release ranks with ``torch.topk(largest=False)`` and keeps topk order; here ties go to the
+    earlier position and indices are returned in time order (positions are kept by the caller, so the
+    set is what matters).
+
+    Args:
+        tokens: (L, D) tokens in time order, frame after frame (``L = T * N`` for video).
+        tokens_per_frame: N, tokens per frame (temporal patch for Qwen2.5-Omni video).
+        merging_ratio: DyCoke's ``K`` in ``[0, 1]``: fraction of a pruned frame's tokens removed.
+        release_indexing: reproduce the release's pair index ``(i - 2) // 2`` (default) or use ``i // 2``.
+
+    Returns:
+        (L_kept,) long, sorted ascending indices into ``tokens``;
+        ``L_kept == dycoke_ttm_num_kept(L, N, merging_ratio)``.
+
+    Raises:
+        ValueError: ``tokens`` not 2-D, ``tokens_per_frame < 1``, ``merging_ratio`` outside ``[0, 1]``,
+            or fewer than 2 full frames.
+    """
+    if tokens.dim() != 2:
+        raise ValueError(f"tokens must be (L, D), got shape {tuple(tokens.shape)}")
+    if tokens_per_frame < 1:
+        raise ValueError(f"tokens_per_frame must be >= 1, got {tokens_per_frame}")
+    if not 0.0 <= merging_ratio <= 1.0:
+        raise ValueError(f"merging_ratio must be in [0, 1], got {merging_ratio}")
+    n = tokens_per_frame
+    num_frames = tokens.shape[0] // n
+    if num_frames < 2:
+        raise ValueError(f"DyCoke TTM needs at least 2 full frames of {n} tokens, got {tokens.shape[0]} tokens")
+    k = int((1 - merging_ratio) * n)
+    frames = tokens[: num_frames * n].reshape(num_frames, n, -1).float()  # (F, N, D)
+    whole = torch.arange(n)
+
+    pair_starts = list(range(0, num_frames - 1, 2))
+    pair_sims = [F.cosine_similarity(frames[i], frames[i + 1], dim=1) for i in pair_starts]  # each (N,)
+    kept: dict[int, Tensor] = {}
+    for j, i in enumerate(pair_starts):
+        sim = pair_sims[(i - 2) // 2] if release_indexing else pair_sims[j]
+        kept[i] = whole
+        kept[i + 1] = _least_similar(sim, k)
+    for i in range(0, num_frames - 4, 4):
+        sim = F.cosine_similarity(frames[i], frames[i + 2], dim=1)  # (N,)
+        kept[i] = whole
+        kept[i + 2] = _least_similar(sim, k)
+    return torch.cat([kept[t] + t * n for t in sorted(kept)]).to(torch.long)
+
+
+def dycoke_ttm_num_kept(num_tokens: int, tokens_per_frame: int, merging_ratio: float) -> int:
+    """Exact token count :func:`dycoke_ttm` (and the release) keeps.
+
+    With ``F = num_tokens // N``, ``P = F // 2`` pairs, ``W = len(range(0, F - 4, 4))`` re-pruned windows
+    and ``k = int((1 - K) * N)``: ``kept = P * (N + k) - W * (N - k)``.
+    Example: LLaVA-OV-7B, ``F = 32``, ``N = 196``, ``K = 0.7``: ``k = 58``, ``16 * 254 - 7 * 138 = 3098``.
+
+    Raises:
+        ValueError: fewer than 2 full frames, or ``merging_ratio`` outside ``[0, 1]``.
+    """
+    if not 0.0 <= merging_ratio <= 1.0:
+        raise ValueError(f"merging_ratio must be in [0, 1], got {merging_ratio}")
+    n = tokens_per_frame
+    num_frames = num_tokens // n
+    if num_frames < 2:
+        raise ValueError(f"DyCoke TTM needs at least 2 full frames, got {num_frames}")
+    k = int((1 - merging_ratio) * n)
+    pairs = num_frames // 2
+    windows = len(range(0, num_frames - 4, 4))
+    return pairs * (n + k) - windows * (n - k)
+
+
+def dycoke_retention(merging_ratio: float) -> float:
+    """DyCoke's TTM retention formula: ``(1 + 3 (1 - K)) / 4 = 1 - 3K/4``.
+
+    In each window of 4 frames the first stays whole and the other three keep ``1 - K`` of their tokens
+    (the paper's design; the release's exact count, with its integer rounding and edge windows, is
+    :func:`dycoke_ttm_num_kept`). ``K = 0.7`` gives 0.475.
+
+    Raises:
+        ValueError: ``merging_ratio`` outside ``[0, 1]``.
+    """
+    if not 0.0 <= merging_ratio <= 1.0:
+        raise ValueError(f"merging_ratio must be in [0, 1], got {merging_ratio}")
+    return 1.0 - 0.75 * merging_ratio
+
+
+def dycoke_merging_ratio(retention: float) -> float:
+    """Inverse of :func:`dycoke_retention`: ``K = 4 (1 - r) / 3``.
+
+    Raises:
+        ValueError: ``retention`` outside ``[0.25, 1]`` (TTM alone cannot go below a quarter).
+    """
+    if not 0.25 - 1e-12 <= retention <= 1.0:
+        raise ValueError(f"DyCoke TTM retention must be in [0.25, 1], got {retention}")
+    return min(1.0, max(0.0, 4.0 * (1.0 - retention) / 3.0))
+
+
+# --------------------------------------------------------------------------------------- our variant
+def window_ttm(tokens: Tensor, num_keep_per_frame: int) -> Tensor:
+    """Our TTM variant from the study notes (named apart from DyCoke's release).
+
+    Frames are cut into windows of 4 (the last may be shorter). In 1-based window terms: frames 1 and 3
+    are first kept whole, frames 2 and 4 each keep their ``k`` tokens least cosine-similar, position by
+    position, to the previous frame (1 and 3); then frame 3 keeps its ``k`` tokens least similar to
+    frame 1. Short tail windows follow the same rule on the frames they have: length 1 -> frame whole;
+    2 -> frame 2 vs 1; 3 -> frame 2 vs 1 and frame 3 vs 1. Every frame is accounted for (no frame
+    dropped), references are the original (unpruned) tokens, ties go to the earlier position.
+
+    Differences from :func:`dycoke_ttm`: each frame is ranked against its own reference (no
+    off-by-one pair index), the last window is treated like the others, odd frame counts and single
+    frames work, and ``k`` is a token count instead of ``int((1 - K) * N)``.
+
+    Args:
+        tokens: (T, N, D) tokens, T frames (temporal patches) of N tokens.
+        num_keep_per_frame: k in ``[0, N]``, tokens kept in each pruned frame.
+
+    Returns:
+        (T*N_kept,) long, sorted ascending indices into ``tokens.reshape(T * N, D)``; count
+        ``window_ttm_num_kept(T, N, k)``.
+
+    Raises:
+        ValueError: ``tokens`` not 3-D or ``k`` outside ``[0, N]``.
+    """
+    if tokens.dim() != 3:
+        raise ValueError(f"tokens must be (T, N, D), got shape {tuple(tokens.shape)}")
+    num_frames, n, _ = tokens.shape
+    if not 0 <= num_keep_per_frame <= n:
+        raise ValueError(f"num_keep_per_frame must be in [0, {n}], got {num_keep_per_frame}")
+    frames = tokens.float()
+    out = []
+    for t in range(num_frames):
+        pos = t % 4
+        if pos == 0:
+            local = torch.arange(n)
+        else:
+            ref = t - 2 if pos == 2 else t - 1  # 3rd frame (pos 2) vs 1st; 2nd/4th vs previous
+            sim = F.cosine_similarity(frames[t], frames[ref], dim=1)  # (N,)
+            local = _least_similar(sim, num_keep_per_frame)
+        out.append(local + t * n)
+    return torch.cat(out).to(torch.long) if out else torch.zeros(0, dtype=torch.long)
+
+
+def window_ttm_num_kept(num_frames: int, tokens_per_frame: int, num_keep_per_frame: int) -> int:
+    """Token count :func:`window_ttm` keeps: ``W N + (T - W) k`` with ``W = ceil(T / 4)`` whole frames."""
+    whole = -(-num_frames // 4)
+    return whole * tokens_per_frame + (num_frames - whole) * num_keep_per_frame
+
+
+def window_ttm_tokens_per_frame(tokens_per_frame: int, retention: float) -> int:
+    """``k`` for :func:`window_ttm` at a target retention: ``round(N (4 r - 1) / 3)`` clipped to ``[0, N]``.
+
+    Exact for long inputs with ``T`` a multiple of 4 up to the rounding of ``k``; ``r < 1/4`` gives 0.
+    """
+    if not 0.0 <= retention <= 1.0:
+        raise ValueError(f"retention must be in [0, 1], got {retention}")
+    k = math.floor(tokens_per_frame * (4.0 * retention - 1.0) / 3.0 + 0.5 + 1e-9)
+    return max(0, min(tokens_per_frame, k))

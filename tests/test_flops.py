@@ -1,0 +1,116 @@
+"""Analytic FLOPs: published figures (paper convention) and FlopCounterMode on tiny models (accurate form)."""
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from algorithms.flops import (
+    PRESETS,
+    ModelShape,
+    decode_flops,
+    get_shape,
+    paper_decode_flops,
+    paper_prefill_flops,
+    paper_total_flops,
+    prefill_flops,
+)
+
+
+def test_paper_formula_by_hand():
+    s = ModelShape("hand", num_layers=1, hidden_size=2, intermediate_size=3, num_heads=1, num_kv_heads=1,
+                   head_dim=2, vocab_size=5)
+    # n = 4: 4*4*2^2 + 2*4^2*2 + 2*4*2*3 = 64 + 64 + 48
+    assert paper_prefill_flops(s, 4) == 176
+    # R = 2 after n = 4: sum_i (4*4 + 2*(4+i)*2 + 2*2*3) = (16 + 20 + 12) + (16 + 24 + 12) = 100
+    assert paper_decode_flops(s, 4, 2) == 100
+    assert paper_total_flops(s, 4, 2) == 276
+    with pytest.raises(ValueError):
+        paper_prefill_flops(s, -1)
+
+
+def test_dycoke_llava_ov_7b_full_setting():
+    # DyCoke Table (LLaVA-OV-7B, full tokens): 41.4 TFLOPs. Qwen2-7B shapes, n = 32 x 196 = 6272 visual
+    # tokens only (no text prompt), R = 100 decoded tokens, multiply-add = 1 op.
+    s = get_shape("qwen2-7b")
+    assert paper_prefill_flops(s, 6272) / 1e12 == pytest.approx(40.765, abs=1e-3)
+    assert paper_decode_flops(s, 6272, 100) / 1e12 == pytest.approx(0.651, abs=1e-3)
+    assert round(paper_total_flops(s, 6272, 100) / 1e12, 1) == 41.4
+
+
+def test_omnizip_qwen25_omni_7b_full_setting():
+    # OmniZip (Qwen2.5-Omni-7B, full tokens): 73.2 TFLOPs with n = 10,000 multimodal tokens, R = 100.
+    s = get_shape("qwen2.5-omni-7b")
+    assert paper_prefill_flops(s, 10_000) / 1e12 == pytest.approx(72.478, abs=1e-3)
+    assert round(paper_total_flops(s, 10_000, 100) / 1e12, 1) == 73.2
+
+
+def test_presets_match_transformers_defaults():
+    from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import Qwen2_5OmniTextConfig
+
+    c = Qwen2_5OmniTextConfig()
+    s = PRESETS["qwen2.5-omni-7b"]
+    assert (s.num_layers, s.hidden_size, s.intermediate_size, s.num_heads, s.num_kv_heads, s.vocab_size) == (
+        c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
+        c.vocab_size)
+    assert s.head_dim == c.hidden_size // c.num_attention_heads
+    assert PRESETS["qwen2.5-omni-3b"].hidden_size == 2048 and PRESETS["qwen2.5-omni-3b"].num_layers == 36
+
+
+def test_accurate_by_hand():
+    s = ModelShape("hand", num_layers=1, hidden_size=4, intermediate_size=6, num_heads=2, num_kv_heads=1,
+                   head_dim=2, vocab_size=10)
+    n = 3
+    proj = 2 * n * 4 * (2 + 2) * 2 + 2 * n * 2 * 2 * 4  # q,k,v (GQA widths 4+2+2) and o
+    attn = 4 * 2 * n * n * 2  # QK^T and PV per query head over the full 3x3
+    mlp = 6 * n * 4 * 6
+    assert prefill_flops(s, n, num_logit_positions=0) == proj + attn + mlp
+    assert prefill_flops(s, n) == proj + attn + mlp + 2 * n * 4 * 10
+    assert prefill_flops(s, n, num_logit_positions=1) == proj + attn + mlp + 2 * 4 * 10
+
+
+TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2)
+TINY_SHAPE = ModelShape("tiny", 2, 64, 176, 4, 2, 16, 512)
+
+
+def _measure(model, **kw):
+    with torch.no_grad(), FlopCounterMode(display=False) as fc:
+        out = model(**kw)
+    return fc.get_total_flops(), out
+
+
+def test_accurate_matches_flop_counter_qwen2():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(**TINY, attn_implementation="eager")
+    model = Qwen2ForCausalLM(cfg).eval()
+    ids = torch.randint(0, 512, (1, 37))
+    measured, out = _measure(model, input_ids=ids, use_cache=True)
+    expected = prefill_flops(TINY_SHAPE, 37)
+    assert abs(measured - expected) / measured < 0.01
+    # one decode step against the 37-token cache: 38 keys, one lm_head row
+    measured, _ = _measure(model, input_ids=ids[:, :1], past_key_values=out.past_key_values, use_cache=True)
+    assert abs(measured - decode_flops(TINY_SHAPE, 37, 1)) / measured < 0.01
+
+
+def test_accurate_matches_flop_counter_omni_thinker():
+    from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import Qwen2_5OmniThinkerConfig
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniThinkerForConditionalGeneration
+
+    torch.manual_seed(0)
+    text = dict(TINY, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3], "rope_type": "default"})
+    cfg = Qwen2_5OmniThinkerConfig(
+        text_config=text,
+        audio_config=dict(d_model=32, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=64, output_dim=64,
+                          num_mel_bins=128),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                           fullatt_block_indexes=[0]),
+    )
+    cfg._attn_implementation = "eager"
+    cfg.text_config._attn_implementation = "eager"
+    model = Qwen2_5OmniThinkerForConditionalGeneration(cfg).eval()
+    ids = torch.randint(0, 512, (1, 41))
+    measured, _ = _measure(model, input_ids=ids)
+    expected = prefill_flops(ModelShape("tiny-omni", 2, 64, 176, 4, 2, 16, 512, rope_rows=3), 41)
+    assert abs(measured - expected) / measured < 0.01
