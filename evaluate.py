@@ -7,10 +7,15 @@ and causal omni feature extraction.
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
+
+# records are keyed by the benchmark's qid, never by batch index, so Lightning's batch-index inference is not needed
+warnings.filterwarnings("ignore", message="Couldn't infer the batch indices")
+warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)")
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_PREDICT_CONFIG = ROOT / "configs" / "predict" / "demo.yaml"

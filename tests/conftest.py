@@ -1,0 +1,64 @@
+"""Shared fixtures: the tiny random VideoLLaMA3 checkpoint (built once per session) and a demo benchmark copy."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+MEDIA = REPO / "assets" / "media"
+DEMO_PARQUET = REPO / "assets" / "videomme" / "test-demo.parquet"
+
+
+@pytest.fixture(scope="session")
+def tiny_vl3_dir(tmp_path_factory) -> Path:
+    """A tiny random VideoLLaMA3 + qbase checkpoint written by ``models.tiny`` (same path as the demo)."""
+    from models.tiny import build_tiny_videollama3
+
+    return build_tiny_videollama3(tmp_path_factory.mktemp("tiny-videollama3"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm(tiny_vl3_dir):
+    """The loaded :class:`models.videollama3.BudgetedVideoLlama3` (fp32, CPU)."""
+    from models.videollama3 import BudgetedVideoLlama3
+
+    return BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir, raw_mode="orig")
+
+
+@pytest.fixture
+def demo_bench(tmp_path) -> Path:
+    """A Video-MME-format benchmark root in tmp_path: ``videomme/test-demo.parquet`` + ``videos/<id>.mp4``."""
+    root = tmp_path / "bench"
+    (root / "videos").mkdir(parents=True)
+    (root / "videomme").mkdir()
+    shutil.copy(DEMO_PARQUET, root / "videomme" / DEMO_PARQUET.name)
+    for f in MEDIA.glob("*.mp4"):
+        shutil.copy(f, root / "videos" / f.name)
+    return root
+
+
+def run_predict(model_dir: Path, bench_root: Path, out_dir: Path, budgets=(128, 256, 1024), extra: list[str] = (),
+                model_args: dict | None = None) -> list[dict]:
+    """``python evaluate.py predict`` in-process on a benchmark root (a config file layered over the default, as a
+    user would); returns the records written."""
+    import yaml
+
+    import evaluate
+    from callbacks.jsonl_writer import read_records
+
+    cfg = {
+        "trainer": {"enable_progress_bar": False, "callbacks": [
+            {"class_path": "callbacks.jsonl_writer.JsonlPredictionWriter", "init_args": {"out_dir": str(out_dir)}},
+            {"class_path": "callbacks.scoring.ScoreOnPredictEnd"}]},
+        "model": {"class_path": "lightning_modules.budgeted_qa.BudgetedQA",
+                  "init_args": {"model_path": str(model_dir), "budgets": list(budgets), **(model_args or {})}},
+        "data": {"class_path": "datamodules.videoqa.VideoQADataModule",
+                 "init_args": {"root": str(bench_root), "loader_kwargs": {}, "num_workers": 0}},
+    }
+    cfg_path = Path(out_dir).parent / f"{Path(out_dir).name}.yaml"
+    cfg_path.parent.mkdir(parents=True, exist_ok=True)
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    evaluate.cli_main(["predict", f"--config={cfg_path}", *extra])
+    return read_records(out_dir)
