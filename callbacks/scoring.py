@@ -420,9 +420,18 @@ class ScoreOnPredictEnd(Callback):
                     return Path(value)
         return None
 
+    def on_predict_start(self, trainer, pl_module) -> None:
+        self.last_scores = None
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        # a resumed run with nothing left to do skips the predict loop (and on_predict_end): still print the table
+        if stage == "predict" and self.last_scores is None:
+            self.on_predict_end(trainer, pl_module)
+
     def on_predict_end(self, trainer, pl_module) -> None:
         trainer.strategy.barrier("score_on_predict_end")
         if not trainer.is_global_zero:
+            self.last_scores = {}
             return
         root = self._root(trainer)
         if root is None:

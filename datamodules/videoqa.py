@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .benchmarks import AnnotationError, Question, load_benchmark
 from .decoding import DecodeError, decode_video
+from .sharding import CostBalancedSampler, estimate_cost
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,16 @@ class VideoQADataset(Dataset):
         except Exception as e:  # noqa: BLE001 - any decoder failure must become an error record, not a crash
             item["error"] = f"{task.video_path}: unexpected decode failure ({type(e).__name__}: {e})"
         return item
+
+
+def _duration_s(task: VideoTask) -> float | None:
+    """A numeric duration from the annotation when it has one (LongVideoBench ``duration``), else None."""
+    for q in task.questions:
+        for key in ("duration_s", "duration"):
+            v = q.meta.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                return float(v)
+    return None
 
 
 class VideoQADataModule(LightningDataModule):
@@ -116,11 +127,23 @@ class VideoQADataModule(LightningDataModule):
         return list(jobs), max(jobs.values()), done
 
     def predict_dataloader(self) -> DataLoader:
+        """This rank's videos: done (job, qid) pairs removed first, then whole videos assigned to ranks by
+        :class:`datamodules.sharding.CostBalancedSampler` (needs ``trainer.use_distributed_sampler: false`` when
+        running on several processes, so Lightning does not shard a second time)."""
         jobs, max_budget, done = self._run_context()
         tasks = self.tasks(jobs, done)
+        job_budget = self.trainer.lightning_module.jobs
+        costs = [estimate_cost(_duration_s(t), t.video_path, sum(job_budget[j] for js in t.jobs.values() for j in js),
+                               len(t.questions)) for t in tasks]
+        world, rank = self.trainer.world_size, self.trainer.global_rank
+        if world > 1 and self.trainer._accelerator_connector.use_distributed_sampler:
+            raise RuntimeError("VideoQADataModule shards whole videos itself: set `trainer.use_distributed_sampler: "
+                               "false` (Lightning would otherwise split this rank's share again)")
+        sampler = CostBalancedSampler(costs, world, rank)
         n_done = sum(len(v) for v in done.values())
-        log.info("%s: %d videos to process (%d (job, qid) records already written)", self.benchmark, len(tasks), n_done)
+        log.info("%s: rank %d/%d takes %d of %d videos to process (%d (job, qid) records already written)",
+                 self.benchmark, rank, world, len(sampler), len(tasks), n_done)
         ds = VideoQADataset(tasks, max_budget, self.decode_max_side)
-        return DataLoader(ds, batch_size=None, shuffle=False, num_workers=self.num_workers,
+        return DataLoader(ds, batch_size=None, sampler=sampler, num_workers=self.num_workers,
                           prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
                           persistent_workers=False)

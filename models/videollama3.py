@@ -18,6 +18,7 @@ or subtitle can create a placeholder or end the user turn.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,12 @@ COMPRESSION_START = "<|compression_start|>"
 COMPRESSION_END = "<|compression_end|>"
 _VIDEO_MARK = "\x00VIDEO\x00"
 _TEXT_MARK = "\x00TEXT\x00"
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for queued GPU work so stage timings are real (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def round_half_up(x: float) -> int:
@@ -96,6 +103,10 @@ class BudgetedVideoLlama3(nn.Module):
                         attn_implementation: str | None = "sdpa", raw_mode: str = "phase3") -> "BudgetedVideoLlama3":
         """Load a transformers-format VideoLLaMA3 directory plus ``qbase/`` (and ``original_projector/``).
 
+        A directory in the original VideoLLaMA3 layout (``config.json`` with ``vision_encoder_config``, weights named
+        as in the original repository, ``model.token_compressor.*``) is also accepted and mapped in memory by
+        :func:`models.convert.load_original_parts` (the same table as ``python -m models.convert``).
+
         Raises:
             FileNotFoundError: the directory or a required file is missing (path named).
             ValueError: missing/unexpected weight keys (listed).
@@ -107,6 +118,9 @@ class BudgetedVideoLlama3(nn.Module):
             raise FileNotFoundError(f"no VideoLLaMA3 checkpoint at {path} (config.json missing); "
                                     "for the demo run `python -m models.tiny` first")
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        from .convert import is_original_layout, load_original_parts
+        if is_original_layout(path):  # original VideoLLaMA3 layout: mapped in memory (models/convert.py)
+            return cls(*load_original_parts(path, dtype, attn_implementation, raw_mode))
         model, info = VideoLlama3ForConditionalGeneration.from_pretrained(
             path, dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True)
         bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
@@ -213,7 +227,7 @@ class BudgetedVideoLlama3(nn.Module):
         return self.tokenizer(text, add_special_tokens=False, split_special_tokens=untrusted)["input_ids"]
 
     def build_prompt(self, plan: Plan, times_s: list[float], raw_rows: torch.Tensor,
-                     group_rows: torch.Tensor) -> VideoPrompt:
+                     group_rows: torch.Tensor, groups_as_raw: bool = False) -> VideoPrompt:
         """The shared prefix for one (video, budget).
 
         Args:
@@ -221,6 +235,9 @@ class BudgetedVideoLlama3(nn.Module):
             times_s: T frame times (s) of the plan's frames.
             raw_rows: (n_raw_frames, raw_hw, D) projected rows of the raw frames, in time order.
             group_rows: (G_c, K, D) projected rows of the compressed groups, in time order.
+            groups_as_raw: layout ablations' compressor swaps (DESIGN §4): each compressed group ``[a, b)`` is
+                written as one raw frame, ``Time {t:.1f}s:`` + its rows (no compression tokens), with ``t`` the
+                time of its middle frame ``a + (b - a - 1) // 2``; ``group_rows`` is then (G_c, K', D).
 
         Returns:
             A :class:`VideoPrompt`.
@@ -238,6 +255,13 @@ class BudgetedVideoLlama3(nn.Module):
                 ids += self._ids(text + f"Time {times_s[a]:.1f}s:")
                 rows = raw_rows[ri]
                 ri += 1
+                ids += [self.placeholder_id] * rows.shape[0]
+                embeds.append(rows)
+                text = "\n" if last else ","
+            elif groups_as_raw:
+                ids += self._ids(text + f"Time {times_s[a + (b - a - 1) // 2]:.1f}s:")
+                rows = group_rows[gi]
+                gi += 1
                 ids += [self.placeholder_id] * rows.shape[0]
                 embeds.append(rows)
                 text = "\n" if last else ","
@@ -342,6 +366,90 @@ class BudgetedVideoLlama3(nn.Module):
         return answers
 
 
+    def prefill(self, prompt: VideoPrompt):
+        """Prefill the shared prefix once; returns the ``DynamicCache`` holding its keys/values (batch 1)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config.get_text_config())
+        self.model(inputs_embeds=self.embed(prompt.ids, prompt.vision_embeds), past_key_values=cache,
+                   use_cache=True, logits_to_keep=1)
+        return cache
+
+    @torch.no_grad()
+    def answer_batched(self, prompt: VideoPrompt, question_texts: list[str], max_new_tokens: int = 16,
+                       ignore_eos: bool = False) -> list[Answer]:
+        """Answer all questions of a (video, budget) together from one prefilled prefix, greedy.
+
+        The prefix cache (batch 1) is repeated to Q rows; the question suffixes are left-padded *inside the
+        suffix region* so they end in the same column, with a 2-D attention mask hiding the pads and explicit
+        position ids ``L + j`` for the j-th real suffix token (so every row sees exactly the positions of the
+        one-by-one path); then Q tokens are decoded per step until every row has produced an end token or
+        ``max_new_tokens``. Token-identical to :meth:`answer_all` up to floating-point reduction order (tested
+        exact on the tiny fp32 model). Questions that need the fallback of DESIGN §3.7 are answered alone.
+
+        Args:
+            ignore_eos: decode exactly ``max_new_tokens`` tokens (benchmarks with forced answer length).
+        """
+        answers: list[Answer | None] = [None] * len(question_texts)
+        batch, rows = [], []
+        for i, text in enumerate(question_texts):
+            ids, fallback = self.question_ids(prompt, text)
+            if fallback:
+                answers[i] = self.answer_from_scratch(prompt, text, max_new_tokens)
+            else:
+                batch.append(ids)
+                rows.append(i)
+        if not batch:
+            return answers
+        dev = self.device
+        prefix_len = prompt.ids.numel()
+        cache = self.prefill(prompt)
+        q = len(batch)
+        if q > 1:
+            cache.batch_repeat_interleave(q)
+        longest = max(len(x) for x in batch)
+        pad = self.tokenizer.pad_token_id or 0
+        inp = torch.full((q, longest), pad, dtype=torch.long)
+        mask = torch.zeros(q, prefix_len + longest, dtype=torch.long)
+        mask[:, :prefix_len] = 1
+        pos = torch.full((q, longest), prefix_len, dtype=torch.long)
+        for r, ids in enumerate(batch):
+            n = len(ids)
+            inp[r, longest - n:] = torch.tensor(ids)
+            mask[r, prefix_len + longest - n:] = 1
+            pos[r, longest - n:] = prefix_len + torch.arange(n)
+        inp, mask, pos = inp.to(dev), mask.to(dev), pos.to(dev)
+        eos = torch.tensor(self.eos_ids, device=dev)
+        out = self.model(input_ids=inp, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
+                         logits_to_keep=1)
+        next_pos = pos[:, -1:] + 1
+        tokens = []
+        done = torch.zeros(q, dtype=torch.bool, device=dev)
+        for step in range(max_new_tokens):
+            nxt = out.logits[:, -1].argmax(-1)                                  # (Q,)
+            tokens.append(nxt)
+            if not ignore_eos:
+                done |= torch.isin(nxt, eos)
+                if bool(done.all()):
+                    break
+            if step == max_new_tokens - 1:
+                break
+            mask = torch.cat([mask, mask.new_ones(q, 1)], 1)
+            out = self.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=next_pos,
+                             past_key_values=cache, use_cache=True)
+            next_pos = next_pos + 1
+        gen = torch.stack(tokens, 1).tolist()                                   # (Q, steps)
+        for r, i in enumerate(rows):
+            toks = gen[r]
+            if not ignore_eos:
+                for j, t in enumerate(toks):
+                    if t in self.eos_ids:
+                        toks = toks[:j]
+                        break
+            answers[i] = self._answer(toks, prefix_len + len(batch[r]), False)
+        return answers
+
+
 # ---------------------------------------------------------------------- one video, several budgets
 @dataclass
 class BudgetInput:
@@ -373,6 +481,7 @@ class EncodeCache:
         self.vlm, self.frames, self.chunk_frames = vlm, frames, chunk_frames
         self.rows: dict[tuple[int, int], dict[int, torch.Tensor]] = {}
         self.encode_calls: list[tuple[tuple[int, int], int]] = []
+        self.encode_seconds = 0.0
 
     def grid_for(self, max_tokens: int) -> tuple[int, int]:
         return frame_grid(self.frames.shape[1], self.frames.shape[2], max_tokens)
@@ -393,7 +502,10 @@ class EncodeCache:
                 s.update(missing)
         for grid, (idx_set, cap) in want.items():
             idx = sorted(idx_set)
+            t0 = time.perf_counter()
             rows, got = self.vlm.encode(self.frames[idx], cap, self.chunk_frames)
+            _sync(rows.device)
+            self.encode_seconds += time.perf_counter() - t0
             assert got == grid
             self.encode_calls.append((grid, len(idx)))
             store = self.rows.setdefault(grid, {})

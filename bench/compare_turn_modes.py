@@ -1,0 +1,103 @@
+"""Fair comparison of the three streaming modes: same head, same seeds, same rows; one table.
+
+    python bench/compare_turn_modes.py --config configs/fit/turn_head.yaml [--config <delta.yaml>] \
+        --seeds 0 1 2 [--modes open-stream-replay completed-block-hold micro-chunk-200ms] [--extra --trainer.max_epochs=10]
+
+Demo on synthetic features (CPU, about a minute):
+
+    python -m datamodules.synthetic_turns --out outputs/demo_turns
+    python bench/compare_turn_modes.py --config configs/fit/turn_head.yaml --config configs/fit/turn_head_demo.yaml
+
+For every (mode, seed) it runs ``train.py fit`` through ``train.cli_main`` with ``--data.init_args.expected_mode=<mode>
+--seed_everything=<seed>`` (everything else from the configs), then ``test`` on the best checkpoint (ModelCheckpoint
+on ``val/auroc_mean``), and prints a markdown table of test metrics as mean ± sample std over seeds, plus the mean
+training epoch time and training rows per second. W&B is off here unless ``--wandb`` is given (then one run per
+(mode, seed), grouped by mode). ``--json`` writes every run's metrics.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+MODES = ("open-stream-replay", "completed-block-hold", "micro-chunk-200ms")
+COLUMNS = ("auroc_mean", "ap_mean", "auroc_va_wearer", "auroc_va_others", "auroc_f3_wearer", "auroc_f3_others",
+           "sh_bacc", "sh_f1w")
+
+
+def run_one(configs: list[str], mode: str, seed: int, out_dir: Path, extra: list[str], wandb: bool) -> dict[str, float]:
+    """Fit + test one (mode, seed); returns test metrics plus ``epoch_time_s`` and ``rows_per_s`` (last epoch)."""
+    from train import cli_main
+
+    args = ["fit"] + [a for c in configs for a in ("--config", c)] + [
+        f"--data.init_args.expected_mode={mode}", f"--seed_everything={seed}",
+        f"--trainer.default_root_dir={out_dir}", "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false"]
+    if wandb:
+        args += [f"--trainer.logger.init_args.save_dir={out_dir}", f"--trainer.logger.init_args.group={mode}",
+                 f"--trainer.logger.init_args.name={mode}-s{seed}"]
+    else:
+        args += ["--trainer.logger=false"]
+    argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI reads args only; keep it from warning about ours
+    try:
+        cli = cli_main(args + extra)
+    finally:
+        sys.argv = argv
+    train_m = {k: float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("train/")}
+    res = cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path="best", verbose=False)[0]
+    out = {k.removeprefix("test/"): float(v) for k, v in res.items()}
+    out["epoch_time_s"] = train_m.get("train/epoch_time_s", float("nan"))
+    out["rows_per_s"] = train_m.get("train/rows_per_s", float("nan"))
+    return out
+
+
+def format_table(results: dict[str, list[dict[str, float]]], columns: tuple[str, ...] = COLUMNS) -> str:
+    """Markdown table: one row per mode, ``mean ± std`` over seeds (std = sample std; 0 for one seed)."""
+    cols = list(columns) + ["epoch_time_s", "rows_per_s"]
+    lines = ["| mode | seeds | " + " | ".join(cols) + " |", "|---|---:|" + "---:|" * len(cols)]
+    for mode, runs in results.items():
+        cells = []
+        for c in cols:
+            vals = [r[c] for r in runs if c in r]
+            if not vals:
+                cells.append("n/a")
+                continue
+            mean = statistics.fmean(vals)
+            sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
+            cells.append(f"{mean:.0f} ± {sd:.0f}" if c == "rows_per_s" else f"{mean:.3f} ± {sd:.3f}")
+        lines.append(f"| {mode} | {len(runs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description="Train the same turn head on each mode's features and compare.")
+    p.add_argument("--config", action="append", required=True, help="train.py config(s), stacked in order")
+    p.add_argument("--modes", nargs="+", default=list(MODES))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--out", default=None, help="run folder (default: a temporary folder)")
+    p.add_argument("--wandb", action="store_true", help="keep the config's W&B logger (grouped by mode)")
+    p.add_argument("--json", default=None, help="write all per-run metrics here")
+    p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more train.py arguments (last)")
+    a = p.parse_args(argv)
+    out_root = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="compare_turn_modes_"))
+    results: dict[str, list[dict[str, float]]] = {}
+    for mode in a.modes:
+        for seed in a.seeds:
+            results.setdefault(mode, []).append(
+                run_one(a.config, mode, seed, out_root / f"{mode}_s{seed}", a.extra, a.wandb))
+    table = format_table(results)
+    print(table)
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+    return table
+
+
+if __name__ == "__main__":
+    main()

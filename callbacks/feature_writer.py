@@ -1,0 +1,92 @@
+"""Writes causal omni feature files (``datamodules.features`` format) and per-session timeline plots.
+
+``FeatureWriter`` saves each ``OmniFeatureExtractor.predict_step`` record atomically to
+``<out_dir>/<session>.<mode>.safetensors`` (keyed by session, never by position or rank) and, with ``plot=True``,
+redraws ``<out_dir>/<session>.timeline.png`` from whichever mode files of that session exist.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.callbacks import BasePredictionWriter
+
+from algorithms.streaming import MODES
+from datamodules.features import feature_path, load_features, save_features
+
+
+class FeatureWriter(BasePredictionWriter):
+    """Args:
+        out_dir: folder for feature files and plots.
+        plot: also write the session's timeline PNG.
+        overwrite: replace an existing file (else keep it and skip the write).
+    """
+
+    def __init__(self, out_dir: str = "outputs/features", plot: bool = True, overwrite: bool = True):
+        super().__init__(write_interval="batch")
+        self.out_dir = Path(out_dir)
+        self.plot = plot
+        self.overwrite = overwrite
+        self.written: list[Path] = []
+
+    def write_on_batch_end(self, trainer, pl_module, prediction: dict[str, Any], batch_indices, batch, batch_idx,
+                           dataloader_idx) -> None:
+        path = feature_path(self.out_dir, prediction["session"], prediction["mode"])
+        if path.exists() and not self.overwrite:
+            return
+        save_features(path, prediction["tensors"], prediction["meta"])
+        self.written.append(path)
+        if self.plot:
+            plot_session_timeline(self.out_dir, prediction["session"])
+
+
+def plot_session_timeline(out_dir: str | Path, session: str, png: str | Path | None = None,
+                          max_rows: int | None = 150) -> Path | None:
+    """Draw the three modes of one session one above the other (PNG): per 5 Hz row, state updates, payload
+    commits, native boundaries and initialization rows. Modes without a file are drawn empty and labelled so.
+
+    Args:
+        out_dir: folder holding ``<session>.<mode>.safetensors`` files.
+        png: output path (default ``<out_dir>/<session>.timeline.png``).
+        max_rows: show only the first ``max_rows`` rows (None: all).
+
+    Returns:
+        The PNG path, or None when no mode file of the session exists.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    files = {m: feature_path(out_dir, session, m) for m in MODES}
+    if not any(p.exists() for p in files.values()):
+        return None
+    fig, axes = plt.subplots(len(MODES), 1, figsize=(12, 2.2 * len(MODES)), sharex=True, squeeze=False)
+    lanes = [("initialization_mask", "init", "0.6"), ("state_update_mask", "state update", "tab:blue"),
+             ("payload_commit_mask", "payload commit", "tab:green"), ("native_boundary_mask", "native boundary",
+                                                                      "tab:red")]
+    for ax, mode in zip(axes[:, 0], MODES):
+        ax.set_yticks(range(len(lanes)))
+        ax.set_yticklabels([lab for _, lab, _ in lanes])
+        ax.set_ylim(-0.6, len(lanes) - 0.4)
+        if not files[mode].exists():
+            ax.set_title(f"{mode}: no file", fontsize=9)
+            continue
+        tensors, meta = load_features(files[mode])
+        t = tensors["row_times"].numpy()
+        n = len(t) if max_rows is None else min(len(t), max_rows)
+        for y, (key, _, color) in enumerate(lanes):
+            on = tensors[key].numpy()[:n].astype(bool)
+            ax.scatter(t[:n][on], [y] * int(on.sum()), marker="|", s=120, color=color)
+        ax.set_title(f"{mode}: {meta['production_processor_calls']} processor calls, "
+                     f"{meta['production_prepared_media_seconds']:.1f} s prepared, memory {meta['memory_s']:g} s, "
+                     f"layer {meta['layer']}", fontsize=9)
+    axes[-1, 0].set_xlabel("session time t_i (s), right-edged 5 Hz rows")
+    fig.suptitle(f"{session}: causal omni feature timeline")
+    fig.tight_layout()
+    png = Path(png) if png is not None else out_dir / f"{session}.timeline.png"
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=80)
+    plt.close(fig)
+    return png

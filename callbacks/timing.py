@@ -1,0 +1,78 @@
+"""Per-stage time breakdown of a predict run: waiting for data, encode, plan/build, answer.
+
+``wait`` is the time between the end of one ``predict_step`` and the start of the next (the DataLoader workers
+had not decoded the next video yet), plus the first batch's wait. The module's stage times come from
+``pl_module.last_stage_seconds`` (set by :class:`lightning_modules.budgeted_qa.BudgetedQA`). Shown on the tqdm
+progress bar as a postfix, printed as a table and written to ``<out_dir>/timing_rank<r>.json`` at the end.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from lightning.pytorch.callbacks import Callback, TQDMProgressBar
+
+
+class StageTimer(Callback):
+    """Accumulate stage seconds per rank.
+
+    Args:
+        out_dir: where ``timing_rank<r>.json`` goes (default: the prediction writer's ``out_dir``).
+    """
+
+    STAGES = ("wait", "encode", "plan_build", "answer")
+
+    def __init__(self, out_dir: str | None = None):
+        self.out_dir = out_dir
+        self.totals = dict.fromkeys(self.STAGES, 0.0)
+        self.videos = 0
+        self._mark: float | None = None
+        self._start = 0.0
+
+    def on_predict_start(self, trainer, pl_module) -> None:
+        self.totals = dict.fromkeys(self.STAGES, 0.0)
+        self.videos = 0
+        self._start = self._mark = time.perf_counter()
+
+    def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        now = time.perf_counter()
+        if self._mark is not None:
+            self.totals["wait"] += now - self._mark
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        for k, v in getattr(pl_module, "last_stage_seconds", {}).items():
+            self.totals[k] = self.totals.get(k, 0.0) + v
+        if hasattr(pl_module, "last_stage_seconds"):
+            pl_module.last_stage_seconds = {}
+        self.videos += 1
+        pb = trainer.progress_bar_callback
+        if isinstance(pb, TQDMProgressBar) and getattr(pb, "_predict_progress_bar", None) is not None:
+            wall = max(time.perf_counter() - self._start, 1e-9)
+            pb.predict_progress_bar.set_postfix({k: f"{100 * self.totals[k] / wall:.0f}%" for k in self.STAGES},
+                                                refresh=False)
+        self._mark = time.perf_counter()
+
+    def summary(self) -> dict:
+        wall = max(time.perf_counter() - self._start, 1e-9)
+        return {"videos": self.videos, "wall_s": round(wall, 4),
+                "stages_s": {k: round(v, 4) for k, v in self.totals.items()},
+                "stages_share": {k: round(v / wall, 4) for k, v in self.totals.items()}}
+
+    def on_predict_end(self, trainer, pl_module) -> None:
+        s = self.summary()
+        out = self.out_dir
+        if out is None:
+            for cb in trainer.callbacks:
+                if hasattr(cb, "out_dir") and cb is not self:
+                    out = cb.out_dir
+                    break
+        if out is not None:
+            path = Path(out) / f"timing_rank{trainer.global_rank}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(s, indent=2))
+            os.replace(tmp, path)
+        rows = "  ".join(f"{k} {s['stages_s'][k]:.2f}s ({100 * s['stages_share'][k]:.0f}%)" for k in self.STAGES)
+        print(f"[rank {trainer.global_rank}] {s['videos']} videos in {s['wall_s']:.2f}s: {rows}")

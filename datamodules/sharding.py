@@ -1,0 +1,59 @@
+"""Whole-video sharding across ranks, balanced by estimated cost (longest-processing-time first).
+
+Each video goes to exactly one rank; the assignment depends only on the list of videos still to do and their
+costs (not on timing), so every rank computes the same assignment without communicating. Done qids are removed
+before the costs are computed, so a resumed run rebalances what is left.
+"""
+from __future__ import annotations
+
+import heapq
+import os
+from collections.abc import Iterator, Sequence
+
+from torch.utils.data import Sampler
+
+
+def estimate_cost(duration_s: float | None, video_path: str, num_budgets_tokens: int, num_questions: int) -> float:
+    """Relative cost of one video: ``duration × Σ budgets × questions`` (DESIGN: decode/encode grow with the
+    duration, prefill with the budgets, answering with the questions). Without a known duration the file size in
+    MB stands in for it (about 1 MB/minute at benchmark bit rates; only the ordering matters)."""
+    if duration_s is None or duration_s <= 0:
+        try:
+            duration_s = max(os.path.getsize(video_path) / 1e6 * 60.0, 1.0)
+        except OSError:
+            duration_s = 1.0
+    return float(duration_s) * max(num_budgets_tokens, 1) * max(num_questions, 1)
+
+
+def balanced_assignment(costs: Sequence[float], num_replicas: int) -> list[list[int]]:
+    """Assign items to ``num_replicas`` bins, largest cost first, each to the currently lightest bin
+    (ties: lower bin index; equal costs: lower item index first).
+
+    Returns:
+        per-bin item indices, each list in assignment order (largest first).
+    """
+    if num_replicas < 1:
+        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+    order = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
+    heap = [(0.0, r) for r in range(num_replicas)]
+    bins: list[list[int]] = [[] for _ in range(num_replicas)]
+    for i in order:
+        load, r = heapq.heappop(heap)
+        bins[r].append(i)
+        heapq.heappush(heap, (load + costs[i], r))
+    return bins
+
+
+class CostBalancedSampler(Sampler[int]):
+    """Yields this rank's video indices (largest first); every index appears on exactly one rank, none repeats."""
+
+    def __init__(self, costs: Sequence[float], num_replicas: int = 1, rank: int = 0):
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} outside [0, {num_replicas})")
+        self.indices = balanced_assignment(costs, num_replicas)[rank]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)

@@ -1,0 +1,304 @@
+"""``TurnFeatureDataModule``: cached causal features (one file per session and mode) + turn-taking targets.
+
+Files: ``<features_dir>/<session>.<mode>.safetensors`` (``datamodules.features``); only files whose name carries
+``expected_mode`` are read, and each must agree with the run (fail closed, file named, before any training step):
+meta ``mode == expected_mode``, ``memory_s``, ``fps``, ``output_hz``, ``session`` (== file name) and ``layer``
+(``expected_layer``; when ``None``, every file of the run must share one layer, recorded in ``self.layer``), plus
+one hidden size D across files. Missing sessions of a split are an error.
+
+Targets come from utterances (``algorithms.turn_targets``), loaded by ``utterances_loader`` (dotted path of a
+``fn(root, session) -> list[utterance]``; default EasyCom's ``datamodules.easycom.load_session_utterances``, imported
+lazily), and are cached per session in memory for the process (keyed by loader, root, session, rows, wearer and
+target settings).
+
+Split by EasyCom session number (the last integer in the session name): train 1-3, 5-9; val 4, 12; test 10, 11.
+Everything is held in memory. Batches (dict):
+    states      float (B, L, D)   standardized with train-split statistics (non-initialization rows) if enabled
+    targets     float (B, L, 10)  ``algorithms.turn_targets.target_names()`` order
+    mask        bool  (B, L, 10)  rows/targets that count (padding, warm-up, unknown future, excluded init rows off)
+    shift       long  (B, L)      1 shift, 0 hold, -1 no event (or row not counted)
+    row_valid   bool  (B, L)      rows that count
+Training items are chunks of ``chunk_rows`` rows, each preceded by up to ``warmup_rows`` earlier rows that give
+causal heads their context but carry no loss; validation/test items are whole sessions (batch size 1).
+
+``initialization_rows`` decides whether rows flagged by ``initialization_mask`` (zeros: no state yet, e.g. before
+the first completed block of ``completed-block-hold``, or inside an EasyCom reset gap) count in losses and metrics:
+``"keep"`` (default) counts every row; ``"exclude"`` drops this mode's flagged rows (the sensitivity analysis; the
+evaluated rows then differ between modes); ``"exclude_any_mode"`` drops rows flagged in *any* of the three modes'
+files of the session (their ``initialization_mask`` is read, nothing else; a missing file is an error), so all
+modes are trained and scored on identical rows and gap rows never count as silence.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from lightning.pytorch import LightningDataModule
+from safetensors import safe_open
+from torch.utils.data import DataLoader, Dataset
+
+from algorithms.turn_targets import build_turn_targets, flat_targets
+from datamodules.features import FeatureFileError, check_meta, load_features
+
+_TARGET_CACHE: dict[tuple, Any] = {}
+ALL_MODES = ("open-stream-replay", "completed-block-hold", "micro-chunk-200ms")
+INIT_ROW_POLICIES = ("keep", "exclude", "exclude_any_mode")
+
+
+@dataclass
+class JsonUtterance:
+    """Utterance read from a ``<session>.utterances.json`` file (seconds on the session timeline)."""
+
+    start_s: float
+    end_s: float
+    participant_id: int
+    text: str = ""
+    target_of_speech: Any = None
+
+
+def load_utterances_json(root: str | Path, session: str) -> list[JsonUtterance]:
+    """Read ``<root>/<session>.utterances.json`` (a list of utterance dicts, as written by ``synthetic_turns``).
+
+    Raises:
+        FileNotFoundError: no such file.
+    """
+    items = json.loads((Path(root) / f"{session}.utterances.json").read_text())
+    return [JsonUtterance(float(d["start_s"]), float(d["end_s"]), int(d["participant_id"]), d.get("text", ""),
+                          d.get("target_of_speech")) for d in items]
+
+
+def _import(path: str) -> Callable:
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def session_number(session: str) -> int:
+    """EasyCom session number: the last integer in the name (``Session_4`` -> 4).
+
+    Raises:
+        ValueError: the name has no digits.
+    """
+    nums = re.findall(r"\d+", session)
+    if not nums:
+        raise ValueError(f"session name {session!r} has no session number")
+    return int(nums[-1])
+
+
+@dataclass
+class SessionData:
+    """One session in memory: T rows, D hidden."""
+
+    session: str
+    path: Path
+    states: torch.Tensor  # (T, D) float32
+    targets: torch.Tensor  # (T, 10)
+    mask: torch.Tensor  # (T, 10) bool
+    shift: torch.Tensor  # (T,) long
+    row_valid: torch.Tensor  # (T,) bool
+    initialization_mask: torch.Tensor  # (T,) bool
+
+
+class TurnRows(Dataset):
+    """Items are row ranges ``[a, b)`` of sessions; rows before ``loss_from`` carry no loss (warm-up context)."""
+
+    def __init__(self, sessions: list[SessionData], spans: list[tuple[int, int, int, int]]):
+        self.sessions, self.spans = sessions, spans  # (session index, a, loss_from, b)
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
+        k, a, loss_from, b = self.spans[idx]
+        s = self.sessions[k]
+        row_valid = s.row_valid[a:b].clone()
+        row_valid[: loss_from - a] = False
+        return {"states": s.states[a:b], "targets": s.targets[a:b], "mask": s.mask[a:b] & row_valid[:, None],
+                "shift": torch.where(row_valid, s.shift[a:b], -1), "row_valid": row_valid}
+
+
+def collate_rows(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Right-pad items to the longest L (padding rows: zero states, mask False, shift -1)."""
+    L = max(it["states"].shape[0] for it in items)
+    out = {}
+    for key, fill in (("states", 0.0), ("targets", 0.0), ("mask", False), ("shift", -1), ("row_valid", False)):
+        xs = [it[key] for it in items]
+        buf = torch.full((len(xs), L, *xs[0].shape[1:]), fill, dtype=xs[0].dtype)
+        for i, x in enumerate(xs):
+            buf[i, : x.shape[0]] = x
+        out[key] = buf
+    return out
+
+
+class TurnFeatureDataModule(LightningDataModule):
+    """Cached causal features + turn targets for one streaming mode (module docstring has the details).
+
+    Args:
+        features_dir: folder with ``<session>.<mode>.safetensors`` files.
+        expected_mode: the streaming mode this run trains on; files of other modes are never read.
+        utterances_root: root passed to ``utterances_loader`` (EasyCom root, or a folder of utterance JSONs).
+        utterances_loader: dotted path of ``fn(root, session) -> list[utterance]``.
+        expected_memory_s / expected_fps / expected_output_hz / expected_layer: run settings every file must match.
+        train_sessions / val_sessions / test_sessions: EasyCom session numbers per split.
+        wearer_id: Participant_ID of the glasses wearer.
+        initialization_rows: ``keep | exclude | exclude_any_mode`` (module docstring).
+        chunk_rows / warmup_rows: training chunk length and causal warm-up rows (rows; 5 rows = 1 s).
+        standardize: z-score features with the train split's per-dimension mean/std.
+        target_kwargs: extra ``build_turn_targets`` settings (``min_silence_s``, ``pre_cond_s``, ...).
+    """
+
+    def __init__(self, features_dir: str, expected_mode: str, utterances_root: str,
+                 utterances_loader: str = "datamodules.easycom.load_session_utterances",
+                 expected_memory_s: float = 8.0, expected_fps: float = 2.0, expected_output_hz: float = 5.0,
+                 expected_layer: int | None = None,
+                 train_sessions: Sequence[int] = (1, 2, 3, 5, 6, 7, 8, 9), val_sessions: Sequence[int] = (4, 12),
+                 test_sessions: Sequence[int] = (10, 11), wearer_id: int = 2,
+                 initialization_rows: str = "keep", chunk_rows: int = 100, warmup_rows: int = 10,
+                 batch_size: int = 16, standardize: bool = True, num_workers: int = 0,
+                 target_kwargs: dict[str, float] | None = None):
+        super().__init__()
+        if initialization_rows not in INIT_ROW_POLICIES:
+            raise ValueError(f"initialization_rows={initialization_rows!r}; expected one of {INIT_ROW_POLICIES}")
+        self.save_hyperparameters()
+        self.splits = {"train": list(train_sessions), "val": list(val_sessions), "test": list(test_sessions)}
+        self.data: dict[str, list[SessionData]] | None = None
+        self.feature_dim: int | None = None
+        self.layer: int | None = None
+
+    # ---------------------------------------------------------------- loading
+    def _files(self) -> dict[int, tuple[str, Path]]:
+        hp = self.hparams
+        root = Path(hp.features_dir)
+        if not root.is_dir():
+            raise FeatureFileError(f"{root}: features_dir does not exist")
+        found, other_modes = {}, set()
+        for path in sorted(root.glob("*.safetensors")):
+            stem = path.name[: -len(".safetensors")]
+            session, _, mode = stem.partition(".")
+            if mode != hp.expected_mode:
+                other_modes.add(mode)
+                continue
+            n = session_number(session)
+            if n in found:
+                raise FeatureFileError(f"{path}: session number {n} also in {found[n][1]}")
+            found[n] = (session, path)
+        if not found:
+            raise FeatureFileError(f"{root}: no feature files for expected_mode={hp.expected_mode!r} "
+                                   f"(modes present: {sorted(other_modes)})")
+        return found
+
+    def load(self) -> dict[str, list[SessionData]]:
+        """Read and check every file of every split, build targets; idempotent.
+
+        Raises:
+            FeatureFileError: a file disagrees with the run (mode, memory, fps, output rate, layer, session, D),
+                or a split's session has no file.
+        """
+        if self.data is not None:
+            return self.data
+        hp = self.hparams
+        files = self._files()
+        expected = {"mode": hp.expected_mode, "memory_s": hp.expected_memory_s, "fps": hp.expected_fps,
+                    "output_hz": hp.expected_output_hz}
+        if hp.expected_layer is not None:
+            expected["layer"] = hp.expected_layer
+        loader = None
+        loaded: dict[int, tuple[Path, dict, dict]] = {}
+        for split, nums in self.splits.items():
+            missing = [n for n in nums if n not in files]
+            if missing:
+                raise FeatureFileError(f"{hp.features_dir}: no {hp.expected_mode} file for {split} sessions {missing}")
+        for n in sorted({n for nums in self.splits.values() for n in nums}):
+            session, path = files[n]
+            tensors, meta = load_features(path)  # whole check pass before any target or training work
+            check_meta(path, meta, {**expected, "session": session})
+            if self.layer is None:
+                self.layer, first = meta["layer"], path
+            elif meta["layer"] != self.layer:
+                raise FeatureFileError(f"{path}: layer {meta['layer']!r} differs from {first} (layer {self.layer!r})")
+            D = tensors["states"].shape[1]
+            if self.feature_dim is None:
+                self.feature_dim = D
+            elif D != self.feature_dim:
+                raise FeatureFileError(f"{path}: hidden size {D} differs from {self.feature_dim}")
+            loaded[n] = (path, tensors, meta)
+        by_num: dict[int, SessionData] = {}
+        for n, (path, tensors, meta) in loaded.items():
+            session = meta["session"]
+            T = tensors["states"].shape[0]
+            key = (hp.utterances_loader, str(hp.utterances_root), session, T, hp.wearer_id,
+                   tuple(sorted((hp.target_kwargs or {}).items())))
+            if key not in _TARGET_CACHE:
+                loader = loader or _import(hp.utterances_loader)
+                utts = loader(hp.utterances_root, session)
+                _TARGET_CACHE[key] = build_turn_targets(utts, T, wearer_id=hp.wearer_id, **(hp.target_kwargs or {}))
+            tt = _TARGET_CACHE[key]
+            init = tensors["initialization_mask"].bool()
+            row_valid = torch.ones(T, dtype=torch.bool)
+            if hp.initialization_rows == "exclude":
+                row_valid = ~init
+            elif hp.initialization_rows == "exclude_any_mode":
+                row_valid = ~(init | self._other_modes_init(session, T))
+            targets, mask = flat_targets(tt, row_valid)
+            shift = torch.where(row_valid, tt.shift, -1)
+            by_num[n] = SessionData(session, path, tensors["states"].float(), targets, mask, shift, row_valid, init)
+        self.data = {split: [by_num[n] for n in nums] for split, nums in self.splits.items()}
+        if hp.standardize:
+            rows = torch.cat([s.states[~s.initialization_mask] for s in self.data["train"]])
+            mean, std = rows.mean(0), rows.std(0).clamp(min=1e-6)
+            for s in by_num.values():
+                s.states = (s.states - mean) / std
+        return self.data
+
+    def _other_modes_init(self, session: str, T: int) -> torch.Tensor:
+        """OR of ``initialization_mask`` over the other modes' files of ``session``: bool (T,).
+
+        Raises:
+            FeatureFileError: a file is missing, unreadable or has a different row count.
+        """
+        out = torch.zeros(T, dtype=torch.bool)
+        for mode in ALL_MODES:
+            if mode == self.hparams.expected_mode:
+                continue
+            path = Path(self.hparams.features_dir) / f"{session}.{mode}.safetensors"
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    mask = f.get_tensor("initialization_mask").bool()
+            except Exception as e:
+                raise FeatureFileError(f"{path}: initialization_rows='exclude_any_mode' needs this file ({e})") from e
+            if mask.shape != (T,):
+                raise FeatureFileError(f"{path}: {mask.shape[0]} rows, the {self.hparams.expected_mode} file has {T}")
+            out |= mask
+        return out
+
+    def setup(self, stage: str | None = None) -> None:
+        self.load()
+
+    # ---------------------------------------------------------------- loaders
+    def _train_spans(self) -> list[tuple[int, int, int, int]]:
+        hp, spans = self.hparams, []
+        for k, s in enumerate(self.data["train"]):
+            T = s.states.shape[0]
+            for start in range(0, T, hp.chunk_rows):
+                spans.append((k, max(0, start - hp.warmup_rows), start, min(T, start + hp.chunk_rows)))
+        return spans
+
+    def train_dataloader(self) -> DataLoader:
+        ds = TurnRows(self.load()["train"], self._train_spans())
+        return DataLoader(ds, batch_size=self.hparams.batch_size, shuffle=True, collate_fn=collate_rows,
+                          num_workers=self.hparams.num_workers)
+
+    def _eval_loader(self, split: str) -> DataLoader:
+        sessions = self.load()[split]
+        ds = TurnRows(sessions, [(k, 0, 0, s.states.shape[0]) for k, s in enumerate(sessions)])
+        return DataLoader(ds, batch_size=1, shuffle=False, collate_fn=collate_rows, num_workers=self.hparams.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader("test")

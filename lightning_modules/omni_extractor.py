@@ -1,0 +1,135 @@
+"""``OmniFeatureExtractor``: thin LightningModule around ``models.omni.OmniThinkerRunner`` (DESIGN §5).
+
+One ``predict_step`` = one session (a batch from ``datamodules.easycom.EasyComStreamDataModule``): each stream of
+the session is run in the configured mode and its rows are placed on the session's 5 Hz grid; rows no stream
+covers are initialization rows. The returned record is what ``callbacks.feature_writer.FeatureWriter`` saves
+(``datamodules.features`` format).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule
+
+from algorithms.streaming import MODES, accounting, masks, num_rows
+from models.omni import OmniThinkerRunner
+
+OUTPUT_HZ = 5.0
+VIDEO_FPS = 2.0
+
+
+def config_hash(settings: dict[str, Any]) -> str:
+    """Short sha256 of the JSON-serialised extraction settings (sorted keys)."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def extract_session(runner: OmniThinkerRunner, session: dict[str, Any], mode: str, memory_s: float,
+                    verify_rows: int = 4, extra_meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run every stream of one session and assemble the feature-file record.
+
+    Args:
+        runner: the thinker runner.
+        session: ``{"session", "timeline_end_s", "streams": [{"start_s", "frames" (F, H, W, 3) uint8,
+            "audio" (S,) float32 16 kHz, ...}]}``; stream starts are multiples of 0.2 s.
+        mode, memory_s, verify_rows: see ``OmniThinkerRunner.run_stream``.
+
+    Returns:
+        ``{"session", "mode", "tensors": {states (T_rows, D) and the masks of datamodules.features},
+        "meta": {...}}`` with T_rows = ``floor(timeline_end_s / 0.2)``.
+    """
+    g = runner.geometry
+    n = num_rows(float(session["timeline_end_s"]), g)
+    d = runner.hidden_size
+    tensors = {"states": torch.zeros(n, d, dtype=torch.float32),
+               "row_times": torch.tensor([(i + 1) * g.row_ms / 1000.0 for i in range(n)], dtype=torch.float32),
+               "initialization_mask": torch.ones(n, dtype=torch.uint8),
+               "state_source_times": torch.full((n,), -1.0, dtype=torch.float32),
+               "state_update_mask": torch.zeros(n, dtype=torch.uint8),
+               "payload_commit_mask": torch.zeros(n, dtype=torch.uint8),
+               "native_boundary_mask": torch.zeros(n, dtype=torch.uint8)}
+    calls, prepared, wall, peak = 0, 0.0, 0.0, 0
+    streams_meta, verifications = [], []
+    for k, st in enumerate(session["streams"]):
+        r0 = int(round(float(st["start_s"]) * 1000)) // g.row_ms
+        rows = min(num_rows(len(st["audio"]) / 16000.0, g), n - r0)
+        if rows <= 0:
+            continue
+        res = runner.run_stream(st["frames"].cpu().numpy(), st["audio"].cpu().numpy(), mode, memory_s, rows,
+                                verify_rows)
+        m = masks(res.steps)
+        sl = slice(r0, r0 + rows)
+        tensors["states"][sl] = res.states
+        for key in ("initialization_mask", "state_update_mask", "payload_commit_mask", "native_boundary_mask"):
+            tensors[key][sl] = torch.tensor(m[key], dtype=torch.uint8)
+        src = torch.tensor(m["state_source_times"], dtype=torch.float32)
+        tensors["state_source_times"][sl] = torch.where(src >= 0, src + float(st["start_s"]), src)
+        calls += res.processor_calls
+        prepared += res.prepared_media_s
+        wall += res.wall_time_s
+        peak = max(peak, res.peak_memory_bytes)
+        acc = accounting(res.steps)
+        streams_meta.append({"stream": k, "start_s": float(st["start_s"]), "first_row": r0, "rows": rows,
+                             "processor_calls": acc.processor_calls, "prepared_media_s": acc.prepared_media_s})
+        verifications.append({"stream": k, **res.verification})
+    cache_ok = all(v["cache_replay"]["passed"] for v in verifications)
+    worst = max((v["cache_replay"]["max_abs_diff"] for v in verifications), default=0.0)
+    micro = [v["micro_chunk_vs_continuous_semantics"] for v in verifications]
+    cos = [c for mc in micro if mc.get("applicable") for c in mc["cosine"]]
+    settings = {"mode": mode, "memory_s": float(memory_s), "fps": VIDEO_FPS, "output_hz": OUTPUT_HZ,
+                "layer": runner.layer, "model": runner.model_dir, "dtype": str(runner.dtype),
+                "prompt_token_ids": runner.prompt_token_ids}
+    meta = {"mode": mode, "memory_s": float(memory_s), "fps": VIDEO_FPS, "output_hz": OUTPUT_HZ,
+            "layer": runner.layer, "model": Path(runner.model_dir).name, "model_path": runner.model_dir,
+            "session": session["session"], "config_hash": config_hash(settings),
+            "production_processor_calls": calls, "production_prepared_media_seconds": round(prepared, 6),
+            "wall_time_s": wall, "peak_memory_bytes": int(peak), "hidden_size": d, "num_rows": n,
+            "prompt_source": runner.prompt_source, "num_prompt_tokens": len(runner.prompt_token_ids),
+            "gap_policy": session.get("gap_policy"), "streams": streams_meta,
+            "verification": {
+                "cache_replay": {"passed": cache_ok, "max_abs_diff": worst, "per_stream": verifications},
+                "micro_chunk_vs_continuous_semantics": {
+                    "applicable": bool(cos), "mean_cosine": (sum(cos) / len(cos)) if cos else None,
+                    "note": "diagnostic, not an equivalence"}}}
+    if extra_meta:
+        meta.update(extra_meta)
+    return {"session": session["session"], "mode": mode, "tensors": tensors, "meta": meta}
+
+
+class OmniFeatureExtractor(LightningModule):
+    """Causal 5 Hz Qwen2.5-Omni thinker features in one streaming mode.
+
+    Args:
+        model_dir: local thinker directory (``python -m models.tiny_omni <dir>`` writes a tiny random one).
+        mode: ``open-stream-replay`` | ``completed-block-hold`` | ``micro-chunk-200ms``.
+        memory_s: media memory in seconds (multiple of 2; default 8).
+        layer: hidden-state index read out (see ``OmniThinkerRunner``; -1 = final).
+        dtype: ``float32`` | ``bfloat16`` | ``float16``.
+        attn_implementation: ``sdpa`` | ``eager``.
+        verify_rows: rows per stream re-checked from scratch (``cache_replay``); -1 all, 0 none.
+        prompt_token_ids: fixed prompt override.
+    """
+
+    def __init__(self, model_dir: str, mode: str = "open-stream-replay", memory_s: float = 8.0, layer: int = -1,
+                 dtype: str = "float32", attn_implementation: str = "sdpa", verify_rows: int = 4,
+                 prompt_token_ids: list[int] | None = None):
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
+        self.save_hyperparameters()
+        self.runner = OmniThinkerRunner(model_dir, layer=layer, prompt_token_ids=prompt_token_ids, dtype=dtype,
+                                        attn_implementation=attn_implementation)
+        if mode == "micro-chunk-200ms":  # refuse at construction too, before any data is decoded
+            from algorithms.streaming import check_micro_chunk_tiling
+
+            check_micro_chunk_tiling(self.runner.geometry)
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        return batch  # media stay on the host; payloads go to the device after preparation
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int = 0) -> dict[str, Any]:
+        hp = self.hparams
+        return extract_session(self.runner, batch, hp.mode, hp.memory_s, hp.verify_rows)

@@ -1,0 +1,195 @@
+"""``TurnHead``: thin LightningModule around a ``models.heads`` head on cached causal features.
+
+Outputs per row: 10 logits for the binary targets of ``algorithms.turn_targets.target_names()`` (voice activity and
+VAP future bins of wearer/others) + 1 shift-vs-hold logit (trained only at event rows). Loss: masked BCE over the
+10 targets (mean over counted entries) + ``shift_loss_weight`` x BCE at shift/hold event rows.
+
+Metrics (torchmetrics, ``val/`` and ``test/`` prefixes): per target ``auroc_<name>`` and ``ap_<name>`` (average
+precision), their means ``auroc_mean`` / ``ap_mean``; at shift/hold events ``sh_bacc`` (balanced accuracy = macro
+recall over {hold, shift}), ``sh_f1w`` (F1 weighted by class support, the "S/H weighted F1" of Ekstedt & Skantze,
+VAP, Interspeech 2022) with the shift probability thresholded at 0.5, and ``sh_auroc``. Training logs ``train/loss``,
+``train/epoch_time_s`` and ``train/rows_per_s`` (counted rows per second of the epoch's training steps, forward + backward +
+optimizer, validation excluded). At test end, PR curves of
+every target go to W&B when a ``WandbLogger`` is attached.
+
+The head is built from ``head_type`` etc. (flat arguments, so W&B sweeps can vary them); ``in_dim`` (D) defaults to
+the datamodule's ``feature_dim`` at ``setup`` and is then stored in the hyperparameters, so checkpoints reload.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule
+from torchmetrics import MetricCollection
+from torchmetrics.classification import (BinaryAUROC, BinaryPrecisionRecallCurve, MulticlassF1Score, MulticlassRecall, MultilabelAUROC,
+                                         MultilabelAveragePrecision)
+
+from algorithms.turn_targets import NUM_TARGETS, target_names
+from models.heads import build_head
+
+
+class TurnHead(LightningModule):
+    """Turn-taking head on frozen features (see module docstring).
+
+    Args:
+        head_type: ``linear | mlp | causal_conv | causal_attention`` (``models.heads.HEAD_TYPES``).
+        hidden_dim / num_layers / context_rows / dropout / num_heads: head settings (``context_rows``: rows, 5 = 1 s).
+        in_dim: feature size D; ``None`` = take it from the datamodule at setup.
+        lr / weight_decay: AdamW settings.
+        shift_loss_weight: weight of the shift/hold BCE term.
+    """
+
+    def __init__(self, head_type: str = "mlp", hidden_dim: int = 256, num_layers: int = 1, context_rows: int = 10,
+                 dropout: float = 0.1, num_heads: int = 4, in_dim: int | None = None, lr: float = 1e-3,
+                 weight_decay: float = 0.01, shift_loss_weight: float = 1.0):
+        super().__init__()
+        self.save_hyperparameters()
+        self.names = target_names()
+        self.head = None if in_dim is None else self._build(in_dim)
+        self.metrics = torch.nn.ModuleDict({stage: self._stage_metrics() for stage in ("val", "test")})
+        self._sh_count = {"val": 0, "test": 0}
+        self._test_outputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._epoch_rows, self._epoch_t0, self._epoch_t1 = 0, 0.0, 0.0
+
+    def _build(self, in_dim: int) -> torch.nn.Module:
+        hp = self.hparams
+        return build_head(hp.head_type, in_dim, NUM_TARGETS + 1, hp.hidden_dim, hp.num_layers, hp.context_rows,
+                          hp.dropout, hp.num_heads)
+
+    @staticmethod
+    def _stage_metrics() -> torch.nn.ModuleDict:
+        return torch.nn.ModuleDict({
+            "auroc": MultilabelAUROC(NUM_TARGETS, average=None, ignore_index=-1),
+            "ap": MultilabelAveragePrecision(NUM_TARGETS, average=None, ignore_index=-1),
+            "sh": MetricCollection({"sh_bacc": MulticlassRecall(2, average="macro"),
+                                    "sh_f1w": MulticlassF1Score(2, average="weighted")}),
+            "sh_auroc": BinaryAUROC(),
+        })
+
+    def setup(self, stage: str) -> None:
+        if self.head is None:
+            dm = self.trainer.datamodule
+            dm.setup(stage)  # fails closed on mismatching feature files before any step
+            self.hparams.in_dim = dm.feature_dim
+            self.head = self._build(dm.feature_dim)
+
+    def forward(self, states: torch.Tensor) -> torch.Tensor:
+        """states (B, T, D) -> logits (B, T, 11): 10 target logits + shift logit."""
+        return self.head(states)
+
+    def model_step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Shared step: ``(loss, logits (B, T, 11))`` (loss terms in the module docstring)."""
+        logits = self(batch["states"])
+        mask = batch["mask"]
+        bce = F.binary_cross_entropy_with_logits(logits[..., :NUM_TARGETS], batch["targets"], reduction="none")
+        loss = (bce * mask).sum() / mask.sum().clamp(min=1)
+        ev = batch["shift"] >= 0
+        if ev.any():
+            sh = F.binary_cross_entropy_with_logits(logits[..., NUM_TARGETS][ev], batch["shift"][ev].float())
+            loss = loss + self.hparams.shift_loss_weight * sh
+        return loss, logits
+
+    # ---------------------------------------------------------------- training
+    def on_train_epoch_start(self) -> None:
+        self._epoch_rows, self._epoch_t0 = 0, time.perf_counter()
+        self._epoch_t1 = self._epoch_t0
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss, _ = self.model_step(batch)
+        self._epoch_rows += int(batch["row_valid"].sum())
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["states"].shape[0])
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        self._epoch_t1 = time.perf_counter()  # after backward and optimizer step
+
+    def on_train_epoch_end(self) -> None:
+        dt = self._epoch_t1 - self._epoch_t0  # first batch start .. last training step (no validation)
+        self.log("train/epoch_time_s", dt)
+        self.log("train/rows_per_s", self._epoch_rows / max(dt, 1e-9))
+
+    # ---------------------------------------------------------------- evaluation
+    def _eval_step(self, stage: str, batch: dict[str, torch.Tensor]) -> None:
+        loss, logits = self.model_step(batch)
+        self.log(f"{stage}/loss", loss, batch_size=batch["states"].shape[0])
+        rows = batch["row_valid"]  # (B, T)
+        probs = logits[rows][:, :NUM_TARGETS].sigmoid()  # (N, 10)
+        tgt = torch.where(batch["mask"][rows], batch["targets"][rows].long(), -1)  # (N, 10), -1 ignored
+        m = self.metrics[stage]
+        m["auroc"].update(probs, tgt)
+        m["ap"].update(probs, tgt)
+        ev = batch["shift"] >= 0
+        if ev.any():
+            p_shift = logits[..., NUM_TARGETS][ev].sigmoid()
+            y = batch["shift"][ev]
+            m["sh"].update((p_shift > 0.5).long(), y)
+            m["sh_auroc"].update(p_shift, y)
+            self._sh_count[stage] += int(ev.sum())
+        if stage == "test":
+            self._test_outputs.append((probs.detach().cpu(), tgt.cpu()))
+
+    def _eval_epoch_end(self, stage: str) -> None:
+        m = self.metrics[stage]
+        out = {}
+        for key in ("auroc", "ap"):
+            vals = m[key].compute()  # (10,)
+            out.update({f"{stage}/{key}_{n}": v for n, v in zip(self.names, vals)})
+            out[f"{stage}/{key}_mean"] = vals.nanmean()
+            m[key].reset()
+        if self._sh_count[stage]:
+            out.update({f"{stage}/{k}": v for k, v in m["sh"].compute().items()})
+            out[f"{stage}/sh_auroc"] = m["sh_auroc"].compute()
+            out[f"{stage}/sh_events"] = float(self._sh_count[stage])
+        m["sh"].reset()
+        m["sh_auroc"].reset()
+        self._sh_count[stage] = 0
+        self.log_dict(out)
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._eval_step("val", batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self._eval_epoch_end("val")
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._eval_step("test", batch)
+
+    def on_test_epoch_start(self) -> None:
+        self._test_outputs = []
+
+    def on_test_epoch_end(self) -> None:
+        self._eval_epoch_end("test")
+        self._log_pr_curves()
+
+    def _log_pr_curves(self, num_thresholds: int = 101) -> None:
+        """One W&B PR chart (all targets) from the test outputs; torchmetrics curves, no pandas needed."""
+        from lightning.pytorch.loggers import WandbLogger
+
+        wandb_loggers = [lg for lg in self.loggers if isinstance(lg, WandbLogger)]
+        if not wandb_loggers or not self._test_outputs:
+            return
+        import wandb
+
+        probs = torch.cat([p for p, _ in self._test_outputs])  # (N, 10)
+        tgt = torch.cat([t for _, t in self._test_outputs])  # (N, 10), -1 ignored
+        curve = BinaryPrecisionRecallCurve(thresholds=num_thresholds)
+        rows = []
+        for j, name in enumerate(self.names):
+            keep = tgt[:, j] >= 0
+            if keep.any() and 0 < int(tgt[keep, j].sum()) < int(keep.sum()):
+                precision, recall, _ = curve(probs[keep, j], tgt[keep, j])
+                rows += [[name, float(r), float(p)] for p, r in zip(precision, recall)]
+                curve.reset()
+        table = wandb.Table(columns=["target", "recall", "precision"], data=rows)
+        chart = wandb.plot_table("wandb/area-under-curve/v0", table,
+                                 {"x": "recall", "y": "precision", "class": "target"},
+                                 {"title": "test precision-recall", "x-axis-title": "recall",
+                                  "y-axis-title": "precision"})
+        for lg in wandb_loggers:
+            lg.experiment.log({"test/pr_curves": chart})
+        self._test_outputs = []
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)

@@ -1,0 +1,234 @@
+"""Causal omni features on a tiny random Qwen2.5-Omni thinker (fp32, CPU): accounting, causality, cache replay,
+memory, hold initialization, TMRoPE vs the library, feature files and the shipped extract configs."""
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from algorithms.streaming import COMPLETED_BLOCK_HOLD, MICRO_CHUNK_200MS, MODES, OPEN_STREAM_REPLAY, accounting
+from datamodules.features import FeatureFileError, check_meta, feature_path, load_features, save_features
+from lightning_modules.omni_extractor import extract_session
+from models.omni import OmniThinkerRunner
+from models.tiny_omni import build_tiny_omni
+
+CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs" / "extract").glob("*.yaml"))
+TABLE_4S = {OPEN_STREAM_REPLAY: (20, 22.0), COMPLETED_BLOCK_HOLD: (2, 4.0), MICRO_CHUNK_200MS: (20, 4.0)}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_omni(tmp_path_factory.mktemp("tiny_omni"))
+
+
+@pytest.fixture(scope="module")
+def runner(model_dir):
+    return OmniThinkerRunner(model_dir, layer=-1)
+
+
+def media(seconds, seed=0):
+    rng = np.random.default_rng(seed)
+    frames = rng.integers(0, 256, (int(seconds * 2), 56, 84, 3), dtype=np.uint8)
+    audio = (0.1 * rng.standard_normal(int(seconds * 16000))).astype(np.float32)
+    return frames, audio
+
+
+def perturb_after(frames, audio, t_s, seed=1):
+    """New media differing from the original only after t_s (frames whose right edge is later, audio after t_s)."""
+    rng = np.random.default_rng(seed)
+    f, a = frames.copy(), audio.copy()
+    k0 = int(t_s * 2 + 1e-9)  # frames k >= k0 end after t_s
+    f[k0:] = rng.integers(0, 256, f[k0:].shape, dtype=np.uint8)
+    a[int(round(t_s * 16000)):] = (0.1 * rng.standard_normal(len(a) - int(round(t_s * 16000)))).astype(np.float32)
+    return f, a
+
+
+@pytest.fixture(scope="module")
+def four_s(runner):
+    frames, audio = media(4.0)
+    return frames, audio, {m: runner.run_stream(frames, audio, m, verify_rows=-1) for m in MODES}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_four_second_table_and_shape(four_s, runner, mode):
+    res = four_s[2][mode]
+    assert res.states.shape == (20, runner.hidden_size)
+    assert (res.processor_calls, res.prepared_media_s) == TABLE_4S[mode]
+    a = accounting(res.steps)
+    every = list(range(20))
+    expected = {OPEN_STREAM_REPLAY: (every, [9, 19]), COMPLETED_BLOCK_HOLD: ([9, 19], [9, 19]),
+                MICRO_CHUNK_200MS: (every, every)}[mode]
+    assert (a.state_update_rows, a.payload_commit_rows, a.native_boundary_rows) == (*expected, [9, 19])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cache_replay_exact(four_s, mode):
+    v = four_s[2][mode].verification["cache_replay"]
+    assert v["passed"] and v["max_abs_diff"] <= 1e-5
+    assert len(v["rows"]) == (2 if mode == COMPLETED_BLOCK_HOLD else 20)
+
+
+def test_cache_replay_across_evictions(runner):
+    frames, audio = media(6.0, seed=3)
+    for mode in MODES:  # 2 s memory: the window slides at every block, the kept blocks are re-prefilled
+        v = runner.run_stream(frames, audio, mode, memory_s=2.0, verify_rows=-1).verification["cache_replay"]
+        assert v["passed"], (mode, v["max_abs_diff"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_causality(four_s, runner, mode):
+    frames, audio, base = four_s
+    i = 12  # t_i = 2.6 s
+    f2, a2 = perturb_after(frames, audio, 0.2 * (i + 1))
+    res = runner.run_stream(f2, a2, mode, verify_rows=0)
+    assert torch.equal(res.states[: i + 1], base[mode].states[: i + 1])
+    assert not torch.equal(res.states[19], base[mode].states[19])  # the change is visible later
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_memory_window(runner, mode):
+    frames, audio = media(8.0, seed=5)
+    base = runner.run_stream(frames, audio, mode, memory_s=2.0, verify_rows=0)
+    f2, a2 = frames.copy(), audio.copy()
+    f2[:8] = 255 - f2[:8]  # media of the first 4 s altered
+    a2[: 4 * 16000] = -a2[: 4 * 16000] + 0.05
+    alt = runner.run_stream(f2, a2, mode, memory_s=2.0, verify_rows=0)
+    late = 35 if mode != COMPLETED_BLOCK_HOLD else 39  # t = 7.2 s (window [6, 7.2]) / 8.0 s (window [6, 8])
+    assert torch.equal(alt.states[late], base.states[late])
+    assert not torch.equal(alt.states[9], base.states[9])
+    long_memory = runner.run_stream(f2, a2, mode, memory_s=8.0, verify_rows=0)
+    assert not torch.equal(long_memory.states[late], base.states[late]) or mode == COMPLETED_BLOCK_HOLD
+
+
+def test_hold_first_nine_rows_zero_and_flagged(four_s):
+    from algorithms.streaming import masks
+
+    res = four_s[2][COMPLETED_BLOCK_HOLD]
+    m = masks(res.steps)
+    assert torch.count_nonzero(res.states[:9]) == 0 and m["initialization_mask"][:9] == [1] * 9
+    assert m["initialization_mask"][9] == 0 and torch.count_nonzero(res.states[9]) > 0
+    assert torch.equal(res.states[10], res.states[9]) and torch.equal(res.states[18], res.states[9])
+
+
+def test_micro_chunk_refuses_when_not_tiling(runner):
+    frames, audio = media(2.0)
+    good = runner.geometry
+    try:
+        runner.geometry = dataclasses.replace(good, positions_per_s=24)
+        with pytest.raises(ValueError, match="refuses to run.*10 micro steps must tile"):
+            runner.run_stream(frames, audio, MICRO_CHUNK_200MS)
+    finally:
+        runner.geometry = good
+
+
+def test_micro_chunk_diagnostic_is_reported(four_s):
+    d = four_s[2][MICRO_CHUNK_200MS].verification["micro_chunk_vs_continuous_semantics"]
+    assert d["applicable"] and d["rows"] == [9, 19] and all(-1 <= c <= 1 for c in d["cosine"])
+
+
+def test_tmrope_matches_library_on_complete_blocks(runner):
+    """Incremental positions of prompt + 2 complete blocks == get_rope_index(use_audio_in_video=True)."""
+    frames, audio = media(4.0, seed=7)
+    cfg = runner.thinker.config
+    payloads = [runner.embed(runner.prepare(frames, audio, a, a + 2000, count=False), a, a + 2000)
+                for a in (0, 2000)]
+    mine = torch.cat([runner.prompt_positions()] + [runner.payload_positions(p, 0) for p in payloads], 1)
+    # the same content as the library lays it out: prompt (ends with vision_bos, audio_bos), one video of 8 frames
+    # (4 temporal patches) with its 4 s of audio interleaved per 2 s chunk, then audio_eos, vision_eos
+    full = runner.prepare(frames, audio, 0, 4000, count=False)
+    n_video = int(full["video_grid_thw"].prod()) // 4
+    n_audio = 100
+    ids = runner.prompt_token_ids + [cfg.video_token_id] * n_video + [cfg.audio_token_id] * n_audio + \
+        [cfg.audio_end_token_id, cfg.vision_end_token_id]
+    ids_t = torch.tensor([ids])
+    ref, _ = runner.thinker.model.get_rope_index(
+        ids_t, video_grid_thw=full["video_grid_thw"], attention_mask=torch.ones_like(ids_t), use_audio_in_video=True,
+        audio_seqlens=torch.tensor([400]), second_per_grids=torch.tensor([1.0]))
+    ref = ref[:, 0, : mine.shape[1]]
+    assert sorted(map(tuple, ref.T.tolist())) == sorted(map(tuple, mine.T.tolist()))
+    assert torch.equal(ref, mine)
+
+
+def test_audio_features_match_official_padding(runner):
+    _, audio = media(1.0, seed=9)
+    mine = runner.prepare(np.zeros((0, 56, 84, 3), np.uint8), audio, 200, 600, count=False)["input_features"]
+    chunk = audio[3200:9600]
+    ref = runner.feature_extractor(chunk, sampling_rate=16000, padding="max_length", return_attention_mask=True,
+                                   return_tensors="pt")
+    n = int(ref["attention_mask"].sum())
+    assert n == mine.shape[-1] == 40
+    assert torch.allclose(ref["input_features"][..., :n], mine, atol=1e-5)
+
+
+def _session(seconds=4.0):
+    frames, audio = media(seconds)
+    return {"session": "Session_9", "timeline_end_s": seconds, "gap_policy": "reset",
+            "streams": [{"start_s": 0.0, "frames": torch.from_numpy(frames), "audio": torch.from_numpy(audio)}]}
+
+
+def test_feature_file_roundtrip_and_wrong_mode_fails(runner, tmp_path):
+    rec = extract_session(runner, _session(), COMPLETED_BLOCK_HOLD, 8.0, verify_rows=2)
+    path = save_features(feature_path(tmp_path, rec["session"], rec["mode"]), rec["tensors"], rec["meta"])
+    assert path.name == "Session_9.completed-block-hold.safetensors"
+    tensors, meta = load_features(path)
+    assert tensors["states"].shape == (20, runner.hidden_size)
+    assert meta["production_processor_calls"] == 2 and meta["production_prepared_media_seconds"] == 4.0
+    assert meta["verification"]["cache_replay"]["passed"]
+    assert tensors["initialization_mask"][:9].tolist() == [1] * 9
+    check_meta(path, meta, {"mode": COMPLETED_BLOCK_HOLD, "memory_s": 8.0, "fps": 2.0, "layer": runner.layer})
+    with pytest.raises(FeatureFileError, match="mode: expected 'open-stream-replay'"):
+        check_meta(path, meta, {"mode": OPEN_STREAM_REPLAY, "memory_s": 8.0})
+    with pytest.raises(FeatureFileError, match="memory_s"):
+        check_meta(path, meta, {"mode": COMPLETED_BLOCK_HOLD, "memory_s": 4.0})
+
+
+def test_session_grid_with_reset_gap(runner):
+    s = _session(2.0)
+    frames, audio = media(2.0, seed=11)
+    s["streams"].append({"start_s": 3.0, "frames": torch.from_numpy(frames), "audio": torch.from_numpy(audio)})
+    s["timeline_end_s"] = 5.0
+    rec = extract_session(runner, s, OPEN_STREAM_REPLAY, 8.0, verify_rows=1)
+    t = rec["tensors"]
+    assert t["states"].shape[0] == 25
+    assert t["initialization_mask"].tolist() == [0] * 10 + [1] * 5 + [0] * 10
+    assert t["native_boundary_mask"].nonzero().flatten().tolist() == [9, 24]
+    assert float(t["state_source_times"][15]) == pytest.approx(3.2)
+    assert rec["meta"]["production_processor_calls"] == 20
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_shipped_extract_configs_instantiate(config, model_dir, tmp_path):
+    from evaluate import cli_main
+
+    import yaml
+
+    first = config.read_text().splitlines()[0]
+    assert first == f"# python evaluate.py predict --config configs/extract/{config.name}"
+    cfg = yaml.safe_load(config.read_text())
+    assert cfg.pop("return_predictions") is False  # a predict-subcommand key; run=False has no subcommand
+    plain = tmp_path / config.name
+    plain.write_text(yaml.safe_dump(cfg))
+    cli = cli_main(["--config", str(plain), "--model.init_args.model_dir", str(model_dir),
+                    "--data.init_args.root", str(tmp_path)], run=False)
+    assert cli.model.hparams.mode == config.stem.replace("_", "-")
+    assert type(cli.datamodule).__name__ == "EasyComStreamDataModule"
+
+
+def test_predict_end_to_end(model_dir, tmp_path):
+    from callbacks.feature_writer import plot_session_timeline
+    from datamodules.easycom_fixture import build_easycom_fixture
+    from evaluate import cli_main
+
+    root = build_easycom_fixture(tmp_path / "ec", width=160, height=90,
+                                 sessions={"Session_1": [("00-00-000", "cockatoo.mp4", 0.0, 4.0, "realshort.mp4")]})
+    out = tmp_path / "feats"
+    for cfg in ("completed_block_hold", "micro_chunk_200ms"):
+        cli_main(["predict", "--config", str(CONFIGS[0].parent / f"{cfg}.yaml"), "--model.init_args.model_dir",
+                  str(model_dir), "--data.init_args.root", str(root), "--data.init_args.num_workers", "0",
+                  "--data.init_args.frame_height", "56", "--data.init_args.frame_width", "96",
+                  "--trainer.callbacks.init_args.out_dir", str(out)])
+    tensors, meta = load_features(out / "Session_1.micro-chunk-200ms.safetensors")
+    assert tensors["states"].shape[0] == 19 and meta["session"] == "Session_1"  # 3.95 s of video -> 19 rows
+    assert (out / "Session_1.timeline.png").stat().st_size > 0
+    assert plot_session_timeline(out, "Session_1", tmp_path / "t.png").is_file()

@@ -1,0 +1,84 @@
+"""Training entry point for turn heads on cached causal features: ``python train.py fit|test|validate --config ...``.
+
+    python train.py fit  --config configs/fit/turn_head.yaml
+    python train.py test --config configs/fit/turn_head.yaml --ckpt_path <run dir>/checkpoints/best.ckpt
+
+Model and data are given as ``class_path``/``init_args`` (LightningCLI subclass mode, like ``evaluate.py``); seeds
+default to 0. W&B: ``AutoWandbLogger`` runs offline unless an API key is configured (``WANDB_API_KEY`` or a
+``api.wandb.ai`` entry in ``~/.netrc``) or ``offline: false`` is given; ``WANDB_MODE`` still wins inside wandb.
+The resolved config is sent to W&B (``WandbConfigCallback``). Sweeps: ``configs/sweeps/*.yaml``.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import WandbLogger
+
+ROOT = Path(__file__).resolve().parent
+
+
+def wandb_key_configured() -> bool:
+    """True when a W&B API key is available without contacting the network."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path.home() / ".netrc"
+    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")
+
+
+class AutoWandbLogger(WandbLogger):
+    """``WandbLogger`` that is offline by default and online when a key is configured.
+
+    Args:
+        offline: ``None`` = offline unless :func:`wandb_key_configured`; ``True``/``False`` force it.
+        Other arguments as ``lightning.pytorch.loggers.WandbLogger``.
+    """
+
+    def __init__(self, name: str | None = None, save_dir: str = ".", version: str | None = None,
+                 offline: bool | None = None, project: str | None = None, log_model: bool | str = False,
+                 group: str | None = None, tags: list[str] | None = None, **kwargs: Any):
+        if offline is None:
+            offline = not wandb_key_configured()
+        if group is not None:
+            kwargs["group"] = group
+        if tags is not None:
+            kwargs["tags"] = tags
+        super().__init__(name=name, save_dir=save_dir, version=version, offline=offline, project=project,
+                         log_model=log_model, **kwargs)
+
+    @property
+    def experiment(self) -> Any:
+        if self._experiment is None and self._save_dir:
+            Path(self._save_dir).mkdir(parents=True, exist_ok=True)  # only once a run really starts
+        return WandbLogger.experiment.fget(self)
+
+
+class WandbConfigCallback(SaveConfigCallback):
+    """Send the full resolved CLI config to every W&B logger (nothing written to the log dir)."""
+
+    def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        for lg in trainer.loggers:
+            if isinstance(lg, WandbLogger):
+                lg.experiment.config.update(self.config.as_dict(), allow_val_change=True)
+
+
+def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
+    """Build (and by default run) the LightningCLI; ``args`` as on the command line (``None``: ``sys.argv``)."""
+    return LightningCLI(
+        LightningModule,
+        LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        args=args,
+        run=run,
+        save_config_callback=WandbConfigCallback,
+        save_config_kwargs={"save_to_log_dir": False, "overwrite": True},
+        seed_everything_default=0,
+    )
+
+
+if __name__ == "__main__":
+    cli_main()
