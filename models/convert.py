@@ -44,6 +44,7 @@ import argparse
 import json
 import re
 import shutil
+import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -75,7 +76,7 @@ KEY_MAP: list[tuple[str, str, str]] = [
 DROPPED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 ORIGINAL_MODEL_TYPE = "videollama3_qwen2"
 # fields of the original config that are not Qwen2 LM fields (all others that Qwen2Config knows go to text_config)
-_LEGACY_QWEN2_FIELDS = {"rope_theta", "rope_scaling", "torch_dtype"}
+_LEGACY_QWEN2_FIELDS = {"rope_theta", "rope_scaling", "torch_dtype"}  # transformers-4 names
 _GENERIC_FIELDS = {"transformers_version", "architectures", "id2label", "label2id", "problem_type",
                    "output_hidden_states", "return_dict", "chunk_size_feed_forward", "is_encoder_decoder"}
 _VISION_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_channels",
@@ -212,7 +213,15 @@ def translate_config(orig: dict, tokenizer) -> Translated:
         raise ValueError("cannot translate the original config: " + "; ".join(problems))
 
     text_keys = ({f.name for f in fields(Qwen2Config)} - _GENERIC_FIELDS) | _LEGACY_QWEN2_FIELDS
-    text = Qwen2Config(**{k: v for k, v in orig.items() if k in text_keys})
+    text_kwargs = {k: v for k, v in orig.items() if k in text_keys}
+    if "rope_parameters" not in text_kwargs:  # transformers-4 fields rope_theta / rope_scaling -> rope_parameters
+        rope = dict(text_kwargs.pop("rope_scaling", None) or {"rope_type": "default"})
+        rope["rope_type"] = rope.pop("type", rope.get("rope_type", "default"))
+        rope["rope_theta"] = text_kwargs.pop("rope_theta", rope.get("rope_theta", 10000.0))
+        text_kwargs["rope_parameters"] = rope
+    if "torch_dtype" in text_kwargs:
+        text_kwargs.setdefault("dtype", text_kwargs.pop("torch_dtype"))
+    text = Qwen2Config(**text_kwargs)
     vision = VideoLlama3VisionConfig(**{k: vis[k] for k in _VISION_FIELDS if k in vis})
     fallback = orig.get("image_token_index")
     image_id = vocab.get("<|image_pad|>", fallback)
@@ -360,7 +369,9 @@ def read_original(original_dir: str | Path, original_projector: str | Path | Non
     if not is_original_layout(src):
         raise ValueError(f"{src} is not in the original VideoLLaMA3 layout (config.json has text_config or no "
                          "vision_encoder_config)")
-    tokenizer = AutoTokenizer.from_pretrained(src)
+    with warnings.catch_warnings():  # AutoTokenizer parses the original config.json, whose rope_scaling is legacy
+        warnings.filterwarnings("ignore", message=".*rope_scaling.*", category=FutureWarning)
+        tokenizer = AutoTokenizer.from_pretrained(src)
     translated = translate_config(orig, tokenizer)
     model_state, qbase_state = map_state_dict(read_safetensors_dir(src), translated)
     proj = None

@@ -316,13 +316,15 @@ class BudgetedVideoLlama3(nn.Module):
         emb[mask] = vision_embeds.to(emb.dtype)
         return emb.unsqueeze(0)
 
-    def _generate(self, input_ids: torch.Tensor, max_new_tokens: int, cache=None, inputs_embeds=None) -> list[int]:
+    def _generate(self, input_ids: torch.Tensor, max_new_tokens: int, cache=None, inputs_embeds=None,
+                  ignore_eos: bool = False) -> list[int]:
         out = self.model.generate(
             input_ids=input_ids.view(1, -1).to(self.device), inputs_embeds=inputs_embeds, past_key_values=cache,
-            max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, temperature=None, top_p=None, top_k=None,
-            eos_token_id=self.eos_ids, pad_token_id=self.tokenizer.pad_token_id, use_cache=True)
+            max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens if ignore_eos else None, do_sample=False,
+            num_beams=1, temperature=None, top_p=None, top_k=None, eos_token_id=self.eos_ids,
+            pad_token_id=self.tokenizer.pad_token_id, use_cache=True)
         new = out[0, input_ids.numel():].tolist()  # generate returns prompt + new tokens when input_ids is given
-        if new and new[-1] in self.eos_ids:
+        if new and new[-1] in self.eos_ids and not ignore_eos:
             new = new[:-1]
         return new
 
@@ -331,36 +333,36 @@ class BudgetedVideoLlama3(nn.Module):
                       seq_len=seq_len, fallback=fallback)
 
     @torch.no_grad()
-    def answer_from_scratch(self, prompt: VideoPrompt, question_text: str, max_new_tokens: int = 16) -> Answer:
-        """Reference path: prefill the whole prompt (prefix + question) in one pass and decode greedily."""
+    def answer_from_scratch(self, prompt: VideoPrompt, question_text: str, max_new_tokens: int = 16,
+                            ignore_eos: bool = False) -> Answer:
+        """Reference path: prefill the whole prompt (prefix + question) in one pass and decode greedily
+        (``ignore_eos``: exactly ``max_new_tokens`` tokens)."""
         q_ids, fallback = self.question_ids(prompt, question_text)
         base = prompt.ids if not fallback else prompt.ids[: len(prompt.ids) - prompt.last_text_len]
         full = torch.cat([base, torch.tensor(q_ids, dtype=torch.long)])
         emb = self.embed(full, prompt.vision_embeds)
-        return self._answer(self._generate(full, max_new_tokens, inputs_embeds=emb), full.numel(), fallback)
+        return self._answer(self._generate(full, max_new_tokens, inputs_embeds=emb, ignore_eos=ignore_eos), full.numel(),
+                            fallback)
 
     @torch.no_grad()
-    def answer_all(self, prompt: VideoPrompt, question_texts: list[str], max_new_tokens: int = 16) -> list[Answer]:
+    def answer_all(self, prompt: VideoPrompt, question_texts: list[str], max_new_tokens: int = 16,
+                   ignore_eos: bool = False) -> list[Answer]:
         """Answer every question of a (video, budget) from one prefilled prefix (DESIGN §3.7).
 
         The prefix is prefilled once into a ``DynamicCache``; each question then runs ``generate`` on the full
         ids, which only feeds the uncached question tokens, and the cache is cropped back to the prefix.
         A question whose text merges with the prefix's last piece falls back to :meth:`answer_from_scratch`.
         """
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.model.config.get_text_config())
-        emb = self.embed(prompt.ids, prompt.vision_embeds)
-        self.model(inputs_embeds=emb, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache = self.prefill(prompt)
         prefix_len = prompt.ids.numel()
         answers = []
         for text in question_texts:
             q_ids, fallback = self.question_ids(prompt, text)
             if fallback:
-                answers.append(self.answer_from_scratch(prompt, text, max_new_tokens))
+                answers.append(self.answer_from_scratch(prompt, text, max_new_tokens, ignore_eos))
                 continue
             full = torch.cat([prompt.ids, torch.tensor(q_ids, dtype=torch.long)])
-            tokens = self._generate(full, max_new_tokens, cache=cache)
+            tokens = self._generate(full, max_new_tokens, cache=cache, ignore_eos=ignore_eos)
             cache.crop(prefix_len - cache.get_seq_length())  # negative: tokens to drop (transformers 5 API)
             answers.append(self._answer(tokens, full.numel(), False))
         return answers
@@ -395,7 +397,7 @@ class BudgetedVideoLlama3(nn.Module):
         for i, text in enumerate(question_texts):
             ids, fallback = self.question_ids(prompt, text)
             if fallback:
-                answers[i] = self.answer_from_scratch(prompt, text, max_new_tokens)
+                answers[i] = self.answer_from_scratch(prompt, text, max_new_tokens, ignore_eos)
             else:
                 batch.append(ids)
                 rows.append(i)

@@ -1,0 +1,259 @@
+"""Budgeted-QA throughput on real decoded videos: what common harnesses do vs the shared prefix vs ours.
+
+Per video and budget (3 questions, answers forced to ``--new-tokens`` tokens, greedy):
+  (a) harness    encode once, then a full prefill + ``generate`` per question
+  (b) seq-prefix encode once, prefill the shared prefix once, questions one by one from the cropped cache
+  (c) ours       encode once (frame-batched attention), prefill once, all questions decoded together
+plus the analytic floor (vision encoder + prefill FLOPs at the measured bf16 GEMM rate, decode at the weight-read
+memory floor), peak GPU memory, and the share of wall time the GPU waits for DataLoader workers in the real
+``BudgetedQA.predict_step`` loop.
+
+GPU (VideoLLaMA3-7B shapes, random bf16 weights, no download):
+    python bench/qa_throughput.py --videos bench/media/*.mp4
+CPU smoke test (tiny model):
+    python bench/qa_throughput.py --tiny
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from algorithms.flops import get_shape, prefill_flops  # noqa: E402
+from datamodules.decoding import decode_video  # noqa: E402
+from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets  # noqa: E402
+
+QUESTIONS = [
+    "What is the main subject of the video?\nA. A bird.\nB. A car.\nC. A house.\nD. A tree.\nAnswer with the letter.",
+    "What happens at the end of the video?\nA. Nothing changes.\nB. The camera moves.\nC. It gets dark.\n"
+    "D. Someone enters.\nAnswer with the letter.",
+    "Where was the video most likely filmed?\nA. Indoors.\nB. Underwater.\nC. In space.\nD. On a mountain.\n"
+    "Answer with the letter.",
+]
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def videollama3_7b_config():
+    """VideoLLaMA3-7B shapes: Qwen2-7B LM + the 27-layer, 1152-wide SigLIP-NaViT encoder (patch 14)."""
+    from transformers import Qwen2Config, VideoLlama3Config
+    from transformers.models.video_llama_3.configuration_video_llama_3 import VideoLlama3VisionConfig
+
+    text = Qwen2Config(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768,
+                       rope_theta=1_000_000.0, tie_word_embeddings=False)
+    vision = VideoLlama3VisionConfig(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27,
+                                     num_attention_heads=16, patch_size=14)
+    return VideoLlama3Config(text_config=text.to_dict(), vision_config=vision.to_dict(), image_token_id=151655,
+                             video_token_id=151656)
+
+
+def build_bench_model(attn: str, vision_attn: str) -> BudgetedVideoLlama3:
+    """Random bf16 VideoLLaMA3-7B on the GPU (meta init, then normal(0, 0.02) in place: seconds, no download)."""
+    from transformers import VideoLlama3ForConditionalGeneration
+    from transformers.models.video_llama_3.video_processing_video_llama_3 import VideoLlama3VideoProcessor
+
+    from models.qbase import QBaseCompressor, QBaseConfig
+    from models.tiny import build_qwen_tokenizer
+
+    cfg = videollama3_7b_config()
+    cfg._attn_implementation = attn
+    cfg.text_config._attn_implementation = attn
+    cfg.vision_config._attn_implementation = vision_attn
+    with torch.device("meta"):
+        model = VideoLlama3ForConditionalGeneration(cfg)
+    model = model.to_empty(device="cuda").to(torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1 and ("norm" in name or "layernorm" in name):
+                p.fill_(1.0)
+            elif p.ndim == 1:
+                p.zero_()
+            else:
+                p.normal_(0.0, 0.02, generator=g)
+        for name, b in model.named_buffers():  # rotary inv_freq etc. were on meta: recompute through re-init
+            pass
+    _reinit_rotary(model)
+    qb = QBaseCompressor(QBaseConfig(hidden_size=1152, num_queries=64, num_layers=2, num_heads=16)).to("cuda",
+                                                                                                       torch.bfloat16)
+    tok = build_qwen_tokenizer()
+    return BudgetedVideoLlama3(model.eval(), tok, VideoLlama3VideoProcessor(use_token_compression=False), qb.eval())
+
+
+def _reinit_rotary(model) -> None:
+    """Rotary buffers created on the meta device hold garbage after ``to_empty``: rebuild those modules."""
+    for name, mod in model.named_modules():
+        if hasattr(mod, "inv_freq") and hasattr(mod, "config"):
+            fresh = type(mod)(mod.config)
+            for bname, buf in fresh.named_buffers():
+                getattr(mod, bname).copy_(buf.to(getattr(mod, bname).dtype))
+
+
+def build_tiny_model() -> BudgetedVideoLlama3:
+    from models.tiny import build_tiny_videollama3
+
+    d = Path(tempfile.mkdtemp()) / "tiny"
+    build_tiny_videollama3(d)
+    return BudgetedVideoLlama3.from_pretrained(d)
+
+
+def gemm_tflops() -> float:
+    """Measured dense bf16 GEMM rate (8192³, mean of 10 after 3 warm-ups)."""
+    if not torch.cuda.is_available():
+        return 0.5  # nominal CPU figure, the floor is meaningless there
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    sync()
+    t = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    sync()
+    return 2 * 8192 ** 3 * 10 / (time.perf_counter() - t) / 1e12
+
+
+def vision_flops(num_frames: int, hw: int, cfg) -> float:
+    """Encoder FLOPs (2 x MACs): per frame P = 4 hw patches, per layer 8 P C² (qkvo) + 4 P² C (attention)
+    + 4 P C I (MLP)."""
+    c, i, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    p = 4 * hw
+    return num_frames * layers * (8 * p * c * c + 4 * p * p * c + 4 * p * c * i)
+
+
+def timed(fn):
+    sync()
+    t = time.perf_counter()
+    out = fn()
+    sync()
+    return out, time.perf_counter() - t
+
+
+def run_methods(vlm: BudgetedVideoLlama3, frames, times, budget: int, new_tokens: int, chunk: int):
+    """Seconds of (a), (b), (c) for one video at one budget, and the prefix length."""
+    res = {}
+    tokens = {}
+    for method in ("a", "b", "c"):
+        def go(method=method):
+            cache = EncodeCache(vlm, frames, chunk)
+            (bi,) = prepare_budgets(vlm, frames, times, [budget], cache=cache, chunk_frames=chunk)
+            if method == "a":
+                return bi, [vlm.answer_from_scratch(bi.prompt, q, new_tokens, ignore_eos=True) for q in QUESTIONS]
+            if method == "b":
+                return bi, vlm.answer_all(bi.prompt, QUESTIONS, new_tokens, ignore_eos=True)
+            return bi, vlm.answer_batched(bi.prompt, QUESTIONS, new_tokens, ignore_eos=True)
+
+        (bi, answers), sec = timed(go)
+        res[method] = sec
+        tokens[method] = [a.token_ids for a in answers]
+    # separate stage timings of ours
+    cache = EncodeCache(vlm, frames, chunk)
+    (bi,), prep = timed(lambda: prepare_budgets(vlm, frames, times, [budget], cache=cache, chunk_frames=chunk))
+    _, pre = timed(lambda: vlm.prefill(bi.prompt))
+    res.update(encode=cache.encode_seconds, plan_build=prep - cache.encode_seconds, prefill=pre,
+               prefix_len=bi.prompt.ids.numel(), vision_tokens=bi.plan.vision_tokens, frames=len(bi.frame_idx),
+               hw=bi.plan.hw, mode=bi.plan.mode,
+               same_tokens_ab=tokens["a"] == tokens["b"], same_tokens_bc=tokens["b"] == tokens["c"])
+    return res
+
+
+def wait_share(vlm, videos: list[str], budgets: list[int], workers: int, chunk: int) -> dict:
+    """Run the real predict_step loop over DataLoader workers; share of wall time spent waiting for data."""
+    from datamodules.benchmarks import Question
+    from datamodules.videoqa import VideoQADataset, VideoTask
+    from lightning_modules.budgeted_qa import BudgetedQA, job_name
+
+    module = BudgetedQA(model_path="<in-memory>", budgets=budgets, encode_chunk_frames=chunk, max_new_tokens=16)
+    module.vlm = vlm
+    jobs = [job_name(b) for b in budgets]
+    tasks = []
+    for i, v in enumerate(videos):
+        qs = [Question(qid=f"{i}-{j}", video_id=str(i), video_path=v, question=q.split("\n")[0],
+                       options=["A bird.", "A car.", "A house.", "A tree."], answer="A", meta={}) for j, q in
+              enumerate(QUESTIONS)]
+        tasks.append(VideoTask(str(i), v, "bench", qs, {q.qid: jobs for q in qs}))
+    ds = VideoQADataset(tasks, max(budgets))
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, prefetch_factor=2 if workers else None)
+    wait = 0.0
+    t0 = time.perf_counter()
+    mark = t0
+    n = 0
+    for item in dl:
+        wait += time.perf_counter() - mark
+        if item.get("error"):
+            raise RuntimeError(item["error"])
+        module.predict_step(item)
+        sync()
+        n += 1
+        mark = time.perf_counter()
+    wall = time.perf_counter() - t0
+    return {"videos": n, "wall_s": wall, "wait_s": wait, "wait_share": wait / wall}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="tiny random model on the CPU (smoke test)")
+    ap.add_argument("--videos", nargs="*", default=None)
+    ap.add_argument("--budgets", nargs="*", type=int, default=None)
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--chunk-frames", type=int, default=256)
+    ap.add_argument("--attn", default="sdpa")
+    ap.add_argument("--vision-attn", default="sdpa")
+    ap.add_argument("--repeats", type=int, default=2, help="timed repeats per (video, budget); the first is warm-up")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    repo = Path(__file__).resolve().parent.parent
+    videos = args.videos or [str(repo / "assets/media/cockatoo.mp4")]
+    budgets = args.budgets or ([256, 1024] if args.tiny else [4096, 16384])
+    torch.manual_seed(0)
+    vlm = build_tiny_model() if args.tiny else build_bench_model(args.attn, args.vision_attn)
+    ceiling = gemm_tflops()
+    vcfg = vlm.model.config.vision_config
+    shape = get_shape("qwen2-7b")
+    weight_bytes = sum(p.numel() * p.element_size() for p in vlm.model.model.language_model.parameters())
+    rows = []
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    for v in videos:
+        dec = decode_video(v, max(budgets))
+        frames = dec.frames.to(vlm.device)
+        for b in budgets:
+            r = None
+            for _ in range(max(args.repeats, 1)):
+                r = run_methods(vlm, frames, dec.times_s, b, args.new_tokens, args.chunk_frames)
+            floor_s = (vision_flops(r["frames"], r["hw"], vcfg) + prefill_flops(shape, r["prefix_len"], 1)) / (
+                ceiling * 1e12) + args.new_tokens * weight_bytes / 4.8e12
+            rows.append({"video": Path(v).name, "duration_s": dec.info["duration_s"], "budget": b, **r,
+                         "floor_s": floor_s})
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
+    ws = wait_share(vlm, videos, budgets, args.workers, args.chunk_frames)
+    hdr = (f"{'video':<16}{'budget':>7}{'frames':>7}{'prefix':>8}{'mode':>9}{'(a) s':>8}{'(b) s':>8}{'(c) s':>8}"
+           f"{'a/c':>6}{'b/c':>6}{'enc':>7}{'prefill':>8}{'floor':>7}  same")
+    print(f"\nGEMM ceiling {ceiling:.0f} TFLOP/s; peak GPU memory {peak:.1f} GiB; wait share "
+          f"{100 * ws['wait_share']:.1f}% ({ws['wait_s']:.2f} of {ws['wall_s']:.2f} s, {ws['videos']} videos, "
+          f"{args.workers} workers)")
+    print(hdr)
+    for r in rows:
+        print(f"{r['video'][:15]:<16}{r['budget']:>7}{r['frames']:>7}{r['prefix_len']:>8}{r['mode']:>9}{r['a']:>8.3f}"
+              f"{r['b']:>8.3f}{r['c']:>8.3f}{r['a'] / r['c']:>6.2f}{r['b'] / r['c']:>6.2f}{r['encode']:>7.3f}"
+              f"{r['prefill']:>8.3f}{r['floor_s']:>7.3f}  {r['same_tokens_ab']}/{r['same_tokens_bc']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "wait": ws, "peak_gib": peak, "gemm_tflops": ceiling},
+                                              indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

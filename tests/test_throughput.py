@@ -1,0 +1,119 @@
+"""Issue 7 (CPU parts): batched answering equals sequential answering token for token; the cost-balanced
+whole-video sampler; a 2-process DDP predict writes exactly the records of a 1-process run."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from datamodules.sharding import CostBalancedSampler, balanced_assignment, estimate_cost
+from tests.conftest import MEDIA, REPO
+
+
+def test_batched_answers_equal_sequential(tiny_vlm):
+    from datamodules.decoding import decode_video
+    from models.videollama3 import prepare_budgets
+
+    dec = decode_video(MEDIA / "cockatoo.mp4", 1024)
+    qs = ["What animal is shown?\nA. A dog.\nB. A cockatoo.\nAnswer with the letter.", "Colour?\nA. White.\nB. Green.",
+          "\n\nleading newlines force the fallback path", "x",
+          "A much longer question that makes the left padding inside the suffix region matter " * 4]
+    for bi in prepare_budgets(tiny_vlm, dec.frames, dec.times_s, [128, 1024], raw_mode="orig"):
+        seq = tiny_vlm.answer_all(bi.prompt, qs, max_new_tokens=10)
+        bat = tiny_vlm.answer_batched(bi.prompt, qs, max_new_tokens=10)
+        assert [a.token_ids for a in bat] == [a.token_ids for a in seq]
+        assert [a.seq_len for a in bat] == [a.seq_len for a in seq]
+        assert [a.fallback for a in bat] == [False, False, True, False, False]
+        forced = tiny_vlm.answer_batched(bi.prompt, qs[:2], max_new_tokens=6, ignore_eos=True)
+        assert all(len(a.token_ids) == 6 for a in forced)
+
+
+def test_balanced_assignment_hand_case():
+    # LPT: 10 -> r0, 8 -> r1, 7 -> r1 (8 < 10), 5 -> r0 (10 < 15), 1 -> r0 (15 vs 15: tie -> lower rank)
+    assert balanced_assignment([5, 10, 1, 7, 8], 2) == [[1, 0, 2], [4, 3]]
+    assert balanced_assignment([3, 3, 3], 1) == [[0, 1, 2]]
+    assert balanced_assignment([], 3) == [[], [], []]
+    with pytest.raises(ValueError):
+        balanced_assignment([1.0], 0)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+def test_sampler_covers_every_video_once_deterministically(world):
+    import random
+
+    rng = random.Random(world)
+    costs = [rng.uniform(1, 100) for _ in range(57)]
+    shards = [list(CostBalancedSampler(costs, world, r)) for r in range(world)]
+    assert sorted(i for s in shards for i in s) == list(range(57))
+    assert shards == [list(CostBalancedSampler(costs, world, r)) for r in range(world)]
+    loads = [sum(costs[i] for i in s) for s in shards]
+    assert max(loads) - min(loads) <= max(costs)  # LPT bound
+
+
+def test_estimate_cost_orders_by_duration_budgets_questions(tmp_path):
+    f = tmp_path / "v.mp4"
+    f.write_bytes(b"0" * 2_000_000)
+    assert estimate_cost(60.0, str(f), 1024, 3) == 60.0 * 1024 * 3
+    assert estimate_cost(None, str(f), 1024, 1) == pytest.approx(2.0 * 60 * 1024)  # 2 MB ~ 2 minutes
+    assert estimate_cost(None, str(tmp_path / "missing.mp4"), 10, 1) == 10.0
+
+
+def make_bench(root, num_videos: int):
+    """A Video-MME-format benchmark of copies of the real clips under distinct ids (2 questions each)."""
+    (root / "videos").mkdir(parents=True)
+    (root / "videomme").mkdir()
+    srcs = sorted(MEDIA.glob("*.mp4"))
+    rows = []
+    for i in range(num_videos):
+        vid = f"v{i:02d}"
+        shutil.copy(srcs[i % len(srcs)], root / "videos" / f"{vid}.mp4")
+        for j in range(2):
+            rows.append({"video_id": f"{i:03d}", "duration": "short", "domain": "d", "sub_category": "s", "url": "",
+                         "videoID": vid, "question_id": f"{vid}-{j}", "task_type": "t",
+                         "question": f"Question {j} about video {i}?", "options": ["A. yes", "B. no", "C. maybe"],
+                         "answer": "ABC"[(i + j) % 3]})
+    pq.write_table(pa.Table.from_pylist(rows), root / "videomme" / "test.parquet")
+
+
+def _config(path, model_dir, root, out, extra_trainer=None):
+    cfg = {"trainer": {"enable_progress_bar": False, "callbacks": [
+        {"class_path": "callbacks.jsonl_writer.JsonlPredictionWriter", "init_args": {"out_dir": str(out)}},
+        {"class_path": "callbacks.timing.StageTimer"},
+        {"class_path": "callbacks.scoring.ScoreOnPredictEnd", "init_args": {"plots": False}}], **(extra_trainer or {})},
+        "model": {"class_path": "lightning_modules.budgeted_qa.BudgetedQA",
+                  "init_args": {"model_path": str(model_dir), "budgets": [128, 1024], "max_new_tokens": 4}},
+        "data": {"class_path": "datamodules.videoqa.VideoQADataModule",
+                 "init_args": {"root": str(root), "loader_kwargs": {}, "num_workers": 0}}}
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _predict(cfg):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, str(REPO / "evaluate.py"), "predict", f"--config={cfg}"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def test_ddp_two_processes_equal_one_process(tiny_vl3_dir, tmp_path):
+    from callbacks.jsonl_writer import read_records
+
+    make_bench(tmp_path / "bench", 5)
+    one = tmp_path / "one"
+    two = tmp_path / "two"
+    _predict(_config(tmp_path / "one.yaml", tiny_vl3_dir, tmp_path / "bench", one))
+    _predict(_config(tmp_path / "two.yaml", tiny_vl3_dir, tmp_path / "bench", two,
+                     {"strategy": "ddp", "accelerator": "cpu", "devices": 2}))
+    r1, r2 = read_records(one), read_records(two)
+    assert len(r1) == len(r2) == 5 * 2 * 2
+    keys2 = [(r["job"], r["qid"]) for r in r2]
+    assert len(set(keys2)) == len(keys2)  # no qid twice
+    assert sorted(r1, key=lambda r: (r["job"], r["qid"])) == sorted(r2, key=lambda r: (r["job"], r["qid"]))
+    ranks = {p.name for p in two.glob("*/*/*.jsonl")}
+    assert ranks == {"rank0.jsonl", "rank1.jsonl"}  # both processes worked
+    assert (two / "scores.json").is_file() and (two / "timing_rank1.json").is_file()
