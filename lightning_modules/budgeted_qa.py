@@ -50,6 +50,8 @@ class BudgetedQA(LightningModule):
         dtype: model dtype (``float32``, ``bfloat16``...).
         attn_implementation: transformers attention backend.
         encode_chunk_frames: frames per vision-encoder call.
+        vision_attn_implementation: vision-encoder attention (``frame_batched``: one SDPA call per layer over
+            all frames of an encode; or a transformers backend name).
         answer_mode: ``batched`` (all questions of a (video, budget) decode together from one prefix) or
             ``sequential`` (one question after another from the cropped prefix cache); token-identical.
     """
@@ -57,7 +59,8 @@ class BudgetedQA(LightningModule):
     def __init__(self, model_path: str = "checkpoints/tiny-videollama3", budgets: list[int] = (128, 256, 1024),
                  raw_mode: str = "phase3", raw_max_tokens: int = 256, max_tokens_per_frame: int = 256,
                  max_new_tokens: int = 16, prompt_template: str = "mcq_letter", dtype: str = "float32",
-                 attn_implementation: str = "sdpa", encode_chunk_frames: int = 64, answer_mode: str = "batched"):
+                 attn_implementation: str = "sdpa", encode_chunk_frames: int = 64, answer_mode: str = "batched",
+                 vision_attn_implementation: str | None = "frame_batched"):
         super().__init__()
         if not budgets:
             raise ValueError("budgets must not be empty")
@@ -81,7 +84,8 @@ class BudgetedQA(LightningModule):
             hp = self.hparams
             self.vlm = BudgetedVideoLlama3.from_pretrained(hp.model_path, dtype=hp.dtype,
                                                            attn_implementation=hp.attn_implementation,
-                                                           raw_mode=hp.raw_mode)
+                                                           raw_mode=hp.raw_mode,
+                                                           vision_attn_implementation=hp.vision_attn_implementation)
 
     def predict_step(self, item: dict, batch_idx: int = 0) -> list[dict]:
         jobs = self.jobs

@@ -100,12 +100,17 @@ class BudgetedVideoLlama3(nn.Module):
     # ------------------------------------------------------------------ loading
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype | str = torch.float32,
-                        attn_implementation: str | None = "sdpa", raw_mode: str = "phase3") -> "BudgetedVideoLlama3":
+                        attn_implementation: str | None = "sdpa", raw_mode: str = "phase3",
+                        vision_attn_implementation: str | None = "frame_batched") -> "BudgetedVideoLlama3":
         """Load a transformers-format VideoLLaMA3 directory plus ``qbase/`` (and ``original_projector/``).
 
         A directory in the original VideoLLaMA3 layout (``config.json`` with ``vision_encoder_config``, weights named
         as in the original repository, ``model.token_compressor.*``) is also accepted and mapped in memory by
         :func:`models.convert.load_original_parts` (the same table as ``python -m models.convert``).
+
+        ``vision_attn_implementation``: ``"frame_batched"`` (default) attends all same-size frames of an encode in
+        one SDPA call per layer (:mod:`models.vision_attention`); any transformers backend name is passed through;
+        ``None`` keeps ``attn_implementation``.
 
         Raises:
             FileNotFoundError: the directory or a required file is missing (path named).
@@ -120,7 +125,8 @@ class BudgetedVideoLlama3(nn.Module):
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         from .convert import is_original_layout, load_original_parts
         if is_original_layout(path):  # original VideoLLaMA3 layout: mapped in memory (models/convert.py)
-            return cls(*load_original_parts(path, dtype, attn_implementation, raw_mode))
+            return cls(*load_original_parts(path, dtype, attn_implementation, raw_mode)).set_vision_attention(
+                vision_attn_implementation)
         model, info = VideoLlama3ForConditionalGeneration.from_pretrained(
             path, dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True)
         bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
@@ -138,7 +144,17 @@ class BudgetedVideoLlama3(nn.Module):
             load_state_dict_strict(orig, load_file(str(w)), str(w))
             orig = orig.to(dtype)
         return cls(model.eval(), tokenizer, video_processor, compressor.eval(),
-                   orig.eval() if orig is not None else None)
+                   orig.eval() if orig is not None else None).set_vision_attention(vision_attn_implementation)
+
+    def set_vision_attention(self, implementation: str | None) -> "BudgetedVideoLlama3":
+        """Select the vision encoder's attention backend (``"frame_batched"``, a transformers name, or ``None``)."""
+        if implementation is not None:
+            if implementation == "frame_batched":
+                from .vision_attention import register
+
+                implementation = register()
+            self.model.set_attn_implementation({"vision_config": implementation})
+        return self
 
     @property
     def device(self) -> torch.device:

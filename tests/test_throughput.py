@@ -8,6 +8,7 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 import yaml
 
 from datamodules.sharding import CostBalancedSampler, balanced_assignment, estimate_cost
@@ -117,3 +118,26 @@ def test_ddp_two_processes_equal_one_process(tiny_vl3_dir, tmp_path):
     ranks = {p.name for p in two.glob("*/*/*.jsonl")}
     assert ranks == {"rank0.jsonl", "rank1.jsonl"}  # both processes worked
     assert (two / "scores.json").is_file() and (two / "timing_rank1.json").is_file()
+
+
+def test_frame_batched_vision_attention_equals_per_frame(tiny_vlm):
+    """One SDPA call over all frames gives the rows of transformers' per-frame loop (and is what runs)."""
+    from datamodules.decoding import decode_video
+
+    dec = decode_video(MEDIA / "cockatoo.mp4", 1024)
+    assert tiny_vlm.model.config.vision_config._attn_implementation.endswith("frame_batched_sdpa")
+    batched, grid = tiny_vlm.encode(dec.frames[:5], 64)
+    tiny_vlm.set_vision_attention("sdpa")
+    try:
+        looped, grid2 = tiny_vlm.encode(dec.frames[:5], 64)
+    finally:
+        tiny_vlm.set_vision_attention("frame_batched")
+    assert grid == grid2 and torch.allclose(batched, looped, atol=1e-5, rtol=1e-5)
+    # unequal segments take the per-segment path of the same function
+    from models.vision_attention import frame_batched_sdpa
+
+    q, k, v = (torch.randn(1, 2, 7, 4) for _ in range(3))
+    out, _ = frame_batched_sdpa(None, q, k, v, cu_seq_lens_q=torch.tensor([0, 3, 7]))
+    ref = torch.cat([torch.nn.functional.scaled_dot_product_attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b])
+                     for a, b in ((0, 3), (3, 7))], 2).transpose(1, 2)
+    assert torch.allclose(out, ref, atol=1e-6)

@@ -1,0 +1,159 @@
+"""OmniPruningQA: thin LightningModule around :class:`models.omni_qa.OmniQA` (issue 7 part 3).
+
+``predict_step`` takes one video (all its questions, from :class:`datamodules.omni_qa.OmniQADataModule`), runs the
+processors and towers once, prunes once per variant, and answers every (question, variant) still to do with one
+prefill of the pruned prompt. One record per (question, variant): job ``full`` (no pruning) or
+``<variant>_r<retention>`` (e.g. ``v3_r0.5``), written by :class:`callbacks.jsonl_writer.JsonlPredictionWriter` and
+scored by :class:`callbacks.scoring.ScoreOnPredictEnd`.
+
+Record fields: ``qid, video, benchmark, job, variant, retention, budget (None), answer, pred, pred_robust,
+response, meta`` (the loader's meta + ``template``), kept tokens ``num_video_tokens, num_audio_tokens,
+num_text_tokens, num_prefill_tokens`` and their unpruned ``*_full`` counts, ``num_audio_merged``,
+``prefill_flops`` (:func:`models.omni_qa.prefill_flop_fields`, plus ``measured`` from ``FlopCounterMode`` when
+``measure_flops``, else ``None``), ``prefill_time_s, peak_memory_bytes, peak_memory_kind, encode_time_s,
+prune_time_s``, ``video_info`` and ``audio_info``; or ``error`` instead of the answer fields when the video could
+not be read or CUDA ran out of memory.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import time
+
+import torch
+from lightning.pytorch import LightningModule
+
+from algorithms.choice import parse_official, parse_robust
+from algorithms.pruning import VARIANTS
+from datamodules.benchmarks import Question
+from datamodules.benchmarks.prompts import prompt_and_template
+from models.omni_qa import FULL, OmniQA, prefill_flop_fields
+
+log = logging.getLogger(__name__)
+
+
+def job_name(variant: str, retention: float) -> str:
+    """``full`` for the unpruned model, else ``<variant>_r<retention>`` (``v3_r0.5``)."""
+    return FULL if variant == FULL else f"{variant}_r{retention:g}"
+
+
+class OmniPruningQA(LightningModule):
+    """WorldSense-style audio+video QA with the Qwen2.5-Omni thinker under token pruning.
+
+    Args:
+        model_path: local thinker checkpoint directory (see :class:`models.omni_qa.OmniQA`).
+        variants: ``full`` and/or registered pruning variants (``baseline``, ``v1`` ... ``v6``).
+        retention: kept fraction of each modality's tokens (both modalities).
+        audio_retention: a different audio retention (``None``: ``retention``).
+        max_new_tokens: greedy answer length.
+        prompt_template: template name (``None``: the benchmark's own, ``worldsense``).
+        dtype: model dtype.
+        attn_implementation: ``sdpa`` or ``eager`` (eager for measured FLOPs on CPU).
+        measure_flops: count the prefill with ``FlopCounterMode`` (slower).
+    """
+
+    def __init__(self, model_path: str = "checkpoints/tiny-omni",
+                 variants: list[str] = (FULL, "baseline", "v1", "v2", "v3", "v4", "v5", "v6"),
+                 retention: float = 0.5, audio_retention: float | None = None, max_new_tokens: int = 16,
+                 prompt_template: str | None = None, dtype: str = "float32", attn_implementation: str = "sdpa",
+                 measure_flops: bool = False):
+        super().__init__()
+        variants = list(variants)
+        if not variants:
+            raise ValueError("variants must not be empty")
+        unknown = [v for v in variants if v != FULL and v not in VARIANTS]
+        if unknown:
+            raise ValueError(f"unknown variant(s) {unknown}; known: {[FULL, *VARIANTS]}")
+        for r in (retention, audio_retention):
+            if r is not None and not 0.0 < r <= 1.0:
+                raise ValueError(f"retention must be in (0, 1], got {r}")
+        self.save_hyperparameters()
+        self.variants = variants
+        self.qa: OmniQA | None = None
+        self.last_stage_seconds: dict[str, float] = {}  # read by callbacks.timing.StageTimer
+
+    @property
+    def retentions(self) -> float | tuple[float, float]:
+        hp = self.hparams
+        return hp.retention if hp.audio_retention is None else (hp.retention, hp.audio_retention)
+
+    @property
+    def jobs(self) -> dict[str, str]:
+        """Job name -> variant."""
+        return {job_name(v, self.hparams.retention): v for v in self.variants}
+
+    def setup(self, stage: str) -> None:
+        if self.qa is None:
+            hp = self.hparams
+            self.qa = OmniQA(hp.model_path, dtype=hp.dtype, attn_implementation=hp.attn_implementation,
+                             max_new_tokens=hp.max_new_tokens)
+
+    def _base(self, item: dict, q: dict, job: str) -> dict:
+        variant = self.jobs[job]
+        return {"qid": q["qid"], "video": item["video_id"], "benchmark": item["benchmark"], "job": job,
+                "variant": variant, "retention": 1.0 if variant == FULL else self.hparams.retention,
+                "audio_retention": None if variant == FULL else self.hparams.audio_retention, "budget": None,
+                "answer": q["answer"], "meta": q["meta"]}
+
+    def error_records(self, item: dict, message: str) -> list[dict]:
+        """One error record per (question, job) still to do on a video."""
+        return [{**self._base(item, q, job), "error": message}
+                for q in item["questions"] for job in item["jobs"].get(q["qid"], []) if job in self.jobs]
+
+    def predict_step(self, item: dict, batch_idx: int = 0) -> list[dict]:
+        if item.get("error"):
+            log.warning("video %s: %s", item["video_id"], item["error"])
+            return self.error_records(item, item["error"])
+        try:
+            return self.answer_video(item)
+        except torch.cuda.OutOfMemoryError as e:
+            msg = f"{item['video_path']}: CUDA out of memory ({str(e).splitlines()[0][:160]})"
+            log.warning(msg)
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            return self.error_records(item, msg)
+
+    def answer_video(self, item: dict) -> list[dict]:
+        """Encode once, prune once per variant, answer every (question, job) still to do."""
+        hp = self.hparams
+        qa = self.qa
+        clip = qa.encode(item["frames"], item["audio"], item["video_info"].get("frame_interval_s", 1.0))
+        questions = [Question(**q) for q in item["questions"]]
+        records, prune_s, answer_s = [], 0.0, 0.0
+        for job, variant in self.jobs.items():
+            todo = [q for q in questions if job in item["jobs"].get(q.qid, [])]
+            if not todo:
+                continue
+            t0 = time.perf_counter()
+            pruned = qa.prune(clip, variant, self.retentions)
+            t_prune = time.perf_counter() - t0
+            prune_s += t_prune
+            for q in todo:
+                text, template = prompt_and_template(q, hp.prompt_template)
+                t1 = time.perf_counter()
+                inputs = qa.build_inputs(clip, pruned, text)
+                ans = qa.answer(inputs, measure_flops=hp.measure_flops)
+                answer_s += time.perf_counter() - t1
+                flops = prefill_flop_fields(inputs.num_prefill, inputs.num_video + inputs.num_audio, qa.shape)
+                flops["measured"] = ans.measured_flops
+                records.append({
+                    **self._base(item, {"qid": q.qid, "answer": q.answer, "meta": q.meta}, job),
+                    "pred": parse_official(ans.text, len(q.options)), "pred_robust": parse_robust(ans.text, q.options),
+                    "response": ans.text, "meta": {**q.meta, "template": template},
+                    "num_video_tokens": inputs.num_video, "num_audio_tokens": inputs.num_audio,
+                    "num_text_tokens": inputs.num_text, "num_prefill_tokens": inputs.num_prefill,
+                    "num_video_tokens_full": inputs.num_video_full, "num_audio_tokens_full": inputs.num_audio_full,
+                    "num_prefill_tokens_full": int(inputs.input_ids.numel()),
+                    "num_audio_merged": inputs.num_audio_merged,
+                    "prefill_flops": flops, "prefill_time_s": ans.prefill_seconds,
+                    "peak_memory_bytes": ans.peak_memory_bytes, "peak_memory_kind": ans.peak_memory_kind,
+                    "attn_implementation": qa.attn_implementation,
+                    "encode_time_s": clip.encode_seconds, "prune_time_s": t_prune,
+                    "video_grid_thw": [int(x) for x in clip.video_grid_thw[0]],
+                    "second_per_grid": clip.second_per_grid,
+                    "video_info": {**item["video_info"], "n_frames_model": clip.num_frames},
+                    "audio_info": item["audio_info"],
+                })
+        self.last_stage_seconds = {"encode": clip.encode_seconds, "prune": prune_s, "answer": answer_s}
+        return records

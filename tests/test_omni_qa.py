@@ -1,0 +1,228 @@
+"""Issue 7 part 3: whole-clip omni QA with token pruning (tiny random thinker, real media, CPU)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from algorithms.flops import get_shape, paper_prefill_flops, prefill_flops
+from algorithms.pruning import VARIANTS, apply_variant, merge_tokens
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = REPO / "configs" / "predict" / "worldsense_pruning.yaml"
+QUESTION = "Which option is right?\nA. one\nB. two\nC. three\nD. four\nThe best answer is:"
+
+
+@pytest.fixture(scope="module")
+def omni_dir(tmp_path_factory) -> Path:
+    from models.tiny import build_qwen_tokenizer
+    from models.tiny_omni import build_tiny_omni
+
+    out = build_tiny_omni(tmp_path_factory.mktemp("tiny-omni"), seed=0)
+    build_qwen_tokenizer().save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def demo_root(tmp_path_factory) -> Path:
+    from datamodules.omni_qa import make_demo
+
+    return make_demo(tmp_path_factory.mktemp("ws") / "worldsense")
+
+
+@pytest.fixture(scope="module")
+def qa(omni_dir):
+    from models.omni_qa import OmniQA
+
+    return OmniQA(omni_dir, attn_implementation="eager", max_new_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def item(demo_root):
+    from datamodules.omni_qa import OmniQADataset
+
+    return OmniQADataset([]).load(str(demo_root / "videos" / "cockatoo.mp4"))
+
+
+@pytest.fixture(scope="module")
+def clip(qa, item):
+    return qa.encode(item["frames"], item["audio"], item["video_info"]["frame_interval_s"])
+
+
+def _direct(clip, variant, retention=0.5):
+    """The variant's keep indices computed straight from the tower outputs (1 fps: one temporal patch per block)."""
+    return apply_variant(variant, clip.video_tokens.float(), clip.audio_tokens.float(), clip.audio_attention,
+                         retention, patches_per_block=1, audio_tokens_per_block=50)
+
+
+def test_decode_audio_and_demo_items(demo_root, item):
+    from datamodules.decoding import DecodeError
+    from datamodules.omni_qa import OmniQADataset, decode_audio
+
+    assert item["frames"].shape[0] == 14 and item["video_info"]["sample_fps"] == 1.0
+    assert item["video_info"]["frame_interval_s"] == 1.0
+    assert item["audio_info"]["has_audio"] and abs(item["audio_info"]["duration_s"] - 13.9) < 0.2
+    assert item["audio"].dtype == np.float32  # the cockatoo's mp3 track is digital silence
+    short = OmniQADataset([]).load(str(demo_root / "videos" / "realshort.mp4"))
+    assert short["audio_info"]["has_audio"] and np.abs(short["audio"]).max() > 0.01
+    assert short["frames"].shape[0] == 2 and short["audio_info"]["padded_s"] == 0.0
+    silent = OmniQADataset([]).load(str(demo_root / "videos" / "realshort_silent.mp4"))
+    assert not silent["audio_info"]["has_audio"]
+    assert len(silent["audio"]) == round(silent["video_info"]["duration_s"] * 16000) and not silent["audio"].any()
+    with pytest.raises(DecodeError, match="not found"):
+        decode_audio(demo_root / "videos" / "missing.mp4")
+    cut = decode_audio(demo_root / "videos" / "cockatoo.mp4", max_s=2.0)
+    assert cut.truncated and len(cut.samples) == 32000
+    with pytest.raises(ValueError, match="multiple of 8"):
+        OmniQADataset([], max_frames=100)
+
+
+def test_keep_counts_equal_variant_keep_indices(qa, clip):
+    t, n, _ = clip.video_tokens.shape
+    assert (t, n) == (7, 15) and clip.audio_tokens.shape[0] == 347 and clip.second_per_grid == 2.0
+    cfg = qa.config
+    for name in VARIANTS:
+        ref = _direct(clip, name)
+        inputs = qa.build_inputs(clip, qa.prune(clip, name, 0.5), QUESTION)
+        v_slots = torch.nonzero(inputs.input_ids == cfg.video_token_id).flatten()
+        a_slots = torch.nonzero(inputs.input_ids == cfg.audio_token_id).flatten()
+        assert torch.equal(torch.nonzero(inputs.keep[v_slots]).flatten(), ref.video_keep), name
+        assert torch.equal(torch.nonzero(inputs.keep[a_slots]).flatten(), ref.audio_keep), name
+        assert (inputs.num_video, inputs.num_audio) == (ref.num_video, ref.num_audio), name
+        assert inputs.num_text == int(inputs.input_ids.numel()) - t * n - 347
+        assert inputs.num_prefill == inputs.num_text + ref.num_video + ref.num_audio
+        assert ref.num_video < t * n and ref.num_audio < 347, name
+    full = qa.build_inputs(clip, qa.prune(clip, "full", 0.5), QUESTION)
+    assert bool(full.keep.all()) and (full.num_video, full.num_audio) == (t * n, 347)
+
+
+def test_kept_positions_are_unpruned_positions_gathered(qa, clip):
+    cfg = qa.config
+    t, n, _ = clip.video_tokens.shape
+    hh, ww = (int(x) // 2 for x in clip.video_grid_thw[0, 1:])
+    for name in ("v3", "v4"):
+        pr = qa.prune(clip, name, 0.5)
+        inputs = qa.build_inputs(clip, pr, QUESTION)
+        ids = inputs.input_ids
+        lib, _ = qa.thinker.model.get_rope_index(
+            ids[None], None, clip.video_grid_thw, torch.ones(1, ids.numel(), dtype=torch.long), True,
+            torch.tensor([clip.mel_length]), torch.tensor([clip.second_per_grid]))
+        assert torch.equal(inputs.position_ids, lib[:, 0][:, inputs.keep])
+        # by hand (TMRoPE, 1 fps = 50 positions per temporal patch): origin = audio_bos position + 1
+        origin = int(lib[0, 0, int(torch.nonzero(ids == cfg.audio_start_token_id)[0])]) + 1
+        p, y, x = torch.meshgrid(torch.arange(t), torch.arange(hh), torch.arange(ww), indexing="ij")
+        video_pos = torch.stack([origin + 50 * p.flatten(), origin + y.flatten(), origin + x.flatten()])  # (3, T*N)
+        audio_pos = (origin + torch.arange(347)).expand(3, -1)
+        kept_ids = ids[inputs.keep]
+        assert torch.equal(inputs.position_ids[:, kept_ids == cfg.video_token_id], video_pos[:, pr.video_keep])
+        assert torch.equal(inputs.position_ids[:, kept_ids == cfg.audio_token_id], audio_pos[:, pr.audio_keep])
+        # rows: video rows are the tower's, merged anchors are softmax(cos)-weighted sums
+        emb = inputs.embeds[kept_ids == cfg.video_token_id]
+        assert torch.equal(emb, clip.video_tokens.reshape(t * n, -1)[pr.video_keep])
+        if name in ("v3", "v4"):
+            a_emb = inputs.embeds[kept_ids == cfg.audio_token_id]
+            merged = merge_tokens(clip.audio_tokens, pr.audio_merge)
+            rows = torch.searchsorted(pr.audio_keep, pr.audio_merge.anchors)
+            assert torch.allclose(a_emb[rows], merged, atol=1e-6)
+            assert pr.audio_merge.anchors.numel() > 0
+
+
+def test_full_equals_plain_thinker_forward(qa, clip):
+    from models.omni_qa import FULL
+
+    inputs = qa.build_inputs(clip, qa.prune(clip, FULL, 0.5), QUESTION)
+    ans = qa.answer(inputs, max_new_tokens=3)
+    ids = inputs.input_ids
+    extra = dict(clip.inputs, use_audio_in_video=True, video_second_per_grid=torch.tensor([clip.second_per_grid]))
+    with torch.no_grad():
+        ref = qa.thinker(input_ids=ids[None], attention_mask=torch.ones(1, ids.numel(), dtype=torch.long),
+                         **extra).logits[0, -1]
+    assert torch.allclose(ans.last_logits, ref, atol=1e-5, rtol=1e-5)
+    # greedy continuation = plain forwards over the growing sequence (decode positions continue at max + 1)
+    tokens = [int(ref.argmax())]
+    for _ in range(len(ans.token_ids) - 1):
+        seq = torch.cat([ids, torch.tensor(tokens)])
+        with torch.no_grad():
+            logits = qa.thinker(input_ids=seq[None], attention_mask=torch.ones(1, seq.numel(), dtype=torch.long),
+                                **extra).logits[0, -1]
+        tokens.append(int(logits.argmax()))
+    assert ans.token_ids == tokens[: len(ans.token_ids)] and len(ans.token_ids) == 3
+
+
+def test_flop_fields_and_measured_prefill(qa, clip):
+    from models.omni_qa import prefill_flop_fields
+
+    for name in ("full", "v4"):
+        inputs = qa.build_inputs(clip, qa.prune(clip, name, 0.5), QUESTION)
+        ans = qa.answer(inputs, max_new_tokens=1, measure_flops=True)
+        n, n_mm = inputs.num_prefill, inputs.num_video + inputs.num_audio
+        fields = prefill_flop_fields(n, n_mm, qa.shape)
+        assert set(fields["paper"]) == {"qwen2.5-omni-3b", "qwen2.5-omni-7b"}
+        assert fields["paper"]["qwen2.5-omni-7b"] == paper_prefill_flops(get_shape("qwen2.5-omni-7b"), n_mm)
+        assert fields["accurate"]["qwen2.5-omni-3b"] == prefill_flops(get_shape("qwen2.5-omni-3b"), n, 1)
+        expected = fields["accurate"]["model"]
+        assert expected == prefill_flops(qa.shape, n, 1)
+        assert ans.measured_flops and abs(ans.measured_flops - expected) / ans.measured_flops < 0.01, name
+        assert ans.prefill_seconds > 0 and ans.peak_memory_bytes > 0
+
+
+def test_yaml_instantiates(tmp_path):
+    import yaml
+
+    import evaluate
+    from datamodules.omni_qa import OmniQADataModule
+    from lightning_modules.omni_qa import OmniPruningQA
+
+    assert CONFIG.read_text().splitlines()[0] == f"# python evaluate.py predict --config {CONFIG.relative_to(REPO)}"
+    cfg = yaml.safe_load(CONFIG.read_text())
+    assert cfg.pop("return_predictions") is False  # a predict-subcommand key; run=False has no subcommand
+    plain = tmp_path / CONFIG.name
+    plain.write_text(yaml.safe_dump(cfg))
+    cli = evaluate.cli_main([f"--config={plain}"], run=False)
+    assert isinstance(cli.model, OmniPruningQA) and isinstance(cli.datamodule, OmniQADataModule)
+    assert cli.model.variants == ["full", *VARIANTS] and cli.model.hparams.retention == 0.5
+    assert list(cli.model.jobs)[:3] == ["full", "baseline_r0.5", "v1_r0.5"]
+    assert cli.datamodule.loader_kwargs == {} and cli.datamodule.max_frames == 128 and cli.datamodule.fps == 1.0
+
+
+def test_predict_job_records_and_scores(omni_dir, demo_root, tmp_path, qa, clip):
+    import yaml
+
+    import evaluate
+    from callbacks.jsonl_writer import read_records
+
+    out = tmp_path / "out"
+    over = {"trainer": {"enable_progress_bar": False, "callbacks": [
+                {"class_path": "callbacks.jsonl_writer.JsonlPredictionWriter", "init_args": {"out_dir": str(out)}},
+                {"class_path": "callbacks.scoring.ScoreOnPredictEnd", "init_args": {"plots": False}}]},
+            "model": {"init_args": {"model_path": str(omni_dir), "variants": ["full", "baseline", "v4"],
+                                    "max_new_tokens": 4}},
+            "data": {"init_args": {"root": str(demo_root), "num_workers": 0}}}
+    cfg = tmp_path / "over.yaml"
+    cfg.write_text(yaml.safe_dump(over))
+    evaluate.cli_main(["predict", f"--config={CONFIG}", f"--config={cfg}"])
+    recs = read_records(out)
+    assert len(recs) == 4 * 3 and not any(r.get("error") for r in recs)
+    assert {r["job"] for r in recs} == {"full", "baseline_r0.5", "v4_r0.5"}
+    for r in recs:
+        for key in ("num_video_tokens", "num_audio_tokens", "num_text_tokens", "prefill_time_s",
+                    "peak_memory_bytes", "pred", "pred_robust", "response"):
+            assert key in r, key
+        assert set(r["prefill_flops"]) == {"paper", "accurate", "measured"} and r["prefill_flops"]["measured"] is None
+        assert r["prefill_flops"]["accurate"]["qwen2.5-omni-7b"] == prefill_flops(
+            get_shape("qwen2.5-omni-7b"), r["num_prefill_tokens"], 1)
+        assert r["meta"]["template"] == "worldsense"
+    by = {(r["qid"], r["variant"]): r for r in recs}
+    for variant in ("baseline", "v4"):  # same decode, same towers: the counts of the direct computation
+        ref = _direct(clip, variant)
+        r = by[("cockatoo_task0", variant)]
+        assert (r["num_video_tokens"], r["num_audio_tokens"]) == (ref.num_video, ref.num_audio)
+    assert by[("cockatoo_task0", "full")]["num_video_tokens"] == 105
+    assert by[("realshort_silent_task0", "full")]["audio_info"]["has_audio"] is False
+    assert by[("realshort_task0", "full")]["audio_info"]["has_audio"] is True
+    scores = json.loads((out / "scores.json").read_text())
+    assert {g["job"] for g in scores["groups"]} == {"full", "baseline_r0.5", "v4_r0.5"}
+    assert all(g["n_scored"] == 4 for g in scores["groups"])
