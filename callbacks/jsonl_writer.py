@@ -3,9 +3,23 @@
 Files: ``<out_dir>/<job>/<benchmark>/rank<r>.jsonl`` (job = ``b<B>`` or ``<variant>_b<B>``). Records are keyed by the
 benchmark's own qid, never by position or world size, so a run resumed with any number of processes skips exactly
 the (job, qid) pairs already written. A last line cut by a crash is detected and truncated away on restart.
+
+Crash safety (issue 8; ``tests/test_crash_safety.py`` kills ``python evaluate.py predict`` with SIGKILL at random
+points and restarts it until done, then checks that the records equal an uninterrupted run's):
+
+* each video's records are appended in one write, flushed and fsynced before the next video starts (a new file's
+  folder is fsynced too), so a kill loses at most the video in flight;
+* a (job, qid) is never written twice: restarts read every rank's files first and skip what is there;
+* on restart a torn last line (no newline, or not valid JSON) is truncated away (:func:`repair_jsonl`), so that
+  record is simply recomputed; an unreadable line *inside* a file (which a single appending writer cannot
+  produce, e.g. a file edited by hand) is reported with its file and line number and its record recomputed;
+* one run at a time per output folder and rank: a second ``predict`` on the same ``out_dir`` fails at once with a
+  message naming the lock file, instead of interleaving duplicate records (the lock is ``flock``-based, so a
+  killed run never leaves a stale lock behind).
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -58,6 +72,37 @@ def read_records(out_dir: str | Path) -> list[dict]:
     return out
 
 
+def _done_from_file(path: Path, done: dict[str, set[str]]) -> None:
+    """Add the ``(job, qid)`` of every readable line of ``path`` to ``done``; unreadable lines are logged."""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                done.setdefault(str(rec["job"]), set()).add(str(rec["qid"]))
+            except (ValueError, KeyError, TypeError) as e:
+                log.warning("%s line %d: unreadable record (%s); its question will be run again", path, n,
+                            type(e).__name__)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+class OutputLockedError(RuntimeError):
+    """Another process is writing the same output folder and rank (the lock file is named)."""
+
+
 class JsonlPredictionWriter(BasePredictionWriter):
     """Append records per video; report what is already done so the datamodule skips it before decoding.
 
@@ -69,6 +114,7 @@ class JsonlPredictionWriter(BasePredictionWriter):
         super().__init__(write_interval="batch")
         self.out_dir = Path(out_dir)
         self._done: dict[str, set[str]] | None = None
+        self._lock_fd: int | None = None
 
     @property
     def out_root(self) -> Path:
@@ -80,17 +126,52 @@ class JsonlPredictionWriter(BasePredictionWriter):
             done: dict[str, set[str]] = {}
             for f in sorted(self.out_dir.glob("*/*/*.jsonl")):
                 repair_jsonl(f)
-            for rec in read_records(self.out_dir):
-                done.setdefault(rec["job"], set()).add(rec["qid"])
+                _done_from_file(f, done)
             self._done = done
         return self._done
 
+    def _lock(self, rank: int) -> None:
+        """Take ``<out_dir>/.rank<r>.lock`` (``flock``, released by the OS when the process dies)."""
+        if self._lock_fd is not None:
+            return
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX: no lock
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        path = self.out_dir / f".rank{rank}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise OutputLockedError(f"{path}: another predict run is writing to {self.out_dir} (rank {rank}); "
+                                        "wait for it or choose another out_dir") from e
+            raise
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
+
     def setup(self, trainer, pl_module, stage: str) -> None:
         # every rank reads before any rank writes; then ranks only ever append to their own file
+        self._lock(trainer.global_rank)
         self._done = None
         self.done_qids()
         if trainer.world_size > 1:
             trainer.strategy.barrier("jsonl_writer_setup")
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        self._unlock()
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._unlock()
+
+    def __del__(self):
+        self._unlock()
 
     def write_on_batch_end(self, trainer, pl_module, prediction: Any, batch_indices, batch, batch_idx: int,
                            dataloader_idx: int = 0) -> None:
@@ -106,8 +187,12 @@ class JsonlPredictionWriter(BasePredictionWriter):
             path = self.out_dir / job / rec.get("benchmark", "benchmark") / f"rank{trainer.global_rank}.jsonl"
             by_file.setdefault(path, []).append(json.dumps(rec, ensure_ascii=False, sort_keys=True) + "\n")
         for path, lines in by_file.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
+            new = not path.exists()
+            if new:
+                path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "a", encoding="utf-8") as f:
                 f.write("".join(lines))
                 f.flush()
                 os.fsync(f.fileno())
+            if new:
+                _fsync_dir(path.parent)

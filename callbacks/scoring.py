@@ -244,6 +244,8 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())  # the bytes are on disk before the rename makes them visible
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -420,18 +422,18 @@ class ScoreOnPredictEnd(Callback):
                     return Path(value)
         return None
 
-    def on_predict_start(self, trainer, pl_module) -> None:
-        self.last_scores = None
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self._scored = False
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         # a resumed run with nothing left to do skips the predict loop (and on_predict_end): still print the table
-        if stage == "predict" and self.last_scores is None:
+        if stage == "predict" and not getattr(self, "_scored", True):
             self.on_predict_end(trainer, pl_module)
 
     def on_predict_end(self, trainer, pl_module) -> None:
+        self._scored = True
         trainer.strategy.barrier("score_on_predict_end")
         if not trainer.is_global_zero:
-            self.last_scores = {}
             return
         root = self._root(trainer)
         if root is None:

@@ -2,7 +2,44 @@
 
 Large videos are decoded at a reduced size *inside the decoder* (decord's ``width``/``height``), so host memory
 stays bounded: at most ``decode_max_side`` pixels on the long side (default 896 = 32 merged cells; the encode never
-needs more than ``frame_grid(H, W, 256)`` = 16 cells per side for square frames, about 21 for 16:9).
+needs more than ``frame_grid(H, W, 256)`` = 16 cells per side for square frames, about 21 for 16:9). Only one
+full-size frame (the probe) is ever held; a 4K video costs about one 25 MB frame plus the reduced frames.
+
+Behaviour on unusual and broken media (issue 8; each case has a test in ``tests/test_bad_media.py``). "Error"
+means :class:`DecodeError` with the file named, which the dataset turns into one error record per (question, job)
+of the video while the run goes on.
+
+===============================  ==================================================================================
+case                             behaviour
+===============================  ==================================================================================
+missing file / a directory       error ``video file not found`` / ``is not a regular file``
+zero bytes                       error ``video file is empty (0 bytes)``
+not a video / truncated before   error ``cannot read the container (truncated, corrupted or not a video file)``
+the index (mp4 ``moov`` lost)
+truncated after the index        error ``cannot read the container ...`` (decord checks the packets on open)
+corrupted bytes mid-stream       error ``decoding N frames failed (corrupted or truncated stream)`` (or ``cannot
+                                 read the container`` when decord already trips over the packet on open):
+                                 frames are never silently replaced by neighbours
+no video stream (audio only)     error ``has no video stream``
+a single frame                   decoded: T = 1 at 0 s
+shorter than one 1 fps step      decoded: T = 1 at 0 s (duration < 1 s)
+very long, tiny frames           decoded: capped at ``max_frames(B)`` evenly spread frames (no full decode)
+variable frame rate              frame times come from the container's per-frame timestamps, not the average fps:
+                                 each sample time takes the frame shown at that time; ``info["vfr"] = True``
+constant frame rate              (unchanged) ``index = floor(t * fps)``, time ``index / fps``
+missing / zero fps               timestamps if usable, else 1 fps assumed; ``fps_ok = False`` in the record
+rotation metadata                decord applies the display rotation (frames upright, ``native_hw`` is the
+                                 displayed size). decord 0.6 mis-sizes its output buffer for some small 90/270-
+                                 rotated sizes; then the batch is decoded at a nearby width and resized back
+odd dimensions                   decoded at the exact odd size
+4:4:4, 10-bit                    decoded (converted to 8-bit RGB by decord's swscale)
+mkv / webm / avi                 decoded (any container and codec decord's FFmpeg reads)
+non-ASCII, spaces in the path    decoded (paths passed as UTF-8 strings)
+4K                               decoded at ``decode_max_side`` inside the decoder (bounded memory)
+===============================  ==================================================================================
+
+Not covered: a decoder that crashes the process (segfault) on a file takes the DataLoader worker down with it; an
+external ffmpeg fallback is not used (decord handles every case above).
 """
 from __future__ import annotations
 
@@ -25,9 +62,10 @@ class DecodedVideo:
     """Frames of one video.
 
     Attributes:
-        frames: (T, H, W, 3) uint8 RGB at the decode size.
-        times_s: T frame times in seconds (from the native frame index and the container's average fps).
-        info: ``duration_s, native_hw, decode_hw, n_frames, fps, sample_fps, fps_ok``.
+        frames: (T, H, W, 3) uint8 RGB at the decode size, upright (display rotation applied).
+        times_s: T frame times in seconds: ``index / fps`` for constant-frame-rate videos, the frames' own
+            presentation times (from the first frame) for variable-frame-rate ones.
+        info: ``duration_s, native_hw, decode_hw, n_frames, fps, sample_fps, fps_ok, vfr``.
     """
 
     frames: torch.Tensor
@@ -43,53 +81,135 @@ def decode_size(height: int, width: int, max_side: int) -> tuple[int, int]:
     return max(2, 2 * round(height * scale / 2)), max(2, 2 * round(width * scale / 2))
 
 
+def _short(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+
+
+def _open_error(path: Path, e: BaseException) -> DecodeError:
+    msg = str(e)
+    if "cannot find video stream" in msg:
+        return DecodeError(f"{path}: has no video stream (audio-only or not a video file)")
+    return DecodeError(f"{path}: cannot read the container (truncated, corrupted or not a video file; "
+                       f"{_short(e)})")
+
+
+def frame_timestamps(vr, num_frames: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per-frame presentation ``(starts, ends)`` in seconds relative to the first frame, or ``None`` when the
+    container's timestamps are unusable (non-finite or decreasing)."""
+    try:
+        ts = np.asarray(vr.get_frame_timestamp(np.arange(num_frames)), dtype=np.float64).reshape(num_frames, 2)
+    except Exception:  # noqa: BLE001 - no timestamps: fall back to the average fps
+        return None
+    starts, ends = ts[:, 0] - ts[0, 0], ts[:, 1] - ts[0, 0]
+    if not (np.isfinite(ts).all() and (np.diff(starts) >= 0).all()):
+        return None
+    return starts, ends
+
+
+def is_variable_frame_rate(starts: np.ndarray, fps: float, tolerance_frames: float = 0.5) -> bool:
+    """Whether the frame times deviate from ``index / fps`` by more than ``tolerance_frames`` frame periods."""
+    expected = np.arange(len(starts)) / fps
+    return bool(np.abs(starts - expected).max(initial=0.0) > tolerance_frames / fps + 1e-3)
+
+
+def _resize(frames: np.ndarray, height: int, width: int) -> np.ndarray:
+    x = torch.from_numpy(frames).permute(0, 3, 1, 2).float()
+    y = torch.nn.functional.interpolate(x, size=(height, width), mode="bilinear", antialias=True,
+                                        align_corners=False)
+    return y.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+
+
+def _read_frames(path: Path, idx: list[int], h: int, w: int, dh: int, dw: int, num_threads: int) -> np.ndarray:
+    """``(T, dh, dw, 3)`` frames at native indices ``idx`` (decoder-side resize when ``(dh, dw) != (h, w)``)."""
+    import decord
+
+    def read(width: int, height: int) -> np.ndarray:
+        vr = decord.VideoReader(str(path), num_threads=num_threads, width=width, height=height)
+        return vr.get_batch(idx).asnumpy()
+
+    same = (dh, dw) == (h, w)
+    try:
+        return read(-1 if same else dw, -1 if same else dh)
+    except Exception as e:  # noqa: BLE001
+        if "size must exactly match" not in str(e):
+            raise
+        # decord 0.6 mis-sizes the output buffer of some 90/270-degree rotated videos at some widths: decode at a
+        # nearby width (still upright) and resize back to the intended size
+        for width in (dw + 2, dw + 4, dw - 2, dw + 8, dw + 16):
+            if width < 2:
+                continue
+            try:
+                return _resize(read(width, dh), dh, dw)
+            except Exception:  # noqa: BLE001
+                continue
+        raise
+
+
 def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 896, base_fps: float = 1.0,
                  num_threads: int = 1) -> DecodedVideo:
-    """Decode the frames the largest budget of a run needs.
+    """Decode the frames the largest budget of a run needs (see the module docstring for unusual media).
 
     Args:
         path: video file.
         budget_tokens: the largest budget (sets the frame cap, :func:`algorithms.budget.sample_times`).
         decode_max_side: longest decoded side in pixels.
+        base_fps: sampling rate before the cap (1 fps in DESIGN §3.1).
+        num_threads: decoder threads.
 
     Raises:
-        DecodeError: missing, empty or unreadable file, no video stream, or no decodable frame (file named).
+        DecodeError: missing, empty, truncated, corrupted or unreadable file, no video stream, or no decodable
+            frame; the message starts with the file path.
     """
     import decord
 
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise DecodeError(f"{path}: video file not found")
+    if not path.is_file():
+        raise DecodeError(f"{path}: is not a regular file")
     if path.stat().st_size == 0:
         raise DecodeError(f"{path}: video file is empty (0 bytes)")
     try:
         probe = decord.VideoReader(str(path), num_threads=num_threads)
         num_native = len(probe)
         native_fps = float(probe.get_avg_fps())
-        h, w = probe[0].shape[:2]
+        stamps = frame_timestamps(probe, num_native) if num_native > 0 else None
+        h, w = probe[0].shape[:2]  # the displayed size (decord applies the rotation metadata)
         del probe
     except Exception as e:  # decord raises DECORDError / RuntimeError for bad streams
-        raise DecodeError(f"{path}: cannot open video ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from e
+        raise _open_error(path, e) from e
     if num_native < 1:
         raise DecodeError(f"{path}: video has no frames")
     fps_ok = math.isfinite(native_fps) and native_fps > 0
-    if not fps_ok:
-        native_fps = 1.0  # recorded as fps_ok = False
-    duration_s = num_native / native_fps
-    sample_fps, times = sample_times(duration_s, budget_tokens, base_fps)
-    idx = native_frame_indices(times, native_fps, num_native)
+    vfr = stamps is not None and num_native > 1 and (not fps_ok or is_variable_frame_rate(stamps[0], native_fps))
+    if vfr:
+        starts, ends = stamps
+        duration_s = float(max(ends[-1], starts[-1]))
+        if duration_s <= 0:
+            vfr = False
+    if vfr:
+        sample_fps, times = sample_times(duration_s, budget_tokens, base_fps)
+        idx = np.searchsorted(starts, np.asarray(times) + 1e-6, side="right") - 1
+        idx = [int(i) for i in np.clip(idx, 0, num_native - 1)]
+        real_times = [float(starts[i]) for i in idx]
+        native_fps = num_native / duration_s  # average, for the record
+    else:
+        if not fps_ok:
+            native_fps = 1.0  # recorded as fps_ok = False
+        duration_s = num_native / native_fps
+        sample_fps, times = sample_times(duration_s, budget_tokens, base_fps)
+        idx = native_frame_indices(times, native_fps, num_native)
+        real_times = [i / native_fps for i in idx]
     dh, dw = decode_size(h, w, decode_max_side)
     try:
-        vr = decord.VideoReader(str(path), num_threads=num_threads, width=dw if (dh, dw) != (h, w) else -1,
-                                height=dh if (dh, dw) != (h, w) else -1)
-        frames = vr.get_batch(idx).asnumpy()
+        frames = _read_frames(path, idx, h, w, dh, dw, num_threads)
     except Exception as e:
-        raise DecodeError(f"{path}: decoding {len(idx)} frames failed ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0][:200]})") from e
+        raise DecodeError(f"{path}: decoding {len(idx)} frames failed (corrupted or truncated stream; "
+                          f"{_short(e)})") from e
     frames = np.ascontiguousarray(frames)
     if frames.ndim != 4 or frames.shape[0] != len(idx) or frames.shape[-1] != 3:
         raise DecodeError(f"{path}: decoder returned frames of shape {frames.shape}")
-    real_times = [i / native_fps for i in idx]
     info = {"duration_s": round(duration_s, 3), "native_hw": [int(h), int(w)], "decode_hw": list(frames.shape[1:3]),
-            "n_frames": len(idx), "fps": round(native_fps, 4), "sample_fps": round(sample_fps, 4), "fps_ok": fps_ok}
+            "n_frames": len(idx), "fps": round(native_fps, 4), "sample_fps": round(sample_fps, 4), "fps_ok": fps_ok,
+            "vfr": bool(vfr)}
     return DecodedVideo(frames=torch.from_numpy(frames), times_s=real_times, info=info)

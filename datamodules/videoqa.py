@@ -34,7 +34,13 @@ class VideoTask:
 
 class VideoQADataset(Dataset):
     """Decodes each video once (for ``max_budget``) and returns a dict item; a failed decode yields an item with
-    ``error`` set instead of frames, so the run records it and goes on."""
+    ``error`` set instead of frames, so the run records it and goes on.
+
+    ``error`` always starts with the video path: a :class:`~datamodules.decoding.DecodeError` message as is (see
+    :mod:`datamodules.decoding` for the per-case table), any other exception of the decoder (including
+    ``MemoryError``) as ``"<path>: unexpected decode failure (<type>: <message>)"``. ``KeyboardInterrupt`` and
+    ``SystemExit`` are not caught.
+    """
 
     def __init__(self, tasks: list[VideoTask], max_budget: int, decode_max_side: int = 896):
         self.tasks, self.max_budget, self.decode_max_side = tasks, max_budget, decode_max_side
@@ -52,7 +58,8 @@ class VideoQADataset(Dataset):
         except DecodeError as e:
             item["error"] = str(e)
         except Exception as e:  # noqa: BLE001 - any decoder failure must become an error record, not a crash
-            item["error"] = f"{task.video_path}: unexpected decode failure ({type(e).__name__}: {e})"
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            item["error"] = f"{task.video_path}: unexpected decode failure ({type(e).__name__}: {first})"
         return item
 
 

@@ -52,6 +52,8 @@ class BudgetedQA(LightningModule):
         encode_chunk_frames: frames per vision-encoder call.
         vision_attn_implementation: vision-encoder attention (``frame_batched``: one SDPA call per layer over
             all frames of an encode; or a transformers backend name).
+        decode: batched decode step: ``dynamic``, ``static`` or ``graph`` (CUDA graph); ``auto`` = ``graph`` on
+            CUDA, ``dynamic`` on the CPU.
         answer_mode: ``batched`` (all questions of a (video, budget) decode together from one prefix) or
             ``sequential`` (one question after another from the cropped prefix cache); token-identical.
     """
@@ -60,7 +62,7 @@ class BudgetedQA(LightningModule):
                  raw_mode: str = "phase3", raw_max_tokens: int = 256, max_tokens_per_frame: int = 256,
                  max_new_tokens: int = 16, prompt_template: str = "mcq_letter", dtype: str = "float32",
                  attn_implementation: str = "sdpa", encode_chunk_frames: int = 64, answer_mode: str = "batched",
-                 vision_attn_implementation: str | None = "frame_batched"):
+                 vision_attn_implementation: str | None = "frame_batched", decode: str = "auto"):
         super().__init__()
         if not budgets:
             raise ValueError("budgets must not be empty")
@@ -114,7 +116,13 @@ class BudgetedQA(LightningModule):
         inputs = prepare_budgets(self.vlm, cache.frames, item["times_s"], needed, hp.raw_mode, hp.raw_max_tokens,
                                  hp.max_tokens_per_frame, hp.encode_chunk_frames, cache=cache)
         t1 = time.perf_counter()
-        answer = self.vlm.answer_batched if hp.answer_mode == "batched" else self.vlm.answer_all
+        if hp.answer_mode == "batched":
+            mode = hp.decode if hp.decode != "auto" else ("graph" if self.device.type == "cuda" else "dynamic")
+
+            def answer(prompt, texts, n):
+                return self.vlm.answer_batched(prompt, texts, n, decode=mode)
+        else:
+            answer = self.vlm.answer_all
         questions = [Question(**q) for q in item["questions"]]
         info = item["video_info"]
         records = []

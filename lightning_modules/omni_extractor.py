@@ -4,6 +4,12 @@ One ``predict_step`` = one session (a batch from ``datamodules.easycom.EasyComSt
 the session is run in the configured mode and its rows are placed on the session's 5 Hz grid; rows no stream
 covers are initialization rows. The returned record is what ``callbacks.feature_writer.FeatureWriter`` saves
 (``datamodules.features`` format).
+
+Batched path (issue 12): with ``sessions_per_batch = N > 1`` a predict batch that is a list of sessions runs all
+their streams in lockstep groups of at most N (``extract_sessions`` / ``models.omni_batch``) and returns a list of
+records. The shipped ``EasyComStreamDataModule`` yields one session per batch and ``FeatureWriter`` writes one
+record per batch, so that path is used by callers that hand over lists (``extract_sessions``, the bench); a
+single-session batch always takes the one-session path.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from lightning.pytorch import LightningModule
 
 from algorithms.streaming import MODES, accounting, masks, num_rows
 from models.omni import OmniThinkerRunner
+from models.omni_batch import COMPUTED_FIELDS, BatchedOmniRunner
 
 OUTPUT_HZ = 5.0
 VIDEO_FPS = 2.0
@@ -41,6 +48,53 @@ def extract_session(runner: OmniThinkerRunner, session: dict[str, Any], mode: st
         ``{"session", "mode", "tensors": {states (T_rows, D) and the masks of datamodules.features},
         "meta": {...}}`` with T_rows = ``floor(timeline_end_s / 0.2)``.
     """
+    results = [runner.run_stream(st["frames"].cpu().numpy(), st["audio"].cpu().numpy(), mode, memory_s, rows,
+                                 verify_rows) if rows > 0 else None for st, rows in _stream_rows(runner, session)]
+    return _assemble(runner, session, mode, memory_s, results, extra_meta)
+
+
+def extract_sessions(runner: OmniThinkerRunner, sessions: list[dict[str, Any]], mode: str, memory_s: float,
+                     verify_rows: int = 4, sessions_per_batch: int = 8, batched: BatchedOmniRunner | None = None,
+                     extra_meta: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """``extract_session`` for several sessions at once, their streams run in lockstep groups of at most
+    ``sessions_per_batch`` by ``models.omni_batch.BatchedOmniRunner`` (states, masks, production accounting and
+    verification as the one-session path; ``meta`` adds the ``computed_*`` figures, ``sessions_per_batch``,
+    ``batch_wall_time_s``, and ``wall_time_s`` becomes the session's share of its groups' wall time)."""
+    batched = batched or BatchedOmniRunner(runner, sessions_per_batch)
+    flat, owners = [], []
+    for si, session in enumerate(sessions):
+        for k, (st, rows) in enumerate(_stream_rows(runner, session)):
+            if rows > 0:
+                flat.append({"frames": st["frames"].cpu().numpy(), "audio": st["audio"].cpu().numpy(),
+                             "n_rows": rows})
+                owners.append((si, k))
+    res = batched.run_streams(flat, mode, memory_s, verify_rows)
+    per: list[list] = [[None] * len(s["streams"]) for s in sessions]
+    for (si, k), r in zip(owners, res):
+        per[si][k] = r
+    out = []
+    for session, results in zip(sessions, per):
+        got = [r for r in results if r is not None]
+        meta = {"sessions_per_batch": batched.sessions_per_batch,
+                "batch_wall_time_s": sum(r.batch_wall_time_s for r in got)}
+        for key in COMPUTED_FIELDS:
+            meta[key] = round(sum(r.computed[key] for r in got), 6)
+        out.append(_assemble(runner, session, mode, memory_s, results, {**meta, **(extra_meta or {})}))
+    return out
+
+
+def _stream_rows(runner: OmniThinkerRunner, session: dict[str, Any]):
+    """``(stream, rows)`` per stream: rows of the stream on the session grid (<= 0: nothing to run)."""
+    g = runner.geometry
+    n = num_rows(float(session["timeline_end_s"]), g)
+    for st in session["streams"]:
+        r0 = int(round(float(st["start_s"]) * 1000)) // g.row_ms
+        yield st, min(num_rows(len(st["audio"]) / 16000.0, g), n - r0)
+
+
+def _assemble(runner: OmniThinkerRunner, session: dict[str, Any], mode: str, memory_s: float, results: list,
+              extra_meta: dict[str, Any] | None) -> dict[str, Any]:
+    """The feature-file record of one session from its streams' ``StreamResult`` s (None: stream not run)."""
     g = runner.geometry
     n = num_rows(float(session["timeline_end_s"]), g)
     d = runner.hidden_size
@@ -53,13 +107,11 @@ def extract_session(runner: OmniThinkerRunner, session: dict[str, Any], mode: st
                "native_boundary_mask": torch.zeros(n, dtype=torch.uint8)}
     calls, prepared, wall, peak = 0, 0.0, 0.0, 0
     streams_meta, verifications = [], []
-    for k, st in enumerate(session["streams"]):
-        r0 = int(round(float(st["start_s"]) * 1000)) // g.row_ms
-        rows = min(num_rows(len(st["audio"]) / 16000.0, g), n - r0)
-        if rows <= 0:
+    for k, (st, res) in enumerate(zip(session["streams"], results)):
+        if res is None:
             continue
-        res = runner.run_stream(st["frames"].cpu().numpy(), st["audio"].cpu().numpy(), mode, memory_s, rows,
-                                verify_rows)
+        r0 = int(round(float(st["start_s"]) * 1000)) // g.row_ms
+        rows = res.states.shape[0]
         m = masks(res.steps)
         sl = slice(r0, r0 + rows)
         tensors["states"][sl] = res.states
@@ -111,11 +163,17 @@ class OmniFeatureExtractor(LightningModule):
         attn_implementation: ``sdpa`` | ``eager``.
         verify_rows: rows per stream re-checked from scratch (``cache_replay``); -1 all, 0 none.
         prompt_token_ids: fixed prompt override.
+        sessions_per_batch: 1 (default) runs one stream at a time (``extract_session``); N > 1 runs the streams
+            of a batch that is a *list* of sessions in lockstep groups of at most N (``extract_sessions``,
+            ``models.omni_batch``: same states, adds ``computed_*`` to the meta). A single-session batch is
+            always run the one-session way.
+        compile_small_calls: ``torch.compile`` the audio tower and the LLM in the batched path (default off).
     """
 
     def __init__(self, model_dir: str, mode: str = "open-stream-replay", memory_s: float = 8.0, layer: int = -1,
                  dtype: str = "float32", attn_implementation: str = "sdpa", verify_rows: int = 4,
-                 prompt_token_ids: list[int] | None = None):
+                 prompt_token_ids: list[int] | None = None, sessions_per_batch: int = 1,
+                 compile_small_calls: bool = False):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
@@ -126,10 +184,20 @@ class OmniFeatureExtractor(LightningModule):
             from algorithms.streaming import check_micro_chunk_tiling
 
             check_micro_chunk_tiling(self.runner.geometry)
+        if sessions_per_batch < 1:
+            raise ValueError(f"sessions_per_batch={sessions_per_batch} must be >= 1")
+        self.batched = (BatchedOmniRunner(self.runner, sessions_per_batch, compile_small_calls=compile_small_calls)
+                        if sessions_per_batch > 1 else None)
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         return batch  # media stay on the host; payloads go to the device after preparation
 
-    def predict_step(self, batch: dict[str, Any], batch_idx: int = 0) -> dict[str, Any]:
+    def predict_step(self, batch: dict[str, Any] | list[dict[str, Any]], batch_idx: int = 0):
+        """One session (dict) -> its record; a list of sessions -> their records (batched when
+        ``sessions_per_batch > 1``)."""
         hp = self.hparams
-        return extract_session(self.runner, batch, hp.mode, hp.memory_s, hp.verify_rows)
+        if isinstance(batch, dict):
+            return extract_session(self.runner, batch, hp.mode, hp.memory_s, hp.verify_rows)
+        if self.batched is None:
+            return [extract_session(self.runner, s, hp.mode, hp.memory_s, hp.verify_rows) for s in batch]
+        return extract_sessions(self.runner, list(batch), hp.mode, hp.memory_s, hp.verify_rows, batched=self.batched)

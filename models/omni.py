@@ -117,14 +117,19 @@ class OmniThinkerRunner(nn.Module):
             ``DEFAULT_PROMPT_TOKEN_IDS`` when there is none.
         dtype: ``float32`` | ``bfloat16`` | ``float16``.
         attn_implementation: passed to ``from_pretrained`` (``sdpa`` default; ``eager`` for bit-level checks).
+        thinker: an already built thinker (then ``model_dir`` only supplies the feature extractor, the video
+            processor and the optional tokenizer; ``dtype`` / ``attn_implementation`` are ignored).
     """
 
     def __init__(self, model_dir: str | Path, layer: int = -1, prompt_token_ids: list[int] | None = None,
-                 dtype: str = "float32", attn_implementation: str = "sdpa"):
+                 dtype: str = "float32", attn_implementation: str = "sdpa",
+                 thinker: Qwen2_5OmniThinkerForConditionalGeneration | None = None):
         super().__init__()
         self.model_dir = str(model_dir)
-        self.thinker = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(
-            self.model_dir, dtype=_DTYPES[dtype], attn_implementation=attn_implementation).eval()
+        if thinker is None:
+            thinker = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(
+                self.model_dir, dtype=_DTYPES[dtype], attn_implementation=attn_implementation)
+        self.thinker = thinker.eval()  # ``thinker`` given (bench: random weights built in memory): used as is
         self.thinker.requires_grad_(False)
         self.feature_extractor = AutoFeatureExtractor.from_pretrained(self.model_dir)
         self.video_processor = AutoVideoProcessor.from_pretrained(self.model_dir)

@@ -17,6 +17,7 @@ or subtitle can create a placeholder or end the user turn.
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ from algorithms.budget import (
     CELL_PIXELS, MIN_TOKENS_PER_FRAME, Plan, frame_grid, frame_token_cap, plan_groups, subsample,
 )
 from .qbase import QBaseCompressor, load_state_dict_strict
+
+log = logging.getLogger(__name__)
 
 QBASE_DIR = "qbase"
 ORIGINAL_PROJECTOR_DIR = "original_projector"
@@ -395,7 +398,7 @@ class BudgetedVideoLlama3(nn.Module):
 
     @torch.no_grad()
     def answer_batched(self, prompt: VideoPrompt, question_texts: list[str], max_new_tokens: int = 16,
-                       ignore_eos: bool = False) -> list[Answer]:
+                       ignore_eos: bool = False, decode: str = "dynamic") -> list[Answer]:
         """Answer all questions of a (video, budget) together from one prefilled prefix, greedy.
 
         The prefix cache (batch 1) is repeated to Q rows; the question suffixes are left-padded *inside the
@@ -407,7 +410,13 @@ class BudgetedVideoLlama3(nn.Module):
 
         Args:
             ignore_eos: decode exactly ``max_new_tokens`` tokens (benchmarks with forced answer length).
+            decode: ``dynamic`` (``DynamicCache``, masks built by transformers each step), ``static``
+                (a ``StaticCache`` of fixed length and a prepared 4-D mask updated in place: fixed shapes every
+                step) or ``graph`` (``static`` with the decode step captured once as a CUDA graph and replayed;
+                CUDA only).
         """
+        if decode not in ("dynamic", "static", "graph"):
+            raise ValueError(f"decode must be 'dynamic', 'static' or 'graph', got {decode!r}")
         answers: list[Answer | None] = [None] * len(question_texts)
         batch, rows = [], []
         for i, text in enumerate(question_texts):
@@ -421,30 +430,40 @@ class BudgetedVideoLlama3(nn.Module):
             return answers
         dev = self.device
         prefix_len = prompt.ids.numel()
-        cache = self.prefill(prompt)
+        cache = self.prefill(prompt)                                            # batch 1
         q = len(batch)
-        if q > 1:
-            cache.batch_repeat_interleave(q)
         longest = max(len(x) for x in batch)
         pad = self.tokenizer.pad_token_id or 0
         inp = torch.full((q, longest), pad, dtype=torch.long)
-        mask = torch.zeros(q, prefix_len + longest, dtype=torch.long)
-        mask[:, :prefix_len] = 1
+        valid = torch.zeros(q, prefix_len + longest, dtype=torch.bool)   # keys a row may attend (pads excluded)
+        valid[:, :prefix_len] = True
         pos = torch.full((q, longest), prefix_len, dtype=torch.long)
         for r, ids in enumerate(batch):
             n = len(ids)
             inp[r, longest - n:] = torch.tensor(ids)
-            mask[r, prefix_len + longest - n:] = 1
+            valid[r, prefix_len + longest - n:] = True
             pos[r, longest - n:] = prefix_len + torch.arange(n)
-        inp, mask, pos = inp.to(dev), mask.to(dev), pos.to(dev)
+        inp, valid, pos = inp.to(dev), valid.to(dev), pos.to(dev)
         eos = torch.tensor(self.eos_ids, device=dev)
-        out = self.model(input_ids=inp, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
-                         logits_to_keep=1)
-        next_pos = pos[:, -1:] + 1
+        if decode == "dynamic":
+            if q > 1:
+                cache.batch_repeat_interleave(q)
+            mask = valid.long()
+            out = self.model(input_ids=inp, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                             use_cache=True, logits_to_keep=1)
+
+            def step_fn(nxt: torch.Tensor, step: int) -> torch.Tensor:
+                nonlocal mask
+                mask = torch.cat([mask, mask.new_ones(q, 1)], 1)
+                return self.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos[:, -1:] + step,
+                                  past_key_values=cache, use_cache=True).logits
+        else:
+            out, step_fn = self._static_decoder(cache, inp, valid, pos, max_new_tokens, graph=decode == "graph")
         tokens = []
         done = torch.zeros(q, dtype=torch.bool, device=dev)
+        logits = out.logits
         for step in range(max_new_tokens):
-            nxt = out.logits[:, -1].argmax(-1)                                  # (Q,)
+            nxt = logits[:, -1].argmax(-1)                                      # (Q,)
             tokens.append(nxt)
             if not ignore_eos:
                 done |= torch.isin(nxt, eos)
@@ -452,10 +471,7 @@ class BudgetedVideoLlama3(nn.Module):
                     break
             if step == max_new_tokens - 1:
                 break
-            mask = torch.cat([mask, mask.new_ones(q, 1)], 1)
-            out = self.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=next_pos,
-                             past_key_values=cache, use_cache=True)
-            next_pos = next_pos + 1
+            logits = step_fn(nxt, step + 1)
         gen = torch.stack(tokens, 1).tolist()                                   # (Q, steps)
         for r, i in enumerate(rows):
             toks = gen[r]
@@ -466,6 +482,80 @@ class BudgetedVideoLlama3(nn.Module):
                         break
             answers[i] = self._answer(toks, prefix_len + len(batch[r]), False)
         return answers
+
+    def _static_decoder(self, cache, inp: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor, max_new_tokens: int,
+                        graph: bool):
+        """Suffix prefill + a fixed-shape decode step over a ``StaticCache`` (optionally a replayed CUDA graph).
+
+        Layout of the static cache per row: ``[prefix L | suffix (left-padded to n) | decode steps]``; the mask is
+        an additive 4-D ``(Q, 1, 1, L + n + R)`` buffer whose column for the step's own key is opened in place
+        before each step, so the step itself has fixed shapes and addresses (what a CUDA graph needs).
+
+        Returns:
+            ``(suffix output, step_fn)`` with ``step_fn(next_tokens (Q,), step) -> logits (Q, 1, V)``.
+        """
+        from transformers import StaticCache
+
+        q, longest = inp.shape
+        prefix_len = valid.shape[1] - longest
+        s0 = prefix_len + longest
+        total = s0 + max_new_tokens
+        dev, dtype = self.device, self.dtype
+        sc = StaticCache(config=self.model.config.get_text_config(), max_cache_len=total)
+        for layer, src in zip(sc.layers, cache.layers):                        # prefix KV, one copy per row
+            layer.update(src.keys.expand(q, -1, -1, -1).contiguous(), src.values.expand(q, -1, -1, -1).contiguous())
+        neg = torch.finfo(dtype).min
+        keys = torch.arange(total, device=dev)
+        key_ok = torch.ones(q, total, dtype=torch.bool, device=dev)
+        key_ok[:, :s0] = valid
+        query_at = prefix_len + torch.arange(longest, device=dev)              # cache index of suffix queries
+        allowed = key_ok[:, None, :] & (keys[None, None, :] <= query_at[None, :, None])  # (Q, n, total)
+        mask = torch.zeros(q, 1, longest, total, dtype=dtype, device=dev).masked_fill(~allowed[:, None], neg)
+        out = self.model(input_ids=inp, attention_mask={"full_attention": mask}, position_ids=pos,
+                         past_key_values=sc, use_cache=True, logits_to_keep=1)
+        tok_buf = torch.zeros(q, 1, dtype=torch.long, device=dev)
+        pos_buf = pos[:, -1:] + 1
+        mask_buf = torch.zeros(q, 1, 1, total, dtype=dtype, device=dev).masked_fill(
+            ~(key_ok & (keys[None] < s0))[:, None, None], neg)
+
+        def forward() -> torch.Tensor:
+            return self.model(input_ids=tok_buf, attention_mask={"full_attention": mask_buf}, position_ids=pos_buf,
+                              past_key_values=sc, use_cache=True).logits
+
+        run = forward
+        if graph and max_new_tokens > 1:
+            if dev.type != "cuda":
+                raise ValueError("decode='graph' needs a CUDA device")
+            lengths = [layer.cumulative_length.clone() for layer in sc.layers]
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):                                      # warm-up (writes are overwritten)
+                for _ in range(2):
+                    forward()
+            torch.cuda.current_stream().wait_stream(side)
+            cuda_graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(cuda_graph):
+                    static_logits = forward()
+            except RuntimeError as e:  # a backend that syncs inside the step cannot be captured: stay eager
+                log.warning("CUDA graph capture of the decode step failed (%s); decoding eagerly", e)
+                cuda_graph = None
+            for layer, n in zip(sc.layers, lengths):                           # rewind the cache write position
+                layer.cumulative_length.copy_(n)
+
+            if cuda_graph is not None:
+                def run() -> torch.Tensor:
+                    cuda_graph.replay()
+                    return static_logits
+
+        def step_fn(nxt: torch.Tensor, step: int) -> torch.Tensor:
+            tok_buf.copy_(nxt[:, None])
+            if step > 1:
+                pos_buf.add_(1)
+            mask_buf[..., s0 + step - 1] = 0                                   # the step's own key
+            return run()
+
+        return out, step_fn
 
 
 # ---------------------------------------------------------------------- one video, several budgets

@@ -27,10 +27,14 @@ def test_batched_answers_equal_sequential(tiny_vlm):
         seq = tiny_vlm.answer_all(bi.prompt, qs, max_new_tokens=10)
         bat = tiny_vlm.answer_batched(bi.prompt, qs, max_new_tokens=10)
         assert [a.token_ids for a in bat] == [a.token_ids for a in seq]
+        static = tiny_vlm.answer_batched(bi.prompt, qs, max_new_tokens=10, decode="static")
+        assert [a.token_ids for a in static] == [a.token_ids for a in seq]
         assert [a.seq_len for a in bat] == [a.seq_len for a in seq]
         assert [a.fallback for a in bat] == [False, False, True, False, False]
         forced = tiny_vlm.answer_batched(bi.prompt, qs[:2], max_new_tokens=6, ignore_eos=True)
         assert all(len(a.token_ids) == 6 for a in forced)
+        with pytest.raises(ValueError, match="CUDA"):
+            tiny_vlm.answer_batched(bi.prompt, qs[:2], max_new_tokens=3, decode="graph")
 
 
 def test_balanced_assignment_hand_case():

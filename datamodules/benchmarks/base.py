@@ -2,6 +2,34 @@
 
 A loader reads a benchmark's public release files and returns a list of :class:`Question`. Videos are grouped
 by the datamodule (one item per video, carrying all its questions), so a loader never decodes media.
+
+Validation (issue 8). Every loader checks its rows before a run starts and raises :class:`AnnotationError`
+naming the file and the row (and the row's id when it has one) on the first bad row; nothing is silently dropped,
+so a malformed release costs seconds, not a GPU run. Per case (tests in ``tests/test_bad_annotations.py``):
+
+======================================  ==========================================================================
+case                                    behaviour
+======================================  ==========================================================================
+missing field / column                  error (file and row, or the missing column)
+mistyped field (question not text,      error ``<field> must be text, got <type>`` (numbers are accepted as option
+options not a list, answer not a        text, e.g. MLVU's counting candidates; booleans, null, lists, objects are
+letter / index)                         not)
+empty or blank question, empty option   error
+duplicate qid                           error naming both rows
+answer not among the options            error
+zero or one option                      error (a multiple-choice question needs at least 2)
+many options                            error above 10 (letters A-J) or above the benchmark's own count
+                                        (LongVideoBench 5, WorldSense exactly 4)
+no answer (test splits)                 accepted: ``answer = None``; records score as unanswered
+non-Latin / right-to-left text          accepted verbatim (no normalisation); the prompt carries it unchanged
+model special tokens in a question,     accepted verbatim: the model tokenizes dataset text with
+option or subtitle                      ``split_special_tokens=True``, so it can neither add a vision placeholder
+                                        nor end the user turn (``models.videollama3``)
+malformed subtitles                     error naming the subtitle file and cue / item (``subtitles.py``); an
+                                        ``.srt`` with no timed cue at all gives no subtitles
+media path escaping the root            error (``..``, absolute paths, symlinks out of the root)
+media file missing or unreadable        not an annotation error: one error record per question at decode time
+======================================  ==========================================================================
 """
 from __future__ import annotations
 
@@ -10,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 LETTERS = "ABCDEFGHIJ"
+MIN_OPTIONS = 2
 
 
 class AnnotationError(ValueError):
@@ -60,6 +89,67 @@ def resolve_media_path(root: str | Path, relative: str | Path, where: str) -> Pa
     if path != root_r and root_r not in path.parents:
         raise AnnotationError(f"{where}: media path {rel!r} escapes the benchmark root {root}")
     return Path(root).absolute() / rel
+
+
+def text_field(value: Any, name: str, where: str, numbers_ok: bool = False, empty_ok: bool = False) -> str:
+    """``value`` as text, refusing mistyped values.
+
+    Args:
+        numbers_ok: accept ``int``/``float`` (not ``bool``) and turn them into text.
+        empty_ok: accept an empty or blank string.
+
+    Raises:
+        AnnotationError: ``value`` is not a string (nor an accepted number), or is blank (``where`` named).
+    """
+    if isinstance(value, str):
+        text = value
+    elif numbers_ok and isinstance(value, (int, float)) and not isinstance(value, bool):
+        text = str(value)
+    else:
+        raise AnnotationError(f"{where}: {name} must be text, got {type(value).__name__} {value!r:.80}")
+    if not empty_ok and not text.strip():
+        raise AnnotationError(f"{where}: {name} is empty")
+    return text
+
+
+def options_field(value: Any, name: str, where: str, min_n: int = MIN_OPTIONS, max_n: int = len(LETTERS)) -> list:
+    """``value`` checked to be a list of ``min_n..max_n`` option texts (numbers accepted); returns it as strings.
+
+    Raises:
+        AnnotationError: not a list, too few or too many options, or a mistyped or empty option (``where`` named).
+    """
+    if not isinstance(value, (list, tuple)):
+        raise AnnotationError(f"{where}: {name} must be a list of {min_n}..{max_n} option texts, "
+                              f"got {type(value).__name__} {value!r:.80}")
+    if not min_n <= len(value) <= max_n:
+        raise AnnotationError(f"{where}: {name} has {len(value)} options; expected {min_n}..{max_n}"
+                              + (" (a multiple-choice question needs at least 2)" if len(value) < 2 else ""))
+    return [text_field(v, f"option {j}", where, numbers_ok=True) for j, v in enumerate(value)]
+
+
+def check_questions(questions: list[Question], wheres: list[str]) -> list[Question]:
+    """Checks every loader's output: qid, question and option texts, answer letter, unique qids.
+
+    Args:
+        questions: a loader's questions.
+        wheres: for each question, its file and row (for messages).
+
+    Raises:
+        AnnotationError: a blank qid or question, fewer than 2 or more than 10 options, an answer that is not one
+            of the option letters, or a qid used twice (both rows named).
+    """
+    seen: dict[str, str] = {}
+    for q, where in zip(questions, wheres):
+        text_field(q.qid, "qid", where)
+        text_field(q.question, "question", where)
+        if not MIN_OPTIONS <= len(q.options) <= len(LETTERS):
+            raise AnnotationError(f"{where}: {len(q.options)} options; expected {MIN_OPTIONS}..{len(LETTERS)}")
+        if q.answer is not None and q.answer not in LETTERS[: len(q.options)]:
+            raise AnnotationError(f"{where}: answer {q.answer!r} is not one of {len(q.options)} option letters")
+        if q.qid in seen:
+            raise AnnotationError(f"{where}: duplicate qid {q.qid!r} (first at {seen[q.qid]})")
+        seen[q.qid] = where
+    return questions
 
 
 LOADERS: dict[str, Callable[..., list[Question]]] = {}

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .base import LETTERS, AnnotationError, Question, register, resolve_media_path
+from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, register, resolve_media_path,
+                   text_field)
 from .subtitles import load_lvb_subtitles, subtitles_text
 
 _FIELDS = ("id", "video_id", "video_path", "question", "candidates")
+MAX_CANDIDATES = 5
 
 
 @register("lvb")
@@ -36,8 +38,9 @@ def load_lvb(root: Path, annotation: str = "lvb_val.json", video_dir: str = "vid
         [subtitles]}``.
 
     Raises:
-        AnnotationError: invalid JSON, a row missing a field, 0 or more than 5 candidates, ``correct_choice`` out
-            of range, a media path escaping ``root`` (file and row named), a malformed subtitle file.
+        AnnotationError: invalid JSON, a row missing a field or with a mistyped or empty one, fewer than 2 or
+            more than 5 candidates, ``correct_choice`` not an index into them, a duplicate id, a media path escaping
+            ``root`` (file and row named), a malformed subtitle file (file and item named).
     """
     root = Path(root)
     f = root / annotation
@@ -45,30 +48,33 @@ def load_lvb(root: Path, annotation: str = "lvb_val.json", video_dir: str = "vid
         rows = json.loads(f.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
         raise AnnotationError(f"LongVideoBench: {f} not found") from e
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise AnnotationError(f"{f}: invalid JSON: {e}") from e
     if not isinstance(rows, list):
         raise AnnotationError(f"{f}: expected a JSON list of questions")
     questions: list[Question] = []
+    wheres: list[str] = []
     cache: dict[tuple, list] = {}
     for i, row in enumerate(rows):
         where = f"{f} row {i}"
         if not isinstance(row, dict) or any(k not in row for k in _FIELDS):
             raise AnnotationError(f"{where}: expected an object with fields {_FIELDS}")
         where = f"{f} row {i} (id={row['id']!r})"
-        cands = row["candidates"]
-        if not isinstance(cands, list) or not 1 <= len(cands) <= 5:
-            raise AnnotationError(f"{where}: candidates must be a list of 1..5 strings")
+        qid = text_field(row["id"], "id", where, numbers_ok=True)
+        question = text_field(row["question"], "question", where)
+        cands = options_field(row["candidates"], "candidates", where, max_n=MAX_CANDIDATES)
         answer = None
         if row.get("correct_choice") is not None:
             c = row["correct_choice"]
             if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < len(cands):
                 raise AnnotationError(f"{where}: correct_choice {c!r} is not an index into {len(cands)} candidates")
             answer = LETTERS[c]
-        video_path = resolve_media_path(root, Path(video_dir) / str(row["video_path"]), where)
+        video_path = resolve_media_path(root, Path(video_dir) / text_field(row["video_path"], "video_path", where),
+                                        where)
         lines = None
         if subtitles and row.get("subtitle_path"):
-            sub = resolve_media_path(root, Path(subtitle_dir) / str(row["subtitle_path"]), where)
+            sub = resolve_media_path(root, Path(subtitle_dir) / text_field(row["subtitle_path"], "subtitle_path", where),
+                                     where)
             start = float(row.get("starting_timestamp_for_subtitles") or 0.0)
             dur = row.get("duration")
             key = (str(sub), start, dur)
@@ -81,14 +87,15 @@ def load_lvb(root: Path, annotation: str = "lvb_val.json", video_dir: str = "vid
         if subtitles:
             meta["subtitles"] = bool(lines)
         questions.append(Question(
-            qid=str(row["id"]),
-            video_id=str(row["video_id"]),
+            qid=qid,
+            video_id=text_field(row["video_id"], "video_id", where, numbers_ok=True),
             video_path=str(video_path),
-            question=str(row["question"]),
-            options=[str(c) for c in cands],
+            question=question,
+            options=cands,
             answer=answer,
             meta=meta,
             subtitles=subtitles_text(lines) if lines else None,
             subtitle_lines=list(lines) if lines else None,
         ))
-    return questions
+        wheres.append(where)
+    return check_questions(questions, wheres)

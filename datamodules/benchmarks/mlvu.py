@@ -12,7 +12,8 @@ import logging
 import re
 from pathlib import Path
 
-from .base import LETTERS, AnnotationError, Question, register, resolve_media_path
+from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, register, resolve_media_path,
+                   text_field)
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,9 @@ def load_mlvu(root: Path, json_dir: str = "json", video_dir: str = "video",
         question_type}``.
 
     Raises:
-        AnnotationError: no annotation files, invalid JSON, a row missing a field, an answer that is not one of
-            its candidates, more than 10 candidates, or a video path escaping ``root`` (file and row named).
+        AnnotationError: no annotation files, invalid JSON, a row missing a field or with a mistyped or empty
+            one, an answer that is not one of its candidates, fewer than 2 or more than 10 candidates, a
+            qid used twice (two files of one task), or a video path escaping ``root`` (file and row named).
     """
     root = Path(root)
     keep = tuple(tasks) if tasks is not None else MC_TASKS
@@ -54,11 +56,12 @@ def load_mlvu(root: Path, json_dir: str = "json", video_dir: str = "video",
     if not files:
         raise AnnotationError(f"MLVU: no <n>_<task>.json under {root / json_dir}")
     questions: list[Question] = []
+    wheres: list[str] = []
     skipped: dict[str, int] = {}
     for _, task, f in sorted(files):
         try:
             rows = json.loads(f.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise AnnotationError(f"{f}: invalid JSON: {e}") from e
         if not isinstance(rows, list):
             raise AnnotationError(f"{f}: expected a JSON list of questions")
@@ -71,24 +74,28 @@ def load_mlvu(root: Path, json_dir: str = "json", video_dir: str = "video",
             where = f"{f} row {i}"
             if not isinstance(row, dict) or any(k not in row for k in _FIELDS):
                 raise AnnotationError(f"{where}: expected an object with fields {_FIELDS}")
-            cands = row["candidates"]
-            if not isinstance(cands, list) or not 1 <= len(cands) <= len(LETTERS):
-                raise AnnotationError(f"{where}: candidates must be a list of 1..{len(LETTERS)} strings")
-            options = [str(c) for c in cands]
-            answer_text = str(row["answer"])
+            question = text_field(row["question"], "question", where)
+            options = options_field(row["candidates"], "candidates", where)
+            answer_text = text_field(row["answer"], "answer", where, numbers_ok=True)
             if answer_text not in options:
                 raise AnnotationError(f"{where}: answer {answer_text!r} is not one of the candidates {options}")
-            video_path = resolve_media_path(root, Path(video_dir) / f.stem / str(row["video"]), where)
+            if options.count(answer_text) > 1:  # the official evaluation takes the first; so do we, but say so
+                log.warning("%s: answer %r appears more than once among the candidates; using the first", where,
+                            answer_text)
+            video = text_field(row["video"], "video", where, numbers_ok=True)
+            video_path = resolve_media_path(root, Path(video_dir) / f.stem / video, where)
             questions.append(Question(
                 qid=f"{task}_{i}",
-                video_id=f"{f.stem}/{row['video']}",
+                video_id=f"{f.stem}/{video}",
                 video_path=str(video_path),
-                question=str(row["question"]),
+                question=question,
                 options=options,
                 answer=LETTERS[options.index(answer_text)],
                 meta={"benchmark": "mlvu", "task": task, "duration": row.get("duration"),
                       "question_type": row.get("question_type", task)},
             ))
+            wheres.append(where)
+    check_questions(questions, wheres)
     if skipped:
         log.info("MLVU: skipped %d open-ended questions (%s)", sum(skipped.values()),
                  ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items())))

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from .base import LETTERS, AnnotationError, Question, register, resolve_media_path
+from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, register, resolve_media_path,
+                   text_field)
 from .subtitles import load_srt, subtitles_text
 
 COLUMNS = ("video_id", "duration", "domain", "sub_category", "videoID", "question_id", "task_type", "question",
@@ -45,30 +46,45 @@ def load_videomme(root: Path, parquet: str | None = None, video_dir: str = "vide
         subtitle_dir: folder of the ``.srt`` files relative to ``root``.
 
     Raises:
-        AnnotationError: a missing column, a row whose options/answer are malformed, or a videoID whose path
-            escapes ``root`` (file and row named); a malformed ``.srt`` (file named).
+        AnnotationError: an unreadable parquet, a missing column, a row with a mistyped or empty question,
+            options or answer, fewer than 2 or more than 10 options, an answer outside the options, a duplicate
+            question_id, or a videoID whose path escapes ``root`` (file and row named); a malformed ``.srt`` (file
+            and cue named). See :mod:`datamodules.benchmarks.base` for the per-case table.
     """
     root = Path(root)
     files = [Path(parquet)] if parquet else find_parquets(root)
     questions: list[Question] = []
+    wheres: list[str] = []
     subs_cache: dict[str, list | None] = {}
     for f in files:
-        table = pq.read_table(f)
+        try:
+            table = pq.read_table(f)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for unreadable files
+            raise AnnotationError(f"{f}: not a readable parquet file ({type(e).__name__}: {e})") from e
         missing = [c for c in COLUMNS if c not in table.column_names]
         if missing:
             raise AnnotationError(f"{f}: missing column(s) {missing}")
         for i, row in enumerate(table.to_pylist()):
             where = f"{f} row {i} (question_id={row.get('question_id')!r})"
+            qid = text_field(row["question_id"], "question_id", where, numbers_ok=True)
+            question = text_field(row["question"], "question", where)
             options = []
-            for j, opt in enumerate(list(row["options"] or [])):
-                m = _LETTER_PREFIX.match(str(opt))
+            for j, opt in enumerate(options_field(row["options"], "options", where)):
+                m = _LETTER_PREFIX.match(opt)
                 if m and m.group(1) != LETTERS[j]:
                     raise AnnotationError(f"{where}: option {j} is lettered {m.group(1)!r}, expected {LETTERS[j]!r}")
-                options.append(str(opt)[m.end():] if m else str(opt))
-            answer = (row["answer"] or "").strip() or None
+                body = opt[m.end():] if m else opt
+                if not body.strip():
+                    raise AnnotationError(f"{where}: option {j} is empty")
+                options.append(body)
+            raw_answer = row["answer"]
+            if raw_answer is not None and not isinstance(raw_answer, str):
+                raise AnnotationError(f"{where}: answer must be a letter, got {type(raw_answer).__name__} "
+                                      f"{raw_answer!r}")
+            answer = (raw_answer or "").strip() or None
             if answer is not None and answer not in LETTERS[: len(options)]:
                 raise AnnotationError(f"{where}: answer {answer!r} is not one of {len(options)} option letters")
-            vid = str(row["videoID"])
+            vid = text_field(row["videoID"], "videoID", where, numbers_ok=True)
             video_path = resolve_media_path(root, Path(video_dir) / f"{vid}.mp4", where)
             lines = None
             if subtitles:
@@ -77,10 +93,10 @@ def load_videomme(root: Path, parquet: str | None = None, video_dir: str = "vide
                     subs_cache[vid] = load_srt(srt) if srt.is_file() else None
                 lines = subs_cache[vid]
             questions.append(Question(
-                qid=str(row["question_id"]),
+                qid=qid,
                 video_id=vid,
                 video_path=str(video_path),
-                question=str(row["question"]),
+                question=question,
                 options=options,
                 answer=answer,
                 meta={"benchmark": "videomme", "duration": row["duration"], "domain": row["domain"],
@@ -89,4 +105,6 @@ def load_videomme(root: Path, parquet: str | None = None, video_dir: str = "vide
                 subtitles=subtitles_text(lines) if lines else None,
                 subtitle_lines=list(lines) if lines else None,
             ))
+            wheres.append(where)
+    check_questions(questions, wheres)
     return questions

@@ -18,7 +18,8 @@ import json
 import re
 from pathlib import Path
 
-from .base import LETTERS, AnnotationError, Question, register, resolve_media_path
+from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, register, resolve_media_path,
+                   text_field)
 
 _LETTER_PREFIX = re.compile(r"^\s*\(?([A-J])[.):]\s*")
 NUM_OPTIONS = 4
@@ -26,18 +27,23 @@ NUM_OPTIONS = 4
 
 def _options(raw, where: str) -> list[str]:
     if not isinstance(raw, list) or len(raw) != NUM_OPTIONS:
-        raise AnnotationError(f"{where}: expected {NUM_OPTIONS} options, got {raw!r}")
+        raise AnnotationError(f"{where}: expected {NUM_OPTIONS} options, got {raw!r:.200}")
     out = []
-    for j, opt in enumerate(raw):
-        m = _LETTER_PREFIX.match(str(opt))
+    for j, opt in enumerate(options_field(raw, "options", where, NUM_OPTIONS, NUM_OPTIONS)):
+        m = _LETTER_PREFIX.match(opt)
         if m and m.group(1) != LETTERS[j]:
             raise AnnotationError(f"{where}: option {j} is lettered {m.group(1)!r}, expected {LETTERS[j]!r}")
-        out.append(str(opt)[m.end():] if m else str(opt))
+        body = opt[m.end():] if m else opt
+        if not body.strip():
+            raise AnnotationError(f"{where}: option {j} is empty")
+        out.append(body)
     return out
 
 
 def _answer(raw, where: str) -> str:
-    a = str(raw or "").strip().strip("().").upper()
+    if not isinstance(raw, str):
+        raise AnnotationError(f"{where}: answer must be a letter A-D, got {type(raw).__name__} {raw!r:.80}")
+    a = raw.strip().strip("().").upper()
     if a not in LETTERS[:NUM_OPTIONS]:
         raise AnnotationError(f"{where}: answer {raw!r} is not a letter A-D")
     return a
@@ -53,7 +59,8 @@ def load_worldsense(root: Path, annotation: str = "worldsense_qa.json", video_di
 
     Raises:
         AnnotationError: invalid JSON, an unknown shape, a question without 4 options or with an answer outside
-            A-D, a missing question/task_type, or a video path escaping ``root`` (file and row named).
+            A-D, a missing, mistyped or empty question/task_type/option, a duplicate qid, or a video path escaping
+            ``root`` (file and row named).
     """
     root = Path(root)
     f = root / annotation
@@ -61,7 +68,7 @@ def load_worldsense(root: Path, annotation: str = "worldsense_qa.json", video_di
         data = json.loads(f.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
         raise AnnotationError(f"WorldSense: {f} not found") from e
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise AnnotationError(f"{f}: invalid JSON: {e}") from e
 
     items: list[tuple[str, str, dict, dict]] = []  # (qid, where, video-level fields, question fields)
@@ -90,17 +97,18 @@ def load_worldsense(root: Path, annotation: str = "worldsense_qa.json", video_di
             raise AnnotationError(f"{where}: missing question")
         if not q.get("task_type"):
             raise AnnotationError(f"{where}: missing task_type")
-        vid = str(video["video_id"])
+        question = text_field(q["question"], "question", where)
+        vid = text_field(video["video_id"], "video_id", where, numbers_ok=True)
         video_path = resolve_media_path(root, Path(video_dir) / f"{vid}.mp4", where)
         questions.append(Question(
             qid=qid,
             video_id=vid,
             video_path=str(video_path),
-            question=str(q["question"]),
+            question=question,
             options=_options(q.get("candidates", q.get("options")), where),
             answer=_answer(q.get("answer"), where),
             meta={"benchmark": "worldsense", "domain": video.get("domain"),
                   "sub_category": video.get("sub_category"), "task_domain": q.get("task_domain"),
                   "task_type": q["task_type"], "duration": video.get("duration")},
         ))
-    return questions
+    return check_questions(questions, [w for _, w, _, _ in items])

@@ -1,0 +1,241 @@
+"""Streaming-extraction throughput (issue 12): eager one-session baseline vs lockstep batched sessions with reuse.
+
+    python bench/extract_throughput.py                          # GPU: random bf16 thinker, Qwen2.5-Omni-3B shapes
+    python bench/extract_throughput.py --sessions 8 16 --duration 24 --compile --json out.json
+    python bench/extract_throughput.py --tiny                   # CPU smoke run on the tiny thinker (< 60 s)
+
+Self-contained: nothing is downloaded. The thinker is built in memory from a ``Qwen2_5OmniThinkerConfig`` with the
+Qwen2.5-Omni-3B thinker shapes (LLM 36 layers, hidden 2048, FFN 11008, 16 heads, 2 KV heads, vocab 151936; vision
+tower 32 layers, width 1280, FFN 3420, 16 heads, full attention at 7/15/23/31, merger to 2048; whisper-like audio
+tower 32 layers, width 1280, FFN 5120, 20 heads, output 2048) and random bf16 weights; the feature extractor and
+video processor are the official settings, written to a temporary folder. Media: EasyCom-like synthetic sessions,
+random 2 FPS frames of 560x1008 pixels (a 20x36 merged grid = 720 merged tokens per 1 s temporal patch) and 16 kHz
+noise; session ``k`` of N lasts ``duration * (1 - 0.25 k / (N - 1))`` s (rounded to 0.2 s) so that batched sessions
+drop out at different times. Memory 8 s.
+
+For each mode it measures (after a warm-up on a short stream):
+* ``1-session eager``: ``OmniThinkerRunner.run_stream`` on session 0 (the issue's baseline; its dataset-level RTF is
+  the same number, sessions running one after another);
+* ``batched N``: ``BatchedOmniRunner.run_streams`` on all N sessions in lockstep with reuse (``+compile`` rows with
+  ``--compile``: ``torch.compile`` of the small fixed-shape calls);
+and prints one table: real-time factor (media seconds / wall seconds; batched = per-session RTF of session 0's
+share), dataset-level RTF (all sessions' media seconds / total wall), peak GPU memory (CPU: process peak RSS),
+the largest state difference of session 0 against the baseline, and the computed vision patches and LLM tokens per
+media second. Issue-12 targets (H200, 720 tokens/patch, dataset-level): completed-block-hold >= 40x,
+micro-chunk-200ms >= 20x, open-stream-replay >= 8x.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from algorithms.streaming import MODES  # noqa: E402
+
+TARGETS = {"completed-block-hold": 40.0, "micro-chunk-200ms": 20.0, "open-stream-replay": 8.0}
+FRAME_HW = (560, 1008)  # 40x72 patches of 14 px -> 20x36 merged = 720 merged tokens per temporal patch
+TINY_FRAME_HW = (112, 112)  # tiny video processor cap: 4x4 merged = 16 tokens per temporal patch
+
+
+def omni_3b_thinker_config():
+    """``Qwen2_5OmniThinkerConfig`` with the Qwen2.5-Omni-3B thinker shapes (no weights)."""
+    from transformers import Qwen2_5OmniThinkerConfig
+
+    return Qwen2_5OmniThinkerConfig(
+        audio_config=dict(num_mel_bins=128, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120,
+                          d_model=1280, n_window=100, max_source_positions=1500, output_dim=2048),
+        vision_config=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
+                           fullatt_block_indexes=[7, 15, 23, 31], window_size=112, patch_size=14,
+                           spatial_merge_size=2, temporal_patch_size=2, in_channels=3),
+        text_config=dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                         num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=32768,
+                         rope_parameters={"rope_type": "default", "mrope_section": [16, 24, 24], "rope_theta": 1e6},
+                         tie_word_embeddings=True),
+        position_id_per_seconds=25, seconds_per_chunk=2, vision_start_token_id=151652, vision_end_token_id=151653)
+
+
+def write_processors(out: Path, max_pixels: int) -> Path:
+    """The official WhisperFeatureExtractor settings and a Qwen2VLVideoProcessor (patch 14, merge 2, temporal 2)."""
+    from transformers import WhisperFeatureExtractor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    WhisperFeatureExtractor(feature_size=128, sampling_rate=16000, hop_length=160, chunk_length=300, n_fft=400,
+                            padding_value=0.0, return_attention_mask=True).save_pretrained(out)
+    Qwen2VLVideoProcessor(size={"shortest_edge": 56 * 56, "longest_edge": max_pixels}, patch_size=14,
+                          temporal_patch_size=2, merge_size=2).save_pretrained(out)
+    return out
+
+
+def build_runner(tiny: bool, device: str, workdir: Path):
+    """The ``OmniThinkerRunner``: tiny (fp32, from ``models.tiny_omni``) or 3B shapes (bf16, random, in memory)."""
+    from transformers import Qwen2_5OmniThinkerForConditionalGeneration
+
+    from models.omni import OmniThinkerRunner
+
+    if tiny:
+        from models.tiny_omni import build_tiny_omni
+
+        return OmniThinkerRunner(build_tiny_omni(workdir / "tiny_omni"), layer=-1).to(device)
+    cfg = omni_3b_thinker_config()
+    cfg._attn_implementation = "sdpa"
+    for sub in (cfg.audio_config, cfg.vision_config, cfg.text_config):
+        sub._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            thinker = Qwen2_5OmniThinkerForConditionalGeneration(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    thinker = thinker.to(device=device, dtype=torch.bfloat16).eval()
+    d = write_processors(workdir / "omni3b_processors", max_pixels=FRAME_HW[0] * FRAME_HW[1])
+    return OmniThinkerRunner(d, layer=-1, thinker=thinker)
+
+
+def make_sessions(n: int, duration_s: float, hw: tuple[int, int], seed: int = 0) -> list[dict]:
+    """N synthetic streams of decreasing length (the last ~25 % shorter), random frames + noise."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(n):
+        d = duration_s * (1 - 0.25 * k / max(n - 1, 1))
+        d = round(round(d / 0.2) * 0.2, 1)
+        frames = rng.integers(0, 256, (int(d * 2), *hw, 3), dtype=np.uint8)
+        audio = (0.1 * rng.standard_normal(int(round(d * 16000)))).astype(np.float32)
+        out.append({"frames": frames, "audio": audio, "duration_s": d})
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_reset(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak(device: torch.device) -> int:
+    import resource
+
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_s: float = 24.0,
+              memory_s: float = 8.0, modes: tuple[str, ...] = MODES, compile_small_calls: bool = False,
+              device: str | None = None, warmup_s: float = 4.0, log=print) -> list[dict]:
+    """Build the model, run every measurement, return one row dict per (mode, path)."""
+    from models.omni_batch import BatchedOmniRunner, single_session_computed
+
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() and not tiny else "cpu"))
+    if tiny and dev.type == "cpu":
+        torch.set_num_threads(1)  # tiny widths: threads cost more than they give (and keep CPU GEMMs M-invariant)
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        runner = build_runner(tiny, str(dev), Path(tmp))
+        log(f"model built in {time.perf_counter() - t0:.1f} s on {dev} ({runner.dtype}, D={runner.hidden_size})")
+    hw = TINY_FRAME_HW if tiny else FRAME_HW
+    n_max = max(sessions)
+    data = make_sessions(n_max, duration_s, hw)
+    warm = make_sessions(min(n_max, 2), warmup_s, hw, seed=1)
+    rows = []
+    for mode in modes:
+        # warm-up: kernels, allocator, (compile) on a short stream
+        runner.run_stream(warm[0]["frames"], warm[0]["audio"], mode, memory_s, verify_rows=0)
+        _peak_reset(dev)
+        t = time.perf_counter()
+        base = runner.run_stream(data[0]["frames"], data[0]["audio"], mode, memory_s, verify_rows=0)
+        _sync(dev)
+        wall = time.perf_counter() - t
+        media = data[0]["duration_s"]
+        comp = single_session_computed(base.steps, len(data[0]["frames"]), runner.geometry)
+        rows.append({"mode": mode, "path": "1-session eager", "sessions": 1, "media_s": media, "wall_s": wall,
+                     "rtf": media / wall, "dataset_rtf": media / wall, "peak_bytes": _peak(dev), "max_abs_diff": 0.0,
+                     "vision_patches_per_s": comp["computed_vision_patches"] / media,
+                     "llm_tokens_per_s": None, "target": TARGETS[mode]})
+        log(_fmt_row(rows[-1]))
+        variants = [(n, False) for n in sessions] + ([(n_max, True)] if compile_small_calls else [])
+        for n, comp_flag in variants:
+            batched = BatchedOmniRunner(runner, sessions_per_batch=n, compile_small_calls=comp_flag)
+            streams = [{"frames": s["frames"], "audio": s["audio"]} for s in data[:n]]
+            batched.run_streams([{"frames": s["frames"], "audio": s["audio"]} for s in warm] * (n // len(warm) or 1),
+                                mode, memory_s, verify_rows=0)  # warm-up at this batch size
+            _peak_reset(dev)
+            t = time.perf_counter()
+            res = batched.run_streams(streams, mode, memory_s, verify_rows=0)
+            _sync(dev)
+            wall = time.perf_counter() - t
+            media = sum(s["duration_s"] for s in data[:n])
+            diff = float((res[0].states - base.states).abs().max())
+            rows.append({"mode": mode, "path": f"batched {n} + reuse" + (" + compile" if comp_flag else ""),
+                         "sessions": n, "media_s": media, "wall_s": wall,
+                         "rtf": data[0]["duration_s"] / res[0].wall_time_s, "dataset_rtf": media / wall,
+                         "peak_bytes": _peak(dev), "max_abs_diff": diff,
+                         "vision_patches_per_s": sum(r.computed["computed_vision_patches"] for r in res) / media,
+                         "llm_tokens_per_s": sum(r.computed["computed_llm_tokens"] for r in res) / media,
+                         "target": TARGETS[mode],
+                         "computed": [r.computed for r in res]})
+            log(_fmt_row(rows[-1]))
+    return rows
+
+
+def _fmt_row(r: dict) -> str:
+    llm = "-" if r["llm_tokens_per_s"] is None else f"{r['llm_tokens_per_s']:.0f}"
+    ok = "yes" if r["dataset_rtf"] >= r["target"] else "no"
+    return (f"| {r['mode']} | {r['path']} | {r['sessions']} | {r['media_s']:.1f} | {r['wall_s']:.2f} | "
+            f"{r['rtf']:.2f}x | {r['dataset_rtf']:.2f}x | {r['target']:g}x ({ok}) | {r['peak_bytes'] / 2**30:.2f} | "
+            f"{r['max_abs_diff']:.2e} | {r['vision_patches_per_s']:.2f} | {llm} |")
+
+
+HEADER = ("| mode | path | sessions | media s | wall s | RTF | dataset RTF | target (met) | peak GiB | "
+          "max abs diff vs 1-session | vision patches / media s | LLM tokens / media s |\n"
+          "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+
+
+def format_table(rows: list[dict]) -> str:
+    return "\n".join([HEADER] + [_fmt_row(r) for r in rows])
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tiny", action="store_true", help="tiny random thinker on CPU (smoke run, < 60 s)")
+    p.add_argument("--sessions", type=int, nargs="+", default=None, help="batch sizes to measure (default 8 16; "
+                                                                            "tiny: 4)")
+    p.add_argument("--duration", type=float, default=None, help="longest session, s (default 24; tiny: 12)")
+    p.add_argument("--memory", type=float, default=8.0)
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    p.add_argument("--compile", action="store_true", help="also measure torch.compile of the small calls")
+    p.add_argument("--device", default=None)
+    p.add_argument("--json", default=None, help="write the rows here")
+    a = p.parse_args(argv)
+    sessions = tuple(a.sessions or ((4,) if a.tiny else (8, 16)))
+    duration = a.duration or (12.0 if a.tiny else 24.0)
+    t0 = time.perf_counter()
+    print(HEADER)
+    rows = run_bench(a.tiny, sessions, duration, a.memory, tuple(a.modes), a.compile, a.device,
+                     warmup_s=2.0 if a.tiny else 4.0, log=lambda s: print(s, flush=True))
+    print(f"\n## extract throughput ({'tiny, CPU' if a.tiny else 'Qwen2.5-Omni-3B thinker shapes, random bf16'}, "
+          f"memory {a.memory:g} s, longest session {duration:g} s, {time.perf_counter() - t0:.0f} s in all)\n")
+    print(format_table(rows))
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(rows, indent=1, default=str))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+"""Layout ablations from one decode and at most one encode per frame size (DESIGN §4, issue 4).
+
+Legend: T decoded frames, T_b a budget's frames (``subsample(T, B)``), T_v the frames a variant keeps, hw merged
+tokens per frame at a budget's encode grid, C vision hidden size, D LLM hidden size, K rows per qbase group, K' rows
+of a swapped group's substitute (``<= 64``), G_c compressed groups.
+
+Every ``(variant, budget)`` job of a video is built from the single decode (the frames of the largest budget) and
+one shared :class:`models.videollama3.EncodeCache`. Per video::
+
+    lj = plan_layout_jobs(cache, times_s, [("rho32", 1024), ("sel_merge", 256)], ...)   # also base at each budget
+    encode_layout_inputs(cache, [lj[k] for k in keys_to_run])                             # phase 2 (see below)
+    prompt = build_layout_prompt(vlm, cache, lj[k], times_s, raw_mode)                    # per job that runs
+
+Encodes (``cache.encode_calls`` records each one; at most one per grid and video):
+
+1. **Phase 1** (inside :func:`plan_layout_jobs`): each budget's frames at its encode grid (the grid of plain
+   predict: ``frame_token_cap(B, T_b)``), one call per grid over the union of the budgets sharing it. Every
+   variant of a budget uses rows of that encode (a capped variant keeps a subset of the budget's frames).
+2. **Layouts**: :func:`algorithms.layouts.layout_video` per job from the per-frame mean rows, and ``base`` at every
+   budget (the reuse reference, cheap: no LLM work is implied).
+3. **Phase 2** (:func:`encode_layout_inputs`): raw frames at a raw grid smaller than the encode grid (``phase3``
+   ``raw_max_tokens``, ``low64``'s 64 rows) and ``sel_resize`` middle frames at ``frame_grid(h, w, 64)``: the
+   union over the jobs that run, one call per grid.
+
+A phase-2 grid can coincide with another budget's phase-1 encode grid. Because the plan (and so which frames are
+raw or substitutes) needs the phase-1 rows, phase 1 then encodes at that grid, besides the budget frames, every
+frame the coinciding jobs *could* need there (their kept frames, known before planning from
+:func:`algorithms.layouts.variant_frames`), so phase 2 never encodes that grid again. This over-encodes only in
+that coincidence. Rows of a frame at a grid do not depend on which call produced them (the encoder attends within
+a frame), so all jobs see the same rows for the same (frame, grid).
+
+Choices (DESIGN §4 is silent):
+
+* The qbase video context of a variant is its own kept frames (as in plain predict, where it is the budget's
+  frames: the whole video the LLM input covers).
+* Substitutes of compressor swaps take the raw-frame path: ``sel_merge`` / ``mean_merge`` area-pool the encoder
+  rows (before the projector, ``adaptive_avg_pool2d`` over the ``(gh, gw)`` grid) and every substitute goes
+  through the raw-frame projector (the original one in ``raw_mode="orig"``), then enters as a raw frame at its
+  middle frame's time.
+* ``raw_mode="orig"`` keeps raw frames at the encode grid (no ``raw_max_tokens`` cap) except ``low64`` on a capped
+  video, whose raw frames are re-encoded at ``<= 64`` rows and still go through the original projector.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from algorithms.budget import K_ROWS, frame_grid, frame_token_cap, subsample
+from algorithms.layouts import (
+    SUBSTITUTE_MAX_ROWS, VariantLayout, get_variant, layout_video, raw_rows_limit, select_frames, substitute_frame,
+)
+
+from .videollama3 import BudgetedVideoLlama3, EncodeCache, VideoPrompt
+
+BASELINE = "base"
+_NO_RAW_CAP = 1 << 30  # raw_mode="orig": raw frames keep the encode grid unless a variant caps their rows
+
+
+@dataclass(frozen=True)
+class BudgetGeometry:
+    """Frames and encode grid of one budget (identical to plain predict's).
+
+    Attributes:
+        budget: B.
+        frame_idx: T_b indices into the decoded frames (``subsample(T, B)``).
+        cap: per-frame token cap given to the encoder (``frame_token_cap(B, T_b)``).
+        grid: ``(gh, gw)`` encode grid, ``hw = gh * gw``.
+    """
+
+    budget: int
+    frame_idx: tuple[int, ...]
+    cap: int
+    grid: tuple[int, int]
+
+    @property
+    def hw(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+
+@dataclass(frozen=True)
+class LayoutJob:
+    """One (variant, budget) of a video: its layout and where its rows come from.
+
+    Attributes:
+        variant: variant name.
+        geometry: the budget's frames and encode grid.
+        layout: the :class:`~algorithms.layouts.VariantLayout` (frames index the budget's frames).
+        frame_idx: T_v indices into the decoded frames of the kept frames.
+        raw_cap: encoder token cap whose grid is ``layout.raw_grid`` (the encode cap when raw frames keep the
+            encode grid).
+    """
+
+    variant: str
+    geometry: BudgetGeometry
+    layout: VariantLayout
+    frame_idx: tuple[int, ...]
+    raw_cap: int
+
+    @property
+    def budget(self) -> int:
+        return self.geometry.budget
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.variant, self.geometry.budget
+
+    def raw_positions(self) -> list[int]:
+        """Positions (into the kept frames) of the raw frames, in time order."""
+        return [a for kind, a, _ in self.layout.plan.blocks() if kind == "raw"]
+
+    def substitute_positions(self) -> list[int]:
+        """Positions (into the kept frames) of the middle frame of each compressed group, in time order."""
+        bounds = self.layout.plan.group_bounds()
+        return [substitute_frame(*bounds[g]) for g in self.layout.plan.compressed]
+
+    def encode_requests(self) -> list[tuple[list[int], int]]:
+        """Phase-2 ``(decoded frame indices, max_tokens)`` this job needs beyond its budget's encode."""
+        out = []
+        if self.layout.raw_grid != self.geometry.grid:
+            raw = [self.frame_idx[a] for a in self.raw_positions()]
+            if raw:
+                out.append((raw, self.raw_cap))
+        if self.layout.group_substitute == "sel_resize" and self.layout.plan.compressed:
+            out.append(([self.frame_idx[a] for a in self.substitute_positions()], SUBSTITUTE_MAX_ROWS))
+        return out
+
+
+def budget_geometry(num_frames: int, height: int, width: int, budget: int,
+                    max_tokens_per_frame: int = 256) -> BudgetGeometry:
+    """The frames and encode grid plain predict uses for budget B (DESIGN §3.2-3.3)."""
+    idx = subsample(num_frames, budget)
+    cap = frame_token_cap(budget, len(idx), max_tokens_per_frame)
+    return BudgetGeometry(budget, tuple(idx), cap, frame_grid(height, width, cap))
+
+
+def _raw_grid_rule(height: int, width: int, grid: tuple[int, int]):
+    """``max rows -> (raw grid, encoder cap)``: the encode grid when it has at most that many cells, else the
+    frame re-encoded at that cap (``prepare_budgets``' ``phase3`` rule)."""
+    def rule(max_rows: int) -> tuple[tuple[int, int], int | None]:
+        if grid[0] * grid[1] <= max_rows:
+            return grid, None
+        return frame_grid(height, width, max_rows), max_rows
+    return rule
+
+
+def plan_layout_jobs(cache: EncodeCache, jobs: list[tuple[str, int]], *, raw_mode: str = "phase3",
+                     raw_max_tokens: int = 256, max_tokens_per_frame: int = 256,
+                     with_baseline: bool = True, k: int = K_ROWS) -> dict[tuple[str, int], LayoutJob]:
+    """Phase-1 encode and the layout of every job (and of ``base`` at every budget when ``with_baseline``).
+
+    Args:
+        cache: the video's encode cache (its ``frames``: (T, H, W, 3) uint8, decoded for the largest budget).
+        jobs: ``(variant, budget)`` pairs (:func:`algorithms.layouts.parse_jobs`).
+        raw_mode: ``phase3`` or ``orig`` (see the module docstring).
+
+    Returns:
+        ``(variant, budget) -> LayoutJob``, the requested jobs plus ``("base", B)`` for each budget.
+
+    Raises:
+        ValueError: unknown variant or raw mode, budget smaller than K.
+    """
+    if raw_mode not in ("phase3", "orig"):
+        raise ValueError(f"raw_mode must be 'phase3' or 'orig', got {raw_mode!r}")
+    num_frames, height, width = (int(x) for x in cache.frames.shape[:3])
+    keys = list(dict.fromkeys(jobs))
+    if with_baseline:
+        keys += [(BASELINE, b) for b in dict.fromkeys(b for _, b in jobs) if (BASELINE, b) not in keys]
+    geo = {b: budget_geometry(num_frames, height, width, b, max_tokens_per_frame) for _, b in keys}
+    eff_raw_max = raw_max_tokens if raw_mode == "phase3" else _NO_RAW_CAP
+
+    # phase 1: the budgets' frames at their encode grids, plus, where a job's later raw / sel_resize grid
+    # coincides with one of these grids, every frame it could need there (its kept frames)
+    requests: dict[tuple[int, int], tuple[set[int], int]] = {}
+    for g in geo.values():
+        requests.setdefault(g.grid, (set(), g.cap))[0].update(g.frame_idx)
+    for variant, b in keys:
+        v, g = get_variant(variant), geo[b]
+        keep = [g.frame_idx[i] for i in select_frames(v, len(g.frame_idx), b, k)]
+        capped = len(keep) < len(g.frame_idx)
+        later = [_raw_grid_rule(height, width, g.grid)(raw_rows_limit(v, capped, eff_raw_max))[0]]
+        if v.group_substitute == "sel_resize":
+            later.append(cache.grid_for(SUBSTITUTE_MAX_ROWS))
+        for grid in later:
+            if grid != g.grid and grid in requests:
+                requests[grid][0].update(keep)
+    cache.encode([(sorted(idx), cap) for idx, cap in requests.values()])
+
+    out: dict[tuple[str, int], LayoutJob] = {}
+    per_frame: dict[int, torch.Tensor] = {}
+    for variant, b in keys:
+        g = geo[b]
+        if b not in per_frame:
+            per_frame[b] = cache.get(list(g.frame_idx), g.cap).float().mean(1)  # (T_b, C)
+        rule = _raw_grid_rule(height, width, g.grid)
+        layout = layout_video(variant, per_frame[b], g.hw, b, lambda m: rule(m)[0], eff_raw_max,
+                              encode_grid=g.grid, native_hw=(height, width), k=k)
+        raw_cap = rule(raw_rows_limit(variant, layout.capped, eff_raw_max))[1] or g.cap
+        out[(variant, b)] = LayoutJob(variant, g, layout, tuple(g.frame_idx[i] for i in layout.frames), raw_cap)
+    return out
+
+
+def encode_layout_inputs(cache: EncodeCache, jobs: list[LayoutJob]) -> None:
+    """Phase 2: raw frames at smaller grids and ``sel_resize`` middle frames of ``jobs``, one encode per grid."""
+    cache.encode([r for job in jobs for r in job.encode_requests()])
+
+
+def area_pool_rows(rows: torch.Tensor, grid: tuple[int, int], out_grid: tuple[int, int]) -> torch.Tensor:
+    """Area-pool a frame's row-major rows from ``grid`` to ``out_grid`` (``adaptive_avg_pool2d``, fp32 inside).
+
+    Args:
+        rows: (gh * gw, C).
+
+    Returns:
+        (gh' * gw', C) in ``rows.dtype``; the input itself when the grids are equal.
+    """
+    if tuple(grid) == tuple(out_grid):
+        return rows
+    gh, gw = grid
+    x = rows.float().reshape(gh, gw, -1).permute(2, 0, 1)                    # (C, gh, gw)
+    y = F.adaptive_avg_pool2d(x, tuple(out_grid))                              # (C, gh', gw')
+    return y.permute(1, 2, 0).reshape(out_grid[0] * out_grid[1], -1).to(rows.dtype)
+
+
+@torch.no_grad()
+def build_layout_prompt(vlm: BudgetedVideoLlama3, cache: EncodeCache, job: LayoutJob, times_s: list[float],
+                        raw_mode: str = "phase3") -> VideoPrompt:
+    """The shared LLM prefix of one (video, budget, variant) from cached rows (no encode when phase 2 ran).
+
+    ``base`` builds exactly what :func:`models.videollama3.prepare_budgets` builds for the budget.
+
+    Args:
+        times_s: T decoded frame times (s).
+
+    Returns:
+        A :class:`~models.videollama3.VideoPrompt` whose placeholder count is ``job.layout.plan.vision_tokens``.
+    """
+    g, lay = job.geometry, job.layout
+    plan = lay.plan
+    rows = cache.get(list(job.frame_idx), g.cap)                               # (T_v, hw, C)
+    raw_pos = job.raw_positions()
+    if lay.raw_grid != g.grid:
+        raw_rows = cache.get([job.frame_idx[a] for a in raw_pos], job.raw_cap) if raw_pos else rows[:0]
+    else:
+        raw_rows = rows[raw_pos]                                               # (n_raw, raw_hw, C)
+    orig = raw_mode == "orig"
+    raw_llm = vlm.project(raw_rows, original=orig)                             # (n_raw, raw_hw, D)
+    if lay.group_substitute == "qbase":
+        group_llm = vlm.project(vlm.compress(rows, plan))                      # (G_c, K, D)
+    else:
+        bounds = plan.group_bounds()
+        mids = job.substitute_positions()
+        if not mids:
+            sub = rows.new_zeros(0, plan.k, rows.shape[-1])
+        elif lay.group_substitute == "sel_resize":
+            sub = cache.get([job.frame_idx[a] for a in mids], SUBSTITUTE_MAX_ROWS)  # (G_c, K', C)
+            if cache.grid_for(SUBSTITUTE_MAX_ROWS) != lay.group_grid:
+                raise RuntimeError(f"sel_resize grid {cache.grid_for(SUBSTITUTE_MAX_ROWS)} != {lay.group_grid}")
+        elif lay.group_substitute == "sel_merge":
+            sub = torch.stack([area_pool_rows(rows[a], g.grid, lay.group_grid) for a in mids])
+        elif lay.group_substitute == "mean_merge":
+            sub = torch.stack([area_pool_rows(rows[bounds[c][0]:bounds[c][1]].float().mean(0).to(rows.dtype),
+                                              g.grid, lay.group_grid) for c in plan.compressed])
+        else:
+            raise ValueError(f"unknown group substitute {lay.group_substitute!r}")
+        group_llm = vlm.project(sub, original=orig)                            # (G_c, K', D)
+    return vlm.build_prompt(plan, [times_s[i] for i in job.frame_idx], raw_llm, group_llm,
+                            groups_as_raw=lay.group_substitute != "qbase")
+
+
+def duplicate_encodes(cache: EncodeCache) -> list[tuple[int, int]]:
+    """Grids the cache encoded more than once (empty when the one-encode-per-size rule held)."""
+    seen: set[tuple[int, int]] = set()
+    dup = []
+    for grid, _ in cache.encode_calls:
+        if grid in seen:
+            dup.append(grid)
+        seen.add(grid)
+    return dup
+
+
+__all__ = ["BASELINE", "BudgetGeometry", "LayoutJob", "area_pool_rows", "budget_geometry", "build_layout_prompt",
+           "duplicate_encodes", "encode_layout_inputs", "plan_layout_jobs"]

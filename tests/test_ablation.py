@@ -1,0 +1,274 @@
+"""Layout-ablation predict job (issue 4): one decode and one encode per size per video, reuse, budgets, config."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import MEDIA, REPO, run_predict
+
+# cockatoo (14 frames, 16:9) is capped by rho32 / rho128 / qtf2 at 128 and low64 at 256; realshort (2 frames) is
+# short: every coverage variant keeps the baseline layout there (or is capped to 1 frame: rho128@128).
+JOBS = "base:128:1024,rho32:128,rho128:128,qtf2:128,low64:256,sel_resize:128,sel_merge:1024,mean_merge:128,hivar:1024"
+N_JOBS = 10
+N_QUESTIONS = 7
+PLAIN_ONLY = {"variant", "job"}
+NEW_TOKENS = 2  # short answers keep the suite fast (decode steps dominate on CPU); the same for every run compared
+
+
+def _cfg(model_dir, bench_root, out_dir, model: dict) -> Path:
+    import yaml
+
+    cfg = {
+        "trainer": {"enable_progress_bar": False, "callbacks": [
+            {"class_path": "callbacks.jsonl_writer.JsonlPredictionWriter", "init_args": {"out_dir": str(out_dir)}}]},
+        "model": model,
+        "data": {"class_path": "datamodules.videoqa.VideoQADataModule",
+                 "init_args": {"root": str(bench_root), "loader_kwargs": {}, "num_workers": 0}},
+    }
+    path = Path(out_dir).parent / f"{Path(out_dir).name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run_ablation(model_dir, bench_root, out_dir, jobs=JOBS, no_reuse=False):
+    """In-process ``evaluate.py predict`` of the ablation job; returns (records, module, decode calls per file)."""
+    import datamodules.videoqa as vqa
+    import evaluate
+    from callbacks.jsonl_writer import read_records
+
+    model = {"class_path": "lightning_modules.layout_ablation.LayoutAblationQA",
+             "init_args": {"model_path": str(model_dir), "jobs": jobs, "no_reuse": no_reuse,
+                           "max_new_tokens": NEW_TOKENS}}
+    decodes: dict[str, int] = {}
+    real = vqa.decode_video
+
+    def counting(path, *a, **k):
+        decodes[Path(path).stem] = decodes.get(Path(path).stem, 0) + 1
+        return real(path, *a, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(vqa, "decode_video", counting)
+        cli = evaluate.cli_main(["predict", f"--config={_cfg(model_dir, bench_root, out_dir, model)}"])
+    return read_records(out_dir), cli.model, decodes
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_vl3_dir, tmp_path_factory):
+    import tests.conftest as c
+
+    tmp = tmp_path_factory.mktemp("ablate")
+    root = tmp / "bench"
+    (root / "videos").mkdir(parents=True)
+    (root / "videomme").mkdir()
+    shutil.copy(c.DEMO_PARQUET, root / "videomme")
+    for f in MEDIA.glob("*.mp4"):
+        shutil.copy(f, root / "videos" / f.name)
+    plain = run_predict(tiny_vl3_dir, root, tmp / "plain", budgets=(128, 1024),
+                        model_args={"max_new_tokens": NEW_TOKENS})
+    no_reuse = run_ablation(tiny_vl3_dir, root, tmp / "no_reuse", no_reuse=True)
+    reuse = run_ablation(tiny_vl3_dir, root, tmp / "reuse")
+    return {"root": root, "tmp": tmp, "plain": plain, "no_reuse": no_reuse, "reuse": reuse}
+
+
+def _by_key(recs):
+    return {(r["job"], r["qid"]): r for r in recs}
+
+
+def test_base_without_reuse_is_identical_to_plain_predict(runs):
+    plain = _by_key(runs["plain"])
+    recs, _, _ = runs["no_reuse"]
+    base = [r for r in recs if r["variant"] == "base"]
+    assert len(base) == len(plain) == 2 * N_QUESTIONS
+    assert {r["mode"] for r in base} == {"raw", "hybrid", "forced8"}
+    for r in base:
+        p = plain[(f"b{r['budget']}", r["qid"])]
+        assert r["job"] == f"base_b{r['budget']}" and p["variant"] is None
+        assert {k: r[k] for k in p if k not in PLAIN_ONLY} == {k: v for k, v in p.items() if k not in PLAIN_ONLY}
+        assert r["reused"] is False and r["same_as_base"] is True and r["capped"] is False
+
+
+def test_one_decode_and_at_most_one_encode_per_size(runs):
+    for name in ("no_reuse", "reuse"):
+        _, module, decodes = runs[name]
+        assert decodes == {"cockatoo": 1, "realshort": 1}
+        assert set(module.video_stats) == {"cockatoo", "realshort"}
+        for video, st in module.video_stats.items():
+            grids = [g for g, _ in st["encode_calls"]]
+            assert st["n_items"] == 1 and len(grids) == len(set(grids)), (video, st["encode_calls"])
+            assert st["n_jobs"] == N_JOBS
+    calls = runs["reuse"][1].video_stats["cockatoo"]["encode_calls"]
+    # budgets 128 / 256 / 1024 -> three encode grids; low64's raw frames and sel_resize's substitutes share (6, 10)
+    assert sorted(g for g, _ in calls) == [(6, 10), (6, 11), (9, 16), (12, 21)]
+
+
+def test_reuse_where_inputs_equal_and_no_reuse_runs_everything(runs):
+    nr, nr_mod, _ = runs["no_reuse"]
+    ru, ru_mod, _ = runs["reuse"]
+    assert len(nr) == len(ru) == N_JOBS * N_QUESTIONS
+    assert not any(r["reused"] for r in nr)
+    nr_k, ru_k = _by_key(nr), _by_key(ru)
+    assert nr_k.keys() == ru_k.keys()
+    for key, r in ru_k.items():
+        n = nr_k[key]
+        assert r["same_as_base"] == n["same_as_base"]
+        assert r["reused"] == (r["same_as_base"] and r["variant"] != "base")
+        # a copied record is what running the variant gives: same answer, same stats
+        drop = {"reused"}
+        assert {k: v for k, v in r.items() if k not in drop} == {k: v for k, v in n.items() if k not in drop}, key
+    reused = {(r["job"], r["video"]) for r in ru if r["reused"]}
+    # short video under a rho cap keeps the baseline layout; the capped long one does not
+    assert ("rho32_b128", "realshort") in reused and ("rho32_b128", "cockatoo") not in reused
+    assert ("low64_b256", "realshort") in reused and ("low64_b256", "cockatoo") not in reused
+    assert ("qtf2_b128", "realshort") in reused and ("qtf2_b128", "cockatoo") not in reused
+    assert ("hivar_b1024", "cockatoo") in reused  # one raw 1-frame group: order cannot change the plan
+    assert not any(j.startswith(("sel_", "mean_")) for j, _ in reused)  # swaps never equal qbase groups
+    nr_prefix = sum(s["n_prefixes"] for s in nr_mod.video_stats.values())
+    ru_prefix = sum(s["n_prefixes"] for s in ru_mod.video_stats.values())
+    assert nr_prefix == 2 * N_JOBS  # every (video, job) runs the LLM
+    assert ru_prefix < nr_prefix
+    assert sum(s["n_reused_jobs"] for s in ru_mod.video_stats.values()) == len(reused)
+
+
+def test_variant_records_respect_budgets(runs):
+    recs, _, _ = runs["reuse"]
+    out = runs["tmp"] / "reuse"
+    assert {p.name for p in out.iterdir() if p.is_dir()} == {
+        "base_b128", "base_b1024", "rho32_b128", "rho128_b128", "qtf2_b128", "low64_b256",
+        "sel_resize_b128", "sel_merge_b1024", "mean_merge_b128", "hivar_b1024"}  # no base_b256 though reused
+    for r in recs:
+        assert r["job"] == f"{r['variant']}_b{r['budget']}"
+        assert r["vision_tokens"] <= r["budget"]
+        k = 64 if r["group_substitute"] == "qbase" else r["group_grid"][0] * r["group_grid"][1]
+        assert r["vision_tokens"] == r["n_raw_frames"] * r["raw_hw"] + k * r["n_compressed"]
+        assert r["raw_hw"] == r["raw_grid"][0] * r["raw_grid"][1]
+        assert sum(r["seg_lens"]) == r["video_info"]["n_frames"] == r["n_frames_kept"]
+        if r["capped"]:
+            assert r["video_info"]["capped"]
+    by = {(r["job"], r["video"]): r for r in recs}
+    assert by[("rho128_b128", "cockatoo")]["n_frames_kept"] == 1 and by[("rho128_b128", "cockatoo")]["capped"]
+    low = by[("low64_b256", "cockatoo")]
+    assert low["capped"] and low["mode"] == "raw" and low["raw_hw"] <= 64 and low["n_frames_kept"] == 4
+    qtf = by[("qtf2_b128", "cockatoo")]
+    assert qtf["capped"] and qtf["mode"] == "all_compressed" and qtf["n_frames_kept"] == 3 and qtf["n_compressed"] == 2
+    sw = by[("sel_resize_b128", "cockatoo")]
+    assert sw["n_compressed"] == 2 and sw["group_grid"] == [6, 10] and sw["vision_tokens"] == 120
+
+
+def test_resume_recomputes_an_unrequested_baseline(runs, tiny_vl3_dir):
+    out = runs["tmp"] / "reuse"
+    recs = _by_key(runs["reuse"][0])
+    f = out / "low64_b256" / "videomme" / "rank0.jsonl"
+    lines = f.read_text().splitlines(keepends=True)
+    kept = [l for l in lines if json.loads(l)["video"] != "realshort"]
+    f.write_text("".join(kept))
+    again, module, decodes = run_ablation(tiny_vl3_dir, runs["root"], out)
+    assert decodes == {"realshort": 1}  # only the video with something left to do is decoded
+    st = module.video_stats["realshort"]
+    assert st["n_jobs"] == 1 and st["n_reused_jobs"] == 1 and st["n_prefixes"] == 1  # the baseline, run again
+    assert _by_key(again) == recs and not (out / "base_b256").exists()
+
+
+# ----------------------------------------------------------------------------------------- model-level units
+
+
+@pytest.fixture(scope="module")
+def cockatoo():
+    from datamodules.decoding import decode_video
+
+    return decode_video(MEDIA / "cockatoo.mp4", 1024)
+
+
+def test_coinciding_grid_is_encoded_once_and_prompts_need_no_encode(tiny_vlm, cockatoo):
+    from algorithms.budget import frame_grid
+    from models.ablation import build_layout_prompt, duplicate_encodes, encode_layout_inputs, plan_layout_jobs
+    from models.videollama3 import EncodeCache
+
+    dec = cockatoo
+    cache = EncodeCache(tiny_vlm, dec.frames)
+    # budget 64 encodes 8 frames at (6, 10): the grid sel_resize@1024 and low64@256 (capped) need in phase 2
+    jobs = [("sel_resize", 1024), ("low64", 256), ("mean_merge", 64), ("sel_merge", 1024)]
+    lj = plan_layout_jobs(cache, jobs, raw_mode="orig")
+    assert cache.grid_for(64) == frame_grid(504, 896, 64) == lj[("base", 64)].geometry.grid == (6, 10)
+    encode_layout_inputs(cache, list(lj.values()))
+    assert not duplicate_encodes(cache) and len(cache.encode_calls) == 3  # (6, 10), (9, 16), (12, 21)
+    n_calls = len(cache.encode_calls)
+    cs = tiny_vlm.tokenizer.convert_tokens_to_ids("<|compression_start|>")
+    for key, job in lj.items():
+        prompt = build_layout_prompt(tiny_vlm, cache, job, dec.times_s, "orig")
+        plan = job.layout.plan
+        assert int((prompt.ids == tiny_vlm.placeholder_id).sum()) == prompt.vision_embeds.shape[0]
+        assert prompt.vision_embeds.shape[0] == plan.vision_tokens <= job.budget
+        swap = job.layout.group_substitute != "qbase"
+        assert int((prompt.ids == cs).sum()) == (0 if swap else plan.n_compressed), key
+    assert len(cache.encode_calls) == n_calls  # everything was encoded before the prompts
+
+
+def test_base_prompt_equals_prepare_budgets(tiny_vlm, cockatoo):
+    from models.ablation import build_layout_prompt, encode_layout_inputs, plan_layout_jobs
+    from models.videollama3 import EncodeCache, prepare_budgets
+
+    dec = cockatoo
+    budgets = [128, 1024]
+    ref = prepare_budgets(tiny_vlm, dec.frames, dec.times_s, budgets, raw_mode="phase3", raw_max_tokens=64)
+    cache = EncodeCache(tiny_vlm, dec.frames)
+    lj = plan_layout_jobs(cache, [("base", b) for b in budgets], raw_mode="phase3", raw_max_tokens=64)
+    encode_layout_inputs(cache, list(lj.values()))
+    for bi in ref:
+        job = lj[("base", bi.budget)]
+        assert job.layout.plan == bi.plan and job.layout.raw_grid == bi.raw_grid
+        prompt = build_layout_prompt(tiny_vlm, cache, job, dec.times_s, "phase3")
+        assert torch.equal(prompt.ids, bi.prompt.ids) and prompt.last_text == bi.prompt.last_text
+        assert torch.equal(prompt.vision_embeds, bi.prompt.vision_embeds)
+
+
+def test_area_pool_rows():
+    from models.ablation import area_pool_rows
+
+    rows = torch.arange(4 * 6, dtype=torch.float32).view(24, 1).repeat(1, 3)   # (gh*gw, C), grid (4, 6)
+    out = area_pool_rows(rows, (4, 6), (2, 3))
+    assert out.shape == (6, 3)
+    assert out[0, 0].item() == (0 + 1 + 6 + 7) / 4
+    assert area_pool_rows(rows, (4, 6), (4, 6)) is rows
+
+
+# ----------------------------------------------------------------------------------------- module and config
+
+
+def test_jobs_property_and_errors():
+    from lightning_modules.layout_ablation import LayoutAblationQA
+
+    m = LayoutAblationQA(jobs="base:256:1024, rho32:1024", no_reuse=True)
+    assert m.jobs == {"base_b256": 256, "base_b1024": 1024, "rho32_b1024": 1024}
+    assert m.budgets == [256, 1024] and m.hparams.jobs == "base:256:1024, rho32:1024" and m.hparams.no_reuse
+    with pytest.raises(ValueError, match="unknown layout variant"):
+        LayoutAblationQA(jobs="rho33:256")
+    with pytest.raises(ValueError, match="smaller than one compressed group"):
+        LayoutAblationQA(jobs="base:32")
+    item = {"video_id": "v", "benchmark": "videomme", "error": "v.mp4: bad", "jobs": {"q1": ["rho32_b1024"]},
+            "questions": [{"qid": "q1", "answer": "A", "meta": {}}]}
+    (r,) = m.predict_step(item)
+    assert r["variant"] == "rho32" and r["job"] == "rho32_b1024" and r["error"] == "v.mp4: bad" and not r["reused"]
+
+
+def test_ablate_config_instantiates(tmp_path):
+    import yaml
+
+    import evaluate
+    from algorithms.layouts import VARIANTS
+    from datamodules.videoqa import VideoQADataModule
+    from lightning_modules.layout_ablation import LayoutAblationQA
+
+    path = REPO / "configs" / "predict" / "ablate.yaml"
+    assert path.read_text().splitlines()[0] == "# python evaluate.py predict --config configs/predict/ablate.yaml"
+    cfg = yaml.safe_load(path.read_text())
+    assert cfg.pop("return_predictions") is False  # a predict-subcommand key; run=False has no subcommand
+    plain = tmp_path / path.name
+    plain.write_text(yaml.safe_dump(cfg))
+    cli = evaluate.cli_main([f"--config={plain}"], run=False)
+    assert isinstance(cli.datamodule, VideoQADataModule) and cli.datamodule.root == "assets"
+    assert isinstance(cli.model, LayoutAblationQA)
+    assert {v for v, _ in cli.model.job_pairs} == set(VARIANTS) and len(cli.model.jobs) == 3 * len(VARIANTS)
+    writer = next(cb for cb in cli.trainer.callbacks if hasattr(cb, "done_qids"))
+    assert writer.out_dir == Path("outputs/ablate")
