@@ -84,6 +84,7 @@ def build_bench_model(attn: str, vision_attn: str) -> BudgetedVideoLlama3:
             else:
                 p.normal_(0.0, 0.02, generator=g)
     _reinit_rotary(model)
+    model.requires_grad_(False)
     qb = QBaseCompressor(QBaseConfig(hidden_size=1152, num_queries=64, num_layers=2, num_heads=16)).to("cuda",
                                                                                                        torch.bfloat16)
     tok = build_qwen_tokenizer()
@@ -209,6 +210,82 @@ def wait_share(vlm, videos: list[str], budgets: list[int], workers: int, chunk: 
     return {"videos": n, "wall_s": wall, "wait_s": wait, "wait_share": wait / wall}
 
 
+def memory_probe(vlm, video: str, budget: int, new_tokens: int, chunk: int) -> list[tuple[str, float, float]]:
+    """Peak GPU memory (GiB above the weights) and seconds of each stage for one video and budget."""
+    dec = decode_video(video, budget)
+    frames = dec.frames.to(vlm.device)
+    base = torch.cuda.memory_allocated()
+    out = []
+
+    def stage(name, fn):
+        torch.cuda.reset_peak_memory_stats()
+        res, sec = timed(fn)
+        out.append((name, (torch.cuda.max_memory_allocated() - base) / 2**30, sec))
+        return res
+
+    for attn in ("sdpa", "frame_batched"):
+        vlm.set_vision_attention(attn)
+        stage(f"encode ({attn})", lambda: vlm.encode(frames, 256 if budget > 4096 else 64, chunk))
+    cache = EncodeCache(vlm, frames, chunk)
+    (bi,) = stage("prepare_budgets", lambda: prepare_budgets(vlm, frames, dec.times_s, [budget], cache=cache,
+                                                             chunk_frames=chunk))
+    stage("prefill", lambda: vlm.prefill(bi.prompt))
+    stage("(a) 1 question", lambda: vlm.answer_from_scratch(bi.prompt, QUESTIONS[0], new_tokens, ignore_eos=True))
+    stage("(b) 3 questions", lambda: vlm.answer_all(bi.prompt, QUESTIONS, new_tokens, ignore_eos=True))
+    stage("(d) 3 questions", lambda: vlm.answer_batched(bi.prompt, QUESTIONS, new_tokens, True, decode="graph"))
+    return out
+
+
+def prefill_probe(vlm, video: str, budget: int, chunk: int, only: str | None = None) -> list[tuple[str, str]]:
+    """Peak memory / seconds of the prefix prefill called in different ways (diagnosis of the prefill peak)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from transformers import DynamicCache
+
+    dec = decode_video(video, budget)
+    (bi,) = prepare_budgets(vlm, dec.frames.to(vlm.device), dec.times_s, [budget], chunk_frames=chunk)
+    emb = vlm.embed(bi.prompt.ids, bi.prompt.vision_embeds)
+    n = emb.shape[1]
+
+    def cache():
+        return DynamicCache(config=vlm.model.config.get_text_config())
+
+    def with_backends(backends, fn):
+        def run():
+            with sdpa_kernel(backends):
+                return fn()
+        return run
+
+    def shipped():
+        return vlm.prefill(bi.prompt)
+
+    def ones_mask():
+        return vlm.model(inputs_embeds=emb, attention_mask=torch.ones(1, n, device=emb.device, dtype=torch.long),
+                         past_key_values=cache(), use_cache=True)
+
+    variants = {
+        "shipped": shipped,
+        "ones_mask": ones_mask,
+        "flash_only": with_backends([SDPBackend.FLASH_ATTENTION], shipped),
+        "efficient_only": with_backends([SDPBackend.EFFICIENT_ATTENTION], shipped),
+        "ones_mask_efficient_only": with_backends([SDPBackend.EFFICIENT_ATTENTION], ones_mask),
+    }
+    if only:
+        variants = {only: variants[only]}
+    out = []
+    base = torch.cuda.memory_allocated()
+    for name, fn in variants.items():
+        torch.cuda.reset_peak_memory_stats()
+        try:
+            res, sec = timed(fn)
+            del res
+            out.append((name, f"peak +{(torch.cuda.max_memory_allocated() - base) / 2**30:6.2f} GiB {sec:6.3f} s"))
+        except Exception as e:  # noqa: BLE001 - a diagnosis prints what failed
+            out.append((name, f"failed: {type(e).__name__}: {str(e)[:120]}"))
+        torch.cuda.empty_cache()
+    out.append(("prefix tokens", str(n)))
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="tiny random model on the CPU (smoke test)")
@@ -222,12 +299,25 @@ def main(argv=None) -> None:
     ap.add_argument("--vision-attn", default="frame_batched", help="frame_batched | sdpa | flash_attention_2 ...")
     ap.add_argument("--repeats", type=int, default=2, help="timed repeats per (video, budget); the first is warm-up")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--probe-memory", action="store_true", help="only print per-stage peak memory (GPU)")
+    ap.add_argument("--probe-prefill", action="store_true", help="only diagnose the prefill's peak memory (GPU)")
+    ap.add_argument("--probe-variant", default=None)
     args = ap.parse_args(argv)
     repo = Path(__file__).resolve().parent.parent
     videos = args.videos or [str(repo / "assets/media/cockatoo.mp4")]
     budgets = args.budgets or ([256, 1024] if args.tiny else [4096, 16384])
     torch.manual_seed(0)
     vlm = build_tiny_model() if args.tiny else build_bench_model(args.attn, args.vision_attn)
+    if args.probe_prefill:
+        for name, text in prefill_probe(vlm, videos[0], max(budgets), args.chunk_frames,
+                                                   args.probe_variant):
+            print(f"{name:<28} {text}")
+        return
+    if args.probe_memory:
+        print(f"weights {torch.cuda.memory_allocated() / 2**30:.1f} GiB")
+        for name, gib, sec in memory_probe(vlm, videos[0], max(budgets), args.new_tokens, args.chunk_frames):
+            print(f"{name:<26} peak +{gib:7.2f} GiB  {sec:7.3f} s")
+        return
     ceiling = gemm_tflops()
     vcfg = vlm.model.config.vision_config
     shape = get_shape("qwen2-7b")

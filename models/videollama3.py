@@ -146,6 +146,8 @@ class BudgetedVideoLlama3(nn.Module):
             orig = type(model.model.projector)(model.config)
             load_state_dict_strict(orig, load_file(str(w)), str(w))
             orig = orig.to(dtype)
+        model.requires_grad_(False)  # inference only: no autograd graph can ever hold activations
+        compressor.requires_grad_(False)
         return cls(model.eval(), tokenizer, video_processor, compressor.eval(),
                    orig.eval() if orig is not None else None).set_vision_attention(vision_attn_implementation)
 
@@ -387,6 +389,7 @@ class BudgetedVideoLlama3(nn.Module):
         return answers
 
 
+    @torch.no_grad()
     def prefill(self, prompt: VideoPrompt):
         """Prefill the shared prefix once; returns the ``DynamicCache`` holding its keys/values (batch 1)."""
         from transformers import DynamicCache
