@@ -29,15 +29,16 @@ class FeatureWriter(BasePredictionWriter):
         self.overwrite = overwrite
         self.written: list[Path] = []
 
-    def write_on_batch_end(self, trainer, pl_module, prediction: dict[str, Any], batch_indices, batch, batch_idx,
-                           dataloader_idx) -> None:
-        path = feature_path(self.out_dir, prediction["session"], prediction["mode"])
-        if path.exists() and not self.overwrite:
-            return
-        save_features(path, prediction["tensors"], prediction["meta"])
-        self.written.append(path)
-        if self.plot:
-            plot_session_timeline(self.out_dir, prediction["session"])
+    def write_on_batch_end(self, trainer, pl_module, prediction: dict[str, Any] | list[dict[str, Any]],
+                           batch_indices, batch, batch_idx, dataloader_idx) -> None:
+        for record in prediction if isinstance(prediction, list) else [prediction]:  # lockstep batches: a list
+            path = feature_path(self.out_dir, record["session"], record["mode"])
+            if path.exists() and not self.overwrite:
+                continue
+            save_features(path, record["tensors"], record["meta"])
+            self.written.append(path)
+            if self.plot:
+                plot_session_timeline(self.out_dir, record["session"])
 
 
 def plot_session_timeline(out_dir: str | Path, session: str, png: str | Path | None = None,

@@ -442,11 +442,14 @@ class EasyComStreamDataModule(LightningDataModule):
         frame_height / frame_width: decode size (None: native 1920x1080).
         max_duration_s: truncate each session timeline (demo / debugging).
         num_workers: DataLoader workers that decode.
+        sessions_per_batch: sessions handed to the extractor together (a list per batch when > 1; set the
+            extractor's ``sessions_per_batch`` to the same value to run them in lockstep, issue 12).
     """
 
     def __init__(self, root: str, sessions: list[str] | None = None, gap_policy: str = "reset",
                  max_gap_s: float = 1.0, audio_channels: list[int] | None = (4, 5), frame_height: int | None = 252,
-                 frame_width: int | None = 448, max_duration_s: float | None = None, num_workers: int = 0):
+                 frame_width: int | None = 448, max_duration_s: float | None = None, num_workers: int = 0,
+                 sessions_per_batch: int = 1):
         super().__init__()
         self.save_hyperparameters()
         self.dataset: EasyComSessionStreams | None = None
@@ -459,5 +462,9 @@ class EasyComStreamDataModule(LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         if self.dataset is None:
             self.setup("predict")
+        n = self.hparams.sessions_per_batch
+        if n > 1:
+            return DataLoader(self.dataset, batch_size=n, collate_fn=list, shuffle=False,
+                              num_workers=self.hparams.num_workers, persistent_workers=False)
         return DataLoader(self.dataset, batch_size=None, shuffle=False, num_workers=self.hparams.num_workers,
                           persistent_workers=False)

@@ -7,9 +7,8 @@ covers are initialization rows. The returned record is what ``callbacks.feature_
 
 Batched path (issue 12): with ``sessions_per_batch = N > 1`` a predict batch that is a list of sessions runs all
 their streams in lockstep groups of at most N (``extract_sessions`` / ``models.omni_batch``) and returns a list of
-records. The shipped ``EasyComStreamDataModule`` yields one session per batch and ``FeatureWriter`` writes one
-record per batch, so that path is used by callers that hand over lists (``extract_sessions``, the bench); a
-single-session batch always takes the one-session path.
+records; ``EasyComStreamDataModule(sessions_per_batch=N)`` hands over such lists and ``FeatureWriter`` writes every
+record of one; a single-session batch always takes the one-session path.
 """
 from __future__ import annotations
 

@@ -232,3 +232,30 @@ def test_predict_end_to_end(model_dir, tmp_path):
     assert tensors["states"].shape[0] == 19 and meta["session"] == "Session_1"  # 3.95 s of video -> 19 rows
     assert (out / "Session_1.timeline.png").stat().st_size > 0
     assert plot_session_timeline(out, "Session_1", tmp_path / "t.png").is_file()
+
+
+def test_predict_batched_sessions_write_the_same_files(model_dir, tmp_path):
+    """``sessions_per_batch: 2`` on the datamodule and the extractor (lockstep path, issue 12) writes the same
+    states and masks as one session at a time."""
+    import torch
+
+    from datamodules.easycom_fixture import build_easycom_fixture
+    from evaluate import cli_main
+
+    clip = [("00-00-000", "cockatoo.mp4", 0.0, 3.0, "realshort.mp4")]
+    root = build_easycom_fixture(tmp_path / "ec", width=160, height=90,
+                                 sessions={"Session_1": clip, "Session_2": clip, "Session_3": clip})
+    outs = {}
+    for n in (1, 2):
+        out = tmp_path / f"feats{n}"
+        cli_main(["predict", "--config", str(CONFIGS[0].parent / "completed_block_hold.yaml"),
+                  "--model.init_args.model_dir", str(model_dir), "--model.init_args.sessions_per_batch", str(n),
+                  "--data.init_args.sessions_per_batch", str(n), "--data.init_args.root", str(root),
+                  "--data.init_args.num_workers", "0", "--data.init_args.frame_height", "56",
+                  "--data.init_args.frame_width", "96", "--trainer.callbacks.init_args.out_dir", str(out)])
+        outs[n] = out
+    for s in ("Session_1", "Session_2", "Session_3"):
+        a, meta_a = load_features(outs[1] / f"{s}.completed-block-hold.safetensors")
+        b, meta_b = load_features(outs[2] / f"{s}.completed-block-hold.safetensors")
+        assert set(a) == set(b) and all(torch.allclose(a[k].float(), b[k].float(), atol=1e-5) for k in a)
+        assert meta_b["sessions_per_batch"] == 2 and "computed_processor_calls" in meta_b
