@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset

@@ -35,6 +35,50 @@ def error_records(item: dict, jobs: dict[str, int], message: str) -> list[dict]:
     return out
 
 
+def qa_record(item: dict, q: Question, answer, stats: dict, n_frames_used: int, job: str, budget: int | None,
+              variant: str | None, template: str) -> dict:
+    """One jsonl record of DESIGN §3.8 for an answered question (both parsers' predictions included).
+
+    Args:
+        item: the datamodule's video item (``video_id``, ``benchmark``, ``video_info``).
+        answer: a :class:`models.videollama3.Answer`.
+        stats: the plan's :meth:`~algorithms.budget.Plan.stats` (or a layout's, with the same keys).
+        n_frames_used: frames the job used (``capped`` when fewer than the video's 1 fps frames).
+    """
+    from algorithms.choice import parse_official, parse_robust
+
+    info = item["video_info"]
+    video_info = {"duration_s": info["duration_s"], "native_hw": info["native_hw"], "n_frames": n_frames_used,
+                  "fps": info["fps"], "fps_ok": info["fps_ok"],
+                  "capped": n_frames_used < round(info["duration_s"]) or info["sample_fps"] < 1.0 or
+                  n_frames_used < info["n_frames"]}
+    return {
+        "qid": q.qid, "video": item["video_id"], "benchmark": item["benchmark"], "job": job, "budget": budget,
+        "variant": variant, "answer": q.answer,
+        "pred": parse_official(answer.text, len(q.options)), "pred_robust": parse_robust(answer.text, q.options),
+        "response": answer.text, "seq_len": answer.seq_len, "prefix_fallback": answer.fallback,
+        "meta": {**q.meta, "template": template},
+        "mode": stats["mode"], "hw": stats["hw"], "raw_hw": stats["raw_hw"], "n_groups": stats["n_groups"],
+        "n_compressed": stats["n_compressed"], "n_raw_frames": stats["n_raw_frames"],
+        "vision_tokens": stats["vision_tokens"], "seg_lens": stats["seg_lens"], "video_info": video_info,
+    }
+
+
+def run_or_error_records(item: dict, run, make_errors) -> list[dict]:
+    """``run()`` for one video; a CUDA out-of-memory becomes ``make_errors(message)`` after the failed step's
+    memory is released (``gc`` + ``empty_cache``), so the next video runs."""
+    try:
+        return run()
+    except torch.cuda.OutOfMemoryError as e:
+        msg = f"{item['video_path']}: CUDA out of memory ({str(e).splitlines()[0][:160]})"
+        log.warning(msg)
+        del e
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return make_errors(msg)
+
+
 class BudgetedQA(LightningModule):
     """Budgeted multiple-choice QA with VideoLLaMA3 (DESIGN §3).
 
@@ -94,19 +138,10 @@ class BudgetedQA(LightningModule):
         if item.get("error"):
             log.warning("video %s: %s", item["video_id"], item["error"])
             return error_records(item, jobs, item["error"])
-        try:
-            return self._answer_video(item)
-        except torch.cuda.OutOfMemoryError as e:
-            msg = f"{item['video_path']}: CUDA out of memory ({str(e).splitlines()[0][:160]})"
-            log.warning(msg)
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            return error_records(item, jobs, msg)
+        return run_or_error_records(item, lambda: self._answer_video(item),
+                                    lambda msg: error_records(item, jobs, msg))
 
     def _answer_video(self, item: dict) -> list[dict]:
-        from algorithms.choice import parse_official, parse_robust
-
         hp = self.hparams
         jobs = self.jobs
         needed = sorted({jobs[j] for js in item["jobs"].values() for j in js})
@@ -124,7 +159,6 @@ class BudgetedQA(LightningModule):
         else:
             answer = self.vlm.answer_all
         questions = [Question(**q) for q in item["questions"]]
-        info = item["video_info"]
         records = []
         for bi in inputs:
             job = job_name(bi.budget)
@@ -132,22 +166,8 @@ class BudgetedQA(LightningModule):
             texts = [build_prompt(q, hp.prompt_template) for q in todo]
             answers = answer(bi.prompt, texts, hp.max_new_tokens) if texts else []
             stats = bi.plan.stats()
-            video_info = {"duration_s": info["duration_s"], "native_hw": info["native_hw"],
-                          "n_frames": len(bi.frame_idx), "fps": info["fps"], "fps_ok": info["fps_ok"],
-                          "capped": len(bi.frame_idx) < round(info["duration_s"]) or
-                          info["sample_fps"] < 1.0 or len(bi.frame_idx) < info["n_frames"]}
-            for q, a in zip(todo, answers):
-                records.append({
-                    "qid": q.qid, "video": item["video_id"], "benchmark": item["benchmark"], "job": job,
-                    "budget": bi.budget, "variant": None, "answer": q.answer,
-                    "pred": parse_official(a.text, len(q.options)), "pred_robust": parse_robust(a.text, q.options),
-                    "response": a.text, "seq_len": a.seq_len, "prefix_fallback": a.fallback,
-                    "meta": {**q.meta, "template": hp.prompt_template},
-                    "mode": stats["mode"], "hw": stats["hw"], "raw_hw": stats["raw_hw"],
-                    "n_groups": stats["n_groups"], "n_compressed": stats["n_compressed"],
-                    "n_raw_frames": stats["n_raw_frames"], "vision_tokens": stats["vision_tokens"],
-                    "seg_lens": stats["seg_lens"], "video_info": video_info,
-                })
+            records += [qa_record(item, q, a, stats, len(bi.frame_idx), job, bi.budget, None, hp.prompt_template)
+                        for q, a in zip(todo, answers)]
         t2 = time.perf_counter()
         self.last_stage_seconds = {"encode": cache.encode_seconds, "plan_build": t1 - t0 - cache.encode_seconds,
                                    "answer": t2 - t1}

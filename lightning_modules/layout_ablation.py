@@ -36,7 +36,7 @@ from models.ablation import (
 )
 from models.videollama3 import EncodeCache
 
-from .budgeted_qa import BudgetedQA, job_name
+from .budgeted_qa import BudgetedQA, job_name, qa_record
 
 log = logging.getLogger(__name__)
 
@@ -144,26 +144,10 @@ class LayoutAblationQA(BudgetedQA):
 
     def _record(self, item: dict, q: Question, a, lj: LayoutJob) -> dict:
         """One record, with the plain-predict fields computed exactly as :class:`BudgetedQA` does."""
-        from algorithms.choice import parse_official, parse_robust
-
-        hp = self.hparams
-        info = item["video_info"]
-        n_used = len(lj.frame_idx)
         stats = lj.layout.stats()
-        video_info = {"duration_s": info["duration_s"], "native_hw": info["native_hw"], "n_frames": n_used,
-                      "fps": info["fps"], "fps_ok": info["fps_ok"],
-                      "capped": n_used < round(info["duration_s"]) or info["sample_fps"] < 1.0 or
-                      n_used < info["n_frames"]}
         return {
-            "qid": q.qid, "video": item["video_id"], "benchmark": item["benchmark"], "job": job_name(lj.budget, lj.variant),
-            "budget": lj.budget, "variant": lj.variant, "answer": q.answer,
-            "pred": parse_official(a.text, len(q.options)), "pred_robust": parse_robust(a.text, q.options),
-            "response": a.text, "seq_len": a.seq_len, "prefix_fallback": a.fallback,
-            "meta": {**q.meta, "template": hp.prompt_template},
-            "mode": stats["mode"], "hw": stats["hw"], "raw_hw": stats["raw_hw"],
-            "n_groups": stats["n_groups"], "n_compressed": stats["n_compressed"],
-            "n_raw_frames": stats["n_raw_frames"], "vision_tokens": stats["vision_tokens"],
-            "seg_lens": stats["seg_lens"], "video_info": video_info,
+            **qa_record(item, q, a, stats, len(lj.frame_idx), job_name(lj.budget, lj.variant), lj.budget, lj.variant,
+                        self.hparams.prompt_template),
             "reused": False, "same_as_base": lj.variant == BASELINE, "capped": stats["capped"],
             "n_frames_kept": stats["n_frames_kept"], "raw_grid": list(lj.layout.raw_grid),
             "group_substitute": lj.layout.group_substitute,

@@ -16,11 +16,9 @@ not be read or CUDA ran out of memory.
 """
 from __future__ import annotations
 
-import gc
 import logging
 import time
 
-import torch
 from lightning.pytorch import LightningModule
 
 from algorithms.choice import parse_official, parse_robust
@@ -28,6 +26,8 @@ from algorithms.pruning import VARIANTS
 from datamodules.benchmarks import Question
 from datamodules.benchmarks.prompts import prompt_and_template
 from models.omni_qa import FULL, OmniQA, prefill_flop_fields
+
+from .budgeted_qa import run_or_error_records
 
 log = logging.getLogger(__name__)
 
@@ -104,15 +104,7 @@ class OmniPruningQA(LightningModule):
         if item.get("error"):
             log.warning("video %s: %s", item["video_id"], item["error"])
             return self.error_records(item, item["error"])
-        try:
-            return self.answer_video(item)
-        except torch.cuda.OutOfMemoryError as e:
-            msg = f"{item['video_path']}: CUDA out of memory ({str(e).splitlines()[0][:160]})"
-            log.warning(msg)
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            return self.error_records(item, msg)
+        return run_or_error_records(item, lambda: self.answer_video(item), lambda msg: self.error_records(item, msg))
 
     def answer_video(self, item: dict) -> list[dict]:
         """Encode once, prune once per variant, answer every (question, job) still to do."""

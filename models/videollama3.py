@@ -525,7 +525,7 @@ class BudgetedVideoLlama3(nn.Module):
             return self.model(input_ids=tok_buf, attention_mask={"full_attention": mask_buf}, position_ids=pos_buf,
                               past_key_values=sc, use_cache=True).logits
 
-        run = forward
+        replay = None
         if graph and max_new_tokens > 1:
             if dev.type != "cuda":
                 raise ValueError("decode='graph' needs a CUDA device")
@@ -547,9 +547,10 @@ class BudgetedVideoLlama3(nn.Module):
                 layer.cumulative_length.copy_(n)
 
             if cuda_graph is not None:
-                def run() -> torch.Tensor:
+                def replay() -> torch.Tensor:
                     cuda_graph.replay()
                     return static_logits
+        run = replay or forward
 
         def step_fn(nxt: torch.Tensor, step: int) -> torch.Tensor:
             tok_buf.copy_(nxt[:, None])

@@ -172,12 +172,7 @@ def load_benchmark(name: str, root: str | Path, **kwargs) -> list[Question]:
         KeyError: unknown benchmark name (the message lists the known ones).
         AnnotationError: a malformed annotation file or row (named in the message).
     """
-    from . import videomme  # noqa: F401  (registration side effect)
-
-    try:
-        from . import lvb, mlvu, worldsense  # noqa: F401
-    except ImportError:  # loaders not present yet
-        pass
+    from . import lvb, mlvu, videomme, worldsense  # noqa: F401  (registration side effect)
     if name not in LOADERS:
         raise KeyError(f"unknown benchmark {name!r}; known: {sorted(LOADERS)}")
     return LOADERS[name](Path(root), **kwargs)
