@@ -97,8 +97,18 @@ def _config(path, model_dir, root, out, extra_trainer=None):
     return path
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _predict(cfg):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    # a free port of our own, so concurrent test runs on one machine never share a DDP rendezvous
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(_free_port())}
     r = subprocess.run([sys.executable, str(REPO / "evaluate.py"), "predict", f"--config={cfg}"], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
