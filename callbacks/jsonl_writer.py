@@ -72,15 +72,18 @@ def read_records(out_dir: str | Path) -> list[dict]:
     return out
 
 
-def _done_from_file(path: Path, done: dict[str, set[str]]) -> None:
-    """Add the ``(job, qid)`` of every readable line of ``path`` to ``done``; unreadable lines are logged."""
+def _done_from_file(path: Path, done: dict[str, set[str]], failed: dict[str, set[str]] | None = None) -> None:
+    """Add the ``(job, qid)`` of every readable line of ``path`` to ``done``; unreadable lines are logged.
+
+    With ``failed`` given, error records go there instead of into ``done`` (their questions are retried)."""
     with open(path, encoding="utf-8", errors="replace") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
-                done.setdefault(str(rec["job"]), set()).add(str(rec["qid"]))
+                target = failed if failed is not None and rec.get("error") else done
+                target.setdefault(str(rec["job"]), set()).add(str(rec["qid"]))
             except (ValueError, KeyError, TypeError) as e:
                 log.warning("%s line %d: unreadable record (%s); its question will be run again", path, n,
                             type(e).__name__)
@@ -103,17 +106,56 @@ class OutputLockedError(RuntimeError):
     """Another process is writing the same output folder and rank (the lock file is named)."""
 
 
+class OutputSettingsError(ValueError):
+    """The output folder holds records made with other settings (model, benchmark, answer length...)."""
+
+
+RUN_FILE = "run.json"
+
+
+def check_run_settings(out_dir: Path, settings: dict, write: bool) -> None:
+    """Compare the settings that determine a record with ``<out_dir>/run.json`` (written on the first run).
+
+    Records are resumed by qid, so a folder must never mix records made with another model, benchmark or answer
+    setting: that would silently skip the new questions and score the old answers.
+
+    Raises:
+        OutputSettingsError: naming every differing setting and the file.
+    """
+    path = out_dir / RUN_FILE
+    if path.is_file():
+        old = json.loads(path.read_text(encoding="utf-8"))
+        diffs = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in settings.items() if old.get(k, v) != v]
+        if diffs:
+            raise OutputSettingsError(
+                f"{out_dir} holds records made with other settings ({'; '.join(diffs)}). Use another out_dir "
+                f"(--trainer.callbacks... out_dir) or delete {path} to resume with the new settings on purpose")
+    elif write and settings:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(settings, indent=2, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, path)
+
+
 class JsonlPredictionWriter(BasePredictionWriter):
     """Append records per video; report what is already done so the datamodule skips it before decoding.
 
+    A question whose record is an error (unreadable video, out of memory) is tried again on restart when
+    ``retry_errors`` is set: a new record is appended after the error record, and scoring prefers it. The settings
+    that determine records (``record_settings()`` of the module and datamodule: model, benchmark, answer length...)
+    are kept in ``<out_dir>/run.json``; a run with other settings on the same folder is refused.
+
     Args:
         out_dir: output root.
+        retry_errors: retry failed questions on restart.
     """
 
-    def __init__(self, out_dir: str = "outputs/demo"):
+    def __init__(self, out_dir: str = "outputs/demo", retry_errors: bool = True):
         super().__init__(write_interval="batch")
         self.out_dir = Path(out_dir)
+        self.retry_errors = retry_errors
         self._done: dict[str, set[str]] | None = None
+        self._failed: dict[str, set[str]] = {}
         self._lock_fd: int | None = None
 
     @property
@@ -124,9 +166,14 @@ class JsonlPredictionWriter(BasePredictionWriter):
         """``job -> qids`` already written (all ranks' files; truncated last lines repaired first)."""
         if self._done is None:
             done: dict[str, set[str]] = {}
+            failed: dict[str, set[str]] = {}
             for f in sorted(self.out_dir.glob("*/*/*.jsonl")):
                 repair_jsonl(f)
-                _done_from_file(f, done)
+                _done_from_file(f, done, failed if self.retry_errors else None)
+            self._failed = {job: qids - done.get(job, set()) for job, qids in failed.items()}
+            n = sum(len(v) for v in self._failed.values())
+            if n:
+                log.warning("%s: %d failed (job, question) records will be retried", self.out_dir, n)
             self._done = done
         return self._done
 
@@ -159,6 +206,11 @@ class JsonlPredictionWriter(BasePredictionWriter):
     def setup(self, trainer, pl_module, stage: str) -> None:
         # every rank reads before any rank writes; then ranks only ever append to their own file
         self._lock(trainer.global_rank)
+        settings = {}
+        for obj in (pl_module, getattr(trainer, "datamodule", None)):
+            if hasattr(obj, "record_settings"):
+                settings.update(obj.record_settings())
+        check_run_settings(self.out_dir, settings, write=trainer.is_global_zero)
         self._done = None
         self.done_qids()
         if trainer.world_size > 1:
@@ -182,8 +234,13 @@ class JsonlPredictionWriter(BasePredictionWriter):
         for rec in prediction:
             job = rec["job"]
             if rec["qid"] in done.get(job, ()):
-                continue  # never write a (job, qid) twice
-            done.setdefault(job, set()).add(rec["qid"])
+                continue  # never write an answered (job, qid) twice
+            if rec.get("error"):
+                if rec["qid"] in self._failed.get(job, ()):
+                    continue  # failed again: its error record is already there
+                self._failed.setdefault(job, set()).add(rec["qid"])
+            else:
+                done.setdefault(job, set()).add(rec["qid"])
             path = self.out_dir / job / rec.get("benchmark", "benchmark") / f"rank{trainer.global_rank}.jsonl"
             by_file.setdefault(path, []).append(json.dumps(rec, ensure_ascii=False, sort_keys=True) + "\n")
         for path, lines in by_file.items():

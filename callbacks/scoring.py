@@ -10,7 +10,9 @@ Protocol (every choice is visible in ``scores.json``):
 * **Groups**: one per ``(benchmark, job, variant, budget)``; ``benchmark`` is ``meta["benchmark"]`` (else the
   folder name), ``job`` is the record's ``job`` key (else the first folder under ``out_root``).
 * **De-duplication**: a qid seen twice in a group (restarts, overlapping shards) counts once; the *first* record
-  wins, in sorted-path then line order. ``n_duplicates`` reports how many were dropped.
+  wins, in sorted-path then line order, except that an answered record replaces an earlier error record (the
+  writer retries failed questions on restart and appends the new record after the error, which stays as the
+  audit trail). ``n_duplicates`` reports how many were dropped, ``n_retried`` how many errors were replaced.
 * **Parsers**: ``official`` scores ``record["pred"]`` (:func:`algorithms.choice.parse_official`, Video-MME's
   official rule) and ``robust`` scores ``record["pred_robust"]`` (:func:`algorithms.choice.parse_robust`). A
   parser appears for a group only if some record of the group carries its key.
@@ -149,11 +151,16 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
     """
     groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
     dups: dict[tuple, int] = defaultdict(int)
+    retried: dict[tuple, int] = defaultdict(int)
     for rec in records:
         key = _group_key(rec)
         qid = str(rec["qid"])
         if qid in groups[key]:
-            dups[key] += 1
+            if groups[key][qid].get("error") and not rec.get("error"):
+                groups[key][qid] = rec  # a successful retry of a failed question
+                retried[key] += 1
+            else:
+                dups[key] += 1
             continue
         groups[key][qid] = rec
     expected = {b: {str(q) for q in qs} for b, qs in (expected_qids or {}).items()}
@@ -169,7 +176,8 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
                             if (r.get("meta") or {}).get("template") is not None})
         g: dict[str, Any] = {
             "benchmark": benchmark, "job": job, "variant": variant, "budget": budget,
-            "n_records": len(recs), "n_duplicates": dups[key], "n_errors": len(errors), "n_scored": len(scored),
+            "n_records": len(recs), "n_duplicates": dups[key], "n_retried": retried[key], "n_errors": len(errors),
+            "n_scored": len(scored),
             "n_expected": len(expected[benchmark]) if benchmark in expected else None,
             "n_missing": len(missing), "missing_qids": missing[:MAX_LISTED_MISSING], "templates": templates,
             "parsers": {},
@@ -221,20 +229,23 @@ def format_table(scores: dict) -> str:
     """A readable fixed-width table of ``scores`` (from :func:`score_records`): one row per group and parser with
     n, accuracy (%), errors, unparseable, missing, duplicates and the benchmark's headline breakdown (Video-MME /
     LongVideoBench per duration, MLVU M-Avg and pooled)."""
-    header = ("benchmark", "job", "variant", "budget", "parser", "n", "acc%", "err", "unparse", "miss", "dup",
-              "breakdown")
+    header = ("benchmark", "job", "variant", "budget", "parser", "n", "acc%", "acc_all%", "err", "unparse", "miss",
+              "dup", "breakdown")
     rows = [header]
     for g in scores.get("groups", []):
         for parser, p in g["parsers"].items():
             rows.append((g["benchmark"], g["job"], g["variant"] or "-", str(g["budget"]), parser, str(g["n_scored"]),
-                         _pct(p["accuracy"]), str(g["n_errors"]), str(p["unparseable"]), str(g["n_missing"]),
-                         str(g["n_duplicates"]), _extra(g["benchmark"], p)))
+                         _pct(p["accuracy"]), _pct(p["accuracy_all"]), str(g["n_errors"]), str(p["unparseable"]),
+                         str(g["n_missing"]), str(g["n_duplicates"]), _extra(g["benchmark"], p)))
         if not g["parsers"]:
             rows.append((g["benchmark"], g["job"], g["variant"] or "-", str(g["budget"]), "-", str(g["n_scored"]),
-                         "-", str(g["n_errors"]), "-", str(g["n_missing"]), str(g["n_duplicates"]), ""))
+                         "-", "-", str(g["n_errors"]), "-", str(g["n_missing"]), str(g["n_duplicates"]), ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append("acc% = correct / answered; acc_all% also counts errors and missing questions as wrong; official = "
+                 "the benchmark's own letter rule, robust = also '(B)', 'Answer: c', option text; unparse = no "
+                 "letter found")
     return "\n".join(lines)
 
 
@@ -242,6 +253,7 @@ def format_table(scores: dict) -> str:
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are shared like the jsonl files
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -251,6 +263,12 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _save_figure(fig, path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
@@ -94,6 +95,11 @@ class VideoQADataModule(LightningDataModule):
         self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
         self.decode_max_side, self.limit_videos = decode_max_side, limit_videos
         self.questions: list[Question] | None = None
+
+    def record_settings(self) -> dict:
+        """Settings that determine a record (kept in the output folder's ``run.json``)."""
+        return {"benchmark": self.benchmark, "root": str(Path(self.root).resolve()),
+                "loader_kwargs": self.loader_kwargs, "decode_max_side": self.decode_max_side}
 
     def setup(self, stage: str | None = None) -> None:
         if self.questions is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from pathlib import Path
 
 import torch
 from lightning.pytorch import LightningModule
@@ -113,6 +114,8 @@ class BudgetedQA(LightningModule):
         for b in budgets:
             if b < 64:
                 raise ValueError(f"budget of {b} vision tokens is smaller than one compressed group (64 rows)")
+        if len(set(budgets)) != len(budgets):
+            raise ValueError(f"budgets {list(budgets)} repeat a value")
         if answer_mode not in ("batched", "sequential"):
             raise ValueError(f"answer_mode must be 'batched' or 'sequential', got {answer_mode!r}")
         self.save_hyperparameters()
@@ -124,6 +127,13 @@ class BudgetedQA(LightningModule):
     def jobs(self) -> dict[str, int]:
         """Job name -> budget."""
         return {job_name(b): b for b in self.budgets}
+
+    def record_settings(self) -> dict:
+        """Settings that determine a record (kept in the output folder's ``run.json``; budgets may be added)."""
+        hp = self.hparams
+        return {"model_path": str(Path(hp.model_path).resolve()), "raw_mode": hp.raw_mode,
+                "raw_max_tokens": hp.raw_max_tokens, "max_tokens_per_frame": hp.max_tokens_per_frame,
+                "max_new_tokens": hp.max_new_tokens, "prompt_template": hp.prompt_template, "dtype": hp.dtype}
 
     def setup(self, stage: str) -> None:
         if self.vlm is None:

@@ -118,3 +118,31 @@ def test_dataset_text_cannot_add_placeholders(tiny_vlm):
     assert ids[-len(tail):] == tail and ids.count(im_end) == 1 and ids.count(im_start) == 1
     full = torch.cat([bi.prompt.ids, torch.tensor(ids)])
     assert int((full == tiny_vlm.placeholder_id).sum()) == bi.prompt.vision_embeds.shape[0] == bi.plan.vision_tokens
+
+
+def test_failed_questions_are_retried_and_other_settings_refused(tiny_vl3_dir, demo_bench, tmp_path):
+    from callbacks.jsonl_writer import OutputSettingsError
+    from callbacks.scoring import score_records
+
+    good = (demo_bench / "videos" / "realshort.mp4").read_bytes()
+    (demo_bench / "videos" / "realshort.mp4").write_bytes(b"not a video")
+    out = tmp_path / "out"
+    first = run_predict(tiny_vl3_dir, demo_bench, out, budgets=(256,), model_args={"max_new_tokens": 2})
+    assert sum("error" in r for r in first) == 3
+    again = run_predict(tiny_vl3_dir, demo_bench, out, budgets=(256,), model_args={"max_new_tokens": 2})
+    assert again == first  # failed again: no second error record
+    (demo_bench / "videos" / "realshort.mp4").write_bytes(good)
+    fixed = run_predict(tiny_vl3_dir, demo_bench, out, budgets=(256,), model_args={"max_new_tokens": 2})
+    assert len(fixed) == 7 + 3 and fixed[:7] == first  # the error records stay as the audit trail
+    (g,) = score_records(fixed)["groups"]
+    assert (g["n_errors"], g["n_scored"], g["n_retried"]) == (0, 7, 3)
+    assert json.loads((out / "scores.json").read_text())["groups"][0]["n_errors"] == 0
+    with pytest.raises(OutputSettingsError, match="max_new_tokens: 2 there, 3 now"):
+        run_predict(tiny_vl3_dir, demo_bench, out, budgets=(256,), model_args={"max_new_tokens": 3})
+    assert read_json_lines(out) == fixed  # nothing written by the refused run
+
+
+def read_json_lines(out):
+    from callbacks.jsonl_writer import read_records
+
+    return read_records(out)

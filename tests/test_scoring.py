@@ -143,7 +143,8 @@ def test_table_and_cli(out_root, capsys):
     assert "50.0" in mlvu_off and "M-Avg 33.3  pooled 50.0" in mlvu_off
     (vm_off,) = [ln for ln in lines if ln.startswith("videomme") and "b1024" in ln and "rho32" not in ln
                  and " official " in ln]
-    assert vm_off.split()[5:10] == ["4", "50.0", "1", "1", "0"]
+    # n, acc% (2 of 4 answered), acc_all% (2 of 4 answered + 1 error), err, unparse, miss
+    assert vm_off.split()[5:11] == ["4", "50.0", "40.0", "1", "1", "0"]
     assert "short 50.0  medium 100.0  long 0.0" in vm_off
     assert not (out_root / "acc_vs_budget_videomme.png").exists()
     assert format_table({"groups": []}).startswith("benchmark")
@@ -218,3 +219,16 @@ def test_budget_and_variant_from_job_name(tmp_path):
     records, _ = read_records(tmp_path)
     assert sorted((x["job"], x["variant"], x["budget"]) for x in records) == [
         ("b256", None, 256), ("rho64_b512", "rho64", 512)]
+
+
+def test_successful_retry_replaces_an_error_record():
+    from callbacks.scoring import score_records
+
+    base = {"job": "b256", "budget": 256, "variant": None, "meta": {"benchmark": "videomme", "duration": "short"}}
+    recs = [{**base, "qid": "q1", "error": "video.mp4: cannot read the container"},
+            {**base, "qid": "q2", "answer": "A", "pred": "B", "pred_robust": "B"},
+            {**base, "qid": "q1", "answer": "A", "pred": "A", "pred_robust": "A"},   # retried after the error
+            {**base, "qid": "q2", "answer": "A", "pred": "A", "pred_robust": "A"}]   # a true duplicate: dropped
+    (g,) = score_records(recs)["groups"]
+    assert (g["n_retried"], g["n_duplicates"], g["n_errors"], g["n_scored"]) == (1, 1, 0, 2)
+    assert g["parsers"]["official"]["accuracy"] == 0.5
