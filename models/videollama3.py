@@ -395,8 +395,10 @@ class BudgetedVideoLlama3(nn.Module):
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config.get_text_config())
-        self.model(inputs_embeds=self.embed(prompt.ids, prompt.vision_embeds), past_key_values=cache,
-                   use_cache=True, logits_to_keep=1)
+        # the base model only: no lm_head (VideoLlama3ForConditionalGeneration ignores logits_to_keep and would
+        # compute logits for every prefix position, ~5 GB at 16k rows on 7B shapes)
+        self.model.model(inputs_embeds=self.embed(prompt.ids, prompt.vision_embeds), past_key_values=cache,
+                         use_cache=True)
         return cache
 
     @torch.no_grad()
