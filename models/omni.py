@@ -47,6 +47,8 @@ from transformers import (AutoFeatureExtractor, AutoTokenizer, AutoVideoProcesso
 from algorithms.streaming import (MICRO_CHUNK_200MS, MODES, StreamGeometry, accounting, check_micro_chunk_tiling,
                                   memory_blocks, num_rows, schedule)
 
+from .loading import local_checkpoint
+
 AUDIO_SAMPLE_RATE = 16000
 DEFAULT_PROMPT = "<|im_start|>system\n<|im_end|>\n<|im_start|>user\n<|vision_bos|><|audio_bos|>"
 # DEFAULT_PROMPT in Qwen2.5 token ids, used when the model directory has no tokenizer (tiny test models).
@@ -125,7 +127,8 @@ class OmniThinkerRunner(nn.Module):
                  dtype: str = "float32", attn_implementation: str = "sdpa",
                  thinker: Qwen2_5OmniThinkerForConditionalGeneration | None = None):
         super().__init__()
-        self.model_dir = str(model_dir)
+        self.model_dir = str(local_checkpoint(model_dir, "Qwen2.5-Omni thinker",
+                                              "for the demo run `python -m models.tiny_omni <dir>` first"))
         if thinker is None:
             thinker = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(
                 self.model_dir, dtype=_DTYPES[dtype], attn_implementation=attn_implementation)

@@ -56,6 +56,8 @@ from transformers import (AutoFeatureExtractor, AutoTokenizer, AutoVideoProcesso
 from algorithms.flops import ModelShape, get_shape, paper_prefill_flops, prefill_flops
 from algorithms.pruning import PruneResult, apply_variant, merge_tokens
 
+from .loading import local_checkpoint
+
 __all__ = ["FULL", "SYSTEM_PROMPT", "EncodedClip", "PromptInputs", "Answer", "OmniQA", "model_shape",
            "prefill_flop_fields", "interleave_media_ids"]
 
@@ -251,7 +253,8 @@ class OmniQA(nn.Module):
     def __init__(self, model_dir: str | Path, dtype: str = "float32", attn_implementation: str = "sdpa",
                  system_prompt: str = SYSTEM_PROMPT, max_new_tokens: int = 16):
         super().__init__()
-        self.model_dir = str(model_dir)
+        self.model_dir = str(local_checkpoint(model_dir, "Qwen2.5-Omni thinker",
+                                              "for the demo run `python -m models.tiny_omni <dir>` first"))
         self.attn_implementation = attn_implementation
         self.thinker = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(
             self.model_dir, dtype=_DTYPES[dtype], attn_implementation=attn_implementation).eval()

@@ -30,6 +30,7 @@ from torch import nn
 from algorithms.budget import (
     CELL_PIXELS, MIN_TOKENS_PER_FRAME, Plan, frame_grid, frame_token_cap, plan_groups, subsample,
 )
+from .loading import local_checkpoint
 from .qbase import QBaseCompressor, load_state_dict_strict
 
 log = logging.getLogger(__name__)
@@ -121,10 +122,7 @@ class BudgetedVideoLlama3(nn.Module):
         """
         from transformers import AutoTokenizer, AutoVideoProcessor, VideoLlama3ForConditionalGeneration
 
-        path = Path(path)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"no VideoLLaMA3 checkpoint at {path} (config.json missing); "
-                                    "for the demo run `python -m models.tiny` first")
+        path = local_checkpoint(path, "VideoLLaMA3", "for the demo run `python -m models.tiny` first")
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         from .convert import is_original_layout, load_original_parts
         if is_original_layout(path):  # original VideoLLaMA3 layout: mapped in memory (models/convert.py)
