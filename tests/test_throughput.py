@@ -155,3 +155,20 @@ def test_frame_batched_vision_attention_equals_per_frame(tiny_vlm):
     ref = torch.cat([torch.nn.functional.scaled_dot_product_attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b])
                      for a, b in ((0, 3), (3, 7))], 2).transpose(1, 2)
     assert torch.allclose(out, ref, atol=1e-6)
+
+
+def test_qa_bench_runs_on_the_cpu(tmp_path):
+    """bench/qa_throughput.py --tiny: the comparison table is produced and every path answers the same tokens."""
+    import json
+
+    out = tmp_path / "qa.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "qa_throughput.py"), "--tiny", "--budgets", "128",
+                        "--repeats", "1", "--workers", "0", "--wait-repeat", "1", "--new-tokens", "4",
+                        "--json", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "(a) s" in r.stdout and "cockatoo.mp4" in r.stdout
+    res = json.loads(out.read_text())
+    (row,) = res["rows"]
+    assert row["same_tokens_ab"] and row["same_tokens_bc"] and row["vision_tokens"] <= 128
+    assert res["wait"]["videos"] == 1
