@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -63,6 +63,7 @@ class VideoPrompt:
         vision_embeds: (N, D) rows for the N placeholder positions of ``ids``, in order.
         last_text: the text of the prefix's last text piece (after the last vision row), tokenized alone at the
             end of ``ids``; the question is appended to it for the fallback check of DESIGN §3.7.
+        last_text_len: number of tokens of that last piece at the end of ``ids``.
     """
 
     ids: torch.Tensor
@@ -79,7 +80,6 @@ class Answer:
     text: str
     seq_len: int
     fallback: bool = False
-    meta: dict = field(default_factory=dict)
 
 
 class BudgetedVideoLlama3(nn.Module):
