@@ -8,8 +8,8 @@ plus the analytic floor (vision encoder + prefill FLOPs at the measured bf16 GEM
 memory floor), peak GPU memory, and the share of wall time the GPU waits for DataLoader workers in the real
 ``BudgetedQA.predict_step`` loop.
 
-GPU (VideoLLaMA3-7B shapes, random bf16 weights, no download):
-    python bench/qa_throughput.py --videos bench/media/*.mp4
+GPU (VideoLLaMA3-7B shapes, random bf16 weights, no download; ``bench/make_media.py`` writes the long videos):
+    python bench/make_media.py && python bench/qa_throughput.py --videos bench/media/*.mp4
 CPU smoke test (tiny model):
     python bench/qa_throughput.py --tiny
 """
