@@ -33,6 +33,8 @@ media file missing or unreadable        not an annotation error: one error recor
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -110,6 +112,21 @@ def text_field(value: Any, name: str, where: str, numbers_ok: bool = False, empt
     if not empty_ok and not text.strip():
         raise AnnotationError(f"{where}: {name} is empty")
     return text
+
+
+def strip_option_letters(options: list[str], where: str, prefix: "re.Pattern[str]") -> list[str]:
+    """Option texts without their ``A.``-style letters (``prefix`` captures the letter); a letter out of order or an
+    option with no text after its letter is an :class:`AnnotationError` naming ``where``."""
+    out = []
+    for j, opt in enumerate(options):
+        m = prefix.match(opt)
+        if m and m.group(1) != LETTERS[j]:
+            raise AnnotationError(f"{where}: option {j} is lettered {m.group(1)!r}, expected {LETTERS[j]!r}")
+        body = opt[m.end():] if m else opt
+        if not body.strip():
+            raise AnnotationError(f"{where}: option {j} is empty")
+        out.append(body)
+    return out
 
 
 def options_field(value: Any, name: str, where: str, min_n: int = MIN_OPTIONS, max_n: int = len(LETTERS)) -> list:

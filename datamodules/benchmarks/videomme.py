@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, register, resolve_media_path,
+                   strip_option_letters,
                    text_field)
 from .subtitles import load_srt, subtitles_text
 
@@ -68,15 +69,7 @@ def load_videomme(root: Path, parquet: str | None = None, video_dir: str = "vide
             where = f"{f} row {i} (question_id={row.get('question_id')!r})"
             qid = text_field(row["question_id"], "question_id", where, numbers_ok=True)
             question = text_field(row["question"], "question", where)
-            options = []
-            for j, opt in enumerate(options_field(row["options"], "options", where)):
-                m = _LETTER_PREFIX.match(opt)
-                if m and m.group(1) != LETTERS[j]:
-                    raise AnnotationError(f"{where}: option {j} is lettered {m.group(1)!r}, expected {LETTERS[j]!r}")
-                body = opt[m.end():] if m else opt
-                if not body.strip():
-                    raise AnnotationError(f"{where}: option {j} is empty")
-                options.append(body)
+            options = strip_option_letters(options_field(row["options"], "options", where), where, _LETTER_PREFIX)
             raw_answer = row["answer"]
             if raw_answer is not None and not isinstance(raw_answer, str):
                 raise AnnotationError(f"{where}: answer must be a letter, got {type(raw_answer).__name__} "

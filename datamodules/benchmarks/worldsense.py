@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 
 from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, register, resolve_media_path,
+                   strip_option_letters,
                    text_field)
 
 _LETTER_PREFIX = re.compile(r"^\s*\(?([A-J])[.):]\s*")
@@ -28,16 +29,8 @@ NUM_OPTIONS = 4
 def _options(raw, where: str) -> list[str]:
     if not isinstance(raw, list) or len(raw) != NUM_OPTIONS:
         raise AnnotationError(f"{where}: expected {NUM_OPTIONS} options, got {raw!r:.200}")
-    out = []
-    for j, opt in enumerate(options_field(raw, "options", where, NUM_OPTIONS, NUM_OPTIONS)):
-        m = _LETTER_PREFIX.match(opt)
-        if m and m.group(1) != LETTERS[j]:
-            raise AnnotationError(f"{where}: option {j} is lettered {m.group(1)!r}, expected {LETTERS[j]!r}")
-        body = opt[m.end():] if m else opt
-        if not body.strip():
-            raise AnnotationError(f"{where}: option {j} is empty")
-        out.append(body)
-    return out
+    return strip_option_letters(options_field(raw, "options", where, NUM_OPTIONS, NUM_OPTIONS), where,
+                                _LETTER_PREFIX)
 
 
 def _answer(raw, where: str) -> str:
