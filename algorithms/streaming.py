@@ -28,9 +28,12 @@ Modes (``MODES``):
 
 Memory (same rule in every mode): with ``M = memory_s / native_block_s`` blocks, a payload belonging to native
 block ``b`` sees committed media of blocks ``>= max(0, b - (M - 1))`` only, so a state never sees more than
-``memory_s`` seconds of media (plus the fixed prompt). The runner evicts older blocks and re-prefills the kept ones,
-so that the cache equals what a from-scratch prefill of that window gives (no information leaks from evicted blocks
-through deeper layers' keys and values).
+``memory_s`` seconds of media (plus the fixed prompt). How the runner enforces it is its memory policy
+(``MEMORY_POLICIES``): ``window`` (default) evicts older blocks and re-prefills the kept ones, so that the cache
+equals what a from-scratch prefill of that window gives (no information leaks from evicted blocks through deeper
+layers' keys and values); ``sliding`` evicts older blocks' cache rows and keeps the kept blocks' keys and values as
+computed (a sliding-window KV cache: deeper layers still carry information from evicted blocks). The schedule and
+its accounting are the same under both.
 """
 from __future__ import annotations
 
@@ -40,6 +43,17 @@ OPEN_STREAM_REPLAY = "open-stream-replay"
 COMPLETED_BLOCK_HOLD = "completed-block-hold"
 MICRO_CHUNK_200MS = "micro-chunk-200ms"
 MODES = (OPEN_STREAM_REPLAY, COMPLETED_BLOCK_HOLD, MICRO_CHUNK_200MS)
+WINDOW = "window"
+SLIDING = "sliding"
+MEMORY_POLICIES = (WINDOW, SLIDING)
+DEFAULT_MEMORY_POLICY = WINDOW  # also what a feature file without a ``memory_policy`` field was extracted with
+
+
+def check_memory_policy(memory_policy: str) -> str:
+    """Return ``memory_policy`` if it is one of ``MEMORY_POLICIES``; raise ValueError listing them otherwise."""
+    if memory_policy not in MEMORY_POLICIES:
+        raise ValueError(f"unknown memory_policy {memory_policy!r}; expected one of {MEMORY_POLICIES}")
+    return memory_policy
 
 
 @dataclass(frozen=True)

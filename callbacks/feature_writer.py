@@ -81,7 +81,8 @@ def plot_session_timeline(out_dir: str | Path, session: str, png: str | Path | N
             on = tensors[key].numpy()[:n].astype(bool)
             ax.scatter(t[:n][on], [y] * int(on.sum()), marker="|", s=120, color=color)
         ax.set_title(f"{mode}: {meta['production_processor_calls']} processor calls, "
-                     f"{meta['production_prepared_media_seconds']:.1f} s prepared, memory {meta['memory_s']:g} s, "
+                     f"{meta['production_prepared_media_seconds']:.1f} s prepared, memory {meta['memory_s']:g} s "
+                     f"({meta.get('memory_policy', 'window')}), "
                      f"layer {meta['layer']}", fontsize=9)
     axes[-1, 0].set_xlabel("session time t_i (s), right-edged 5 Hz rows")
     fig.suptitle(f"{session}: causal omni feature timeline")

@@ -14,7 +14,9 @@ Tensors (T_rows = number of 5 Hz rows; row ``i`` is at ``t_i = 0.2 (i + 1)`` s):
 
 Metadata (safetensors header): ``format = "omni-features/1"`` and ``meta`` = JSON object with at least
 ``mode, memory_s, fps, output_hz, layer, model, session, config_hash, production_processor_calls,
-production_prepared_media_seconds, wall_time_s, peak_memory_bytes, verification``.
+production_prepared_media_seconds, wall_time_s, peak_memory_bytes, verification``. Optional keys with a default
+(``META_DEFAULTS``, used by ``check_meta`` when a file lacks them): ``memory_policy`` (``window`` | ``sliding``,
+``algorithms.streaming.MEMORY_POLICIES``; files written before the field existed were extracted with ``window``).
 """
 from __future__ import annotations
 
@@ -28,10 +30,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from algorithms.streaming import DEFAULT_MEMORY_POLICY
+
 FORMAT = "omni-features/1"
 REQUIRED_TENSORS = ("states", "row_times", "initialization_mask", "state_source_times", "state_update_mask",
                     "payload_commit_mask", "native_boundary_mask")
 REQUIRED_META = ("mode", "memory_s", "fps", "output_hz", "layer", "model", "session", "config_hash")
+META_DEFAULTS = {"memory_policy": DEFAULT_MEMORY_POLICY}  # value of an absent key (older files)
 
 
 class FeatureFileError(ValueError):
@@ -95,11 +100,15 @@ def load_features(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, 
 
 
 def check_meta(path: str | Path, meta: dict[str, Any], expected: dict[str, Any]) -> None:
-    """Fail closed when a file's settings differ from the run's.
+    """Fail closed when a file's settings differ from the run's (a key absent from the file counts as its
+    ``META_DEFAULTS`` value, e.g. ``memory_policy = "window"``).
 
     Raises:
         FeatureFileError: naming the file and every mismatching key (expected vs found).
     """
-    diffs = [f"{k}: expected {v!r}, file has {meta.get(k)!r}" for k, v in expected.items() if meta.get(k) != v]
+    def found(k):
+        return meta.get(k, META_DEFAULTS.get(k))
+
+    diffs = [f"{k}: expected {v!r}, file has {found(k)!r}" for k, v in expected.items() if found(k) != v]
     if diffs:
         raise FeatureFileError(f"{path}: feature file does not match this run ({'; '.join(diffs)})")

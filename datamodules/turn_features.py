@@ -2,9 +2,9 @@
 
 Files: ``<features_dir>/<session>.<mode>.safetensors`` (``datamodules.features``); only files whose name carries
 ``expected_mode`` are read, and each must agree with the run (fail closed, file named, before any training step):
-meta ``mode == expected_mode``, ``memory_s``, ``fps``, ``output_hz``, ``session`` (== file name) and ``layer``
-(``expected_layer``; when ``None``, every file of the run must share one layer, recorded in ``self.layer``), plus
-one hidden size D across files. Missing sessions of a split are an error.
+meta ``mode == expected_mode``, ``memory_s``, ``memory_policy`` (absent: ``window``), ``fps``, ``output_hz``,
+``session`` (== file name) and ``layer`` (``expected_layer``; when ``None``, every file of the run must share one
+layer, recorded in ``self.layer``), plus one hidden size D across files. Missing sessions of a split are an error.
 
 Targets come from utterances (``algorithms.turn_targets``), loaded by ``utterances_loader`` (dotted path of a
 ``fn(root, session) -> list[utterance]``; default EasyCom's ``datamodules.easycom.load_session_utterances``, imported
@@ -42,6 +42,7 @@ from lightning.pytorch import LightningDataModule
 from safetensors import safe_open
 from torch.utils.data import DataLoader, Dataset
 
+from algorithms.streaming import DEFAULT_MEMORY_POLICY, check_memory_policy
 from algorithms.turn_targets import build_turn_targets, flat_targets
 from datamodules.features import FeatureFileError, check_meta, load_features
 
@@ -143,6 +144,8 @@ class TurnFeatureDataModule(LightningDataModule):
         utterances_root: root passed to ``utterances_loader`` (EasyCom root, or a folder of utterance JSONs).
         utterances_loader: dotted path of ``fn(root, session) -> list[utterance]``.
         expected_memory_s / expected_fps / expected_output_hz / expected_layer: run settings every file must match.
+        expected_memory_policy: the extraction memory policy every file must have (``window`` | ``sliding``; a file
+            without the field counts as ``window``).
         train_sessions / val_sessions / test_sessions: EasyCom session numbers per split.
         wearer_id: Participant_ID of the glasses wearer.
         initialization_rows: ``keep | exclude | exclude_any_mode`` (module docstring).
@@ -154,13 +157,14 @@ class TurnFeatureDataModule(LightningDataModule):
     def __init__(self, features_dir: str, expected_mode: str, utterances_root: str,
                  utterances_loader: str = "datamodules.easycom.load_session_utterances",
                  expected_memory_s: float = 8.0, expected_fps: float = 2.0, expected_output_hz: float = 5.0,
-                 expected_layer: int | None = None,
+                 expected_layer: int | None = None, expected_memory_policy: str = DEFAULT_MEMORY_POLICY,
                  train_sessions: Sequence[int] = (1, 2, 3, 5, 6, 7, 8, 9), val_sessions: Sequence[int] = (4, 12),
                  test_sessions: Sequence[int] = (10, 11), wearer_id: int = 2,
                  initialization_rows: str = "keep", chunk_rows: int = 100, warmup_rows: int = 10,
                  batch_size: int = 16, standardize: bool = True, num_workers: int = 0,
                  target_kwargs: dict[str, float] | None = None):
         super().__init__()
+        check_memory_policy(expected_memory_policy)
         if initialization_rows not in INIT_ROW_POLICIES:
             raise ValueError(f"initialization_rows={initialization_rows!r}; expected one of {INIT_ROW_POLICIES}")
         self.save_hyperparameters()
@@ -195,14 +199,15 @@ class TurnFeatureDataModule(LightningDataModule):
         """Read and check every file of every split, build targets; idempotent.
 
         Raises:
-            FeatureFileError: a file disagrees with the run (mode, memory, fps, output rate, layer, session, D),
-                or a split's session has no file.
+            FeatureFileError: a file disagrees with the run (mode, memory, memory policy, fps, output rate, layer,
+                session, D), or a split's session has no file.
         """
         if self.data is not None:
             return self.data
         hp = self.hparams
         files = self._files()
-        expected = {"mode": hp.expected_mode, "memory_s": hp.expected_memory_s, "fps": hp.expected_fps,
+        expected = {"mode": hp.expected_mode, "memory_s": hp.expected_memory_s,
+                    "memory_policy": hp.expected_memory_policy, "fps": hp.expected_fps,
                     "output_hz": hp.expected_output_hz}
         if hp.expected_layer is not None:
             expected["layer"] = hp.expected_layer

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 
-from algorithms.streaming import MODES, accounting, masks, num_rows
+from algorithms.streaming import DEFAULT_MEMORY_POLICY, MODES, accounting, check_memory_policy, masks, num_rows
 from models.omni import OmniThinkerRunner
 from models.omni_batch import COMPUTED_FIELDS, BatchedOmniRunner
 
@@ -34,31 +34,36 @@ def config_hash(settings: dict[str, Any]) -> str:
 
 
 def extract_session(runner: OmniThinkerRunner, session: dict[str, Any], mode: str, memory_s: float,
-                    verify_rows: int = 4, extra_meta: dict[str, Any] | None = None) -> dict[str, Any]:
+                    verify_rows: int = 4, extra_meta: dict[str, Any] | None = None,
+                    memory_policy: str = DEFAULT_MEMORY_POLICY) -> dict[str, Any]:
     """Run every stream of one session and assemble the feature-file record.
 
     Args:
         runner: the thinker runner.
         session: ``{"session", "timeline_end_s", "streams": [{"start_s", "frames" (F, H, W, 3) uint8,
             "audio" (S,) float32 16 kHz, ...}]}``; stream starts are multiples of 0.2 s.
-        mode, memory_s, verify_rows: see ``OmniThinkerRunner.run_stream``.
+        mode, memory_s, verify_rows, memory_policy: see ``OmniThinkerRunner.run_stream``.
 
     Returns:
         ``{"session", "mode", "tensors": {states (T_rows, D) and the masks of datamodules.features},
         "meta": {...}}`` with T_rows = ``floor(timeline_end_s / 0.2)``.
     """
+    check_memory_policy(memory_policy)
     results = [runner.run_stream(st["frames"].cpu().numpy(), st["audio"].cpu().numpy(), mode, memory_s, rows,
-                                 verify_rows) if rows > 0 else None for st, rows in _stream_rows(runner, session)]
-    return _assemble(runner, session, mode, memory_s, results, extra_meta)
+                                 verify_rows, memory_policy=memory_policy) if rows > 0 else None
+               for st, rows in _stream_rows(runner, session)]
+    return _assemble(runner, session, mode, memory_s, results, extra_meta, memory_policy)
 
 
 def extract_sessions(runner: OmniThinkerRunner, sessions: list[dict[str, Any]], mode: str, memory_s: float,
                      verify_rows: int = 4, sessions_per_batch: int = 8, batched: BatchedOmniRunner | None = None,
-                     extra_meta: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+                     extra_meta: dict[str, Any] | None = None,
+                     memory_policy: str = DEFAULT_MEMORY_POLICY) -> list[dict[str, Any]]:
     """``extract_session`` for several sessions at once, their streams run in lockstep groups of at most
     ``sessions_per_batch`` by ``models.omni_batch.BatchedOmniRunner`` (states, masks, production accounting and
     verification as the one-session path; ``meta`` adds the ``computed_*`` figures, ``sessions_per_batch``,
     ``batch_wall_time_s``, and ``wall_time_s`` becomes the session's share of its groups' wall time)."""
+    check_memory_policy(memory_policy)
     batched = batched or BatchedOmniRunner(runner, sessions_per_batch)
     flat, owners = [], []
     for si, session in enumerate(sessions):
@@ -67,7 +72,7 @@ def extract_sessions(runner: OmniThinkerRunner, sessions: list[dict[str, Any]], 
                 flat.append({"frames": st["frames"].cpu().numpy(), "audio": st["audio"].cpu().numpy(),
                              "n_rows": rows})
                 owners.append((si, k))
-    res = batched.run_streams(flat, mode, memory_s, verify_rows)
+    res = batched.run_streams(flat, mode, memory_s, verify_rows, memory_policy=memory_policy)
     per: list[list] = [[None] * len(s["streams"]) for s in sessions]
     for (si, k), r in zip(owners, res):
         per[si][k] = r
@@ -78,7 +83,8 @@ def extract_sessions(runner: OmniThinkerRunner, sessions: list[dict[str, Any]], 
                 "batch_wall_time_s": sum(r.batch_wall_time_s for r in got)}
         for key in COMPUTED_FIELDS:
             meta[key] = round(sum(r.computed[key] for r in got), 6)
-        out.append(_assemble(runner, session, mode, memory_s, results, {**meta, **(extra_meta or {})}))
+        out.append(_assemble(runner, session, mode, memory_s, results, {**meta, **(extra_meta or {})},
+                             memory_policy))
     return out
 
 
@@ -92,7 +98,7 @@ def _stream_rows(runner: OmniThinkerRunner, session: dict[str, Any]):
 
 
 def _assemble(runner: OmniThinkerRunner, session: dict[str, Any], mode: str, memory_s: float, results: list,
-              extra_meta: dict[str, Any] | None) -> dict[str, Any]:
+              extra_meta: dict[str, Any] | None, memory_policy: str = DEFAULT_MEMORY_POLICY) -> dict[str, Any]:
     """The feature-file record of one session from its streams' ``StreamResult`` s (None: stream not run)."""
     g = runner.geometry
     n = num_rows(float(session["timeline_end_s"]), g)
@@ -133,7 +139,10 @@ def _assemble(runner: OmniThinkerRunner, session: dict[str, Any], mode: str, mem
     settings = {"mode": mode, "memory_s": float(memory_s), "fps": VIDEO_FPS, "output_hz": OUTPUT_HZ,
                 "layer": runner.layer, "model": runner.model_dir, "dtype": str(runner.dtype),
                 "prompt_token_ids": runner.prompt_token_ids}
-    meta = {"mode": mode, "memory_s": float(memory_s), "fps": VIDEO_FPS, "output_hz": OUTPUT_HZ,
+    if memory_policy != DEFAULT_MEMORY_POLICY:  # window files keep the hash they had before the field existed
+        settings["memory_policy"] = memory_policy
+    meta = {"mode": mode, "memory_s": float(memory_s), "memory_policy": memory_policy, "fps": VIDEO_FPS,
+            "output_hz": OUTPUT_HZ,
             "layer": runner.layer, "model": Path(runner.model_dir).name, "model_path": runner.model_dir,
             "session": session["session"], "config_hash": config_hash(settings),
             "production_processor_calls": calls, "production_prepared_media_seconds": round(prepared, 6),
@@ -157,6 +166,9 @@ class OmniFeatureExtractor(LightningModule):
         model_dir: local thinker directory (``python -m models.tiny_omni <dir>`` writes a tiny random one).
         mode: ``open-stream-replay`` | ``completed-block-hold`` | ``micro-chunk-200ms``.
         memory_s: media memory in seconds (multiple of 2; default 8).
+        memory_policy: ``window`` (default: exact finite memory, kept blocks re-prefilled on every slide) or
+            ``sliding`` (sliding-window KV cache, absolute positions; ``models/omni.py`` docstring). Recorded in
+            every file's meta; training fails closed on a mismatch.
         layer: hidden-state index read out (see ``OmniThinkerRunner``; -1 = final).
         dtype: ``float32`` | ``bfloat16`` | ``float16``.
         attn_implementation: ``sdpa`` | ``eager``.
@@ -172,10 +184,11 @@ class OmniFeatureExtractor(LightningModule):
     def __init__(self, model_dir: str, mode: str = "open-stream-replay", memory_s: float = 8.0, layer: int = -1,
                  dtype: str = "float32", attn_implementation: str = "sdpa", verify_rows: int = 4,
                  prompt_token_ids: list[int] | None = None, sessions_per_batch: int = 1,
-                 compile_small_calls: bool = False):
+                 compile_small_calls: bool = False, memory_policy: str = DEFAULT_MEMORY_POLICY):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
+        check_memory_policy(memory_policy)
         self.save_hyperparameters()
         self.runner = OmniThinkerRunner(model_dir, layer=layer, prompt_token_ids=prompt_token_ids, dtype=dtype,
                                         attn_implementation=attn_implementation)
@@ -196,7 +209,10 @@ class OmniFeatureExtractor(LightningModule):
         ``sessions_per_batch > 1``)."""
         hp = self.hparams
         if isinstance(batch, dict):
-            return extract_session(self.runner, batch, hp.mode, hp.memory_s, hp.verify_rows)
+            return extract_session(self.runner, batch, hp.mode, hp.memory_s, hp.verify_rows,
+                                   memory_policy=hp.memory_policy)
         if self.batched is None:
-            return [extract_session(self.runner, s, hp.mode, hp.memory_s, hp.verify_rows) for s in batch]
-        return extract_sessions(self.runner, list(batch), hp.mode, hp.memory_s, hp.verify_rows, batched=self.batched)
+            return [extract_session(self.runner, s, hp.mode, hp.memory_s, hp.verify_rows,
+                                    memory_policy=hp.memory_policy) for s in batch]
+        return extract_sessions(self.runner, list(batch), hp.mode, hp.memory_s, hp.verify_rows, batched=self.batched,
+                                memory_policy=hp.memory_policy)

@@ -19,9 +19,33 @@ payload's offset in positions from its block start (``25 * seconds``):
     audio token j            (t, h, w) = O + 50 (b - b0) + off + j            (all three equal)
     video patch p, cell (y,x) (t, h, w) = (O + 50 (b - b0) + off + 25 p, O + y, O + x)
 For complete blocks this equals ``get_rope_index(..., use_audio_in_video=True)`` over the same window (tested).
-Positions are re-based when the window slides (the oldest block is evicted and the kept blocks re-prefilled), so
-positions stay within ``O + 50 M`` however long the session, and the cache always equals a from-scratch prefill of
-the window.
+Under the ``window`` memory policy positions are re-based when the window slides (the oldest block is evicted and the
+kept blocks re-prefilled), so positions stay within ``O + 50 M`` however long the session; under ``sliding`` ``b0``
+is always 0 (absolute positions, never re-based).
+
+Memory policies (``memory_policy``; both keep at most ``M = memory_s / 2`` native blocks of media in the cache, slide
+at the same rows, and share the schedule and its production accounting):
+* ``window`` (default): exact finite memory. When the window slides the cache is cut back to the prompt and the kept
+  blocks are re-prefilled at re-based positions, so the cache always equals a from-scratch prefill of the last
+  ``memory_s`` of media. Cost: a re-prefill of up to ``M - 1`` blocks per slide (every 2 s once the window is full).
+* ``sliding``: a StreamingLLM / Mistral-style sliding-window KV cache. A committed payload's keys/values are computed
+  once and kept; when the window slides the evicted blocks' rows are removed from the cache (``_evict_rows``; the
+  prompt stays at the front), nothing is re-prefilled. Positions are absolute, so the relative position of any two
+  media tokens is the one they had when computed; they grow at 25 per second (a warning names the stream when they
+  pass the text config's ``max_position_embeddings``). The kept blocks' deeper-layer keys/values still carry
+  information from evicted blocks (they were computed while those were in the cache), so a state is *not* a
+  function of the last ``memory_s`` of media alone; its direct attention span is.
+Reuse permitted per mode (the one-session path reuses nothing but the KV cache; ``models/omni_batch.py`` details
+the encoder reuse): under both policies open-stream-replay tails are temporary (prefilled, read, cropped off) and
+only the block-completing tail is committed; completed-block-hold and micro-chunk-200ms commit every payload at
+once. Under ``window`` the kept payloads' embeddings are re-prefilled on every slide; under ``sliding`` a committed
+payload's KV is reused until its block is evicted and its embeddings are never needed again.
+
+``cache_replay`` (verification): ``window`` compares a row's state with one from-scratch prefill of prompt + the
+same window; ``sliding`` compares it with one from-scratch forward over prompt + every payload committed since the
+stream start + the row's payload, at absolute positions, under a 4-D additive mask that implements the policy
+(``recompute_sliding``); as that history grows with the stream, only rows whose payload block is ``< 3 M`` are
+checked (the last such row, after the first eviction once the stream is that long, always is).
 
 Deviations from the official processor, chosen for streaming and written down here:
 * audio: the official processor zero-pads every clip to 300 s before the log-mel; we zero-pad the payload by
@@ -34,6 +58,7 @@ from __future__ import annotations
 import math
 import resource
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,9 +68,10 @@ import torch
 from torch import nn
 from transformers import (AutoFeatureExtractor, AutoTokenizer, AutoVideoProcessor, DynamicCache,
                           Qwen2_5OmniThinkerForConditionalGeneration)
+from transformers.cache_utils import DynamicLayer
 
-from algorithms.streaming import (MICRO_CHUNK_200MS, MODES, StreamGeometry, accounting, check_micro_chunk_tiling,
-                                  memory_blocks, num_rows, schedule)
+from algorithms.streaming import (MICRO_CHUNK_200MS, MODES, SLIDING, StreamGeometry, accounting,
+                                  check_memory_policy, check_micro_chunk_tiling, memory_blocks, num_rows, schedule)
 
 from .loading import local_checkpoint
 
@@ -54,6 +80,7 @@ DEFAULT_PROMPT = "<|im_start|>system\n<|im_end|>\n<|im_start|>user\n<|vision_bos
 # DEFAULT_PROMPT in Qwen2.5 token ids, used when the model directory has no tokenizer (tiny test models).
 DEFAULT_PROMPT_TOKEN_IDS = (151644, 8948, 198, 151645, 198, 151644, 872, 198, 151652, 151647)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SLIDING_VERIFY_BLOCKS = 3  # sliding cache_replay: rows whose payload block is < 3 M (the reference grows with time)
 
 
 @dataclass
@@ -305,6 +332,41 @@ class OmniThinkerRunner(nn.Module):
         if extra > 0:
             cache.crop(-extra)
 
+    @staticmethod
+    def _evict_rows(cache: DynamicCache, start: int, length: int) -> None:
+        """Remove cache rows ``[start, start + length)`` of every layer's keys and values (all batch entries).
+
+        Raises:
+            TypeError: a layer is not a plain ``DynamicLayer`` (sliding-window / quantized layers keep extra state).
+        """
+        if length <= 0:
+            return
+        for layer in cache.layers:
+            if type(layer) is not DynamicLayer:
+                raise TypeError(f"cannot evict rows from a {type(layer).__name__} cache layer")
+            if not layer.is_initialized:
+                continue
+            n = layer.keys.shape[-2]
+            if start + length > n:
+                raise ValueError(f"evicting rows [{start}, {start + length}) from a cache of {n} rows")
+            layer.keys = torch.cat([layer.keys[..., :start, :], layer.keys[..., start + length:, :]], dim=-2)
+            layer.values = torch.cat([layer.values[..., :start, :], layer.values[..., start + length:, :]], dim=-2)
+
+    def _position_warning(self, positions: torch.Tensor, n_rows: int) -> bool:
+        """Warn (once per stream: the caller stops asking after True) when sliding positions pass the text
+        config's ``max_position_embeddings``. Returns whether it warned."""
+        limit = getattr(self.text_config, "max_position_embeddings", None)
+        top = int(positions.max())
+        if limit is None or top < int(limit):
+            return False
+        seconds = n_rows * self.geometry.row_ms / 1000.0
+        warnings.warn(f"memory_policy='sliding': a {seconds:g} s stream reaches TMRoPE position {top}, beyond the "
+                      f"thinker text config's max_position_embeddings={limit} (positions 0..{int(limit) - 1}); "
+                      f"sliding positions grow at {self.geometry.positions_per_s} per second and are never re-based "
+                      f"(memory_policy='window' keeps them below {self.media_origin()} + "
+                      f"{int(round(self.geometry.positions_per_block))} M)", stacklevel=3)
+        return True
+
     @torch.no_grad()
     def recompute(self, payloads: list[Payload], first_block: int) -> torch.Tensor:
         """From scratch: prompt + ``payloads`` in one prefill, no cache reuse. Returns (D,) at the last token."""
@@ -313,11 +375,48 @@ class OmniThinkerRunner(nn.Module):
         pos = torch.cat([self.payload_positions(p, first_block) for p in payloads], 1)
         return self._forward(emb, pos, cache)[-1].float().cpu()
 
+    @torch.no_grad()
+    def recompute_sliding(self, payloads: list[Payload], m_blocks: int) -> torch.Tensor:
+        """Sliding-policy reference: ONE forward over prompt + ``payloads`` (every payload committed since the
+        stream start, in commit order, then the row's payload) at absolute positions, no cache, under a 4-D additive
+        float mask (1, 1, n, n): a token of a payload of block ``k`` attends to every prompt token, to the tokens of
+        earlier payloads of blocks ``>= max(0, k - (m_blocks - 1))`` and causally within its own payload; prompt
+        tokens attend causally among themselves. Returns (D,) at the last token.
+
+        Raises:
+            NotImplementedError: a flash-attention implementation (it takes no 4-D mask); use sdpa or eager.
+        """
+        lm = self.thinker.model.language_model
+        if "flash" in str(lm.config._attn_implementation):
+            raise NotImplementedError("the sliding cache_replay reference needs a 4-D attention mask: run with "
+                                      "attn_implementation='sdpa' or 'eager' (or verify_rows=0)")
+        n_prompt = len(self.prompt_token_ids)
+        lens = [p.embeds.shape[0] for p in payloads]
+        starts = [n_prompt + sum(lens[:i]) for i in range(len(payloads))]
+        n = n_prompt + sum(lens)
+        allowed = torch.zeros(n, n, dtype=torch.bool)
+        allowed[:n_prompt, :n_prompt] = torch.ones(n_prompt, n_prompt, dtype=torch.bool).tril()
+        for i, p in enumerate(payloads):
+            rows = slice(starts[i], starts[i] + lens[i])
+            allowed[rows, :n_prompt] = True
+            first = max(0, p.block - (m_blocks - 1))
+            for j in range(i):
+                if payloads[j].block >= first:
+                    allowed[rows, starts[j]: starts[j] + lens[j]] = True
+            allowed[rows, rows] = torch.ones(lens[i], lens[i], dtype=torch.bool).tril()
+        mask = torch.zeros(n, n, dtype=self.dtype).masked_fill(~allowed, torch.finfo(self.dtype).min)
+        ids = torch.tensor(self.prompt_token_ids, device=self.device)
+        emb = torch.cat([self.thinker.get_input_embeddings()(ids)] + [p.embeds for p in payloads])
+        pos = torch.cat([self.prompt_positions()] + [self.payload_positions(p, 0) for p in payloads], 1)
+        out = lm(inputs_embeds=emb.unsqueeze(0), attention_mask=mask.to(self.device)[None, None],
+                 position_ids=pos.to(self.device).unsqueeze(1), use_cache=False, output_hidden_states=True)
+        return out.hidden_states[self.layer][0, -1].float().cpu()
+
     # --------------------------------------------------------------------------------------------- stream
     @torch.no_grad()
     def run_stream(self, frames: torch.Tensor | np.ndarray, audio: torch.Tensor | np.ndarray, mode: str,
                    memory_s: float = 8.0, n_rows: int | None = None, verify_rows: int = 4,
-                   cache_replay_tol: float = 1e-5) -> StreamResult:
+                   cache_replay_tol: float = 1e-5, memory_policy: str = "window") -> StreamResult:
         """Run one stream in ``mode`` and read one state per 0.2 s row.
 
         Args:
@@ -330,15 +429,19 @@ class OmniThinkerRunner(nn.Module):
                 ``cache_replay`` check; -1 = all, 0 = none. Micro-chunk mode also compares up to this many boundary
                 rows with the continuous (native-block) reading.
             cache_replay_tol: max abs difference accepted as "effectively exact".
+            memory_policy: ``window`` (default: evict + re-prefill the kept blocks at re-based positions) or
+                ``sliding`` (evict the oldest blocks' cache rows, keep the rest, absolute positions); module
+                docstring. Under ``sliding`` only rows whose payload block is ``< 3 M`` are ``cache_replay`` candidates.
 
         Returns:
             ``StreamResult`` with states (T_rows, D).
 
         Raises:
-            ValueError: unknown mode, bad memory, or (micro-chunk) the tiling check fails.
+            ValueError: unknown mode or memory policy, bad memory, or (micro-chunk) the tiling check fails.
         """
         if mode not in MODES:
             raise ValueError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
+        sliding = check_memory_policy(memory_policy) == SLIDING
         g = self.geometry
         if mode == MICRO_CHUNK_200MS:
             check_micro_chunk_tiling(g)
@@ -353,13 +456,14 @@ class OmniThinkerRunner(nn.Module):
         t0 = time.perf_counter()
         calls0, prep0 = self.processor_calls, self.prepared_ms
         states = torch.zeros(n_rows, self.hidden_size, dtype=torch.float32)
-        updated = [s.row for s in steps if s.update]
-        check_rows = set(_spread(updated, verify_rows))
+        check_rows = set(verify_candidates(steps, verify_rows, m_blocks, memory_policy))
         snapshots: dict[int, tuple[list[Payload], int]] = {}
         cache, prompt_len = self._new_cache()
-        committed: list[Payload] = []
+        committed: list[Payload] = []  # payloads whose keys/values are in the cache, in cache order
+        history: list[Payload] = []  # sliding: every committed payload of blocks < 3 M (cache_replay reference)
         origin = 0
         held = None
+        warned = not sliding
         for s in steps:
             if s.prepare_ms is None:
                 if held is not None:
@@ -367,21 +471,30 @@ class OmniThinkerRunner(nn.Module):
                 continue
             payload = self.embed(self.prepare(frames, audio, *s.prepare_ms), *s.prepare_ms)
             first = max(0, s.block - (m_blocks - 1))
-            if first != origin:  # the window slid: evict older blocks, re-prefill the kept ones at re-based positions
+            if first != origin:  # the window slid
+                gone = [p for p in committed if p.block < first]  # a prefix: blocks are committed in order
                 committed = [p for p in committed if p.block >= first]
                 origin = first
-                self._truncate(cache, prompt_len)
-                if committed:
-                    self._forward(torch.cat([p.embeds for p in committed]),
-                                  torch.cat([self.payload_positions(p, origin) for p in committed], 1), cache)
+                if sliding:  # evict the older blocks' rows (right after the prompt), keep the rest as computed
+                    self._evict_rows(cache, prompt_len, sum(p.embeds.shape[0] for p in gone))
+                else:  # evict older blocks, re-prefill the kept ones at re-based positions
+                    self._truncate(cache, prompt_len)
+                    if committed:
+                        self._forward(torch.cat([p.embeds for p in committed]),
+                                      torch.cat([self.payload_positions(p, origin) for p in committed], 1), cache)
             length = cache.get_seq_length()
-            h = self._forward(payload.embeds, self.payload_positions(payload, origin), cache)[-1]
+            pos = self.payload_positions(payload, 0 if sliding else origin)
+            if not warned:
+                warned = self._position_warning(pos, n_rows)
+            h = self._forward(payload.embeds, pos, cache)[-1]
             held = h.float().cpu()
             states[s.row] = held
             if s.row in check_rows:
-                snapshots[s.row] = (committed + [payload], origin)
+                snapshots[s.row] = (history + [payload], 0) if sliding else (committed + [payload], origin)
             if s.commit:
                 committed.append(payload)
+                if sliding and payload.block < SLIDING_VERIFY_BLOCKS * m_blocks and check_rows:
+                    history.append(payload)
             else:
                 self._truncate(cache, length)
         wall = time.perf_counter() - t0
@@ -395,18 +508,24 @@ class OmniThinkerRunner(nn.Module):
             raise RuntimeError(f"spent {result.processor_calls} calls / {result.prepared_media_s} s, schedule says "
                                f"{plan.processor_calls} / {plan.prepared_media_s}")
         result.verification = self._verify(states, snapshots, steps, frames, audio, mode, m_blocks, verify_rows,
-                                           cache_replay_tol)
+                                           cache_replay_tol, memory_policy)
         return result
 
-    def _verify(self, states, snapshots, steps, frames, audio, mode, m_blocks, verify_rows, tol) -> dict[str, Any]:
+    def _verify(self, states, snapshots, steps, frames, audio, mode, m_blocks, verify_rows, tol,
+                memory_policy: str = "window") -> dict[str, Any]:
+        sliding = memory_policy == SLIDING
         diffs = {}
         for row, (payloads, first) in sorted(snapshots.items()):
-            ref = self.recompute(payloads, first)
+            ref = self.recompute_sliding(payloads, m_blocks) if sliding else self.recompute(payloads, first)
             diffs[row] = float((ref - states[row]).abs().max())
         worst = max(diffs.values(), default=0.0)
+        what = ("incremental cached state vs one from-scratch forward over prompt + every payload committed since "
+                "the stream start + the row's payload, at absolute positions, under a 4-D mask implementing the "
+                f"sliding policy; only rows whose payload block is < {SLIDING_VERIFY_BLOCKS} M are checked"
+                if sliding else "incremental cached state vs one from-scratch prefill of prompt + the same window")
         out: dict[str, Any] = {"cache_replay": {
             "rows": sorted(diffs), "max_abs_diff": worst, "tolerance": tol, "passed": worst <= tol,
-            "what": "incremental cached state vs one from-scratch prefill of prompt + the same window"}}
+            "memory_policy": memory_policy, "what": what}}
         if mode != MICRO_CHUNK_200MS:
             out["micro_chunk_vs_continuous_semantics"] = {"applicable": False}
             return out
@@ -423,15 +542,26 @@ class OmniThinkerRunner(nn.Module):
                 if k not in native:
                     a, z = k * g.native_block_ms, (k + 1) * g.native_block_ms
                     native[k] = self.embed(self.prepare(frames, audio, a, z, count=False), a, z)
-            ref = self.recompute([native[k] for k in range(first, b + 1)], first)
+            ref = self.recompute([native[k] for k in range(first, b + 1)], 0 if sliding else first)
             rows.append(row)
             cos.append(float(torch.nn.functional.cosine_similarity(ref, states[row], dim=0)))
             mad.append(float((ref - states[row]).abs().max()))
         out["micro_chunk_vs_continuous_semantics"] = {
             "applicable": True, "rows": rows, "cosine": cos, "max_abs_diff": mad,
             "mean_cosine": float(np.mean(cos)) if cos else None,
-            "what": "diagnostic, not an equivalence: micro-chunk state vs native-block prefill of the same window"}
+            "what": "diagnostic, not an equivalence: micro-chunk state vs native-block prefill of the same window"
+                    + (" at absolute positions" if sliding else "")}
         return out
+
+
+def verify_candidates(steps, verify_rows: int, m_blocks: int, memory_policy: str = "window") -> list[int]:
+    """Rows that get the ``cache_replay`` check: ``verify_rows`` evenly spaced updated rows including the last;
+    under ``sliding`` only among rows whose payload block is ``< 3 M`` (their last one, which follows the first
+    eviction whenever the stream reaches block ``M``, is always included unless ``verify_rows == 0``)."""
+    rows = [s.row for s in steps if s.update]
+    if memory_policy == SLIDING:
+        rows = [r for r in rows if steps[r].block < SLIDING_VERIFY_BLOCKS * m_blocks]
+    return _spread(rows, verify_rows)
 
 
 def _spread(rows: list[int], k: int) -> list[int]:

@@ -9,8 +9,9 @@ Batching (one lockstep group = streams of one mode, one schedule, one frame size
   shorter stream is a prefix of the longer one's, so row ``i`` does the same thing in every stream of the group;
 * the KV cache is one batched ``DynamicCache`` whose batch dimension is the group's active streams (per-stream
   caches stacked once, not per step). The fixed prompt is prefilled once (batch 1, exactly as the one-session path)
-  and repeated over the batch. Window slides (eviction + re-prefill of the kept blocks) happen at the same row for all
-  streams, so one batched crop + one batched re-prefill serves the group;
+  and repeated over the batch. Window slides happen at the same row for all streams and evict the same token slice
+  (right after the prompt), so one batched crop + one batched re-prefill (``window``) or one batched row eviction
+  (``sliding``) serves the group;
 * streams of different lengths: a stream whose rows are done **drops out** (``batch_select_indices`` on the cache;
   the others go on at a smaller batch); nothing is padded, so no stream's numbers depend on another's;
 * the encoders run once per row over the whole group: one vision-tower call for every new temporal patch of every
@@ -22,15 +23,27 @@ Batching (one lockstep group = streams of one mode, one schedule, one frame size
 Streams whose frames do not cover their rows (a decode came up short) or whose frame size differs form their own
 groups (a group of one runs the same code at batch 1).
 
-Reuse, per mode (what the semantics of DESIGN §5 permit, and no more):
+Memory policies (``memory_policy``, as ``models/omni.py``):
+* ``window`` (default): exact finite memory: the cache always equals a from-scratch prefill of prompt + the last
+  ``memory_s`` of media; cost: on every slide the kept blocks are re-prefilled through the LLM at re-based positions
+  (up to ``M - 1`` blocks, e.g. ~4,500 tokens per 2 s at 8 s memory and 3B shapes).
+* ``sliding``: StreamingLLM / Mistral-style sliding-window KV cache: committed blocks' keys/values are computed
+  exactly once and kept; a slide only removes the evicted blocks' rows (``OmniThinkerRunner._evict_rows``).
+  Positions are absolute (never re-based). The kept blocks' deeper-layer keys/values still carry information from
+  the evicted blocks (computed while those were in the cache), so the state is not a function of the last
+  ``memory_s`` alone; only its direct attention span is bounded.
+
+Reuse, per mode (what the semantics of DESIGN §5 and the memory policy permit, and no more):
 * ``completed-block-hold``: a payload is a whole committed 2 s block, prepared and encoded once when the block
-  completes; its encoder outputs are kept and reused when the memory window slides (the kept blocks are
+  completes. ``window``: its encoder outputs are kept and reused when the memory window slides (the kept blocks are
   re-prefilled through the LLM from those stored embeddings; the LLM re-prefill itself cannot be reused, because the
   kept blocks' keys/values in deeper layers depend on the evicted block and on the old positions, and the semantics
-  require the cache to equal a from-scratch prefill of the window). Nothing is recomputed otherwise.
+  require the cache to equal a from-scratch prefill of the window). ``sliding``: its LLM keys/values are reused
+  until the block is evicted (that is the policy), so each block goes through the encoders and the LLM exactly once.
 * ``micro-chunk-200ms``: every 0.2 s payload is new and committed at once, so each is prepared and encoded exactly
   once (a frame that lands in a micro step forms its own temporal patch, padded by repetition, as the one-session
-  path does); committed embeddings are reused on window slides. Nothing else can be reused: no payload recurs.
+  path does). ``window``: committed embeddings are reused on window slides (LLM re-prefill); ``sliding``: committed
+  keys/values are kept, each payload goes through the LLM once. Nothing else can be reused: no payload recurs.
 * ``open-stream-replay``: the tail ``(block start, t]`` is temporary and re-prepared at every row, but its video
   splits into temporal patches of 2 frames that the vision tower encodes independently (its attention never crosses
   a temporal patch: ``cu_seqlens`` cut per patch, windows inside a patch; the video processor works per frame), so
@@ -39,7 +52,9 @@ Reuse, per mode (what the semantics of DESIGN §5 permit, and no more):
   committed block. A **partial** patch (one frame, padded by repetition) is temporary and recomputed at each row
   that needs it. The tail's **audio** is recomputed at every row: the log-mel is normalised by the maximum over the
   whole tail and the audio tower attends bidirectionally within its 2 s window, so earlier audio tokens change as
-  the tail grows. The tail's LLM prefill is temporary and dropped, as the mode defines (it is not reused either).
+  the tail grows. The tail's LLM prefill is temporary and dropped, as the mode defines (it is not reused either),
+  under both policies; the committing tail's keys/values are re-prefilled on slides (``window``) or kept
+  (``sliding``).
 The ``production_*`` accounting keeps the mode's definition (a processor call per prepared payload, its length in
 seconds); ``computed`` reports what this path actually ran (see ``COMPUTED_FIELDS``).
 
@@ -60,9 +75,10 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from algorithms.streaming import (MICRO_CHUNK_200MS, MODES, OPEN_STREAM_REPLAY, accounting,
-                                  check_micro_chunk_tiling, memory_blocks, schedule)
-from models.omni import AUDIO_SAMPLE_RATE, OmniThinkerRunner, Payload, StreamResult, _spread, frame_indices
+from algorithms.streaming import (MICRO_CHUNK_200MS, MODES, OPEN_STREAM_REPLAY, SLIDING, accounting,
+                                  check_memory_policy, check_micro_chunk_tiling, memory_blocks, schedule)
+from models.omni import (AUDIO_SAMPLE_RATE, SLIDING_VERIFY_BLOCKS, OmniThinkerRunner, Payload, StreamResult,
+                         frame_indices, verify_candidates)
 
 COMPUTED_FIELDS = {
     "computed_processor_calls": "feature-extractor calls + video-processor calls actually run for the stream "
@@ -71,7 +87,8 @@ COMPUTED_FIELDS = {
     "computed_video_seconds": "seconds of video encoded by the vision tower (0.5 s per real frame of a patch)",
     "computed_encoder_seconds_of_media": "computed_audio_seconds + computed_video_seconds",
     "computed_vision_patches": "temporal patches through the vision tower",
-    "computed_llm_tokens": "tokens prefilled through the LLM (payloads + window re-prefills; prompt excluded)",
+    "computed_llm_tokens": "tokens prefilled through the LLM (payloads + window re-prefills under the window "
+                           "policy, payloads only under sliding; prompt excluded)",
 }
 
 
@@ -196,6 +213,8 @@ class _Stream:
     n_rows: int
     states: torch.Tensor
     committed: list = field(default_factory=list)
+    history: list = field(default_factory=list)  # sliding: committed payloads of blocks < 3 M (cache_replay)
+    warned: bool = False
     snapshots: dict = field(default_factory=dict)
     patches: dict = field(default_factory=dict)  # first frame index -> (n_tok, D) output of a completed patch
     held: torch.Tensor | None = None
@@ -241,12 +260,13 @@ class BatchedOmniRunner:
     # ---------------------------------------------------------------------------------------- public API
     @torch.no_grad()
     def run_streams(self, streams: list[dict[str, Any]], mode: str, memory_s: float = 8.0, verify_rows: int = 4,
-                    cache_replay_tol: float = 1e-5) -> list[BatchedStreamResult]:
+                    cache_replay_tol: float = 1e-5, memory_policy: str = "window") -> list[BatchedStreamResult]:
         """Run ``streams`` (``{"frames": (F, H, W, 3) uint8, "audio": (S,) float32, "n_rows": int | None}``) in
-        ``mode``; returns one ``BatchedStreamResult`` per stream, in input order (see ``run_stream`` for the
-        arguments)."""
+        ``mode`` under ``memory_policy``; returns one ``BatchedStreamResult`` per stream, in input order (see
+        ``run_stream`` for the arguments)."""
         if mode not in MODES:
             raise ValueError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
+        check_memory_policy(memory_policy)
         g = self.runner.geometry
         if mode == MICRO_CHUNK_200MS:
             check_micro_chunk_tiling(g)
@@ -272,7 +292,8 @@ class BatchedOmniRunner:
             for j in range(0, len(members), self.sessions_per_batch):
                 chunk = [s for s in members[j: j + self.sessions_per_batch] if s.n_rows > 0]
                 if chunk:
-                    results.update(self._run_group(chunk, mode, memory_s, verify_rows, cache_replay_tol))
+                    results.update(self._run_group(chunk, mode, memory_s, verify_rows, cache_replay_tol,
+                                                   memory_policy))
                 for s in members[j: j + self.sessions_per_batch]:
                     if s.n_rows == 0:
                         results[s.index] = BatchedStreamResult(states=s.states, steps=[], processor_calls=0,
@@ -370,16 +391,19 @@ class BatchedOmniRunner:
         return block, torch.cat(pos, 1), torch.cat(shift, 1)
 
     def _run_group(self, group: list[_Stream], mode: str, memory_s: float, verify_rows: int,
-                   tol: float) -> dict[int, BatchedStreamResult]:
+                   tol: float, memory_policy: str = "window") -> dict[int, BatchedStreamResult]:
         r = self.runner
         g = r.geometry
         dev = r.device
+        sliding = memory_policy == SLIDING
         m_blocks = memory_blocks(memory_s, g)
         n_max = max(s.n_rows for s in group)
         steps = schedule(mode, n_max, memory_s, g)
         reuse = self.reuse and mode == OPEN_STREAM_REPLAY
-        checks = {s.index: set(_spread([st.row for st in steps[: s.n_rows] if st.update], verify_rows))
+        checks = {s.index: set(verify_candidates(steps[: s.n_rows], verify_rows, m_blocks, memory_policy))
                   for s in group}
+        for s in group:
+            s.warned = not sliding
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
             torch.cuda.reset_peak_memory_stats(dev)
@@ -418,28 +442,39 @@ class BatchedOmniRunner:
                                             num_video_tokens=int(video[j].shape[0]) if n_patch else 0,
                                             num_audio_tokens=int(audio.shape[1]), num_frames=len(idx)))
                 first = max(0, st.block - (m_blocks - 1))
-                if first != origin:  # window slid: evict, re-prefill the kept blocks (one batched call)
+                if first != origin:  # window slid (same row, same token counts in every stream of the group)
+                    n_gone = sum(p.embeds.shape[0] for p in active[0].committed if p.block < first)
                     for s in active:
                         s.committed = [p for p in s.committed if p.block >= first]
                     origin = first
-                    OmniThinkerRunner._truncate(cache, prompt_len)
-                    kept = active[0].committed
-                    if kept:
-                        emb = torch.stack([torch.cat([p.embeds for p in s.committed]) for s in active])
-                        self._forward(emb, torch.cat([r.payload_positions(p, origin) for p in kept], 1), cache)
-                        for s in active:
-                            s.computed["computed_llm_tokens"] += emb.shape[1]
+                    if sliding:  # evict the older blocks' rows right after the prompt; no re-prefill
+                        OmniThinkerRunner._evict_rows(cache, prompt_len, n_gone)
+                    else:  # evict, re-prefill the kept blocks at re-based positions (one batched call)
+                        OmniThinkerRunner._truncate(cache, prompt_len)
+                        kept = active[0].committed
+                        if kept:
+                            emb = torch.stack([torch.cat([p.embeds for p in s.committed]) for s in active])
+                            self._forward(emb, torch.cat([r.payload_positions(p, origin) for p in kept], 1), cache)
+                            for s in active:
+                                s.computed["computed_llm_tokens"] += emb.shape[1]
                 length = cache.get_seq_length()
                 emb = torch.stack([p.embeds for p in payloads])
-                h = self._forward(emb, r.payload_positions(payloads[0], origin), cache)[:, -1].float().cpu()
+                pos = r.payload_positions(payloads[0], 0 if sliding else origin)
+                for s in active:
+                    if not s.warned:
+                        s.warned = r._position_warning(pos, s.n_rows)
+                h = self._forward(emb, pos, cache)[:, -1].float().cpu()
                 for j, s in enumerate(active):
                     s.computed["computed_llm_tokens"] += emb.shape[1]
                     s.held = h[j].clone()
                     s.states[st.row] = s.held
                     if st.row in checks[s.index]:
-                        s.snapshots[st.row] = (s.committed + [payloads[j]], origin)
+                        s.snapshots[st.row] = ((s.history + [payloads[j]], 0) if sliding
+                                               else (s.committed + [payloads[j]], origin))
                     if st.commit:
                         s.committed.append(payloads[j])
+                        if sliding and blk < SLIDING_VERIFY_BLOCKS * m_blocks and checks[s.index]:
+                            s.history.append(payloads[j])
                 if not st.commit:
                     OmniThinkerRunner._truncate(cache, length)
             del cache
@@ -458,8 +493,8 @@ class BatchedOmniRunner:
                                       computed={k: round(v, 6) for k, v in s.computed.items()},
                                       batch_size=len(group), batch_wall_time_s=wall)
             res.verification = r._verify(s.states, s.snapshots, own, s.frames, s.audio, mode, m_blocks,
-                                         verify_rows, tol)
-            s.snapshots, s.committed, s.patches = {}, [], {}
+                                         verify_rows, tol, memory_policy)
+            s.snapshots, s.committed, s.patches, s.history = {}, [], {}, []
             out[s.index] = res
         return out
 

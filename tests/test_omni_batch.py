@@ -1,16 +1,20 @@
 """Lockstep batched extraction (models/omni_batch.py, issue 12) on the tiny random thinker (fp32, CPU): identical
 states and diagnostics to the one-session path in all three modes, the DESIGN §5 accounting table, the measured
-``computed_*`` figures of each mode's reuse, the Lightning batched path, and the bench's ``--tiny`` smoke run.
+``computed_*`` figures of each mode's reuse, the Lightning batched path, and the bench's ``--tiny`` smoke run; under
+both memory policies (``window``, ``sliding``).
 
 Bit-exactness needs the CPU GEMMs to round a row the same way whatever the row count of the call; MKL's small-M
 kernels only do so with one intra-op thread (with several, a 1-10-row matmul can differ by ~1e-7 from the same rows
 inside a larger one), so this module runs with ``torch.set_num_threads(1)``.
 """
+import warnings
+
 import numpy as np
 import pytest
 import torch
 
-from algorithms.streaming import COMPLETED_BLOCK_HOLD, MICRO_CHUNK_200MS, MODES, OPEN_STREAM_REPLAY, accounting, masks
+from algorithms.streaming import (COMPLETED_BLOCK_HOLD, MEMORY_POLICIES, MICRO_CHUNK_200MS, MODES, OPEN_STREAM_REPLAY,
+                                  SLIDING, WINDOW, accounting, masks)
 from lightning_modules.omni_extractor import OmniFeatureExtractor, extract_session, extract_sessions
 from models.omni import OmniThinkerRunner
 from models.omni_batch import COMPUTED_FIELDS, BatchedOmniRunner, single_session_computed
@@ -62,24 +66,68 @@ def _streams():
     return out
 
 
+@pytest.mark.parametrize("policy,memory_s", [(WINDOW, 4.0), (SLIDING, 2.0)])  # sliding: 2 evictions in 6 s
 @pytest.mark.parametrize("mode", MODES)
-def test_batched_identical_to_single_session(runner, mode):
+def test_batched_identical_to_single_session(runner, mode, policy, memory_s):
     streams = _streams()
-    batched = BatchedOmniRunner(runner, sessions_per_batch=8).run_streams(streams, mode, memory_s=4.0,
-                                                                          verify_rows=3)
+    batched = BatchedOmniRunner(runner, sessions_per_batch=8).run_streams(streams, mode, memory_s=memory_s,
+                                                                          verify_rows=3, memory_policy=policy)
     for st, b in zip(streams, batched):
-        ref = runner.run_stream(st["frames"], st["audio"], mode, memory_s=4.0, verify_rows=3)
+        ref = runner.run_stream(st["frames"], st["audio"], mode, memory_s=memory_s, verify_rows=3,
+                                memory_policy=policy)
         assert torch.equal(b.states, ref.states)
         assert b.steps == ref.steps and masks(b.steps) == masks(ref.steps)
         assert (b.processor_calls, b.prepared_media_s) == (ref.processor_calls, ref.prepared_media_s)
         assert b.verification == ref.verification and b.verification["cache_replay"]["passed"]
+        assert b.verification["cache_replay"]["memory_policy"] == policy
     assert batched[0].batch_size == 3 and batched[3].batch_size == 1 and batched[4].batch_size == 1
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_four_second_table_and_computed(runner, mode):
+def test_batched_sliding_cache_replay_can_fail(runner, monkeypatch):
+    """With the eviction disabled the batched sliding cache keeps evicted blocks: the independent reference says so."""
+    streams = [dict(zip(("frames", "audio"), media(6.0, s))) for s in (0, 1)]
+    monkeypatch.setattr(OmniThinkerRunner, "_evict_rows", staticmethod(lambda cache, start, length: None))
+    res = BatchedOmniRunner(runner, 2).run_streams(streams, MICRO_CHUNK_200MS, memory_s=2.0, verify_rows=3,
+                                                   memory_policy=SLIDING)
+    assert all(not r.verification["cache_replay"]["passed"] for r in res)
+
+
+# 56x84 frames -> a 4x6 patch grid -> 2x3 = 6 merged tokens per temporal patch
+TOKENS_PER_BLOCK = {COMPLETED_BLOCK_HOLD: 2 * 6 + 50,  # one payload: 2 temporal patches + 50 audio tokens
+                    MICRO_CHUNK_200MS: 10 * 5 + 4 * 6}  # 10 payloads of 5 audio tokens; each frame its own patch
+
+
+@pytest.mark.parametrize("mode", list(TOKENS_PER_BLOCK))
+def test_computed_llm_tokens_by_policy(runner, mode):
+    """8 s at 4 s memory (M = 2): the window slides at blocks 2 and 3. Sliding prefills each block once; window
+    also re-prefills the one kept block at each slide."""
+    streams = [dict(zip(("frames", "audio"), media(8.0, 0)))]
+    n = TOKENS_PER_BLOCK[mode]
+    got = {p: BatchedOmniRunner(runner, 1).run_streams(streams, mode, memory_s=4.0, verify_rows=0,
+                                                       memory_policy=p)[0].computed["computed_llm_tokens"]
+           for p in MEMORY_POLICIES}
+    assert got == {SLIDING: 4 * n, WINDOW: 4 * n + 2 * n}
+
+
+def test_sliding_position_warning_once_per_stream(runner, monkeypatch):
+    monkeypatch.setattr(runner.text_config, "max_position_embeddings", 80)  # block 1 reaches O + 99 = 108
     streams = [dict(zip(("frames", "audio"), media(4.0, s))) for s in (0, 1)]
-    res = BatchedOmniRunner(runner, sessions_per_batch=2).run_streams(streams, mode, verify_rows=0)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        runner.run_stream(streams[0]["frames"], streams[0]["audio"], COMPLETED_BLOCK_HOLD, verify_rows=0,
+                          memory_policy=SLIDING)
+        BatchedOmniRunner(runner, 2).run_streams(streams, COMPLETED_BLOCK_HOLD, verify_rows=0, memory_policy=SLIDING)
+        runner.run_stream(streams[0]["frames"], streams[0]["audio"], COMPLETED_BLOCK_HOLD, verify_rows=0)
+    msgs = [str(w.message) for w in rec if "max_position_embeddings" in str(w.message)]
+    assert len(msgs) == 3 and all("a 4 s stream reaches TMRoPE position 108" in m for m in msgs), msgs
+
+
+@pytest.mark.parametrize("policy", MEMORY_POLICIES)
+@pytest.mark.parametrize("mode", MODES)
+def test_four_second_table_and_computed(runner, mode, policy):
+    streams = [dict(zip(("frames", "audio"), media(4.0, s))) for s in (0, 1)]
+    res = BatchedOmniRunner(runner, sessions_per_batch=2).run_streams(streams, mode, verify_rows=0,
+                                                                      memory_policy=policy)
     calls, prep, update, commit = TABLE_4S[mode]
     for r in res:
         a = accounting(r.steps)
@@ -163,11 +211,18 @@ def test_bench_tiny_smoke(capsys):
     spec = importlib.util.spec_from_file_location("extract_throughput", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    rows = bench.main(["--tiny", "--sessions", "2", "--duration", "4"])
-    assert [(r["mode"], r["sessions"]) for r in rows] == [(m, n) for m in MODES for n in (1, 2)]
+    rows = bench.main(["--tiny", "--sessions", "2", "--duration", "6", "--memory", "4"])  # slides at 4 s
+    assert [(r["mode"], r["policy"], r["sessions"]) for r in rows] == \
+        [(m, p, n) for m in MODES for p, n in ((WINDOW, 1), (WINDOW, 2), (SLIDING, 2))]
     assert all(r["max_abs_diff"] == 0.0 and r["rtf"] > 0 and r["dataset_rtf"] > 0 for r in rows)
+    for m in MODES:  # sliding prefills fewer LLM tokens than window (no re-prefill of kept blocks)
+        w, s = (r["llm_tokens_per_s"] for r in rows if r["mode"] == m and r["sessions"] == 2)
+        assert s < w
     out = capsys.readouterr().out
-    assert "| mode | path | sessions |" in out and "batched 2 + reuse" in out
+    assert "| mode | path | policy | sessions |" in out and "| batched 2 + reuse | sliding |" in out
+    only = bench.main(["--tiny", "--sessions", "2", "--duration", "2", "--modes", COMPLETED_BLOCK_HOLD,
+                       "--memory-policy", SLIDING])
+    assert [(r["policy"], r["sessions"]) for r in only] == [(WINDOW, 1), (SLIDING, 2)]
     cfg = bench.omni_3b_thinker_config()
     t = cfg.text_config
     assert (t.num_hidden_layers, t.hidden_size, t.intermediate_size, t.num_attention_heads,

@@ -1,5 +1,7 @@
 """Causal omni features on a tiny random Qwen2.5-Omni thinker (fp32, CPU): accounting, causality, cache replay,
-memory, hold initialization, TMRoPE vs the library, feature files and the shipped extract configs."""
+memory, hold initialization, TMRoPE vs the library, feature files and the shipped extract configs; the ``sliding``
+memory policy (cache replay against an independent 4-D-mask reference, agreement with ``window`` before the first
+slide, the 4 s table, feature-file metadata and the training side's fail-closed check)."""
 import dataclasses
 from pathlib import Path
 
@@ -7,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from algorithms.streaming import COMPLETED_BLOCK_HOLD, MICRO_CHUNK_200MS, MODES, OPEN_STREAM_REPLAY, accounting
+from algorithms.streaming import (COMPLETED_BLOCK_HOLD, MICRO_CHUNK_200MS, MODES, OPEN_STREAM_REPLAY, SLIDING, WINDOW,
+                                  accounting)
 from datamodules.features import FeatureFileError, check_meta, feature_path, load_features, save_features
-from lightning_modules.omni_extractor import extract_session
+from lightning_modules.omni_extractor import OmniFeatureExtractor, extract_session
 from models.omni import OmniThinkerRunner
 from models.tiny_omni import build_tiny_omni
 
@@ -74,6 +77,54 @@ def test_cache_replay_across_evictions(runner):
     for mode in MODES:  # 2 s memory: the window slides at every block, the kept blocks are re-prefilled
         v = runner.run_stream(frames, audio, mode, memory_s=2.0, verify_rows=-1).verification["cache_replay"]
         assert v["passed"], (mode, v["max_abs_diff"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_four_second_table_sliding(four_s, runner, mode):
+    """DESIGN §5's 4 s table holds under ``sliding`` too (no slide in 4 s at 8 s memory: same states as window)."""
+    frames, audio, base = four_s
+    res = runner.run_stream(frames, audio, mode, verify_rows=2, memory_policy=SLIDING)
+    assert (res.processor_calls, res.prepared_media_s) == TABLE_4S[mode]
+    assert accounting(res.steps) == accounting(base[mode].steps)
+    assert torch.equal(res.states, base[mode].states) and res.verification["cache_replay"]["passed"]
+
+
+def test_sliding_cache_replay_across_evictions_and_can_fail(runner, monkeypatch):
+    """10 s at 2 s memory: evictions at every block; rows of blocks 0-2 (< 3 M) are checked against one forward over
+    the whole payload history under the policy's 4-D mask, i.e. across the first two evictions. With the eviction
+    disabled the check fails."""
+    frames, audio = media(10.0, seed=3)
+    for mode in MODES:
+        res = runner.run_stream(frames, audio, mode, memory_s=2.0, verify_rows=-1, memory_policy=SLIDING)
+        v = res.verification["cache_replay"]
+        assert v["passed"] and v["max_abs_diff"] <= 1e-5, (mode, v["max_abs_diff"])
+        assert max(res.steps[r].block for r in v["rows"]) == 2 and "< 3 M" in v["what"]
+        assert len(v["rows"]) == (3 if mode == COMPLETED_BLOCK_HOLD else 30)
+    monkeypatch.setattr(OmniThinkerRunner, "_evict_rows", staticmethod(lambda cache, start, length: None))
+    for mode in MODES:
+        v = runner.run_stream(frames, audio, mode, memory_s=2.0, verify_rows=2,
+                              memory_policy=SLIDING).verification["cache_replay"]
+        assert not v["passed"] and v["max_abs_diff"] > 1e-3, (mode, v["max_abs_diff"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_window_and_sliding_agree_until_the_first_slide(runner, mode):
+    frames, audio = media(6.0, seed=4)
+    w = runner.run_stream(frames, audio, mode, memory_s=4.0, verify_rows=0)
+    s = runner.run_stream(frames, audio, mode, memory_s=4.0, verify_rows=0, memory_policy=SLIDING)
+    slide = 20  # block 2 = M: the first row whose window starts after block 0
+    assert torch.equal(w.states[:slide], s.states[:slide])
+    later = [st.row for st in w.steps if st.update and st.row >= slide]
+    assert later and all(not torch.equal(w.states[r], s.states[r]) for r in later)
+
+
+def test_unknown_memory_policy_is_refused(runner, model_dir):
+    frames, audio = media(2.0)
+    for call in (lambda: runner.run_stream(frames, audio, OPEN_STREAM_REPLAY, memory_policy="exact"),
+                 lambda: extract_session(runner, _session(2.0), OPEN_STREAM_REPLAY, 8.0, memory_policy="exact"),
+                 lambda: OmniFeatureExtractor(str(model_dir), memory_policy="exact")):
+        with pytest.raises(ValueError, match=r"unknown memory_policy 'exact'; expected one of \('window', 'sliding'\)"):
+            call()
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -181,6 +232,37 @@ def test_feature_file_roundtrip_and_wrong_mode_fails(runner, tmp_path):
         check_meta(path, meta, {"mode": OPEN_STREAM_REPLAY, "memory_s": 8.0})
     with pytest.raises(FeatureFileError, match="memory_s"):
         check_meta(path, meta, {"mode": COMPLETED_BLOCK_HOLD, "memory_s": 4.0})
+    assert meta["memory_policy"] == WINDOW
+
+
+def test_feature_files_carry_memory_policy_and_training_fails_closed(runner, tmp_path):
+    from datamodules.synthetic_turns import write_synthetic_dataset
+    from datamodules.turn_features import TurnFeatureDataModule
+
+    rec = extract_session(runner, _session(2.0), OPEN_STREAM_REPLAY, 2.0, verify_rows=1, memory_policy=SLIDING)
+    win = extract_session(runner, _session(2.0), OPEN_STREAM_REPLAY, 2.0, verify_rows=0)
+    assert (rec["meta"]["memory_policy"], win["meta"]["memory_policy"]) == (SLIDING, WINDOW)
+    assert rec["meta"]["config_hash"] != win["meta"]["config_hash"]
+    assert rec["meta"]["verification"]["cache_replay"]["passed"]
+    # training side: files without the field (the synthetic writer, older extractions) count as window
+    demo = write_synthetic_dataset(tmp_path / "demo", num_sessions=3, duration_s=10.0, dim=8,
+                                   modes=(OPEN_STREAM_REPLAY,))
+    kw = dict(features_dir=str(demo / "features"), expected_mode=OPEN_STREAM_REPLAY,
+              utterances_root=str(demo / "transcripts"),
+              utterances_loader="datamodules.turn_features.load_utterances_json",
+              train_sessions=[1], val_sessions=[2], test_sessions=[3])
+    assert TurnFeatureDataModule(**kw).load()["train"][0].states.shape[1] == 8
+    with pytest.raises(FeatureFileError, match=r"Session_1\.open-stream-replay\.safetensors.*"
+                                               r"memory_policy: expected 'sliding', file has 'window'"):
+        TurnFeatureDataModule(expected_memory_policy=SLIDING, **kw).load()
+    path = feature_path(demo / "features", "Session_2", OPEN_STREAM_REPLAY)
+    tensors, meta = load_features(path)
+    save_features(path, tensors, {**meta, "memory_policy": rec["meta"]["memory_policy"]})
+    with pytest.raises(FeatureFileError, match=r"Session_2\.open-stream-replay\.safetensors.*"
+                                               r"memory_policy: expected 'window', file has 'sliding'"):
+        TurnFeatureDataModule(**kw).load()
+    with pytest.raises(ValueError, match="unknown memory_policy"):
+        TurnFeatureDataModule(expected_memory_policy="exact", **kw)
 
 
 def test_session_grid_with_reset_gap(runner):
@@ -212,6 +294,7 @@ def test_shipped_extract_configs_instantiate(config, model_dir, tmp_path):
     cli = cli_main(["--config", str(plain), "--model.init_args.model_dir", str(model_dir),
                     "--data.init_args.root", str(tmp_path)], run=False)
     assert cli.model.hparams.mode == config.stem.replace("_", "-")
+    assert cfg["model"]["init_args"]["memory_policy"] == cli.model.hparams.memory_policy == WINDOW
     assert type(cli.datamodule).__name__ == "EasyComStreamDataModule"
 
 
