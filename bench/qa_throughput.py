@@ -291,6 +291,61 @@ def prefill_probe(vlm, video: str, budget: int, chunk: int, only: str | None = N
     return out
 
 
+def encode_probe(vlm, video: str, budget: int, chunk: int) -> None:
+    """Where the encode and prefill time goes for one video at one budget: processor vs vision tower vs the rest
+    of ``prepare_budgets``, then torch.profiler tables (top ops by self CUDA and self CPU time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from models.videollama3 import CELL_PIXELS, MIN_TOKENS_PER_FRAME, _budget_geometry
+
+    dec = decode_video(video, budget)
+    frames = dec.frames.to(vlm.device)
+    idx, cap, grid, *_ = _budget_geometry(frames.shape[1], frames.shape[2], budget, frames.shape[0], 256,
+                                          "phase3", 256)
+    clip = frames[idx]
+    t = clip.shape[0]
+
+    def proc():
+        return vlm.video_processor(
+            videos=[clip.permute(0, 3, 1, 2)], do_sample_frames=False, use_token_compression=False,
+            size={"shortest_edge": min(MIN_TOKENS_PER_FRAME, cap) * CELL_PIXELS ** 2,
+                  "longest_edge": cap * CELL_PIXELS ** 2 * t}, return_tensors="pt")
+
+    inputs = proc()
+    pv = inputs["pixel_values_videos"].to(vlm.device, vlm.dtype)
+    thw, ms = inputs["video_grid_thw"].to(vlm.device), inputs["video_merge_sizes"].to(vlm.device)
+
+    def tower():
+        return vlm.model.model.vision_model(pixel_values=pv, grid_thw=thw, merge_sizes=ms)
+
+    for name, fn in [("processor (GPU frames)", proc), ("vision tower", tower),
+                     ("encode (all)", lambda: vlm.encode(clip, cap, chunk)),
+                     ("prepare_budgets", lambda: prepare_budgets(vlm, frames, dec.times_s, [budget],
+                                                                 chunk_frames=chunk))]:
+        fn()
+        secs = [timed(fn)[1] for _ in range(3)]
+        print(f"{name:<26} {min(secs):7.3f} s  (frames {t}, grid {grid}, pixel rows {pv.shape[0]})")
+    (bi,) = prepare_budgets(vlm, frames, dec.times_s, [budget], chunk_frames=chunk)
+    print(f"{'prefill':<26} {min(timed(lambda: vlm.prefill(bi.prompt))[1] for _ in range(3)):7.3f} s  "
+          f"(prefix {bi.prompt.ids.numel()})")
+    for mode in ("dynamic", "static", "graph"):
+        t_ans = min(timed(lambda: vlm.answer_batched(bi.prompt, QUESTIONS, 16, True, decode=mode))[1]
+                    for _ in range(3))
+        print(f"{'prefill+answer ' + mode:<26} {t_ans:7.3f} s")
+    for label, fn in [("prepare_budgets", lambda: prepare_budgets(vlm, frames, dec.times_s, [budget],
+                                                                   chunk_frames=chunk)),
+                      ("prefill", lambda: vlm.prefill(bi.prompt)),
+                      ("answer_batched graph", lambda: vlm.answer_batched(bi.prompt, QUESTIONS, 16, True,
+                                                                          decode="graph"))]:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            sync()
+        print(f"\n==== {label}: by self CUDA time")
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=60))
+        print(f"==== {label}: by self CPU time")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10, max_name_column_width=60))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="tiny random model on the CPU (smoke test)")
@@ -304,20 +359,27 @@ def main(argv=None) -> None:
     ap.add_argument("--vision-attn", default="frame_batched", help="frame_batched | sdpa | flash_attention_2 ...")
     ap.add_argument("--repeats", type=int, default=2, help="timed repeats per (video, budget); the first is warm-up")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--no-cudnn-sdp", action="store_true", help="disable the cuDNN SDPA backend (flash instead)")
     ap.add_argument("--probe-memory", action="store_true", help="only print per-stage peak memory (GPU)")
     ap.add_argument("--probe-prefill", action="store_true", help="only diagnose the prefill's peak memory (GPU)")
     ap.add_argument("--probe-variant", default=None)
+    ap.add_argument("--probe-encode", action="store_true", help="only profile encode / prefill / answer (GPU)")
     ap.add_argument("--wait-only", action="store_true", help="only measure the data-wait share of the predict loop")
     args = ap.parse_args(argv)
     repo = Path(__file__).resolve().parent.parent
     videos = args.videos or [str(repo / "assets/media/cockatoo.mp4")]
     budgets = args.budgets or ([256, 1024] if args.tiny else [4096, 16384])
     torch.manual_seed(0)
+    if args.no_cudnn_sdp:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     vlm = build_tiny_model() if args.tiny else build_bench_model(args.attn, args.vision_attn)
     if args.probe_prefill:
         for name, text in prefill_probe(vlm, videos[0], max(budgets), args.chunk_frames,
                                                    args.probe_variant):
             print(f"{name:<28} {text}")
+        return
+    if args.probe_encode:
+        encode_probe(vlm, videos[0], max(budgets), args.chunk_frames)
         return
     if args.wait_only:
         ws = wait_share(vlm, videos * args.wait_repeat, budgets, args.workers, args.chunk_frames)

@@ -17,6 +17,7 @@ or subtitle can create a placeholder or end the user turn.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -32,6 +33,7 @@ from algorithms.budget import (
 )
 from .loading import local_checkpoint
 from .qbase import QBaseCompressor, load_state_dict_strict
+from .vision_attention import frame_layout
 
 log = logging.getLogger(__name__)
 
@@ -151,12 +153,14 @@ class BudgetedVideoLlama3(nn.Module):
 
     def set_vision_attention(self, implementation: str | None) -> "BudgetedVideoLlama3":
         """Select the vision encoder's attention backend (``"frame_batched"``, a transformers name, or ``None``)."""
-        if implementation is not None:
-            if implementation == "frame_batched":
-                from .vision_attention import register
+        from . import vision_attention
 
-                implementation = register()
+        if implementation is not None:
+            batched = implementation == "frame_batched"
+            if batched:
+                implementation = vision_attention.register()
             self.model.set_attn_implementation({"vision_config": implementation})
+            vision_attention.bind(self.model.model.vision_model, batched)
         return self
 
     @property
@@ -199,9 +203,10 @@ class BudgetedVideoLlama3(nn.Module):
             if tuple(thw[0].tolist()) != (t, 2 * gh, 2 * gw):
                 raise RuntimeError(f"video processor produced grid {thw[0].tolist()}, frame_grid says "
                                    f"{(t, 2 * gh, 2 * gw)} for frames of {tuple(clip.shape[1:3])}")
-            vis = self.model.model.vision_model(
-                pixel_values=inputs["pixel_values_videos"].to(self.device, self.dtype),
-                grid_thw=thw.to(self.device), merge_sizes=inputs["video_merge_sizes"].to(self.device))
+            with frame_layout(t, 4 * gh * gw):   # frames of one size: no per-layer read of the boundaries
+                vis = self.model.model.vision_model(
+                    pixel_values=inputs["pixel_values_videos"].to(self.device, self.dtype),
+                    grid_thw=thw.to(self.device), merge_sizes=inputs["video_merge_sizes"].to(self.device))
             out.append(vis.last_hidden_state.view(t, gh * gw, -1))
         return torch.cat(out), (gh, gw)
 
@@ -460,22 +465,12 @@ class BudgetedVideoLlama3(nn.Module):
                 mask = torch.cat([mask, mask.new_ones(q, 1)], 1)
                 return self.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos[:, -1:] + step,
                                   past_key_values=cache, use_cache=True).logits
+
+            gen = self._greedy(out.logits, step_fn, q, max_new_tokens, ignore_eos, eos)
         else:
-            out, step_fn = self._static_decoder(cache, inp, valid, pos, max_new_tokens, graph=decode == "graph")
-        tokens = []
-        done = torch.zeros(q, dtype=torch.bool, device=dev)
-        logits = out.logits
-        for step in range(max_new_tokens):
-            nxt = logits[:, -1].argmax(-1)                                      # (Q,)
-            tokens.append(nxt)
-            if not ignore_eos:
-                done |= torch.isin(nxt, eos)
-                if bool(done.all()):
-                    break
-            if step == max_new_tokens - 1:
-                break
-            logits = step_fn(nxt, step + 1)
-        gen = torch.stack(tokens, 1).tolist()                                   # (Q, steps)
+            with self._shared_prefix_attention(cache):
+                out, step_fn = self._static_decoder(inp, valid, pos, max_new_tokens, graph=decode == "graph")
+                gen = self._greedy(out.logits, step_fn, q, max_new_tokens, ignore_eos, eos)
         for r, i in enumerate(rows):
             toks = gen[r]
             if not ignore_eos:
@@ -486,13 +481,49 @@ class BudgetedVideoLlama3(nn.Module):
             answers[i] = self._answer(toks, prefix_len + len(batch[r]), False)
         return answers
 
-    def _static_decoder(self, cache, inp: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor, max_new_tokens: int,
-                        graph: bool):
-        """Suffix prefill + a fixed-shape decode step over a ``StaticCache`` (optionally a replayed CUDA graph).
+    @staticmethod
+    def _greedy(logits: torch.Tensor, step_fn, q: int, max_new_tokens: int, ignore_eos: bool,
+                eos: torch.Tensor) -> list[list[int]]:
+        """Greedy decoding of Q rows from the suffix logits: (Q, steps) token ids."""
+        tokens = []
+        done = torch.zeros(q, dtype=torch.bool, device=logits.device)
+        for step in range(max_new_tokens):
+            nxt = logits[:, -1].argmax(-1)                                      # (Q,)
+            tokens.append(nxt)
+            if not ignore_eos:
+                done |= torch.isin(nxt, eos)
+                if bool(done.all()):
+                    break
+            if step == max_new_tokens - 1:
+                break
+            logits = step_fn(nxt, step + 1)
+        return torch.stack(tokens, 1).tolist()
 
-        Layout of the static cache per row: ``[prefix L | suffix (left-padded to n) | decode steps]``; the mask is
-        an additive 4-D ``(Q, 1, 1, L + n + R)`` buffer whose column for the step's own key is opened in place
-        before each step, so the step itself has fixed shapes and addresses (what a CUDA graph needs).
+    @contextlib.contextmanager
+    def _shared_prefix_attention(self, cache):
+        """Inside the block the LLM attends through :mod:`models.shared_prefix` over ``cache`` (the prefill's)."""
+        from . import shared_prefix
+
+        name = shared_prefix.register()
+        text_cfg = self.model.config.get_text_config()
+        old = text_cfg._attn_implementation
+        self.model.set_attn_implementation({"text_config": name})
+        try:
+            with shared_prefix.shared_prefix(cache.layers):
+                yield
+        finally:
+            self.model.set_attn_implementation({"text_config": old})
+
+    def _static_decoder(self, inp: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor, max_new_tokens: int,
+                        graph: bool):
+        """Suffix prefill + a fixed-shape decode step over a suffix-only ``StaticCache`` (optionally a replayed
+        CUDA graph), attending to the shared prefix through :mod:`models.shared_prefix` (call inside
+        :meth:`_shared_prefix_attention`).
+
+        Layout of the static cache per row: ``[suffix (left-padded to n) | decode steps]``; the prefix stays in the
+        prefill's batch-1 cache. The mask covers the suffix region only: an additive 4-D ``(Q, 1, 1, n + R)``
+        buffer whose column for the step's own key is opened in place before each step, so the step itself has
+        fixed shapes and addresses (what a CUDA graph needs).
 
         Returns:
             ``(suffix output, step_fn)`` with ``step_fn(next_tokens (Q,), step) -> logits (Q, 1, V)``.
@@ -501,17 +532,15 @@ class BudgetedVideoLlama3(nn.Module):
 
         q, longest = inp.shape
         prefix_len = valid.shape[1] - longest
-        s0 = prefix_len + longest
+        s0 = longest
         total = s0 + max_new_tokens
         dev, dtype = self.device, self.dtype
         sc = StaticCache(config=self.model.config.get_text_config(), max_cache_len=total)
-        for layer, src in zip(sc.layers, cache.layers):                        # prefix KV, one copy per row
-            layer.update(src.keys.expand(q, -1, -1, -1).contiguous(), src.values.expand(q, -1, -1, -1).contiguous())
         neg = torch.finfo(dtype).min
         keys = torch.arange(total, device=dev)
         key_ok = torch.ones(q, total, dtype=torch.bool, device=dev)
-        key_ok[:, :s0] = valid
-        query_at = prefix_len + torch.arange(longest, device=dev)              # cache index of suffix queries
+        key_ok[:, :s0] = valid[:, prefix_len:]
+        query_at = torch.arange(longest, device=dev)                           # cache index of suffix queries
         allowed = key_ok[:, None, :] & (keys[None, None, :] <= query_at[None, :, None])  # (Q, n, total)
         mask = torch.zeros(q, 1, longest, total, dtype=dtype, device=dev).masked_fill(~allowed[:, None], neg)
         out = self.model(input_ids=inp, attention_mask={"full_attention": mask}, position_ids=pos,

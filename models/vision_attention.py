@@ -2,19 +2,38 @@
 
 The encoder attends within each frame (``cu_seqlens`` marks frame boundaries in one packed sequence). Outside
 flash-attention, transformers runs one SDPA call per frame in a Python loop (27 layers x T frames of small
-calls). All frames of one encode share one size, so the packed sequence can be viewed as a batch of T frames and
-attended in ONE SDPA call per layer; unequal segments fall back to the per-segment loop. Registered as an
-attention backend under :data:`FRAME_BATCHED_SDPA`; the name contains "flash" because transformers routes
-packed (``cu_seqlens``) attention only to backends whose name contains it.
+calls), and applies the vision rotary embedding in float32 as ~10 separate elementwise passes over q and k
+(at 180 frames x 1008 patches that is ~40% of the encoder's GPU time).
 
-Legend: S packed tokens, H heads, d head dim, T frames, N tokens per frame.
+Two pieces, both selected by ``BudgetedVideoLlama3.set_vision_attention("frame_batched")``:
+
+* :func:`frame_batched_sdpa`, registered as a transformers attention backend under :data:`FRAME_BATCHED_SDPA`
+  (the name contains "flash" because transformers routes packed, ``cu_seqlens`` attention only to backends whose
+  name contains it): all frames of one encode share one size, so the packed sequence is viewed as a batch of T
+  frames and attended in ONE SDPA call per layer; unequal segments fall back to the per-segment loop.
+* :func:`frame_batched_attention_forward`, bound to every ``VideoLlama3VisionAttention`` of the model: the same
+  projections and the same float32 rotary math as the library's forward (``apply_rotary_pos_emb_vision``), but
+  the rotary is one fused kernel on CUDA (``torch.compile`` of :func:`rotary_qk`, dynamic shapes; eager on CPU,
+  bit-identical to the library there), uses one frame's cos/sin for all frames (the positions repeat per frame),
+  and the frame layout comes from :func:`frame_layout` (set by ``encode``) instead of a device-to-host read of
+  ``cu_seqlens`` in every layer.
+
+Legend: S packed tokens, H heads, d head dim, T frames, N tokens per frame, C = H d.
 """
 from __future__ import annotations
+
+import contextlib
+import logging
+import types
 
 import torch
 import torch.nn.functional as F
 
 FRAME_BATCHED_SDPA = "flash_compatible_frame_batched_sdpa"
+log = logging.getLogger(__name__)
+
+_LAYOUT: tuple[int, int] | None = None   # (T, N) of the encode in progress, see frame_layout
+_COMPILED = {}                           # "rotary" -> compiled rotary_qk (CUDA), or None when compile failed
 
 
 def frame_batched_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -32,6 +51,8 @@ def frame_batched_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: to
     _, heads, seq, dim = query.shape
     if cu_seq_lens_q is None:
         lengths = [seq]
+    elif _LAYOUT is not None and _LAYOUT[0] * _LAYOUT[1] == seq:
+        lengths = [_LAYOUT[1]] * _LAYOUT[0]
     else:
         lengths = (cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).tolist()
     if len(set(lengths)) == 1:
@@ -43,6 +64,96 @@ def frame_batched_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: to
     for q, k, v in zip(*(x.split(lengths, dim=2) for x in (query, key, value))):
         outs.append(F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling))  # (1, H, n, d)
     return torch.cat(outs, dim=2).transpose(1, 2), None
+
+
+def rotary_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """The library's vision rotary (``apply_rotary_pos_emb_vision``): float32 math, cast back.
+
+    Args:
+        q, k: (..., N, H, d) in the model dtype.
+        cos, sin: (N, 1, d) float32 (broadcast over leading dims and heads).
+
+    Returns:
+        ``(q_rot, k_rot)`` in the dtypes of ``q`` and ``k``.
+    """
+    half = q.shape[-1] // 2
+    qf, kf = q.float(), k.float()
+    q_rot = torch.cat((-qf[..., half:], qf[..., :half]), -1)
+    k_rot = torch.cat((-kf[..., half:], kf[..., :half]), -1)
+    return (qf * cos + q_rot * sin).to(q.dtype), (kf * cos + k_rot * sin).to(k.dtype)
+
+
+def _rotary_fn(device: torch.device):
+    """The fused (compiled) rotary on CUDA, the eager one elsewhere or when compilation is unavailable."""
+    if device.type != "cuda":
+        return rotary_qk
+    if "rotary" not in _COMPILED:
+        try:
+            _COMPILED["rotary"] = torch.compile(rotary_qk, dynamic=True, fullgraph=True)
+        except Exception as e:  # noqa: BLE001 - no compiler backend: the eager math is the same
+            log.warning("torch.compile of the vision rotary failed (%s); using the eager rotary", e)
+            _COMPILED["rotary"] = None
+    return _COMPILED["rotary"] or rotary_qk
+
+
+@contextlib.contextmanager
+def frame_layout(num_frames: int, tokens_per_frame: int):
+    """Declare that the vision forward inside this block packs ``num_frames`` frames of ``tokens_per_frame``
+    patches each, in frame order with identical positions per frame (one video grid ``(T, h, w)``)."""
+    global _LAYOUT
+    old, _LAYOUT = _LAYOUT, (num_frames, tokens_per_frame)
+    try:
+        yield
+    finally:
+        _LAYOUT = old
+
+
+def frame_batched_attention_forward(self, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor,
+                                    position_embeddings: tuple[torch.Tensor, torch.Tensor], max_seqlen=None,
+                                    **kwargs):
+    """Drop-in ``VideoLlama3VisionAttention.forward`` (bound per module by :func:`bind`).
+
+    Args:
+        hidden_states: (S, C).
+        cu_seqlens: (T + 1,) frame boundaries (read only when no :func:`frame_layout` is active).
+        position_embeddings: ``(cos, sin)``, each (S, d) float32.
+
+    Returns:
+        ``(out (S, C), None)``.
+    """
+    seq = hidden_states.shape[0]
+    heads, dim = self.num_heads, self.head_dim
+    if _LAYOUT is not None and _LAYOUT[0] * _LAYOUT[1] == seq:
+        t, n, same_pos = _LAYOUT[0], _LAYOUT[1], True
+    else:
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        if len(set(lengths)) != 1:  # unequal frames: the library's forward (per-segment loop through the backend)
+            return type(self).forward(self, hidden_states, cu_seqlens=cu_seqlens,
+                                      position_embeddings=position_embeddings, max_seqlen=max_seqlen, **kwargs)
+        t, n, same_pos = len(lengths), lengths[0], False
+    q = self.q_proj(hidden_states).view(t, n, heads, dim)
+    k = self.k_proj(hidden_states).view(t, n, heads, dim)
+    v = self.v_proj(hidden_states).view(t, n, heads, dim)
+    cos, sin = position_embeddings
+    if same_pos:
+        cos, sin = cos[:n], sin[:n]                                            # (N, d): every frame has these
+    else:
+        cos, sin = cos.view(t, n, dim), sin.view(t, n, dim)
+    q, k = _rotary_fn(q.device)(q, k, cos.unsqueeze(-2).float(), sin.unsqueeze(-2).float())
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         scale=self.scaling)                   # (T, H, N, d)
+    out = out.transpose(1, 2).reshape(seq, heads * dim)
+    return self.out_proj(out), None
+
+
+def bind(vision_model: torch.nn.Module, on: bool) -> None:
+    """Bind (``on``) or unbind :func:`frame_batched_attention_forward` on every vision attention module."""
+    for mod in vision_model.modules():
+        if type(mod).__name__ == "VideoLlama3VisionAttention":
+            if on:
+                mod.forward = types.MethodType(frame_batched_attention_forward, mod)
+            elif "forward" in mod.__dict__:
+                del mod.forward
 
 
 def register() -> str:

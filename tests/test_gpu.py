@@ -43,3 +43,26 @@ def test_frame_batched_attention_on_cuda(cuda_vlm):
     finally:
         cuda_vlm.set_vision_attention("frame_batched")
     assert torch.allclose(batched, looped, atol=1e-4, rtol=1e-4)
+
+
+def test_shared_prefix_attention_bf16_flash_on_cuda():
+    """The CUDA bf16 prefix part (flash kernel with log-sum-exp) merges to full attention within bf16 rounding."""
+    import types
+
+    from models import shared_prefix as sp
+
+    torch.manual_seed(0)
+    rows, heads, kv, d, L, s, S = 3, 28, 4, 128, 1000, 5, 9
+    dev, dt = "cuda", torch.bfloat16
+    q = torch.randn(rows, heads, s, d, device=dev, dtype=dt)
+    pk, pv = (torch.randn(1, kv, L, d, device=dev, dtype=dt) for _ in range(2))
+    sk, sv = (torch.randn(rows, kv, S, d, device=dev, dtype=dt) for _ in range(2))
+    mask = torch.zeros(rows, 1, s, S, device=dev, dtype=dt).masked_fill(
+        torch.rand(rows, 1, s, S, device=dev) > 0.5, torch.finfo(dt).min)
+    with sp.shared_prefix([types.SimpleNamespace(keys=pk, values=pv)]):
+        got, _ = sp.shared_prefix_sdpa(types.SimpleNamespace(layer_idx=0), q, sk, sv, mask)
+    full_k = torch.cat([pk.expand(rows, -1, -1, -1), sk], 2).repeat_interleave(heads // kv, 1).float()
+    full_v = torch.cat([pv.expand(rows, -1, -1, -1), sv], 2).repeat_interleave(heads // kv, 1).float()
+    full_mask = torch.cat([torch.zeros(rows, 1, s, L, device=dev), mask.float()], -1)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), full_k, full_v, attn_mask=full_mask)
+    assert (got.float() - ref.transpose(1, 2)).abs().max() < 2e-2

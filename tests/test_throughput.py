@@ -157,6 +157,47 @@ def test_frame_batched_vision_attention_equals_per_frame(tiny_vlm):
     assert torch.allclose(out, ref, atol=1e-6)
 
 
+
+def test_frame_batched_forward_matches_library_attention(tiny_vlm):
+    """The bound vision-attention forward: rotary bit-identical to the library's float32 rotary; with and without a
+    declared frame layout, and for unequal frames (library fallback), the output equals the stock forward."""
+    from transformers.models.video_llama_3 import modeling_video_llama_3 as mv
+
+    from models import vision_attention as va
+
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 6, 4, 8), torch.randn(2, 6, 4, 8)
+    cos, sin = torch.randn(6, 8), torch.randn(6, 8)
+    ref_q, ref_k = mv.apply_rotary_pos_emb_vision(q.reshape(12, 4, 8), k.reshape(12, 4, 8), cos.repeat(2, 1),
+                                                  sin.repeat(2, 1))
+    got_q, got_k = va.rotary_qk(q, k, cos.unsqueeze(-2), sin.unsqueeze(-2))
+    assert torch.equal(got_q.reshape(12, 4, 8), ref_q) and torch.equal(got_k.reshape(12, 4, 8), ref_k)
+
+    attn = next(m for m in tiny_vlm.model.model.vision_model.modules() if isinstance(m, mv.VideoLlama3VisionAttention))
+    assert attn.forward.__func__ is va.frame_batched_attention_forward   # bound by set_vision_attention
+    c = attn.embed_dim
+    d = attn.head_dim
+    t, n = 3, 16
+    x = torch.randn(t * n, c)
+    pos = torch.randn(n, d)
+    cos_all, sin_all = pos.cos().repeat(t, 1), pos.sin().repeat(t, 1)
+    cu = torch.tensor([0, n, 2 * n, 3 * n])
+    tiny_vlm.set_vision_attention("sdpa")
+    try:
+        ref, _ = attn(x, cu_seqlens=cu, position_embeddings=(cos_all, sin_all))
+        cu_uneq = torch.tensor([0, 20, 48])
+        ref_uneq, _ = attn(x, cu_seqlens=cu_uneq, position_embeddings=(cos_all, sin_all))
+    finally:
+        tiny_vlm.set_vision_attention("frame_batched")
+    plain, _ = attn(x, cu_seqlens=cu, position_embeddings=(cos_all, sin_all))
+    with va.frame_layout(t, n):
+        laid, _ = attn(x, cu_seqlens=cu, position_embeddings=(cos_all, sin_all))
+    uneq, _ = attn(x, cu_seqlens=cu_uneq, position_embeddings=(cos_all, sin_all))
+    for got, want in ((plain, ref), (laid, ref), (uneq, ref_uneq)):
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(plain, ref_uneq, atol=1e-3)                  # the boundaries matter
+
+
 def test_qa_bench_runs_on_the_cpu(tmp_path):
     """bench/qa_throughput.py --tiny: the comparison table is produced and every path answers the same tokens."""
     import json
@@ -172,3 +213,32 @@ def test_qa_bench_runs_on_the_cpu(tmp_path):
     (row,) = res["rows"]
     assert row["same_tokens_ab"] and row["same_tokens_bc"] and row["vision_tokens"] <= 128
     assert res["wait"]["videos"] == 1
+
+
+def test_shared_prefix_attention_equals_full_attention():
+    """Prefix part (folded GQA queries, no mask) + masked suffix part merged by log-sum-exp == one SDPA call over
+    [prefix | suffix] with the full mask, for several rows, grouped heads and a left-padded suffix."""
+    import types
+
+    from models import shared_prefix as sp
+
+    torch.manual_seed(0)
+    rows, heads, kv, d, L, s, S = 3, 6, 2, 8, 11, 4, 7
+    q = torch.randn(rows, heads, s, d)
+    pk, pv = torch.randn(1, kv, L, d), torch.randn(1, kv, L, d)
+    sk, sv = torch.randn(rows, kv, S, d), torch.randn(rows, kv, S, d)
+    allowed = torch.rand(rows, 1, s, S) > 0.4
+    allowed[1, :, :, :] = False                               # a row whose suffix keys are all hidden (pad queries)
+    neg = torch.finfo(torch.float32).min
+    mask = torch.zeros(rows, 1, s, S).masked_fill(~allowed, neg)
+    layer = types.SimpleNamespace(keys=pk, values=pv)
+    with sp.shared_prefix([layer]):
+        got, _ = sp.shared_prefix_sdpa(types.SimpleNamespace(layer_idx=0), q, sk, sv, mask, scaling=0.3)
+    full_k = torch.cat([pk.expand(rows, -1, -1, -1), sk], 2).repeat_interleave(heads // kv, 1)
+    full_v = torch.cat([pv.expand(rows, -1, -1, -1), sv], 2).repeat_interleave(heads // kv, 1)
+    full_mask = torch.cat([torch.zeros(rows, 1, s, L), mask], -1)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, full_k, full_v, attn_mask=full_mask, scale=0.3)
+    assert got.shape == (rows, s, heads, d)
+    assert torch.allclose(got, ref.transpose(1, 2), atol=1e-5)
+    with pytest.raises(RuntimeError, match="no prefix for layer 0"):
+        sp.shared_prefix_sdpa(types.SimpleNamespace(layer_idx=0), q, sk, sv, mask)

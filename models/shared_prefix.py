@@ -1,0 +1,124 @@
+"""Shared-prefix attention for answering several questions from one prefilled video prefix.
+
+Every question row of a batched answer attends to the same prefix of ``L`` tokens (system + video, up to 16k
+rows) and to its own short suffix (question + generated tokens). Attention is split exactly in two, as in
+Hydragen (Juravsky et al., 2024, "Hydragen: High-Throughput LLM Inference with Shared Prefixes") and cascade
+attention (FlashInfer):
+
+    prefix part : all Q rows' queries (and the n_rep query heads that share one KV head under GQA) folded into ONE
+                  query sequence per KV head, attended over the prefix keys once — no mask, no per-row copy of
+                  the prefix cache, one read of the prefix keys/values per layer;
+    suffix part : each row's queries over its own suffix keys with the row's mask (pads hidden, causal);
+    merge       : the two partial softmaxes combined through their log-sum-exp (exact in real arithmetic).
+
+The prefix keys/values stay in the prefill's cache (batch 1); only the suffix region lives in a small batch-Q
+``StaticCache``. The function is registered as a transformers attention backend (:data:`SHARED_PREFIX_SDPA`) and
+finds the prefix of the layer being run through :func:`shared_prefix`. On CUDA in bf16/fp16 the prefix part is
+PyTorch's flash-attention kernel (which returns the log-sum-exp); elsewhere (CPU, fp32) the same math runs
+explicitly in float32.
+
+Legend: Q question rows, H query heads, G = H / Hkv query heads per KV head, s query tokens per row,
+L prefix tokens, S suffix-region keys, d head dim.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+SHARED_PREFIX_SDPA = "shared_prefix_sdpa"
+_PREFIX: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # layer_idx -> prefix (keys, values), (1, Hkv, L, d)
+
+
+@contextlib.contextmanager
+def shared_prefix(layers):
+    """Make the prefix keys/values of every layer visible to :func:`shared_prefix_sdpa` inside the block.
+
+    Args:
+        layers: the prefill cache's layers (``DynamicCache.layers``), layer ``i`` with ``keys``/``values`` of shape
+            (1, Hkv, L, d).
+    """
+    old = dict(_PREFIX)
+    _PREFIX.clear()
+    _PREFIX.update({i: (layer.keys, layer.values) for i, layer in enumerate(layers)})
+    try:
+        yield
+    finally:
+        _PREFIX.clear()
+        _PREFIX.update(old)
+
+
+def _partial_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                  scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 attention that also returns the log-sum-exp.
+
+    Args:
+        q: (B, Hkv, M, d); k, v: (B, Hkv, S, d); mask: additive, broadcastable to (B, Hkv, M, S), or None.
+
+    Returns:
+        ``(out (B, Hkv, M, d) float32, lse (B, Hkv, M) float32)``.
+    """
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling
+    if mask is not None:
+        scores = scores + mask.float()
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.matmul(torch.exp(scores - lse[..., None]), v.float())
+    return out, lse
+
+
+def _prefix_part(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float):
+    """Unmasked attention of folded queries (1, Hkv, M, d) over the prefix (1, Hkv, L, d): (out, lse) in fp32."""
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scaling)[:2]
+        return out.float(), lse.float()
+    return _partial_math(q, k, v, None, scaling)
+
+
+def shared_prefix_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                       **kwargs) -> tuple[torch.Tensor, None]:
+    """Attention over [shared prefix | own suffix region] for Q rows (a transformers attention backend).
+
+    Args:
+        module: the attention module (``layer_idx`` selects the prefix, ``num_key_value_groups`` = G).
+        query: (Q, H, s, d).
+        key, value: (Q, Hkv, S, d) — the suffix region as returned by the suffix ``StaticCache``.
+        attention_mask: additive (Q, 1, s, S) mask of the suffix region (prefix keys are always visible).
+
+    Returns:
+        ``(out (Q, s, H, d), None)`` in the query dtype.
+
+    Raises:
+        RuntimeError: no prefix registered for this layer (called outside :func:`shared_prefix`).
+    """
+    if module.layer_idx not in _PREFIX:
+        raise RuntimeError(f"shared_prefix_sdpa: no prefix for layer {module.layer_idx}; use shared_prefix(...)")
+    pk, pv = _PREFIX[module.layer_idx]
+    rows, heads, s, d = query.shape
+    kv_heads = key.shape[1]
+    g = heads // kv_heads
+    scale = scaling if scaling is not None else d ** -0.5
+    # prefix: fold (rows, G, s) into one query axis per KV head; query head h = kv * G + j (repeat_kv's layout)
+    folded = query.view(rows, kv_heads, g, s, d).permute(1, 0, 2, 3, 4).reshape(1, kv_heads, rows * g * s, d)
+    out_p, lse_p = _prefix_part(folded, pk, pv, scale)
+    out_p = out_p.view(kv_heads, rows, g, s, d).permute(1, 0, 2, 3, 4).reshape(rows, heads, s, d)
+    lse_p = lse_p.view(kv_heads, rows, g, s).permute(1, 0, 2, 3).reshape(rows, heads, s)
+    # suffix: per row, grouped heads against their KV head, with the row's mask
+    q_g = query.reshape(rows, kv_heads, g * s, d)
+    mask = attention_mask.view(rows, 1, 1, s, -1).expand(rows, kv_heads, g, s, -1).reshape(rows, kv_heads, g * s, -1) \
+        if attention_mask is not None else None
+    out_s, lse_s = _partial_math(q_g, key, value, mask, scale)
+    out_s, lse_s = out_s.view(rows, heads, s, d), lse_s.view(rows, heads, s)
+    # merge the two softmaxes
+    m = torch.maximum(lse_p, lse_s)
+    w_p, w_s = torch.exp(lse_p - m), torch.exp(lse_s - m)
+    out = (out_p * w_p[..., None] + out_s * w_s[..., None]) / (w_p + w_s)[..., None]
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def register() -> str:
+    """Register the backend with transformers (idempotent); returns its name."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(SHARED_PREFIX_SDPA, shared_prefix_sdpa)
+    return SHARED_PREFIX_SDPA
