@@ -328,10 +328,32 @@ def encode_probe(vlm, video: str, budget: int, chunk: int) -> None:
     (bi,) = prepare_budgets(vlm, frames, dec.times_s, [budget], chunk_frames=chunk)
     print(f"{'prefill':<26} {min(timed(lambda: vlm.prefill(bi.prompt))[1] for _ in range(3)):7.3f} s  "
           f"(prefix {bi.prompt.ids.numel()})")
-    for mode in ("dynamic", "static", "graph"):
-        t_ans = min(timed(lambda: vlm.answer_batched(bi.prompt, QUESTIONS, 16, True, decode=mode))[1]
+    runs = (("dynamic", 16), ("static", 16), ("graph", 16), ("graph", 2), ("graph", 1))
+    for mode, new in runs if torch.cuda.is_available() else runs[:2]:
+        t_ans = min(timed(lambda: vlm.answer_batched(bi.prompt, QUESTIONS, new, True, decode=mode))[1]
                     for _ in range(3))
-        print(f"{'prefill+answer ' + mode:<26} {t_ans:7.3f} s")
+        print(f"{'prefill+answer ' + mode + ' ' + str(new):<26} {t_ans:7.3f} s")
+    # where the host waits for the device (each sync serialises the CPU-side work after it)
+    import warnings
+    if not torch.cuda.is_available():
+        return
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        for label, fn in [("prepare_budgets", lambda: prepare_budgets(vlm, frames, dec.times_s, [budget],
+                                                                       chunk_frames=chunk)),
+                          ("answer_batched graph", lambda: vlm.answer_batched(bi.prompt, QUESTIONS, 16, True,
+                                                                              decode="graph"))]:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                fn()
+            sites = {}
+            for w in caught:
+                if "synchroniz" in str(w.message):
+                    key = f"{Path(w.filename).name}:{w.lineno}"
+                    sites[key] = sites.get(key, 0) + 1
+            print(f"syncs in {label}: {sum(sites.values())} at " + ", ".join(f"{k} x{v}" for k, v in sites.items()))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
     for label, fn in [("prepare_budgets", lambda: prepare_budgets(vlm, frames, dec.times_s, [budget],
                                                                    chunk_frames=chunk)),
                       ("prefill", lambda: vlm.prefill(bi.prompt)),

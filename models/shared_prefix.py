@@ -58,12 +58,16 @@ def _partial_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     Returns:
         ``(out (B, Hkv, M, d) float32, lse (B, Hkv, M) float32)``.
     """
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling
-    if mask is not None:
-        scores = scores + mask.float()
+    b, h, m, d = q.shape
+    qf, kf = q.float().reshape(b * h, m, d), k.float().reshape(b * h, -1, d)
+    if mask is None:
+        scores = torch.bmm(qf, kf.transpose(1, 2)).mul_(scaling)
+    else:
+        bias = mask.float().expand(b, h, m, kf.shape[1]).reshape(b * h, m, -1)
+        scores = torch.baddbmm(bias, qf, kf.transpose(1, 2), alpha=scaling)
     lse = torch.logsumexp(scores, dim=-1)
-    out = torch.matmul(torch.exp(scores - lse[..., None]), v.float())
-    return out, lse
+    out = torch.bmm(torch.softmax(scores, dim=-1), v.float().reshape(b * h, -1, d))
+    return out.view(b, h, m, d), lse.view(b, h, m)
 
 
 def _prefix_part(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float):
@@ -109,10 +113,8 @@ def shared_prefix_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: to
         if attention_mask is not None else None
     out_s, lse_s = _partial_math(q_g, key, value, mask, scale)
     out_s, lse_s = out_s.view(rows, heads, s, d), lse_s.view(rows, heads, s)
-    # merge the two softmaxes
-    m = torch.maximum(lse_p, lse_s)
-    w_p, w_s = torch.exp(lse_p - m), torch.exp(lse_s - m)
-    out = (out_p * w_p[..., None] + out_s * w_s[..., None]) / (w_p + w_s)[..., None]
+    # merge the two softmaxes: weight of the prefix part = e^lse_p / (e^lse_p + e^lse_s) = sigmoid(lse_p - lse_s)
+    out = torch.lerp(out_s, out_p, torch.sigmoid(lse_p - lse_s)[..., None])
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 

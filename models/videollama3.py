@@ -87,6 +87,8 @@ class Answer:
 class BudgetedVideoLlama3(nn.Module):
     """VideoLLaMA3 + qbase compressor with budgeted layouts and shared-prefix answering."""
 
+    _graph_warm = False  # a decode step was captured as a CUDA graph in this process (later captures skip warm-up)
+
     def __init__(self, model, tokenizer, video_processor, compressor: QBaseCompressor,
                  original_projector: nn.Module | None = None):
         super().__init__()
@@ -438,7 +440,6 @@ class BudgetedVideoLlama3(nn.Module):
             return answers
         dev = self.device
         prefix_len = prompt.ids.numel()
-        cache = self.prefill(prompt)                                            # batch 1
         q = len(batch)
         longest = max(len(x) for x in batch)
         pad = self.tokenizer.pad_token_id or 0
@@ -451,8 +452,14 @@ class BudgetedVideoLlama3(nn.Module):
             inp[r, longest - n:] = torch.tensor(ids)
             valid[r, prefix_len + longest - n:] = True
             pos[r, longest - n:] = prefix_len + torch.arange(n)
+        # everything the host sends is on the device before the prefill is launched: from here to the final read of
+        # the tokens nothing waits for the GPU, so the host-side work of the answer stage overlaps the prefill
         inp, valid, pos = inp.to(dev), valid.to(dev), pos.to(dev)
         eos = torch.tensor(self.eos_ids, device=dev)
+        static = None
+        if decode != "dynamic":
+            static = self._suffix_cache(q, longest + max_new_tokens)
+        cache = self.prefill(prompt)                                            # batch 1
         if decode == "dynamic":
             if q > 1:
                 cache.batch_repeat_interleave(q)
@@ -469,7 +476,8 @@ class BudgetedVideoLlama3(nn.Module):
             gen = self._greedy(out.logits, step_fn, q, max_new_tokens, ignore_eos, eos)
         else:
             with self._shared_prefix_attention(cache):
-                out, step_fn = self._static_decoder(inp, valid, pos, max_new_tokens, graph=decode == "graph")
+                out, step_fn = self._static_decoder(static, inp, valid, pos, max_new_tokens,
+                                                    graph=decode == "graph")
                 gen = self._greedy(out.logits, step_fn, q, max_new_tokens, ignore_eos, eos)
         for r, i in enumerate(rows):
             toks = gen[r]
@@ -514,9 +522,20 @@ class BudgetedVideoLlama3(nn.Module):
         finally:
             self.model.set_attn_implementation({"text_config": old})
 
-    def _static_decoder(self, inp: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor, max_new_tokens: int,
+    def _suffix_cache(self, rows: int, length: int):
+        """A ``StaticCache`` of ``length`` positions for ``rows`` question rows, allocated now (not lazily at the
+        first update, which would copy host data to the device and wait for the GPU mid-answer)."""
+        from transformers import StaticCache
+
+        cfg = self.model.config.get_text_config()
+        sc = StaticCache(config=cfg, max_cache_len=length)
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        sc.early_initialization(rows, cfg.num_key_value_heads, head_dim, self.dtype, self.device)
+        return sc
+
+    def _static_decoder(self, sc, inp: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor, max_new_tokens: int,
                         graph: bool):
-        """Suffix prefill + a fixed-shape decode step over a suffix-only ``StaticCache`` (optionally a replayed
+        """Suffix prefill + a fixed-shape decode step over the suffix-only ``StaticCache`` ``sc`` (optionally a replayed
         CUDA graph), attending to the shared prefix through :mod:`models.shared_prefix` (call inside
         :meth:`_shared_prefix_attention`).
 
@@ -528,14 +547,11 @@ class BudgetedVideoLlama3(nn.Module):
         Returns:
             ``(suffix output, step_fn)`` with ``step_fn(next_tokens (Q,), step) -> logits (Q, 1, V)``.
         """
-        from transformers import StaticCache
-
         q, longest = inp.shape
         prefix_len = valid.shape[1] - longest
         s0 = longest
         total = s0 + max_new_tokens
         dev, dtype = self.device, self.dtype
-        sc = StaticCache(config=self.model.config.get_text_config(), max_cache_len=total)
         neg = torch.finfo(dtype).min
         keys = torch.arange(total, device=dev)
         key_ok = torch.ones(q, total, dtype=torch.bool, device=dev)
@@ -559,12 +575,13 @@ class BudgetedVideoLlama3(nn.Module):
             if dev.type != "cuda":
                 raise ValueError("decode='graph' needs a CUDA device")
             lengths = [layer.cumulative_length.clone() for layer in sc.layers]
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):                                      # warm-up (writes are overwritten)
-                for _ in range(2):
-                    forward()
-            torch.cuda.current_stream().wait_stream(side)
+            if not BudgetedVideoLlama3._graph_warm:  # first capture of the process: warm up on a side stream
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):                                  # (writes are overwritten)
+                    for _ in range(2):
+                        forward()
+                torch.cuda.current_stream().wait_stream(side)
             cuda_graph = torch.cuda.CUDAGraph()
             try:
                 with torch.cuda.graph(cuda_graph):
@@ -574,6 +591,8 @@ class BudgetedVideoLlama3(nn.Module):
                 cuda_graph = None
             for layer, n in zip(sc.layers, lengths):                           # rewind the cache write position
                 layer.cumulative_length.copy_(n)
+            # later captures skip the warm-up: lazy initialisation (cuBLAS handles, workspaces) is done
+            BudgetedVideoLlama3._graph_warm = cuda_graph is not None
 
             if cuda_graph is not None:
                 def replay() -> torch.Tensor:

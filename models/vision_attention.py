@@ -147,7 +147,11 @@ def frame_batched_attention_forward(self, hidden_states: torch.Tensor, cu_seqlen
 
 
 def bind(vision_model: torch.nn.Module, on: bool) -> None:
-    """Bind (``on``) or unbind :func:`frame_batched_attention_forward` on every vision attention module."""
+    """Bind (``on``) or unbind :func:`frame_batched_attention_forward` on every vision attention module.
+
+    (``torch.compile`` of whole encoder layers was measured on the H200 and did not pay: 0.448 s vs 0.451 s for
+    180 frames of 1,008 patches, slower on 240 frames; only the rotary is compiled.)
+    """
     for mod in vision_model.modules():
         if type(mod).__name__ == "VideoLlama3VisionAttention":
             if on:
