@@ -4,6 +4,7 @@
     python bench/extract_throughput.py --sessions 8 16 --duration 24 --compile --json out.json
     python bench/extract_throughput.py --tiny                   # CPU smoke run on the tiny thinker (< 60 s)
     python bench/extract_throughput.py --memory-policy sliding  # only the sliding-window KV rows (+ the baseline)
+    python bench/extract_throughput.py --sessions 8 --breakdown --json out.json  # + where the batched wall goes
 
 Self-contained: nothing is downloaded. The thinker is built in memory from a ``Qwen2_5OmniThinkerConfig`` with the
 Qwen2.5-Omni-3B thinker shapes (LLM 36 layers, hidden 2048, FFN 11008, 16 heads, 2 KV heads, vocab 151936; vision
@@ -14,7 +15,7 @@ random 2 FPS frames of 560x1008 pixels (a 20x36 merged grid = 720 merged tokens 
 noise; session ``k`` of N lasts ``duration * (1 - 0.25 k / (N - 1))`` s (rounded to 0.2 s) so that batched sessions
 drop out at different times. Memory 8 s.
 
-For each mode it measures (after a warm-up on a short stream):
+For each mode it measures (after a warm-up on a short stream, ``--warmup`` s):
 * ``1-session eager``: ``OmniThinkerRunner.run_stream`` on session 0 under the ``window`` memory policy (the issue's
   baseline, measured once per mode; its dataset-level RTF is the same number, sessions running one after another);
 * ``batched N``, once per memory policy of ``--memory-policy`` (default both: ``window`` = exact 8 s memory with a
@@ -28,6 +29,19 @@ policy (``window``: the timed baseline; ``sliding``: an extra untimed one-sessio
 patches and LLM tokens per media second. Issue-12 targets (H200, 720 tokens/patch, dataset-level):
 completed-block-hold >= 40x, micro-chunk-200ms >= 20x, open-stream-replay >= 8x (derived assuming committed
 blocks' KV is computed once and kept, i.e. the ``sliding`` policy).
+
+``--breakdown`` (off by default) times the batched runs part by part (``models.omni_batch.BREAKDOWN_PARTS``: host /
+device preprocessing of audio and of video, vision tower, audio tower, LLM prefill, LLM re-prefill of the window
+policy, KV cache edits, the rest), with a device synchronization around every part, and prints a second table:
+wall seconds per part and their share of the run's wall time, per (mode, policy, sessions). The synchronizations stop
+the parts from overlapping, so the batched rows' RTF with ``--breakdown`` is a slightly pessimistic figure.
+
+Cost of ``--sessions 8 --breakdown --json out.json`` on one H200 (all modes, both policies, longest session 24 s,
+8 sessions = 168 media s per batched run, warm-ups of 2 s streams, which already cover every replay-tail and micro
+length): per mode an eager warm-up, the eager baseline, an untimed sliding reference and, per policy, a batched
+warm-up (8 x 2 s) and the timed batched run. At the last measured rates (before the sliding policy and before the
+preprocessing moved to the device: batched window replay 3.4x, hold 12x, micro 3.7x, i.e. 49 + 14 + 46 s per policy)
+that is about 5.5 minutes including the model build; the current code should be faster.
 """
 from __future__ import annotations
 
@@ -69,8 +83,9 @@ def omni_3b_thinker_config():
         position_id_per_seconds=25, seconds_per_chunk=2, vision_start_token_id=151652, vision_end_token_id=151653)
 
 
-def write_processors(out: Path, max_pixels: int) -> Path:
-    """The official WhisperFeatureExtractor settings and a Qwen2VLVideoProcessor (patch 14, merge 2, temporal 2)."""
+def write_processors(out: Path, max_pixels: int, config=None) -> Path:
+    """The official WhisperFeatureExtractor settings and a Qwen2VLVideoProcessor (patch 14, merge 2, temporal 2);
+    with ``config`` also its ``config.json`` (``OmniThinkerRunner`` takes only a directory holding one)."""
     from transformers import WhisperFeatureExtractor
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
@@ -78,6 +93,8 @@ def write_processors(out: Path, max_pixels: int) -> Path:
                             padding_value=0.0, return_attention_mask=True).save_pretrained(out)
     Qwen2VLVideoProcessor(size={"shortest_edge": 56 * 56, "longest_edge": max_pixels}, patch_size=14,
                           temporal_patch_size=2, merge_size=2).save_pretrained(out)
+    if config is not None:
+        config.save_pretrained(out)
     return out
 
 
@@ -104,7 +121,7 @@ def build_runner(tiny: bool, device: str, workdir: Path):
     finally:
         torch.set_default_dtype(old)
     thinker = thinker.to(device=device, dtype=torch.bfloat16).eval()
-    d = write_processors(workdir / "omni3b_processors", max_pixels=FRAME_HW[0] * FRAME_HW[1])
+    d = write_processors(workdir / "omni3b_processors", max_pixels=FRAME_HW[0] * FRAME_HW[1], config=cfg)
     return OmniThinkerRunner(d, layer=-1, thinker=thinker)
 
 
@@ -142,9 +159,10 @@ def _peak(device: torch.device) -> int:
 
 def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_s: float = 24.0,
               memory_s: float = 8.0, modes: tuple[str, ...] = MODES, compile_small_calls: bool = False,
-              device: str | None = None, warmup_s: float = 4.0, log=print,
-              policies: tuple[str, ...] = MEMORY_POLICIES) -> list[dict]:
-    """Build the model, run every measurement, return one row dict per (mode, path, memory policy)."""
+              device: str | None = None, warmup_s: float = 2.0, log=print,
+              policies: tuple[str, ...] = MEMORY_POLICIES, breakdown: bool = False) -> list[dict]:
+    """Build the model, run every measurement, return one row dict per (mode, path, memory policy); batched rows
+    carry ``breakdown`` (part -> wall seconds of the timed run) when ``breakdown``."""
     from models.omni_batch import BatchedOmniRunner, single_session_computed
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() and not tiny else "cpu"))
@@ -179,7 +197,8 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
                 data[0]["frames"], data[0]["audio"], mode, memory_s, verify_rows=0, memory_policy=policy)
             variants = [(n, False) for n in sessions] + ([(n_max, True)] if compile_small_calls else [])
             for n, comp_flag in variants:
-                batched = BatchedOmniRunner(runner, sessions_per_batch=n, compile_small_calls=comp_flag)
+                batched = BatchedOmniRunner(runner, sessions_per_batch=n, compile_small_calls=comp_flag,
+                                            profile=breakdown)
                 streams = [{"frames": s["frames"], "audio": s["audio"]} for s in data[:n]]
                 batched.run_streams([{"frames": s["frames"], "audio": s["audio"]} for s in warm] *
                                     (n // len(warm) or 1), mode, memory_s, verify_rows=0,
@@ -199,6 +218,8 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
                              "llm_tokens_per_s": sum(r.computed["computed_llm_tokens"] for r in res) / media,
                              "target": TARGETS[mode],
                              "computed": [r.computed for r in res]})
+                if breakdown:
+                    rows[-1]["breakdown"] = dict(batched.breakdown)
                 log(_fmt_row(rows[-1]))
     return rows
 
@@ -221,6 +242,25 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join([HEADER] + [_fmt_row(r) for r in rows])
 
 
+def format_breakdown(rows: list[dict]) -> str:
+    """The ``--breakdown`` table: per batched row, wall seconds of each part and its share of the run's wall."""
+    from models.omni_batch import BREAKDOWN_PARTS
+
+    parts = list(BREAKDOWN_PARTS)
+    out = ["| mode | policy | sessions | wall s | " + " | ".join(p.replace("_", " ") for p in parts)
+           + " | ms / media s / session (prep audio + prep video) |",
+           "|---|---|---:|---:|" + "---:|" * len(parts) + "---:|"]
+    for r in rows:
+        b = r.get("breakdown")
+        if not b:
+            continue
+        total = sum(b.values()) or 1.0
+        per = 1000.0 * (b["prep_audio"] + b["prep_video"]) / r["media_s"]
+        cells = " | ".join(f"{b[p]:.3f} ({100 * b[p] / total:.0f}%)" for p in parts)
+        out.append(f"| {r['mode']} | {r['policy']} | {r['sessions']} | {r['wall_s']:.2f} | {cells} | {per:.2f} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tiny", action="store_true", help="tiny random thinker on CPU (smoke run, < 60 s)")
@@ -228,11 +268,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                                                             "tiny: 4)")
     p.add_argument("--duration", type=float, default=None, help="longest session, s (default 24; tiny: 12)")
     p.add_argument("--memory", type=float, default=8.0)
+    p.add_argument("--warmup", type=float, default=2.0, help="warm-up stream length, s (default 2: every tail length)")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     p.add_argument("--memory-policy", nargs="+", default=list(MEMORY_POLICIES), choices=list(MEMORY_POLICIES),
                    help="memory policies of the batched rows (default: all; the eager baseline is always window)")
     p.add_argument("--compile", action="store_true", help="also measure torch.compile of the small calls")
     p.add_argument("--device", default=None)
+    p.add_argument("--breakdown", action="store_true",
+                   help="time the batched runs part by part (device syncs around parts) and print a second table")
     p.add_argument("--json", default=None, help="write the rows here")
     a = p.parse_args(argv)
     sessions = tuple(a.sessions or ((4,) if a.tiny else (8, 16)))
@@ -240,12 +283,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     t0 = time.perf_counter()
     print(HEADER)
     rows = run_bench(a.tiny, sessions, duration, a.memory, tuple(a.modes), a.compile, a.device,
-                     warmup_s=2.0 if a.tiny else 4.0, log=lambda s: print(s, flush=True),
-                     policies=tuple(dict.fromkeys(a.memory_policy)))
+                     warmup_s=a.warmup, log=lambda s: print(s, flush=True),
+                     policies=tuple(dict.fromkeys(a.memory_policy)), breakdown=a.breakdown)
     print(f"\n## extract throughput ({'tiny, CPU' if a.tiny else 'Qwen2.5-Omni-3B thinker shapes, random bf16'}, "
           f"memory {a.memory:g} s, policies {', '.join(dict.fromkeys(a.memory_policy))}, longest session "
           f"{duration:g} s, {time.perf_counter() - t0:.0f} s in all)\n")
     print(format_table(rows))
+    if a.breakdown:
+        print("\n## where the batched wall time goes (seconds, share of the run's wall)\n")
+        print(format_breakdown(rows))
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(rows, indent=1, default=str))

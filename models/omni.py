@@ -52,6 +52,12 @@ Deviations from the official processor, chosen for streaming and written down he
   ``n_fft`` samples only. Valid frames and the max-normalization are identical (zeros only add -10 log values;
   tested against ``padding="max_length"``), at a fraction of the cost.
 * video: ``cap_pixels_per_frame=False`` so that a frame's size does not depend on how many frames the payload has.
+* both run on the runner's device (``LogMel``, ``video_inputs``): the log-mel is the feature extractor's own torch
+  path (``_torch_extract_fbank_features``) batched over equal-length waveforms and left on the device; the video
+  processor is called on device tensors. On CPU both are bit-identical to the official calls (tested); on CUDA
+  the log-mel differs from the official (CPU) one by floating-point rounding only (cuFFT / cuBLAS vs the CPU
+  kernels; ``LOG_MEL_ATOL``, test marked ``gpu``), the video patches are identical when no resize is needed (a
+  resize runs torchvision's CUDA bicubic kernel, which may differ from the CPU uint8 kernel by one grey level).
 """
 from __future__ import annotations
 
@@ -81,6 +87,72 @@ DEFAULT_PROMPT = "<|im_start|>system\n<|im_end|>\n<|im_start|>user\n<|vision_bos
 DEFAULT_PROMPT_TOKEN_IDS = (151644, 8948, 198, 151645, 198, 151644, 872, 198, 151652, 151647)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SLIDING_VERIFY_BLOCKS = 3  # sliding cache_replay: rows whose payload block is < 3 M (the reference grows with time)
+# LogMel vs the library's numpy log-mel (CPU) and, on CUDA, vs the official CPU call: max abs, log-mel units
+LOG_MEL_ATOL = 1e-4
+
+
+class LogMel:
+    """Whisper log-mel spectrogram of equal-length waveforms, batched, computed and kept on their device.
+
+    The operations of ``WhisperFeatureExtractor._torch_extract_fbank_features`` (what ``feature_extractor(...)`` runs
+    when torch is installed) in the same order: centered STFT (periodic Hann window, reflect padding), power, the
+    last frame dropped, the extractor's slaney mel filters, ``log10(max(., 1e-10))``, a clamp at each waveform's own
+    maximum minus 8, ``(x + 4) / 4``; dither as the extractor's ``dither``. Unlike the library call it takes and
+    returns device tensors (no numpy round trip, no host copy) and caches the window and filters per device.
+
+    Tolerance: bit-identical to the official ``feature_extractor(...)`` call on CPU (tested at the 128-mel shape,
+    batched and one waveform at a time); max abs difference <= ``LOG_MEL_ATOL`` = 1e-4 (log-mel units; seen
+    <= 1e-5) against the library's numpy implementation (``_np_extract_fbank_features``) and, on CUDA (cuFFT /
+    cuBLAS rounding), against the official CPU call (test marked ``gpu``).
+
+    Args:
+        feature_extractor: the checkpoint's ``WhisperFeatureExtractor`` (``n_fft``, ``hop_length``, ``mel_filters``).
+    """
+
+    def __init__(self, feature_extractor):
+        self.n_fft = int(feature_extractor.n_fft)
+        self.hop_length = int(feature_extractor.hop_length)
+        self.dither = float(getattr(feature_extractor, "dither", 0.0) or 0.0)
+        self._filters_np = feature_extractor.mel_filters  # (n_fft // 2 + 1, n_mels) float
+        self._cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, waves: torch.Tensor) -> torch.Tensor:
+        """Log-mel of (B, S) float32 waveforms -> (B, n_mels, S // hop_length) float32 on ``waves.device``."""
+        if waves.dim() != 2:
+            raise ValueError(f"LogMel takes (B, S) waveforms, got shape {tuple(waves.shape)}")
+        dev = waves.device
+        if dev not in self._cache:
+            self._cache[dev] = (torch.hann_window(self.n_fft, device=dev),
+                                torch.from_numpy(self._filters_np).to(dev, torch.float32))
+        window, filters = self._cache[dev]
+        waves = waves.to(torch.float32)
+        if self.dither != 0.0:
+            waves = waves + self.dither * torch.randn(waves.shape, dtype=waves.dtype, device=dev)
+        stft = torch.stft(waves, self.n_fft, self.hop_length, window=window, return_complex=True)
+        magnitudes = (stft[..., :-1].abs() ** 2).contiguous()
+        log_spec = torch.clamp(filters.T @ magnitudes, min=1e-10).log10()
+        max_val = log_spec.max(dim=2, keepdim=True)[0].max(dim=1, keepdim=True)[0]
+        log_spec = torch.maximum(log_spec, max_val - 8.0)
+        return (log_spec + 4.0) / 4.0
+
+
+def video_inputs(video_processor, clips: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The checkpoint's video processor on (f, 3, H, W) uint8 clips, run where the clips are (one call; clips of
+    equal shape are processed as one stack by the processor itself).
+
+    Returns:
+        ``pixel_values_videos`` (n_patches, C * temporal_patch * patch * patch) float32 on the clips' device and
+        ``video_grid_thw`` (len(clips), 3) long on the CPU.
+    """
+    vid = video_processor(videos=clips, return_tensors="pt", cap_pixels_per_frame=False)
+    return {"pixel_values_videos": vid["pixel_values_videos"], "video_grid_thw": vid["video_grid_thw"].cpu()}
+
+
+def frames_tensor(frames: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """(f, H, W, 3) uint8 frames as a contiguous torch tensor (no copy when already one)."""
+    if torch.is_tensor(frames):
+        return frames.contiguous()
+    return torch.from_numpy(np.ascontiguousarray(frames))
 
 
 @dataclass
@@ -163,6 +235,7 @@ class OmniThinkerRunner(nn.Module):
         self.thinker.requires_grad_(False)
         self.feature_extractor = AutoFeatureExtractor.from_pretrained(self.model_dir)
         self.video_processor = AutoVideoProcessor.from_pretrained(self.model_dir)
+        self.log_mel = LogMel(self.feature_extractor)
         cfg = self.thinker.config
         self.text_config = cfg.get_text_config()
         n_layers = self.text_config.num_hidden_layers
@@ -210,7 +283,8 @@ class OmniThinkerRunner(nn.Module):
     # --------------------------------------------------------------------------------- payload preparation
     def prepare(self, frames: torch.Tensor | np.ndarray, audio: torch.Tensor | np.ndarray, start_ms: int,
                 end_ms: int, count: bool = True) -> dict[str, Any]:
-        """One processor call: log-mel of the payload's audio and pixel patches of its frames.
+        """One processor call: log-mel of the payload's audio and pixel patches of its frames, on the runner's device
+        (``LogMel``, ``video_inputs``).
 
         Args:
             frames: (F, H, W, 3) uint8, right-edged 2 FPS frames of the stream (frame k ends at 0.5 (k + 1) s).
@@ -219,25 +293,24 @@ class OmniThinkerRunner(nn.Module):
             count: add to the production accounting (diagnostic calls pass False).
 
         Returns:
-            dict with ``input_features`` (1, 128, n_mel), ``feature_attention_mask`` (1, n_mel), and, when the
-            interval holds frames, ``pixel_values_videos`` (n_patches, C*2*14*14) and ``video_grid_thw`` (1, 3).
+            dict with ``input_features`` (1, 128, n_mel) float32 (device), ``feature_attention_mask`` (1, n_mel), and,
+            when the interval holds frames, ``pixel_values_videos`` (n_patches, C*2*14*14) float32 (device) and
+            ``video_grid_thw`` (1, 3).
         """
         fe = self.feature_extractor
+        dev = self.device
         a0, a1 = start_ms * AUDIO_SAMPLE_RATE // 1000, end_ms * AUDIO_SAMPLE_RATE // 1000
         audio = np.asarray(audio, dtype=np.float32)
-        chunk = np.zeros(a1 - a0 + fe.n_fft, dtype=np.float32)
+        chunk = np.zeros((1, a1 - a0 + fe.n_fft), dtype=np.float32)
         avail = audio[a0:a1]
-        chunk[: len(avail)] = avail
+        chunk[0, : len(avail)] = avail
         n_mel = (a1 - a0) // fe.hop_length
-        feats = fe(chunk, sampling_rate=AUDIO_SAMPLE_RATE, padding="longest", return_tensors="pt")
-        out: dict[str, Any] = {"input_features": feats["input_features"][:, :, :n_mel],
+        out: dict[str, Any] = {"input_features": self.log_mel(torch.from_numpy(chunk).to(dev))[:, :, :n_mel],
                                "feature_attention_mask": torch.ones(1, n_mel, dtype=torch.long)}
         idx = [k for k in frame_indices(start_ms, end_ms, self.geometry.frame_ms) if k < len(frames)]
         if idx:
-            clip = torch.as_tensor(np.asarray(frames[idx[0]: idx[-1] + 1])).permute(0, 3, 1, 2)  # (f, 3, H, W)
-            vid = self.video_processor(videos=[clip], return_tensors="pt", cap_pixels_per_frame=False)
-            out["pixel_values_videos"] = vid["pixel_values_videos"]
-            out["video_grid_thw"] = vid["video_grid_thw"]
+            clip = frames_tensor(frames[idx[0]: idx[-1] + 1]).to(dev).permute(0, 3, 1, 2)  # (f, 3, H, W)
+            out.update(video_inputs(self.video_processor, [clip]))
         out["num_frames"] = len(idx)
         if count:
             self.processor_calls += 1

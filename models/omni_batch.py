@@ -19,7 +19,14 @@ Batching (one lockstep group = streams of one mode, one schedule, one frame size
   variable-length attention (``cu_seqlens``), which the library runs as one small SDPA call per window / per audio
   chunk, is run as one batched SDPA call per group of equal-length chunks (``_batched_chunk_attention``; identical
   math, far fewer launches);
-* one batched LLM prefill per row: every stream's payload has the same token count and the same TMRoPE positions.
+* one batched LLM prefill per row: every stream's payload has the same token count and the same TMRoPE positions;
+* payloads are prepared on the device, with the processors' own operations (``models.omni.LogMel``, ``video_inputs``):
+  each native block's audio and frames go to the device once, then per row one log-mel call over all streams'
+  audio and one video-processor call over all new temporal patches. The one-session path prepares the same way, so
+  both agree bit for bit on CPU; against the official processors see ``models/omni.py`` (tolerances);
+* the row loop issues work without waiting for the device: tower index tensors are computed once per shape, payload
+  positions come from cached device layouts and states are copied to the host every ``_FLUSH_ROWS`` rows.
+  ``profile=True`` times the parts (``BREAKDOWN_PARTS``) with a device synchronization around each.
 Streams whose frames do not cover their rows (a decode came up short) or whose frame size differs form their own
 groups (a group of one runs the same code at batch 1).
 
@@ -67,18 +74,22 @@ from __future__ import annotations
 import resource
 import time
 import types
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache
+from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (get_audio_cu_seqlens, get_pool_indices,
+                                                                    get_valid_indices)
+from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
 
 from algorithms.streaming import (MICRO_CHUNK_200MS, MODES, OPEN_STREAM_REPLAY, SLIDING, accounting,
                                   check_memory_policy, check_micro_chunk_tiling, memory_blocks, schedule)
 from models.omni import (AUDIO_SAMPLE_RATE, SLIDING_VERIFY_BLOCKS, OmniThinkerRunner, Payload, StreamResult,
-                         frame_indices, verify_candidates)
+                         frame_indices, frames_tensor, verify_candidates, video_inputs)
 
 COMPUTED_FIELDS = {
     "computed_processor_calls": "feature-extractor calls + video-processor calls actually run for the stream "
@@ -90,6 +101,17 @@ COMPUTED_FIELDS = {
     "computed_llm_tokens": "tokens prefilled through the LLM (payloads + window re-prefills under the window "
                            "policy, payloads only under sliding; prompt excluded)",
 }
+BREAKDOWN_PARTS = {  # BatchedOmniRunner(profile=True).breakdown: wall seconds of one run_streams call per part
+    "prep_audio": "the block's audio to the device + log-mel (LogMel) of every stream's payload audio",
+    "prep_video": "the block's frames to the device + the video processor on every new temporal patch",
+    "vision_tower": "vision tower (get_video_features) on the new temporal patches",
+    "audio_tower": "audio tower on every stream's payload log-mel",
+    "llm": "the batched LLM prefill of the row's payloads (state read-out included)",
+    "llm_reprefill": "window policy: re-prefill of the kept blocks when the memory window slides",
+    "cache": "KV cache edits: eviction (sliding), cut back (window, temporary tails), finished streams dropped",
+    "other": "the rest of the wall time: Python bookkeeping, payload assembly, positions, state copies to the host",
+}
+_FLUSH_ROWS = 50  # states stay on the device for up to this many rows, then go to the host in one copy
 
 
 @dataclass
@@ -137,16 +159,17 @@ def _chunk_attention(module, q, k, v, cu_seqlens) -> torch.Tensor:
     fn = ALL_ATTENTION_FUNCTIONS.get_interface(module.config._attn_implementation, eager_attention_forward)
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
     _, h, s, d = q.shape
+    if all(n == lengths[0] for n in lengths):  # all chunks equal (the usual case): views, one call, no Python loop
+        qb, kb, vb = (t[0].view(h, len(lengths), lengths[0], d).transpose(0, 1) for t in (q, k, v))
+        o = fn(module, qb, kb, vb, attention_mask=None, scaling=module.scaling, dropout=0.0, is_causal=False)[0]
+        return o.reshape(s, -1)  # o: (n_chunks, L, H, d), chunks in sequence order
     qs, ks, vs = (t[0].split(lengths, dim=1) for t in (q, k, v))  # each (H, L_i, d)
     outs: list[torch.Tensor | None] = [None] * len(lengths)
     by_len: dict[int, list[int]] = {}
     for i, n in enumerate(lengths):
         by_len.setdefault(n, []).append(i)
     for n, ids in by_len.items():
-        if len(lengths) == len(ids):  # all chunks equal: a view, no copy
-            qb, kb, vb = (t[0].view(h, len(ids), n, d).transpose(0, 1) for t in (q, k, v))
-        else:
-            qb, kb, vb = (torch.stack([parts[i] for i in ids]) for parts in (qs, ks, vs))
+        qb, kb, vb = (torch.stack([parts[i] for i in ids]) for parts in (qs, ks, vs))
         o = fn(module, qb, kb, vb, attention_mask=None, scaling=module.scaling, dropout=0.0, is_causal=False)[0]
         for j, i in enumerate(ids):  # o: (n_chunks, L, H, d)
             outs[i] = o[j]
@@ -217,12 +240,44 @@ class _Stream:
     warned: bool = False
     snapshots: dict = field(default_factory=dict)
     patches: dict = field(default_factory=dict)  # first frame index -> (n_tok, D) output of a completed patch
-    held: torch.Tensor | None = None
+    block_frames: torch.Tensor | None = None  # the current native block's frames on the device, (f, H, W, 3) uint8
+    last_update: int = -1  # row of the last state update (rows without a payload hold it)
+    hold_rows: list = field(default_factory=list)  # (row, source row) pairs, filled once the states are on the host
     computed: dict = field(default_factory=lambda: dict.fromkeys(COMPUTED_FIELDS, 0.0))
+
+
+class _Part:
+    """Times one part of the row loop into ``breakdown[name]``, synchronizing the device around it."""
+
+    def __init__(self, owner: "BatchedOmniRunner", name: str):
+        self.owner, self.name = owner, name
+
+    def __enter__(self):
+        self.owner._sync()
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.owner._sync()
+        self.owner.breakdown[self.name] += time.perf_counter() - self.t0
+
+
+_NO_PART = nullcontext()
+
+
+def _is_flash(config) -> bool:
+    return "flash" in str(getattr(config, "_attn_implementation", ""))
 
 
 class BatchedOmniRunner:
     """Runs several streams in lockstep on one ``OmniThinkerRunner`` (module docstring).
+
+    Per row, the host only issues work: each native block's media goes to the device once (audio and frames of every
+    stream of the group, pinned and asynchronous on CUDA); the log-mel of all streams' payload audio is one
+    ``LogMel`` call and the video processor one call over all new temporal patches, both on the device; the towers'
+    index tensors (chunk lengths, pooling / window indices, rotary positions) are computed once per shape and kept on
+    the device; payload positions are built on the device from cached layouts; states are read out on the device and
+    copied to the host every ``_FLUSH_ROWS`` rows. So the row loop's own code waits for the device only at those
+    copies and when a stream drops out (the library's tower / LLM forwards are used as they are).
 
     Args:
         runner: the one-session runner (its thinker, processors, layer, prompt and geometry are used as they are).
@@ -232,11 +287,13 @@ class BatchedOmniRunner:
         batched_attention: run the towers' chunked attention as batched SDPA calls.
         compile_small_calls: ``torch.compile`` the audio tower and the language model (off by default).
         compile_backend: ``torch.compile`` backend (default inductor; tests use ``"eager"``).
+        profile: fill ``breakdown`` (``BREAKDOWN_PARTS`` -> wall seconds of the last ``run_streams`` call), with a
+            device synchronization around every part (off by default: the parts then overlap).
     """
 
     def __init__(self, runner: OmniThinkerRunner, sessions_per_batch: int = 8, reuse: bool = True,
                  batched_attention: bool = True, compile_small_calls: bool = False,
-                 compile_backend: str | None = None):
+                 compile_backend: str | None = None, profile: bool = False):
         if sessions_per_batch < 1:
             raise ValueError(f"sessions_per_batch={sessions_per_batch} must be >= 1")
         self.runner = runner
@@ -244,8 +301,14 @@ class BatchedOmniRunner:
         self.reuse = reuse
         self.batched_attention = batched_attention
         self.compile_small_calls = compile_small_calls
+        self.profile = profile
+        self.breakdown: dict[str, float] = {}
         self._prompt = None
         self._grid = None
+        self._audio_kw: dict[tuple, dict | None] = {}
+        self._vision_kw: dict[tuple, dict] = {}
+        self._layouts: dict[tuple, tuple] = {}
+        self._cached_on: torch.device | None = None
         model = runner.thinker.model
         self._audio_tower = model.audio_tower
         self._lm = model.language_model
@@ -271,6 +334,7 @@ class BatchedOmniRunner:
         if mode == MICRO_CHUNK_200MS:
             check_micro_chunk_tiling(g)
         memory_blocks(memory_s, g)
+        self.breakdown = dict.fromkeys(BREAKDOWN_PARTS, 0.0) if self.profile else {}
         items = []
         for i, st in enumerate(streams):
             frames = np.asarray(st["frames"])
@@ -301,6 +365,13 @@ class BatchedOmniRunner:
         return [results[i] for i in range(len(items))]
 
     # --------------------------------------------------------------------------------------------- parts
+    def _sync(self) -> None:
+        if self.runner.device.type == "cuda":
+            torch.cuda.synchronize(self.runner.device)
+
+    def _part(self, name: str):
+        return _Part(self, name) if self.profile else _NO_PART
+
     def _prompt_cache(self, batch: int) -> tuple[DynamicCache, int]:
         if self._prompt is None:
             self._prompt = self.runner._new_cache()
@@ -318,29 +389,109 @@ class BatchedOmniRunner:
                        output_hidden_states=True)
         return out.hidden_states[self.runner.layer]
 
-    def _audio(self, group: list[_Stream], a: int, z: int) -> torch.Tensor:
-        """(B, n_a, D) audio-tower output of every stream's ``(a, z]`` audio, one tower call."""
+    def _load_block(self, group: list[_Stream], block: int) -> torch.Tensor:
+        """Native block ``block``'s media of every stream to the device, once per block: returns its audio
+        (B, block samples) float32 (zeros past a stream's end) and sets each stream's ``block_frames``."""
         r = self.runner
-        empty = np.zeros((0, 1, 1, 3), np.uint8)
-        feats = [r.prepare(empty, s.audio, a, z, count=False)["input_features"] for s in group]
+        g = r.geometry
+        dev = r.device
+        pin = dev.type == "cuda"
+        n = g.native_block_ms * AUDIO_SAMPLE_RATE // 1000
+        with self._part("prep_audio"):
+            host = torch.zeros(len(group), n, dtype=torch.float32, pin_memory=pin)
+            for j, s in enumerate(group):
+                seg = s.audio[block * n: (block + 1) * n]
+                host[j, : len(seg)] = torch.from_numpy(seg)
+            audio = host.to(dev, non_blocking=True)
+        with self._part("prep_video"):
+            per_block = int(round(g.native_block_ms / g.frame_ms))
+            for s in group:
+                f = frames_tensor(s.frames[block * per_block: (block + 1) * per_block])
+                s.block_frames = f.pin_memory().to(dev, non_blocking=True) if pin else f.to(dev)
+        return audio
+
+    def _audio_kwargs(self, b: int, n_mel: int) -> dict | None:
+        """The audio tower's index tensors for B streams of ``n_mel`` mel frames each (one attention chunk per
+        stream), computed once on the host by the library's own helpers; None when a stream spans several chunks."""
+        key = (b, n_mel)
+        if key not in self._audio_kw:
+            tower = self.runner.thinker.model.audio_tower
+            kw = None
+            if n_mel <= 2 * tower.n_window:
+                dev = self.runner.device
+                lens = torch.full((b,), n_mel, dtype=torch.long)  # one chunk per stream: chunk lengths = lens
+                cu = get_audio_cu_seqlens(lens)
+                kw = {"chunk_lengths": lens.to(dev), "valid_indices": get_valid_indices(lens).to(dev),
+                      "pool_indices": get_pool_indices(lens).to(dev)}
+                if _is_flash(tower.config):
+                    kw.update(cu_seqlens=cu.to(dev), max_seqlen=int((cu[1:] - cu[:-1]).max()))
+                else:  # SDPA / eager chunk loops only read the lengths: keep them on the host (no device sync)
+                    kw["cu_seqlens"] = cu
+            self._audio_kw[key] = kw
+        return self._audio_kw[key]
+
+    def _vision_kwargs(self, thw: torch.Tensor) -> dict:
+        """Precomputed vision-tower inputs for the (n, 3) host grid ``thw`` (``video_`` prefixed, as
+        ``get_video_features`` takes them): rotary positions and window order on the device, attention boundaries on
+        the host unless the tower runs flash attention. Computed once per grid by the library's own helpers."""
+        key = tuple(thw.flatten().tolist())
+        if key not in self._vision_kw:
+            if len(self._vision_kw) > 64:
+                self._vision_kw.clear()
+            v = self.runner.thinker.model.visual
+            dev = self.runner.device
+            cu = get_vision_cu_seqlens(thw)
+            win, cu_win = get_vision_window_index(thw, spatial_merge_size=v.spatial_merge_size,
+                                                  window_size=v.window_size, patch_size=v.patch_size)
+            kw = {"video_position_ids": get_vision_position_ids(thw, v.spatial_merge_size).to(dev),
+                  "video_window_index": win.to(dev)}
+            if _is_flash(v.config):
+                kw.update(video_cu_seqlens=cu.to(dev), video_cu_window_seqlens=cu_win.to(dev),
+                          video_max_seqlen=int((cu[1:] - cu[:-1]).max()),
+                          video_max_window_seqlen=int((cu_win[1:] - cu_win[:-1]).max()))
+            else:
+                kw.update(video_cu_seqlens=cu, video_cu_window_seqlens=cu_win)
+            self._vision_kw[key] = kw
+        return self._vision_kw[key]
+
+    def _audio(self, group: list[_Stream], block_audio: torch.Tensor, a: int, z: int) -> torch.Tensor:
+        """(B, n_a, D) audio-tower output of every stream's ``(a, z]`` audio: one log-mel call, one tower call."""
+        r = self.runner
+        g = r.geometry
+        mel = r.log_mel
+        block_start = (z - 1) // g.native_block_ms * g.native_block_ms
+        off = (a - block_start) * AUDIO_SAMPLE_RATE // 1000
+        n = (z - a) * AUDIO_SAMPLE_RATE // 1000
+        n_mel = n // mel.hop_length
+        with self._part("prep_audio"):  # zero-padded by n_fft samples, as OmniThinkerRunner.prepare
+            x = mel(F.pad(block_audio[:, off: off + n], (0, mel.n_fft)))[:, :, :n_mel].to(r.dtype)  # (B, 128, n_mel)
         for s in group:
             s.computed["computed_processor_calls"] += 1
             s.computed["computed_audio_seconds"] += (z - a) / 1000.0
-        x = torch.cat(feats).to(r.device, r.dtype)  # (B, 128, n_mel)
-        b, _, n_mel = x.shape
-        flat = x.permute(1, 0, 2).reshape(x.shape[1], b * n_mel)  # the library's masked flatten, all valid
-        lens = torch.full((b,), n_mel, dtype=torch.long, device=r.device)
-        after, out_lens = r.thinker.model.audio_tower._get_feat_extract_output_lengths(lens)
-        h = self._audio_tower(flat, feature_lens=lens, aftercnn_lens=after).last_hidden_state
-        n_a = int(out_lens[0])
-        expect = (z - a) * r.geometry.audio_tokens_per_s // 1000
+        b = x.shape[0]
+        _, out_len = r.thinker.model.audio_tower._get_feat_extract_output_lengths(torch.tensor(n_mel))
+        n_a = int(out_len)
+        expect = (z - a) * g.audio_tokens_per_s // 1000
         if n_a != expect:
             raise RuntimeError(f"audio tower gave {n_a} tokens for {z - a} ms, expected {expect}")
+        with self._part("audio_tower"):
+            kw = self._audio_kwargs(b, n_mel)
+            lens = torch.full((b,), n_mel, dtype=torch.long)
+            if kw is not None:  # the library's padded chunk layout (as its pad_sequence + transpose leaves it)
+                padded = x.transpose(1, 2).contiguous().transpose(1, 2)
+                h = self._audio_tower(padded, feature_lens=lens, padded_feature=padded, **kw).last_hidden_state
+            else:  # several chunks per stream: the library chunks the flattened features itself
+                flat = x.permute(1, 0, 2).reshape(x.shape[1], b * n_mel)  # the library's masked flatten, all valid
+                lens = lens.to(r.device)
+                after, _ = r.thinker.model.audio_tower._get_feat_extract_output_lengths(lens)
+                h = self._audio_tower(flat, feature_lens=lens, aftercnn_lens=after).last_hidden_state
         return h.view(b, n_a, -1)
 
-    def _video(self, group: list[_Stream], idx: list[int], reuse: bool) -> tuple[list[torch.Tensor], int, int, int]:
-        """Vision-tower outputs of the payload's temporal patches for every stream: ``([ (n_v, D) per stream ],
-        patches, merged rows, merged cols)``; completed patches come from the stream's store when ``reuse``."""
+    def _video(self, group: list[_Stream], idx: list[int], reuse: bool,
+               first_frame: int) -> tuple[torch.Tensor, int, int, int]:
+        """Vision-tower outputs of the payload's temporal patches for every stream: ``((B, n_v, D), patches, merged
+        rows, merged cols)``; completed patches come from the stream's store when ``reuse``. ``first_frame``: index
+        of the first frame in the streams' ``block_frames``."""
         r = self.runner
         tps = r.geometry.temporal_patch_size
         patches = [idx[p: p + tps] for p in range(0, len(idx), tps)]
@@ -351,11 +502,16 @@ class BatchedOmniRunner:
                     todo.append((s, pf))
         fresh: dict[tuple[int, int], torch.Tensor] = {}
         if todo:
-            clips = [torch.as_tensor(np.asarray(s.frames[pf[0]: pf[-1] + 1])).permute(0, 3, 1, 2) for s, pf in todo]
-            vid = r.video_processor(videos=clips, return_tensors="pt", cap_pixels_per_frame=False)
-            thw = vid["video_grid_thw"]
-            out = r.thinker.model.get_video_features(vid["pixel_values_videos"].to(r.device, r.dtype),
-                                                     thw.to(r.device)).pooler_output
+            with self._part("prep_video"):
+                clips = [s.block_frames[pf[0] - first_frame: pf[-1] + 1 - first_frame].permute(0, 3, 1, 2)
+                         for s, pf in todo]
+                if any(len(c) != len(pf) for c, (_, pf) in zip(clips, todo)):
+                    raise RuntimeError(f"frames {idx} missing from a stream's block")
+                vid = video_inputs(r.video_processor, clips)
+                thw = vid["video_grid_thw"]
+                pixels = vid["pixel_values_videos"].to(r.dtype)
+            with self._part("vision_tower"):
+                out = r.thinker.model.get_video_features(pixels, thw, **self._vision_kwargs(thw)).pooler_output
             for s in {s.index: s for s, _ in todo}.values():
                 s.computed["computed_processor_calls"] += 1  # one video-processor call per stream and row
             for (s, pf), v in zip(todo, out):
@@ -366,13 +522,13 @@ class BatchedOmniRunner:
                     s.patches[pf[0]] = v
             self._grid = (int(thw[0, 1]), int(thw[0, 2]))
         gh, gw = self._grid  # every patch reused: the grid of the frames seen before (same size in a group)
-        per_stream = [torch.cat([fresh.get((s.index, pf[0]), s.patches.get(pf[0])) for pf in patches])
-                      for s in group]
+        parts = [[fresh.get((s.index, pf[0]), s.patches.get(pf[0])) for pf in patches] for s in group]
+        video = torch.stack([p[0] if len(p) == 1 else torch.cat(p) for p in parts])
         m = r.thinker.model.visual.spatial_merge_size
-        return per_stream, len(patches), gh // m, gw // m
+        return video, len(patches), gh // m, gw // m
 
     def _payload_layout(self, start_ms: int, end_ms: int, n_patch: int, hh: int, ww: int, n_audio: int):
-        """(rel_pos, block_shift) of a payload, exactly as ``OmniThinkerRunner.embed`` lays it out."""
+        """(block, rel_pos, block_shift) of a payload, exactly as ``OmniThinkerRunner.embed`` lays it out."""
         g = self.runner.geometry
         block = (end_ms - 1) // g.native_block_ms
         off = int(round((start_ms - block * g.native_block_ms) * g.positions_per_s / 1000))
@@ -390,6 +546,33 @@ class BatchedOmniRunner:
         shift.append(torch.ones(3, n_audio, dtype=torch.long))
         return block, torch.cat(pos, 1), torch.cat(shift, 1)
 
+    def _layout(self, start_ms: int, end_ms: int, n_patch: int, hh: int, ww: int, n_audio: int):
+        """``_payload_layout`` cached by the payload's place in its block and shape: (block, rel_pos, block_shift)
+        on the host and (rel_pos, block_shift) on the device."""
+        g = self.runner.geometry
+        block = (end_ms - 1) // g.native_block_ms
+        base = block * g.native_block_ms
+        key = (start_ms - base, end_ms - base, n_patch, hh, ww, n_audio)
+        if key not in self._layouts:
+            _, rel, shift = self._payload_layout(start_ms - base, end_ms - base, n_patch, hh, ww, n_audio)
+            dev = self.runner.device
+            self._layouts[key] = (rel, shift, rel.to(dev), shift.to(dev))
+        rel, shift, rel_d, shift_d = self._layouts[key]
+        return block, rel, shift, rel_d, shift_d
+
+    @staticmethod
+    def _flush(pending: list) -> None:
+        """Copy the states read out on the device (``(row, streams, (B, D))`` entries) to the host in one copy."""
+        if not pending:
+            return
+        host = torch.cat([h for _, _, h in pending]).cpu()
+        i = 0
+        for row, streams, _ in pending:
+            for s in streams:
+                s.states[row] = host[i]
+                i += 1
+        pending.clear()
+
     def _run_group(self, group: list[_Stream], mode: str, memory_s: float, verify_rows: int,
                    tol: float, memory_policy: str = "window") -> dict[int, BatchedStreamResult]:
         r = self.runner
@@ -404,6 +587,11 @@ class BatchedOmniRunner:
                   for s in group}
         for s in group:
             s.warned = not sliding
+        if self._cached_on != dev:  # index tensors and layouts cached on another device
+            self._audio_kw, self._vision_kw, self._layouts, self._cached_on = {}, {}, {}, dev
+        media_origin = r.media_origin()
+        ppb = int(round(g.positions_per_block))
+        per_block = int(round(g.native_block_ms / g.frame_ms))
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
             torch.cuda.reset_peak_memory_stats(dev)
@@ -413,34 +601,41 @@ class BatchedOmniRunner:
             active = list(group)
             cache, prompt_len = self._prompt_cache(len(active))
             origin = 0
+            loaded, block_audio = -1, None
+            pending: list = []  # states read out on the device, not yet copied to the host
             for st in steps:
                 keep = [j for j, s in enumerate(active) if st.row < s.n_rows]
                 if len(keep) < len(active):  # finished streams drop out of the batch
-                    cache.batch_select_indices(torch.tensor(keep, device=dev))
+                    sel = torch.tensor(keep, device=dev)
+                    with self._part("cache"):
+                        cache.batch_select_indices(sel)
+                    if block_audio is not None:
+                        block_audio = block_audio.index_select(0, sel)
                     active = [active[j] for j in keep]
                 if st.prepare_ms is None:
                     for s in active:
-                        if s.held is not None:
-                            s.states[st.row] = s.held
+                        if s.last_update >= 0:
+                            s.hold_rows.append((st.row, s.last_update))
                     continue
                 a, z = st.prepare_ms
                 block = (z - 1) // g.native_block_ms
+                if block != loaded:
+                    block_audio, loaded = self._load_block(active, block), block
                 if reuse:  # completed patches of earlier blocks are never needed again
-                    lo = block * g.native_block_ms // int(round(g.frame_ms))
+                    lo = block * per_block
                     for s in active:
                         s.patches = {k: v for k, v in s.patches.items() if k >= lo}
                 idx = list(frame_indices(a, z, g.frame_ms))
                 idx = [k for k in idx if k < len(active[0].frames)]
-                video, n_patch, hh, ww = self._video(active, idx, reuse) if idx else ([None] * len(active), 0, 0, 0)
-                audio = self._audio(active, a, z)
-                blk, rel_pos, shift = self._payload_layout(a, z, n_patch, hh, ww, audio.shape[1])
-                payloads = []
-                for j, s in enumerate(active):
-                    parts = ([video[j]] if n_patch else []) + [audio[j]]
-                    payloads.append(Payload(start_ms=a, end_ms=z, block=blk, embeds=torch.cat(parts).to(r.dtype),
-                                            rel_pos=rel_pos, block_shift=shift,
-                                            num_video_tokens=int(video[j].shape[0]) if n_patch else 0,
-                                            num_audio_tokens=int(audio.shape[1]), num_frames=len(idx)))
+                video, n_patch, hh, ww = (self._video(active, idx, reuse, block * per_block) if idx
+                                          else (None, 0, 0, 0))
+                audio = self._audio(active, block_audio, a, z)
+                blk, rel_pos, shift, rel_d, shift_d = self._layout(a, z, n_patch, hh, ww, audio.shape[1])
+                emb = (torch.cat([video, audio], 1) if n_patch else audio).to(r.dtype)  # (B, N, D)
+                payloads = [Payload(start_ms=a, end_ms=z, block=blk, embeds=emb[j], rel_pos=rel_pos,
+                                    block_shift=shift, num_video_tokens=int(video.shape[1]) if n_patch else 0,
+                                    num_audio_tokens=int(audio.shape[1]), num_frames=len(idx))
+                            for j in range(len(active))]
                 first = max(0, st.block - (m_blocks - 1))
                 if first != origin:  # window slid (same row, same token counts in every stream of the group)
                     n_gone = sum(p.embeds.shape[0] for p in active[0].committed if p.block < first)
@@ -448,26 +643,33 @@ class BatchedOmniRunner:
                         s.committed = [p for p in s.committed if p.block >= first]
                     origin = first
                     if sliding:  # evict the older blocks' rows right after the prompt; no re-prefill
-                        OmniThinkerRunner._evict_rows(cache, prompt_len, n_gone)
+                        with self._part("cache"):
+                            OmniThinkerRunner._evict_rows(cache, prompt_len, n_gone)
                     else:  # evict, re-prefill the kept blocks at re-based positions (one batched call)
-                        OmniThinkerRunner._truncate(cache, prompt_len)
+                        with self._part("cache"):
+                            OmniThinkerRunner._truncate(cache, prompt_len)
                         kept = active[0].committed
                         if kept:
-                            emb = torch.stack([torch.cat([p.embeds for p in s.committed]) for s in active])
-                            self._forward(emb, torch.cat([r.payload_positions(p, origin) for p in kept], 1), cache)
+                            with self._part("llm_reprefill"):
+                                kept_emb = torch.stack([torch.cat([p.embeds for p in s.committed]) for s in active])
+                                self._forward(kept_emb, torch.cat([r.payload_positions(p, origin) for p in kept], 1),
+                                              cache)
                             for s in active:
-                                s.computed["computed_llm_tokens"] += emb.shape[1]
+                                s.computed["computed_llm_tokens"] += kept_emb.shape[1]
                 length = cache.get_seq_length()
-                emb = torch.stack([p.embeds for p in payloads])
-                pos = r.payload_positions(payloads[0], 0 if sliding else origin)
-                for s in active:
-                    if not s.warned:
-                        s.warned = r._position_warning(pos, s.n_rows)
-                h = self._forward(emb, pos, cache)[:, -1].float().cpu()
+                shift_blocks = blk - (0 if sliding else origin)
+                pos = rel_d + shift_d * (ppb * shift_blocks) + media_origin  # = r.payload_positions(payload, .)
+                if not all(s.warned for s in active):
+                    host_pos = media_origin + rel_pos + shift * (ppb * shift_blocks)
+                    for s in active:
+                        if not s.warned:
+                            s.warned = r._position_warning(host_pos, s.n_rows)
+                with self._part("llm"):
+                    h = self._forward(emb, pos, cache)[:, -1].to(torch.float32, copy=True)  # (B, D)
+                pending.append((st.row, list(active), h))
                 for j, s in enumerate(active):
                     s.computed["computed_llm_tokens"] += emb.shape[1]
-                    s.held = h[j].clone()
-                    s.states[st.row] = s.held
+                    s.last_update = st.row
                     if st.row in checks[s.index]:
                         s.snapshots[st.row] = ((s.history + [payloads[j]], 0) if sliding
                                                else (s.committed + [payloads[j]], origin))
@@ -476,9 +678,18 @@ class BatchedOmniRunner:
                         if sliding and blk < SLIDING_VERIFY_BLOCKS * m_blocks and checks[s.index]:
                             s.history.append(payloads[j])
                 if not st.commit:
-                    OmniThinkerRunner._truncate(cache, length)
-            del cache
+                    with self._part("cache"):
+                        OmniThinkerRunner._truncate(cache, length)
+                if len(pending) >= _FLUSH_ROWS:
+                    self._flush(pending)
+            self._flush(pending)
+            del cache, block_audio
+        for s in group:
+            for row, src in s.hold_rows:
+                s.states[row] = s.states[src]
         wall = time.perf_counter() - t0
+        if self.profile:
+            self.breakdown["other"] += wall - sum(v for k, v in self.breakdown.items() if k != "other")
         peak = (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda"
                 else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
         out = {}
@@ -494,7 +705,7 @@ class BatchedOmniRunner:
                                       batch_size=len(group), batch_wall_time_s=wall)
             res.verification = r._verify(s.states, s.snapshots, own, s.frames, s.audio, mode, m_blocks,
                                          verify_rows, tol, memory_policy)
-            s.snapshots, s.committed, s.patches, s.history = {}, [], {}, []
+            s.snapshots, s.committed, s.patches, s.history, s.block_frames = {}, [], {}, [], None
             out[s.index] = res
         return out
 

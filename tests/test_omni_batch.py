@@ -16,8 +16,8 @@ import torch
 from algorithms.streaming import (COMPLETED_BLOCK_HOLD, MEMORY_POLICIES, MICRO_CHUNK_200MS, MODES, OPEN_STREAM_REPLAY,
                                   SLIDING, WINDOW, accounting, masks)
 from lightning_modules.omni_extractor import OmniFeatureExtractor, extract_session, extract_sessions
-from models.omni import OmniThinkerRunner
-from models.omni_batch import COMPUTED_FIELDS, BatchedOmniRunner, single_session_computed
+from models.omni import LOG_MEL_ATOL, OmniThinkerRunner, video_inputs
+from models.omni_batch import BREAKDOWN_PARTS, COMPUTED_FIELDS, BatchedOmniRunner, single_session_computed
 from models.tiny_omni import build_tiny_omni
 
 TABLE_4S = {OPEN_STREAM_REPLAY: (20, 22.0, list(range(20)), [9, 19]),
@@ -170,6 +170,115 @@ def test_compile_flag_path(runner):
     assert not BatchedOmniRunner(runner).compile_small_calls  # off by default
 
 
+def test_profile_breakdown_covers_the_wall_and_changes_nothing(runner):
+    streams = [dict(zip(("frames", "audio"), media(6.0, s))) for s in (0, 1)]
+    plain = BatchedOmniRunner(runner, 2)
+    ref = plain.run_streams(streams, OPEN_STREAM_REPLAY, memory_s=4.0, verify_rows=0)
+    assert plain.breakdown == {}  # off by default
+    prof = BatchedOmniRunner(runner, 2, profile=True)
+    got = prof.run_streams(streams, OPEN_STREAM_REPLAY, memory_s=4.0, verify_rows=0)
+    assert all(torch.equal(a.states, b.states) for a, b in zip(ref, got))
+    b = prof.breakdown
+    assert list(b) == list(BREAKDOWN_PARTS) and all(v >= 0 for v in b.values())
+    assert sum(b.values()) == pytest.approx(got[0].batch_wall_time_s, rel=1e-6)
+    assert b["llm_reprefill"] > 0 and b["prep_audio"] > 0 and b["vision_tower"] > 0  # window slides at 4 s
+
+
+def _official_log_mel(fe, waves):
+    return torch.cat([fe(w, sampling_rate=16000, padding="longest", return_tensors="pt")["input_features"]
+                      for w in waves])
+
+
+def test_log_mel_equals_official_feature_extractor(runner):
+    """``LogMel`` (one batched call over equal-length waveforms, the path both runners use) is bit-identical on CPU
+    to the official ``WhisperFeatureExtractor`` call per waveform, at the real 128-mel shape; within ``LOG_MEL_ATOL``
+    of the library's numpy implementation."""
+    fe = runner.feature_extractor
+    assert (fe.feature_size, fe.sampling_rate, fe.hop_length, fe.n_fft) == (128, 16000, 160, 400)  # official
+    rng = np.random.default_rng(5)
+    for seconds in (0.2, 1.2, 2.0):  # micro step, a replay tail, a native block
+        n = int(seconds * 16000)
+        waves = (0.1 * rng.standard_normal((8, n + fe.n_fft))).astype(np.float32)
+        waves[3] *= 1e-3  # each waveform is clamped at its own maximum
+        waves[5, n:] = 0.0  # the zero padding the runners add
+        mine = runner.log_mel(torch.from_numpy(waves))
+        ref = _official_log_mel(fe, waves)
+        assert mine.shape == ref.shape == (8, 128, (n + fe.n_fft) // fe.hop_length)
+        assert torch.equal(mine, ref)
+        assert torch.equal(runner.log_mel(torch.from_numpy(waves[2:3])), ref[2:3])
+        assert float((mine - torch.from_numpy(fe._np_extract_fbank_features(waves, "cpu"))).abs().max()) \
+            <= LOG_MEL_ATOL
+
+
+def _bench_video_processor(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    from transformers import AutoVideoProcessor
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "extract_throughput.py"
+    spec = importlib.util.spec_from_file_location("extract_throughput", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    h, w = bench.FRAME_HW
+    return AutoVideoProcessor.from_pretrained(bench.write_processors(tmp_path / "procs", h * w)), (h, w)
+
+
+@pytest.mark.parametrize("shape", ["tiny", "resized", "real"])
+def test_video_inputs_one_call_equals_official_per_clip(runner, tmp_path, shape):
+    """All clips of a row in one ``video_inputs`` call (full and one-frame patches mixed) == the official processor
+    on each clip alone (numpy frames, as the runners used to call it): bit-identical. ``resized``: 70x112 frames are
+    resized to 56x112; ``real``: 560x1008 frames with the bench's processor (720 merged tokens per patch)."""
+    vp, hw = runner.video_processor, {"tiny": (56, 84), "resized": (70, 112)}.get(shape)
+    if shape == "real":
+        vp, hw = _bench_video_processor(tmp_path)
+    frames = np.random.default_rng(6).integers(0, 256, (5, *hw, 3), dtype=np.uint8)
+    spans = [(0, 2), (2, 3), (3, 5)]
+    got = video_inputs(vp, [torch.from_numpy(frames[a:z]).permute(0, 3, 1, 2) for a, z in spans])
+    ref = [vp(videos=[torch.as_tensor(np.asarray(frames[a:z])).permute(0, 3, 1, 2)], return_tensors="pt",
+              cap_pixels_per_frame=False) for a, z in spans]
+    assert torch.equal(got["pixel_values_videos"], torch.cat([r["pixel_values_videos"] for r in ref]))
+    assert torch.equal(got["video_grid_thw"], torch.cat([r["video_grid_thw"] for r in ref]))
+    if shape == "real":
+        assert got["video_grid_thw"].tolist() == [[1, 40, 72]] * 3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_device_preprocessing_on_cuda(runner, tmp_path):
+    """On CUDA: ``LogMel`` within ``LOG_MEL_ATOL`` of the official CPU call; ``video_inputs`` on device frames
+    equal to the CPU call at the real frame size (no resize) and within one grey level where a resize runs."""
+    fe = runner.feature_extractor
+    rng = np.random.default_rng(7)
+    for seconds in (0.2, 2.0):
+        waves = (0.1 * rng.standard_normal((8, int(seconds * 16000) + fe.n_fft))).astype(np.float32)
+        got = runner.log_mel(torch.from_numpy(waves).cuda())
+        assert got.is_cuda
+        assert float((got.cpu() - _official_log_mel(fe, waves)).abs().max()) <= LOG_MEL_ATOL
+    vp, hw = _bench_video_processor(tmp_path)
+    for proc, size, tol in ((vp, hw, 0.0), (runner.video_processor, (70, 112), 1.0 / (255 * 0.26) + 1e-5)):
+        frames = torch.from_numpy(rng.integers(0, 256, (4, *size, 3), dtype=np.uint8)).permute(0, 3, 1, 2)
+        cpu = video_inputs(proc, [frames[:2], frames[2:3]])
+        dev = video_inputs(proc, [frames[:2].cuda(), frames[2:3].cuda()])
+        assert dev["pixel_values_videos"].is_cuda and torch.equal(dev["video_grid_thw"], cpu["video_grid_thw"])
+        assert float((dev["pixel_values_videos"].cpu() - cpu["pixel_values_videos"]).abs().max()) <= tol
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_batched_close_to_single_session_on_cuda(model_dir):
+    cuda = OmniThinkerRunner(model_dir, layer=-1).to("cuda")
+    streams = _streams()[:3]
+    for mode in MODES:
+        batched = BatchedOmniRunner(cuda, 8).run_streams(streams, mode, memory_s=4.0, verify_rows=2,
+                                                         memory_policy=SLIDING)
+        for st, b in zip(streams, batched):
+            ref = cuda.run_stream(st["frames"], st["audio"], mode, memory_s=4.0, verify_rows=0,
+                                  memory_policy=SLIDING)
+            assert torch.allclose(b.states, ref.states, atol=1e-4, rtol=1e-4), mode
+            assert b.verification["cache_replay"]["passed"]
+
+
 def _session(name, spans, seed):
     streams = []
     for k, (start, dur) in enumerate(spans):
@@ -220,12 +329,38 @@ def test_bench_tiny_smoke(capsys):
         assert s < w
     out = capsys.readouterr().out
     assert "| mode | path | policy | sessions |" in out and "| batched 2 + reuse | sliding |" in out
+    assert "where the batched wall time goes" not in out and all("breakdown" not in r for r in rows)
     only = bench.main(["--tiny", "--sessions", "2", "--duration", "2", "--modes", COMPLETED_BLOCK_HOLD,
-                       "--memory-policy", SLIDING])
+                       "--memory-policy", SLIDING, "--breakdown"])
     assert [(r["policy"], r["sessions"]) for r in only] == [(WINDOW, 1), (SLIDING, 2)]
+    assert "breakdown" not in only[0] and set(only[1]["breakdown"]) == set(BREAKDOWN_PARTS)
+    out = capsys.readouterr().out
+    assert "## where the batched wall time goes" in out
+    assert "| completed-block-hold | sliding | 2 |" in out.split("where the batched wall time goes")[1]
     cfg = bench.omni_3b_thinker_config()
     t = cfg.text_config
     assert (t.num_hidden_layers, t.hidden_size, t.intermediate_size, t.num_attention_heads,
             t.num_key_value_heads) == (36, 2048, 11008, 16, 2)
     h, w = bench.FRAME_HW
     assert (h // 28) * (w // 28) == 720
+
+
+def test_bench_builds_the_real_shape_runner(tmp_path, monkeypatch):
+    """The bench's non-tiny path (random bf16 thinker built in memory + the official processors written to a folder)
+    gives a runner; here with the tiny config in place of the 3B one."""
+    import importlib.util
+    from pathlib import Path
+
+    from models.tiny_omni import tiny_omni_config
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "extract_throughput.py"
+    spec = importlib.util.spec_from_file_location("extract_throughput", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(bench, "omni_3b_thinker_config", tiny_omni_config)
+    r = bench.build_runner(False, "cpu", tmp_path)
+    assert r.dtype == torch.bfloat16 and r.video_processor.size["longest_edge"] == 560 * 1008
+    frames, audio = media(2.0, hw=bench.FRAME_HW)
+    res = BatchedOmniRunner(r, 1).run_streams([{"frames": frames, "audio": audio}], COMPLETED_BLOCK_HOLD,
+                                               verify_rows=0)[0]
+    assert res.computed["computed_vision_patches"] == 2 and torch.count_nonzero(res.states[9]) > 0
