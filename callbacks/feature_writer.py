@@ -1,7 +1,8 @@
 """Writes causal omni feature files (``datamodules.features`` format) and per-session timeline plots.
 
 ``FeatureWriter`` saves each ``OmniFeatureExtractor.predict_step`` record atomically to
-``<out_dir>/<session>.<mode>.safetensors`` (keyed by session, never by position or rank) and, with ``plot=True``,
+``<out_dir>/<session>.<mode>[.<memory_policy>].safetensors`` (keyed by session, never by position or rank;
+the policy only when not ``window``) and, with ``plot=True``,
 redraws ``<out_dir>/<session>.timeline.png`` from whichever mode files of that session exist.
 """
 from __future__ import annotations
@@ -32,23 +33,26 @@ class FeatureWriter(BasePredictionWriter):
     def write_on_batch_end(self, trainer, pl_module, prediction: dict[str, Any] | list[dict[str, Any]],
                            batch_indices, batch, batch_idx, dataloader_idx) -> None:
         for record in prediction if isinstance(prediction, list) else [prediction]:  # lockstep batches: a list
-            path = feature_path(self.out_dir, record["session"], record["mode"])
+            policy = record["meta"].get("memory_policy", "window")
+            path = feature_path(self.out_dir, record["session"], record["mode"], policy)
             if path.exists() and not self.overwrite:
                 continue
             save_features(path, record["tensors"], record["meta"])
             self.written.append(path)
             if self.plot:
-                plot_session_timeline(self.out_dir, record["session"])
+                plot_session_timeline(self.out_dir, record["session"], memory_policy=policy)
 
 
 def plot_session_timeline(out_dir: str | Path, session: str, png: str | Path | None = None,
-                          max_rows: int | None = 150) -> Path | None:
+                          max_rows: int | None = 150, memory_policy: str = "window") -> Path | None:
     """Draw the three modes of one session one above the other (PNG): per 5 Hz row, state updates, payload
     commits, native boundaries and initialization rows. Modes without a file are drawn empty and labelled so.
 
     Args:
         out_dir: folder holding ``<session>.<mode>.safetensors`` files.
-        png: output path (default ``<out_dir>/<session>.timeline.png``).
+        png: output path (default ``<out_dir>/<session>.timeline.png``; ``<session>.<policy>.timeline.png`` for a
+            memory policy other than ``window``).
+        memory_policy: which policy's files to draw.
         max_rows: show only the first ``max_rows`` rows (None: all).
 
     Returns:
@@ -60,7 +64,7 @@ def plot_session_timeline(out_dir: str | Path, session: str, png: str | Path | N
     import matplotlib.pyplot as plt
 
     out_dir = Path(out_dir)
-    files = {m: feature_path(out_dir, session, m) for m in MODES}
+    files = {m: feature_path(out_dir, session, m, memory_policy) for m in MODES}
     if not any(p.exists() for p in files.values()):
         return None
     fig, axes = plt.subplots(len(MODES), 1, figsize=(12, 2.2 * len(MODES)), sharex=True, squeeze=False)
@@ -87,7 +91,8 @@ def plot_session_timeline(out_dir: str | Path, session: str, png: str | Path | N
     axes[-1, 0].set_xlabel("session time t_i (s), right-edged 5 Hz rows")
     fig.suptitle(f"{session}: causal omni feature timeline")
     fig.tight_layout()
-    png = Path(png) if png is not None else out_dir / f"{session}.timeline.png"
+    tag = session if memory_policy == "window" else f"{session}.{memory_policy}"
+    png = Path(png) if png is not None else out_dir / f"{tag}.timeline.png"
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=80)
     plt.close(fig)

@@ -43,9 +43,20 @@ class FeatureFileError(ValueError):
     """A feature file is unreadable, incomplete, or does not match what the run expects (file named)."""
 
 
-def feature_path(out_dir: str | Path, session: str, mode: str) -> Path:
-    """``<out_dir>/<session>.<mode>.safetensors``."""
-    return Path(out_dir) / f"{session}.{mode}.safetensors"
+def feature_path(out_dir: str | Path, session: str, mode: str, memory_policy: str = "window") -> Path:
+    """``<out_dir>/<session>.<mode>.safetensors`` (memory policy ``window``) or
+    ``<out_dir>/<session>.<mode>.<memory_policy>.safetensors`` (any other policy), so that extractions with
+    different memory policies into one folder never overwrite each other."""
+    tag = mode if memory_policy == "window" else f"{mode}.{memory_policy}"
+    return Path(out_dir) / f"{session}.{tag}.safetensors"
+
+
+def parse_feature_name(name: str) -> tuple[str, str, str]:
+    """``(session, mode, memory_policy)`` of a :func:`feature_path` file name."""
+    stem = name[: -len(".safetensors")] if name.endswith(".safetensors") else name
+    session, _, rest = stem.partition(".")
+    mode, _, policy = rest.partition(".")
+    return session, mode, policy or "window"
 
 
 def save_features(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Path:

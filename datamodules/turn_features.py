@@ -44,7 +44,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from algorithms.streaming import DEFAULT_MEMORY_POLICY, check_memory_policy
 from algorithms.turn_targets import build_turn_targets, flat_targets
-from datamodules.features import FeatureFileError, check_meta, load_features
+from datamodules.features import FeatureFileError, check_meta, feature_path, load_features, parse_feature_name
 
 _TARGET_CACHE: dict[tuple, Any] = {}
 ALL_MODES = ("open-stream-replay", "completed-block-hold", "micro-chunk-200ms")
@@ -181,17 +181,17 @@ class TurnFeatureDataModule(LightningDataModule):
             raise FeatureFileError(f"{root}: features_dir does not exist")
         found, other_modes = {}, set()
         for path in sorted(root.glob("*.safetensors")):
-            stem = path.name[: -len(".safetensors")]
-            session, _, mode = stem.partition(".")
-            if mode != hp.expected_mode:
-                other_modes.add(mode)
+            session, mode, policy = parse_feature_name(path.name)
+            if (mode, policy) != (hp.expected_mode, hp.expected_memory_policy):
+                other_modes.add(mode if policy == "window" else f"{mode} ({policy})")
                 continue
             n = session_number(session)
             if n in found:
                 raise FeatureFileError(f"{path}: session number {n} also in {found[n][1]}")
             found[n] = (session, path)
         if not found:
-            raise FeatureFileError(f"{root}: no feature files for expected_mode={hp.expected_mode!r} "
+            raise FeatureFileError(f"{root}: no feature files for expected_mode={hp.expected_mode!r}, "
+                                   f"expected_memory_policy={hp.expected_memory_policy!r} "
                                    f"(modes present: {sorted(other_modes)})")
         return found
 
@@ -269,7 +269,7 @@ class TurnFeatureDataModule(LightningDataModule):
         for mode in ALL_MODES:
             if mode == self.hparams.expected_mode:
                 continue
-            path = Path(self.hparams.features_dir) / f"{session}.{mode}.safetensors"
+            path = feature_path(self.hparams.features_dir, session, mode, self.hparams.expected_memory_policy)
             try:
                 with safe_open(str(path), framework="pt") as f:
                     mask = f.get_tensor("initialization_mask").bool()

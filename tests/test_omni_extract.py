@@ -252,7 +252,16 @@ def test_feature_files_carry_memory_policy_and_training_fails_closed(runner, tmp
               utterances_loader="datamodules.turn_features.load_utterances_json",
               train_sessions=[1], val_sessions=[2], test_sessions=[3])
     assert TurnFeatureDataModule(**kw).load()["train"][0].states.shape[1] == 8
-    with pytest.raises(FeatureFileError, match=r"Session_1\.open-stream-replay\.safetensors.*"
+    with pytest.raises(FeatureFileError, match=r"no feature files for expected_mode='open-stream-replay', "
+                                               r"expected_memory_policy='sliding'"):
+        TurnFeatureDataModule(expected_memory_policy=SLIDING, **kw).load()
+    # a sliding-named file whose metadata says window (renamed by hand) fails closed, naming the file
+    import shutil
+
+    for n in (1, 2, 3):
+        src = feature_path(demo / "features", f"Session_{n}", OPEN_STREAM_REPLAY)
+        shutil.copy(src, feature_path(demo / "features", f"Session_{n}", OPEN_STREAM_REPLAY, SLIDING))
+    with pytest.raises(FeatureFileError, match=r"Session_1\.open-stream-replay\.sliding\.safetensors.*"
                                                r"memory_policy: expected 'sliding', file has 'window'"):
         TurnFeatureDataModule(expected_memory_policy=SLIDING, **kw).load()
     path = feature_path(demo / "features", "Session_2", OPEN_STREAM_REPLAY)
@@ -342,3 +351,21 @@ def test_predict_batched_sessions_write_the_same_files(model_dir, tmp_path):
         b, meta_b = load_features(outs[2] / f"{s}.completed-block-hold.safetensors")
         assert set(a) == set(b) and all(torch.allclose(a[k].float(), b[k].float(), atol=1e-5) for k in a)
         assert meta_b["sessions_per_batch"] == 2 and "computed_processor_calls" in meta_b
+
+
+def test_feature_writer_keeps_policies_apart(runner, tmp_path):
+    """A sliding extraction written into the folder of a window one adds files; it never overwrites them."""
+    from callbacks.feature_writer import FeatureWriter
+    from datamodules.features import parse_feature_name
+
+    win = extract_session(runner, _session(2.0), OPEN_STREAM_REPLAY, 2.0, verify_rows=0)
+    sld = extract_session(runner, _session(2.0), OPEN_STREAM_REPLAY, 2.0, verify_rows=0, memory_policy=SLIDING)
+    writer = FeatureWriter(out_dir=str(tmp_path), plot=True)
+    writer.write_on_batch_end(None, None, [win, sld], None, None, 0, 0)
+    names = sorted(p.name for p in tmp_path.glob("*.safetensors"))
+    assert names == [f"{win['session']}.open-stream-replay.safetensors",
+                     f"{win['session']}.open-stream-replay.sliding.safetensors"]
+    assert [parse_feature_name(n)[1:] for n in names] == [(OPEN_STREAM_REPLAY, WINDOW), (OPEN_STREAM_REPLAY, SLIDING)]
+    assert load_features(tmp_path / names[1])[1]["memory_policy"] == SLIDING
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == [f"{win['session']}.sliding.timeline.png",
+                                                              f"{win['session']}.timeline.png"]
