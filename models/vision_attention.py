@@ -84,16 +84,25 @@ def rotary_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
 
 
 def _rotary_fn(device: torch.device):
-    """The fused (compiled) rotary on CUDA, the eager one elsewhere or when compilation is unavailable."""
-    if device.type != "cuda":
+    """The fused (compiled) rotary on CUDA, the eager one elsewhere; a compilation failure at the first call (no
+    Triton, an unsupported GPU) falls back to the eager rotary for the rest of the process, with a warning."""
+    if device.type != "cuda" or _COMPILED.get("rotary", True) is None:
         return rotary_qk
     if "rotary" not in _COMPILED:
+        _COMPILED["rotary"] = torch.compile(rotary_qk, dynamic=True, fullgraph=True)
+    compiled = _COMPILED["rotary"]
+
+    def call(q, k, cos, sin):
+        if _COMPILED.get("rotary") is None:
+            return rotary_qk(q, k, cos, sin)
         try:
-            _COMPILED["rotary"] = torch.compile(rotary_qk, dynamic=True, fullgraph=True)
-        except Exception as e:  # noqa: BLE001 - no compiler backend: the eager math is the same
+            return compiled(q, k, cos, sin)
+        except Exception as e:  # noqa: BLE001 - the eager math is the same
             log.warning("torch.compile of the vision rotary failed (%s); using the eager rotary", e)
             _COMPILED["rotary"] = None
-    return _COMPILED["rotary"] or rotary_qk
+            return rotary_qk(q, k, cos, sin)
+
+    return call
 
 
 @contextlib.contextmanager

@@ -242,3 +242,20 @@ def test_shared_prefix_attention_equals_full_attention():
     assert torch.allclose(got, ref.transpose(1, 2), atol=1e-5)
     with pytest.raises(RuntimeError, match="no prefix for layer 0"):
         sp.shared_prefix_sdpa(types.SimpleNamespace(layer_idx=0), q, sk, sv, mask)
+
+
+def test_compiled_rotary_falls_back_to_eager(monkeypatch):
+    """A rotary whose compilation fails at the first call is replaced by the eager rotary for good (same values)."""
+    from models import vision_attention as va
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no triton")
+
+    monkeypatch.setattr(va, "_COMPILED", {"rotary": broken})
+    q, k = torch.randn(2, 5, 3, 8), torch.randn(2, 5, 3, 8)
+    cos, sin = torch.randn(5, 1, 8), torch.randn(5, 1, 8)
+    fn = va._rotary_fn(torch.device("cuda"))       # returns the wrapper; nothing runs on a device here
+    got = fn(q, k, cos, sin)
+    want = va.rotary_qk(q, k, cos, sin)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert va._COMPILED["rotary"] is None and va._rotary_fn(torch.device("cuda")) is va.rotary_qk
