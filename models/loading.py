@@ -18,3 +18,39 @@ def local_checkpoint(path: str | Path, what: str, hint: str = "") -> Path:
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"no {what} checkpoint at {p} (config.json missing){'; ' + hint if hint else ''}")
     return p
+
+
+OMNI_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def load_omni_thinker(model_dir: str | Path, dtype: str = "float32", attn_implementation: str = "sdpa",
+                      thinker=None):
+    """The Qwen2.5-Omni thinker and its processors from one local directory (shared by feature extraction and
+    omni QA).
+
+    Args:
+        model_dir: a thinker or full Qwen2.5-Omni checkpoint directory (the talker/token2wav weights are ignored).
+        dtype: ``float32`` | ``bfloat16`` | ``float16``.
+        attn_implementation: passed to ``from_pretrained``.
+        thinker: an already built thinker (bench: random weights in memory), used as is.
+
+    Returns:
+        ``(model_dir, thinker, feature_extractor, video_processor)``; the thinker is in eval mode with gradients off.
+
+    Raises:
+        FileNotFoundError: no ``config.json`` in ``model_dir`` (names the path).
+        ValueError: unknown ``dtype``.
+    """
+    import torch
+    from transformers import AutoFeatureExtractor, AutoVideoProcessor, Qwen2_5OmniThinkerForConditionalGeneration
+
+    path = local_checkpoint(model_dir, "Qwen2.5-Omni thinker", "for the demo run `python -m models.tiny_omni <dir>` first")
+    if dtype not in OMNI_DTYPES:
+        raise ValueError(f"dtype must be one of {list(OMNI_DTYPES)}, got {dtype!r}")
+    if thinker is None:
+        thinker = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(
+            str(path), dtype=getattr(torch, dtype), attn_implementation=attn_implementation)
+    thinker = thinker.eval()
+    thinker.requires_grad_(False)
+    return (str(path), thinker, AutoFeatureExtractor.from_pretrained(str(path)),
+            AutoVideoProcessor.from_pretrained(str(path)))

@@ -72,20 +72,18 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from transformers import (AutoFeatureExtractor, AutoTokenizer, AutoVideoProcessor, DynamicCache,
-                          Qwen2_5OmniThinkerForConditionalGeneration)
+from transformers import AutoTokenizer, DynamicCache, Qwen2_5OmniThinkerForConditionalGeneration
 from transformers.cache_utils import DynamicLayer
 
 from algorithms.streaming import (MICRO_CHUNK_200MS, MODES, SLIDING, StreamGeometry, accounting,
                                   check_memory_policy, check_micro_chunk_tiling, memory_blocks, num_rows, schedule)
 
-from .loading import local_checkpoint
+from .loading import load_omni_thinker
 
 AUDIO_SAMPLE_RATE = 16000
 DEFAULT_PROMPT = "<|im_start|>system\n<|im_end|>\n<|im_start|>user\n<|vision_bos|><|audio_bos|>"
 # DEFAULT_PROMPT in Qwen2.5 token ids, used when the model directory has no tokenizer (tiny test models).
 DEFAULT_PROMPT_TOKEN_IDS = (151644, 8948, 198, 151645, 198, 151644, 872, 198, 151652, 151647)
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SLIDING_VERIFY_BLOCKS = 3  # sliding cache_replay: rows whose payload block is < 3 M (the reference grows with time)
 # LogMel vs the library's numpy log-mel (CPU) and, on CUDA, vs the official CPU call: max abs, log-mel units
 LOG_MEL_ATOL = 1e-4
@@ -226,15 +224,9 @@ class OmniThinkerRunner(nn.Module):
                  dtype: str = "float32", attn_implementation: str = "sdpa",
                  thinker: Qwen2_5OmniThinkerForConditionalGeneration | None = None):
         super().__init__()
-        self.model_dir = str(local_checkpoint(model_dir, "Qwen2.5-Omni thinker",
-                                              "for the demo run `python -m models.tiny_omni <dir>` first"))
-        if thinker is None:
-            thinker = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(
-                self.model_dir, dtype=_DTYPES[dtype], attn_implementation=attn_implementation)
-        self.thinker = thinker.eval()  # ``thinker`` given (bench: random weights built in memory): used as is
-        self.thinker.requires_grad_(False)
-        self.feature_extractor = AutoFeatureExtractor.from_pretrained(self.model_dir)
-        self.video_processor = AutoVideoProcessor.from_pretrained(self.model_dir)
+        # ``thinker`` given (bench: random weights built in memory): used as is
+        self.model_dir, self.thinker, self.feature_extractor, self.video_processor = load_omni_thinker(
+            model_dir, dtype, attn_implementation, thinker)
         self.log_mel = LogMel(self.feature_extractor)
         cfg = self.thinker.config
         self.text_config = cfg.get_text_config()

@@ -50,13 +50,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor, nn
-from transformers import (AutoFeatureExtractor, AutoTokenizer, AutoVideoProcessor, DynamicCache,
-                          Qwen2_5OmniThinkerForConditionalGeneration)
+from transformers import AutoTokenizer, DynamicCache
 
 from algorithms.flops import ModelShape, get_shape, paper_prefill_flops, prefill_flops
 from algorithms.pruning import PruneResult, apply_variant, merge_tokens
 
-from .loading import local_checkpoint
+from .loading import load_omni_thinker
 
 __all__ = ["FULL", "SYSTEM_PROMPT", "EncodedClip", "PromptInputs", "Answer", "OmniQA", "model_shape",
            "prefill_flop_fields", "interleave_media_ids"]
@@ -66,7 +65,6 @@ AUDIO_SAMPLE_RATE = 16000
 SYSTEM_PROMPT = ("You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving "
                  "auditory and visual inputs, as well as generating text and speech.")
 FLOP_SHAPES = ("qwen2.5-omni-3b", "qwen2.5-omni-7b")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 
@@ -253,14 +251,9 @@ class OmniQA(nn.Module):
     def __init__(self, model_dir: str | Path, dtype: str = "float32", attn_implementation: str = "sdpa",
                  system_prompt: str = SYSTEM_PROMPT, max_new_tokens: int = 16):
         super().__init__()
-        self.model_dir = str(local_checkpoint(model_dir, "Qwen2.5-Omni thinker",
-                                              "for the demo run `python -m models.tiny_omni <dir>` first"))
         self.attn_implementation = attn_implementation
-        self.thinker = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(
-            self.model_dir, dtype=_DTYPES[dtype], attn_implementation=attn_implementation).eval()
-        self.thinker.requires_grad_(False)
-        self.feature_extractor = AutoFeatureExtractor.from_pretrained(self.model_dir)
-        self.video_processor = AutoVideoProcessor.from_pretrained(self.model_dir)
+        self.model_dir, self.thinker, self.feature_extractor, self.video_processor = load_omni_thinker(
+            model_dir, dtype, attn_implementation)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         except Exception:  # noqa: BLE001 - tiny test models ship no tokenizer
