@@ -36,5 +36,53 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     )
 
 
+USER_ERROR_TYPES = ("FeatureFileError", "OutputSettingsError", "OutputLockedError", "AnnotationError",
+                    "EasyComFormatError", "DecodeError")
+
+
+def user_error(exc: BaseException) -> BaseException | None:
+    """The exception in ``exc``'s chain that a user should read instead of a traceback, or None.
+
+    A user error is a bad file, folder or setting: one of the project's input errors (``USER_ERROR_TYPES``), an
+    ``OSError`` (missing file or checkpoint weights), or a ``ValueError`` raised by the project's own code (not by
+    a library: those keep their traceback). LightningCLI/jsonargparse wrap errors raised while building the model
+    or data, so the chain is followed to the innermost match.
+    """
+    found, seen = None, set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        own = exc.__traceback__ is not None and _innermost_file(exc).startswith(str(ROOT)) \
+            and "site-packages" not in _innermost_file(exc)
+        if (type(exc).__name__ in USER_ERROR_TYPES or isinstance(exc, OSError)
+                or (isinstance(exc, ValueError) and own)):
+            found = exc
+        exc = exc.__cause__ or exc.__context__
+    return found
+
+
+def _innermost_file(exc: BaseException) -> str:
+    tb = exc.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename
+
+
+def main(cli=None) -> None:
+    """Run ``cli`` (default :func:`cli_main`); a user error (bad file, folder or setting) prints one line naming it
+    and exits with status 2 instead of a traceback (``TOKENBUDGET_TRACEBACK=1`` shows the traceback)."""
+    import os
+    import sys
+
+    try:
+        (cli or cli_main)()
+    except Exception as e:  # noqa: BLE001 - re-raised unless it is a user error
+        err = user_error(e)
+        if err is None or os.environ.get("TOKENBUDGET_TRACEBACK"):
+            raise
+        print(f"error: {type(err).__name__}: {err}\n(set TOKENBUDGET_TRACEBACK=1 for the full traceback)",
+              file=sys.stderr)
+        sys.exit(2)
+
+
 if __name__ == "__main__":
-    cli_main()
+    main()

@@ -81,4 +81,6 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
 
 
 if __name__ == "__main__":
-    cli_main()
+    from evaluate import main
+
+    main(cli_main)

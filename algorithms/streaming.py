@@ -49,10 +49,11 @@ MEMORY_POLICIES = (WINDOW, SLIDING)
 DEFAULT_MEMORY_POLICY = WINDOW  # also what a feature file without a ``memory_policy`` field was extracted with
 
 
-def check_memory_policy(memory_policy: str) -> str:
-    """Return ``memory_policy`` if it is one of ``MEMORY_POLICIES``; raise ValueError listing them otherwise."""
+def check_memory_policy(memory_policy: str, field: str = "memory_policy") -> str:
+    """Return ``memory_policy`` if it is one of ``MEMORY_POLICIES``; raise ValueError naming ``field`` and listing
+    them otherwise."""
     if memory_policy not in MEMORY_POLICIES:
-        raise ValueError(f"unknown memory_policy {memory_policy!r}; expected one of {MEMORY_POLICIES}")
+        raise ValueError(f"unknown {field} {memory_policy!r}; expected one of {MEMORY_POLICIES}")
     return memory_policy
 
 

@@ -79,6 +79,9 @@ def save_features(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict
     try:
         out = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
         save_file(out, tmp, metadata={"format": FORMAT, "meta": json.dumps(meta, sort_keys=True)})
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp / save_file make 0600; feature files are shared like other outputs
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -3,8 +3,9 @@
 Files: ``<features_dir>/<session>.<mode>.safetensors`` (``datamodules.features``); only files whose name carries
 ``expected_mode`` are read, and each must agree with the run (fail closed, file named, before any training step):
 meta ``mode == expected_mode``, ``memory_s``, ``memory_policy`` (absent: ``window``), ``fps``, ``output_hz``,
-``session`` (== file name) and ``layer`` (``expected_layer``; when ``None``, every file of the run must share one
-layer, recorded in ``self.layer``), plus one hidden size D across files. Missing sessions of a split are an error.
+``session`` (== file name) and ``layer`` (``expected_layer``, negative counting from the end as in the extraction
+config, resolved with the file's ``num_layers``; when ``None``, every file of the run must share one layer,
+recorded in ``self.layer``), plus one hidden size D across files. Missing sessions of a split are an error.
 
 Targets come from utterances (``algorithms.turn_targets``), loaded by ``utterances_loader`` (dotted path of a
 ``fn(root, session) -> list[utterance]``; default EasyCom's ``datamodules.easycom.load_session_utterances``, imported
@@ -39,7 +40,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 from lightning.pytorch import LightningDataModule
-from safetensors import safe_open
 from torch.utils.data import DataLoader, Dataset
 
 from algorithms.streaming import DEFAULT_MEMORY_POLICY, check_memory_policy
@@ -164,7 +164,7 @@ class TurnFeatureDataModule(LightningDataModule):
                  batch_size: int = 16, standardize: bool = True, num_workers: int = 0,
                  target_kwargs: dict[str, float] | None = None):
         super().__init__()
-        check_memory_policy(expected_memory_policy)
+        check_memory_policy(expected_memory_policy, "expected_memory_policy")
         if initialization_rows not in INIT_ROW_POLICIES:
             raise ValueError(f"initialization_rows={initialization_rows!r}; expected one of {INIT_ROW_POLICIES}")
         self.save_hyperparameters()
@@ -200,7 +200,8 @@ class TurnFeatureDataModule(LightningDataModule):
 
         Raises:
             FeatureFileError: a file disagrees with the run (mode, memory, memory policy, fps, output rate, layer,
-                session, D), or a split's session has no file.
+                session, D), a split's session has no file, a split has no row that counts, or ``standardize``
+                has fewer than 2 train rows.
         """
         if self.data is not None:
             return self.data
@@ -209,8 +210,6 @@ class TurnFeatureDataModule(LightningDataModule):
         expected = {"mode": hp.expected_mode, "memory_s": hp.expected_memory_s,
                     "memory_policy": hp.expected_memory_policy, "fps": hp.expected_fps,
                     "output_hz": hp.expected_output_hz}
-        if hp.expected_layer is not None:
-            expected["layer"] = hp.expected_layer
         loader = None
         loaded: dict[int, tuple[Path, dict, dict]] = {}
         for split, nums in self.splits.items():
@@ -220,7 +219,14 @@ class TurnFeatureDataModule(LightningDataModule):
         for n in sorted({n for nums in self.splits.values() for n in nums}):
             session, path = files[n]
             tensors, meta = load_features(path)  # whole check pass before any target or training work
-            check_meta(path, meta, {**expected, "session": session})
+            want = {**expected, "session": session}
+            if hp.expected_layer is not None:
+                # a negative layer counts from the end, as the extractor's ``layer`` argument; files record the
+                # resolved index and the thinker's depth (``num_layers``: hidden states 0..num_layers)
+                want["layer"] = (meta["num_layers"] + 1 + hp.expected_layer
+                                 if hp.expected_layer < 0 and isinstance(meta.get("num_layers"), int)
+                                 else hp.expected_layer)
+            check_meta(path, meta, want)
             if self.layer is None:
                 self.layer, first = meta["layer"], path
             elif meta["layer"] != self.layer:
@@ -251,12 +257,23 @@ class TurnFeatureDataModule(LightningDataModule):
             targets, mask = flat_targets(tt, row_valid)
             shift = torch.where(row_valid, tt.shift, -1)
             by_num[n] = SessionData(session, path, tensors["states"].float(), targets, mask, shift, row_valid, init)
-        self.data = {split: [by_num[n] for n in nums] for split, nums in self.splits.items()}
+        data = {split: [by_num[n] for n in nums] for split, nums in self.splits.items()}
+        for split, sessions in data.items():
+            if sessions and not any(bool(s.mask.any()) for s in sessions):
+                raise FeatureFileError(
+                    f"{hp.features_dir}: the {split} split (sessions {[s.session for s in sessions]}) has no row that "
+                    f"counts (every row is an initialization or excluded row, initialization_rows="
+                    f"{hp.initialization_rows!r}); give it longer sessions")
         if hp.standardize:
-            rows = torch.cat([s.states[~s.initialization_mask] for s in self.data["train"]])
+            rows = torch.cat([s.states[~s.initialization_mask] for s in data["train"]])
+            if rows.shape[0] < 2:
+                raise FeatureFileError(
+                    f"{hp.features_dir}: standardize needs at least 2 train rows outside initialization, the train "
+                    f"split (sessions {[s.session for s in data['train']]}) has {rows.shape[0]}")
             mean, std = rows.mean(0), rows.std(0).clamp(min=1e-6)
             for s in by_num.values():
                 s.states = (s.states - mean) / std
+        self.data = data
         return self.data
 
     def _other_modes_init(self, session: str, T: int) -> torch.Tensor:
@@ -269,12 +286,16 @@ class TurnFeatureDataModule(LightningDataModule):
         for mode in ALL_MODES:
             if mode == self.hparams.expected_mode:
                 continue
-            path = feature_path(self.hparams.features_dir, session, mode, self.hparams.expected_memory_policy)
+            hp = self.hparams
+            path = feature_path(hp.features_dir, session, mode, hp.expected_memory_policy)
             try:
-                with safe_open(str(path), framework="pt") as f:
-                    mask = f.get_tensor("initialization_mask").bool()
+                tensors, meta = load_features(path)
+                mask = tensors["initialization_mask"].bool()
             except Exception as e:
                 raise FeatureFileError(f"{path}: initialization_rows='exclude_any_mode' needs this file ({e})") from e
+            check_meta(path, meta, {"mode": mode, "memory_s": hp.expected_memory_s,
+                                    "memory_policy": hp.expected_memory_policy, "fps": hp.expected_fps,
+                                    "output_hz": hp.expected_output_hz, "session": session})
             if mask.shape != (T,):
                 raise FeatureFileError(f"{path}: {mask.shape[0]} rows, the {self.hparams.expected_mode} file has {T}")
             out |= mask

@@ -143,7 +143,8 @@ def _assemble(runner: OmniThinkerRunner, session: dict[str, Any], mode: str, mem
         settings["memory_policy"] = memory_policy
     meta = {"mode": mode, "memory_s": float(memory_s), "memory_policy": memory_policy, "fps": VIDEO_FPS,
             "output_hz": OUTPUT_HZ,
-            "layer": runner.layer, "model": Path(runner.model_dir).name, "model_path": runner.model_dir,
+            "layer": runner.layer, "num_layers": int(runner.text_config.num_hidden_layers),
+            "model": Path(runner.model_dir).name, "model_path": runner.model_dir,
             "session": session["session"], "config_hash": config_hash(settings),
             "production_processor_calls": calls, "production_prepared_media_seconds": round(prepared, 6),
             "wall_time_s": wall, "peak_memory_bytes": int(peak), "hidden_size": d, "num_rows": n,

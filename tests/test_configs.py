@@ -38,3 +38,53 @@ def test_missing_checkpoints_fail_fast_naming_the_path(tmp_path):
         BudgetedVideoLlama3.from_pretrained(missing)
     with pytest.raises(FileNotFoundError, match="nowhere.*models.tiny_omni"):
         OmniThinkerRunner(missing)
+
+
+def test_bad_settings_print_one_line_not_a_traceback(tmp_path):
+    """A bad setting or path given to the CLI ends in one line naming it (exit status 2); library bugs keep their
+    traceback; TOKENBUDGET_TRACEBACK=1 shows the traceback."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("TOKENBUDGET_TRACEBACK", None)
+    cfg = str(REPO / "configs" / "extract" / "completed_block_hold.yaml")
+    cases = [(["--model.init_args.memory_policy=exact"],
+              "error: ValueError: unknown memory_policy 'exact'; expected one of ('window', 'sliding')"),
+             ([f"--model.init_args.model_dir={tmp_path / 'nowhere'}"],
+              f"error: FileNotFoundError: no Qwen2.5-Omni thinker checkpoint at {tmp_path / 'nowhere'}")]
+    for extra, want in cases:
+        r = subprocess.run([sys.executable, str(REPO / "evaluate.py"), "predict", "--config", cfg, *extra],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+        assert r.returncode == 2, r.stderr[-2000:]
+        assert want in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, str(REPO / "evaluate.py"), "predict", "--config", cfg, *cases[0][0]],
+                       capture_output=True, text=True, env={**env, "TOKENBUDGET_TRACEBACK": "1"}, cwd=tmp_path,
+                       timeout=300)
+    assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+def test_user_error_picks_the_projects_own_error_from_the_chain():
+    from evaluate import user_error
+
+    def wrapped(inner):
+        try:
+            try:
+                raise inner
+            except Exception as e:
+                raise ValueError("Does not validate against any of the Union subtypes") from e
+        except ValueError as outer:
+            return outer
+
+    from datamodules.features import FeatureFileError
+
+    own = wrapped(FeatureFileError("x.safetensors: bad"))
+    assert str(user_error(own)) == "x.safetensors: bad"
+    assert user_error(wrapped(OSError("no file named model.safetensors"))).args == ("no file named model.safetensors",)
+    assert user_error(RuntimeError("CUDA error")) is None                       # not a user error: traceback kept
+    import torch
+    try:
+        torch.zeros(2).view(3)                                                  # a library's ValueError/RuntimeError
+    except Exception as e:
+        assert user_error(e) is None

@@ -242,6 +242,8 @@ def test_feature_files_carry_memory_policy_and_training_fails_closed(runner, tmp
     rec = extract_session(runner, _session(2.0), OPEN_STREAM_REPLAY, 2.0, verify_rows=1, memory_policy=SLIDING)
     win = extract_session(runner, _session(2.0), OPEN_STREAM_REPLAY, 2.0, verify_rows=0)
     assert (rec["meta"]["memory_policy"], win["meta"]["memory_policy"]) == (SLIDING, WINDOW)
+    n_layers = runner.text_config.num_hidden_layers   # layer -1 is recorded resolved, with the depth beside it
+    assert (rec["meta"]["layer"], rec["meta"]["num_layers"]) == (runner.layer, n_layers) and runner.layer == n_layers
     assert rec["meta"]["config_hash"] != win["meta"]["config_hash"]
     assert rec["meta"]["verification"]["cache_replay"]["passed"]
     # training side: files without the field (the synthetic writer, older extractions) count as window
@@ -270,7 +272,7 @@ def test_feature_files_carry_memory_policy_and_training_fails_closed(runner, tmp
     with pytest.raises(FeatureFileError, match=r"Session_2\.open-stream-replay\.safetensors.*"
                                                r"memory_policy: expected 'window', file has 'sliding'"):
         TurnFeatureDataModule(**kw).load()
-    with pytest.raises(ValueError, match="unknown memory_policy"):
+    with pytest.raises(ValueError, match="unknown expected_memory_policy .exact."):
         TurnFeatureDataModule(expected_memory_policy="exact", **kw)
 
 
@@ -367,5 +369,9 @@ def test_feature_writer_keeps_policies_apart(runner, tmp_path):
                      f"{win['session']}.open-stream-replay.sliding.safetensors"]
     assert [parse_feature_name(n)[1:] for n in names] == [(OPEN_STREAM_REPLAY, WINDOW), (OPEN_STREAM_REPLAY, SLIDING)]
     assert load_features(tmp_path / names[1])[1]["memory_policy"] == SLIDING
+    import os
+    umask = os.umask(0)
+    os.umask(umask)
+    assert all((tmp_path / n).stat().st_mode & 0o777 == 0o666 & ~umask for n in names)  # not mkstemp's 0600
     assert sorted(p.name for p in tmp_path.glob("*.png")) == [f"{win['session']}.sliding.timeline.png",
                                                               f"{win['session']}.timeline.png"]

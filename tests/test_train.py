@@ -134,3 +134,65 @@ def test_every_sweep_parameter_parses():
                 assert cli.config[k] == v, (path.name, k)
             assert cli.model.hparams.head_type in ("linear", "mlp", "causal_conv", "causal_attention")
             assert cli.datamodule.hparams.expected_mode in MODES
+
+
+def _copy_features(demo, tmp_path, edit):
+    """A copy of the demo features folder where ``edit(session, mode, tensors, meta)`` may change each file."""
+    out = tmp_path / "features"
+    out.mkdir()
+    for f in sorted((demo / "features").glob("*.safetensors")):
+        tensors, meta = load_features(f)
+        session, mode = f.name.split(".")[:2]
+        edit(session, mode, tensors, meta)
+        save_features(out / f.name, tensors, meta)
+    return out
+
+
+def test_negative_expected_layer_resolves_with_the_files_depth(demo, tmp_path):
+    """Extracted files record the resolved layer and the thinker depth: ``expected_layer: -1`` (as in the extract
+    configs) matches layer = num_layers; another layer fails closed naming the file."""
+    def resolved(session, mode, tensors, meta):
+        meta.update(layer=1 if session == "Session_5" else 24, num_layers=24)
+
+    feats = _copy_features(demo, tmp_path, resolved)
+    kw = dict(features_dir=str(feats), utterances_root=str(demo / "transcripts"),
+              utterances_loader="datamodules.turn_features.load_utterances_json", expected_mode="completed-block-hold")
+    with pytest.raises(FeatureFileError, match=r"Session_5\.completed-block-hold\.safetensors.*layer: expected 24, "
+                                               r"file has 1"):
+        TurnFeatureDataModule(expected_layer=-1, **kw).load()
+    ok = TurnFeatureDataModule(expected_layer=-1, train_sessions=[1, 2], val_sessions=[3], test_sessions=[4], **kw)
+    assert ok.load() and ok.layer == 24
+
+
+def test_splits_without_counted_rows_and_one_row_standardization_fail_closed(demo, tmp_path):
+    """A split whose rows are all initialization rows, or a train split with < 2 rows to standardize on, is an
+    error naming the folder and sessions (it used to give a torchmetrics IndexError / a NaN loss)."""
+    def all_init(session, mode, tensors, meta):
+        if session in ("Session_2", "Session_3"):
+            tensors["initialization_mask"][:] = 1
+            if session == "Session_3":
+                tensors["initialization_mask"][-1] = 0   # one row left
+
+    feats = _copy_features(demo, tmp_path, all_init)
+    kw = dict(features_dir=str(feats), utterances_root=str(demo / "transcripts"),
+              utterances_loader="datamodules.turn_features.load_utterances_json", expected_mode="completed-block-hold",
+              initialization_rows="exclude", expected_layer=-1)
+    with pytest.raises(FeatureFileError, match=r"the val split \(sessions \['Session_2'\]\) has no row that counts"):
+        TurnFeatureDataModule(train_sessions=[1], val_sessions=[2], test_sessions=[4], **kw).load()
+    with pytest.raises(FeatureFileError, match=r"standardize needs at least 2 train rows .* has 1"):
+        TurnFeatureDataModule(train_sessions=[3], val_sessions=[1], test_sessions=[4], **kw).load()
+
+
+def test_other_mode_files_are_checked_too(demo, tmp_path):
+    """``exclude_any_mode`` reads the other modes' files: their metadata must match the run as well."""
+    def other_memory(session, mode, tensors, meta):
+        if mode == "micro-chunk-200ms" and session == "Session_1":
+            meta["memory_s"] = 4.0
+
+    feats = _copy_features(demo, tmp_path, other_memory)
+    dm = TurnFeatureDataModule(features_dir=str(feats), utterances_root=str(demo / "transcripts"),
+                               utterances_loader="datamodules.turn_features.load_utterances_json",
+                               expected_mode="completed-block-hold", initialization_rows="exclude_any_mode",
+                               expected_layer=-1)
+    with pytest.raises(FeatureFileError, match=r"Session_1\.micro-chunk-200ms\.safetensors.*memory_s"):
+        dm.load()
