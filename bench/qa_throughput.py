@@ -3,7 +3,11 @@
 Per video and budget (3 questions, answers forced to ``--new-tokens`` tokens, greedy):
   (a) harness    encode once, then a full prefill + ``generate`` per question
   (b) seq-prefix encode once, prefill the shared prefix once, questions one by one from the cropped cache
-  (c) ours       encode once (frame-batched attention), prefill once, all questions decoded together
+  (c) batched    encode once (frame-batched attention), prefill once, all questions decoded together on a
+                 DynamicCache repeated per question (transformers' masks; the simple batched path)
+  (d) ours       as (c), but the questions attend the shared prefix once per layer (``models/shared_prefix.py``),
+                 only their suffixes live in a small StaticCache and the decode step is a CUDA graph (GPU only;
+                 ``nan`` on the CPU, and its ratios are not computed there)
 plus the analytic floor (vision encoder + prefill FLOPs at the measured bf16 GEMM rate, decode at the weight-read
 memory floor), peak GPU memory, and the share of wall time the GPU waits for DataLoader workers in the real
 ``BudgetedQA.predict_step`` loop.
@@ -171,7 +175,7 @@ def run_methods(vlm: BudgetedVideoLlama3, frames, times, budget: int, new_tokens
                prefix_len=bi.prompt.ids.numel(), vision_tokens=bi.plan.vision_tokens, frames=len(bi.frame_idx),
                hw=bi.plan.hw, mode=bi.plan.mode,
                same_tokens_ab=tokens["a"] == tokens["b"], same_tokens_bc=tokens["b"] == tokens["c"],
-               same_tokens_cd=tokens["c"] == tokens.get("d", tokens["c"]))
+               same_tokens_cd=tokens["c"] == tokens["d"] if "d" in tokens else "-")
     res.setdefault("d", float("nan"))
     return res
 
@@ -374,7 +378,7 @@ def main(argv=None) -> None:
     ap.add_argument("--videos", nargs="*", default=None)
     ap.add_argument("--budgets", nargs="*", type=int, default=None)
     ap.add_argument("--new-tokens", type=int, default=16)
-    ap.add_argument("--workers", type=int, default=6)
+    ap.add_argument("--workers", type=int, default=None, help="DataLoader workers (default 6; --tiny: up to 2)")
     ap.add_argument("--wait-repeat", type=int, default=4, help="the wait-share loop runs the videos this many times")
     ap.add_argument("--chunk-frames", type=int, default=256)
     ap.add_argument("--attn", default="sdpa")
@@ -388,6 +392,9 @@ def main(argv=None) -> None:
     ap.add_argument("--probe-encode", action="store_true", help="only profile encode / prefill / answer (GPU)")
     ap.add_argument("--wait-only", action="store_true", help="only measure the data-wait share of the predict loop")
     args = ap.parse_args(argv)
+    if args.workers is None:
+        import os
+        args.workers = min(2, os.cpu_count() or 1) if args.tiny else 6
     repo = Path(__file__).resolve().parent.parent
     videos = args.videos or [str(repo / "assets/media/cockatoo.mp4")]
     budgets = args.budgets or ([256, 1024] if args.tiny else [4096, 16384])
