@@ -29,6 +29,7 @@ class FeatureWriter(BasePredictionWriter):
         self.plot = plot
         self.overwrite = overwrite
         self.written: list[Path] = []
+        self.kept: list[dict[str, Any]] = []  # records written in this predict run (for the summary line)
 
     def write_on_batch_end(self, trainer, pl_module, prediction: dict[str, Any] | list[dict[str, Any]],
                            batch_indices, batch, batch_idx, dataloader_idx) -> None:
@@ -41,6 +42,25 @@ class FeatureWriter(BasePredictionWriter):
             self.written.append(path)
             if self.plot:
                 plot_session_timeline(self.out_dir, record["session"], memory_policy=policy)
+            self.kept.append(record)
+
+    def on_predict_start(self, trainer, pl_module) -> None:
+        self.kept: list[dict[str, Any]] = []
+
+    def on_predict_end(self, trainer, pl_module) -> None:
+        """One summary line per rank: files written, media seconds, wall time and the cache_replay checks."""
+        kept = getattr(self, "kept", [])
+        if not kept:
+            print(f"[rank {trainer.global_rank}] no feature file written to {self.out_dir}")
+            return
+        rows = sum(int(r["meta"].get("num_rows", 0)) for r in kept)
+        wall = sum(float(r["meta"].get("wall_time_s", 0.0)) for r in kept)
+        checks = [r["meta"].get("verification", {}) for r in kept]
+        failed = [r["session"] for r, v in zip(kept, checks)
+                  if isinstance(v, dict) and isinstance(v.get("cache_replay"), dict) and not v["cache_replay"]["passed"]]
+        print(f"[rank {trainer.global_rank}] wrote {len(kept)} feature file(s) to {self.out_dir} "
+              f"({rows} rows = {rows / 5:.1f} media s, {wall:.1f} s extraction wall; cache_replay "
+              f"{'passed' if not failed else 'FAILED for ' + ', '.join(failed)})")
 
 
 def plot_session_timeline(out_dir: str | Path, session: str, png: str | Path | None = None,
