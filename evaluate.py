@@ -40,35 +40,28 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     )
 
 
-USER_ERROR_TYPES = ("FeatureFileError", "OutputSettingsError", "OutputLockedError", "AnnotationError",
-                    "EasyComFormatError", "DecodeError")
+USER_ERROR_TYPES = ("SettingError", "FeatureFileError", "OutputSettingsError", "OutputLockedError",
+                    "AnnotationError", "EasyComFormatError", "DecodeError")
+USER_OS_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
 def user_error(exc: BaseException) -> BaseException | None:
     """The exception in ``exc``'s chain that a user should read instead of a traceback, or None.
 
-    A user error is a bad file, folder or setting: one of the project's input errors (``USER_ERROR_TYPES``), an
-    ``OSError`` (missing file or checkpoint weights), or a ``ValueError`` raised by the project's own code (not by
-    a library: those keep their traceback). LightningCLI/jsonargparse wrap errors raised while building the model
-    or data, so the chain is followed to the innermost match.
+    A user error is a bad setting, file or folder: one of the project's input-error types (``USER_ERROR_TYPES``:
+    ``SettingError`` for configuration values, the data-format errors) or a missing / unreadable path
+    (``USER_OS_ERRORS``). Everything else (a ``ValueError`` of an internal check, a library error, a full disk)
+    keeps its traceback. LightningCLI/jsonargparse wrap errors raised while building the model or data, so the chain
+    (``__cause__``, and ``__context__`` unless suppressed) is followed; the outermost match wins, so a project error
+    that wraps a ``FileNotFoundError`` is the one shown.
     """
-    found, seen = None, set()
+    seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        own = exc.__traceback__ is not None and _innermost_file(exc).startswith(str(ROOT)) \
-            and "site-packages" not in _innermost_file(exc)
-        if (type(exc).__name__ in USER_ERROR_TYPES or isinstance(exc, OSError)
-                or (isinstance(exc, ValueError) and own)):
-            found = exc
-        exc = exc.__cause__ or exc.__context__
-    return found
-
-
-def _innermost_file(exc: BaseException) -> str:
-    tb = exc.__traceback__
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb.tb_frame.f_code.co_filename
+        if type(exc).__name__ in USER_ERROR_TYPES or isinstance(exc, USER_OS_ERRORS):
+            return exc
+        exc = exc.__cause__ if (exc.__cause__ is not None or exc.__suppress_context__) else exc.__context__
+    return None
 
 
 def main(cli=None) -> None:

@@ -39,6 +39,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .errors import SettingError
+
 OPEN_STREAM_REPLAY = "open-stream-replay"
 COMPLETED_BLOCK_HOLD = "completed-block-hold"
 MICRO_CHUNK_200MS = "micro-chunk-200ms"
@@ -53,7 +55,7 @@ def check_memory_policy(memory_policy: str, field: str = "memory_policy") -> str
     """Return ``memory_policy`` if it is one of ``MEMORY_POLICIES``; raise ValueError naming ``field`` and listing
     them otherwise."""
     if memory_policy not in MEMORY_POLICIES:
-        raise ValueError(f"unknown {field} {memory_policy!r}; expected one of {MEMORY_POLICIES}")
+        raise SettingError(f"unknown {field} {memory_policy!r}; expected one of {MEMORY_POLICIES}")
     return memory_policy
 
 
@@ -135,7 +137,7 @@ def check_micro_chunk_tiling(geometry: StreamGeometry = DEFAULT_GEOMETRY, steps_
     if g.micro_ms != g.row_ms:
         problems.append(f"micro step {g.micro_ms} ms differs from the output row {g.row_ms} ms")
     if problems:
-        raise ValueError("micro-chunk-200ms refuses to run: 10 micro steps must tile one 50-position native block "
+        raise SettingError("micro-chunk-200ms refuses to run: 10 micro steps must tile one 50-position native block "
                          "exactly; " + "; ".join(problems))
 
 
@@ -148,7 +150,7 @@ def memory_blocks(memory_s: float, geometry: StreamGeometry = DEFAULT_GEOMETRY) 
     """``memory_s`` as a whole number ``M >= 1`` of native blocks. Raises ValueError otherwise."""
     ms = round(memory_s * 1000.0)
     if ms <= 0 or ms % geometry.native_block_ms or abs(ms - memory_s * 1000.0) > 1e-6:
-        raise ValueError(f"memory_s={memory_s} must be a positive multiple of the {geometry.native_block_ms / 1000:g} s "
+        raise SettingError(f"memory_s={memory_s} must be a positive multiple of the {geometry.native_block_ms / 1000:g} s "
                          "native block")
     return ms // geometry.native_block_ms
 
@@ -205,7 +207,7 @@ def schedule(mode: str, n_rows: int, memory_s: float = 8.0,
         ValueError: unknown mode; memory not a multiple of the block; micro-chunk tiling check failed.
     """
     if mode not in MODES:
-        raise ValueError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
+        raise SettingError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
     g = geometry
     if mode == MICRO_CHUNK_200MS:
         check_micro_chunk_tiling(g)

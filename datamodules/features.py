@@ -43,6 +43,15 @@ class FeatureFileError(ValueError):
     """A feature file is unreadable, incomplete, or does not match what the run expects (file named)."""
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()  # read once at import (os.umask is process-wide and not thread-safe)
+
+
 def feature_path(out_dir: str | Path, session: str, mode: str, memory_policy: str = "window") -> Path:
     """``<out_dir>/<session>.<mode>.safetensors`` (memory policy ``window``) or
     ``<out_dir>/<session>.<mode>.<memory_policy>.safetensors`` (any other policy), so that extractions with
@@ -79,9 +88,7 @@ def save_features(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict
     try:
         out = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
         save_file(out, tmp, metadata={"format": FORMAT, "meta": json.dumps(meta, sort_keys=True)})
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # mkstemp / save_file make 0600; feature files are shared like other outputs
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp / save_file make 0600; feature files are shared like other outputs
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

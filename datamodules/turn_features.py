@@ -223,9 +223,14 @@ class TurnFeatureDataModule(LightningDataModule):
             if hp.expected_layer is not None:
                 # a negative layer counts from the end, as the extractor's ``layer`` argument; files record the
                 # resolved index and the thinker's depth (``num_layers``: hidden states 0..num_layers)
-                want["layer"] = (meta["num_layers"] + 1 + hp.expected_layer
-                                 if hp.expected_layer < 0 and isinstance(meta.get("num_layers"), int)
-                                 else hp.expected_layer)
+                want["layer"] = hp.expected_layer
+                if hp.expected_layer < 0 and isinstance(meta.get("num_layers"), int):
+                    want["layer"] = meta["num_layers"] + 1 + hp.expected_layer
+                elif hp.expected_layer < 0 and isinstance(meta.get("layer"), int) and meta["layer"] >= 0:
+                    raise FeatureFileError(
+                        f"{path}: expected_layer={hp.expected_layer} counts from the end, but this file records layer "
+                        f"{meta['layer']} without num_layers (written before that field existed): set expected_layer "
+                        f"to the resolved index or null")
             check_meta(path, meta, want)
             if self.layer is None:
                 self.layer, first = meta["layer"], path

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch import LightningModule
 
+from algorithms.errors import SettingError
 from datamodules.benchmarks import Question
 from datamodules.benchmarks.prompts import build_prompt
 from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets
@@ -110,14 +111,14 @@ class BudgetedQA(LightningModule):
                  vision_attn_implementation: str | None = "frame_batched", decode: str = "auto"):
         super().__init__()
         if not budgets:
-            raise ValueError("budgets must not be empty")
+            raise SettingError("budgets must not be empty")
         for b in budgets:
             if b < 64:
-                raise ValueError(f"budget of {b} vision tokens is smaller than one compressed group (64 rows)")
+                raise SettingError(f"budget of {b} vision tokens is smaller than one compressed group (64 rows)")
         if len(set(budgets)) != len(budgets):
-            raise ValueError(f"budgets {list(budgets)} repeat a value")
+            raise SettingError(f"budgets {list(budgets)} repeat a value")
         if answer_mode not in ("batched", "sequential"):
-            raise ValueError(f"answer_mode must be 'batched' or 'sequential', got {answer_mode!r}")
+            raise SettingError(f"answer_mode must be 'batched' or 'sequential', got {answer_mode!r}")
         self.save_hyperparameters()
         self.budgets = [int(b) for b in budgets]
         self.vlm: BudgetedVideoLlama3 | None = None

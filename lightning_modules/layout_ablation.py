@@ -29,6 +29,7 @@ import logging
 import time
 
 from algorithms.layouts import parse_jobs, same_llm_input
+from algorithms.errors import SettingError
 from datamodules.benchmarks import Question
 from datamodules.benchmarks.prompts import build_prompt
 from models.ablation import (
@@ -57,7 +58,7 @@ class LayoutAblationQA(BudgetedQA):
     def __init__(self, jobs: str = "base:256", no_reuse: bool = False, **kwargs):
         pairs = parse_jobs(jobs)
         if "budgets" in kwargs:
-            raise ValueError("LayoutAblationQA takes its budgets from `jobs`; do not pass `budgets`")
+            raise SettingError("LayoutAblationQA takes its budgets from `jobs`; do not pass `budgets`")
         super().__init__(budgets=sorted({b for _, b in pairs}), **kwargs)
         self.save_hyperparameters()
         self.job_pairs: list[tuple[str, int]] = pairs

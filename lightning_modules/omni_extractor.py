@@ -21,6 +21,7 @@ import torch
 from lightning.pytorch import LightningModule
 
 from algorithms.streaming import DEFAULT_MEMORY_POLICY, MODES, accounting, check_memory_policy, masks, num_rows
+from algorithms.errors import SettingError
 from models.omni import OmniThinkerRunner
 from models.omni_batch import COMPUTED_FIELDS, BatchedOmniRunner
 
@@ -188,7 +189,7 @@ class OmniFeatureExtractor(LightningModule):
                  compile_small_calls: bool = False, memory_policy: str = DEFAULT_MEMORY_POLICY):
         super().__init__()
         if mode not in MODES:
-            raise ValueError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
+            raise SettingError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
         check_memory_policy(memory_policy)
         self.save_hyperparameters()
         self.runner = OmniThinkerRunner(model_dir, layer=layer, prompt_token_ids=prompt_token_ids, dtype=dtype,
@@ -198,7 +199,7 @@ class OmniFeatureExtractor(LightningModule):
 
             check_micro_chunk_tiling(self.runner.geometry)
         if sessions_per_batch < 1:
-            raise ValueError(f"sessions_per_batch={sessions_per_batch} must be >= 1")
+            raise SettingError(f"sessions_per_batch={sessions_per_batch} must be >= 1")
         self.batched = (BatchedOmniRunner(self.runner, sessions_per_batch, compile_small_calls=compile_small_calls)
                         if sessions_per_batch > 1 else None)
 

@@ -23,6 +23,7 @@ from lightning.pytorch import LightningModule
 
 from algorithms.choice import parse_official, parse_robust
 from algorithms.pruning import VARIANTS
+from algorithms.errors import SettingError
 from datamodules.benchmarks import Question
 from datamodules.benchmarks.prompts import prompt_and_template
 from models.omni_qa import FULL, OmniQA, prefill_flop_fields
@@ -60,13 +61,13 @@ class OmniPruningQA(LightningModule):
         super().__init__()
         variants = list(variants)
         if not variants:
-            raise ValueError("variants must not be empty")
+            raise SettingError("variants must not be empty")
         unknown = [v for v in variants if v != FULL and v not in VARIANTS]
         if unknown:
-            raise ValueError(f"unknown variant(s) {unknown}; known: {[FULL, *VARIANTS]}")
+            raise SettingError(f"unknown variant(s) {unknown}; known: {[FULL, *VARIANTS]}")
         for r in (retention, audio_retention):
             if r is not None and not 0.0 < r <= 1.0:
-                raise ValueError(f"retention must be in (0, 1], got {r}")
+                raise SettingError(f"retention must be in (0, 1], got {r}")
         self.save_hyperparameters()
         self.variants = variants
         self.qa: OmniQA | None = None

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from algorithms.errors import SettingError
+
 # transformers resolves a missing local path as a hub id; with this set it fails fast instead of trying the network
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -46,7 +48,7 @@ def load_omni_thinker(model_dir: str | Path, dtype: str = "float32", attn_implem
 
     path = local_checkpoint(model_dir, "Qwen2.5-Omni thinker", "for the demo run `python -m models.tiny_omni <dir>` first")
     if dtype not in OMNI_DTYPES:
-        raise ValueError(f"dtype must be one of {list(OMNI_DTYPES)}, got {dtype!r}")
+        raise SettingError(f"dtype must be one of {list(OMNI_DTYPES)}, got {dtype!r}")
     if thinker is None:
         thinker = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(
             str(path), dtype=getattr(torch, dtype), attn_implementation=attn_implementation)

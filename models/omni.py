@@ -77,6 +77,7 @@ from transformers.cache_utils import DynamicLayer
 
 from algorithms.streaming import (MICRO_CHUNK_200MS, MODES, SLIDING, StreamGeometry, accounting,
                                   check_memory_policy, check_micro_chunk_tiling, memory_blocks, num_rows, schedule)
+from algorithms.errors import SettingError
 
 from .loading import load_omni_thinker
 
@@ -233,7 +234,7 @@ class OmniThinkerRunner(nn.Module):
         n_layers = self.text_config.num_hidden_layers
         resolved = layer if layer >= 0 else n_layers + 1 + layer
         if not 0 <= resolved <= n_layers:
-            raise ValueError(f"layer={layer} out of range for a {n_layers}-layer thinker (0..{n_layers} or -1)")
+            raise SettingError(f"layer={layer} out of range for a {n_layers}-layer thinker (0..{n_layers} or -1)")
         self.layer = resolved
         self.geometry = StreamGeometry(
             native_block_ms=int(round(cfg.seconds_per_chunk * 1000)), positions_per_s=int(cfg.position_id_per_seconds),
@@ -440,6 +441,19 @@ class OmniThinkerRunner(nn.Module):
         pos = torch.cat([self.payload_positions(p, first_block) for p in payloads], 1)
         return self._forward(emb, pos, cache)[-1].float().cpu()
 
+    def check_sliding_verifiable(self) -> None:
+        """Raise before a stream starts when the sliding ``cache_replay`` reference cannot run.
+
+        Raises:
+            SettingError: a flash-attention implementation (the reference needs a 4-D mask) with ``verify_rows``
+                other than 0.
+        """
+        impl = str(self.thinker.model.language_model.config._attn_implementation)
+        if "flash" in impl:
+            raise SettingError(f"memory_policy='sliding' with verify_rows != 0 needs attn_implementation 'sdpa' or "
+                               f"'eager' for its cache_replay reference (a 4-D mask), got {impl!r}; or set "
+                               f"verify_rows=0")
+
     @torch.no_grad()
     def recompute_sliding(self, payloads: list[Payload], m_blocks: int) -> torch.Tensor:
         """Sliding-policy reference: ONE forward over prompt + ``payloads`` (every payload committed since the
@@ -505,8 +519,10 @@ class OmniThinkerRunner(nn.Module):
             ValueError: unknown mode or memory policy, bad memory, or (micro-chunk) the tiling check fails.
         """
         if mode not in MODES:
-            raise ValueError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
+            raise SettingError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
         sliding = check_memory_policy(memory_policy) == SLIDING
+        if sliding and verify_rows != 0:
+            self.check_sliding_verifiable()
         g = self.geometry
         if mode == MICRO_CHUNK_200MS:
             check_micro_chunk_tiling(g)

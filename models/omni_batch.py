@@ -86,6 +86,7 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (get_audio_cu
                                                                     get_valid_indices)
 from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
 
+from algorithms.errors import SettingError
 from algorithms.streaming import (MICRO_CHUNK_200MS, MODES, OPEN_STREAM_REPLAY, SLIDING, accounting,
                                   check_memory_policy, check_micro_chunk_tiling, memory_blocks, schedule)
 from models.omni import (AUDIO_SAMPLE_RATE, SLIDING_VERIFY_BLOCKS, OmniThinkerRunner, Payload, StreamResult,
@@ -330,8 +331,9 @@ class BatchedOmniRunner:
         ``mode`` under ``memory_policy``; returns one ``BatchedStreamResult`` per stream, in input order (see
         ``run_stream`` for the arguments)."""
         if mode not in MODES:
-            raise ValueError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
-        check_memory_policy(memory_policy)
+            raise SettingError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
+        if check_memory_policy(memory_policy) == SLIDING and verify_rows != 0:
+            self.runner.check_sliding_verifiable()
         g = self.runner.geometry
         if mode == MICRO_CHUNK_200MS:
             check_micro_chunk_tiling(g)
@@ -598,6 +600,7 @@ class BatchedOmniRunner:
             torch.cuda.synchronize(dev)
             torch.cuda.reset_peak_memory_stats(dev)
         t0 = time.perf_counter()
+        parts0 = sum(v for k, v in self.breakdown.items() if k != "other")  # earlier groups' parts (profile)
         ctx = _batched_chunk_attention(r.thinker) if self.batched_attention else _null()
         with ctx:
             active = list(group)
@@ -691,7 +694,7 @@ class BatchedOmniRunner:
                 s.states[row] = s.states[src]
         wall = time.perf_counter() - t0
         if self.profile:
-            self.breakdown["other"] += wall - sum(v for k, v in self.breakdown.items() if k != "other")
+            self.breakdown["other"] += wall - (sum(v for k, v in self.breakdown.items() if k != "other") - parts0)
         peak = (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda"
                 else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
         out = {}

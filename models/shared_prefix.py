@@ -70,9 +70,17 @@ def _partial_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     return out.view(b, h, m, d), lse.view(b, h, m)
 
 
+def _flash_ok(q: torch.Tensor) -> bool:
+    """PyTorch's flash kernel can run ``q``: CUDA sm80+, half precision, head dim a multiple of 8 up to 256, and the
+    flash SDPA backend not disabled."""
+    return (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] % 8 == 0
+            and q.shape[-1] <= 256 and torch.backends.cuda.flash_sdp_enabled()
+            and torch.cuda.get_device_capability(q.device)[0] >= 8)
+
+
 def _prefix_part(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float):
     """Unmasked attention of folded queries (1, Hkv, M, d) over the prefix (1, Hkv, L, d): (out, lse) in fp32."""
-    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256:
+    if _flash_ok(q):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scaling)[:2]
         return out.float(), lse.float()
     return _partial_math(q, k, v, None, scaling)
@@ -94,9 +102,12 @@ def shared_prefix_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: to
 
     Raises:
         RuntimeError: no prefix registered for this layer (called outside :func:`shared_prefix`).
+        NotImplementedError: a sliding-window layer or attention dropout (the split assumes full attention).
     """
     if module.layer_idx not in _PREFIX:
         raise RuntimeError(f"shared_prefix_sdpa: no prefix for layer {module.layer_idx}; use shared_prefix(...)")
+    if kwargs.get("sliding_window") is not None or dropout:
+        raise NotImplementedError("shared_prefix_sdpa: sliding-window layers and attention dropout are not supported")
     pk, pv = _PREFIX[module.layer_idx]
     rows, heads, s, d = query.shape
     kv_heads = key.shape[1]

@@ -31,6 +31,7 @@ from torch import nn
 from algorithms.budget import (
     CELL_PIXELS, MIN_TOKENS_PER_FRAME, Plan, frame_grid, frame_token_cap, plan_groups, subsample,
 )
+from algorithms.errors import SettingError
 from .loading import local_checkpoint
 from .qbase import QBaseCompressor, load_state_dict_strict
 from .vision_attention import frame_layout
@@ -216,7 +217,7 @@ class BudgetedVideoLlama3(nn.Module):
         """(..., C) vision rows -> (..., D) LLM rows through the checkpoint projector (or the original one)."""
         proj = self.original_projector if original else self.model.model.projector
         if proj is None:
-            raise ValueError("raw_mode='orig' needs the original projector (load with raw_mode='orig')")
+            raise SettingError("raw_mode='orig' needs the original projector (load with raw_mode='orig')")
         return proj(rows)
 
     @torch.no_grad()
@@ -426,7 +427,7 @@ class BudgetedVideoLlama3(nn.Module):
                 CUDA only).
         """
         if decode not in ("dynamic", "static", "graph"):
-            raise ValueError(f"decode must be 'dynamic', 'static' or 'graph', got {decode!r}")
+            raise SettingError(f"decode must be 'dynamic', 'static' or 'graph', got {decode!r}")
         answers: list[Answer | None] = [None] * len(question_texts)
         batch, rows = [], []
         for i, text in enumerate(question_texts):
@@ -582,13 +583,23 @@ class BudgetedVideoLlama3(nn.Module):
                     for _ in range(2):
                         forward()
                 torch.cuda.current_stream().wait_stream(side)
+            # capture on a side stream with the CUDAGraph API itself: ``torch.cuda.graph(...)`` would first
+            # synchronize the device, run gc.collect() and empty the allocator cache, i.e. wait for the prefix
+            # prefill still running and give its memory back, once per (video, budget)
             cuda_graph = torch.cuda.CUDAGraph()
+            capture = torch.cuda.Stream()
+            capture.wait_stream(torch.cuda.current_stream())
             try:
-                with torch.cuda.graph(cuda_graph):
-                    static_logits = forward()
+                with torch.cuda.stream(capture):
+                    cuda_graph.capture_begin()
+                    try:
+                        static_logits = forward()
+                    finally:
+                        cuda_graph.capture_end()
             except RuntimeError as e:  # a backend that syncs inside the step cannot be captured: stay eager
                 log.warning("CUDA graph capture of the decode step failed (%s); decoding eagerly", e)
                 cuda_graph = None
+            torch.cuda.current_stream().wait_stream(capture)
             for layer, n in zip(sc.layers, lengths):                           # rewind the cache write position
                 layer.cumulative_length.copy_(n)
             # later captures skip the warm-up: lazy initialisation (cuBLAS handles, workspaces) is done
@@ -688,7 +699,7 @@ def _budget_geometry(height: int, width: int, budget: int, num_frames: int, max_
     if raw_mode == "phase3" and grid[0] * grid[1] > raw_max_tokens:
         raw_cap = raw_max_tokens
     elif raw_mode not in ("phase3", "orig"):
-        raise ValueError(f"raw_mode must be 'phase3' or 'orig', got {raw_mode!r}")
+        raise SettingError(f"raw_mode must be 'phase3' or 'orig', got {raw_mode!r}")
     return idx, cap, grid, raw_cap, frame_grid(height, width, raw_cap)
 
 

@@ -51,7 +51,7 @@ def frame_batched_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: to
     _, heads, seq, dim = query.shape
     if cu_seq_lens_q is None:
         lengths = [seq]
-    elif _LAYOUT is not None and _LAYOUT[0] * _LAYOUT[1] == seq:
+    elif _LAYOUT is not None and _LAYOUT[0] * _LAYOUT[1] == seq and cu_seq_lens_q.shape[0] == _LAYOUT[0] + 1:
         lengths = [_LAYOUT[1]] * _LAYOUT[0]
     else:
         lengths = (cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).tolist()
@@ -95,12 +95,16 @@ def _rotary_fn(device: torch.device):
     def call(q, k, cos, sin):
         if _COMPILED.get("rotary") is None:
             return rotary_qk(q, k, cos, sin)
-        try:
+        if _COMPILED.get("rotary_ok"):            # compiled and ran once: later errors are real errors
             return compiled(q, k, cos, sin)
-        except Exception as e:  # noqa: BLE001 - the eager math is the same
+        try:
+            out = compiled(q, k, cos, sin)
+        except Exception as e:  # noqa: BLE001 - first call: compilation failed, the eager math is the same
             log.warning("torch.compile of the vision rotary failed (%s); using the eager rotary", e)
             _COMPILED["rotary"] = None
             return rotary_qk(q, k, cos, sin)
+        _COMPILED["rotary_ok"] = True
+        return out
 
     return call
 
@@ -132,7 +136,7 @@ def frame_batched_attention_forward(self, hidden_states: torch.Tensor, cu_seqlen
     """
     seq = hidden_states.shape[0]
     heads, dim = self.num_heads, self.head_dim
-    if _LAYOUT is not None and _LAYOUT[0] * _LAYOUT[1] == seq:
+    if _LAYOUT is not None and _LAYOUT[0] * _LAYOUT[1] == seq and cu_seqlens.shape[0] == _LAYOUT[0] + 1:
         t, n, same_pos = _LAYOUT[0], _LAYOUT[1], True
     else:
         lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()

@@ -51,7 +51,7 @@ def test_bad_settings_print_one_line_not_a_traceback(tmp_path):
     env.pop("TOKENBUDGET_TRACEBACK", None)
     cfg = str(REPO / "configs" / "extract" / "completed_block_hold.yaml")
     cases = [(["--model.init_args.memory_policy=exact"],
-              "error: ValueError: unknown memory_policy 'exact'; expected one of ('window', 'sliding')"),
+              "error: SettingError: unknown memory_policy 'exact'; expected one of ('window', 'sliding')"),
              ([f"--model.init_args.model_dir={tmp_path / 'nowhere'}"],
               f"error: FileNotFoundError: no Qwen2.5-Omni thinker checkpoint at {tmp_path / 'nowhere'}")]
     for extra, want in cases:
@@ -66,25 +66,40 @@ def test_bad_settings_print_one_line_not_a_traceback(tmp_path):
 
 
 def test_user_error_picks_the_projects_own_error_from_the_chain():
+    import torch
+
+    from algorithms.errors import SettingError
+    from datamodules.features import FeatureFileError
     from evaluate import user_error
 
-    def wrapped(inner):
+    def wrapped(inner, outer=ValueError("Does not validate against any of the Union subtypes")):
         try:
             try:
                 raise inner
             except Exception as e:
-                raise ValueError("Does not validate against any of the Union subtypes") from e
-        except ValueError as outer:
-            return outer
+                raise outer from e
+        except Exception as o:
+            return o
 
-    from datamodules.features import FeatureFileError
-
-    own = wrapped(FeatureFileError("x.safetensors: bad"))
-    assert str(user_error(own)) == "x.safetensors: bad"
-    assert user_error(wrapped(OSError("no file named model.safetensors"))).args == ("no file named model.safetensors",)
-    assert user_error(RuntimeError("CUDA error")) is None                       # not a user error: traceback kept
-    import torch
+    assert str(user_error(wrapped(FeatureFileError("x.safetensors: bad")))) == "x.safetensors: bad"
+    assert str(user_error(wrapped(SettingError("unknown memory_policy 'x'")))) == "unknown memory_policy 'x'"
+    assert isinstance(user_error(wrapped(FileNotFoundError("/ckpt/config.json"))), FileNotFoundError)
+    # the outermost project error wins over the path error it wraps
+    got = user_error(wrapped(FileNotFoundError("f"), FeatureFileError("f.safetensors: needs this file")))
+    assert isinstance(got, FeatureFileError)
+    # internal checks, library errors and other OS errors keep their traceback
+    assert user_error(wrapped(ValueError("max() arg is an empty sequence"))) is None
+    assert user_error(OSError(28, "No space left on device")) is None
+    assert user_error(RuntimeError("CUDA error")) is None
     try:
-        torch.zeros(2).view(3)                                                  # a library's ValueError/RuntimeError
+        torch.zeros(2).view(3)
     except Exception as e:
+        assert user_error(e) is None
+    # a suppressed context ("raise ... from None") is not followed
+    try:
+        try:
+            raise FileNotFoundError("hidden")
+        except FileNotFoundError:
+            raise AttributeError("a bug") from None
+    except AttributeError as e:
         assert user_error(e) is None

@@ -182,6 +182,11 @@ def test_profile_breakdown_covers_the_wall_and_changes_nothing(runner):
     assert list(b) == list(BREAKDOWN_PARTS) and all(v >= 0 for v in b.values())
     assert sum(b.values()) == pytest.approx(got[0].batch_wall_time_s, rel=1e-6)
     assert b["llm_reprefill"] > 0 and b["prep_audio"] > 0 and b["vision_tower"] > 0  # window slides at 4 s
+    # several groups (one stream each): the parts add up to the groups' walls, "other" never goes negative
+    two = BatchedOmniRunner(runner, 1, profile=True)
+    res = two.run_streams(streams, OPEN_STREAM_REPLAY, memory_s=4.0, verify_rows=0)
+    assert all(v >= 0 for v in two.breakdown.values())
+    assert sum(two.breakdown.values()) == pytest.approx(sum(r.batch_wall_time_s for r in res), rel=1e-6)
 
 
 def _official_log_mel(fe, waves):

@@ -139,7 +139,7 @@ def test_every_sweep_parameter_parses():
 def _copy_features(demo, tmp_path, edit):
     """A copy of the demo features folder where ``edit(session, mode, tensors, meta)`` may change each file."""
     out = tmp_path / "features"
-    out.mkdir()
+    out.mkdir(parents=True)
     for f in sorted((demo / "features").glob("*.safetensors")):
         tensors, meta = load_features(f)
         session, mode = f.name.split(".")[:2]
@@ -162,6 +162,14 @@ def test_negative_expected_layer_resolves_with_the_files_depth(demo, tmp_path):
         TurnFeatureDataModule(expected_layer=-1, **kw).load()
     ok = TurnFeatureDataModule(expected_layer=-1, train_sessions=[1, 2], val_sessions=[3], test_sessions=[4], **kw)
     assert ok.load() and ok.layer == 24
+
+    def older(session, mode, tensors, meta):  # resolved layer, no num_layers: -1 cannot be checked, say so
+        meta.update(layer=24)
+
+    kw["features_dir"] = str(_copy_features(demo, tmp_path / "older", older))
+    with pytest.raises(FeatureFileError, match=r"expected_layer=-1 counts from the end, but this file records layer 24 "
+                                               r"without num_layers"):
+        TurnFeatureDataModule(expected_layer=-1, **kw).load()
 
 
 def test_splits_without_counted_rows_and_one_row_standardization_fail_closed(demo, tmp_path):
