@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from torchmetrics import MetricCollection
-from torchmetrics.classification import (BinaryAUROC, BinaryPrecisionRecallCurve, MulticlassF1Score, MulticlassRecall, MultilabelAUROC,
-                                         MultilabelAveragePrecision)
+from torchmetrics.classification import (BinaryAUROC, BinaryAveragePrecision, BinaryPrecisionRecallCurve,
+                                         MulticlassF1Score, MulticlassRecall)
 
 from algorithms.turn_targets import NUM_TARGETS, target_names
 from models.heads import build_head
@@ -50,6 +50,7 @@ class TurnHead(LightningModule):
         self.head = None if in_dim is None else self._build(in_dim)
         self.metrics = torch.nn.ModuleDict({stage: self._stage_metrics() for stage in ("val", "test")})
         self._sh_count = {"val": 0, "test": 0}
+        self._label_count = {st: torch.zeros(NUM_TARGETS, dtype=torch.long) for st in ("val", "test")}
         self._test_outputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self._epoch_rows, self._epoch_t0, self._epoch_t1 = 0, 0.0, 0.0
 
@@ -61,8 +62,10 @@ class TurnHead(LightningModule):
     @staticmethod
     def _stage_metrics() -> torch.nn.ModuleDict:
         return torch.nn.ModuleDict({
-            "auroc": MultilabelAUROC(NUM_TARGETS, average=None, ignore_index=-1),
-            "ap": MultilabelAveragePrecision(NUM_TARGETS, average=None, ignore_index=-1),
+            # one binary metric per target (= torchmetrics' multilabel average=None), so that a target with no
+            # counted row in an epoch (e.g. future bins past a short session's end) gives NaN, not an IndexError
+            "auroc": torch.nn.ModuleList([BinaryAUROC(ignore_index=-1) for _ in range(NUM_TARGETS)]),
+            "ap": torch.nn.ModuleList([BinaryAveragePrecision(ignore_index=-1) for _ in range(NUM_TARGETS)]),
             "sh": MetricCollection({"sh_bacc": MulticlassRecall(2, average="macro"),
                                     "sh_f1w": MulticlassF1Score(2, average="weighted")}),
             "sh_auroc": BinaryAUROC(),
@@ -118,8 +121,11 @@ class TurnHead(LightningModule):
         probs = logits[rows][:, :NUM_TARGETS].sigmoid()  # (N, 10)
         tgt = torch.where(batch["mask"][rows], batch["targets"][rows].long(), -1)  # (N, 10), -1 ignored
         m = self.metrics[stage]
-        m["auroc"].update(probs, tgt)
-        m["ap"].update(probs, tgt)
+        counted = (tgt >= 0).sum(0)                                            # (10,)
+        for j in torch.nonzero(counted).flatten().tolist():
+            m["auroc"][j].update(probs[:, j], tgt[:, j])
+            m["ap"][j].update(probs[:, j], tgt[:, j])
+        self._label_count[stage] += counted.cpu()
         ev = batch["shift"] >= 0
         if ev.any():
             p_shift = logits[..., NUM_TARGETS][ev].sigmoid()
@@ -133,11 +139,15 @@ class TurnHead(LightningModule):
     def _eval_epoch_end(self, stage: str) -> None:
         m = self.metrics[stage]
         out = {}
+        counts = self._label_count[stage]
         for key in ("auroc", "ap"):
-            vals = m[key].compute()  # (10,)
+            vals = torch.stack([m[key][j].compute().float().cpu() if counts[j] else torch.tensor(float("nan"))
+                                for j in range(NUM_TARGETS)])                 # (10,)
             out.update({f"{stage}/{key}_{n}": v for n, v in zip(self.names, vals)})
             out[f"{stage}/{key}_mean"] = vals.nanmean()
-            m[key].reset()
+            for metric in m[key]:
+                metric.reset()
+        self._label_count[stage] = torch.zeros(NUM_TARGETS, dtype=torch.long)
         if self._sh_count[stage]:
             out.update({f"{stage}/{k}": v for k, v in m["sh"].compute().items()})
             out[f"{stage}/sh_auroc"] = m["sh_auroc"].compute()

@@ -204,3 +204,63 @@ def test_other_mode_files_are_checked_too(demo, tmp_path):
                                expected_layer=-1)
     with pytest.raises(FeatureFileError, match=r"Session_1\.micro-chunk-200ms\.safetensors.*memory_s"):
         dm.load()
+
+
+def test_extracted_features_train_with_the_shipped_fit_config(tmp_path):
+    """The researcher's path end to end: EasyCom-layout media -> ``evaluate.py predict`` with the three shipped
+    extract configs (tiny thinker) -> ``train.py fit`` / ``test`` with the shipped ``turn_head.yaml``, changing only
+    folders, sessions and epochs (the extractor's resolved layer, policy and metadata must satisfy the training
+    checks as shipped)."""
+    from datamodules.easycom_fixture import build_easycom_fixture
+    from evaluate import cli_main as predict_main
+    from models.tiny_omni import build_tiny_omni
+
+    model = tmp_path / "tiny_omni"
+    build_tiny_omni(model)
+    clip = [("00-00-000", "cockatoo.mp4", 0.0, 4.0, "realshort.mp4")]
+    root = build_easycom_fixture(tmp_path / "ec", width=160, height=90,
+                                 sessions={f"Session_{n}": clip for n in (1, 2, 3)})
+    feats = tmp_path / "feats"
+    for cfg in ("completed_block_hold", "micro_chunk_200ms", "open_stream_replay"):
+        predict_main(["predict", "--config", str(ROOT / "configs/extract" / f"{cfg}.yaml"),
+                      f"--model.init_args.model_dir={model}", f"--data.init_args.root={root}",
+                      "--data.init_args.num_workers=0", "--data.init_args.frame_height=56",
+                      "--data.init_args.frame_width=96", f"--trainer.callbacks.init_args.out_dir={feats}"])
+    assert len(list(feats.glob("Session_*.safetensors"))) == 9
+    common = ["--config", BASE, f"--data.init_args.features_dir={feats}", f"--data.init_args.utterances_root={root}",
+              "--data.init_args.expected_mode=completed-block-hold", "--data.init_args.train_sessions=[1]",
+              "--data.init_args.val_sessions=[2]", "--data.init_args.test_sessions=[3]",
+              f"--trainer.default_root_dir={tmp_path / 'runs'}", "--trainer.logger=false",
+              "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+    cli = cli_main(["fit", *common, "--trainer.max_epochs=2"])
+    dm = cli.datamodule
+    assert dm.layer == 2 and dm.feature_dim == 32                      # layer -1 of the 2-layer tiny thinker (D=32)
+    assert all(not s.row_valid[:9].any() and s.row_valid[9:].all() for s in dm.data["train"])  # first block held
+    loss = cli.trainer.callback_metrics["train/loss"]
+    assert torch.isfinite(loss)
+    ckpt = cli.trainer.checkpoint_callback.best_model_path
+    out = cli_main(["test", *common, f"--ckpt_path={ckpt}"]).trainer.callback_metrics
+    assert "test/auroc_mean" in out and torch.isfinite(out["test/auroc_mean"])
+
+
+def test_per_target_metrics_equal_torchmetrics_multilabel():
+    """The per-target binary metrics give exactly torchmetrics' multilabel average=None values (ignore_index=-1);
+    a target with no counted row is NaN instead of an error."""
+    from torchmetrics.classification import MultilabelAUROC, MultilabelAveragePrecision
+
+    from algorithms.turn_targets import NUM_TARGETS
+    from lightning_modules.turn_head import TurnHead
+
+    torch.manual_seed(0)
+    probs = torch.rand(200, NUM_TARGETS)
+    tgt = (torch.rand(200, NUM_TARGETS) > 0.6).long()
+    tgt[torch.rand(200, NUM_TARGETS) > 0.8] = -1
+    m = TurnHead._stage_metrics()
+    for j in range(NUM_TARGETS):
+        m["auroc"][j].update(probs[:, j], tgt[:, j])
+        m["ap"][j].update(probs[:, j], tgt[:, j])
+    ours = torch.stack([m["auroc"][j].compute() for j in range(NUM_TARGETS)])
+    ref = MultilabelAUROC(NUM_TARGETS, average=None, ignore_index=-1)(probs, tgt)
+    assert torch.allclose(ours, ref)
+    ours_ap = torch.stack([m["ap"][j].compute() for j in range(NUM_TARGETS)])
+    assert torch.allclose(ours_ap, MultilabelAveragePrecision(NUM_TARGETS, average=None, ignore_index=-1)(probs, tgt))
