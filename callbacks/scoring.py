@@ -244,8 +244,8 @@ def format_table(scores: dict) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("acc% = correct / answered; acc_all% also counts errors and missing questions as wrong; official = "
-                 "the benchmark's own letter rule, robust = also '(B)', 'Answer: c', option text; unparse = no "
-                 "letter found")
+                 "the benchmark's own rule (first capital A-D, even inside a word), robust = a standalone letter "
+                 "('B', '(B)', 'Answer: c') or an option's text; unparse = no letter found")
     return "\n".join(lines)
 
 
