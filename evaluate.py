@@ -25,19 +25,18 @@ ROOT = Path(__file__).resolve().parent
 DEFAULT_PREDICT_CONFIG = ROOT / "configs" / "predict" / "demo.yaml"
 
 
+def build_cli(args: list[str] | None, run: bool, **kwargs) -> LightningCLI:
+    """The project's LightningCLI (subclass mode for model and data, seed 0); ``kwargs`` add entry-specific options
+    (config callback, default config files). Shared by ``evaluate.py`` and ``train.py``."""
+    kwargs.setdefault("save_config_callback", None)
+    return LightningCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                        args=args, run=run, seed_everything_default=0, **kwargs)
+
+
 def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     """Build (and by default run) the LightningCLI; ``args`` as on the command line (``None``: ``sys.argv``)."""
-    return LightningCLI(
-        LightningModule,
-        LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        args=args,
-        run=run,
-        save_config_callback=None,
-        seed_everything_default=0,
-        parser_kwargs={"predict": {"default_config_files": [str(DEFAULT_PREDICT_CONFIG)]}},
-    )
+    return build_cli(args, run,
+                     parser_kwargs={"predict": {"default_config_files": [str(DEFAULT_PREDICT_CONFIG)]}})
 
 
 USER_ERROR_TYPES = ("SettingError", "FeatureFileError", "OutputSettingsError", "OutputLockedError",

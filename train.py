@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 
@@ -67,17 +67,10 @@ class WandbConfigCallback(SaveConfigCallback):
 
 def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     """Build (and by default run) the LightningCLI; ``args`` as on the command line (``None``: ``sys.argv``)."""
-    return LightningCLI(
-        LightningModule,
-        LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        args=args,
-        run=run,
-        save_config_callback=WandbConfigCallback,
-        save_config_kwargs={"save_to_log_dir": False, "overwrite": True},
-        seed_everything_default=0,
-    )
+    from evaluate import build_cli
+
+    return build_cli(args, run, save_config_callback=WandbConfigCallback,
+                     save_config_kwargs={"save_to_log_dir": False, "overwrite": True})
 
 
 if __name__ == "__main__":

@@ -46,6 +46,8 @@ from typing import Any, Iterable
 
 from lightning.pytorch import Callback
 
+from datamodules.features import SHARED_FILE_MODE
+
 log = logging.getLogger(__name__)
 
 PARSERS = {"official": "pred", "robust": "pred_robust"}
@@ -253,7 +255,7 @@ def format_table(scores: dict) -> str:
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are shared like the jsonl files
+        os.chmod(tmp, SHARED_FILE_MODE)  # mkstemp makes 0600; results are shared like the jsonl files
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -263,12 +265,6 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _save_figure(fig, path: Path) -> None:

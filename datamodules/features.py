@@ -49,7 +49,9 @@ def _read_umask() -> int:
     return mask
 
 
-_UMASK = _read_umask()  # read once at import (os.umask is process-wide and not thread-safe)
+# mode of result files written through a temp file (mkstemp and safetensors make 0600): readable like any other output;
+# the umask is read once at import (os.umask is process-wide and not thread-safe)
+SHARED_FILE_MODE = 0o666 & ~_read_umask()
 
 
 def feature_path(out_dir: str | Path, session: str, mode: str, memory_policy: str = "window") -> Path:
@@ -88,7 +90,7 @@ def save_features(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict
     try:
         out = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
         save_file(out, tmp, metadata={"format": FORMAT, "meta": json.dumps(meta, sort_keys=True)})
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp / save_file make 0600; feature files are shared like other outputs
+        os.chmod(tmp, SHARED_FILE_MODE)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -83,7 +83,7 @@ def rotary_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     return (qf * cos + q_rot * sin).to(q.dtype), (kf * cos + k_rot * sin).to(k.dtype)
 
 
-def _rotary_fn(device: torch.device):
+def rotary_fn(device: torch.device):
     """The fused (compiled) rotary on CUDA, the eager one elsewhere; a compilation failure at the first call (no
     Triton, an unsupported GPU) falls back to the eager rotary for the rest of the process, with a warning."""
     if device.type != "cuda" or _COMPILED.get("rotary", True) is None:
@@ -152,7 +152,7 @@ def frame_batched_attention_forward(self, hidden_states: torch.Tensor, cu_seqlen
         cos, sin = cos[:n], sin[:n]                                            # (N, d): every frame has these
     else:
         cos, sin = cos.view(t, n, dim), sin.view(t, n, dim)
-    q, k = _rotary_fn(q.device)(q, k, cos.unsqueeze(-2).float(), sin.unsqueeze(-2).float())
+    q, k = rotary_fn(q.device)(q, k, cos.unsqueeze(-2).float(), sin.unsqueeze(-2).float())
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          scale=self.scaling)                   # (T, H, N, d)
     out = out.transpose(1, 2).reshape(seq, heads * dim)

@@ -254,8 +254,8 @@ def test_compiled_rotary_falls_back_to_eager(monkeypatch):
     monkeypatch.setattr(va, "_COMPILED", {"rotary": broken})
     q, k = torch.randn(2, 5, 3, 8), torch.randn(2, 5, 3, 8)
     cos, sin = torch.randn(5, 1, 8), torch.randn(5, 1, 8)
-    fn = va._rotary_fn(torch.device("cuda"))       # returns the wrapper; nothing runs on a device here
+    fn = va.rotary_fn(torch.device("cuda"))       # returns the wrapper; nothing runs on a device here
     got = fn(q, k, cos, sin)
     want = va.rotary_qk(q, k, cos, sin)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
-    assert va._COMPILED["rotary"] is None and va._rotary_fn(torch.device("cuda")) is va.rotary_qk
+    assert va._COMPILED["rotary"] is None and va.rotary_fn(torch.device("cuda")) is va.rotary_qk
