@@ -16,11 +16,13 @@ noise; session ``k`` of N lasts ``duration * (1 - 0.25 k / (N - 1))`` s (rounded
 drop out at different times. Memory 8 s.
 
 For each mode it measures (after a warm-up on a short stream, ``--warmup`` s):
-* ``1-session eager``: ``OmniThinkerRunner.run_stream`` on session 0 under the ``window`` memory policy (the issue's
-  baseline, measured once per mode; its dataset-level RTF is the same number, sessions running one after another);
+* ``1-session eager``: ``OmniThinkerRunner.run_stream`` on session 0 under the ``window`` memory policy with the
+  library's forwards (the issue's baseline, measured once per mode; its dataset-level RTF is the same number,
+  sessions running one after another);
 * ``batched N``, once per memory policy of ``--memory-policy`` (default both: ``window`` = exact 8 s memory with a
   re-prefill of the kept blocks per slide, ``sliding`` = sliding-window KV cache, each block through the LLM once;
-  ``models/omni.py``): ``BatchedOmniRunner.run_streams`` on all N sessions in lockstep with reuse (``+compile`` rows
+  ``models/omni.py``): ``BatchedOmniRunner.run_streams`` on all N sessions in lockstep with reuse and the fused
+  RMSNorm / rotary / SiLU-gate kernels of ``models/fused.py`` (``--no-fused``: without them; ``+compile`` rows
   with ``--compile``: ``torch.compile`` of the small fixed-shape calls);
 and prints one table: memory policy, real-time factor (media seconds / wall seconds; batched = per-session RTF of
 session 0's share), dataset-level RTF (all sessions' media seconds / total wall) against the target, peak GPU memory
@@ -160,9 +162,10 @@ def _peak(device: torch.device) -> int:
 def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_s: float = 24.0,
               memory_s: float = 8.0, modes: tuple[str, ...] = MODES, compile_small_calls: bool = False,
               device: str | None = None, warmup_s: float = 2.0, log=print,
-              policies: tuple[str, ...] = MEMORY_POLICIES, breakdown: bool = False) -> list[dict]:
+              policies: tuple[str, ...] = MEMORY_POLICIES, breakdown: bool = False, fused: bool = True) -> list[dict]:
     """Build the model, run every measurement, return one row dict per (mode, path, memory policy); batched rows
     carry ``breakdown`` (part -> wall seconds of the timed run) when ``breakdown``."""
+    from models.fused import fuse
     from models.omni_batch import BatchedOmniRunner, single_session_computed
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() and not tiny else "cpu"))
@@ -179,6 +182,7 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
     rows = []
     for mode in modes:
         # warm-up: kernels, allocator, (compile) on a short stream
+        fuse(runner.thinker, False)            # the eager baseline: the library's forwards
         runner.run_stream(warm[0]["frames"], warm[0]["audio"], mode, memory_s, verify_rows=0)
         _peak_reset(dev)
         t = time.perf_counter()
@@ -192,6 +196,7 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
                      "max_abs_diff": 0.0, "vision_patches_per_s": comp["computed_vision_patches"] / media,
                      "llm_tokens_per_s": None, "target": TARGETS[mode]})
         log(_fmt_row(rows[-1]))
+        fuse(runner.thinker, fused)
         for policy in policies:
             ref = base if policy == WINDOW else runner.run_stream(  # untimed: the reference states of session 0
                 data[0]["frames"], data[0]["audio"], mode, memory_s, verify_rows=0, memory_policy=policy)
@@ -276,6 +281,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--device", default=None)
     p.add_argument("--breakdown", action="store_true",
                    help="time the batched runs part by part (device syncs around parts) and print a second table")
+    p.add_argument("--no-fused", action="store_true",
+                   help="batched rows without the fused RMSNorm / rotary / SiLU-gate kernels (models/fused.py)")
     p.add_argument("--json", default=None, help="write the rows here")
     a = p.parse_args(argv)
     sessions = tuple(a.sessions or ((4,) if a.tiny else (8, 16)))
@@ -285,7 +292,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(HEADER)
     rows = run_bench(a.tiny, sessions, duration, a.memory, tuple(a.modes), a.compile, a.device,
                      warmup_s=a.warmup, log=lambda s: print(s, flush=True),
-                     policies=tuple(dict.fromkeys(a.memory_policy)), breakdown=a.breakdown)
+                     policies=tuple(dict.fromkeys(a.memory_policy)), breakdown=a.breakdown, fused=not a.no_fused)
     print(f"\n## extract throughput ({'tiny, CPU' if a.tiny else 'Qwen2.5-Omni-3B thinker shapes, random bf16'}, "
           f"memory {a.memory:g} s, policies {', '.join(dict.fromkeys(a.memory_policy))}, longest session "
           f"{duration:g} s; this bench ran {time.perf_counter() - t0:.0f} s of wall time)\n")

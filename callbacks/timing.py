@@ -1,7 +1,9 @@
 """Per-stage time breakdown of a predict run: waiting for data, encode, plan/build, answer.
 
 ``wait`` is the time between the end of one ``predict_step`` and the start of the next (the DataLoader workers
-had not decoded the next video yet), plus the first batch's wait. The module's stage times come from
+had not decoded the next video yet), plus the first batch's wait after the model load. ``load`` is the module's
+``load_seconds`` (``BudgetedQA`` loads its model in ``on_predict_start``, while the workers decode the first
+videos). The module's stage times come from
 ``pl_module.last_stage_seconds`` (set by :class:`lightning_modules.budgeted_qa.BudgetedQA`). Shown on the tqdm
 progress bar as a postfix, printed as a table and written to ``<out_dir>/timing_rank<r>.json`` at the end.
 """
@@ -22,7 +24,7 @@ class StageTimer(Callback):
         out_dir: where ``timing_rank<r>.json`` goes (default: the prediction writer's ``out_dir``).
     """
 
-    STAGES = ("wait", "encode", "plan_build", "answer")
+    STAGES = ("load", "wait", "encode", "plan_build", "answer")
 
     def __init__(self, out_dir: str | None = None):
         self.out_dir = out_dir
@@ -39,7 +41,11 @@ class StageTimer(Callback):
     def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
         now = time.perf_counter()
         if self._mark is not None:
-            self.totals["wait"] += now - self._mark
+            load = 0.0
+            if self.videos == 0:   # the module's hooks ran after ours: its model load is inside this interval
+                load = float(getattr(pl_module, "load_seconds", 0.0) or 0.0)
+                self.totals["load"] += load
+            self.totals["wait"] += max(now - self._mark - load, 0.0)
 
     def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         for k, v in getattr(pl_module, "last_stage_seconds", {}).items():

@@ -123,6 +123,7 @@ class BudgetedQA(LightningModule):
         self.budgets = [int(b) for b in budgets]
         self.vlm: BudgetedVideoLlama3 | None = None
         self.last_stage_seconds: dict[str, float] = {}  # read by callbacks.timing.StageTimer
+        self.load_seconds = 0.0                         # model load (on_predict_start), read by StageTimer
 
     @property
     def jobs(self) -> dict[str, int]:
@@ -136,13 +137,23 @@ class BudgetedQA(LightningModule):
                 "raw_max_tokens": hp.raw_max_tokens, "max_tokens_per_frame": hp.max_tokens_per_frame,
                 "max_new_tokens": hp.max_new_tokens, "prompt_template": hp.prompt_template, "dtype": hp.dtype}
 
-    def setup(self, stage: str) -> None:
+    def on_predict_start(self) -> None:
+        """Load the model here, not in ``setup``: Lightning has already started the DataLoader workers (a sized
+        loader is not prefetched before this hook), so the first videos decode while the weights load instead
+        of the GPU waiting for them afterwards (``load_seconds`` is reported by ``callbacks.timing.StageTimer``)."""
+        self.load_model()
+
+    def load_model(self) -> None:
+        """Load the VLM from ``model_path`` onto this module's device (once)."""
         if self.vlm is None:
             hp = self.hparams
-            self.vlm = BudgetedVideoLlama3.from_pretrained(hp.model_path, dtype=hp.dtype,
-                                                           attn_implementation=hp.attn_implementation,
-                                                           raw_mode=hp.raw_mode,
-                                                           vision_attn_implementation=hp.vision_attn_implementation)
+            t0 = time.perf_counter()
+            vlm = BudgetedVideoLlama3.from_pretrained(hp.model_path, dtype=hp.dtype,
+                                                      attn_implementation=hp.attn_implementation,
+                                                      raw_mode=hp.raw_mode,
+                                                      vision_attn_implementation=hp.vision_attn_implementation)
+            self.vlm = vlm.to(self.device)
+            self.load_seconds = time.perf_counter() - t0
 
     def predict_step(self, item: dict, batch_idx: int = 0) -> list[dict]:
         jobs = self.jobs

@@ -26,7 +26,7 @@ OMNI_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def load_omni_thinker(model_dir: str | Path, dtype: str = "float32", attn_implementation: str = "sdpa",
-                      thinker=None):
+                      thinker=None, fused_kernels: bool = True):
     """The Qwen2.5-Omni thinker and its processors from one local directory (shared by feature extraction and
     omni QA).
 
@@ -35,6 +35,8 @@ def load_omni_thinker(model_dir: str | Path, dtype: str = "float32", attn_implem
         dtype: ``float32`` | ``bfloat16`` | ``float16``.
         attn_implementation: passed to ``from_pretrained``.
         thinker: an already built thinker (bench: random weights in memory), used as is.
+        fused_kernels: run RMSNorm, rotary and the SiLU gate as fused kernels on CUDA (:func:`models.fused.fuse`;
+            the library's math, bit-identical on the CPU).
 
     Returns:
         ``(model_dir, thinker, feature_extractor, video_processor)``; the thinker is in eval mode with gradients off.
@@ -54,5 +56,7 @@ def load_omni_thinker(model_dir: str | Path, dtype: str = "float32", attn_implem
             str(path), dtype=getattr(torch, dtype), attn_implementation=attn_implementation)
     thinker = thinker.eval()
     thinker.requires_grad_(False)
+    from .fused import fuse
+    fuse(thinker, fused_kernels)
     return (str(path), thinker, AutoFeatureExtractor.from_pretrained(str(path)),
             AutoVideoProcessor.from_pretrained(str(path)))

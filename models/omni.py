@@ -219,15 +219,16 @@ class OmniThinkerRunner(nn.Module):
         attn_implementation: passed to ``from_pretrained`` (``sdpa`` default; ``eager`` for bit-level checks).
         thinker: an already built thinker (then ``model_dir`` only supplies the feature extractor, the video
             processor and the optional tokenizer; ``dtype`` / ``attn_implementation`` are ignored).
+        fused_kernels: fused RMSNorm / rotary / SiLU-gate kernels on CUDA (:mod:`models.fused`).
     """
 
     def __init__(self, model_dir: str | Path, layer: int = -1, prompt_token_ids: list[int] | None = None,
                  dtype: str = "float32", attn_implementation: str = "sdpa",
-                 thinker: Qwen2_5OmniThinkerForConditionalGeneration | None = None):
+                 thinker: Qwen2_5OmniThinkerForConditionalGeneration | None = None, fused_kernels: bool = True):
         super().__init__()
         # ``thinker`` given (bench: random weights built in memory): used as is
         self.model_dir, self.thinker, self.feature_extractor, self.video_processor = load_omni_thinker(
-            model_dir, dtype, attn_implementation, thinker)
+            model_dir, dtype, attn_implementation, thinker, fused_kernels)
         self.log_mel = LogMel(self.feature_extractor)
         cfg = self.thinker.config
         self.text_config = cfg.get_text_config()

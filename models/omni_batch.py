@@ -180,14 +180,14 @@ def _chunk_attention(module, q, k, v, cu_seqlens) -> torch.Tensor:
 def _vision_attention_forward(self, hidden_states, cu_seqlens, position_embeddings=None, max_seqlen=None, **kw):
     # the library's float32 vision rotary (``apply_rotary_pos_emb_vision``), as one fused kernel on CUDA
     # (``models.vision_attention.rotary_qk``: bit-identical in eager, which is what runs on the CPU)
-    from .vision_attention import rotary_fn
+    from .vision_attention import fused_rotary_qk
 
     n = hidden_states.shape[0]
     q = self.q(hidden_states).reshape(n, self.num_heads, -1)
     k = self.k(hidden_states).reshape(n, self.num_heads, -1)
     v = self.v(hidden_states).reshape(n, self.num_heads, -1)
     cos, sin = position_embeddings
-    q, k = rotary_fn(q.device)(q, k, cos.unsqueeze(-2).float(), sin.unsqueeze(-2).float())
+    q, k = fused_rotary_qk(q, k, cos.unsqueeze(-2).float(), sin.unsqueeze(-2).float())
     q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
     return self.proj(_chunk_attention(self, q, k, v, cu_seqlens).contiguous())
 

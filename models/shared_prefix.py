@@ -26,6 +26,8 @@ import contextlib
 
 import torch
 
+from .fused import Fusable
+
 SHARED_PREFIX_SDPA = "shared_prefix_sdpa"
 _PREFIX: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # layer_idx -> prefix (keys, values), (1, Hkv, L, d)
 
@@ -112,10 +114,28 @@ def shared_prefix_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: to
     rows, heads, s, d = query.shape
     kv_heads = key.shape[1]
     g = heads // kv_heads
-    scale = scaling if scaling is not None else d ** -0.5
+    scale = float(scaling if scaling is not None else d ** -0.5)
     # prefix: fold (rows, G, s) into one query axis per KV head; query head h = kv * G + j (repeat_kv's layout)
     folded = query.view(rows, kv_heads, g, s, d).permute(1, 0, 2, 3, 4).reshape(1, kv_heads, rows * g * s, d)
     out_p, lse_p = _prefix_part(folded, pk, pv, scale)
+    return _suffix_and_merge(query, key, value, attention_mask, out_p, lse_p, scale), None
+
+
+def _suffix_and_merge_math(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           attention_mask: torch.Tensor | None, out_p: torch.Tensor, lse_p: torch.Tensor,
+                           scale: float) -> torch.Tensor:
+    """The suffix part and the merge (one fused kernel chain on CUDA, see :data:`_suffix_and_merge`).
+
+    Args:
+        query: (Q, H, s, d); key, value: (Q, Hkv, S, d); attention_mask: additive (Q, 1, s, S) or None;
+        out_p, lse_p: the prefix part over the folded queries, (1, Hkv, Q G s, d) and (1, Hkv, Q G s) float32.
+
+    Returns:
+        (Q, s, H, d) in the query dtype.
+    """
+    rows, heads, s, d = query.shape
+    kv_heads = key.shape[1]
+    g = heads // kv_heads
     out_p = out_p.view(kv_heads, rows, g, s, d).permute(1, 0, 2, 3, 4).reshape(rows, heads, s, d)
     lse_p = lse_p.view(kv_heads, rows, g, s).permute(1, 0, 2, 3).reshape(rows, heads, s)
     # suffix: per row, grouped heads against their KV head, with the row's mask
@@ -126,7 +146,11 @@ def shared_prefix_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: to
     out_s, lse_s = out_s.view(rows, heads, s, d), lse_s.view(rows, heads, s)
     # merge the two softmaxes: weight of the prefix part = e^lse_p / (e^lse_p + e^lse_s) = sigmoid(lse_p - lse_s)
     out = torch.lerp(out_s, out_p, torch.sigmoid(lse_p - lse_s)[..., None])
-    return out.to(query.dtype).transpose(1, 2).contiguous(), None
+    return out.to(query.dtype).transpose(1, 2).contiguous()
+
+
+# the suffix part and the merge are ~20 small kernels per layer and decode step in eager mode; compiled on CUDA
+_suffix_and_merge = Fusable(_suffix_and_merge_math, "shared-prefix suffix+merge")
 
 
 def register() -> str:

@@ -88,7 +88,9 @@ class Answer:
 class BudgetedVideoLlama3(nn.Module):
     """VideoLLaMA3 + qbase compressor with budgeted layouts and shared-prefix answering."""
 
-    _graph_warm = False  # a decode step was captured as a CUDA graph in this process (later captures skip warm-up)
+    # step shapes a decode-step CUDA graph was captured for in this process (``q == 1`` or not: PyTorch specializes
+    # size-1 dimensions, so a one-row step may compile the fused kernels anew); later captures skip the warm-up
+    _graph_warm: set = set()
 
     def __init__(self, model, tokenizer, video_processor, compressor: QBaseCompressor,
                  original_projector: nn.Module | None = None):
@@ -110,7 +112,8 @@ class BudgetedVideoLlama3(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype | str = torch.float32,
                         attn_implementation: str | None = "sdpa", raw_mode: str = "phase3",
-                        vision_attn_implementation: str | None = "frame_batched") -> "BudgetedVideoLlama3":
+                        vision_attn_implementation: str | None = "frame_batched",
+                        fused_kernels: bool = True) -> "BudgetedVideoLlama3":
         """Load a transformers-format VideoLLaMA3 directory plus ``qbase/`` (and ``original_projector/``).
 
         A directory in the original VideoLLaMA3 layout (``config.json`` with ``vision_encoder_config``, weights named
@@ -119,7 +122,7 @@ class BudgetedVideoLlama3(nn.Module):
 
         ``vision_attn_implementation``: ``"frame_batched"`` (default) attends all same-size frames of an encode in
         one SDPA call per layer (:mod:`models.vision_attention`); any transformers backend name is passed through;
-        ``None`` keeps ``attn_implementation``.
+        ``None`` keeps ``attn_implementation``. ``fused_kernels``: see :meth:`set_fused_kernels`.
 
         Raises:
             FileNotFoundError: the directory or a required file is missing (path named).
@@ -132,7 +135,7 @@ class BudgetedVideoLlama3(nn.Module):
         from .convert import is_original_layout, load_original_parts
         if is_original_layout(path):  # original VideoLLaMA3 layout: mapped in memory (models/convert.py)
             return cls(*load_original_parts(path, dtype, attn_implementation, raw_mode)).set_vision_attention(
-                vision_attn_implementation)
+                vision_attn_implementation).set_fused_kernels(fused_kernels)
         model, info = VideoLlama3ForConditionalGeneration.from_pretrained(
             path, dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True)
         bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
@@ -152,7 +155,16 @@ class BudgetedVideoLlama3(nn.Module):
         model.requires_grad_(False)  # inference only: no autograd graph can ever hold activations
         compressor.requires_grad_(False)
         return cls(model.eval(), tokenizer, video_processor, compressor.eval(),
-                   orig.eval() if orig is not None else None).set_vision_attention(vision_attn_implementation)
+                   orig.eval() if orig is not None else None).set_vision_attention(
+            vision_attn_implementation).set_fused_kernels(fused_kernels)
+
+    def set_fused_kernels(self, on: bool) -> "BudgetedVideoLlama3":
+        """Run the LLM's RMSNorm, rotary and SiLU gate as single fused kernels on CUDA (:mod:`models.fused`; the
+        library's math, eager and bit-identical on the CPU), or restore the library's forwards (``on=False``)."""
+        from .fused import fuse
+
+        fuse(self.model.model.language_model, on)
+        return self
 
     def set_vision_attention(self, implementation: str | None) -> "BudgetedVideoLlama3":
         """Select the vision encoder's attention backend (``"frame_batched"``, a transformers name, or ``None``)."""
@@ -576,7 +588,9 @@ class BudgetedVideoLlama3(nn.Module):
             if dev.type != "cuda":
                 raise ValueError("decode='graph' needs a CUDA device")
             lengths = [layer.cumulative_length.clone() for layer in sc.layers]
-            if not BudgetedVideoLlama3._graph_warm:  # first capture of the process: warm up on a side stream
+            warm_key = q == 1
+            if warm_key not in BudgetedVideoLlama3._graph_warm:  # first capture of this kind: warm up (lazy
+                # initialisation, compilation of the fused kernels) on a side stream
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):                                  # (writes are overwritten)
@@ -602,8 +616,9 @@ class BudgetedVideoLlama3(nn.Module):
             torch.cuda.current_stream().wait_stream(capture)
             for layer, n in zip(sc.layers, lengths):                           # rewind the cache write position
                 layer.cumulative_length.copy_(n)
-            # later captures skip the warm-up: lazy initialisation (cuBLAS handles, workspaces) is done
-            BudgetedVideoLlama3._graph_warm = cuda_graph is not None
+            # later captures skip the warm-up: lazy initialisation (cuBLAS handles, workspaces, compiled kernels) is done
+            if cuda_graph is not None:
+                BudgetedVideoLlama3._graph_warm.add(warm_key)
 
             if cuda_graph is not None:
                 def replay() -> torch.Tensor:

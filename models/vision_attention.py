@@ -29,11 +29,12 @@ import types
 import torch
 import torch.nn.functional as F
 
+from .fused import Fusable
+
 FRAME_BATCHED_SDPA = "flash_compatible_frame_batched_sdpa"
 log = logging.getLogger(__name__)
 
 _LAYOUT: tuple[int, int] | None = None   # (T, N) of the encode in progress, see frame_layout
-_COMPILED = {}                           # "rotary" -> compiled rotary_qk (CUDA), or None when compile failed
 
 
 def frame_batched_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -83,30 +84,7 @@ def rotary_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     return (qf * cos + q_rot * sin).to(q.dtype), (kf * cos + k_rot * sin).to(k.dtype)
 
 
-def rotary_fn(device: torch.device):
-    """The fused (compiled) rotary on CUDA, the eager one elsewhere; a compilation failure at the first call (no
-    Triton, an unsupported GPU) falls back to the eager rotary for the rest of the process, with a warning."""
-    if device.type != "cuda" or _COMPILED.get("rotary", True) is None:
-        return rotary_qk
-    if "rotary" not in _COMPILED:
-        _COMPILED["rotary"] = torch.compile(rotary_qk, dynamic=True, fullgraph=True)
-    compiled = _COMPILED["rotary"]
-
-    def call(q, k, cos, sin):
-        if _COMPILED.get("rotary") is None:
-            return rotary_qk(q, k, cos, sin)
-        if _COMPILED.get("rotary_ok"):            # compiled and ran once: later errors are real errors
-            return compiled(q, k, cos, sin)
-        try:
-            out = compiled(q, k, cos, sin)
-        except Exception as e:  # noqa: BLE001 - first call: compilation failed, the eager math is the same
-            log.warning("torch.compile of the vision rotary failed (%s); using the eager rotary", e)
-            _COMPILED["rotary"] = None
-            return rotary_qk(q, k, cos, sin)
-        _COMPILED["rotary_ok"] = True
-        return out
-
-    return call
+fused_rotary_qk = Fusable(rotary_qk, "vision rotary")   # one kernel on CUDA (models/fused.py), eager elsewhere
 
 
 @contextlib.contextmanager
@@ -152,7 +130,7 @@ def frame_batched_attention_forward(self, hidden_states: torch.Tensor, cu_seqlen
         cos, sin = cos[:n], sin[:n]                                            # (N, d): every frame has these
     else:
         cos, sin = cos.view(t, n, dim), sin.view(t, n, dim)
-    q, k = rotary_fn(q.device)(q, k, cos.unsqueeze(-2).float(), sin.unsqueeze(-2).float())
+    q, k = fused_rotary_qk(q, k, cos.unsqueeze(-2).float(), sin.unsqueeze(-2).float())
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          scale=self.scaling)                   # (T, H, N, d)
     out = out.transpose(1, 2).reshape(seq, heads * dim)

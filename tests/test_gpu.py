@@ -66,3 +66,47 @@ def test_shared_prefix_attention_bf16_flash_on_cuda():
     full_mask = torch.cat([torch.zeros(rows, 1, s, L, device=dev), mask.float()], -1)
     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), full_k, full_v, attn_mask=full_mask)
     assert (got.float() - ref.transpose(1, 2)).abs().max() < 2e-2
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_fused_kernels_on_cuda_equal_eager(dtype, tol):
+    """The compiled (Inductor) RMSNorm, rotary, SiLU gate and shared-prefix merge equal their eager math on CUDA to
+    the rounding of the intermediates kept in float32."""
+    from models import fused
+    from models import shared_prefix as sp
+
+    torch.manual_seed(0)
+    dev = "cuda"
+    x, w = torch.randn(3, 9, 256, device=dev, dtype=dtype), torch.randn(256, device=dev, dtype=dtype)
+    q, k = torch.randn(3, 8, 9, 64, device=dev, dtype=dtype), torch.randn(3, 2, 9, 64, device=dev, dtype=dtype)
+    cos, sin = torch.randn(3, 9, 64, device=dev, dtype=dtype), torch.randn(3, 9, 64, device=dev, dtype=dtype)
+    pairs = [(fused.rms_norm(x, w, 1e-6), fused._rms_norm(x, w, 1e-6)),
+             (fused.silu_mul(x, x.flip(-1)), fused._silu_mul(x, x.flip(-1)))]
+    pairs += list(zip(fused.rope(q, k, cos, sin), fused._rope(q, k, cos, sin)))
+    rows, heads, kv, s, S, d = 3, 8, 2, 1, 7, 64
+    query = torch.randn(rows, heads, s, d, device=dev, dtype=dtype)
+    key, value = (torch.randn(rows, kv, S, d, device=dev, dtype=dtype) for _ in range(2))
+    mask = torch.zeros(rows, 1, s, S, device=dev, dtype=dtype)
+    mask[0, ..., :3] = torch.finfo(dtype).min
+    out_p = torch.randn(1, kv, rows * (heads // kv) * s, d, device=dev)
+    lse_p = torch.randn(1, kv, rows * (heads // kv) * s, device=dev)
+    args = (query, key, value, mask, out_p, lse_p, 0.125)
+    pairs.append((sp._suffix_and_merge(*args), sp._suffix_and_merge_math(*args)))
+    for got, want in pairs:
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.allclose(got.float(), want.float(), atol=tol, rtol=tol)
+    assert all(f.state == "ok" for f in (fused.rms_norm, fused.rope, fused.silu_mul, sp._suffix_and_merge))
+
+
+def test_graph_decode_one_question_after_several(cuda_vlm):
+    """A one-row decode step (size-1 batch: new specializations of the fused kernels) is captured after a
+    several-row one and still answers as the sequential path does."""
+    from datamodules.decoding import decode_video
+    from models.videollama3 import prepare_budgets
+
+    dec = decode_video(MEDIA / "cockatoo.mp4", 256)
+    (bi,) = prepare_budgets(cuda_vlm, dec.frames.cuda(), dec.times_s, [256])
+    qs = ["What animal is shown?\nA. A dog.\nB. A cockatoo.", "Colour?\nA. White.\nB. Green."]
+    for questions in (qs, qs[:1]):
+        seq = [a.token_ids for a in cuda_vlm.answer_all(bi.prompt, questions, 9)]
+        assert [a.token_ids for a in cuda_vlm.answer_batched(bi.prompt, questions, 9, decode="graph")] == seq

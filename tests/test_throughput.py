@@ -1,5 +1,6 @@
 """Issue 7 (CPU parts): batched answering equals sequential answering token for token; the cost-balanced
 whole-video sampler; a 2-process DDP predict writes exactly the records of a 1-process run."""
+import json
 import os
 import shutil
 import subprocess
@@ -7,6 +8,7 @@ import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 import pytest
 import torch
 import yaml
@@ -132,6 +134,11 @@ def test_ddp_two_processes_equal_one_process(tiny_vl3_dir, tmp_path):
     ranks = {p.name for p in two.glob("*/*/*.jsonl")}
     assert ranks == {"rank0.jsonl", "rank1.jsonl"}  # both processes worked
     assert (two / "scores.json").is_file() and (two / "timing_rank1.json").is_file()
+    for out in (one / "timing_rank0.json", two / "timing_rank1.json"):
+        timing = json.loads(out.read_text())
+        # the model loads in on_predict_start (workers already decoding); its time is 'load', never 'wait'
+        assert set(timing["stages_s"]) == {"load", "wait", "encode", "plan_build", "answer"}
+        assert timing["stages_s"]["load"] > 0 and timing["videos"] > 0
 
 
 def test_frame_batched_vision_attention_equals_per_frame(tiny_vlm):
@@ -244,18 +251,24 @@ def test_shared_prefix_attention_equals_full_attention():
         sp.shared_prefix_sdpa(types.SimpleNamespace(layer_idx=0), q, sk, sv, mask)
 
 
-def test_compiled_rotary_falls_back_to_eager(monkeypatch):
-    """A rotary whose compilation fails at the first call is replaced by the eager rotary for good (same values)."""
+def test_fused_function_falls_back_to_eager(monkeypatch):
+    """A fused function whose compilation fails at the first call is replaced by the eager one for good (same values);
+    on a device outside ``devices`` the eager function runs without compiling."""
     from models import vision_attention as va
+    from models.fused import Fusable
+
+    calls = []
 
     def broken(*args, **kwargs):
+        calls.append(1)
         raise RuntimeError("no triton")
 
-    monkeypatch.setattr(va, "_COMPILED", {"rotary": broken})
+    f = Fusable(va.rotary_qk, "test rotary", devices=("cpu",))
+    f._compiled = broken                           # as if torch.compile had returned a function that fails
     q, k = torch.randn(2, 5, 3, 8), torch.randn(2, 5, 3, 8)
     cos, sin = torch.randn(5, 1, 8), torch.randn(5, 1, 8)
-    fn = va.rotary_fn(torch.device("cuda"))       # returns the wrapper; nothing runs on a device here
-    got = fn(q, k, cos, sin)
     want = va.rotary_qk(q, k, cos, sin)
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
-    assert va._COMPILED["rotary"] is None and va.rotary_fn(torch.device("cuda")) is va.rotary_qk
+    assert all(torch.equal(a, b) for a, b in zip(f(q, k, cos, sin), want)) and f.state == "failed"
+    assert all(torch.equal(a, b) for a, b in zip(f(q, k, cos, sin), want)) and len(calls) == 1
+    g = Fusable(va.rotary_qk, "cuda only")         # CPU tensors: eager, nothing compiled
+    assert all(torch.equal(a, b) for a, b in zip(g(q, k, cos, sin), want)) and g._compiled is None
