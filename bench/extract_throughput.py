@@ -229,6 +229,33 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
     return rows
 
 
+def profile_run(tiny: bool, n: int, duration_s: float, memory_s: float, mode: str, policy: str,
+                device: str | None = None, rows: int = 25) -> None:
+    """Print torch.profiler's top operators by device time (and by host time) for one warmed-up batched run."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from models.omni_batch import BatchedOmniRunner
+
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() and not tiny else "cpu"))
+    with tempfile.TemporaryDirectory() as tmp:
+        runner = build_runner(tiny, str(dev), Path(tmp))
+    hw = TINY_FRAME_HW if tiny else FRAME_HW
+    data = make_sessions(n, duration_s, hw)
+    warm = make_sessions(min(n, 2), 2.0, hw, seed=1)
+    batched = BatchedOmniRunner(runner, sessions_per_batch=n)
+    batched.run_streams([{"frames": s["frames"], "audio": s["audio"]} for s in warm] * (n // len(warm) or 1), mode,
+                        memory_s, verify_rows=0, memory_policy=policy)
+    streams = [{"frames": s["frames"], "audio": s["audio"]} for s in data]
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        t = time.perf_counter()
+        batched.run_streams(streams, mode, memory_s, verify_rows=0, memory_policy=policy)
+        _sync(dev)
+    print(f"{mode} / {policy} / {n} sessions: {time.perf_counter() - t:.2f} s under the profiler")
+    key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=70))
+
+
 def _fmt_row(r: dict) -> str:
     llm = "-" if r["llm_tokens_per_s"] is None else f"{r['llm_tokens_per_s']:.0f}"
     ok = "yes" if r["dataset_rtf"] >= r["target"] else "no"
@@ -284,9 +311,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--no-fused", action="store_true",
                    help="batched rows without the fused RMSNorm / rotary / SiLU-gate kernels (models/fused.py)")
     p.add_argument("--json", default=None, help="write the rows here")
+    p.add_argument("--profile", default=None, choices=list(MODES),
+                   help="only profile one batched run of this mode (first --sessions, first --memory-policy): "
+                        "torch.profiler table of the top kernels by GPU time")
     a = p.parse_args(argv)
     sessions = tuple(a.sessions or ((4,) if a.tiny else (8, 16)))
     duration = a.duration or (12.0 if a.tiny else 24.0)
+    if a.profile:
+        profile_run(a.tiny, sessions[0], duration, a.memory, a.profile, a.memory_policy[0], a.device)
+        return []
     t0 = time.perf_counter()
     print("rows as they finish (the final tables follow):")
     print(HEADER)

@@ -150,7 +150,8 @@ def _suffix_and_merge_math(query: torch.Tensor, key: torch.Tensor, value: torch.
 
 
 # the suffix part and the merge are ~20 small kernels per layer and decode step in eager mode; compiled on CUDA
-_suffix_and_merge = Fusable(_suffix_and_merge_math, "shared-prefix suffix+merge")
+_suffix_and_merge = Fusable(_suffix_and_merge_math, "shared-prefix suffix+merge",
+                            dynamic=((0, 2), (0, 2), (0, 2), (0, 2, 3), (2,), (2,)))
 
 
 def register() -> str:

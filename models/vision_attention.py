@@ -84,7 +84,8 @@ def rotary_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     return (qf * cos + q_rot * sin).to(q.dtype), (kf * cos + k_rot * sin).to(k.dtype)
 
 
-fused_rotary_qk = Fusable(rotary_qk, "vision rotary")   # one kernel on CUDA (models/fused.py), eager elsewhere
+# one kernel on CUDA (models/fused.py), eager elsewhere; q, k (..., N, H, d) and cos, sin (..., N, 1, d)
+fused_rotary_qk = Fusable(rotary_qk, "vision rotary", dynamic=(2, 2, 2, 2))
 
 
 @contextlib.contextmanager

@@ -63,3 +63,23 @@ def test_fuse_covers_the_omni_thinker(tmp_path):
     assert n_vision >= 3 * len(vision.blocks)
     assert not any("forward" in m.__dict__ for m in model.audio_tower.modules())
     assert fused.fuse(runner.thinker, False) == n_text + n_vision
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_padded_gate_up_equals_the_library_mlp(bias):
+    """A gated MLP with an intermediate size off the 8-element alignment, zero-padded to 64 with gate and up in one
+    GEMM (what runs on CUDA), gives the library's values; the padding is rebuilt when the weights change."""
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniMLP
+
+    cfg = type("Cfg", (), {"hidden_size": 24, "intermediate_size": 37, "hidden_act": "silu"})()
+    torch.manual_seed(0)
+    mlp = Qwen2_5OmniMLP(cfg, bias=bias)
+    x = torch.randn(5, 24)
+    w, b, dw = fused._padded_gate_up(mlp, x.device)
+    assert w.shape == (128, 24) and dw.shape == (24, 64) and (b is None) == (not bias)
+    assert torch.count_nonzero(w[37:64]) == 0 and torch.count_nonzero(dw[:, 37:]) == 0
+    want = Qwen2_5OmniMLP.forward(mlp, x)
+    assert torch.allclose(fused._padded_mlp(mlp, x), want, atol=1e-6, rtol=1e-6)
+    with torch.no_grad():
+        mlp.up_proj.weight.mul_(2)                   # in place: a new weight version
+    assert torch.allclose(fused._padded_mlp(mlp, x), Qwen2_5OmniMLP.forward(mlp, x), atol=1e-6, rtol=1e-6)
