@@ -27,7 +27,8 @@ For each mode it measures (after a warm-up on a short stream, ``--warmup`` s):
 and prints one table: memory policy, real-time factor (media seconds / wall seconds; batched = per-session RTF of
 session 0's share), dataset-level RTF (all sessions' media seconds / total wall) against the target, peak GPU memory
 (CPU: process peak RSS), the largest state difference of session 0 against the one-session path under the same
-policy (``window``: the timed baseline; ``sliding``: an extra untimed one-session run), and the computed vision
+policy (``window``: the timed baseline, with the library's forwards, so the difference includes the fused kernels'
+rounding; ``sliding``: an extra untimed one-session run with the fused kernels), and the computed vision
 patches and LLM tokens per media second. Issue-12 targets (H200, 720 tokens/patch, dataset-level):
 completed-block-hold >= 40x, micro-chunk-200ms >= 20x, open-stream-replay >= 8x (derived assuming committed
 blocks' KV is computed once and kept, i.e. the ``sliding`` policy).
@@ -230,7 +231,7 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
 
 
 def profile_run(tiny: bool, n: int, duration_s: float, memory_s: float, mode: str, policy: str,
-                device: str | None = None, rows: int = 25) -> None:
+                device: str | None = None, rows: int = 25, fused: bool = True) -> None:
     """Print torch.profiler's top operators by device time (and by host time) for one warmed-up batched run."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -239,6 +240,8 @@ def profile_run(tiny: bool, n: int, duration_s: float, memory_s: float, mode: st
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() and not tiny else "cpu"))
     with tempfile.TemporaryDirectory() as tmp:
         runner = build_runner(tiny, str(dev), Path(tmp))
+    from models.fused import fuse
+    fuse(runner.thinker, fused)
     hw = TINY_FRAME_HW if tiny else FRAME_HW
     data = make_sessions(n, duration_s, hw)
     warm = make_sessions(min(n, 2), 2.0, hw, seed=1)
@@ -318,7 +321,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     sessions = tuple(a.sessions or ((4,) if a.tiny else (8, 16)))
     duration = a.duration or (12.0 if a.tiny else 24.0)
     if a.profile:
-        profile_run(a.tiny, sessions[0], duration, a.memory, a.profile, a.memory_policy[0], a.device)
+        profile_run(a.tiny, sessions[0], duration, a.memory, a.profile, a.memory_policy[0], a.device,
+                    fused=not a.no_fused)
         return []
     t0 = time.perf_counter()
     print("rows as they finish (the final tables follow):")

@@ -198,6 +198,7 @@ def wait_share(vlm, videos: list[str], budgets: list[int], workers: int, chunk: 
 
     module = BudgetedQA(model_path="<in-memory>", budgets=budgets, encode_chunk_frames=chunk, max_new_tokens=16)
     module.vlm = vlm
+    module.to(vlm.device)    # as Lightning places it: frames preprocessed on the GPU, the decode step a CUDA graph
     jobs = [job_name(b) for b in budgets]
     tasks = []
     for i, v in enumerate(videos):

@@ -144,7 +144,9 @@ class BudgetedQA(LightningModule):
         self.load_model()
 
     def load_model(self) -> None:
-        """Load the VLM from ``model_path`` onto this module's device (once)."""
+        """Load the VLM from ``model_path`` onto this module's device (once; ``load_seconds`` is 0 when it was
+        already loaded, e.g. by an earlier ``predict`` call)."""
+        self.load_seconds = 0.0
         if self.vlm is None:
             hp = self.hparams
             t0 = time.perf_counter()

@@ -44,12 +44,16 @@ class Fusable:
     batch): a tuple of dimension indices, or an int ``k`` for "all but the last ``k``". They are marked dynamic
     from the first call, so a new length or batch size does not recompile, while the sizes the model fixes (hidden
     size, heads, head dim) stay constants in the kernel (a symbolic head dim of 72 turns every index into run-time
-    integer division: measured 5x slower on the H200). PyTorch specializes sizes 0 and 1, so a first call with a
-    size-1 dimension (a one-token decode step) compiles once more.
+    integer division: measured 5x slower on the H200). Compiled with ``dynamic=False``: a function that meets a
+    second fixed size (the Omni thinker's vision tower D = 1280 and LLM D = 2048 share :data:`rms_norm`) gets a
+    second graph, instead of PyTorch's automatic dynamic turning the fixed size symbolic for every later call.
+    PyTorch specializes sizes 0 and 1, so a first call with a size-1 dimension (a one-token decode step) compiles
+    once more. Inside an outer ``torch.compile`` (``compile_small_calls``) the eager math is inlined into that graph.
     """
 
-    def __init__(self, fn: Callable, name: str, dynamic: tuple = (), devices: tuple[str, ...] = ("cuda",)):
-        self.fn, self.name, self.dynamic, self.devices = fn, name, dynamic, devices
+    def __init__(self, fn: Callable, name: str, dynamic: tuple = (), devices: tuple[str, ...] = ("cuda",),
+                 backend: str = "inductor"):
+        self.fn, self.name, self.dynamic, self.devices, self.backend = fn, name, dynamic, devices, backend
         self._compiled: Callable | None = None
         self.state = "new"                     # new | ok (compiled and ran once) | failed (eager for good)
         self.__doc__ = fn.__doc__
@@ -62,10 +66,10 @@ class Fusable:
                     torch._dynamo.maybe_mark_dynamic(a, d)
 
     def __call__(self, *args):
-        if self.state == "failed" or args[0].device.type not in self.devices:
+        if self.state == "failed" or args[0].device.type not in self.devices or torch.compiler.is_compiling():
             return self.fn(*args)
         if self._compiled is None:
-            self._compiled = torch.compile(self.fn, fullgraph=True)
+            self._compiled = torch.compile(self.fn, fullgraph=True, dynamic=False, backend=self.backend)
         self._mark(args)
         if self.state == "ok":                 # compiled and ran once: later errors are real errors
             return self._compiled(*args)
@@ -117,52 +121,68 @@ ALIGN = 64   # intermediate sizes that are not a multiple of 8 (16-byte rows in 
 
 
 def _padded_gate_up(self, device: torch.device):
-    """``(gate_up_weight (2 Ip, D), gate_up_bias | None, down_weight (D, Ip))`` for an intermediate size I that is not
-    a multiple of 8, zero-padded to ``Ip = ceil(I / 64) * 64`` and with gate and up stacked into one GEMM.
+    """``(gate_up_weight (2 Ip, D), gate_up_bias | None, down_weight (D, Ip))`` for an intermediate size I whose rows
+    are not 16-byte aligned (I not a multiple of 8 in bf16/fp16), zero-padded to ``Ip = ceil(I / 64) * 64`` and with
+    gate and up stacked into one GEMM.
 
-    Exact: a padded channel has gate = 0, so ``silu(0) * up = 0``, and its down-projection column is 0 too. Built once
-    per device and weight version (extra memory: 3 Ip D weights per MLP, ~0.85 GB for the Qwen2.5-Omni-3B vision
-    tower, whose I = 3420 otherwise runs on sm80 kernels at about half the Hopper GEMM rate: measured 36% of a
+    The same function: a padded channel has gate = 0, so ``silu(0) * up = 0``, and its down-projection column is 0
+    too (exact in real arithmetic; the GEMMs' accumulation order differs from the unpadded ones, as between any two
+    GEMM kernels). Built without autograd, once per device and per weights (their storage, dtype and version), and
+    kept on the module (extra memory: 3 Ip D weights per MLP, ~0.85 GB for the Qwen2.5-Omni-3B vision tower in bf16,
+    whose I = 3420 otherwise runs on sm80 kernels at about half the Hopper GEMM rate: measured 36% of a
     completed-block-hold run's GPU time on the H200).
     """
     g, u, d = self.gate_proj, self.up_proj, self.down_proj
-    key = (device, g.weight._version, u.weight._version, d.weight._version)
+    key = (device,) + tuple(_identity(t) for t in (g.weight, u.weight, d.weight, g.bias, u.bias))
     cached = getattr(self, "_tb_padded", None)
     if cached is not None and cached[0] == key:
         return cached[1]
-    i = g.weight.shape[0]
-    ip = -(-i // ALIGN) * ALIGN
-    w = g.weight.new_zeros(2 * ip, g.weight.shape[1])
-    w[:i], w[ip:ip + i] = g.weight, u.weight
-    b = None
-    if g.bias is not None:
-        b = g.bias.new_zeros(2 * ip)
-        b[:i], b[ip:ip + i] = g.bias, u.bias
-    dw = d.weight.new_zeros(d.weight.shape[0], ip)
-    dw[:, :i] = d.weight
+    self.__dict__.pop("_tb_padded", None)           # free the stale copies first
+    with torch.no_grad():
+        i = g.weight.shape[0]
+        ip = -(-i // ALIGN) * ALIGN
+        w = g.weight.new_zeros(2 * ip, g.weight.shape[1])
+        w[:i], w[ip:ip + i] = g.weight, u.weight
+        b = None
+        if g.bias is not None:
+            b = g.bias.new_zeros(2 * ip)
+            b[:i], b[ip:ip + i] = g.bias, u.bias
+        dw = d.weight.new_zeros(d.weight.shape[0], ip)
+        dw[:, :i] = d.weight
     packed = (w, b, dw)
     self._tb_padded = (key, packed)
     return packed
 
 
+def _identity(t: torch.Tensor | None):
+    """What makes a cached copy of ``t`` stale: its storage, dtype, shape and in-place version (``-1`` for inference
+    tensors, which have no version and cannot be modified in place outside inference mode)."""
+    if t is None:
+        return None
+    return t.data_ptr(), t.dtype, tuple(t.shape), (-1 if t.is_inference() else t._version)
+
+
 def _padded_mlp(self, x: torch.Tensor) -> torch.Tensor:
-    """The gated MLP through :func:`_padded_gate_up` (the same values as the library's forward)."""
+    """The gated MLP through :func:`_padded_gate_up` (the library's function, see there)."""
     w, b, dw = _padded_gate_up(self, x.device)
     gate, up = F.linear(x, w, b).chunk(2, dim=-1)
     return F.linear(silu_mul(gate, up), dw, self.down_proj.bias)
 
 
 def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
-    if x.is_cuda and self.gate_proj.weight.shape[0] % 8:
+    gw = self.gate_proj.weight
+    if (x.is_cuda and (gw.shape[0] * gw.element_size()) % 16 and not torch.compiler.is_compiling()
+            and not (torch.is_grad_enabled() and gw.requires_grad)):
         return _padded_mlp(self, x)
     return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 def _rope_dispatch(original: Callable) -> Callable:
-    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        if _ROPE_ON[0] and unsqueeze_dim == 1 and q.is_cuda:
+    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+        if _ROPE_ON[0] and q.is_cuda and not args and set(kwargs) <= {"unsqueeze_dim"} \
+                and kwargs.get("unsqueeze_dim", 1) == 1:
             return rope(q, k, cos, sin)
-        return original(q, k, cos, sin, unsqueeze_dim)
+        return original(q, k, cos, sin, *args, **kwargs)
     apply_rotary_pos_emb.__wrapped__ = original
     return apply_rotary_pos_emb
 
@@ -172,14 +192,16 @@ def _is_silu(act) -> bool:
 
 
 def fuse(model: nn.Module, on: bool = True) -> int:
-    """Bind (``on``) or unbind the fused forwards on ``model``'s RMSNorm and gated-SiLU MLP modules, and switch the
-    fused rotary of the modules' ``apply_rotary_pos_emb`` (process-wide: every model of those transformers
-    modules; on CPU tensors the library's function runs either way).
+    """Bind (``on``) or unbind the fused forwards on ``model``'s RMSNorm and gated-SiLU MLP modules, and, when the
+    model has attention modules whose transformers module defines ``apply_rotary_pos_emb``, switch that function's
+    fused rotary (process-wide: every model of those transformers modules follows the last such call; on CPU
+    tensors the library's function runs either way). Unbinding also drops the padded MLP copies.
 
     Returns:
         The number of modules bound (``on``) or restored.
     """
     n = 0
+    rotary = False
     for mod in model.modules():
         name = type(mod).__name__
         if name in NORM_CLASSES and hasattr(mod, "variance_epsilon"):
@@ -188,7 +210,7 @@ def fuse(model: nn.Module, on: bool = True) -> int:
             fwd = _mlp_forward
         else:
             if name.endswith("Attention"):
-                _patch_rope(type(mod).__module__)
+                rotary |= _patch_rope(type(mod).__module__)
             continue
         if on:
             mod.forward = types.MethodType(fwd, mod)
@@ -197,15 +219,20 @@ def fuse(model: nn.Module, on: bool = True) -> int:
             del mod.forward
             mod.__dict__.pop("_tb_padded", None)
             n += 1
-    _ROPE_ON[0] = on
+    if rotary:            # only a model with such attention modules switches the (process-wide) fused rotary
+        _ROPE_ON[0] = on
     return n
 
 
-def _patch_rope(module_name: str) -> None:
-    """Route ``<module>.apply_rotary_pos_emb`` through :func:`_rope_dispatch` (once per module)."""
+def _patch_rope(module_name: str) -> bool:
+    """Route ``<module>.apply_rotary_pos_emb`` through :func:`_rope_dispatch` (once per module); whether the module
+    has that function (patched now or before)."""
     mod = sys.modules.get(module_name)
+    if module_name in _ROPE_ORIGINAL:
+        return True
     fn = getattr(mod, "apply_rotary_pos_emb", None)
-    if fn is None or module_name in _ROPE_ORIGINAL:
-        return
+    if fn is None:
+        return False
     _ROPE_ORIGINAL[module_name] = fn
     mod.apply_rotary_pos_emb = _rope_dispatch(fn)
+    return True

@@ -88,8 +88,9 @@ class Answer:
 class BudgetedVideoLlama3(nn.Module):
     """VideoLLaMA3 + qbase compressor with budgeted layouts and shared-prefix answering."""
 
-    # step shapes a decode-step CUDA graph was captured for in this process (``q == 1`` or not: PyTorch specializes
-    # size-1 dimensions, so a one-row step may compile the fused kernels anew); later captures skip the warm-up
+    # decode-step kinds a CUDA graph was captured for in this process: (model, dtype, fused kernels on, ``q == 1``;
+    # PyTorch specializes size-1 dimensions, so a one-row step may compile the fused kernels anew); a capture of a
+    # kind seen before skips the warm-up (nothing is left to compile or initialise lazily)
     _graph_warm: set = set()
 
     def __init__(self, model, tokenizer, video_processor, compressor: QBaseCompressor,
@@ -160,10 +161,12 @@ class BudgetedVideoLlama3(nn.Module):
 
     def set_fused_kernels(self, on: bool) -> "BudgetedVideoLlama3":
         """Run the LLM's RMSNorm, rotary and SiLU gate as single fused kernels on CUDA (:mod:`models.fused`; the
-        library's math, eager and bit-identical on the CPU), or restore the library's forwards (``on=False``)."""
+        library's math, eager and bit-identical on the CPU), or restore the library's forwards (``on=False``; the
+        project's own fused pieces, the vision rotary and the shared-prefix merge, stay compiled)."""
         from .fused import fuse
 
         fuse(self.model.model.language_model, on)
+        self._fused = on
         return self
 
     def set_vision_attention(self, implementation: str | None) -> "BudgetedVideoLlama3":
@@ -586,7 +589,7 @@ class BudgetedVideoLlama3(nn.Module):
             if dev.type != "cuda":
                 raise ValueError("decode='graph' needs a CUDA device")
             lengths = [layer.cumulative_length.clone() for layer in sc.layers]
-            warm_key = q == 1
+            warm_key = (id(self.model), self.dtype, getattr(self, "_fused", False), q == 1)
             if warm_key not in BudgetedVideoLlama3._graph_warm:  # first capture of this kind: warm up (lazy
                 # initialisation, compilation of the fused kernels) on a side stream
                 side = torch.cuda.Stream()

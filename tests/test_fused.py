@@ -83,3 +83,31 @@ def test_padded_gate_up_equals_the_library_mlp(bias):
     with torch.no_grad():
         mlp.up_proj.weight.mul_(2)                   # in place: a new weight version
     assert torch.allclose(fused._padded_mlp(mlp, x), Qwen2_5OmniMLP.forward(mlp, x), atol=1e-6, rtol=1e-6)
+
+
+def test_fusable_marks_rows_dynamic_and_inlines_under_an_outer_compile():
+    """Compiled (here with the eager backend on the CPU): new row counts reuse the graph, a new fixed size gets its own
+    graph (no automatic dynamic), and inside an outer ``torch.compile`` (``compile_small_calls``) the math is
+    inlined instead of calling torch._dynamo from traced code."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    graphs = []                                        # per compiled graph: its symbolic-size inputs
+
+    def backend(gm, example_inputs):
+        graphs.append(sum(not isinstance(t, torch.Tensor) for t in example_inputs))
+        return gm.forward
+
+    f = fused.Fusable(fused._rms_norm, "test norm", dynamic=(1,), devices=("cpu",), backend=backend)
+    w8, w16 = torch.ones(8), torch.ones(16)
+    for rows in (3, 5, 7):
+        x = torch.randn(rows, 8)
+        assert torch.equal(f(x, w8, 1e-6), fused._rms_norm(x, w8, 1e-6))
+    assert graphs == [1] and f.state == "ok"           # one graph, rows symbolic
+    for rows in (4, 9, 6):
+        f(torch.randn(rows, 16), w16, 1e-6)
+        f(torch.randn(rows, 8), w8, 1e-6)
+    assert graphs == [1, 1]                            # D = 16 got its own graph; D never became symbolic
+    outer = torch.compile(lambda x: f(x, w8, 1e-6) * 2, backend="eager", fullgraph=True)
+    x = torch.randn(5, 8)
+    assert torch.equal(outer(x), fused._rms_norm(x, w8, 1e-6) * 2)
