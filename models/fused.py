@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 NORM_CLASSES = frozenset({"Qwen2RMSNorm", "Qwen2_5OmniRMSNorm"})
 MLP_CLASSES = frozenset({"Qwen2MLP", "Qwen2_5OmniMLP"})
+RECOMPILE_LIMIT = 32     # graphs per fused function (torch._dynamo's recompile_limit is raised to at least this)
 
 
 class Fusable:
@@ -69,6 +70,10 @@ class Fusable:
         if self.state == "failed" or args[0].device.type not in self.devices or torch.compiler.is_compiling():
             return self.fn(*args)
         if self._compiled is None:
+            # one graph per fixed size and size-1 pattern (prefill / suffix / one-token step, one or several rows,
+            # vision and LLM widths): more than PyTorch's default of 8 per function in a process running both towers
+            cfg = torch._dynamo.config
+            cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
             self._compiled = torch.compile(self.fn, fullgraph=True, dynamic=False, backend=self.backend)
         self._mark(args)
         if self.state == "ok":                 # compiled and ran once: later errors are real errors
