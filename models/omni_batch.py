@@ -150,6 +150,21 @@ def single_session_computed(steps, n_frames: int, geometry=None) -> dict[str, fl
 
 
 # ------------------------------------------------------------------------------------- batched chunk attention
+def chunk_lengths(cu_seqlens: torch.Tensor) -> list[int]:
+    """Chunk lengths of a (n + 1,) ``cu_seqlens`` tensor, read to the host once per tensor object.
+
+    A tower passes the same ``cu_seqlens`` object (full attention) or ``cu_window_seqlens`` object (windowed) to all
+    of its 32 layers, so reading it in every layer would wait for the GPU 32 times per tower call, each time leaving
+    the GPU idle while the host launches the next layer. The lengths are kept on the tensor object itself (a new
+    forward builds new tensors, so they can never be stale; ``cu_seqlens`` is never modified in place).
+    """
+    cached = getattr(cu_seqlens, "_tb_chunk_lengths", None)
+    if cached is None:
+        cached = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        cu_seqlens._tb_chunk_lengths = cached
+    return cached
+
+
 def _chunk_attention(module, q, k, v, cu_seqlens) -> torch.Tensor:
     """Non-causal attention inside each ``cu_seqlens`` chunk of (1, H, S, d) q/k/v, one call per chunk length.
 
@@ -158,7 +173,7 @@ def _chunk_attention(module, q, k, v, cu_seqlens) -> torch.Tensor:
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import eager_attention_forward
 
     fn = ALL_ATTENTION_FUNCTIONS.get_interface(module.config._attn_implementation, eager_attention_forward)
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    lengths = chunk_lengths(cu_seqlens)
     _, h, s, d = q.shape
     if all(n == lengths[0] for n in lengths):  # all chunks equal (the usual case): views, one call, no Python loop
         qb, kb, vb = (t[0].view(h, len(lengths), lengths[0], d).transpose(0, 1) for t in (q, k, v))
@@ -280,7 +295,9 @@ class BatchedOmniRunner:
     index tensors (chunk lengths, pooling / window indices, rotary positions) are computed once per shape and kept on
     the device; payload positions are built on the device from cached layouts; states are read out on the device and
     copied to the host every ``_FLUSH_ROWS`` rows. So the row loop's own code waits for the device only at those
-    copies and when a stream drops out (the library's tower / LLM forwards are used as they are).
+    copies and when a stream drops out (the library's tower / LLM forwards are used as they are), and the towers'
+    batched chunk attention reads each ``cu_seqlens`` tensor's lengths once per tower call, not once per layer
+    (:func:`chunk_lengths`).
 
     Args:
         runner: the one-session runner (its thinker, processors, layer, prompt and geometry are used as they are).

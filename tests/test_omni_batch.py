@@ -161,6 +161,29 @@ def test_batch_of_one_and_library_attention_agree(runner):
     assert torch.equal(a.states, b.states)
 
 
+def test_chunk_lengths_read_once_per_cu_seqlens(runner, monkeypatch):
+    """Every layer of a tower gets the same cu_seqlens object; its lengths go to the host once per object (not once
+    per layer: a GPU wait each), and the states are unchanged."""
+    import models.omni_batch as ob
+
+    streams = [dict(zip(("frames", "audio"), media(2.0, s))) for s in (0, 1)]
+    plain = BatchedOmniRunner(runner, 2).run_streams(streams, COMPLETED_BLOCK_HOLD, verify_rows=0)
+    seen = []
+    original = ob.chunk_lengths
+
+    def spy(cu):
+        seen.append((cu, getattr(cu, "_tb_chunk_lengths", None) is None))   # keeps cu alive: ids stay unique
+        return original(cu)
+
+    monkeypatch.setattr(ob, "chunk_lengths", spy)
+    again = BatchedOmniRunner(runner, 2).run_streams(streams, COMPLETED_BLOCK_HOLD, verify_rows=0)
+    objects = {id(cu) for cu, _ in seen}
+    assert sum(first for _, first in seen) == len(objects) and len(seen) > len(objects)   # tiny towers: few layers
+    assert all(torch.equal(a.states, b.states) for a, b in zip(plain, again))
+    cu = torch.tensor([0, 3, 7, 7])
+    assert original(cu) == [3, 4, 0] and original(cu) is original(cu)
+
+
 def test_compile_flag_path(runner):
     streams = [dict(zip(("frames", "audio"), media(2.0, s))) for s in (0, 1)]
     plain = BatchedOmniRunner(runner, 2).run_streams(streams, COMPLETED_BLOCK_HOLD, verify_rows=0)
