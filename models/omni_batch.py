@@ -154,9 +154,11 @@ def chunk_lengths(cu_seqlens: torch.Tensor) -> list[int]:
     """Chunk lengths of a (n + 1,) ``cu_seqlens`` tensor, read to the host once per tensor object.
 
     A tower passes the same ``cu_seqlens`` object (full attention) or ``cu_window_seqlens`` object (windowed) to all
-    of its 32 layers, so reading it in every layer would wait for the GPU 32 times per tower call, each time leaving
-    the GPU idle while the host launches the next layer. The lengths are kept on the tensor object itself (a new
-    forward builds new tensors, so they can never be stale; ``cu_seqlens`` is never modified in place).
+    of its 32 layers. The runner's precomputed boundaries are host tensors (then this saves host work only); when the
+    library computes them on the device itself (audio spanning several attention chunks), reading them in every layer
+    would wait for the GPU 32 times per tower call, each time leaving it idle while the host launches the next layer.
+    The lengths are kept on the tensor object itself (a new forward builds new tensors, so they can never be stale;
+    ``cu_seqlens`` is never modified in place).
     """
     cached = getattr(cu_seqlens, "_tb_chunk_lengths", None)
     if cached is None:
@@ -295,9 +297,8 @@ class BatchedOmniRunner:
     index tensors (chunk lengths, pooling / window indices, rotary positions) are computed once per shape and kept on
     the device; payload positions are built on the device from cached layouts; states are read out on the device and
     copied to the host every ``_FLUSH_ROWS`` rows. So the row loop's own code waits for the device only at those
-    copies and when a stream drops out (the library's tower / LLM forwards are used as they are), and the towers'
-    batched chunk attention reads each ``cu_seqlens`` tensor's lengths once per tower call, not once per layer
-    (:func:`chunk_lengths`).
+    copies and when a stream drops out (the library's tower / LLM forwards are used as they are); the towers'
+    batched chunk attention reads each ``cu_seqlens`` tensor's lengths once per tower call (:func:`chunk_lengths`).
 
     Args:
         runner: the one-session runner (its thinker, processors, layer, prompt and geometry are used as they are).
