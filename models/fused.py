@@ -73,7 +73,8 @@ class Fusable:
             # one graph per fixed size and size-1 pattern (prefill / suffix / one-token step, one or several rows,
             # vision and LLM widths): more than PyTorch's default of 8 per function in a process running both towers
             cfg = torch._dynamo.config
-            cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
+            name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"  # older PyTorch
+            setattr(cfg, name, max(getattr(cfg, name), RECOMPILE_LIMIT))
             self._compiled = torch.compile(self.fn, fullgraph=True, dynamic=False, backend=self.backend)
         self._mark(args)
         if self.state == "ok":                 # compiled and ran once: later errors are real errors
