@@ -117,7 +117,8 @@ def check_run_settings(out_dir: Path, settings: dict, write: bool) -> None:
     """Compare the settings that determine a record with ``<out_dir>/run.json`` (written on the first run).
 
     Records are resumed by qid, so a folder must never mix records made with another model, benchmark or answer
-    setting: that would silently skip the new questions and score the old answers.
+    setting: that would silently skip the new questions and score the old answers. A ``run.json`` whose run wrote
+    no record (it stopped before the first video, e.g. on a wrong ``model_path``) is replaced instead.
 
     Raises:
         OutputSettingsError: naming every differing setting and the file.
@@ -126,11 +127,14 @@ def check_run_settings(out_dir: Path, settings: dict, write: bool) -> None:
     if path.is_file():
         old = json.loads(path.read_text(encoding="utf-8"))
         diffs = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in settings.items() if old.get(k, v) != v]
-        if diffs:
+        if not diffs:
+            return
+        if any(f.stat().st_size for f in out_dir.glob("*/*/*.jsonl")):
             raise OutputSettingsError(
                 f"{out_dir} holds records made with other settings ({'; '.join(diffs)}). Use another out_dir "
                 f"(--trainer.callbacks... out_dir) or delete {path} to resume with the new settings on purpose")
-    elif write and settings:
+        log.info("%s: replacing the settings of a run that wrote no record (%s)", path, "; ".join(diffs))
+    if write and settings:
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(settings, indent=2, sort_keys=True), encoding="utf-8")
