@@ -131,8 +131,9 @@ def check_run_settings(out_dir: Path, settings: dict, write: bool) -> None:
             return
         if any(f.stat().st_size for f in out_dir.glob("*/*/*.jsonl")):
             raise OutputSettingsError(
-                f"{out_dir} holds records made with other settings ({'; '.join(diffs)}). Use another out_dir "
-                f"(--trainer.callbacks... out_dir) or delete {path} to resume with the new settings on purpose")
+                f"{out_dir} holds records made with other settings ({'; '.join(diffs)}). Use another output folder "
+                f"(--trainer.callbacks.init_args.out_dir=DIR with the shipped configs, where the writer is the last "
+                f"callback), or delete {path} to resume with the new settings on purpose")
         log.info("%s: replacing the settings of a run that wrote no record (%s)", path, "; ".join(diffs))
     if write and settings:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -131,8 +131,14 @@ class BudgetedQA(LightningModule):
         return {job_name(b): b for b in self.budgets}
 
     def record_settings(self) -> dict:
-        """Settings that determine a record (kept in the output folder's ``run.json``; budgets may be added)."""
+        """Settings that determine a record (kept in the output folder's ``run.json``; budgets may be added).
+
+        Raises:
+            FileNotFoundError: ``model_path`` is no checkpoint directory (said before the output folder's settings are
+                compared, so a wrong path is never reported as a settings mismatch).
+        """
         hp = self.hparams
+        BudgetedVideoLlama3.checkpoint_dir(hp.model_path)
         return {"model_path": str(Path(hp.model_path).resolve()), "raw_mode": hp.raw_mode,
                 "raw_max_tokens": hp.raw_max_tokens, "max_tokens_per_frame": hp.max_tokens_per_frame,
                 "max_new_tokens": hp.max_new_tokens, "prompt_template": hp.prompt_template, "dtype": hp.dtype}

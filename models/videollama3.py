@@ -131,7 +131,7 @@ class BudgetedVideoLlama3(nn.Module):
         """
         from transformers import AutoTokenizer, AutoVideoProcessor, VideoLlama3ForConditionalGeneration
 
-        path = local_checkpoint(path, "VideoLLaMA3", "for the demo run `python -m models.tiny` first")
+        path = cls.checkpoint_dir(path)
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         from .convert import is_original_layout, load_original_parts
         if is_original_layout(path):  # original VideoLLaMA3 layout: mapped in memory (models/convert.py)
@@ -168,6 +168,15 @@ class BudgetedVideoLlama3(nn.Module):
         fuse(self.model.model.language_model, on)
         self._fused = on
         return self
+
+    @staticmethod
+    def checkpoint_dir(path: str | Path) -> Path:
+        """``path`` as a local checkpoint directory (one with ``config.json``).
+
+        Raises:
+            FileNotFoundError: naming the path (and how to build the demo checkpoint).
+        """
+        return local_checkpoint(path, "VideoLLaMA3", "for the demo run `python -m models.tiny` first")
 
     def set_vision_attention(self, implementation: str | None) -> "BudgetedVideoLlama3":
         """Select the vision encoder's attention backend (``"frame_batched"``, a transformers name, or ``None``)."""

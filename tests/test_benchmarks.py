@@ -265,5 +265,7 @@ def test_prompts_per_benchmark(tmp_path):
 
 
 def test_unknown_benchmark():
-    with pytest.raises(KeyError, match="known"):
+    from algorithms.errors import SettingError
+
+    with pytest.raises(SettingError, match="unknown benchmark 'nope'; known"):
         load_benchmark("nope", ".")

@@ -26,6 +26,11 @@ def test_predict_config_instantiates(path, tmp_path):
     assert isinstance(cli.model, LightningModule) and isinstance(cli.datamodule, LightningDataModule)
     assert type(cli.model).__name__ == cfg["model"]["class_path"].rsplit(".", 1)[1]
     assert type(cli.datamodule).__name__ == cfg["data"]["class_path"].rsplit(".", 1)[1]
+    # the output folder has a command-line override: the writer is the last callback
+    cli = evaluate.cli_main(["--config", str(plain), f"--trainer.callbacks.init_args.out_dir={tmp_path / 'o'}"],
+                            run=False)
+    (writer,) = [cb for cb in cli.trainer.callbacks if type(cb).__name__ == "JsonlPredictionWriter"]
+    assert writer.out_dir == tmp_path / "o"
 
 
 def test_missing_checkpoints_fail_fast_naming_the_path(tmp_path):

@@ -143,15 +143,18 @@ def test_failed_questions_are_retried_and_other_settings_refused(tiny_vl3_dir, d
 
 
 def test_settings_of_a_run_without_records_are_replaced(tiny_vl3_dir, demo_bench, tmp_path):
-    """A run that stopped before its first record (a wrong model path) does not lock the folder to its settings."""
+    """A wrong model path is named as such (not as a settings mismatch with the folder's records), and a run.json
+    left by a run that stopped before its first record does not lock the folder to its settings."""
     from callbacks.jsonl_writer import RUN_FILE
 
     out = tmp_path / "out"
-    with pytest.raises(FileNotFoundError, match="no VideoLLaMA3 checkpoint"):
-        run_predict(tmp_path / "missing_model", demo_bench, out, budgets=(256,))
-    assert str(tmp_path / "missing_model") in (out / RUN_FILE).read_text() and not read_json_lines(out)
+    out.mkdir()
+    (out / RUN_FILE).write_text(json.dumps({"model_path": "/elsewhere", "max_new_tokens": 99}))   # no records
     records = run_predict(tiny_vl3_dir, demo_bench, out, budgets=(256,))
-    assert len(records) == 7 and str(tiny_vl3_dir) in (out / RUN_FILE).read_text()
+    assert len(records) == 7 and json.loads((out / RUN_FILE).read_text())["model_path"] == str(tiny_vl3_dir)
+    with pytest.raises(FileNotFoundError, match="missing_model"):
+        run_predict(tmp_path / "missing_model", demo_bench, out, budgets=(256,))
+    assert read_json_lines(out) == records
 
 
 def read_json_lines(out):

@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from algorithms.errors import SettingError
+
 LETTERS = "ABCDEFGHIJ"
 MIN_OPTIONS = 2
 
@@ -186,10 +188,10 @@ def load_benchmark(name: str, root: str | Path, **kwargs) -> list[Question]:
     """Load benchmark ``name`` from its release directory ``root``.
 
     Raises:
-        KeyError: unknown benchmark name (the message lists the known ones).
+        SettingError: unknown benchmark name (the message lists the known ones).
         AnnotationError: a malformed annotation file or row (named in the message).
     """
     from . import lvb, mlvu, videomme, worldsense  # noqa: F401  (registration side effect)
     if name not in LOADERS:
-        raise KeyError(f"unknown benchmark {name!r}; known: {sorted(LOADERS)}")
+        raise SettingError(f"unknown benchmark {name!r}; known: {sorted(LOADERS)}")
     return LOADERS[name](Path(root), **kwargs)
