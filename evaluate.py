@@ -29,6 +29,9 @@ def build_cli(args: list[str] | None, run: bool, **kwargs) -> LightningCLI:
     """The project's LightningCLI (subclass mode for model and data, seed 0); ``kwargs`` add entry-specific options
     (config callback, default config files). Shared by ``evaluate.py`` and ``train.py``."""
     kwargs.setdefault("save_config_callback", None)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()   # "Loading weights" bars would interleave with the run's own progress bar
     return LightningCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                         args=args, run=run, seed_everything_default=0, **kwargs)
 

@@ -153,8 +153,12 @@ class VideoQADataModule(LightningDataModule):
                                "false` (Lightning would otherwise split this rank's share again)")
         sampler = CostBalancedSampler(costs, world, rank)
         n_done = sum(len(v) for v in done.values())
-        log.info("%s: rank %d/%d takes %d of %d videos to process (%d (job, qid) records already written)",
-                 self.benchmark, rank, world, len(sampler), len(tasks), n_done)
+        msg = (f"{self.benchmark}: rank {rank}/{world} takes {len(sampler)} of {len(tasks)} videos to process "
+               f"({n_done} (job, qid) records already written)")
+        if len(sampler) == 0:   # a resumed run with nothing left: say so (the progress bar shows no step)
+            print(f"[rank {rank}] {msg}: nothing to run", flush=True)
+        else:
+            log.info(msg)
         ds = VideoQADataset(tasks, max_budget, self.decode_max_side)
         return DataLoader(ds, batch_size=None, sampler=sampler, num_workers=self.num_workers,
                           prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
