@@ -69,8 +69,13 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     """Build (and by default run) the LightningCLI; ``args`` as on the command line (``None``: ``sys.argv``)."""
     from evaluate import build_cli
 
-    return build_cli(args, run, save_config_callback=WandbConfigCallback,
-                     save_config_kwargs={"save_to_log_dir": False, "overwrite": True})
+    cli = build_cli(args, run, save_config_callback=WandbConfigCallback,
+                    save_config_kwargs={"save_to_log_dir": False, "overwrite": True})
+    ckpt = cli.trainer.checkpoint_callback if run and cli.subcommand == "fit" else None
+    if ckpt is not None and ckpt.best_model_path and cli.trainer.is_global_zero:
+        print(f"best checkpoint: {ckpt.best_model_path}  (test: python train.py test --config ... "
+              f"--ckpt_path={ckpt.best_model_path})", flush=True)
+    return cli
 
 
 if __name__ == "__main__":

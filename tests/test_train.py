@@ -37,8 +37,9 @@ def fit_args(demo, tmp_path, *extra):
             "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", *extra]
 
 
-def test_fit_learns_logs_offline_and_tests_best_checkpoint(demo, tmp_path):
+def test_fit_learns_logs_offline_and_tests_best_checkpoint(demo, tmp_path, capsys):
     cli = cli_main(fit_args(demo, tmp_path, "--trainer.max_epochs=3", f"--trainer.logger.init_args.save_dir={tmp_path}"))
+    assert f"best checkpoint: {cli.trainer.checkpoint_callback.best_model_path}" in capsys.readouterr().out
     m = cli.trainer.callback_metrics
     assert float(m["val/auroc_mean"]) > 0.9
     assert float(m["train/rows_per_s"]) > 0 and "val/sh_bacc" in m and "val/ap_va_wearer" in m
