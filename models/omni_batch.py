@@ -91,6 +91,7 @@ from algorithms.streaming import (MICRO_CHUNK_200MS, MODES, OPEN_STREAM_REPLAY, 
                                   check_memory_policy, check_micro_chunk_tiling, memory_blocks, schedule)
 from models.omni import (AUDIO_SAMPLE_RATE, SLIDING_VERIFY_BLOCKS, OmniThinkerRunner, Payload, StreamResult,
                          frame_indices, frames_tensor, verify_candidates, video_inputs)
+from models.vision_attention import chunk_lengths, fused_rotary_qk
 
 COMPUTED_FIELDS = {
     "computed_processor_calls": "feature-extractor calls + video-processor calls actually run for the stream "
@@ -150,23 +151,6 @@ def single_session_computed(steps, n_frames: int, geometry=None) -> dict[str, fl
 
 
 # ------------------------------------------------------------------------------------- batched chunk attention
-def chunk_lengths(cu_seqlens: torch.Tensor) -> list[int]:
-    """Chunk lengths of a (n + 1,) ``cu_seqlens`` tensor, read to the host once per tensor object.
-
-    A tower passes the same ``cu_seqlens`` object (full attention) or ``cu_window_seqlens`` object (windowed) to all
-    of its 32 layers. The runner's precomputed boundaries are host tensors (then this saves host work only); when the
-    library computes them on the device itself (audio spanning several attention chunks), reading them in every layer
-    would wait for the GPU 32 times per tower call, each time leaving it idle while the host launches the next layer.
-    The lengths are kept on the tensor object itself (a new forward builds new tensors, so they can never be stale;
-    ``cu_seqlens`` is never modified in place).
-    """
-    cached = getattr(cu_seqlens, "_tb_chunk_lengths", None)
-    if cached is None:
-        cached = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
-        cu_seqlens._tb_chunk_lengths = cached
-    return cached
-
-
 def _chunk_attention(module, q, k, v, cu_seqlens) -> torch.Tensor:
     """Non-causal attention inside each ``cu_seqlens`` chunk of (1, H, S, d) q/k/v, one call per chunk length.
 
@@ -197,8 +181,6 @@ def _chunk_attention(module, q, k, v, cu_seqlens) -> torch.Tensor:
 def _vision_attention_forward(self, hidden_states, cu_seqlens, position_embeddings=None, max_seqlen=None, **kw):
     # the library's float32 vision rotary (``apply_rotary_pos_emb_vision``), as one fused kernel on CUDA
     # (``models.vision_attention.rotary_qk``: bit-identical in eager, which is what runs on the CPU)
-    from .vision_attention import fused_rotary_qk
-
     n = hidden_states.shape[0]
     q = self.q(hidden_states).reshape(n, self.num_heads, -1)
     k = self.k(hidden_states).reshape(n, self.num_heads, -1)
@@ -298,7 +280,8 @@ class BatchedOmniRunner:
     the device; payload positions are built on the device from cached layouts; states are read out on the device and
     copied to the host every ``_FLUSH_ROWS`` rows. So the row loop's own code waits for the device only at those
     copies and when a stream drops out (the library's tower / LLM forwards are used as they are); the towers'
-    batched chunk attention reads each ``cu_seqlens`` tensor's lengths once per tower call (:func:`chunk_lengths`).
+    batched chunk attention reads each ``cu_seqlens`` tensor's lengths once per tower call
+    (:func:`models.vision_attention.chunk_lengths`).
 
     Args:
         runner: the one-session runner (its thinker, processors, layer, prompt and geometry are used as they are).

@@ -108,6 +108,7 @@ class BudgetedVideoLlama3(nn.Module):
             if tokenizer.convert_tokens_to_ids(tok) in (None, tokenizer.unk_token_id):
                 raise ValueError(f"tokenizer has no special token {tok!r}")
         self._template = self._split_chat_template()
+        self._fused = False      # LLM fused kernels bound (set_fused_kernels)
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -598,7 +599,7 @@ class BudgetedVideoLlama3(nn.Module):
             if dev.type != "cuda":
                 raise ValueError("decode='graph' needs a CUDA device")
             lengths = [layer.cumulative_length.clone() for layer in sc.layers]
-            warm_key = (id(self.model), self.dtype, getattr(self, "_fused", False), q == 1)
+            warm_key = (id(self.model), self.dtype, self._fused, q == 1)
             if warm_key not in BudgetedVideoLlama3._graph_warm:  # first capture of this kind: warm up (lazy
                 # initialisation, compilation of the fused kernels) on a side stream
                 side = torch.cuda.Stream()

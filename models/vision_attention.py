@@ -13,7 +13,7 @@ Two pieces, both selected by ``BudgetedVideoLlama3.set_vision_attention("frame_b
   frames and attended in ONE SDPA call per layer; unequal segments fall back to the per-segment loop.
 * :func:`frame_batched_attention_forward`, bound to every ``VideoLlama3VisionAttention`` of the model: the same
   projections and the same float32 rotary math as the library's forward (``apply_rotary_pos_emb_vision``), but
-  the rotary is one fused kernel on CUDA (``torch.compile`` of :func:`rotary_qk`, dynamic shapes; eager on CPU,
+  the rotary is one fused kernel on CUDA (:data:`fused_rotary_qk`, :mod:`models.fused`; eager on CPU,
   bit-identical to the library there), uses one frame's cos/sin for all frames (the positions repeat per frame),
   and the frame layout comes from :func:`frame_layout` (set by ``encode``) instead of a device-to-host read of
   ``cu_seqlens`` in every layer.
@@ -23,7 +23,6 @@ Legend: S packed tokens, H heads, d head dim, T frames, N tokens per frame, C = 
 from __future__ import annotations
 
 import contextlib
-import logging
 import types
 
 import torch
@@ -32,9 +31,25 @@ import torch.nn.functional as F
 from .fused import Fusable
 
 FRAME_BATCHED_SDPA = "flash_compatible_frame_batched_sdpa"
-log = logging.getLogger(__name__)
 
 _LAYOUT: tuple[int, int] | None = None   # (T, N) of the encode in progress, see frame_layout
+
+
+def chunk_lengths(cu_seqlens: torch.Tensor) -> list[int]:
+    """Segment lengths of a (n + 1,) ``cu_seqlens`` tensor, read to the host once per tensor object.
+
+    A vision or audio tower passes the same ``cu_seqlens`` object (full attention) or ``cu_window_seqlens`` object
+    (windowed) to all of its layers. Boundaries already on the host cost host work only; boundaries on the device
+    (the library's own computation, e.g. Omni audio spanning several attention chunks, or a VideoLLaMA3 encode
+    without :func:`frame_layout`) would otherwise wait for the GPU once per layer, each time leaving it idle while the
+    host launches the next layer. The lengths are kept on the tensor object itself (a new forward builds new tensors,
+    so they can never be stale; ``cu_seqlens`` is never modified in place).
+    """
+    cached = getattr(cu_seqlens, "_tb_chunk_lengths", None)
+    if cached is None:
+        cached = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        cu_seqlens._tb_chunk_lengths = cached
+    return cached
 
 
 def frame_batched_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -55,7 +70,7 @@ def frame_batched_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: to
     elif _LAYOUT is not None and _LAYOUT[0] * _LAYOUT[1] == seq and cu_seq_lens_q.shape[0] == _LAYOUT[0] + 1:
         lengths = [_LAYOUT[1]] * _LAYOUT[0]
     else:
-        lengths = (cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).tolist()
+        lengths = chunk_lengths(cu_seq_lens_q)
     if len(set(lengths)) == 1:
         t, n = len(lengths), lengths[0]
         q, k, v = (x.view(heads, t, n, dim).transpose(0, 1) for x in (query[0], key[0], value[0]))  # (T, H, N, d)
@@ -118,7 +133,7 @@ def frame_batched_attention_forward(self, hidden_states: torch.Tensor, cu_seqlen
     if _LAYOUT is not None and _LAYOUT[0] * _LAYOUT[1] == seq and cu_seqlens.shape[0] == _LAYOUT[0] + 1:
         t, n, same_pos = _LAYOUT[0], _LAYOUT[1], True
     else:
-        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        lengths = chunk_lengths(cu_seqlens)
         if len(set(lengths)) != 1:  # unequal frames: the library's forward (per-segment loop through the backend)
             return type(self).forward(self, hidden_states, cu_seqlens=cu_seqlens,
                                       position_embeddings=position_embeddings, max_seqlen=max_seqlen, **kwargs)
