@@ -193,6 +193,7 @@ def wait_share(vlm, videos: list[str], budgets: list[int], workers: int, chunk: 
     ``wait_share`` is the data wait over the wall time after the load.
     """
     from datamodules.benchmarks import Question
+    from datamodules.decoding import auto_decode_threads
     from datamodules.videoqa import VideoQADataset, VideoTask
     from lightning_modules.budgeted_qa import BudgetedQA, job_name
 
@@ -206,7 +207,7 @@ def wait_share(vlm, videos: list[str], budgets: list[int], workers: int, chunk: 
                        options=["A bird.", "A car.", "A house.", "A tree."], answer="A", meta={}) for j, q in
               enumerate(QUESTIONS)]
         tasks.append(VideoTask(str(i), v, "bench", qs, {q.qid: jobs for q in qs}))
-    ds = VideoQADataset(tasks, max(budgets))
+    ds = VideoQADataset(tasks, max(budgets), decode_threads=auto_decode_threads(workers))  # as the datamodule
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, prefetch_factor=2 if workers else None)
     host = {k: v.to("cpu", copy=True) for k, v in vlm.model.state_dict().items()} if load else None
     wait = 0.0
@@ -220,11 +221,15 @@ def wait_share(vlm, videos: list[str], budgets: list[int], workers: int, chunk: 
     load_s = time.perf_counter() - t0
     mark = time.perf_counter()
     n = 0
+    unix0 = time.time() - (time.perf_counter() - t0)
+    timeline = []                            # per video: (waited s, worker decode s, ready at s, taken at s)
     for item in batches:
         w = time.perf_counter() - mark
         if first_wait is None:
             first_wait = w  # pipeline fill left after the load: the first video is not decoded yet
         wait += w
+        timeline.append((round(w, 3), round(item.get("decode_s", float("nan")), 3),
+                         round(item.get("decoded_unix", float("nan")) - unix0, 3), round(time.perf_counter() - t0, 3)))
         if item.get("error"):
             raise RuntimeError(item["error"])
         module.predict_step(item)
@@ -234,7 +239,8 @@ def wait_share(vlm, videos: list[str], budgets: list[int], workers: int, chunk: 
     wall = time.perf_counter() - t0 - load_s
     steady = wait - (first_wait or 0.0)
     return {"videos": n, "wall_s": wall, "load_s": load_s, "wait_s": wait, "wait_share": wait / wall,
-            "first_wait_s": first_wait, "steady_wait_share": steady / max(wall - (first_wait or 0.0), 1e-9)}
+            "first_wait_s": first_wait, "steady_wait_share": steady / max(wall - (first_wait or 0.0), 1e-9),
+            "timeline": timeline}
 
 
 def memory_probe(vlm, video: str, budget: int, new_tokens: int, chunk: int) -> list[tuple[str, float, float]]:
@@ -397,6 +403,8 @@ def main(argv=None) -> None:
     ap.add_argument("--budgets", nargs="*", type=int, default=None)
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--workers", type=int, default=None, help="DataLoader workers (default 6; --tiny: up to 2)")
+    ap.add_argument("--also-workers", type=int, nargs="*", default=[],
+                    help="--wait-only: also measure with these worker counts (one model build)")
     ap.add_argument("--wait-repeat", type=int, default=4, help="the wait-share loop runs the videos this many times")
     ap.add_argument("--chunk-frames", type=int, default=256)
     ap.add_argument("--attn", default="sdpa")
@@ -429,8 +437,14 @@ def main(argv=None) -> None:
         encode_probe(vlm, videos[0], max(budgets), args.chunk_frames)
         return
     if args.wait_only:
-        ws = wait_share(vlm, videos * args.wait_repeat, budgets, args.workers, args.chunk_frames)
-        print(json.dumps(ws, indent=1))
+        # warm-up (compile, graph capture), as the full bench's table does before its wait-share loop
+        wait_share(vlm, videos[:1], budgets, 0, args.chunk_frames, load=False)
+        for workers in [args.workers, *args.also_workers]:
+            ws = wait_share(vlm, videos * args.wait_repeat, budgets, workers, args.chunk_frames)
+            print(f"workers {workers}: wait share {100 * ws['wait_share']:.1f}% ({ws['wait_s']:.2f} of "
+                  f"{ws['wall_s']:.2f} s after a {ws['load_s']:.2f} s load)\n  waited  decode_s  ready_at  taken_at")
+            for row in ws.pop("timeline"):
+                print("  " + "".join(f"{x:>9.3f}" for x in row))
         return
     if args.probe_memory:
         print(f"weights {torch.cuda.memory_allocated() / 2**30:.1f} GiB")

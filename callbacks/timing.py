@@ -30,12 +30,14 @@ class StageTimer(Callback):
         self.out_dir = out_dir
         self.totals = dict.fromkeys(self.STAGES, 0.0)
         self.videos = 0
+        self.decode_worker_s = 0.0      # decoding seconds spent in DataLoader workers (off the GPU's path)
         self._mark: float | None = None
         self._start = 0.0
 
     def on_predict_start(self, trainer, pl_module) -> None:
         self.totals = dict.fromkeys(self.STAGES, 0.0)
         self.videos = 0
+        self.decode_worker_s = 0.0
         self._start = self._mark = time.perf_counter()
 
     def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
@@ -53,6 +55,8 @@ class StageTimer(Callback):
         if hasattr(pl_module, "last_stage_seconds"):
             pl_module.last_stage_seconds = {}
         self.videos += 1
+        if isinstance(batch, dict):
+            self.decode_worker_s += float(batch.get("decode_s") or 0.0)
         pb = trainer.progress_bar_callback
         if isinstance(pb, TQDMProgressBar) and getattr(pb, "_predict_progress_bar", None) is not None:
             wall = max(time.perf_counter() - self._start, 1e-9)
@@ -64,7 +68,8 @@ class StageTimer(Callback):
         wall = max(time.perf_counter() - self._start, 1e-9)
         return {"videos": self.videos, "wall_s": round(wall, 4),
                 "stages_s": {k: round(v, 4) for k, v in self.totals.items()},
-                "stages_share": {k: round(v / wall, 4) for k, v in self.totals.items()}}
+                "stages_share": {k: round(v / wall, 4) for k, v in self.totals.items()},
+                "decode_worker_s": round(self.decode_worker_s, 4)}
 
     def on_predict_end(self, trainer, pl_module) -> None:
         s = self.summary()
@@ -82,3 +87,22 @@ class StageTimer(Callback):
             os.replace(tmp, path)
         rows = "  ".join(f"{k} {s['stages_s'][k]:.2f}s ({100 * s['stages_share'][k]:.0f}%)" for k in self.STAGES)
         print(f"[rank {trainer.global_rank}] {s['videos']} videos in {s['wall_s']:.2f}s: {rows}")
+        hint = self.wait_hint(s, getattr(trainer.datamodule, "num_workers", None) if trainer.datamodule else None)
+        if hint:
+            print(f"[rank {trainer.global_rank}] {hint}")
+
+    @staticmethod
+    def wait_hint(s: dict, workers: int | None, threshold: float = 0.05) -> str | None:
+        """A sizing hint when the GPU waited for data more than ``threshold`` of the wall time after the load.
+
+        Decoding keeps up when ``decode seconds per video / workers`` is below the GPU seconds per video."""
+        n = s["videos"]
+        busy = sum(v for k, v in s["stages_s"].items() if k not in ("load", "wait"))
+        after_load = s["wall_s"] - s["stages_s"].get("load", 0.0)
+        if n < 2 or after_load <= 0 or s["stages_s"].get("wait", 0.0) / after_load <= threshold:
+            return None
+        per_video = s["decode_worker_s"] / n
+        w = f"{workers} worker(s)" if workers is not None else "the workers"
+        return (f"the GPU waited {100 * s['stages_s']['wait'] / after_load:.0f}% of the time after the load: decoding "
+                f"took {per_video:.2f}s per video in one worker ({w}) against {busy / n:.2f}s of GPU work per "
+                f"video; raise data.num_workers (or data.decode_threads) if the host has idle CPUs")

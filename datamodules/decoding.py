@@ -44,6 +44,7 @@ external ffmpeg fallback is not used (decord handles every case above).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,6 +72,27 @@ class DecodedVideo:
     frames: torch.Tensor
     times_s: list[float]
     info: dict = field(default_factory=dict)
+
+
+def auto_decode_threads(workers: int, local_processes: int = 1, cpus: int | None = None, cap: int = 4) -> int:
+    """Decoder threads per video so that all decoders of a host share its CPUs without oversubscribing.
+
+    decord decodes every frame up to the last sampled one (1 fps sampling of an H.264 stream with long GOPs is
+    close to a full decode), so one decoder thread is the DataLoader's bottleneck on long videos; FFmpeg's frame
+    threading is bit-exact, so more threads change only the speed.
+
+    Args:
+        workers: DataLoader workers per process (0 = decoding in the main process, counted as 1).
+        local_processes: processes of this host (DDP ranks), each with ``workers`` decoders.
+        cpus: CPUs this process may use (default: its affinity mask).
+        cap: most threads per decoder (FFmpeg's H.264 frame threading gains little beyond a few).
+
+    Returns:
+        ``clip(cpus // (max(workers, 1) * local_processes), 1, cap)``.
+    """
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return int(min(max(cpus // (max(workers, 1) * max(local_processes, 1)), 1), cap))
 
 
 def decode_size(height: int, width: int, max_side: int) -> tuple[int, int]:

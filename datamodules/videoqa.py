@@ -7,6 +7,7 @@ budget, so a resumed run produces the same frames, and records, as an uninterrup
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
 from .benchmarks import AnnotationError, Question, load_benchmark
-from .decoding import DecodeError, decode_video
+from .decoding import DecodeError, auto_decode_threads, decode_video
 from .sharding import CostBalancedSampler, estimate_cost
 
 log = logging.getLogger(__name__)
@@ -42,8 +43,9 @@ class VideoQADataset(Dataset):
     ``SystemExit`` are not caught.
     """
 
-    def __init__(self, tasks: list[VideoTask], max_budget: int, decode_max_side: int = 896):
+    def __init__(self, tasks: list[VideoTask], max_budget: int, decode_max_side: int = 896, decode_threads: int = 1):
         self.tasks, self.max_budget, self.decode_max_side = tasks, max_budget, decode_max_side
+        self.decode_threads = decode_threads
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -52,14 +54,18 @@ class VideoQADataset(Dataset):
         task = self.tasks[i]
         item = {"video_id": task.video_id, "video_path": task.video_path, "benchmark": task.benchmark,
                 "questions": [asdict(q) for q in task.questions], "jobs": task.jobs, "error": None}
+        start = time.perf_counter()
         try:
-            dec = decode_video(task.video_path, self.max_budget, self.decode_max_side)
+            dec = decode_video(task.video_path, self.max_budget, self.decode_max_side,
+                               num_threads=self.decode_threads)
             item.update(frames=dec.frames, times_s=dec.times_s, video_info=dec.info)
         except DecodeError as e:
             item["error"] = str(e)
         except Exception as e:  # noqa: BLE001 - any decoder failure must become an error record, not a crash
             first = (str(e).strip().splitlines() or [""])[0][:300]
             item["error"] = f"{task.video_path}: unexpected decode failure ({type(e).__name__}: {first})"
+        item["decode_s"] = time.perf_counter() - start      # worker seconds (StageTimer reports their sum)
+        item["decoded_unix"] = time.time()                  # when the worker finished (bench timelines)
         return item
 
 
@@ -83,17 +89,20 @@ class VideoQADataModule(LightningDataModule):
         num_workers: DataLoader worker processes decoding videos.
         prefetch_factor: videos each worker decodes ahead.
         decode_max_side: longest decoded side (pixels).
+        decode_threads: decoder threads per worker; ``None``: this host's CPUs shared among all decoders
+            (:func:`datamodules.decoding.auto_decode_threads`, workers x this host's ranks, at most 4 each).
         limit_videos: use only the first N videos (quick runs).
     """
 
     def __init__(self, benchmark: str = "videomme", root: str = "assets/demo_videomme",
                  loader_kwargs: dict | None = None, num_workers: int = 2, prefetch_factor: int = 2,
-                 decode_max_side: int = 896, limit_videos: int | None = None):
+                 decode_max_side: int = 896, decode_threads: int | None = None, limit_videos: int | None = None):
         super().__init__()
         self.benchmark, self.root = benchmark, root
         self.loader_kwargs = loader_kwargs or {}
         self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
         self.decode_max_side, self.limit_videos = decode_max_side, limit_videos
+        self.decode_threads = decode_threads
         self.questions: list[Question] | None = None
 
     def record_settings(self) -> dict:
@@ -159,7 +168,8 @@ class VideoQADataModule(LightningDataModule):
             print(f"[rank {rank}] {msg}: nothing to run", flush=True)
         else:
             log.info(msg)
-        ds = VideoQADataset(tasks, max_budget, self.decode_max_side)
+        threads = self.decode_threads or auto_decode_threads(self.num_workers, self.trainer.num_devices)
+        ds = VideoQADataset(tasks, max_budget, self.decode_max_side, threads)
         return DataLoader(ds, batch_size=None, sampler=sampler, num_workers=self.num_workers,
                           prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
                           persistent_workers=False)

@@ -139,6 +139,39 @@ def test_ddp_two_processes_equal_one_process(tiny_vl3_dir, tmp_path):
         # the model loads in on_predict_start (workers already decoding); its time is 'load', never 'wait'
         assert set(timing["stages_s"]) == {"load", "wait", "encode", "plan_build", "answer"}
         assert timing["stages_s"]["load"] > 0 and timing["videos"] > 0
+        assert timing["decode_worker_s"] > 0        # worker-side decoding, reported beside the stages
+
+
+def test_decode_threads_change_speed_not_frames():
+    """FFmpeg's frame threading is bit-exact: a 3-thread decode equals the 1-thread decode."""
+    from datamodules.decoding import decode_video
+
+    one = decode_video(MEDIA / "cockatoo.mp4", 1024, num_threads=1)
+    three = decode_video(MEDIA / "cockatoo.mp4", 1024, num_threads=3)
+    assert one.times_s == three.times_s and torch.equal(one.frames, three.frames)
+
+
+def test_auto_decode_threads_shares_the_host():
+    from datamodules.decoding import auto_decode_threads
+
+    assert auto_decode_threads(6, 1, cpus=16) == 2          # 16 // 6
+    assert auto_decode_threads(2, 1, cpus=16) == 4          # 8, capped at 4
+    assert auto_decode_threads(4, 2, cpus=16) == 2          # two DDP ranks of 4 workers each
+    assert auto_decode_threads(0, 1, cpus=2) == 2           # decoding in the main process
+    assert auto_decode_threads(8, 8, cpus=16) == 1          # never below one
+
+
+def test_wait_hint_names_the_remedy_only_when_the_gpu_waited():
+    from callbacks.timing import StageTimer
+
+    s = {"videos": 10, "wall_s": 30.0, "decode_worker_s": 60.0,
+         "stages_s": {"load": 10.0, "wait": 4.0, "encode": 6.0, "plan_build": 0.0, "answer": 10.0}}
+    hint = StageTimer.wait_hint(s, 2)
+    # wait 4 of the 20 s after the load; 6.00 s decoding per video in one of 2 workers vs 1.60 s of GPU work
+    assert hint.startswith("the GPU waited 20% ") and "6.00s per video" in hint and "2 worker(s)" in hint
+    assert "1.60s of GPU work" in hint
+    s["stages_s"]["wait"] = 0.9                            # 4.5%: no hint
+    assert StageTimer.wait_hint(s, 2) is None
 
 
 def test_frame_batched_vision_attention_equals_per_frame(tiny_vlm):
