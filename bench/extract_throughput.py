@@ -23,7 +23,9 @@ For each mode it measures (after a warm-up on a short stream, ``--warmup`` s):
   re-prefill of the kept blocks per slide, ``sliding`` = sliding-window KV cache, each block through the LLM once;
   ``models/omni.py``): ``BatchedOmniRunner.run_streams`` on all N sessions in lockstep with reuse and the fused
   RMSNorm / rotary / SiLU-gate kernels of ``models/fused.py`` (``--no-fused``: without them; ``+compile`` rows
-  with ``--compile``: ``torch.compile`` of the small fixed-shape calls);
+  with ``--compile``: ``torch.compile`` of the small fixed-shape calls; micro-chunk-200ms rows batch a native
+  block's 10 rows into one call per tower and one LLM prefill, ``--row-by-row`` adds a row with one call per row,
+  as a live stream must run);
 and prints one table: memory policy, real-time factor (media seconds / wall seconds; batched = per-session RTF of
 session 0's share), dataset-level RTF (all sessions' media seconds / total wall) against the target, peak GPU memory
 (CPU: process peak RSS), the largest state difference of session 0 against the one-session path under the same
@@ -62,7 +64,7 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from algorithms.streaming import MEMORY_POLICIES, MODES, WINDOW  # noqa: E402
+from algorithms.streaming import MEMORY_POLICIES, MICRO_CHUNK_200MS, MODES, WINDOW  # noqa: E402
 
 TARGETS = {"completed-block-hold": 40.0, "micro-chunk-200ms": 20.0, "open-stream-replay": 8.0}
 FRAME_HW = (560, 1008)  # 40x72 patches of 14 px -> 20x36 merged = 720 merged tokens per temporal patch
@@ -163,7 +165,8 @@ def _peak(device: torch.device) -> int:
 def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_s: float = 24.0,
               memory_s: float = 8.0, modes: tuple[str, ...] = MODES, compile_small_calls: bool = False,
               device: str | None = None, warmup_s: float = 2.0, log=print,
-              policies: tuple[str, ...] = MEMORY_POLICIES, breakdown: bool = False, fused: bool = True) -> list[dict]:
+              policies: tuple[str, ...] = MEMORY_POLICIES, breakdown: bool = False, fused: bool = True,
+              row_by_row: bool = False) -> list[dict]:
     """Build the model, run every measurement, return one row dict per (mode, path, memory policy); batched rows
     carry ``breakdown`` (part -> wall seconds of the timed run) when ``breakdown``."""
     from models.fused import fuse
@@ -201,10 +204,11 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
         for policy in policies:
             ref = base if policy == WINDOW else runner.run_stream(  # untimed: the reference states of session 0
                 data[0]["frames"], data[0]["audio"], mode, memory_s, verify_rows=0, memory_policy=policy)
-            variants = [(n, False) for n in sessions] + ([(n_max, True)] if compile_small_calls else [])
-            for n, comp_flag in variants:
+            variants = ([(n, False, True) for n in sessions] + ([(n_max, True, True)] if compile_small_calls else [])
+                        + ([(n_max, False, False)] if row_by_row and mode == MICRO_CHUNK_200MS else []))
+            for n, comp_flag, by_block in variants:
                 batched = BatchedOmniRunner(runner, sessions_per_batch=n, compile_small_calls=comp_flag,
-                                            profile=breakdown)
+                                            profile=breakdown, batch_rows=by_block)
                 streams = [{"frames": s["frames"], "audio": s["audio"]} for s in data[:n]]
                 batched.run_streams([{"frames": s["frames"], "audio": s["audio"]} for s in warm] *
                                     (n // len(warm) or 1), mode, memory_s, verify_rows=0,
@@ -216,7 +220,9 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
                 wall = time.perf_counter() - t
                 media = sum(s["duration_s"] for s in data[:n])
                 diff = float((res[0].states - ref.states).abs().max())
-                rows.append({"mode": mode, "path": f"batched {n} + reuse" + (" + compile" if comp_flag else ""),
+                path = (f"batched {n} + reuse" + (" + compile" if comp_flag else "")
+                        + ("" if by_block or mode != MICRO_CHUNK_200MS else ", row by row"))
+                rows.append({"mode": mode, "path": path,
                              "policy": policy, "sessions": n, "media_s": media, "wall_s": wall,
                              "rtf": data[0]["duration_s"] / res[0].wall_time_s, "dataset_rtf": media / wall,
                              "peak_bytes": _peak(dev), "max_abs_diff": diff,
@@ -311,6 +317,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--device", default=None)
     p.add_argument("--breakdown", action="store_true",
                    help="time the batched runs part by part (device syncs around parts) and print a second table")
+    p.add_argument("--row-by-row", action="store_true",
+                   help="micro-chunk-200ms: also a batched row with one call per row (batch_rows=False), as a live "
+                        "stream must run; the default rows batch a native block's rows into one call")
     p.add_argument("--no-fused", action="store_true",
                    help="batched rows without the fused RMSNorm / rotary / SiLU-gate kernels (models/fused.py)")
     p.add_argument("--json", default=None, help="write the rows here")
@@ -329,7 +338,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(HEADER)
     rows = run_bench(a.tiny, sessions, duration, a.memory, tuple(a.modes), a.compile, a.device,
                      warmup_s=a.warmup, log=lambda s: print(s, flush=True),
-                     policies=tuple(dict.fromkeys(a.memory_policy)), breakdown=a.breakdown, fused=not a.no_fused)
+                     policies=tuple(dict.fromkeys(a.memory_policy)), breakdown=a.breakdown, fused=not a.no_fused,
+                     row_by_row=a.row_by_row)
     print(f"\n## extract throughput ({'tiny, CPU' if a.tiny else 'Qwen2.5-Omni-3B thinker shapes, random bf16'}, "
           f"memory {a.memory:g} s, policies {', '.join(dict.fromkeys(a.memory_policy))}, longest session "
           f"{duration:g} s; this bench ran {time.perf_counter() - t0:.0f} s of wall time)\n")

@@ -20,6 +20,12 @@ Batching (one lockstep group = streams of one mode, one schedule, one frame size
   chunk, is run as one batched SDPA call per group of equal-length chunks (``_batched_chunk_attention``; identical
   math, far fewer launches);
 * one batched LLM prefill per row: every stream's payload has the same token count and the same TMRoPE positions;
+  ``micro-chunk-200ms`` rows of one native block go further (``batch_rows``, default on): the block's payloads are
+  encoded in one audio-tower and one vision-tower call and prefilled in one causal LLM call whose states are read at
+  each row's last token (10 calls -> 1 per block; the LLM is causal and nothing leaves the cache inside a block,
+  so each state sees what the row-by-row prefill shows it; equal to fp32 rounding, not bit for bit, because other
+  call shapes round differently; ``batch_rows=False`` is bit-identical). An offline extraction may do this, all
+  payloads being recorded; a live stream cannot (its next 200 ms has not happened);
 * payloads are prepared on the device, with the processors' own operations (``models.omni.LogMel``, ``video_inputs``):
   each native block's audio and frames go to the device once, then per row one log-mel call over all streams'
   audio and one video-processor call over all new temporal patches. The one-session path prepares the same way, so
@@ -293,11 +299,15 @@ class BatchedOmniRunner:
         compile_backend: ``torch.compile`` backend (default inductor; tests use ``"eager"``).
         profile: fill ``breakdown`` (``BREAKDOWN_PARTS`` -> wall seconds of the last ``run_streams`` call), with a
             device synchronization around every part (off by default: the parts then overlap).
+        batch_rows: run the committed rows of one native block as one encoder call and one causal LLM prefill
+            (``micro-chunk-200ms``: 10 rows per 2 s block instead of 10 calls; ``_row_run``). An offline
+            extraction may do this because every row's payload is already recorded; a live stream, whose next
+            200 ms has not happened yet, cannot. False: one row per call.
     """
 
     def __init__(self, runner: OmniThinkerRunner, sessions_per_batch: int = 8, reuse: bool = True,
                  batched_attention: bool = True, compile_small_calls: bool = False,
-                 compile_backend: str | None = None, profile: bool = False):
+                 compile_backend: str | None = None, profile: bool = False, batch_rows: bool = True):
         if sessions_per_batch < 1:
             raise ValueError(f"sessions_per_batch={sessions_per_batch} must be >= 1")
         self.runner = runner
@@ -306,6 +316,7 @@ class BatchedOmniRunner:
         self.batched_attention = batched_attention
         self.compile_small_calls = compile_small_calls
         self.profile = profile
+        self.batch_rows = batch_rows
         self.breakdown: dict[str, float] = {}
         self._prompt = None
         self._grid = None
@@ -459,26 +470,34 @@ class BatchedOmniRunner:
             self._vision_kw[key] = kw
         return self._vision_kw[key]
 
-    def _audio(self, group: list[_Stream], block_audio: torch.Tensor, a: int, z: int) -> torch.Tensor:
-        """(B, n_a, D) audio-tower output of every stream's ``(a, z]`` audio: one log-mel call, one tower call."""
+    def _audio(self, group: list[_Stream], block_audio: torch.Tensor, spans: list[tuple[int, int]]
+               ) -> list[torch.Tensor]:
+        """(B, n_a, D) audio-tower output of every stream's ``(a, z]`` audio, per span of ``spans`` (equal lengths,
+        one native block): one log-mel call and one tower call over all spans x streams (each (span, stream) is
+        its own payload: own log-mel normalisation, own attention chunk)."""
         r = self.runner
         g = r.geometry
         mel = r.log_mel
-        block_start = (z - 1) // g.native_block_ms * g.native_block_ms
-        off = (a - block_start) * AUDIO_SAMPLE_RATE // 1000
-        n = (z - a) * AUDIO_SAMPLE_RATE // 1000
+        a0, z0 = spans[0]
+        if any(z - a != z0 - a0 for a, z in spans):
+            raise ValueError(f"audio spans of unequal length in one call: {spans}")
+        block_start = (z0 - 1) // g.native_block_ms * g.native_block_ms
+        n = (z0 - a0) * AUDIO_SAMPLE_RATE // 1000
         n_mel = n // mel.hop_length
         with self._part("prep_audio"):  # zero-padded by n_fft samples, as OmniThinkerRunner.prepare
-            x = mel(F.pad(block_audio[:, off: off + n], (0, mel.n_fft)))[:, :, :n_mel].to(r.dtype)  # (B, 128, n_mel)
+            offs = [(a - block_start) * AUDIO_SAMPLE_RATE // 1000 for a, _ in spans]
+            wav = torch.cat([block_audio[:, off: off + n] for off in offs]) if len(spans) > 1 else \
+                block_audio[:, offs[0]: offs[0] + n]                                  # (R * B, n), span-major
+            x = mel(F.pad(wav, (0, mel.n_fft)))[:, :, :n_mel].to(r.dtype)            # (R * B, 128, n_mel)
         for s in group:
-            s.computed["computed_processor_calls"] += 1
-            s.computed["computed_audio_seconds"] += (z - a) / 1000.0
+            s.computed["computed_processor_calls"] += len(spans)
+            s.computed["computed_audio_seconds"] += len(spans) * (z0 - a0) / 1000.0
         b = x.shape[0]
         _, out_len = r.thinker.model.audio_tower._get_feat_extract_output_lengths(torch.tensor(n_mel))
         n_a = int(out_len)
-        expect = (z - a) * g.audio_tokens_per_s // 1000
+        expect = (z0 - a0) * g.audio_tokens_per_s // 1000
         if n_a != expect:
-            raise RuntimeError(f"audio tower gave {n_a} tokens for {z - a} ms, expected {expect}")
+            raise RuntimeError(f"audio tower gave {n_a} tokens for {z0 - a0} ms, expected {expect}")
         with self._part("audio_tower"):
             kw = self._audio_kwargs(b, n_mel)
             lens = torch.full((b,), n_mel, dtype=torch.long)
@@ -490,47 +509,56 @@ class BatchedOmniRunner:
                 lens = lens.to(r.device)
                 after, _ = r.thinker.model.audio_tower._get_feat_extract_output_lengths(lens)
                 h = self._audio_tower(flat, feature_lens=lens, aftercnn_lens=after).last_hidden_state
-        return h.view(b, n_a, -1)
+        return list(h.view(len(spans), len(group), n_a, -1).unbind(0))
 
-    def _video(self, group: list[_Stream], idx: list[int], reuse: bool,
-               first_frame: int) -> tuple[torch.Tensor, int, int, int]:
-        """Vision-tower outputs of the payload's temporal patches for every stream: ``((B, n_v, D), patches, merged
-        rows, merged cols)``; completed patches come from the stream's store when ``reuse``. ``first_frame``: index
-        of the first frame in the streams' ``block_frames``."""
+    def _video(self, group: list[_Stream], rows_idx: list[list[int]], reuse: bool,
+               first_frame: int) -> tuple[list[torch.Tensor | None], list[int], int, int]:
+        """Vision-tower outputs of the payloads' temporal patches for every stream, one tower call for all rows of
+        ``rows_idx`` (each row's frame indices, split into its own temporal patches): ``(per row (B, n_v, D) or
+        None when the row has no frame, per row its patch count, merged rows, merged cols)``; completed patches
+        come from the stream's store when ``reuse``. ``first_frame``: index of the first frame in the streams'
+        ``block_frames``."""
         r = self.runner
         tps = r.geometry.temporal_patch_size
-        patches = [idx[p: p + tps] for p in range(0, len(idx), tps)]
+        rows_patches = [[idx[p: p + tps] for p in range(0, len(idx), tps)] for idx in rows_idx]
         todo: list[tuple[_Stream, list[int]]] = []
-        for s in group:
-            for pf in patches:
-                if not (reuse and len(pf) == tps and pf[0] in s.patches):
-                    todo.append((s, pf))
-        fresh: dict[tuple[int, int], torch.Tensor] = {}
+        calls: dict[int, int] = {}  # stream -> rows with something to encode (one video-processor call each)
+        for patches in rows_patches:
+            for s in group:
+                mine = [pf for pf in patches if not (reuse and len(pf) == tps and pf[0] in s.patches)]
+                todo.extend((s, pf) for pf in mine)
+                calls[s.index] = calls.get(s.index, 0) + (1 if mine else 0)
+        fresh: dict[tuple[int, int, int], torch.Tensor] = {}
         if todo:
             with self._part("prep_video"):
                 clips = [s.block_frames[pf[0] - first_frame: pf[-1] + 1 - first_frame].permute(0, 3, 1, 2)
                          for s, pf in todo]
                 if any(len(c) != len(pf) for c, (_, pf) in zip(clips, todo)):
-                    raise RuntimeError(f"frames {idx} missing from a stream's block")
+                    raise RuntimeError(f"frames {rows_idx} missing from a stream's block")
                 vid = video_inputs(r.video_processor, clips)
                 thw = vid["video_grid_thw"]
                 pixels = vid["pixel_values_videos"].to(r.dtype)
             with self._part("vision_tower"):
                 out = r.thinker.model.get_video_features(pixels, thw, **self._vision_kwargs(thw)).pooler_output
-            for s in {s.index: s for s, _ in todo}.values():
-                s.computed["computed_processor_calls"] += 1  # one video-processor call per stream and row
+            for s in group:
+                s.computed["computed_processor_calls"] += calls[s.index]
             for (s, pf), v in zip(todo, out):
-                fresh[(s.index, pf[0])] = v
+                fresh[(s.index, pf[0], len(pf))] = v
                 s.computed["computed_vision_patches"] += 1
                 s.computed["computed_video_seconds"] += len(pf) * r.geometry.frame_ms / 1000.0
                 if reuse and len(pf) == tps:
                     s.patches[pf[0]] = v
             self._grid = (int(thw[0, 1]), int(thw[0, 2]))
         gh, gw = self._grid  # every patch reused: the grid of the frames seen before (same size in a group)
-        parts = [[fresh.get((s.index, pf[0]), s.patches.get(pf[0])) for pf in patches] for s in group]
-        video = torch.stack([p[0] if len(p) == 1 else torch.cat(p) for p in parts])
+        videos: list[torch.Tensor | None] = []
+        for patches in rows_patches:
+            if not patches:
+                videos.append(None)
+                continue
+            parts = [[fresh.get((s.index, pf[0], len(pf)), s.patches.get(pf[0])) for pf in patches] for s in group]
+            videos.append(torch.stack([p[0] if len(p) == 1 else torch.cat(p) for p in parts]))
         m = r.thinker.model.visual.spatial_merge_size
-        return video, len(patches), gh // m, gw // m
+        return videos, [len(p) for p in rows_patches], gh // m, gw // m
 
     def _payload_layout(self, start_ms: int, end_ms: int, n_patch: int, hh: int, ww: int, n_audio: int):
         """(block, rel_pos, block_shift) of a payload, exactly as ``OmniThinkerRunner.embed`` lays it out."""
@@ -578,6 +606,27 @@ class BatchedOmniRunner:
                 i += 1
         pending.clear()
 
+    def _row_run(self, steps: list, i: int, active: list[_Stream]) -> list:
+        """Steps ``i, i+1, ...`` that go through the encoders and the LLM as one call each: consecutive rows of one
+        native block that all commit their payload, with no stream dropping out in between (so only
+        ``micro-chunk-200ms`` forms runs longer than one row; the window slides only at a block's first row).
+
+        Why the states are unchanged: every payload is encoded on its own (own log-mel, own temporal patches, own
+        attention chunks), and the LLM is causal: prefilling rows ``i..j`` in one call shows each row's last token
+        exactly the cache + payloads the row-by-row prefill shows it, and leaves the same cache. Off with
+        ``batch_rows=False`` (one row per call, as a live stream must run)."""
+        st = steps[i]
+        run = [st]
+        if not (self.batch_rows and st.commit):
+            return run
+        while i + len(run) < len(steps):
+            nx = steps[i + len(run)]
+            if not (nx.commit and nx.prepare_ms is not None and nx.block == st.block
+                    and all(nx.row < s.n_rows for s in active)):
+                break
+            run.append(nx)
+        return run
+
     def _run_group(self, group: list[_Stream], mode: str, memory_s: float, verify_rows: int,
                    tol: float, memory_policy: str = "window") -> dict[int, BatchedStreamResult]:
         r = self.runner
@@ -609,7 +658,9 @@ class BatchedOmniRunner:
             origin = 0
             loaded, block_audio = -1, None
             pending: list = []  # states read out on the device, not yet copied to the host
-            for st in steps:
+            i = 0
+            while i < len(steps):
+                st = steps[i]
                 keep = [j for j, s in enumerate(active) if st.row < s.n_rows]
                 if len(keep) < len(active):  # finished streams drop out of the batch
                     sel = torch.tensor(keep, device=dev)
@@ -622,26 +673,30 @@ class BatchedOmniRunner:
                     for s in active:
                         if s.last_update >= 0:
                             s.hold_rows.append((st.row, s.last_update))
+                    i += 1
                     continue
-                a, z = st.prepare_ms
-                block = (z - 1) // g.native_block_ms
+                run = self._row_run(steps, i, active)
+                i += len(run)
+                block = st.block
                 if block != loaded:
                     block_audio, loaded = self._load_block(active, block), block
                 if reuse:  # completed patches of earlier blocks are never needed again
                     lo = block * per_block
                     for s in active:
                         s.patches = {k: v for k, v in s.patches.items() if k >= lo}
-                idx = list(frame_indices(a, z, g.frame_ms))
-                idx = [k for k in idx if k < len(active[0].frames)]
-                video, n_patch, hh, ww = (self._video(active, idx, reuse, block * per_block) if idx
-                                          else (None, 0, 0, 0))
-                audio = self._audio(active, block_audio, a, z)
-                blk, rel_pos, shift, rel_d, shift_d = self._layout(a, z, n_patch, hh, ww, audio.shape[1])
-                emb = (torch.cat([video, audio], 1) if n_patch else audio).to(r.dtype)  # (B, N, D)
-                payloads = [Payload(start_ms=a, end_ms=z, block=blk, embeds=emb[j], rel_pos=rel_pos,
-                                    block_shift=shift, num_video_tokens=int(video.shape[1]) if n_patch else 0,
-                                    num_audio_tokens=int(audio.shape[1]), num_frames=len(idx))
-                            for j in range(len(active))]
+                spans = [x.prepare_ms for x in run]
+                rows_idx = [[k for k in frame_indices(a, z, g.frame_ms) if k < len(active[0].frames)]
+                            for a, z in spans]
+                if any(rows_idx):
+                    videos, n_patches, hh, ww = self._video(active, rows_idx, reuse, block * per_block)
+                else:
+                    videos, n_patches, hh, ww = [None] * len(run), [0] * len(run), 0, 0
+                audios = self._audio(active, block_audio, spans)
+                rows = []  # per row: (payload embeddings (B, N, D), host layout, device positions)
+                for (a, z), video, n_patch, audio in zip(spans, videos, n_patches, audios):
+                    blk, rel_pos, shift, rel_d, shift_d = self._layout(a, z, n_patch, hh, ww, audio.shape[1])
+                    emb = (torch.cat([video, audio], 1) if n_patch else audio).to(r.dtype)  # (B, N, D)
+                    rows.append((emb, blk, rel_pos, shift, rel_d, shift_d, n_patch))
                 first = max(0, st.block - (m_blocks - 1))
                 if first != origin:  # window slid (same row, same token counts in every stream of the group)
                     n_gone = sum(p.embeds.shape[0] for p in active[0].committed if p.block < first)
@@ -663,27 +718,39 @@ class BatchedOmniRunner:
                             for s in active:
                                 s.computed["computed_llm_tokens"] += kept_emb.shape[1]
                 length = cache.get_seq_length()
-                shift_blocks = blk - (0 if sliding else origin)
-                pos = rel_d + shift_d * (ppb * shift_blocks) + media_origin  # = r.payload_positions(payload, .)
-                if not all(s.warned for s in active):
-                    host_pos = media_origin + rel_pos + shift * (ppb * shift_blocks)
-                    for s in active:
-                        if not s.warned:
-                            s.warned = r._position_warning(host_pos, s.n_rows)
+                positions, ends = [], []
+                for emb, blk, rel_pos, shift, rel_d, shift_d, _ in rows:
+                    shift_blocks = blk - (0 if sliding else origin)
+                    positions.append(rel_d + shift_d * (ppb * shift_blocks) + media_origin)  # = r.payload_positions
+                    ends.append((ends[-1] if ends else 0) + emb.shape[1])
+                    if not all(s.warned for s in active):
+                        host_pos = media_origin + rel_pos + shift * (ppb * shift_blocks)
+                        for s in active:
+                            if not s.warned:
+                                s.warned = r._position_warning(host_pos, s.n_rows)
+                emb_all = rows[0][0] if len(rows) == 1 else torch.cat([x[0] for x in rows], 1)
+                pos_all = positions[0] if len(rows) == 1 else torch.cat(positions, 1)
                 with self._part("llm"):
-                    h = self._forward(emb, pos, cache)[:, -1].to(torch.float32, copy=True)  # (B, D)
-                pending.append((st.row, list(active), h))
-                for j, s in enumerate(active):
-                    s.computed["computed_llm_tokens"] += emb.shape[1]
-                    s.last_update = st.row
-                    if st.row in checks[s.index]:
-                        s.snapshots[st.row] = ((s.history + [payloads[j]], 0) if sliding
-                                               else (s.committed + [payloads[j]], origin))
-                    if st.commit:
-                        s.committed.append(payloads[j])
-                        if sliding and blk < SLIDING_VERIFY_BLOCKS * m_blocks and checks[s.index]:
-                            s.history.append(payloads[j])
-                if not st.commit:
+                    hidden = self._forward(emb_all, pos_all, cache)  # (B, sum N, D): causal, so each row's last
+                    # token sees exactly what the row-by-row prefill would show it
+                    h_rows = hidden[:, [e - 1 for e in ends]].to(torch.float32, copy=True)  # (B, R, D)
+                for k, (x, (emb, blk, rel_pos, shift, _, _, n_patch)) in enumerate(zip(run, rows)):
+                    a, z = x.prepare_ms
+                    pending.append((x.row, list(active), h_rows[:, k]))
+                    n_v = int(videos[k].shape[1]) if n_patch else 0
+                    for j, s in enumerate(active):
+                        p = Payload(start_ms=a, end_ms=z, block=blk, embeds=emb[j], rel_pos=rel_pos,
+                                    block_shift=shift, num_video_tokens=n_v, num_audio_tokens=emb.shape[1] - n_v,
+                                    num_frames=len(rows_idx[k]))
+                        s.computed["computed_llm_tokens"] += emb.shape[1]
+                        s.last_update = x.row
+                        if x.row in checks[s.index]:
+                            s.snapshots[x.row] = ((s.history + [p], 0) if sliding else (s.committed + [p], origin))
+                        if x.commit:
+                            s.committed.append(p)
+                            if sliding and blk < SLIDING_VERIFY_BLOCKS * m_blocks and checks[s.index]:
+                                s.history.append(p)
+                if not st.commit:  # (a run of several rows only ever holds committed rows)
                     with self._part("cache"):
                         OmniThinkerRunner._truncate(cache, length)
                 if len(pending) >= _FLUSH_ROWS:
