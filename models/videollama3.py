@@ -108,7 +108,7 @@ class BudgetedVideoLlama3(nn.Module):
             if tokenizer.convert_tokens_to_ids(tok) in (None, tokenizer.unk_token_id):
                 raise ValueError(f"tokenizer has no special token {tok!r}")
         self._template = self._split_chat_template()
-        self._fused = False      # LLM fused kernels bound (set_fused_kernels)
+        self._fused = False      # fused kernels bound, LLM and vision encoder (set_fused_kernels)
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -161,12 +161,15 @@ class BudgetedVideoLlama3(nn.Module):
             vision_attn_implementation).set_fused_kernels(fused_kernels)
 
     def set_fused_kernels(self, on: bool) -> "BudgetedVideoLlama3":
-        """Run the LLM's RMSNorm, rotary and SiLU gate as single fused kernels on CUDA (:mod:`models.fused`; the
-        library's math, eager and bit-identical on the CPU), or restore the library's forwards (``on=False``; the
-        project's own fused pieces, the vision rotary and the shared-prefix merge, stay compiled)."""
+        """Run the LLM's RMSNorm, rotary and SiLU gate as single fused kernels on CUDA, and in the vision encoder the
+        MLP's fc1 + GELU as one GEMM and each residual add with the LayerNorm after it as one kernel
+        (:mod:`models.fused`; the library's math, eager and bit-identical on the CPU), or restore the library's
+        forwards (``on=False``; the project's own fused pieces, the vision rotary and the shared-prefix merge, stay
+        compiled)."""
         from .fused import fuse
 
         fuse(self.model.model.language_model, on)
+        fuse(self.model.model.vision_model, on)
         self._fused = on
         return self
 

@@ -111,3 +111,140 @@ def test_fusable_marks_rows_dynamic_and_inlines_under_an_outer_compile():
     outer = torch.compile(lambda x: f(x, w8, 1e-6) * 2, backend="eager", fullgraph=True)
     x = torch.randn(5, 8)
     assert torch.equal(outer(x), fused._rms_norm(x, w8, 1e-6) * 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_layer_norm_equals_layer_norm_of_the_sum(dtype):
+    """The fused residual add + LayerNorm is the library's two steps: the sum in the model dtype, then
+    ``F.layer_norm`` of that rounded sum (bit-identical on the CPU, where it runs eagerly)."""
+    torch.manual_seed(0)
+    x, r = torch.randn(2, 7, 48, dtype=dtype) * 2, torch.randn(2, 7, 48, dtype=dtype) * 5
+    w, b = torch.randn(48, dtype=dtype), torch.randn(48, dtype=dtype)
+    s, normed = fused.add_layer_norm(x, r, w, b, 1e-6)
+    assert s.dtype == normed.dtype == dtype
+    assert torch.equal(s, r + x)
+    assert torch.equal(normed, torch.nn.functional.layer_norm(x + r, (48,), w, b, 1e-6))
+    _, no_affine = fused.add_layer_norm(x[0], r[0], None, None, 1e-5)
+    assert torch.equal(no_affine, torch.nn.functional.layer_norm(x[0] + r[0], (48,), eps=1e-5))
+
+
+def test_gelu_tanh_linear_is_cuda_only():
+    """On the CPU ``torch._addmm_activation(use_gelu=True)`` is the erf GELU, not the tanh one the VideoLLaMA3 vision
+    MLP uses (what makes the epilogue CUDA-only); :func:`fused.gelu_tanh_linear` refuses CPU tensors."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(5, 8) * 3, torch.randn(6, 8), torch.randn(6)
+    lin = torch.nn.functional.linear(x, w, b)
+    cpu = torch._addmm_activation(b, x, w.t(), use_gelu=True)
+    assert torch.equal(cpu, torch.nn.functional.gelu(lin))
+    assert not torch.equal(cpu, torch.nn.functional.gelu(lin, approximate="tanh"))
+    with pytest.raises(ValueError, match="CUDA only"):
+        fused.gelu_tanh_linear(x, w, b)
+
+
+def _tiny_video_inputs(seed: int = 0, frames: int = 2, h: int = 4, w: int = 4):
+    """Random patches of one video grid ``(frames, h, w)`` (merge size 2), as the vision model takes them."""
+    g = torch.Generator().manual_seed(seed)
+    px = torch.randn(frames * h * w, 3 * 14 * 14, generator=g)
+    return px, torch.tensor([[frames, h, w]]), torch.tensor([2])
+
+
+def _vision_fused_modules(vision):
+    layers = [m for m in vision.modules() if type(m).__name__ in fused.VISION_LAYER_CLASSES]
+    mlps = [m for m in vision.modules() if type(m).__name__ in fused.VISION_MLP_CLASSES]
+    return layers, mlps
+
+
+def test_vision_encoder_fused_forwards_equal_library_on_cpu(tiny_vlm, monkeypatch):
+    """The bound VideoLLaMA3 vision encoder-layer and MLP forwards give exactly the library's outputs on the CPU
+    (fp32), layer by layer and for the whole vision model, and the add ending each layer's MLP block is fused with
+    the next layer's ``layer_norm1`` (2 L - 1 fused add+LayerNorm calls per encode)."""
+    vision = tiny_vlm.model.model.vision_model
+    layers, mlps = _vision_fused_modules(vision)
+    assert len(layers) == len(mlps) == vision.config.num_hidden_layers == 2
+    assert all(m.forward.__func__ is fused._vision_layer_forward for m in layers)
+    assert all(m.forward.__func__ is fused._vision_mlp_forward for m in mlps)
+    assert layers[0].__dict__[fused._NEXT_NORM] is layers[1].layer_norm1 and fused._NEXT_NORM not in layers[1].__dict__
+    px, thw, ms = _tiny_video_inputs()
+    torch.manual_seed(1)
+    x = torch.randn(32, vision.config.hidden_size)
+    seg = torch.tensor([0, 16, 32], dtype=torch.int32)
+    head_dim = vision.config.hidden_size // vision.config.num_attention_heads
+    pos = (torch.randn(32, head_dim), torch.randn(32, head_dim))
+    with torch.no_grad():
+        for layer, mlp in zip(layers, mlps):
+            assert torch.equal(mlp(x), type(mlp).forward(mlp, x))
+            assert torch.equal(mlp(x.view(2, 16, -1)), type(mlp).forward(mlp, x.view(2, 16, -1)))
+            got = layer(x, cu_seqlens=seg, position_embeddings=pos)
+            assert torch.equal(got, type(layer).forward(layer, x, cu_seqlens=seg, position_embeddings=pos))
+        fused.fuse(vision, False)
+        want = vision(pixel_values=px, grid_thw=thw, merge_sizes=ms).last_hidden_state
+        fused.fuse(vision, True)
+        calls = []
+        original = fused.add_layer_norm
+        monkeypatch.setattr(fused, "add_layer_norm", lambda *a: calls.append(1) or original(*a))
+        got = vision(pixel_values=px, grid_thw=thw, merge_sizes=ms).last_hidden_state
+    assert len(calls) == 2 * len(layers) - 1
+    assert torch.equal(got, want)
+
+
+def test_vision_layer_hand_off_is_checked():
+    """The next layer's normalised rows ride on the layer output only while it is unchanged: an in-place change or
+    another LayerNorm gets ``None`` (the layer normalises itself); under autograd nothing is handed off."""
+    from transformers.models.video_llama_3.configuration_video_llama_3 import VideoLlama3VisionConfig
+    from transformers.models.video_llama_3.modeling_video_llama_3 import VideoLlama3VisionEncoder
+
+    cfg = VideoLlama3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    enc = VideoLlama3VisionEncoder(cfg).eval()
+    assert fused.fuse(enc, True) == 4
+    x = torch.randn(8, 32)
+    pos = (torch.randn(8, 16), torch.randn(8, 16))
+    seg = torch.tensor([0, 8], dtype=torch.int32)
+    first, second = enc.layers
+    with torch.no_grad():
+        out = first(x, cu_seqlens=seg, position_embeddings=pos)
+        assert torch.equal(fused._take_normed(out, second.layer_norm1), second.layer_norm1(out))
+        assert fused._take_normed(out, second.layer_norm1) is None                      # consumed
+        out = first(x, cu_seqlens=seg, position_embeddings=pos)
+        assert fused._take_normed(out, first.layer_norm1) is None                       # not that norm's
+        out = first(x, cu_seqlens=seg, position_embeddings=pos)
+        out.mul_(2)
+        assert fused._take_normed(out, second.layer_norm1) is None                      # modified in place
+    out = first(x.requires_grad_(), cu_seqlens=seg, position_embeddings=pos)
+    assert fused._HANDOFF not in out.__dict__ and out.requires_grad
+    assert fused.fuse(enc, False) == 4
+
+
+def test_fused_videollama3_keeps_video_logits_and_unbinds_on_cpu(tiny_vlm):
+    """The whole tiny VideoLLaMA3 on a video prompt (vision encoder, projector, LLM) gives bit-identical logits with
+    the fused kernels on and off on the CPU; off restores the library's forwards (the class functions, no links)."""
+    cfg = tiny_vlm.model.config
+    px, thw, ms = _tiny_video_inputs(seed=3)
+    n_video = int(thw.prod() // ms[0] ** 2)
+    g = torch.Generator().manual_seed(4)
+    ids = torch.cat([torch.randint(0, 151643, (1, 5), generator=g), torch.full((1, n_video), cfg.video_token_id),
+                     torch.randint(0, 151643, (1, 6), generator=g)], 1)
+    vision = tiny_vlm.model.model.vision_model
+    layers, mlps = _vision_fused_modules(vision)
+
+    def logits():
+        with torch.no_grad():
+            return tiny_vlm.model(input_ids=ids, pixel_values_videos=px, video_grid_thw=thw,
+                                  video_merge_sizes=ms).logits
+
+    try:
+        tiny_vlm.set_fused_kernels(False)
+        for m in layers + mlps:
+            assert "forward" not in m.__dict__ and m.forward.__func__ is type(m).forward
+            assert fused._NEXT_NORM not in m.__dict__
+        ref = logits()
+        tiny_vlm.set_fused_kernels(True)
+        assert all("forward" in m.__dict__ for m in layers + mlps)
+        got = logits()
+    finally:
+        tiny_vlm.set_fused_kernels(True)
+    assert torch.equal(got, ref)
+    assert fused.fuse(vision, False) == len(layers) + len(mlps)
+    assert all(m.forward.__func__ is type(m).forward for m in layers + mlps)
+    tiny_vlm.set_fused_kernels(True)

@@ -138,3 +138,54 @@ def test_padded_gate_up_on_cuda_bf16():
             fused.fuse(holder, False)
     assert mlp.__dict__.get("_tb_padded") is None                  # unbinding drops the padded copies
     assert torch.allclose(got, want, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+def test_fused_vision_encoder_on_cuda_equal_library(dtype, tol):
+    """The VideoLLaMA3 vision encoder with the fused forwards on CUDA (fc1 + tanh GELU as one cuBLASLt GEMM, every
+    residual add fused with the LayerNorm after it, across layers) equals the library's forward on random inputs:
+    in fp32 to GEMM-kernel rounding, in bf16 to bf16 rounding (the epilogue rounds fc1's output once, after the
+    GELU; the library rounds before and after it). Only the first layer's ``layer_norm1`` and the model's
+    ``post_layernorm`` remain eager LayerNorms, and no separate GELU runs."""
+    from transformers.models.video_llama_3.configuration_video_llama_3 import VideoLlama3VisionConfig
+    from transformers.models.video_llama_3.modeling_video_llama_3 import VideoLlama3VisionModel
+
+    from models import fused
+
+    cfg = VideoLlama3VisionConfig(hidden_size=256, intermediate_size=1024, num_hidden_layers=3,
+                                  num_attention_heads=4, patch_size=14)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    vision = VideoLlama3VisionModel(cfg).to("cuda", dtype).eval()
+    with torch.no_grad():
+        for m in vision.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.normal_(1.0, 0.3)
+                m.bias.normal_(0.0, 0.3)
+    frames, h, w = 3, 8, 12
+    px = torch.randn(frames * h * w, 3 * 14 * 14, device="cuda", dtype=dtype)
+    thw, ms = torch.tensor([[frames, h, w]], device="cuda"), torch.tensor([2], device="cuda")
+    x = torch.randn(5, 40, 256, device="cuda", dtype=dtype)
+    mlp, ln = vision.encoder.layers[0].mlp, vision.encoder.layers[0].layer_norm2
+    with torch.no_grad():
+        want = vision(pixel_values=px, grid_thw=thw, merge_sizes=ms).last_hidden_state.float()
+        want_mlp = mlp(x).float()
+        want_ln = fused._add_layer_norm(x, x.flip(0), ln.weight, ln.bias, ln.eps)
+        assert fused.fuse(vision, True) == 2 * cfg.num_hidden_layers
+        try:
+            got_mlp = mlp(x).float()
+            got_ln = fused.add_layer_norm(x, x.flip(0), ln.weight, ln.bias, ln.eps)
+            vision(pixel_values=px, grid_thw=thw, merge_sizes=ms)                     # compile outside the profile
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                got = vision(pixel_values=px, grid_thw=thw, merge_sizes=ms).last_hidden_state.float()
+        finally:
+            fused.fuse(vision, False)
+    ops = [e.key for e in prof.key_averages()]
+    counts = {e.key: e.count for e in prof.key_averages()}
+    assert fused.add_layer_norm.state == "ok"
+    assert counts.get("aten::_addmm_activation") == cfg.num_hidden_layers
+    assert not [k for k in ops if k.startswith("aten::gelu")]
+    assert counts.get("aten::native_layer_norm") == 2
+    for g, wnt in [(got_mlp, want_mlp), *zip(got_ln, want_ln), (got, want)]:
+        assert g.shape == wnt.shape
+        assert torch.allclose(g.float(), wnt.float(), atol=tol, rtol=tol), (g.float() - wnt.float()).abs().max()
