@@ -80,7 +80,7 @@ def extract_sessions(runner: OmniThinkerRunner, sessions: list[dict[str, Any]], 
     out = []
     for session, results in zip(sessions, per):
         got = [r for r in results if r is not None]
-        meta = {"sessions_per_batch": batched.sessions_per_batch,
+        meta = {"sessions_per_batch": batched.sessions_per_batch, "batch_rows": batched.batch_rows,
                 "batch_wall_time_s": sum(r.batch_wall_time_s for r in got)}
         for key in COMPUTED_FIELDS:
             meta[key] = round(sum(r.computed[key] for r in got), 6)
@@ -181,12 +181,16 @@ class OmniFeatureExtractor(LightningModule):
             ``models.omni_batch``: same states, adds ``computed_*`` to the meta). A single-session batch is
             always run the one-session way.
         compile_small_calls: ``torch.compile`` the audio tower and the LLM in the batched path (default off).
+        batch_rows: batched path, ``micro-chunk-200ms``: a native block's 10 rows as one call per tower and one
+            causal LLM prefill (default on; states equal to fp32 rounding, ``models.omni_batch``); False: one call
+            per row, as a live stream runs (bit-identical to the one-session path). Recorded in the meta.
     """
 
     def __init__(self, model_dir: str, mode: str = "open-stream-replay", memory_s: float = 8.0, layer: int = -1,
                  dtype: str = "float32", attn_implementation: str = "sdpa", verify_rows: int = 4,
                  prompt_token_ids: list[int] | None = None, sessions_per_batch: int = 1,
-                 compile_small_calls: bool = False, memory_policy: str = DEFAULT_MEMORY_POLICY):
+                 compile_small_calls: bool = False, memory_policy: str = DEFAULT_MEMORY_POLICY,
+                 batch_rows: bool = True):
         super().__init__()
         if mode not in MODES:
             raise SettingError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
@@ -200,8 +204,8 @@ class OmniFeatureExtractor(LightningModule):
             check_micro_chunk_tiling(self.runner.geometry)
         if sessions_per_batch < 1:
             raise SettingError(f"sessions_per_batch={sessions_per_batch} must be >= 1")
-        self.batched = (BatchedOmniRunner(self.runner, sessions_per_batch, compile_small_calls=compile_small_calls)
-                        if sessions_per_batch > 1 else None)
+        self.batched = (BatchedOmniRunner(self.runner, sessions_per_batch, compile_small_calls=compile_small_calls,
+                                          batch_rows=batch_rows) if sessions_per_batch > 1 else None)
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         return batch  # media stay on the host; payloads go to the device after preparation
