@@ -15,6 +15,8 @@ from pathlib import Path
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
+from algorithms.errors import SettingError
+
 from .benchmarks import AnnotationError, Question, load_benchmark
 from .decoding import DecodeError, auto_decode_threads, decode_video
 from .sharding import CostBalancedSampler, estimate_cost
@@ -102,6 +104,10 @@ class VideoQADataModule(LightningDataModule):
         self.loader_kwargs = loader_kwargs or {}
         self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
         self.decode_max_side, self.limit_videos = decode_max_side, limit_videos
+        if decode_threads is not None and (isinstance(decode_threads, bool) or not isinstance(decode_threads, int)
+                                           or decode_threads < 1):
+            raise SettingError(f"data.decode_threads={decode_threads!r}: expected an integer >= 1, or null for "
+                               "this host's CPUs shared among the decoders")
         self.decode_threads = decode_threads
         self.questions: list[Question] | None = None
 
@@ -168,7 +174,7 @@ class VideoQADataModule(LightningDataModule):
             print(f"[rank {rank}] {msg}: nothing to run", flush=True)
         else:
             log.info(msg)
-        threads = self.decode_threads or auto_decode_threads(self.num_workers, self.trainer.num_devices)
+        threads = self.decode_threads if self.decode_threads is not None else auto_decode_threads(self.num_workers, self.trainer.num_devices)
         ds = VideoQADataset(tasks, max_budget, self.decode_max_side, threads)
         return DataLoader(ds, batch_size=None, sampler=sampler, num_workers=self.num_workers,
                           prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,

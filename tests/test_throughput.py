@@ -161,6 +161,16 @@ def test_auto_decode_threads_shares_the_host():
     assert auto_decode_threads(8, 8, cpus=16) == 1          # never below one
 
 
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True])
+def test_decode_threads_must_be_a_positive_integer(bad):
+    from algorithms.errors import SettingError
+    from datamodules.videoqa import VideoQADataModule
+
+    with pytest.raises(SettingError, match="data.decode_threads"):
+        VideoQADataModule(decode_threads=bad)
+    assert VideoQADataModule(decode_threads=3).decode_threads == 3
+
+
 def test_wait_hint_names_the_remedy_only_when_the_gpu_waited():
     from callbacks.timing import StageTimer
 
