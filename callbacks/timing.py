@@ -10,6 +10,7 @@ progress bar as a postfix, printed as a table and written to ``<out_dir>/timing_
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -38,6 +39,7 @@ class StageTimer(Callback):
         self.totals = dict.fromkeys(self.STAGES, 0.0)
         self.videos = 0
         self.decode_worker_s = 0.0
+        self.first_wait_s = 0.0         # the pipeline fill left after the load (more workers do not shorten it)
         self._start = self._mark = time.perf_counter()
 
     def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
@@ -47,6 +49,7 @@ class StageTimer(Callback):
             if self.videos == 0:   # the module's hooks ran after ours: its model load is inside this interval
                 load = float(getattr(pl_module, "load_seconds", 0.0) or 0.0)
                 self.totals["load"] += load
+                self.first_wait_s = max(now - self._mark - load, 0.0)
             self.totals["wait"] += max(now - self._mark - load, 0.0)
 
     def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
@@ -69,7 +72,7 @@ class StageTimer(Callback):
         return {"videos": self.videos, "wall_s": round(wall, 4),
                 "stages_s": {k: round(v, 4) for k, v in self.totals.items()},
                 "stages_share": {k: round(v / wall, 4) for k, v in self.totals.items()},
-                "decode_worker_s": round(self.decode_worker_s, 4)}
+                "decode_worker_s": round(self.decode_worker_s, 4), "first_wait_s": round(self.first_wait_s, 4)}
 
     def on_predict_end(self, trainer, pl_module) -> None:
         s = self.summary()
@@ -93,16 +96,23 @@ class StageTimer(Callback):
 
     @staticmethod
     def wait_hint(s: dict, workers: int | None, threshold: float = 0.05) -> str | None:
-        """A sizing hint when the GPU waited for data more than ``threshold`` of the wall time after the load.
-
-        Decoding keeps up when ``decode seconds per video / workers`` is below the GPU seconds per video."""
+        """A sizing hint when, after the first video (the pipeline fill, which more workers do not shorten), the GPU
+        waited for data more than ``threshold`` of the wall time AND decoding is the bottleneck: ``decode seconds
+        per video / workers`` above the GPU seconds per video. Names the worker count that would keep up."""
         n = s["videos"]
-        busy = sum(v for k, v in s["stages_s"].items() if k not in ("load", "wait"))
-        after_load = s["wall_s"] - s["stages_s"].get("load", 0.0)
-        if n < 2 or after_load <= 0 or s["stages_s"].get("wait", 0.0) / after_load <= threshold:
+        stages = s["stages_s"]
+        busy = sum(v for k, v in stages.items() if k not in ("load", "wait"))
+        first = s.get("first_wait_s", 0.0)
+        span = s["wall_s"] - stages.get("load", 0.0) - first
+        steady = stages.get("wait", 0.0) - first
+        if n < 2 or span <= 0 or busy <= 0 or steady / span <= threshold:
             return None
-        per_video = s["decode_worker_s"] / n
-        w = f"{workers} worker(s)" if workers is not None else "the workers"
-        return (f"the GPU waited {100 * s['stages_s']['wait'] / after_load:.0f}% of the time after the load: decoding "
-                f"took {per_video:.2f}s per video in one worker ({w}) against {busy / n:.2f}s of GPU work per "
-                f"video; raise data.num_workers (or data.decode_threads) if the host has idle CPUs")
+        per_video, gpu = s["decode_worker_s"] / n, busy / n
+        decoders = max(workers or 0, 1)
+        if per_video / decoders <= gpu:
+            return None
+        where = f"one of {workers} workers" if workers else "the main process (data.num_workers = 0)"
+        return (f"the GPU waited {100 * steady / span:.0f}% of the time after the first video: decoding took "
+                f"{per_video:.2f}s per video in {where} against {gpu:.2f}s of GPU work per video; about "
+                f"{math.ceil(per_video / gpu)} workers would keep up (data.num_workers; data.decode_threads sets the "
+                f"decoder threads of each) if the host has the CPUs")

@@ -84,7 +84,8 @@ def auto_decode_threads(workers: int, local_processes: int = 1, cpus: int | None
     Args:
         workers: DataLoader workers per process (0 = decoding in the main process, counted as 1).
         local_processes: processes of this host (DDP ranks), each with ``workers`` decoders.
-        cpus: CPUs this process may use (default: its affinity mask).
+        cpus: CPUs this process may use (default: its affinity mask; when that mask is smaller than the host, the
+            process is pinned to its own share, e.g. SLURM's per-task binding, and ``local_processes`` is ignored).
         cap: most threads per decoder (FFmpeg's H.264 frame threading gains little beyond a few).
 
     Returns:
@@ -92,6 +93,8 @@ def auto_decode_threads(workers: int, local_processes: int = 1, cpus: int | None
     """
     if cpus is None:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        if cpus < (os.cpu_count() or cpus):   # pinned to a share of the host: the share is already per rank
+            local_processes = 1
     return int(min(max(cpus // (max(workers, 1) * max(local_processes, 1)), 1), cap))
 
 

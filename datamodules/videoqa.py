@@ -174,7 +174,9 @@ class VideoQADataModule(LightningDataModule):
             print(f"[rank {rank}] {msg}: nothing to run", flush=True)
         else:
             log.info(msg)
-        threads = self.decode_threads if self.decode_threads is not None else auto_decode_threads(self.num_workers, self.trainer.num_devices)
+        threads = self.decode_threads
+        if threads is None:
+            threads = auto_decode_threads(self.num_workers, self.trainer.num_devices)
         ds = VideoQADataset(tasks, max_budget, self.decode_max_side, threads)
         return DataLoader(ds, batch_size=None, sampler=sampler, num_workers=self.num_workers,
                           prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,

@@ -89,7 +89,12 @@ class Fusable:
             name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"  # older PyTorch
             setattr(cfg, name, max(getattr(cfg, name), RECOMPILE_LIMIT))
             kw = {"options": self.options} if self.options else {}
-            self._compiled = torch.compile(self.fn, fullgraph=True, dynamic=False, backend=self.backend, **kw)
+            try:   # (an option key another PyTorch version does not know is refused here)
+                self._compiled = torch.compile(self.fn, fullgraph=True, dynamic=False, backend=self.backend, **kw)
+            except Exception as e:  # noqa: BLE001 - the eager math is the same
+                log.warning("torch.compile of %s refused (%s); using the eager function", self.name, e)
+                self.state = "failed"
+                return self.fn(*args)
         self._mark(args)
         if self.state == "ok":                 # compiled and ran once: later errors are real errors
             return self._compiled(*args)

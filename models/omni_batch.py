@@ -401,9 +401,13 @@ class BatchedOmniRunner:
         """Prefill (B, N, D) on top of the batched cache at shared (3, N) positions; (B, N, D) at ``layer``."""
         b = embeds.shape[0]
         pos = positions.to(self.runner.device).unsqueeze(1).expand(3, b, -1)
+        layer = self.runner.layer
+        final = layer in (-1, self.runner.text_config.num_hidden_layers)
+        # the final state is ``last_hidden_state`` (the same tensor as hidden_states[-1]); asking for every layer's
+        # output would keep all of them alive over a whole block's prefill (~4x the peak at 3B shapes, 16 sessions)
         out = self._lm(inputs_embeds=embeds, position_ids=pos, past_key_values=cache, use_cache=True,
-                       output_hidden_states=True)
-        return out.hidden_states[self.runner.layer]
+                       output_hidden_states=not final)
+        return out.last_hidden_state if final else out.hidden_states[layer]
 
     def _load_block(self, group: list[_Stream], block: int) -> torch.Tensor:
         """Native block ``block``'s media of every stream to the device, once per block: returns its audio
@@ -472,7 +476,7 @@ class BatchedOmniRunner:
 
     def _audio(self, group: list[_Stream], block_audio: torch.Tensor, spans: list[tuple[int, int]]
                ) -> list[torch.Tensor]:
-        """(B, n_a, D) audio-tower output of every stream's ``(a, z]`` audio, per span of ``spans`` (equal lengths,
+        """Per span of ``spans``, the (B, n_a, D) audio-tower output of every stream's ``(a, z]`` audio (equal lengths,
         one native block): one log-mel call and one tower call over all spans x streams (each (span, stream) is
         its own payload: own log-mel normalisation, own attention chunk)."""
         r = self.runner
@@ -606,7 +610,7 @@ class BatchedOmniRunner:
                 i += 1
         pending.clear()
 
-    def _row_run(self, steps: list, i: int, active: list[_Stream]) -> list:
+    def _row_run(self, steps: list, i: int, active: list[_Stream], mode: str) -> list:
         """Steps ``i, i+1, ...`` that go through the encoders and the LLM as one call each: consecutive rows of one
         native block that all commit their payload, with no stream dropping out in between (so only
         ``micro-chunk-200ms`` forms runs longer than one row; the window slides only at a block's first row).
@@ -617,8 +621,8 @@ class BatchedOmniRunner:
         ``batch_rows=False`` (one row per call, as a live stream must run)."""
         st = steps[i]
         run = [st]
-        if not (self.batch_rows and st.commit):
-            return run
+        if not (self.batch_rows and st.commit and mode == MICRO_CHUNK_200MS):
+            return run  # (only micro has several committed rows per block; reuse would also need a second look)
         while i + len(run) < len(steps):
             nx = steps[i + len(run)]
             if not (nx.commit and nx.prepare_ms is not None and nx.block == st.block
@@ -675,7 +679,7 @@ class BatchedOmniRunner:
                             s.hold_rows.append((st.row, s.last_update))
                     i += 1
                     continue
-                run = self._row_run(steps, i, active)
+                run = self._row_run(steps, i, active, mode)
                 i += len(run)
                 block = st.block
                 if block != loaded:

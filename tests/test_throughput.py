@@ -161,6 +161,18 @@ def test_auto_decode_threads_shares_the_host():
     assert auto_decode_threads(8, 8, cpus=16) == 1          # never below one
 
 
+def test_auto_decode_threads_reads_the_affinity_mask(monkeypatch):
+    import os
+
+    from datamodules.decoding import auto_decode_threads
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert auto_decode_threads(4, 4) == 4                   # the whole host shared by 4 ranks x 4 workers
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert auto_decode_threads(4, 4) == 4                   # pinned to 16 CPUs (its rank's share): 16 // 4
+
+
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True])
 def test_decode_threads_must_be_a_positive_integer(bad):
     from algorithms.errors import SettingError
@@ -171,16 +183,20 @@ def test_decode_threads_must_be_a_positive_integer(bad):
     assert VideoQADataModule(decode_threads=3).decode_threads == 3
 
 
-def test_wait_hint_names_the_remedy_only_when_the_gpu_waited():
+def test_wait_hint_names_the_remedy_only_when_decoding_is_the_bottleneck():
     from callbacks.timing import StageTimer
 
-    s = {"videos": 10, "wall_s": 30.0, "decode_worker_s": 60.0,
+    s = {"videos": 10, "wall_s": 30.0, "decode_worker_s": 60.0, "first_wait_s": 0.0,
          "stages_s": {"load": 10.0, "wait": 4.0, "encode": 6.0, "plan_build": 0.0, "answer": 10.0}}
     hint = StageTimer.wait_hint(s, 2)
-    # wait 4 of the 20 s after the load; 6.00 s decoding per video in one of 2 workers vs 1.60 s of GPU work
-    assert hint.startswith("the GPU waited 20% ") and "6.00s per video" in hint and "2 worker(s)" in hint
-    assert "1.60s of GPU work" in hint
-    s["stages_s"]["wait"] = 0.9                            # 4.5%: no hint
+    # wait 4 of the 20 s after the load; 6.00 s decoding per video / 2 workers = 3 s > 1.60 s of GPU work per video
+    assert hint.startswith("the GPU waited 20% ") and "6.00s per video in one of 2 workers" in hint
+    assert "1.60s of GPU work" in hint and "about 4 workers would keep up" in hint       # ceil(6.00 / 1.60)
+    assert "in the main process" in StageTimer.wait_hint(s, 0)
+    assert StageTimer.wait_hint(s, 4) is None              # 6 / 4 = 1.5 s <= 1.6 s: decoding keeps up
+    s["first_wait_s"] = 3.5                                 # the wait was the pipeline fill: no hint
+    assert StageTimer.wait_hint(s, 2) is None
+    s["first_wait_s"], s["stages_s"]["wait"] = 0.0, 0.9    # 4.5%: no hint
     assert StageTimer.wait_hint(s, 2) is None
 
 
@@ -315,3 +331,5 @@ def test_fused_function_falls_back_to_eager(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(f(q, k, cos, sin), want)) and len(calls) == 1
     g = Fusable(va.rotary_qk, "cuda only")         # CPU tensors: eager, nothing compiled
     assert all(torch.equal(a, b) for a, b in zip(g(q, k, cos, sin), want)) and g._compiled is None
+    h = Fusable(va.rotary_qk, "unknown option", devices=("cpu",), options={"no_such_inductor_option": 1})
+    assert all(torch.equal(a, b) for a, b in zip(h(q, k, cos, sin), want)) and h.state == "failed"
