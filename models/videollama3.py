@@ -635,9 +635,10 @@ class BudgetedVideoLlama3(nn.Module):
                 BudgetedVideoLlama3._graph_warm.add(warm_key)
 
             if cuda_graph is not None:
-                def replay() -> torch.Tensor:
+                def replay_graph() -> torch.Tensor:
                     cuda_graph.replay()
                     return static_logits
+                replay = replay_graph
         run = replay or forward
         # the suffix prefill is launched after the capture: recording the graph is host work that overlaps the prefix
         # prefill on the GPU, while the ~1,000 launches of an eager suffix prefill fill the driver's command queue and
