@@ -183,7 +183,8 @@ def run_methods(vlm: BudgetedVideoLlama3, frames, times, budget: int, new_tokens
     return res
 
 
-def wait_share(vlm, videos: list[str], budgets: list[int], workers: int, chunk: int, load: bool = True) -> dict:
+def wait_share(vlm, videos: list[str], budgets: list[int], workers: int, chunk: int, load: bool = True,
+               decode_threads: int | None = None) -> dict:
     """Run the real predict_step loop over DataLoader workers; share of time the GPU waits for data.
 
     The order is the real run's (``BudgetedQA.on_predict_start``): the DataLoader workers start, then the model
@@ -207,7 +208,8 @@ def wait_share(vlm, videos: list[str], budgets: list[int], workers: int, chunk: 
                        options=["A bird.", "A car.", "A house.", "A tree."], answer="A", meta={}) for j, q in
               enumerate(QUESTIONS)]
         tasks.append(VideoTask(str(i), v, "bench", qs, {q.qid: jobs for q in qs}))
-    ds = VideoQADataset(tasks, max(budgets), decode_threads=auto_decode_threads(workers))  # as the datamodule
+    threads = decode_threads or auto_decode_threads(workers)    # as the datamodule
+    ds = VideoQADataset(tasks, max(budgets), decode_threads=threads)
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, prefetch_factor=2 if workers else None)
     host = {k: v.to("cpu", copy=True) for k, v in vlm.model.state_dict().items()} if load else None
     wait = 0.0
@@ -240,7 +242,7 @@ def wait_share(vlm, videos: list[str], budgets: list[int], workers: int, chunk: 
     steady = wait - (first_wait or 0.0)
     return {"videos": n, "wall_s": wall, "load_s": load_s, "wait_s": wait, "wait_share": wait / wall,
             "first_wait_s": first_wait, "steady_wait_share": steady / max(wall - (first_wait or 0.0), 1e-9),
-            "timeline": timeline}
+            "timeline": timeline, "workers": workers, "decode_threads": threads}
 
 
 def memory_probe(vlm, video: str, budget: int, new_tokens: int, chunk: int) -> list[tuple[str, float, float]]:
@@ -403,6 +405,8 @@ def main(argv=None) -> None:
     ap.add_argument("--budgets", nargs="*", type=int, default=None)
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--workers", type=int, default=None, help="DataLoader workers (default 6; --tiny: up to 2)")
+    ap.add_argument("--decode-threads", type=int, default=None,
+                    help="decoder threads per worker in the wait-share loop (default: the datamodule's rule)")
     ap.add_argument("--also-workers", type=int, nargs="*", default=[],
                     help="--wait-only: also measure with these worker counts (one model build)")
     ap.add_argument("--wait-repeat", type=int, default=4, help="the wait-share loop runs the videos this many times")
@@ -439,12 +443,18 @@ def main(argv=None) -> None:
     if args.wait_only:
         # warm-up (compile, graph capture), as the full bench's table does before its wait-share loop
         wait_share(vlm, videos[:1], budgets, 0, args.chunk_frames, load=False)
+        runs = []
         for workers in [args.workers, *args.also_workers]:
-            ws = wait_share(vlm, videos * args.wait_repeat, budgets, workers, args.chunk_frames)
-            print(f"workers {workers}: wait share {100 * ws['wait_share']:.1f}% ({ws['wait_s']:.2f} of "
-                  f"{ws['wall_s']:.2f} s after a {ws['load_s']:.2f} s load)\n  waited  decode_s  ready_at  taken_at")
-            for row in ws.pop("timeline"):
+            ws = wait_share(vlm, videos * args.wait_repeat, budgets, workers, args.chunk_frames,
+                            decode_threads=args.decode_threads)
+            runs.append(ws)
+            print(f"workers {workers} x {ws['decode_threads']} decoder threads: wait share "
+                  f"{100 * ws['wait_share']:.1f}% ({ws['wait_s']:.2f} of {ws['wall_s']:.2f} s after a "
+                  f"{ws['load_s']:.2f} s load)\n  waited  decode_s  ready_at  taken_at")
+            for row in ws["timeline"]:
                 print("  " + "".join(f"{x:>9.3f}" for x in row))
+        if args.json:
+            Path(args.json).write_text(json.dumps({"wait": runs}, indent=1))
         return
     if args.probe_memory:
         print(f"weights {torch.cuda.memory_allocated() / 2**30:.1f} GiB")
@@ -470,12 +480,13 @@ def main(argv=None) -> None:
             rows.append({"video": Path(v).name, "duration_s": dec.info["duration_s"], "budget": b, **r,
                          "floor_s": floor_s})
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
-    ws = wait_share(vlm, videos * args.wait_repeat, budgets, args.workers, args.chunk_frames)
+    ws = wait_share(vlm, videos * args.wait_repeat, budgets, args.workers, args.chunk_frames,
+                    decode_threads=args.decode_threads)
     hdr = (f"{'video':<16}{'budget':>7}{'frames':>7}{'prefix':>8}{'mode':>9}{'(a) s':>8}{'(b) s':>8}{'(c) s':>8}"
            f"{'(d) s':>8}{'a/d':>6}{'b/d':>6}{'enc':>7}{'prefill':>8}{'floor':>7}  same a=b/b=c/c=d")
     print(f"\nGEMM ceiling {ceiling:.0f} TFLOP/s; peak GPU memory {peak:.1f} GiB; wait share "
           f"{100 * ws['wait_share']:.1f}% ({ws['wait_s']:.2f} of {ws['wall_s']:.2f} s after a {ws['load_s']:.2f} s "
-          f"weight load, {ws['videos']} videos, {args.workers} workers; first video {ws['first_wait_s']:.2f} s, "
+          f"weight load, {ws['videos']} videos, {args.workers} workers x {ws['decode_threads']} decoder threads; first video {ws['first_wait_s']:.2f} s, "
           f"after it {100 * ws['steady_wait_share']:.1f}%)")
     print(hdr)
     for r in rows:

@@ -58,9 +58,12 @@ class FeatureWriter(BasePredictionWriter):
         checks = [r["meta"].get("verification", {}) for r in kept]
         failed = [r["session"] for r, v in zip(kept, checks)
                   if isinstance(v, dict) and isinstance(v.get("cache_replay"), dict) and not v["cache_replay"]["passed"]]
+        n_checked = sum(int(v["cache_replay"].get("checked_rows", 0)) for v in checks
+                        if isinstance(v, dict) and isinstance(v.get("cache_replay"), dict))
+        verdict = ("FAILED for " + ", ".join(failed) if failed else f"passed ({n_checked} rows checked)" if n_checked
+                   else "not checked (verify_rows = 0)")
         print(f"[rank {trainer.global_rank}] wrote {len(kept)} feature file(s) to {self.out_dir} "
-              f"({rows} rows = {rows / 5:.1f} media s, {wall:.1f} s extraction wall; cache_replay "
-              f"{'passed' if not failed else 'FAILED for ' + ', '.join(failed)})")
+              f"({rows} rows = {rows / 5:.1f} media s, {wall:.1f} s extraction wall; cache_replay {verdict})")
 
 
 def plot_session_timeline(out_dir: str | Path, session: str, png: str | Path | None = None,

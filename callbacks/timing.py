@@ -105,8 +105,8 @@ class StageTimer(Callback):
         first = s.get("first_wait_s", 0.0)
         span = s["wall_s"] - stages.get("load", 0.0) - first
         steady = stages.get("wait", 0.0) - first
-        if n < 2 or span <= 0 or busy <= 0 or steady / span <= threshold:
-            return None
+        if n < 2 or span < 1.0 or busy / n < 0.01 or steady / span <= threshold:
+            return None   # (too short to say, or no GPU work: e.g. every video failed to decode)
         per_video, gpu = s["decode_worker_s"] / n, busy / n
         decoders = max(workers or 0, 1)
         if per_video / decoders <= gpu:

@@ -19,8 +19,10 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_warn
 
-from algorithms.streaming import DEFAULT_MEMORY_POLICY, MODES, accounting, check_memory_policy, masks, num_rows
+from algorithms.streaming import (DEFAULT_MEMORY_POLICY, MICRO_CHUNK_200MS, MODES, accounting, check_memory_policy,
+                                  masks, num_rows)
 from algorithms.errors import SettingError
 from models.omni import OmniThinkerRunner
 from models.omni_batch import COMPUTED_FIELDS, BatchedOmniRunner
@@ -80,8 +82,10 @@ def extract_sessions(runner: OmniThinkerRunner, sessions: list[dict[str, Any]], 
     out = []
     for session, results in zip(sessions, per):
         got = [r for r in results if r is not None]
-        meta = {"sessions_per_batch": batched.sessions_per_batch, "batch_rows": batched.batch_rows,
+        meta = {"sessions_per_batch": batched.sessions_per_batch,
                 "batch_wall_time_s": sum(r.batch_wall_time_s for r in got)}
+        if mode == MICRO_CHUNK_200MS:  # the only mode whose rows it batches
+            meta["batch_rows"] = batched.batch_rows
         for key in COMPUTED_FIELDS:
             meta[key] = round(sum(r.computed[key] for r in got), 6)
         out.append(_assemble(runner, session, mode, memory_s, results, {**meta, **(extra_meta or {})},
@@ -134,6 +138,7 @@ def _assemble(runner: OmniThinkerRunner, session: dict[str, Any], mode: str, mem
                              "processor_calls": acc.processor_calls, "prepared_media_s": acc.prepared_media_s})
         verifications.append({"stream": k, **res.verification})
     cache_ok = all(v["cache_replay"]["passed"] for v in verifications)
+    checked = sum(len(v["cache_replay"]["rows"]) for v in verifications)
     worst = max((v["cache_replay"]["max_abs_diff"] for v in verifications), default=0.0)
     micro = [v["micro_chunk_vs_continuous_semantics"] for v in verifications]
     cos = [c for mc in micro if mc.get("applicable") for c in mc["cosine"]]
@@ -152,7 +157,8 @@ def _assemble(runner: OmniThinkerRunner, session: dict[str, Any], mode: str, mem
             "prompt_source": runner.prompt_source, "num_prompt_tokens": len(runner.prompt_token_ids),
             "gap_policy": session.get("gap_policy"), "streams": streams_meta,
             "verification": {
-                "cache_replay": {"passed": cache_ok, "max_abs_diff": worst, "per_stream": verifications},
+                "cache_replay": {"passed": cache_ok, "checked_rows": checked, "max_abs_diff": worst,
+                                 "per_stream": verifications},
                 "micro_chunk_vs_continuous_semantics": {
                     "applicable": bool(cos), "mean_cosine": (sum(cos) / len(cos)) if cos else None,
                     "note": "diagnostic, not an equivalence"}}}
@@ -206,6 +212,11 @@ class OmniFeatureExtractor(LightningModule):
             raise SettingError(f"sessions_per_batch={sessions_per_batch} must be >= 1")
         self.batched = (BatchedOmniRunner(self.runner, sessions_per_batch, compile_small_calls=compile_small_calls,
                                           batch_rows=batch_rows) if sessions_per_batch > 1 else None)
+        if mode != MICRO_CHUNK_200MS and not batch_rows:
+            rank_zero_warn(f"batch_rows=False has no effect in {mode} (only micro-chunk-200ms rows are batched)")
+        elif mode == MICRO_CHUNK_200MS and batch_rows and sessions_per_batch == 1:
+            rank_zero_warn("batch_rows applies to the batched path: with sessions_per_batch=1 micro-chunk-200ms runs "
+                           "one call per row (set sessions_per_batch > 1 on the model and the data)")
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         return batch  # media stay on the host; payloads go to the device after preparation

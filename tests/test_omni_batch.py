@@ -357,14 +357,21 @@ def test_extract_sessions_records_match_and_lightning_list_batch(runner, model_d
         assert all(torch.equal(rec["tensors"][k], ref["tensors"][k]) for k in ref["tensors"])
         drop = {"wall_time_s", "peak_memory_bytes"}
         extra = set(rec["meta"]) - set(ref["meta"])
-        assert extra == set(COMPUTED_FIELDS) | {"sessions_per_batch", "batch_rows", "batch_wall_time_s"}
-        assert rec["meta"]["batch_rows"] is True
+        assert extra == set(COMPUTED_FIELDS) | {"sessions_per_batch", "batch_wall_time_s"}   # batch_rows: micro only
         assert {k: v for k, v in rec["meta"].items() if k not in drop | extra} == \
             {k: v for k, v in ref["meta"].items() if k not in drop}
     # stream 1: one 2 s block of tails (11 s of audio); stream 2 (12 rows): 11 s + the 0.2 and 0.4 s tails
     assert batched[1]["meta"]["computed_audio_seconds"] == pytest.approx(11.0 + 11.0 + 0.2 + 0.4)
     live = OmniFeatureExtractor(str(model_dir), mode=MICRO_CHUNK_200MS, sessions_per_batch=2, batch_rows=False)
     assert live.batched.batch_rows is False and live.hparams.batch_rows is False
+    micro = extract_sessions(runner, sessions[:1], MICRO_CHUNK_200MS, 8.0, verify_rows=0, batched=live.batched)
+    assert micro[0]["meta"]["batch_rows"] is False
+    assert micro[0]["meta"]["verification"]["cache_replay"]["checked_rows"] == 0
+    assert batched[0]["meta"]["verification"]["cache_replay"]["checked_rows"] == 2    # verify_rows=2, one stream
+    with pytest.warns(UserWarning, match="batch_rows=False has no effect"):
+        OmniFeatureExtractor(str(model_dir), mode=COMPLETED_BLOCK_HOLD, batch_rows=False)
+    with pytest.warns(UserWarning, match="sessions_per_batch=1"):
+        OmniFeatureExtractor(str(model_dir), mode=MICRO_CHUNK_200MS)
     module = OmniFeatureExtractor(str(model_dir), mode=COMPLETED_BLOCK_HOLD, verify_rows=1, sessions_per_batch=2)
     recs = module.predict_step(sessions)
     assert [r["session"] for r in recs] == ["Session_1", "Session_2"]

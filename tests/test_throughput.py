@@ -198,6 +198,9 @@ def test_wait_hint_names_the_remedy_only_when_decoding_is_the_bottleneck():
     assert StageTimer.wait_hint(s, 2) is None
     s["first_wait_s"], s["stages_s"]["wait"] = 0.0, 0.9    # 4.5%: no hint
     assert StageTimer.wait_hint(s, 2) is None
+    failed = {"videos": 2, "wall_s": 2.6, "decode_worker_s": 0.3, "first_wait_s": 0.0,   # every video failed
+              "stages_s": {"load": 2.59, "wait": 0.005, "encode": 0.0, "plan_build": 0.0, "answer": 0.001}}
+    assert StageTimer.wait_hint(failed, 2) is None
 
 
 def test_frame_batched_vision_attention_equals_per_frame(tiny_vlm):
