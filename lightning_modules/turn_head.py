@@ -141,8 +141,9 @@ class TurnHead(LightningModule):
         out = {}
         counts = self._label_count[stage]
         for key in ("auroc", "ap"):
-            vals = torch.stack([m[key][j].compute().float().cpu() if counts[j] else torch.tensor(float("nan"))
-                                for j in range(NUM_TARGETS)])                 # (10,)
+            # (torchmetrics' trapezoid sums can land a float ulp above 1: clamp to the metric's range)
+            vals = torch.stack([m[key][j].compute().float().cpu().clamp(0.0, 1.0) if counts[j]
+                                else torch.tensor(float("nan")) for j in range(NUM_TARGETS)])   # (10,)
             out.update({f"{stage}/{key}_{n}": v for n, v in zip(self.names, vals)})
             out[f"{stage}/{key}_mean"] = vals.nanmean()
             for metric in m[key]:
@@ -150,7 +151,7 @@ class TurnHead(LightningModule):
         self._label_count[stage] = torch.zeros(NUM_TARGETS, dtype=torch.long)
         if self._sh_count[stage]:
             out.update({f"{stage}/{k}": v for k, v in m["sh"].compute().items()})
-            out[f"{stage}/sh_auroc"] = m["sh_auroc"].compute()
+            out[f"{stage}/sh_auroc"] = m["sh_auroc"].compute().clamp(0.0, 1.0)
             out[f"{stage}/sh_events"] = float(self._sh_count[stage])
         m["sh"].reset()
         m["sh_auroc"].reset()

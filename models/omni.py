@@ -629,7 +629,7 @@ class OmniThinkerRunner(nn.Module):
             cos.append(float(torch.nn.functional.cosine_similarity(ref, states[row], dim=0)))
             mad.append(float((ref - states[row]).abs().max()))
         out["micro_chunk_vs_continuous_semantics"] = {
-            "applicable": True, "rows": rows, "cosine": cos, "max_abs_diff": mad,
+            "applicable": bool(rows), "rows": rows, "cosine": cos, "max_abs_diff": mad,
             "mean_cosine": float(np.mean(cos)) if cos else None,
             "what": "diagnostic, not an equivalence: micro-chunk state vs native-block prefill of the same window"
                     + (" at absolute positions" if sliding else "")}

@@ -367,6 +367,9 @@ def test_extract_sessions_records_match_and_lightning_list_batch(runner, model_d
     micro = extract_sessions(runner, sessions[:1], MICRO_CHUNK_200MS, 8.0, verify_rows=0, batched=live.batched)
     assert micro[0]["meta"]["batch_rows"] is False
     assert micro[0]["meta"]["verification"]["cache_replay"]["checked_rows"] == 0
+    per_stream = micro[0]["meta"]["verification"]["cache_replay"]["per_stream"]
+    assert [v["micro_chunk_vs_continuous_semantics"]["applicable"] for v in per_stream] == [False]   # no row checked
+    assert micro[0]["meta"]["verification"]["micro_chunk_vs_continuous_semantics"]["applicable"] is False
     assert batched[0]["meta"]["verification"]["cache_replay"]["checked_rows"] == 2    # verify_rows=2, one stream
     with pytest.warns(UserWarning, match="batch_rows=False has no effect"):
         OmniFeatureExtractor(str(model_dir), mode=COMPLETED_BLOCK_HOLD, batch_rows=False)
