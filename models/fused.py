@@ -233,6 +233,8 @@ def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     if (x.is_cuda and (gw.shape[0] * gw.element_size()) % 16 and not torch.compiler.is_compiling()
             and not (torch.is_grad_enabled() and gw.requires_grad)):
         return _padded_mlp(self, x)
+    if not x.is_cuda and "_tb_padded" in self.__dict__:
+        del self.__dict__["_tb_padded"]             # the module moved off the GPU: free its padded GPU copies
     return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 

@@ -83,6 +83,10 @@ def test_padded_gate_up_equals_the_library_mlp(bias):
     with torch.no_grad():
         mlp.up_proj.weight.mul_(2)                   # in place: a new weight version
     assert torch.allclose(fused._padded_mlp(mlp, x), Qwen2_5OmniMLP.forward(mlp, x), atol=1e-6, rtol=1e-6)
+    assert "_tb_padded" in mlp.__dict__
+    with torch.no_grad():                            # the eager (CPU) forward drops copies made for the GPU
+        assert torch.equal(fused._mlp_forward(mlp, x), Qwen2_5OmniMLP.forward(mlp, x))
+    assert "_tb_padded" not in mlp.__dict__
 
 
 def test_fusable_marks_rows_dynamic_and_inlines_under_an_outer_compile():
