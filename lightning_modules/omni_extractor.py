@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from algorithms.streaming import (DEFAULT_MEMORY_POLICY, MICRO_CHUNK_200MS, MODES, accounting, check_memory_policy,
                                   masks, num_rows)
@@ -215,8 +215,8 @@ class OmniFeatureExtractor(LightningModule):
         if mode != MICRO_CHUNK_200MS and not batch_rows:
             rank_zero_warn(f"batch_rows=False has no effect in {mode} (only micro-chunk-200ms rows are batched)")
         elif mode == MICRO_CHUNK_200MS and batch_rows and sessions_per_batch == 1:
-            rank_zero_warn("batch_rows applies to the batched path: with sessions_per_batch=1 micro-chunk-200ms runs "
-                           "one call per row (set sessions_per_batch > 1 on the model and the data)")
+            rank_zero_info("micro-chunk-200ms with sessions_per_batch=1 runs one call per row; the batched path "
+                           "(sessions_per_batch > 1 on the model and the data) also batches a block's rows")
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         return batch  # media stay on the host; payloads go to the device after preparation

@@ -373,7 +373,8 @@ def test_extract_sessions_records_match_and_lightning_list_batch(runner, model_d
     assert batched[0]["meta"]["verification"]["cache_replay"]["checked_rows"] == 2    # verify_rows=2, one stream
     with pytest.warns(UserWarning, match="batch_rows=False has no effect"):
         OmniFeatureExtractor(str(model_dir), mode=COMPLETED_BLOCK_HOLD, batch_rows=False)
-    with pytest.warns(UserWarning, match="sessions_per_batch=1"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")               # the default micro config is told in an info line, no warning
         OmniFeatureExtractor(str(model_dir), mode=MICRO_CHUNK_200MS)
     module = OmniFeatureExtractor(str(model_dir), mode=COMPLETED_BLOCK_HOLD, verify_rows=1, sessions_per_batch=2)
     recs = module.predict_step(sessions)
