@@ -82,7 +82,7 @@ import time
 import types
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -252,6 +252,18 @@ class _Stream:
     last_update: int = -1  # row of the last state update (rows without a payload hold it)
     hold_rows: list = field(default_factory=list)  # (row, source row) pairs, filled once the states are on the host
     computed: dict = field(default_factory=lambda: dict.fromkeys(COMPUTED_FIELDS, 0.0))
+
+
+class _RowPayload(NamedTuple):
+    """One row's payload for every stream of a group: embeddings and its positions (host and device copies)."""
+
+    emb: torch.Tensor          # (B, N, D) video tokens then audio tokens, model dtype
+    block: int                 # native block of the payload
+    rel_pos: torch.Tensor      # (3, N) host, block-relative positions
+    shift: torch.Tensor        # (3, N) host, 0/1: which entries move by positions_per_block per block
+    rel_d: torch.Tensor        # rel_pos on the device
+    shift_d: torch.Tensor      # shift on the device
+    n_patch: int               # temporal patches in the payload (0: audio only)
 
 
 class _Part:
@@ -696,11 +708,11 @@ class BatchedOmniRunner:
                 else:
                     videos, n_patches, hh, ww = [None] * len(run), [0] * len(run), 0, 0
                 audios = self._audio(active, block_audio, spans)
-                rows = []  # per row: (payload embeddings (B, N, D), host layout, device positions)
+                rows: list[_RowPayload] = []
                 for (a, z), video, n_patch, audio in zip(spans, videos, n_patches, audios):
                     blk, rel_pos, shift, rel_d, shift_d = self._layout(a, z, n_patch, hh, ww, audio.shape[1])
                     emb = (torch.cat([video, audio], 1) if n_patch else audio).to(r.dtype)  # (B, N, D)
-                    rows.append((emb, blk, rel_pos, shift, rel_d, shift_d, n_patch))
+                    rows.append(_RowPayload(emb, blk, rel_pos, shift, rel_d, shift_d, n_patch))
                 first = max(0, st.block - (m_blocks - 1))
                 if first != origin:  # window slid (same row, same token counts in every stream of the group)
                     n_gone = sum(p.embeds.shape[0] for p in active[0].committed if p.block < first)
@@ -723,36 +735,37 @@ class BatchedOmniRunner:
                                 s.computed["computed_llm_tokens"] += kept_emb.shape[1]
                 length = cache.get_seq_length()
                 positions, ends = [], []
-                for emb, blk, rel_pos, shift, rel_d, shift_d, _ in rows:
-                    shift_blocks = blk - (0 if sliding else origin)
-                    positions.append(rel_d + shift_d * (ppb * shift_blocks) + media_origin)  # = r.payload_positions
-                    ends.append((ends[-1] if ends else 0) + emb.shape[1])
+                for x in rows:
+                    shift_blocks = x.block - (0 if sliding else origin)
+                    positions.append(x.rel_d + x.shift_d * (ppb * shift_blocks) + media_origin)  # payload_positions
+                    ends.append((ends[-1] if ends else 0) + x.emb.shape[1])
                     if not all(s.warned for s in active):
-                        host_pos = media_origin + rel_pos + shift * (ppb * shift_blocks)
+                        host_pos = media_origin + x.rel_pos + x.shift * (ppb * shift_blocks)
                         for s in active:
                             if not s.warned:
                                 s.warned = r._position_warning(host_pos, s.n_rows)
-                emb_all = rows[0][0] if len(rows) == 1 else torch.cat([x[0] for x in rows], 1)
+                emb_all = rows[0].emb if len(rows) == 1 else torch.cat([x.emb for x in rows], 1)
                 pos_all = positions[0] if len(rows) == 1 else torch.cat(positions, 1)
                 with self._part("llm"):
                     hidden = self._forward(emb_all, pos_all, cache)  # (B, sum N, D): causal, so each row's last
                     # token sees exactly what the row-by-row prefill would show it
                     h_rows = hidden[:, [e - 1 for e in ends]].to(torch.float32, copy=True)  # (B, R, D)
-                for k, (x, (emb, blk, rel_pos, shift, _, _, n_patch)) in enumerate(zip(run, rows)):
-                    a, z = x.prepare_ms
-                    pending.append((x.row, list(active), h_rows[:, k]))
-                    n_v = int(videos[k].shape[1]) if n_patch else 0
+                for k, (step, x) in enumerate(zip(run, rows)):
+                    a, z = step.prepare_ms
+                    pending.append((step.row, list(active), h_rows[:, k]))
+                    n_v = int(videos[k].shape[1]) if x.n_patch else 0
                     for j, s in enumerate(active):
-                        p = Payload(start_ms=a, end_ms=z, block=blk, embeds=emb[j], rel_pos=rel_pos,
-                                    block_shift=shift, num_video_tokens=n_v, num_audio_tokens=emb.shape[1] - n_v,
+                        p = Payload(start_ms=a, end_ms=z, block=x.block, embeds=x.emb[j], rel_pos=x.rel_pos,
+                                    block_shift=x.shift, num_video_tokens=n_v, num_audio_tokens=x.emb.shape[1] - n_v,
                                     num_frames=len(rows_idx[k]))
-                        s.computed["computed_llm_tokens"] += emb.shape[1]
-                        s.last_update = x.row
-                        if x.row in checks[s.index]:
-                            s.snapshots[x.row] = ((s.history + [p], 0) if sliding else (s.committed + [p], origin))
-                        if x.commit:
+                        s.computed["computed_llm_tokens"] += x.emb.shape[1]
+                        s.last_update = step.row
+                        if step.row in checks[s.index]:
+                            s.snapshots[step.row] = ((s.history + [p], 0) if sliding
+                                                     else (s.committed + [p], origin))
+                        if step.commit:
                             s.committed.append(p)
-                            if sliding and blk < SLIDING_VERIFY_BLOCKS * m_blocks and checks[s.index]:
+                            if sliding and x.block < SLIDING_VERIFY_BLOCKS * m_blocks and checks[s.index]:
                                 s.history.append(p)
                 if not st.commit:  # (a run of several rows only ever holds committed rows)
                     with self._part("cache"):
