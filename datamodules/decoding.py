@@ -74,7 +74,7 @@ class DecodedVideo:
     info: dict = field(default_factory=dict)
 
 
-def auto_decode_threads(workers: int, local_processes: int = 1, cpus: int | None = None, cap: int = 4) -> int:
+def auto_decode_threads(workers: int, local_processes: int = 1, cpus: int | None = None, cap: int = 2) -> int:
     """Decoder threads per video so that all decoders of a host share its CPUs without oversubscribing.
 
     decord decodes every frame up to the last sampled one (1 fps sampling of an H.264 stream with long GOPs is
@@ -86,7 +86,8 @@ def auto_decode_threads(workers: int, local_processes: int = 1, cpus: int | None
         local_processes: processes of this host (DDP ranks), each with ``workers`` decoders.
         cpus: CPUs this process may use (default: its affinity mask; when that mask is smaller than the host, the
             process is pinned to its own share, e.g. SLURM's per-task binding, and ``local_processes`` is ignored).
-        cap: most threads per decoder (FFmpeg's H.264 frame threading gains little beyond a few).
+        cap: most threads per decoder (default 2: decord's threaded decoder fails on some streams above 2,
+            dmlc/decord#246 and #314; :func:`decode_video` retries those with one thread).
 
     Returns:
         ``clip(cpus // (max(workers, 1) * local_processes), 1, cap)``.
@@ -179,15 +180,26 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
         budget_tokens: the largest budget (sets the frame cap, :func:`algorithms.budget.sample_times`).
         decode_max_side: longest decoded side in pixels.
         base_fps: sampling rate before the cap (1 fps in DESIGN §3.1).
-        num_threads: decoder threads.
+        num_threads: decoder threads. A decode that fails with several threads is retried with one: decord's
+            threaded decoder fails on some streams that decode fine single-threaded ("Error sending packet",
+            dmlc/decord#246 and #314); only a video that also fails with one thread is an error.
 
     Raises:
         DecodeError: missing, empty, truncated, corrupted or unreadable file, no video stream, or no decodable
             frame; the message starts with the file path.
     """
+    try:
+        return _decode_video(Path(path), budget_tokens, decode_max_side, base_fps, num_threads)
+    except DecodeError:
+        if num_threads <= 1:
+            raise
+        return _decode_video(Path(path), budget_tokens, decode_max_side, base_fps, 1)
+
+
+def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps: float,
+                  num_threads: int) -> DecodedVideo:
     import decord
 
-    path = Path(path)
     if not path.exists():
         raise DecodeError(f"{path}: video file not found")
     if not path.is_file():

@@ -92,7 +92,7 @@ class VideoQADataModule(LightningDataModule):
         prefetch_factor: videos each worker decodes ahead.
         decode_max_side: longest decoded side (pixels).
         decode_threads: decoder threads per worker; ``None``: this host's CPUs shared among all decoders
-            (:func:`datamodules.decoding.auto_decode_threads`, workers x this host's ranks, at most 4 each).
+            (:func:`datamodules.decoding.auto_decode_threads`, workers x this host's ranks, at most 2 each).
         limit_videos: use only the first N videos (quick runs).
     """
 

@@ -151,14 +151,37 @@ def test_decode_threads_change_speed_not_frames():
     assert one.times_s == three.times_s and torch.equal(one.frames, three.frames)
 
 
+def test_threaded_decode_failure_is_retried_with_one_thread(monkeypatch):
+    """decord's threaded decoder fails on some streams that decode with one thread (dmlc/decord#246): retried."""
+    from datamodules import decoding
+
+    read = decoding._read_frames
+    threads = []
+
+    def flaky(path, idx, h, w, dh, dw, num_threads):
+        threads.append(num_threads)
+        if num_threads > 1:
+            raise RuntimeError("Thread worker: Error sending packet.")
+        return read(path, idx, h, w, dh, dw, num_threads)
+
+    monkeypatch.setattr(decoding, "_read_frames", flaky)
+    got = decoding.decode_video(MEDIA / "cockatoo.mp4", 256, num_threads=3)
+    assert threads == [3, 1]
+    monkeypatch.setattr(decoding, "_read_frames", read)
+    assert torch.equal(got.frames, decoding.decode_video(MEDIA / "cockatoo.mp4", 256).frames)
+    with pytest.raises(decoding.DecodeError, match="video file not found"):   # a real error stays one
+        decoding.decode_video(MEDIA / "missing.mp4", 256, num_threads=3)
+
+
 def test_auto_decode_threads_shares_the_host():
     from datamodules.decoding import auto_decode_threads
 
     assert auto_decode_threads(6, 1, cpus=16) == 2          # 16 // 6
-    assert auto_decode_threads(2, 1, cpus=16) == 4          # 8, capped at 4
-    assert auto_decode_threads(4, 2, cpus=16) == 2          # two DDP ranks of 4 workers each
+    assert auto_decode_threads(2, 1, cpus=16) == 2          # 8, capped at 2
+    assert auto_decode_threads(4, 4, cpus=16) == 1          # four DDP ranks of 4 workers each
     assert auto_decode_threads(0, 1, cpus=2) == 2           # decoding in the main process
     assert auto_decode_threads(8, 8, cpus=16) == 1          # never below one
+    assert auto_decode_threads(2, 1, cpus=16, cap=4) == 4
 
 
 def test_auto_decode_threads_reads_the_affinity_mask(monkeypatch):
@@ -166,11 +189,12 @@ def test_auto_decode_threads_reads_the_affinity_mask(monkeypatch):
 
     from datamodules.decoding import auto_decode_threads
 
-    monkeypatch.setattr(os, "cpu_count", lambda: 64)
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
-    assert auto_decode_threads(4, 4) == 4                   # the whole host shared by 4 ranks x 4 workers
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
-    assert auto_decode_threads(4, 4) == 4                   # pinned to 16 CPUs (its rank's share): 16 // 4
+    monkeypatch.setattr(os, "cpu_count", lambda: 32)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
+    assert auto_decode_threads(4, 4) == 2                   # 32 CPUs, but shared by 4 ranks x 4 workers: 32 // 16
+    assert auto_decode_threads(8, 4) == 1                   # 32 // 32
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert auto_decode_threads(4, 4) == 2                   # pinned to 8 CPUs (its rank's share): 8 // 4
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True])
