@@ -29,6 +29,12 @@ def build_cli(args: list[str] | None, run: bool, **kwargs) -> LightningCLI:
     """The project's LightningCLI (subclass mode for model and data, seed 0); ``kwargs`` add entry-specific options
     (config callback, default config files). Shared by ``evaluate.py`` and ``train.py``."""
     kwargs.setdefault("save_config_callback", None)
+    # a bad option or value prints the error after a one-line usage, not the ~60-line list of every option
+    # (argparse's usage on error); ``--help`` still lists them all
+    parser_kwargs = kwargs.setdefault("parser_kwargs", {})
+    for sub in ("fit", "validate", "test", "predict"):
+        parser_kwargs.setdefault(sub, {}).setdefault(
+            "usage", "%(prog)s [-c CONFIG] [--section.key VALUE ...]  (--help lists every option)")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()   # "Loading weights" bars would interleave with the run's own progress bar
