@@ -170,8 +170,11 @@ class VideoQADataModule(LightningDataModule):
         n_done = sum(len(v) for v in done.values())
         msg = (f"{self.benchmark}: rank {rank}/{world} takes {len(sampler)} of {len(tasks)} videos to process "
                f"({n_done} (job, qid) records already written)")
-        if len(sampler) == 0:   # a resumed run with nothing left: say so (the progress bar shows no step)
-            print(f"[rank {rank}] {msg}: nothing to run", flush=True)
+        if not tasks:           # a resumed run with nothing left: say so (the progress bar shows no step)
+            print(f"[rank {rank}] {self.benchmark}: all {n_done} (job, qid) records are already written: nothing "
+                  "to run", flush=True)
+        elif len(sampler) == 0:
+            print(f"[rank {rank}] {msg}: nothing to run on this rank", flush=True)
         else:
             log.info(msg)
         threads = self.decode_threads

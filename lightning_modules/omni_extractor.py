@@ -226,6 +226,11 @@ class OmniFeatureExtractor(LightningModule):
         ``sessions_per_batch > 1``)."""
         hp = self.hparams
         if isinstance(batch, dict):
+            if self.batched is not None and not getattr(self, "_warned_single", False):
+                self._warned_single = True
+                rank_zero_warn(f"sessions_per_batch={hp.sessions_per_batch} on the model, but the datamodule hands "
+                               "over one session at a time: it runs the one-session path (set data.init_args."
+                               "sessions_per_batch too)")
             return extract_session(self.runner, batch, hp.mode, hp.memory_s, hp.verify_rows,
                                    memory_policy=hp.memory_policy)
         if self.batched is None:

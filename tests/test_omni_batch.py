@@ -371,6 +371,9 @@ def test_extract_sessions_records_match_and_lightning_list_batch(runner, model_d
     assert [v["micro_chunk_vs_continuous_semantics"]["applicable"] for v in per_stream] == [False]   # no row checked
     assert micro[0]["meta"]["verification"]["micro_chunk_vs_continuous_semantics"]["applicable"] is False
     assert batched[0]["meta"]["verification"]["cache_replay"]["checked_rows"] == 2    # verify_rows=2, one stream
+    with pytest.warns(UserWarning, match="hands over one session at a time"):
+        one = live.predict_step(sessions[0])              # a dict: the one-session path, once warned
+    assert one["session"] == "Session_1" and live._warned_single
     with pytest.warns(UserWarning, match="batch_rows=False has no effect"):
         OmniFeatureExtractor(str(model_dir), mode=COMPLETED_BLOCK_HOLD, batch_rows=False)
     with warnings.catch_warnings():

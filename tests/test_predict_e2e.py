@@ -47,12 +47,15 @@ def test_records_fields_budget_and_modes(first_run):
     assert scores  # written at the end of predict
 
 
-def test_restart_writes_nothing_and_deleted_lines_rerun(first_run, tiny_vl3_dir):
+def test_restart_writes_nothing_and_deleted_lines_rerun(first_run, tiny_vl3_dir, capsys):
     root, out, recs = first_run
     files = sorted(out.glob("*/*/*.jsonl"))
     before = {f: f.read_text() for f in files}
+    capsys.readouterr()
     again = run_predict(tiny_vl3_dir, root, out)
     assert {f: f.read_text() for f in files} == before and len(again) == len(recs)
+    assert f"videomme: all {len(recs)} (job, qid) records are already written: nothing to run" in \
+        capsys.readouterr().out
     # delete two lines of one budget file and a truncated half line at the end of another
     f = out / "b256" / "videomme" / "rank0.jsonl"
     lines = f.read_text().splitlines(keepends=True)
