@@ -25,7 +25,8 @@ For each mode it measures (after a warm-up on a short stream, ``--warmup`` s):
   RMSNorm / rotary / SiLU-gate kernels of ``models/fused.py`` (``--no-fused``: without them; ``+compile`` rows
   with ``--compile``: ``torch.compile`` of the small fixed-shape calls; micro-chunk-200ms rows batch a native
   block's 10 rows into one call per tower and one LLM prefill, ``--row-by-row`` adds a row with one call per row,
-  as a live stream must run);
+  as a live stream must run; the LLM prefills on top of the cache use SDPA's lower-right causal flash path,
+  ``--library-prefill``: the library's explicit-mask SDPA);
 and prints one table: memory policy, real-time factor (media seconds / wall seconds; batched = per-session RTF of
 session 0's share), dataset-level RTF (all sessions' media seconds / total wall) against the target, peak GPU memory
 (CPU: process peak RSS), the largest state difference of session 0 against the one-session path under the same
@@ -166,7 +167,7 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
               memory_s: float = 8.0, modes: tuple[str, ...] = MODES, compile_small_calls: bool = False,
               device: str | None = None, warmup_s: float = 2.0, log=print,
               policies: tuple[str, ...] = MEMORY_POLICIES, breakdown: bool = False, fused: bool = True,
-              row_by_row: bool = False) -> list[dict]:
+              row_by_row: bool = False, flash_prefill: bool = True) -> list[dict]:
     """Build the model, run every measurement, return one row dict per (mode, path, memory policy); batched rows
     carry ``breakdown`` (part -> wall seconds of the timed run) when ``breakdown``."""
     from models.fused import fuse
@@ -208,7 +209,7 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
                         + ([(n_max, False, False)] if row_by_row and mode == MICRO_CHUNK_200MS else []))
             for n, comp_flag, by_block in variants:
                 batched = BatchedOmniRunner(runner, sessions_per_batch=n, compile_small_calls=comp_flag,
-                                            profile=breakdown, batch_rows=by_block)
+                                            profile=breakdown, batch_rows=by_block, flash_prefill=flash_prefill)
                 streams = [{"frames": s["frames"], "audio": s["audio"]} for s in data[:n]]
                 batched.run_streams([{"frames": s["frames"], "audio": s["audio"]} for s in warm] *
                                     (n // len(warm) or 1), mode, memory_s, verify_rows=0,
@@ -320,6 +321,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--row-by-row", action="store_true",
                    help="micro-chunk-200ms: also a batched row with one call per row (batch_rows=False), as a live "
                         "stream must run; the default rows batch a native block's rows into one call")
+    p.add_argument("--library-prefill", action="store_true",
+                   help="batched rows: the library's masked SDPA for the LLM prefills instead of the lower-right "
+                        "causal flash path (models.omni_batch.lower_right_causal_sdpa)")
     p.add_argument("--no-fused", action="store_true",
                    help="batched rows without the fused RMSNorm / rotary / SiLU-gate kernels (models/fused.py)")
     p.add_argument("--json", default=None, help="write the rows here")
@@ -339,7 +343,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = run_bench(a.tiny, sessions, duration, a.memory, tuple(a.modes), a.compile, a.device,
                      warmup_s=a.warmup, log=lambda s: print(s, flush=True),
                      policies=tuple(dict.fromkeys(a.memory_policy)), breakdown=a.breakdown, fused=not a.no_fused,
-                     row_by_row=a.row_by_row)
+                     row_by_row=a.row_by_row, flash_prefill=not a.library_prefill)
     print(f"\n## extract throughput ({'tiny, CPU' if a.tiny else 'Qwen2.5-Omni-3B thinker shapes, random bf16'}, "
           f"memory {a.memory:g} s, policies {', '.join(dict.fromkeys(a.memory_policy))}, longest session "
           f"{duration:g} s; this bench ran {time.perf_counter() - t0:.0f} s of wall time)\n")

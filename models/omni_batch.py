@@ -235,6 +235,79 @@ def _batched_chunk_attention(thinker):
             del m.forward
 
 
+# ----------------------------------------------------------------------------------- LLM prefill attention
+_LOWER_RIGHT_STATE = {"failed": False}
+
+
+def lower_right_causal_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0,
+                            scaling: float | None = None, is_causal: bool | None = None, force: bool = False,
+                            **kwargs):
+    """transformers' SDPA attention function for a causal prefill of ``q`` new tokens on top of a cache, with the
+    mask as what it is: lower-right causal (every cached key visible, the new tokens causal among themselves).
+
+    transformers passes such a prefill an explicit (B, 1, q, kv) boolean mask (its SDPA integration can only use
+    ``is_causal`` when q == kv), which sends SDPA to the masked memory-efficient kernel after copying the keys and
+    values once per query group. ``torch.nn.attention.bias.causal_lower_right`` lets SDPA take its flash kernel
+    instead (same math). Used by ``BatchedOmniRunner`` around its own LLM calls, whose caches hold exactly the
+    visible context (no padding, no sliding-window layers), so the ignored mask is that pattern.
+
+    Args:
+        module: the text attention module (``is_causal``, ``num_key_value_groups``).
+        query: (B, H, q, d); key, value: (B, H_kv, kv, d) with kv >= q.
+        attention_mask: the library's mask, ignored on the CUDA path (see above).
+        force: take the lower-right path on any device (tests; on the CPU SDPA materialises the same mask).
+
+    Returns:
+        ``((B, q, H, d) attention output, None)``, as transformers' attention functions.
+
+    Other calls (a non-causal module, one query, a sliding window, not CUDA unless ``force``, or after a first
+    failure of the flash path) run ``sdpa_attention_forward`` unchanged.
+    """
+    from torch.nn.attention.bias import causal_lower_right
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if (_LOWER_RIGHT_STATE["failed"] or not getattr(module, "is_causal", False) or q_len < 2 or kv_len < q_len
+            or kwargs.get("sliding_window") is not None or (query.device.type != "cuda" and not force)):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    groups = getattr(module, "num_key_value_groups", 1)
+    k, v = (repeat_kv(key, groups), repeat_kv(value, groups)) if groups > 1 else (key, value)
+    try:
+        out = F.scaled_dot_product_attention(query, k, v, attn_mask=causal_lower_right(q_len, kv_len),
+                                             dropout_p=dropout, scale=scaling)
+    except RuntimeError as e:  # a PyTorch without this dispatch: the library's masked call, for good
+        import logging
+
+        logging.getLogger(__name__).warning("lower-right causal SDPA failed (%s); using the library's masked SDPA", e)
+        _LOWER_RIGHT_STATE["failed"] = True
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    return out.transpose(1, 2).contiguous(), None
+
+
+@contextmanager
+def _lower_right_prefill(lm, on: bool):
+    """Inside: the ``sdpa`` attention function of transformers' interface is :func:`lower_right_causal_sdpa`
+    (restored on exit), when ``on`` and ``lm`` runs SDPA without sliding-window layers."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    cfg = lm.config
+    if not on or cfg._attn_implementation != "sdpa" or "sliding_attention" in (getattr(cfg, "layer_types", None) or ()):
+        yield
+        return
+    had = "sdpa" in ALL_ATTENTION_FUNCTIONS._local_mapping
+    old = ALL_ATTENTION_FUNCTIONS._local_mapping.get("sdpa")
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = lower_right_causal_sdpa
+    try:
+        yield
+    finally:
+        if had:
+            ALL_ATTENTION_FUNCTIONS["sdpa"] = old
+        else:
+            del ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+
 # --------------------------------------------------------------------------------------------------- runner
 @dataclass
 class _Stream:
@@ -315,11 +388,14 @@ class BatchedOmniRunner:
             (``micro-chunk-200ms``: 10 rows per 2 s block instead of 10 calls; ``_row_run``). An offline
             extraction may do this because every row's payload is already recorded; a live stream, whose next
             200 ms has not happened yet, cannot. False: one row per call.
+        flash_prefill: on CUDA, the LLM prefills on top of the cache run SDPA with a lower-right causal bias (flash
+            kernel) instead of the library's explicit mask (masked kernel): :func:`lower_right_causal_sdpa`.
     """
 
     def __init__(self, runner: OmniThinkerRunner, sessions_per_batch: int = 8, reuse: bool = True,
                  batched_attention: bool = True, compile_small_calls: bool = False,
-                 compile_backend: str | None = None, profile: bool = False, batch_rows: bool = True):
+                 compile_backend: str | None = None, profile: bool = False, batch_rows: bool = True,
+                 flash_prefill: bool = True):
         if sessions_per_batch < 1:
             raise ValueError(f"sessions_per_batch={sessions_per_batch} must be >= 1")
         self.runner = runner
@@ -329,6 +405,7 @@ class BatchedOmniRunner:
         self.compile_small_calls = compile_small_calls
         self.profile = profile
         self.batch_rows = batch_rows
+        self.flash_prefill = flash_prefill
         self.breakdown: dict[str, float] = {}
         self._prompt = None
         self._grid = None
@@ -417,8 +494,9 @@ class BatchedOmniRunner:
         final = layer in (-1, self.runner.text_config.num_hidden_layers)
         # the final state is ``last_hidden_state`` (the same tensor as hidden_states[-1]); asking for every layer's
         # output would keep all of them alive over a whole block's prefill (~4x the peak at 3B shapes, 16 sessions)
-        out = self._lm(inputs_embeds=embeds, position_ids=pos, past_key_values=cache, use_cache=True,
-                       output_hidden_states=not final)
+        with _lower_right_prefill(self.runner.thinker.model.language_model, self.flash_prefill):
+            out = self._lm(inputs_embeds=embeds, position_ids=pos, past_key_values=cache, use_cache=True,
+                           output_hidden_states=not final)
         return out.last_hidden_state if final else out.hidden_states[layer]
 
     def _load_block(self, group: list[_Stream], block: int) -> torch.Tensor:

@@ -176,6 +176,69 @@ def test_micro_rows_of_a_block_in_one_call(runner, policy, memory_s, monkeypatch
     assert n_rows_calls == 5 + slides
 
 
+@pytest.mark.parametrize("q_len,kv_len", [(5, 23), (7, 7)])
+def test_lower_right_causal_sdpa_equals_the_library_masked_call(runner, q_len, kv_len):
+    """A prefill of q tokens on a cache of kv - q: the lower-right causal bias gives the library's explicit-mask SDPA
+    (GQA: keys and values repeated per query group, as the library does)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from models.omni_batch import lower_right_causal_sdpa
+
+    attn = runner.thinker.model.language_model.layers[0].self_attn
+    g = attn.num_key_value_groups
+    torch.manual_seed(0)
+    q = torch.randn(2, 2 * g, q_len, 8)
+    k, v = torch.randn(2, 2, kv_len, 8), torch.randn(2, 2, kv_len, 8)
+    keep = torch.ones(q_len, kv_len, dtype=torch.bool).tril(kv_len - q_len)   # lower right
+    mask = keep.expand(2, 1, q_len, kv_len)
+    want, _ = sdpa_attention_forward(attn, q, k, v, mask, scaling=0.3)
+    got, none = lower_right_causal_sdpa(attn, q, k, v, None, scaling=0.3, force=True)
+    assert none is None and got.shape == want.shape == (2, q_len, 2 * g, 8)
+    assert torch.allclose(got, want, atol=1e-6, rtol=1e-5)
+    same, _ = lower_right_causal_sdpa(attn, q, k, v, mask, scaling=0.3)           # CPU, not forced: the library
+    assert torch.equal(same, want)
+
+
+@pytest.mark.parametrize("policy,memory_s", [(WINDOW, 4.0), (SLIDING, 2.0)])
+@pytest.mark.parametrize("mode", MODES)
+def test_batched_run_with_the_lower_right_prefill_forced(runner, mode, policy, memory_s, monkeypatch):
+    """The whole batched run with every LLM prefill through the lower-right path (forced on the CPU; what runs on
+    CUDA): the same states as the library's masked attention, to fp32 rounding."""
+    from models import omni_batch
+
+    streams = _streams()[:3]
+    ref = BatchedOmniRunner(runner, 8).run_streams(streams, mode, memory_s=memory_s, verify_rows=2,
+                                                   memory_policy=policy)
+    calls = []
+    original = omni_batch.lower_right_causal_sdpa
+
+    def forced(*args, **kwargs):
+        calls.append(args[1].shape[2])                          # query length of each prefill
+        return original(*args, force=True, **kwargs)
+
+    monkeypatch.setattr(omni_batch, "lower_right_causal_sdpa", forced)
+    got = BatchedOmniRunner(runner, 8).run_streams(streams, mode, memory_s=memory_s, verify_rows=2,
+                                                   memory_policy=policy)
+    assert any(q >= 2 for q in calls)                           # the prefills took the lower-right path
+    for a, b in zip(ref, got):
+        assert torch.allclose(a.states, b.states, atol=1e-5, rtol=0)
+        assert b.verification["cache_replay"]["passed"]
+
+
+def test_lower_right_prefill_switch_is_scoped(runner):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from models.omni_batch import _lower_right_prefill, lower_right_causal_sdpa
+
+    lm = runner.thinker.model.language_model
+    before = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    with _lower_right_prefill(lm, True):
+        assert ALL_ATTENTION_FUNCTIONS["sdpa"] is lower_right_causal_sdpa
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is before and "sdpa" not in ALL_ATTENTION_FUNCTIONS._local_mapping
+    with _lower_right_prefill(lm, False):
+        assert ALL_ATTENTION_FUNCTIONS["sdpa"] is before
+
+
 def test_reuse_off_gives_same_states_and_more_work(runner):
     streams = [dict(zip(("frames", "audio"), media(4.0, s))) for s in (0, 1)]
     on = BatchedOmniRunner(runner, 2).run_streams(streams, OPEN_STREAM_REPLAY, verify_rows=0)
@@ -337,6 +400,28 @@ def test_batched_close_to_single_session_on_cuda(model_dir):
                                   memory_policy=SLIDING)
             assert torch.allclose(b.states, ref.states, atol=1e-4, rtol=1e-4), mode
             assert b.verification["cache_replay"]["passed"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_lower_right_flash_prefill_on_cuda_bf16(model_dir):
+    """bf16 on CUDA: the lower-right causal prefill (flash kernel) against the library's masked SDPA, every mode;
+    the flash path must not have fallen back."""
+    from models import omni_batch
+
+    cuda = OmniThinkerRunner(model_dir, layer=-1, dtype="bfloat16").to("cuda")
+    streams = _streams()[:3]
+    for mode in MODES:
+        fast = BatchedOmniRunner(cuda, 8).run_streams(streams, mode, memory_s=4.0, verify_rows=0,
+                                                      memory_policy=SLIDING)
+        lib = BatchedOmniRunner(cuda, 8, flash_prefill=False).run_streams(streams, mode, memory_s=4.0,
+                                                                          verify_rows=0, memory_policy=SLIDING)
+        for a, b in zip(fast, lib):
+            live = b.states.abs().sum(1) > 0                    # rows before the first update hold zeros
+            assert torch.equal(live, a.states.abs().sum(1) > 0)
+            cos = torch.nn.functional.cosine_similarity(a.states[live], b.states[live], dim=1)
+            assert cos.min() > 0.99, (mode, float(cos.min()))
+    assert not omni_batch._LOWER_RIGHT_STATE["failed"]
 
 
 def _session(name, spans, seed):
