@@ -78,6 +78,7 @@ model (dynamic shapes). Whether it pays is measured by ``bench/extract_throughpu
 from __future__ import annotations
 
 import resource
+import threading
 import time
 import types
 from contextlib import contextmanager, nullcontext
@@ -236,7 +237,9 @@ def _batched_chunk_attention(thinker):
 
 
 # ----------------------------------------------------------------------------------- LLM prefill attention
-_LOWER_RIGHT_STATE = {"failed": False}
+_LOWER_RIGHT_STATE = {"failed": False, "installed": 0}
+_LOWER_RIGHT_LOCK = threading.Lock()
+_LOWER_RIGHT_THREAD = threading.local()     # depth of _lower_right_prefill contexts in this thread
 
 
 def lower_right_causal_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0,
@@ -260,15 +263,18 @@ def lower_right_causal_sdpa(module, query, key, value, attention_mask, dropout: 
     Returns:
         ``((B, q, H, d) attention output, None)``, as transformers' attention functions.
 
-    Other calls (a non-causal module, one query, a sliding window, not CUDA unless ``force``, or after a first
-    failure of the flash path) run ``sdpa_attention_forward`` unchanged.
+    Other calls run ``sdpa_attention_forward`` unchanged: from a thread not inside :func:`_lower_right_prefill`
+    (the switch is process-wide), a non-causal module, one query, a sliding window, not CUDA (unless ``force``),
+    under ``torch.compile`` (dynamo cannot build the bias and would run the whole text model eagerly), or after a
+    first failure of the lower-right call (other than running out of memory, which is raised).
     """
     from torch.nn.attention.bias import causal_lower_right
     from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
     q_len, kv_len = query.shape[2], key.shape[2]
-    if (_LOWER_RIGHT_STATE["failed"] or not getattr(module, "is_causal", False) or q_len < 2 or kv_len < q_len
-            or kwargs.get("sliding_window") is not None or (query.device.type != "cuda" and not force)):
+    if (not force and (getattr(_LOWER_RIGHT_THREAD, "depth", 0) == 0 or query.device.type != "cuda")
+            or _LOWER_RIGHT_STATE["failed"] or torch.compiler.is_compiling() or not getattr(module, "is_causal", False)
+            or q_len < 2 or kv_len < q_len or kwargs.get("sliding_window") is not None):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     groups = getattr(module, "num_key_value_groups", 1)
@@ -276,6 +282,8 @@ def lower_right_causal_sdpa(module, query, key, value, attention_mask, dropout: 
     try:
         out = F.scaled_dot_product_attention(query, k, v, attn_mask=causal_lower_right(q_len, kv_len),
                                              dropout_p=dropout, scale=scaling)
+    except torch.OutOfMemoryError:
+        raise
     except RuntimeError as e:  # a PyTorch without this dispatch: the library's masked call, for good
         import logging
 
@@ -289,23 +297,33 @@ def lower_right_causal_sdpa(module, query, key, value, attention_mask, dropout: 
 @contextmanager
 def _lower_right_prefill(lm, on: bool):
     """Inside: the ``sdpa`` attention function of transformers' interface is :func:`lower_right_causal_sdpa`
-    (restored on exit), when ``on`` and ``lm`` runs SDPA without sliding-window layers."""
+    for this thread's calls, when ``on`` and ``lm`` runs SDPA without sliding-window layers. The function is
+    installed by the first entry of any thread and removed by the last exit (a lock counts them); calls from
+    threads outside such a context go to the library's function unchanged."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     cfg = lm.config
     if not on or cfg._attn_implementation != "sdpa" or "sliding_attention" in (getattr(cfg, "layer_types", None) or ()):
         yield
         return
-    had = "sdpa" in ALL_ATTENTION_FUNCTIONS._local_mapping
-    old = ALL_ATTENTION_FUNCTIONS._local_mapping.get("sdpa")
-    ALL_ATTENTION_FUNCTIONS["sdpa"] = lower_right_causal_sdpa
+    with _LOWER_RIGHT_LOCK:
+        if _LOWER_RIGHT_STATE["installed"] == 0:
+            _LOWER_RIGHT_STATE["saved"] = ALL_ATTENTION_FUNCTIONS._local_mapping.get("sdpa")
+            ALL_ATTENTION_FUNCTIONS["sdpa"] = lower_right_causal_sdpa
+        _LOWER_RIGHT_STATE["installed"] += 1
+    _LOWER_RIGHT_THREAD.depth = getattr(_LOWER_RIGHT_THREAD, "depth", 0) + 1
     try:
         yield
     finally:
-        if had:
-            ALL_ATTENTION_FUNCTIONS["sdpa"] = old
-        else:
-            del ALL_ATTENTION_FUNCTIONS["sdpa"]
+        _LOWER_RIGHT_THREAD.depth -= 1
+        with _LOWER_RIGHT_LOCK:
+            _LOWER_RIGHT_STATE["installed"] -= 1
+            if _LOWER_RIGHT_STATE["installed"] == 0:
+                saved = _LOWER_RIGHT_STATE.pop("saved")
+                if saved is None:
+                    del ALL_ATTENTION_FUNCTIONS["sdpa"]
+                else:
+                    ALL_ATTENTION_FUNCTIONS["sdpa"] = saved
 
 
 # --------------------------------------------------------------------------------------------------- runner

@@ -225,9 +225,14 @@ def test_batched_run_with_the_lower_right_prefill_forced(runner, mode, policy, m
         assert b.verification["cache_replay"]["passed"]
 
 
-def test_lower_right_prefill_switch_is_scoped(runner):
+def test_lower_right_prefill_switch_is_scoped(runner, monkeypatch):
+    """Installed while any thread is inside, removed by the last exit (interleaved threads too); out-of-memory is
+    raised (not a reason to give the path up); under torch.compile the library's function runs."""
+    import threading
+
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    from models import omni_batch
     from models.omni_batch import _lower_right_prefill, lower_right_causal_sdpa
 
     lm = runner.thinker.model.language_model
@@ -237,6 +242,47 @@ def test_lower_right_prefill_switch_is_scoped(runner):
     assert ALL_ATTENTION_FUNCTIONS["sdpa"] is before and "sdpa" not in ALL_ATTENTION_FUNCTIONS._local_mapping
     with _lower_right_prefill(lm, False):
         assert ALL_ATTENTION_FUNCTIONS["sdpa"] is before
+    # A enters, B enters, A exits, B exits: restored at the end, installed in between
+    steps = [threading.Event() for _ in range(4)]
+    seen = []
+
+    def thread_a():
+        with _lower_right_prefill(lm, True):
+            steps[0].set()
+            steps[1].wait(10)
+        steps[2].set()
+
+    def thread_b():
+        steps[0].wait(10)
+        with _lower_right_prefill(lm, True):
+            steps[1].set()
+            steps[2].wait(10)
+            seen.append(ALL_ATTENTION_FUNCTIONS["sdpa"] is lower_right_causal_sdpa)
+
+    ts = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(20)
+    assert seen == [True] and ALL_ATTENTION_FUNCTIONS["sdpa"] is before
+    assert "sdpa" not in ALL_ATTENTION_FUNCTIONS._local_mapping
+
+    attn = lm.layers[0].self_attn
+    g = attn.num_key_value_groups
+    q, k, v = torch.randn(1, 2 * g, 3, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    with monkeypatch.context() as m:
+        m.setattr(omni_batch.F, "scaled_dot_product_attention", oom)
+        with pytest.raises(torch.OutOfMemoryError):
+            lower_right_causal_sdpa(attn, q, k, v, None, scaling=0.3, force=True)
+    assert not omni_batch._LOWER_RIGHT_STATE["failed"]
+    mask = torch.ones(3, 9, dtype=torch.bool).tril(6).expand(1, 1, 3, 9)
+    compiled = torch.compile(lambda *t: lower_right_causal_sdpa(attn, *t, mask, scaling=0.3, force=True)[0],
+                             backend="eager", fullgraph=True)       # the library's call: no graph break
+    assert torch.allclose(compiled(q, k, v), lower_right_causal_sdpa(attn, q, k, v, mask, scaling=0.3)[0])
 
 
 def test_reuse_off_gives_same_states_and_more_work(runner):
@@ -422,6 +468,12 @@ def test_lower_right_flash_prefill_on_cuda_bf16(model_dir):
             cos = torch.nn.functional.cosine_similarity(a.states[live], b.states[live], dim=1)
             assert cos.min() > 0.99, (mode, float(cos.min()))
     assert not omni_batch._LOWER_RIGHT_STATE["failed"]
+    # the 3B thinker's prefill shapes (16 heads of 128 after the key/value repeat, bf16) are flash-eligible
+    from torch.backends.cuda import SDPAParams, can_use_flash_attention
+
+    q = torch.randn(8, 16, 64, 128, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(8, 16, 300, 128, device="cuda", dtype=torch.bfloat16)
+    assert can_use_flash_attention(SDPAParams(q, kv, kv, None, 0.0, False, False))
 
 
 def _session(name, spans, seed):
