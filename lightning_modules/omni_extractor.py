@@ -190,13 +190,15 @@ class OmniFeatureExtractor(LightningModule):
         batch_rows: batched path, ``micro-chunk-200ms``: a native block's 10 rows as one call per tower and one
             causal LLM prefill (default on; states equal to fp32 rounding, ``models.omni_batch``); False: one call
             per row, as a live stream runs (bit-identical to the one-session path). Recorded in the meta.
+        flash_prefill: batched path on CUDA: LLM prefills on top of the cache with SDPA's lower-right causal bias
+            (flash kernel) instead of the library's explicit mask (``models.omni_batch.lower_right_causal_sdpa``).
     """
 
     def __init__(self, model_dir: str, mode: str = "open-stream-replay", memory_s: float = 8.0, layer: int = -1,
                  dtype: str = "float32", attn_implementation: str = "sdpa", verify_rows: int = 4,
                  prompt_token_ids: list[int] | None = None, sessions_per_batch: int = 1,
                  compile_small_calls: bool = False, memory_policy: str = DEFAULT_MEMORY_POLICY,
-                 batch_rows: bool = True):
+                 batch_rows: bool = True, flash_prefill: bool = True):
         super().__init__()
         if mode not in MODES:
             raise SettingError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
@@ -211,7 +213,8 @@ class OmniFeatureExtractor(LightningModule):
         if sessions_per_batch < 1:
             raise SettingError(f"sessions_per_batch={sessions_per_batch} must be >= 1")
         self.batched = (BatchedOmniRunner(self.runner, sessions_per_batch, compile_small_calls=compile_small_calls,
-                                          batch_rows=batch_rows) if sessions_per_batch > 1 else None)
+                                          batch_rows=batch_rows, flash_prefill=flash_prefill)
+                        if sessions_per_batch > 1 else None)
         if mode != MICRO_CHUNK_200MS and not batch_rows:
             rank_zero_warn(f"batch_rows=False has no effect in {mode} (only micro-chunk-200ms rows are batched)")
         elif mode == MICRO_CHUNK_200MS and batch_rows and sessions_per_batch == 1:

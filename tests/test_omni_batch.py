@@ -500,7 +500,8 @@ def test_extract_sessions_records_match_and_lightning_list_batch(runner, model_d
     # stream 1: one 2 s block of tails (11 s of audio); stream 2 (12 rows): 11 s + the 0.2 and 0.4 s tails
     assert batched[1]["meta"]["computed_audio_seconds"] == pytest.approx(11.0 + 11.0 + 0.2 + 0.4)
     live = OmniFeatureExtractor(str(model_dir), mode=MICRO_CHUNK_200MS, sessions_per_batch=2, batch_rows=False)
-    assert live.batched.batch_rows is False and live.hparams.batch_rows is False
+    assert live.batched.batch_rows is False and live.hparams.batch_rows is False and live.batched.flash_prefill
+    assert OmniFeatureExtractor(str(model_dir), sessions_per_batch=2, flash_prefill=False).batched.flash_prefill is False
     micro = extract_sessions(runner, sessions[:1], MICRO_CHUNK_200MS, 8.0, verify_rows=0, batched=live.batched)
     assert micro[0]["meta"]["batch_rows"] is False
     assert micro[0]["meta"]["verification"]["cache_replay"]["checked_rows"] == 0
