@@ -218,7 +218,7 @@ def _identity(t: torch.Tensor | None):
     tensors, which have no version and cannot be modified in place outside inference mode)."""
     if t is None:
         return None
-    return t.data_ptr(), t.dtype, tuple(t.shape), (-1 if t.is_inference() else t._version)
+    return t.data_ptr(), t.dtype, tuple(t.shape), _version(t)
 
 
 def _padded_mlp(self, x: torch.Tensor) -> torch.Tensor:
@@ -231,7 +231,7 @@ def _padded_mlp(self, x: torch.Tensor) -> torch.Tensor:
 def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     gw = self.gate_proj.weight
     if (x.is_cuda and (gw.shape[0] * gw.element_size()) % 16 and not torch.compiler.is_compiling()
-            and not (torch.is_grad_enabled() and gw.requires_grad)):
+            and not _autograd(gw)):
         return _padded_mlp(self, x)
     if not x.is_cuda and "_tb_padded" in self.__dict__:
         del self.__dict__["_tb_padded"]             # the module moved off the GPU: free its padded GPU copies

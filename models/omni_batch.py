@@ -271,12 +271,15 @@ def lower_right_causal_sdpa(module, query, key, value, attention_mask, dropout: 
     from torch.nn.attention.bias import causal_lower_right
     from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
+    def library():
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+
     q_len, kv_len = query.shape[2], key.shape[2]
     if (not force and (getattr(_LOWER_RIGHT_THREAD, "depth", 0) == 0 or query.device.type != "cuda")
             or _LOWER_RIGHT_STATE["failed"] or torch.compiler.is_compiling() or not getattr(module, "is_causal", False)
             or q_len < 2 or kv_len < q_len or kwargs.get("sliding_window") is not None):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return library()
     groups = getattr(module, "num_key_value_groups", 1)
     k, v = (repeat_kv(key, groups), repeat_kv(value, groups)) if groups > 1 else (key, value)
     try:
@@ -289,8 +292,7 @@ def lower_right_causal_sdpa(module, query, key, value, attention_mask, dropout: 
 
         logging.getLogger(__name__).warning("lower-right causal SDPA failed (%s); using the library's masked SDPA", e)
         _LOWER_RIGHT_STATE["failed"] = True
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return library()
     return out.transpose(1, 2).contiguous(), None
 
 
