@@ -166,7 +166,24 @@ def _chunk_attention(module, q, k, v, cu_seqlens) -> torch.Tensor:
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import eager_attention_forward
 
     fn = ALL_ATTENTION_FUNCTIONS.get_interface(module.config._attn_implementation, eager_attention_forward)
-    lengths = chunk_lengths(cu_seqlens)
+    with _tower_sdpa_backends(q.device):
+        return _chunk_attention_calls(fn, module, q, k, v, chunk_lengths(cu_seqlens))
+
+
+def _tower_sdpa_backends(device: torch.device):
+    """SDPA backends for the towers' chunk attention on CUDA: flash, memory-efficient, math (cuDNN left out).
+
+    SDPA prefers cuDNN's attention for these unmasked bf16 calls on Hopper, and cuDNN builds an execution plan per
+    new shape on the host (about 2.4 ms of CPU per call in a micro-chunk-200ms profile on the H200, where the batch
+    of chunks changes with every row), which the host-bound small calls of streaming extraction cannot afford."""
+    if device.type != "cuda":
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+def _chunk_attention_calls(fn, module, q, k, v, lengths: list[int]) -> torch.Tensor:
     _, h, s, d = q.shape
     if all(n == lengths[0] for n in lengths):  # all chunks equal (the usual case): views, one call, no Python loop
         qb, kb, vb = (t[0].view(h, len(lengths), lengths[0], d).transpose(0, 1) for t in (q, k, v))
@@ -237,7 +254,7 @@ def _batched_chunk_attention(thinker):
 
 
 # ----------------------------------------------------------------------------------- LLM prefill attention
-_LOWER_RIGHT_STATE = {"failed": False, "installed": 0}
+_LOWER_RIGHT_STATE = {"failed": False, "no_native_gqa": False, "installed": 0}
 _LOWER_RIGHT_LOCK = threading.Lock()
 _LOWER_RIGHT_THREAD = threading.local()     # depth of _lower_right_prefill contexts in this thread
 
@@ -251,7 +268,9 @@ def lower_right_causal_sdpa(module, query, key, value, attention_mask, dropout: 
     transformers passes such a prefill an explicit (B, 1, q, kv) boolean mask (its SDPA integration can only use
     ``is_causal`` when q == kv), which sends SDPA to the masked memory-efficient kernel after copying the keys and
     values once per query group. ``torch.nn.attention.bias.causal_lower_right`` lets SDPA take its flash kernel
-    instead (same math). Used by ``BatchedOmniRunner`` around its own LLM calls, whose caches hold exactly the
+    instead (same math); where the flash kernel applies it is called directly on the un-repeated keys/values
+    (FlashAttention-2 reads each key/value head for its query group, and its causal flag is bottom-right aligned).
+    Used by ``BatchedOmniRunner`` around its own LLM calls, whose caches hold exactly the
     visible context (no padding, no sliding-window layers), so the ignored mask is that pattern.
 
     Args:
@@ -281,8 +300,22 @@ def lower_right_causal_sdpa(module, query, key, value, attention_mask, dropout: 
             or q_len < 2 or kv_len < q_len or kwargs.get("sliding_window") is not None):
         return library()
     groups = getattr(module, "num_key_value_groups", 1)
-    k, v = (repeat_kv(key, groups), repeat_kv(value, groups)) if groups > 1 else (key, value)
+    if not _LOWER_RIGHT_STATE["no_native_gqa"] and _native_gqa_flash(query, key, dropout):
+        try:
+            # FlashAttention-2's causal flag is bottom-right aligned (what ``causal_lower_right`` dispatches to),
+            # and it reads each key/value head for its query group itself: no per-group copies
+            out = torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, 0.0, is_causal=True,
+                                                                     scale=scaling)[0]
+            return out.transpose(1, 2).contiguous(), None
+        except torch.OutOfMemoryError:
+            raise
+        except RuntimeError as e:  # a flash build without native grouped heads: repeat the keys/values below
+            import logging
+
+            logging.getLogger(__name__).warning("flash on un-repeated keys/values failed (%s); repeating them", e)
+            _LOWER_RIGHT_STATE["no_native_gqa"] = True
     try:
+        k, v = (repeat_kv(key, groups), repeat_kv(value, groups)) if groups > 1 else (key, value)
         out = F.scaled_dot_product_attention(query, k, v, attn_mask=causal_lower_right(q_len, kv_len),
                                              dropout_p=dropout, scale=scaling)
     except torch.OutOfMemoryError:
@@ -294,6 +327,21 @@ def lower_right_causal_sdpa(module, query, key, value, attention_mask, dropout: 
         _LOWER_RIGHT_STATE["failed"] = True
         return library()
     return out.transpose(1, 2).contiguous(), None
+
+
+def _native_gqa_flash(query: torch.Tensor, key: torch.Tensor, dropout: float) -> bool:
+    """Whether the lower-right prefill may call the flash kernel directly on un-repeated keys/values: CUDA, fp16 /
+    bf16, no dropout, head size a multiple of 8 up to 256, query heads a multiple of key heads, and SDPA's own flash
+    checks pass for these shapes (with ``enable_gqa``)."""
+    if (query.device.type != "cuda" or query.dtype not in (torch.float16, torch.bfloat16) or dropout
+            or query.shape[-1] % 8 or query.shape[-1] > 256 or query.shape[1] % key.shape[1]):
+        return False
+    from torch.backends.cuda import SDPAParams, can_use_flash_attention
+
+    try:
+        return bool(can_use_flash_attention(SDPAParams(query, key, key, None, 0.0, False, True)))
+    except TypeError:  # a PyTorch whose SDPAParams has no enable_gqa: keep the repeat
+        return False
 
 
 @contextmanager

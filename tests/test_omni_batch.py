@@ -7,6 +7,7 @@ Bit-exactness needs the CPU GEMMs to round a row the same way whatever the row c
 kernels only do so with one intra-op thread (with several, a 1-10-row matmul can differ by ~1e-7 from the same rows
 inside a larger one), so this module runs with ``torch.set_num_threads(1)``.
 """
+import types
 import warnings
 
 import numpy as np
@@ -474,6 +475,69 @@ def test_lower_right_flash_prefill_on_cuda_bf16(model_dir):
     q = torch.randn(8, 16, 64, 128, device="cuda", dtype=torch.bfloat16)
     kv = torch.randn(8, 16, 300, 128, device="cuda", dtype=torch.bfloat16)
     assert can_use_flash_attention(SDPAParams(q, kv, kv, None, 0.0, False, False))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("q_len,kv_len", [(37, 300), (64, 64), (2, 1500)])
+def test_flash_on_unrepeated_keys_equals_the_repeated_lower_right_call(q_len, kv_len):
+    """bf16 on CUDA, the 3B thinker's heads (16 query heads of 128 on 2 key/value heads): flash called directly on
+    the un-repeated keys/values equals the library's masked call on repeated ones, and the direct path was taken."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from models import omni_batch
+
+    attn = types.SimpleNamespace(is_causal=True, num_key_value_groups=8, training=False)
+    g = torch.Generator("cuda").manual_seed(0)
+    q = torch.randn(3, 16, q_len, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(3, 2, kv_len, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    assert omni_batch._native_gqa_flash(q, k, 0.0)
+    calls = []
+    real = torch.ops.aten._scaled_dot_product_flash_attention
+
+    def counted(*a, **kw):
+        calls.append(a[1].shape[1])
+        return real(*a, **kw)
+
+    keep = torch.ones(q_len, kv_len, dtype=torch.bool, device="cuda").tril(kv_len - q_len)
+    want, _ = sdpa_attention_forward(attn, q.float(), k.float(), v.float(), keep.expand(3, 1, q_len, kv_len),
+                                     scaling=128 ** -0.5)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.ops.aten, "_scaled_dot_product_flash_attention", counted, raising=False)
+        got, _ = omni_batch.lower_right_causal_sdpa(attn, q, k, v, None, scaling=128 ** -0.5, force=True)
+    assert calls == [2] and not omni_batch._LOWER_RIGHT_STATE["no_native_gqa"]   # un-repeated: 2 key heads
+    assert got.shape == (3, q_len, 16, 128)
+    assert (got.float() - want).abs().max() < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_tower_chunk_attention_leaves_cudnn_out_and_equals_the_loop():
+    """The towers' batched chunk attention on CUDA runs without cuDNN's backend and equals the library's
+    per-chunk loop (one SDPA call per chunk) to bf16 rounding, for equal and for mixed chunk lengths."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from models.omni_batch import _chunk_attention
+
+    mod = types.SimpleNamespace(config=types.SimpleNamespace(_attn_implementation="sdpa"), scaling=80 ** -0.5,
+                                is_causal=False, num_key_value_groups=1, training=False)
+    seen, before = [], torch.backends.cuda.cudnn_sdp_enabled()
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*a, **kw):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return real(*a, **kw)
+
+    for lengths in ([64] * 45, [64] * 20 + [16, 64, 16]):
+        cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+        q, k, v = (torch.randn(1, 16, sum(lengths), 80, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+            got = _chunk_attention(mod, q, k, v, cu)
+        want = torch.cat([sdpa_attention_forward(mod, *(t[:, :, a:b] for t in (q, k, v)), None, scaling=mod.scaling)[0]
+                          for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())], 1).reshape(sum(lengths), -1)
+        assert got.shape == want.shape and (got.float() - want.float()).abs().max() < 2e-2
+    assert seen and not any(seen) and torch.backends.cuda.cudnn_sdp_enabled() == before
 
 
 def _session(name, spans, seed):
