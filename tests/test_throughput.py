@@ -308,6 +308,24 @@ def test_qa_bench_runs_on_the_cpu(tmp_path):
     assert res["wait"]["videos"] == 1
 
 
+def test_qa_bench_row_is_the_median_after_a_warm_up():
+    """bench/qa_throughput.py's row from repeated runs: the first run dropped, each time the median of the rest, the
+    other fields the last timed run's; one run is reported as is."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        from qa_throughput import TIMED_KEYS, median_of_timed
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    runs = [{**dict.fromkeys(TIMED_KEYS, 9.0), "prefix_len": 1},                        # warm-up: dropped
+            {**dict.fromkeys(TIMED_KEYS, 1.0), "b": 2.5, "prefix_len": 2},
+            {**dict.fromkeys(TIMED_KEYS, 3.0), "b": 3.7, "prefix_len": 3},
+            {**dict.fromkeys(TIMED_KEYS, 2.0), "b": 2.4, "prefix_len": 4}]
+    row = median_of_timed(runs)
+    assert row["b"] == 2.5 and row["a"] == row["d"] == row["encode"] == 2.0
+    assert row["prefix_len"] == 4 and row["repeats"] == 3
+    assert median_of_timed(runs[:1]) == {**runs[0], "repeats": 1}
+
+
 def test_shared_prefix_attention_equals_full_attention():
     """Prefix part (folded GQA queries, no mask) + masked suffix part merged by log-sum-exp == one SDPA call over
     [prefix | suffix] with the full mask, for several rows, grouped heads and a left-padded suffix."""
