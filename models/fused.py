@@ -50,7 +50,8 @@ RECOMPILE_LIMIT = 32     # graphs per fused function (torch._dynamo's recompile_
 
 class Fusable:
     """``fn`` compiled (``torch.compile(fullgraph=True)``) when its first argument is a tensor on one of ``devices``
-    (CUDA), eager otherwise or after a failed first compilation.
+    (CUDA), eager otherwise or after a failed compilation (the first one, or a later one for a new shape: the
+    backend's ``BackendCompilerFailed``; errors of a compiled graph that ran before are raised).
 
     Shapes: ``dynamic`` gives, per tensor argument, its dimensions that vary between calls (rows, frames, sequence,
     batch): a tuple of dimension indices, or an int ``k`` for "all but the last ``k``". They are marked dynamic
@@ -96,8 +97,13 @@ class Fusable:
                 self.state = "failed"
                 return self.fn(*args)
         self._mark(args)
-        if self.state == "ok":                 # compiled and ran once: later errors are real errors
-            return self._compiled(*args)
+        if self.state == "ok":                 # compiled and ran once: later errors are real errors, except that
+            try:                               # building a graph for a new shape can fail like the first one did
+                return self._compiled(*args)
+            except torch._dynamo.exc.BackendCompilerFailed as e:
+                log.warning("torch.compile of %s failed on a new shape (%s); using the eager function", self.name, e)
+                self.state = "failed"
+                return self.fn(*args)
         try:
             out = self._compiled(*args)
         except Exception as e:  # noqa: BLE001 - first call: compilation failed, the eager math is the same
@@ -164,9 +170,12 @@ silu_mul = Fusable(_silu_mul, "SiLU*up", dynamic=(1, 1))                 # (rows
 # 675 of 18.6 M normed values 1 bf16 step off eager instead of 503,308). multi_kernel: at D = 1152 Inductor's
 # heuristic picks a looped reduction that reads x and residual twice, slower than eager LayerNorm + add (105 vs
 # 77 us); multi_kernel also builds the one-pass persistent kernel and keeps the faster one after timing both at the
-# first call (60 us). Measured with torch 2.11 there.
+# first call (60 us). Measured with torch 2.11 there. fx_graph_cache off: with torch 2.11 a multi-kernel graph read
+# back from Inductor's on-disk cache fails to load (triton's JITFunction ``_hash_lock`` is None), which a recompile
+# for a new shape in the same process hit on the H200 (the failure is also caught, see ``Fusable``).
 add_layer_norm = Fusable(_add_layer_norm, "add+LayerNorm", dynamic=(1, 1),
-                         options={"emulate_precision_casts": True, "triton.multi_kernel": 1})
+                         options={"emulate_precision_casts": True, "triton.multi_kernel": 1,
+                                  "fx_graph_cache": False})
 
 _ROPE_ON = [False]                             # the patched apply_rotary_pos_emb uses the fused rotary
 _ROPE_ORIGINAL: dict[str, Callable] = {}       # module name -> the library's apply_rotary_pos_emb

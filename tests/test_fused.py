@@ -117,6 +117,42 @@ def test_fusable_marks_rows_dynamic_and_inlines_under_an_outer_compile():
     assert torch.equal(outer(x), fused._rms_norm(x, w8, 1e-6) * 2)
 
 
+def test_fusable_falls_back_when_a_later_compilation_fails(caplog):
+    """A graph that compiled and ran, then a new shape whose compilation fails in the backend (as a multi-kernel
+    graph read back from Inductor's cache did with torch 2.11 on the H200): that call and the later ones run the
+    eager math, with a warning naming the function; an error of the compiled graph itself is still raised."""
+    import logging
+
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    calls = []
+
+    def backend(gm, example_inputs):
+        calls.append(len(example_inputs))
+        if len(calls) > 1:
+            raise RuntimeError("cannot load the cached kernel")
+        return gm.forward
+
+    f = fused.Fusable(fused._rms_norm, "test norm", dynamic=(1,), devices=("cpu",), backend=backend)
+    w8, w16 = torch.ones(8), torch.ones(16)
+    x = torch.randn(3, 8)
+    assert torch.equal(f(x, w8, 1e-6), fused._rms_norm(x, w8, 1e-6)) and f.state == "ok"
+    y = torch.randn(4, 16)                             # a new fixed size: a second graph, whose compilation fails
+    with caplog.at_level(logging.WARNING, logger="models.fused"):
+        assert torch.equal(f(y, w16, 1e-6), fused._rms_norm(y, w16, 1e-6))
+    assert f.state == "failed" and len(calls) == 2
+    assert "test norm failed on a new shape" in caplog.text
+    assert torch.equal(f(x, w8, 1e-6), fused._rms_norm(x, w8, 1e-6)) and len(calls) == 2   # eager for good
+
+    torch._dynamo.reset()
+    g = fused.Fusable(lambda a, b: a @ b, "test mm", dynamic=(1, 1), devices=("cpu",), backend="eager")
+    assert g(torch.ones(2, 3), torch.ones(3, 4)).shape == (2, 4) and g.state == "ok"
+    with pytest.raises(RuntimeError, match="shape|size") as err:   # the math's own error is raised, not hidden
+        g(torch.ones(2, 3), torch.ones(5, 4))
+    assert not isinstance(err.value, torch._dynamo.exc.BackendCompilerFailed) and g.state == "ok"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_add_layer_norm_equals_layer_norm_of_the_sum(dtype):
     """The fused residual add + LayerNorm is the library's two steps: the sum in the model dtype, then
