@@ -237,6 +237,11 @@ class OmniFeatureExtractor(LightningModule):
             return extract_session(self.runner, batch, hp.mode, hp.memory_s, hp.verify_rows,
                                    memory_policy=hp.memory_policy)
         if self.batched is None:
+            if len(batch) > 1 and not getattr(self, "_warned_list", False):
+                self._warned_list = True
+                rank_zero_warn(f"the datamodule hands over {len(batch)} sessions per batch, but the model has "
+                               "sessions_per_batch=1: they run one after another (set model.init_args."
+                               "sessions_per_batch too)")
             return [extract_session(self.runner, s, hp.mode, hp.memory_s, hp.verify_rows,
                                     memory_policy=hp.memory_policy) for s in batch]
         return extract_sessions(self.runner, list(batch), hp.mode, hp.memory_s, hp.verify_rows, batched=self.batched,

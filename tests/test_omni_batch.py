@@ -576,6 +576,13 @@ def test_extract_sessions_records_match_and_lightning_list_batch(runner, model_d
     with pytest.warns(UserWarning, match="hands over one session at a time"):
         one = live.predict_step(sessions[0])              # a dict: the one-session path, once warned
     assert one["session"] == "Session_1" and live._warned_single
+    single = OmniFeatureExtractor(str(model_dir), mode=COMPLETED_BLOCK_HOLD, verify_rows=0)
+    with pytest.warns(UserWarning, match="hands over 2 sessions per batch, but the model has sessions_per_batch=1"):
+        recs = single.predict_step(sessions)              # a list on the one-session model: one after another
+    assert [r["session"] for r in recs] == ["Session_1", "Session_2"] and single._warned_list
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                    # once
+        single.predict_step(sessions)
     with pytest.warns(UserWarning, match="batch_rows=False has no effect"):
         OmniFeatureExtractor(str(model_dir), mode=COMPLETED_BLOCK_HOLD, batch_rows=False)
     with warnings.catch_warnings():

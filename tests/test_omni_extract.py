@@ -307,6 +307,8 @@ def test_shipped_extract_configs_instantiate(config, model_dir, tmp_path):
     assert cli.model.hparams.mode == config.stem.replace("_", "-")
     assert cfg["model"]["init_args"]["memory_policy"] == cli.model.hparams.memory_policy == WINDOW
     assert type(cli.datamodule).__name__ == "EasyComStreamDataModule"
+    # sessions run in lockstep as shipped: the model and the data agree on the batch of sessions
+    assert cli.model.batched.sessions_per_batch == cli.datamodule.hparams.sessions_per_batch == 8
 
 
 def test_predict_end_to_end(model_dir, tmp_path):
