@@ -374,6 +374,20 @@ def encode_probe(vlm, video: str, budget: int, chunk: int) -> None:
     (bi,) = prepare_budgets(vlm, frames, dec.times_s, [budget], chunk_frames=chunk)
     print(f"{'prefill':<26} {min(timed(lambda: vlm.prefill(bi.prompt))[1] for _ in range(3)):7.3f} s  "
           f"(prefix {bi.prompt.ids.numel()})")
+    if torch.cuda.is_available():   # one SDPA backend at a time (the lines above: SDPA's own choice)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        for stage, fn in (("vision tower", tower), ("prefill", lambda: vlm.prefill(bi.prompt))):
+            for label, backend in (("flash", SDPBackend.FLASH_ATTENTION),
+                                   ("mem-efficient", SDPBackend.EFFICIENT_ATTENTION),
+                                   ("cuDNN", SDPBackend.CUDNN_ATTENTION)):
+                try:
+                    with sdpa_kernel([backend]):
+                        fn()
+                        secs = [timed(fn)[1] for _ in range(3)]
+                    print(f"{stage + ', ' + label:<26} {min(secs):7.3f} s")
+                except RuntimeError as e:
+                    print(f"{stage + ', ' + label:<26} not available ({str(e).splitlines()[0][:80]})")
     runs = (("dynamic", 16), ("static", 16), ("graph", 16), ("graph", 2), ("graph", 1))
     for mode, new in runs if torch.cuda.is_available() else runs[:2]:
         t_ans = min(timed(lambda: vlm.answer_batched(bi.prompt, QUESTIONS, new, True, decode=mode))[1]
