@@ -48,10 +48,15 @@ VISION_MLP_CLASSES = frozenset({"VideoLlama3VisionMLP"})              # fc2(gelu
 RECOMPILE_LIMIT = 32     # graphs per fused function (torch._dynamo's recompile_limit is raised to at least this)
 
 
+# raised (fullgraph) when a function needs more graphs than the recompile limit; older PyTorch: none
+_RECOMPILE_LIMIT_HIT = getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", torch._dynamo.exc.BackendCompilerFailed)
+
+
 class Fusable:
     """``fn`` compiled (``torch.compile(fullgraph=True)``) when its first argument is a tensor on one of ``devices``
     (CUDA), eager otherwise or after a failed compilation (the first one, or a later one for a new shape: the
-    backend's ``BackendCompilerFailed``; errors of a compiled graph that ran before are raised).
+    backend's ``BackendCompilerFailed`` or the recompile limit; errors of a compiled graph that ran before are
+    raised).
 
     Shapes: ``dynamic`` gives, per tensor argument, its dimensions that vary between calls (rows, frames, sequence,
     batch): a tuple of dimension indices, or an int ``k`` for "all but the last ``k``". They are marked dynamic
@@ -100,7 +105,7 @@ class Fusable:
         if self.state == "ok":                 # compiled and ran once: later errors are real errors, except that
             try:                               # building a graph for a new shape can fail like the first one did
                 return self._compiled(*args)
-            except torch._dynamo.exc.BackendCompilerFailed as e:
+            except (torch._dynamo.exc.BackendCompilerFailed, _RECOMPILE_LIMIT_HIT) as e:
                 log.warning("torch.compile of %s failed on a new shape (%s); using the eager function", self.name, e)
                 self.state = "failed"
                 return self.fn(*args)

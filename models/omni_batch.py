@@ -174,13 +174,18 @@ def _tower_sdpa_backends(device: torch.device):
     """SDPA backends for the towers' chunk attention on CUDA: flash, memory-efficient, math (cuDNN left out).
 
     SDPA prefers cuDNN's attention for these unmasked bf16 calls on Hopper, and cuDNN builds an execution plan per
-    new shape on the host (about 2.4 ms of CPU per call in a micro-chunk-200ms profile on the H200, where the batch
-    of chunks changes with every row), which the host-bound small calls of streaming extraction cannot afford."""
-    if device.type != "cuda":
+    new shape on the host (about 2.3 ms of CPU per call in a micro-chunk-200ms profile on the H200, where the batch
+    of chunks changes with every row), which the host-bound small calls of streaming extraction cannot afford.
+    Backends the caller turned off stay off (SDPA's backend switches are process-wide, as ``sdpa_kernel`` itself)."""
+    if device.type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
         return nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+    cuda = torch.backends.cuda
+    keep = [b for b, on in ((SDPBackend.FLASH_ATTENTION, cuda.flash_sdp_enabled()),
+                            (SDPBackend.EFFICIENT_ATTENTION, cuda.mem_efficient_sdp_enabled()),
+                            (SDPBackend.MATH, cuda.math_sdp_enabled())) if on]   # what the caller left on
+    return sdpa_kernel(keep) if keep else nullcontext()
 
 
 def _chunk_attention_calls(fn, module, q, k, v, lengths: list[int]) -> torch.Tensor:
@@ -300,7 +305,7 @@ def lower_right_causal_sdpa(module, query, key, value, attention_mask, dropout: 
             or q_len < 2 or kv_len < q_len or kwargs.get("sliding_window") is not None):
         return library()
     groups = getattr(module, "num_key_value_groups", 1)
-    if not _LOWER_RIGHT_STATE["no_native_gqa"] and _native_gqa_flash(query, key, dropout):
+    if not _LOWER_RIGHT_STATE["no_native_gqa"] and _native_gqa_flash(query, key, value, dropout):
         try:
             # FlashAttention-2's causal flag is bottom-right aligned (what ``causal_lower_right`` dispatches to),
             # and it reads each key/value head for its query group itself: no per-group copies
@@ -329,7 +334,7 @@ def lower_right_causal_sdpa(module, query, key, value, attention_mask, dropout: 
     return out.transpose(1, 2).contiguous(), None
 
 
-def _native_gqa_flash(query: torch.Tensor, key: torch.Tensor, dropout: float) -> bool:
+def _native_gqa_flash(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout: float) -> bool:
     """Whether the lower-right prefill may call the flash kernel directly on un-repeated keys/values: CUDA, fp16 /
     bf16, no dropout, head size a multiple of 8 up to 256, query heads a multiple of key heads, and SDPA's own flash
     checks pass for these shapes (with ``enable_gqa``)."""
@@ -339,7 +344,7 @@ def _native_gqa_flash(query: torch.Tensor, key: torch.Tensor, dropout: float) ->
     from torch.backends.cuda import SDPAParams, can_use_flash_attention
 
     try:
-        return bool(can_use_flash_attention(SDPAParams(query, key, key, None, 0.0, False, True)))
+        return bool(can_use_flash_attention(SDPAParams(query, key, value, None, 0.0, False, True)))
     except TypeError:  # a PyTorch whose SDPAParams has no enable_gqa: keep the repeat
         return False
 

@@ -117,10 +117,13 @@ def test_fusable_marks_rows_dynamic_and_inlines_under_an_outer_compile():
     assert torch.equal(outer(x), fused._rms_norm(x, w8, 1e-6) * 2)
 
 
-def test_fusable_falls_back_when_a_later_compilation_fails(caplog):
+@pytest.mark.parametrize("cause", ["backend", "recompile limit"])
+def test_fusable_falls_back_when_a_later_compilation_fails(cause, caplog):
     """A graph that compiled and ran, then a new shape whose compilation fails in the backend (as a multi-kernel
-    graph read back from Inductor's cache did with torch 2.11 on the H200): that call and the later ones run the
-    eager math, with a warning naming the function; an error of the compiled graph itself is still raised."""
+    graph read back from Inductor's cache did with torch 2.11 on the H200) or needs more graphs than the recompile
+    limit (fullgraph: a hard failure): that call and the later ones run the eager math, with a warning naming the
+    function; an error of the compiled graph itself is still raised."""
+    import contextlib
     import logging
 
     import torch._dynamo
@@ -138,8 +141,11 @@ def test_fusable_falls_back_when_a_later_compilation_fails(caplog):
     w8, w16 = torch.ones(8), torch.ones(16)
     x = torch.randn(3, 8)
     assert torch.equal(f(x, w8, 1e-6), fused._rms_norm(x, w8, 1e-6)) and f.state == "ok"
+    limit = torch._dynamo.config.patch(recompile_limit=1) if cause == "recompile limit" else contextlib.nullcontext()
+    if cause == "recompile limit":
+        calls.append("no second graph")                # the limit stops it before the backend
     y = torch.randn(4, 16)                             # a new fixed size: a second graph, whose compilation fails
-    with caplog.at_level(logging.WARNING, logger="models.fused"):
+    with caplog.at_level(logging.WARNING, logger="models.fused"), limit:
         assert torch.equal(f(y, w16, 1e-6), fused._rms_norm(y, w16, 1e-6))
     assert f.state == "failed" and len(calls) == 2
     assert "test norm failed on a new shape" in caplog.text

@@ -468,13 +468,38 @@ def test_lower_right_flash_prefill_on_cuda_bf16(model_dir):
             assert torch.equal(live, a.states.abs().sum(1) > 0)
             cos = torch.nn.functional.cosine_similarity(a.states[live], b.states[live], dim=1)
             assert cos.min() > 0.99, (mode, float(cos.min()))
-    assert not omni_batch._LOWER_RIGHT_STATE["failed"]
-    # the 3B thinker's prefill shapes (16 heads of 128 after the key/value repeat, bf16) are flash-eligible
-    from torch.backends.cuda import SDPAParams, can_use_flash_attention
-
+    assert not omni_batch._LOWER_RIGHT_STATE["failed"] and not omni_batch._LOWER_RIGHT_STATE["no_native_gqa"]
+    # the 3B thinker's prefill shapes (16 query heads on 2 key/value heads of 128, bf16) take the direct flash call
     q = torch.randn(8, 16, 64, 128, device="cuda", dtype=torch.bfloat16)
-    kv = torch.randn(8, 16, 300, 128, device="cuda", dtype=torch.bfloat16)
-    assert can_use_flash_attention(SDPAParams(q, kv, kv, None, 0.0, False, False))
+    kv = torch.randn(8, 2, 300, 128, device="cuda", dtype=torch.bfloat16)
+    assert omni_batch._native_gqa_flash(q, kv, kv, 0.0)
+
+
+def test_tower_sdpa_backends_leave_cudnn_out_and_keep_what_the_caller_turned_off():
+    """The towers' CUDA backend set is flash, memory-efficient and math minus whatever the caller had turned off;
+    SDPA's switches are restored on exit; nothing changes for the CPU (the switches are global, so this runs
+    without a GPU)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from models.omni_batch import _tower_sdpa_backends
+
+    cuda = torch.backends.cuda
+
+    def flags():
+        return (cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.math_sdp_enabled(),
+                cuda.cudnn_sdp_enabled())
+
+    before = flags()
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH, SDPBackend.CUDNN_ATTENTION]):
+        with _tower_sdpa_backends(torch.device("cuda")):
+            assert flags() == (False, True, True, False)       # flash stays off (the caller's), cuDNN left out
+        assert flags() == (False, True, True, True)
+        with _tower_sdpa_backends(torch.device("cpu")):
+            assert flags() == (False, True, True, True)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+        with _tower_sdpa_backends(torch.device("cuda")):
+            assert flags() == (True, False, False, False)
+    assert flags() == before
 
 
 @pytest.mark.gpu
@@ -491,7 +516,7 @@ def test_flash_on_unrepeated_keys_equals_the_repeated_lower_right_call(q_len, kv
     g = torch.Generator("cuda").manual_seed(0)
     q = torch.randn(3, 16, q_len, 128, device="cuda", dtype=torch.bfloat16, generator=g)
     k, v = (torch.randn(3, 2, kv_len, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-    assert omni_batch._native_gqa_flash(q, k, 0.0)
+    assert omni_batch._native_gqa_flash(q, k, v, 0.0)
     calls = []
     real = torch.ops.aten._scaled_dot_product_flash_attention
 
