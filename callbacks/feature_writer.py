@@ -3,10 +3,16 @@
 ``FeatureWriter`` saves each ``OmniFeatureExtractor.predict_step`` record atomically to
 ``<out_dir>/<session>.<mode>[.<memory_policy>].safetensors`` (keyed by session, never by position or rank;
 the policy only when not ``window``) and, with ``plot=True``,
-redraws ``<out_dir>/<session>.timeline.png`` from whichever mode files of that session exist.
+redraws ``<out_dir>/<session>.timeline.png`` from whichever mode files of that session exist. A session that failed
+(an error record: unreadable media, or an extraction error) gets ``<session>.<mode>[.<policy>].error.json`` with the
+message instead; a later successful run of it removes that file. Features already written are never touched by a
+failure.
 """
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,40 +36,78 @@ class FeatureWriter(BasePredictionWriter):
         self.overwrite = overwrite
         self.written: list[Path] = []
         self.kept: list[dict[str, Any]] = []  # records written in this predict run (for the summary line)
+        self.skipped: list[Path] = []         # existing files left alone (overwrite=False)
+        self.errors: list[dict[str, Any]] = []  # error records of this run
 
     def write_on_batch_end(self, trainer, pl_module, prediction: dict[str, Any] | list[dict[str, Any]],
                            batch_indices, batch, batch_idx, dataloader_idx) -> None:
         for record in prediction if isinstance(prediction, list) else [prediction]:  # lockstep batches: a list
             policy = record["meta"].get("memory_policy", "window")
             path = feature_path(self.out_dir, record["session"], record["mode"], policy)
+            failed = error_path(path)
+            if "error" in record:
+                self._write_error(failed, record, policy)
+                self.errors.append(record)
+                continue
             if path.exists() and not self.overwrite:
+                self.skipped.append(path)
                 continue
             save_features(path, record["tensors"], record["meta"])
+            failed.unlink(missing_ok=True)                  # an earlier failure of this session is resolved
             self.written.append(path)
             if self.plot:
                 plot_session_timeline(self.out_dir, record["session"], memory_policy=policy)
             self.kept.append(record)
 
+    @staticmethod
+    def _write_error(path: Path, record: dict[str, Any], policy: str) -> None:
+        """``<feature file>.error.json`` (atomic): session, mode, memory policy and the message."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"session": record["session"], "mode": record["mode"], "memory_policy": policy,
+                           "error": record["error"]}, f, indent=1)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
     def on_predict_start(self, trainer, pl_module) -> None:
-        self.kept: list[dict[str, Any]] = []
+        self.kept, self.skipped, self.errors = [], [], []
 
     def on_predict_end(self, trainer, pl_module) -> None:
-        """One summary line per rank: files written, media seconds, wall time and the cache_replay checks."""
-        kept = getattr(self, "kept", [])
+        """A summary per rank: files written, timeline seconds, wall time, the cache_replay checks, files kept
+        (``overwrite=False``) and the sessions that failed, with their messages."""
+        kept, rank = getattr(self, "kept", []), trainer.global_rank
+        skipped, errors = getattr(self, "skipped", []), getattr(self, "errors", [])
         if not kept:
-            print(f"[rank {trainer.global_rank}] no feature file written to {self.out_dir}")
-            return
-        rows = sum(int(r["meta"].get("num_rows", 0)) for r in kept)
-        wall = sum(float(r["meta"].get("wall_time_s", 0.0)) for r in kept)
-        checks = [r["meta"].get("verification", {}) for r in kept]
-        failed = [r["session"] for r, v in zip(kept, checks)
-                  if isinstance(v, dict) and isinstance(v.get("cache_replay"), dict) and not v["cache_replay"]["passed"]]
-        n_checked = sum(int(v["cache_replay"].get("checked_rows", 0)) for v in checks
-                        if isinstance(v, dict) and isinstance(v.get("cache_replay"), dict))
-        verdict = ("FAILED for " + ", ".join(failed) if failed else f"passed ({n_checked} rows checked)" if n_checked
-                   else "not checked (verify_rows = 0)")
-        print(f"[rank {trainer.global_rank}] wrote {len(kept)} feature file(s) to {self.out_dir} "
-              f"({rows} rows = {rows / 5:.1f} media s, {wall:.1f} s extraction wall; cache_replay {verdict})")
+            print(f"[rank {rank}] no feature file written to {self.out_dir}"
+                  + (f" ({len(skipped)} already there, kept: overwrite=False)" if skipped else ""))
+        else:
+            rows = sum(int(r["meta"].get("num_rows", 0)) for r in kept)
+            wall = sum(float(r["meta"].get("wall_time_s", 0.0)) for r in kept)
+            checks = [r["meta"].get("verification", {}) for r in kept]
+            failed = [r["session"] for r, v in zip(kept, checks) if isinstance(v, dict)
+                      and isinstance(v.get("cache_replay"), dict) and not v["cache_replay"]["passed"]]
+            n_checked = sum(int(v["cache_replay"].get("checked_rows", 0)) for v in checks
+                            if isinstance(v, dict) and isinstance(v.get("cache_replay"), dict))
+            asked = getattr(getattr(pl_module, "hparams", None), "verify_rows", None)
+            verdict = ("FAILED for " + ", ".join(failed) if failed else f"passed ({n_checked} rows checked)"
+                       if n_checked else "not checked (verify_rows = 0)" if asked == 0 else "no row to check")
+            print(f"[rank {rank}] wrote {len(kept)} feature file(s) to {self.out_dir} ({rows} rows = "
+                  f"{rows / 5:.1f} s of session timeline, {wall:.1f} s extraction wall; cache_replay {verdict})"
+                  + (f"; {len(skipped)} already there, kept (overwrite=False)" if skipped else ""))
+        if errors:
+            print(f"[rank {rank}] {len(errors)} session(s) FAILED (see *.error.json in {self.out_dir}; a re-run "
+                  "retries them):")
+            for r in errors:
+                print(f"  {r['session']}: {str(r['error']).splitlines()[0][:300]}")
+
+
+def error_path(feature_file: Path) -> Path:
+    """``<session>.<mode>[.<policy>].error.json`` beside the feature file ``<...>.safetensors``."""
+    return feature_file.with_suffix(".error.json")
 
 
 def plot_session_timeline(out_dir: str | Path, session: str, png: str | Path | None = None,

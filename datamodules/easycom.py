@@ -133,11 +133,22 @@ def list_sessions(root: str | Path) -> list[str]:
 
 
 def list_segments(root: str | Path, session: str) -> list[Segment]:
-    """Segments of ``session`` in time-code order; every video needs its wav (EasyComFormatError otherwise)."""
+    """Segments of ``session`` in time-code order; every video needs its wav (EasyComFormatError otherwise); a wav
+    without its video is left out with a warning naming it."""
     root = Path(root)
-    vids = sorted((root / VIDEO_DIR / session).glob("*.mp4"), key=lambda p: parse_time_code(p.name))
+    folder = root / VIDEO_DIR / session
+    if not folder.is_dir():
+        raise EasyComFormatError(f"{folder}: session folder missing")
+    vids = sorted(folder.glob("*.mp4"), key=lambda p: parse_time_code(p.name))
     if not vids:
-        raise EasyComFormatError(f"{root / VIDEO_DIR / session}: no mm-ss-SSS.mp4 segments")
+        raise EasyComFormatError(f"{folder}: no mm-ss-SSS.mp4 segments")
+    orphans = sorted(w.name for w in (root / AUDIO_DIR / session).glob("*.wav")
+                     if not (folder / f"{w.stem}.mp4").is_file())
+    if orphans:
+        import warnings
+
+        warnings.warn(f"{root / AUDIO_DIR / session}: {', '.join(orphans)} without a video in {folder}; "
+                      "those segments are left out of the session", stacklevel=2)
     out = []
     for v in vids:
         wav = root / AUDIO_DIR / session / f"{v.stem}.wav"
@@ -248,10 +259,11 @@ def _wav_layout(path: Path) -> tuple[int, int, int, int, int, int]:
     Returns:
         (sample_rate, channels, bytes_per_sample, format (1 PCM / 3 float), data_offset, data_bytes).
     Raises:
-        EasyComFormatError: not a PCM/float WAVE file.
+        EasyComFormatError: not a PCM/float WAVE file, or a truncated one.
     """
     import struct
 
+    path = Path(path)
     with open(path, "rb") as f:
         head = f.read(12)
         if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
@@ -264,6 +276,8 @@ def _wav_layout(path: Path) -> tuple[int, int, int, int, int, int]:
             cid, size = ch[:4], struct.unpack("<I", ch[4:])[0]
             if cid == b"fmt ":
                 body = f.read(size + (size & 1))
+                if len(body) < 16:
+                    raise EasyComFormatError(f"{path}: truncated fmt chunk ({len(body)} of 16 bytes)")
                 tag, nch, sr, _, _, bits = struct.unpack("<HHIIHH", body[:16])
                 if tag == 0xFFFE and size >= 40:
                     tag = struct.unpack("<H", body[24:26])[0]  # SubFormat GUID starts with the format tag
@@ -273,6 +287,10 @@ def _wav_layout(path: Path) -> tuple[int, int, int, int, int, int]:
             elif cid == b"data":
                 if fmt is None:
                     raise EasyComFormatError(f"{path}: data chunk before fmt chunk")
+                held = path.stat().st_size - f.tell()
+                if held < size:
+                    raise EasyComFormatError(f"{path}: truncated: the data chunk declares {size} bytes, the file "
+                                             f"holds {held}")
                 return (*fmt, f.tell(), size)
             else:
                 f.seek(size + (size & 1), 1)
@@ -314,9 +332,16 @@ def video_info(path: Path) -> tuple[float, int, float]:
     """(fps, frame count, duration s) from decord."""
     import decord
 
-    vr = decord.VideoReader(str(path), num_threads=1)
-    fps = float(vr.get_avg_fps())
-    return fps, len(vr), len(vr) / fps
+    try:
+        vr = decord.VideoReader(str(path), num_threads=1)
+        fps = float(vr.get_avg_fps())
+        return fps, len(vr), len(vr) / fps
+    except Exception as e:  # noqa: BLE001 - decord raises RuntimeError / DECORDError: name the file
+        raise EasyComFormatError(f"{path}: cannot open the video ({_first_line(e)})") from e
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
 def decode_stream(plan: StreamPlan, audio_channels: tuple[int, ...] | None = (4, 5),
@@ -351,7 +376,10 @@ def decode_stream(plan: StreamPlan, audio_channels: tuple[int, ...] | None = (4,
             if session_s - 1e-9 < tau <= session_s + d + 1e-6:
                 if p not in readers:
                     kw = {} if frame_height is None else {"height": frame_height, "width": frame_width}
-                    readers[p] = decord.VideoReader(str(seg.video), num_threads=1, **kw)
+                    try:
+                        readers[p] = decord.VideoReader(str(seg.video), num_threads=1, **kw)
+                    except Exception as e:  # noqa: BLE001 - name the file
+                        raise EasyComFormatError(f"{seg.video}: cannot open the video ({_first_line(e)})") from e
                 vr = readers[p]
                 j = int(round((tau - seg.start_s) * float(vr.get_avg_fps()))) - 1
                 if j >= 0:
@@ -363,7 +391,11 @@ def decode_stream(plan: StreamPlan, audio_channels: tuple[int, ...] | None = (4,
     out = []
     for hit in wanted:
         if hit is not None:
-            last = readers[hit[0]][hit[1]].asnumpy()
+            try:
+                last = readers[hit[0]][hit[1]].asnumpy()
+            except Exception as e:  # noqa: BLE001 - a corrupt packet: name the file and the frame
+                raise EasyComFormatError(f"{plan.pieces[hit[0]][0].video}: cannot decode frame {hit[1]} "
+                                         f"({_first_line(e)})") from e
         if last is None:  # nothing shown yet: black frame of the decode size
             h, w = (frame_height, frame_width) if frame_height else (1080, 1920)
             last = np.zeros((h, w, 3), dtype=np.uint8)
@@ -382,7 +414,8 @@ class EasyComSessionStreams(Dataset):
     """One item per session: its streams decoded (in the DataLoader worker), see ``decode_stream``.
 
     Item: ``{"session": str, "timeline_end_s": float, "streams": [decode_stream(...), ...],
-    "gap_policy": str, "segments": [names]}``.
+    "gap_policy": str, "segments": [names]}``, or ``{"session": str, "error": str}`` when a file of the session
+    cannot be read (the error names it).
     """
 
     def __init__(self, root: str | Path, sessions: list[str] | None = None, gap_policy: str = "reset",
@@ -418,7 +451,16 @@ class EasyComSessionStreams(Dataset):
         return plans
 
     def __getitem__(self, i: int) -> dict[str, Any]:
+        """The decoded session, or ``{"session", "error"}`` when one of its files cannot be read (the message names
+        the file; the extractor records it and the run goes on)."""
         session = self.sessions[i]
+        try:
+            return self._decode(session)
+        except Exception as e:  # noqa: BLE001 - one bad file must not end a long extraction
+            msg = str(e) if isinstance(e, EasyComFormatError) else f"{type(e).__name__}: {e}"
+            return {"session": session, "error": msg}
+
+    def _decode(self, session: str) -> dict[str, Any]:
         plans = self.plan(session)
         streams = [decode_stream(p, self.audio_channels, self.frame_height, self.frame_width) for p in plans]
         return {"session": session, "timeline_end_s": max((p.end_s for p in plans), default=0.0),
@@ -451,6 +493,11 @@ class EasyComStreamDataModule(LightningDataModule):
                  frame_width: int | None = 448, max_duration_s: float | None = None, num_workers: int = 0,
                  sessions_per_batch: int = 1):
         super().__init__()
+        from algorithms.errors import SettingError
+
+        for name, value, low in (("sessions_per_batch", sessions_per_batch, 1), ("num_workers", num_workers, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise SettingError(f"data.init_args.{name}={value!r} must be an integer >= {low}")
         self.save_hyperparameters()
         self.dataset: EasyComSessionStreams | None = None
 

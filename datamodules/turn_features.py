@@ -215,7 +215,9 @@ class TurnFeatureDataModule(LightningDataModule):
         for split, nums in self.splits.items():
             missing = [n for n in nums if n not in files]
             if missing:
-                raise FeatureFileError(f"{hp.features_dir}: no {hp.expected_mode} file for {split} sessions {missing}")
+                failed = sorted(p.name for p in Path(hp.features_dir).glob(f"*.{hp.expected_mode}*.error.json"))
+                raise FeatureFileError(f"{hp.features_dir}: no {hp.expected_mode} file for {split} sessions {missing}"
+                                       + (f" (extraction failures recorded: {', '.join(failed)})" if failed else ""))
         for n in sorted({n for nums in self.splits.values() for n in nums}):
             session, path = files[n]
             tensors, meta = load_features(path)  # whole check pass before any target or training work

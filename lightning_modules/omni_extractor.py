@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,8 @@ from algorithms.streaming import (DEFAULT_MEMORY_POLICY, MICRO_CHUNK_200MS, MODE
 from algorithms.errors import SettingError
 from models.omni import OmniThinkerRunner
 from models.omni_batch import COMPUTED_FIELDS, BatchedOmniRunner
+
+log = logging.getLogger(__name__)
 
 OUTPUT_HZ = 5.0
 VIDEO_FPS = 2.0
@@ -83,7 +86,7 @@ def extract_sessions(runner: OmniThinkerRunner, sessions: list[dict[str, Any]], 
     for session, results in zip(sessions, per):
         got = [r for r in results if r is not None]
         meta = {"sessions_per_batch": batched.sessions_per_batch,
-                "batch_wall_time_s": sum(r.batch_wall_time_s for r in got)}
+                "batch_wall_time_s": sum({r.group: r.batch_wall_time_s for r in got if r.group >= 0}.values())}
         if mode == MICRO_CHUNK_200MS:  # the only mode whose rows it batches
             meta["batch_rows"] = batched.batch_rows
         for key in COMPUTED_FIELDS:
@@ -226,7 +229,12 @@ class OmniFeatureExtractor(LightningModule):
 
     def predict_step(self, batch: dict[str, Any] | list[dict[str, Any]], batch_idx: int = 0):
         """One session (dict) -> its record; a list of sessions -> their records (batched when
-        ``sessions_per_batch > 1``)."""
+        ``sessions_per_batch > 1``).
+
+        A session that failed to decode (``{"session", "error"}``) or whose extraction raises becomes an error
+        record ``{"session", "mode", "error", "meta"}`` (``FeatureWriter`` writes it beside the features and the run
+        goes on); when a lockstep group raises, its sessions are retried one at a time, so one bad session does not
+        cost the others."""
         hp = self.hparams
         if isinstance(batch, dict):
             if self.batched is not None and not getattr(self, "_warned_single", False):
@@ -234,15 +242,45 @@ class OmniFeatureExtractor(LightningModule):
                 rank_zero_warn(f"sessions_per_batch={hp.sessions_per_batch} on the model, but the datamodule hands "
                                "over one session at a time: it runs the one-session path (set data.init_args."
                                "sessions_per_batch too)")
+            return self._one(batch)
+        records: list[dict[str, Any] | None] = [self._error(s["session"], s["error"]) if "error" in s else None
+                                                for s in batch]
+        todo = [s for s, r in zip(batch, records) if r is None]
+        if todo:
+            try:
+                done = iter(self._many(todo))
+            except Exception as e:  # noqa: BLE001 - retry alone: one session's failure must not cost the others
+                log.warning("lockstep extraction of %s failed (%s: %s); retrying them one at a time",
+                            ", ".join(s["session"] for s in todo), type(e).__name__, e)
+                done = iter([self._one(s) for s in todo])
+            records = [r if r is not None else next(done) for r in records]
+        return records
+
+    def _error(self, session: str, message: str) -> dict[str, Any]:
+        return {"session": session, "mode": self.hparams.mode, "error": message,
+                "meta": {"memory_policy": self.hparams.memory_policy}}
+
+    def _one(self, batch: dict[str, Any]) -> dict[str, Any]:
+        if "error" in batch:
+            return self._error(batch["session"], batch["error"])
+        hp = self.hparams
+        try:
             return extract_session(self.runner, batch, hp.mode, hp.memory_s, hp.verify_rows,
                                    memory_policy=hp.memory_policy)
+        except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+            if isinstance(e, torch.OutOfMemoryError) and torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            log.warning("extraction of %s failed: %s: %s", batch.get("session"), type(e).__name__, e)
+            return self._error(batch.get("session", "?"), f"{type(e).__name__}: {e}")
+
+    def _many(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        hp = self.hparams
         if self.batched is None:
             if len(batch) > 1 and not getattr(self, "_warned_list", False):
                 self._warned_list = True
                 rank_zero_warn(f"the datamodule hands over {len(batch)} sessions per batch, but the model has "
                                "sessions_per_batch=1: they run one after another (set model.init_args."
                                "sessions_per_batch too)")
-            return [extract_session(self.runner, s, hp.mode, hp.memory_s, hp.verify_rows,
-                                    memory_policy=hp.memory_policy) for s in batch]
+            return [self._one(s) for s in batch]
         return extract_sessions(self.runner, list(batch), hp.mode, hp.memory_s, hp.verify_rows, batched=self.batched,
                                 memory_policy=hp.memory_policy)

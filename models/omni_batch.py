@@ -131,11 +131,13 @@ class BatchedStreamResult(StreamResult):
         computed: ``COMPUTED_FIELDS`` -> value, for this stream.
         batch_size: streams in the lockstep group at its start.
         batch_wall_time_s: wall time of the whole group (``wall_time_s`` is this divided by ``batch_size``).
+        group: index of that lockstep group within its ``run_streams`` call (-1: the stream ran in none).
     """
 
     computed: dict[str, float] = field(default_factory=dict)
     batch_size: int = 1
     batch_wall_time_s: float = 0.0
+    group: int = -1
 
 
 def single_session_computed(steps, n_frames: int, geometry=None) -> dict[str, float]:
@@ -534,8 +536,11 @@ class BatchedOmniRunner:
             for j in range(0, len(members), self.sessions_per_batch):
                 chunk = [s for s in members[j: j + self.sessions_per_batch] if s.n_rows > 0]
                 if chunk:
-                    results.update(self._run_group(chunk, mode, memory_s, verify_rows, cache_replay_tol,
-                                                   memory_policy))
+                    ran = self._run_group(chunk, mode, memory_s, verify_rows, cache_replay_tol, memory_policy)
+                    n_groups = len({r.group for r in results.values() if r.group >= 0})
+                    for res in ran.values():
+                        res.group = n_groups
+                    results.update(ran)
                 for s in members[j: j + self.sessions_per_batch]:
                     if s.n_rows == 0:
                         results[s.index] = BatchedStreamResult(states=s.states, steps=[], processor_calls=0,

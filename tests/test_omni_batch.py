@@ -586,6 +586,9 @@ def test_extract_sessions_records_match_and_lightning_list_batch(runner, model_d
         assert extra == set(COMPUTED_FIELDS) | {"sessions_per_batch", "batch_wall_time_s"}   # batch_rows: micro only
         assert {k: v for k, v in rec["meta"].items() if k not in drop | extra} == \
             {k: v for k, v in ref["meta"].items() if k not in drop}
+    # the three streams ran as one lockstep group: each session's batch wall is that group's, counted once even for
+    # Session_2's two streams
+    assert batched[0]["meta"]["batch_wall_time_s"] == batched[1]["meta"]["batch_wall_time_s"] > 0
     # stream 1: one 2 s block of tails (11 s of audio); stream 2 (12 rows): 11 s + the 0.2 and 0.4 s tails
     assert batched[1]["meta"]["computed_audio_seconds"] == pytest.approx(11.0 + 11.0 + 0.2 + 0.4)
     live = OmniFeatureExtractor(str(model_dir), mode=MICRO_CHUNK_200MS, sessions_per_batch=2, batch_rows=False)

@@ -377,3 +377,134 @@ def test_feature_writer_keeps_policies_apart(runner, tmp_path):
     assert all((tmp_path / n).stat().st_mode & 0o777 == 0o666 & ~umask for n in names)  # not mkstemp's 0600
     assert sorted(p.name for p in tmp_path.glob("*.png")) == [f"{win['session']}.sliding.timeline.png",
                                                               f"{win['session']}.timeline.png"]
+
+
+def test_bad_media_is_recorded_and_the_extraction_goes_on(model_dir, tmp_path, capsys):
+    """One corrupt mp4, one truncated wav and one scrambled mp4 in a 4-session run (8 sessions per lockstep batch, as
+    shipped): the healthy session is written; each bad one gets ``<session>.<mode>.error.json`` naming its file and
+    the summary lists it; nothing already written is touched; once the files are repaired a re-run writes their
+    features and removes the error files."""
+    import json
+    import shutil
+
+    from datamodules.easycom_fixture import build_easycom_fixture
+    from evaluate import cli_main
+
+    clip = [("00-00-000", "cockatoo.mp4", 0.0, 3.0, "realshort.mp4")]
+    root = build_easycom_fixture(tmp_path / "ec", width=160, height=90,
+                                 sessions={f"Session_{n}": clip for n in (1, 2, 3, 4)})
+    mp4 = root / "Main/Video_Compressed/Session_2/00-00-000.mp4"
+    wav = root / "Main/Glasses_Microphone_Array_Audio/Session_3/00-00-000.wav"
+    mp4b = root / "Main/Video_Compressed/Session_4/00-00-000.mp4"
+    backup = tmp_path / "backup"
+    backup.mkdir()
+    for i, f in enumerate((mp4, wav, mp4b)):
+        shutil.copy(f, backup / f"{i}")
+    mp4.write_bytes(mp4.read_bytes()[:2000])                         # truncated video
+    wav.write_bytes(wav.read_bytes()[: wav.stat().st_size // 2])     # truncated audio (header declares more)
+    raw = bytearray(mp4b.read_bytes())                               # packets scrambled after the header
+    rng = np.random.default_rng(0)
+    raw[len(raw) // 3:] = rng.integers(0, 256, len(raw) - len(raw) // 3, dtype=np.uint8).tobytes()
+    mp4b.write_bytes(bytes(raw))
+    out = tmp_path / "feats"
+    args = ["predict", "--config", str(CONFIGS[0].parent / "completed_block_hold.yaml"),
+            "--model.init_args.model_dir", str(model_dir), "--data.init_args.root", str(root),
+            "--data.init_args.num_workers", "0", "--data.init_args.frame_height", "56",
+            "--data.init_args.frame_width", "96", "--trainer.callbacks.init_args.out_dir", str(out)]
+    cli_main(args)
+    printed = capsys.readouterr().out
+    good = out / "Session_1.completed-block-hold.safetensors"
+    assert good.is_file() and not (out / "Session_1.completed-block-hold.error.json").exists()
+    errors = {n: json.loads((out / f"Session_{n}.completed-block-hold.error.json").read_text()) for n in (2, 3)}
+    assert str(mp4) in errors[2]["error"] and str(wav) in errors[3]["error"] and "truncated" in errors[3]["error"]
+    assert errors[2]["mode"] == "completed-block-hold" and errors[2]["memory_policy"] == "window"
+    four = out / "Session_4.completed-block-hold"
+    if (out / "Session_4.completed-block-hold.error.json").exists():  # scrambled packets: FFmpeg may conceal them
+        assert str(mp4b) in json.loads(Path(f"{four}.error.json").read_text())["error"]
+    else:
+        assert Path(f"{four}.safetensors").is_file()
+    assert "wrote" in printed and "session(s) FAILED" in printed and "Session_2: " in printed
+    assert not list(out.glob("Session_[23].completed-block-hold.safetensors"))
+    before = good.stat().st_mtime_ns
+    for i, f in enumerate((mp4, wav, mp4b)):                          # repaired: a re-run retries them
+        shutil.copy(backup / f"{i}", f)
+    cli_main(args + ["--trainer.callbacks.init_args.overwrite", "false"])
+    assert good.stat().st_mtime_ns == before                         # kept (overwrite=False)
+    assert all((out / f"Session_{n}.completed-block-hold.safetensors").is_file() for n in (2, 3, 4))
+    assert not list(out.glob("*.error.json"))
+    assert "already there, kept (overwrite=False)" in capsys.readouterr().out
+
+
+def test_easycom_reader_names_bad_files_and_settings(tmp_path):
+    """The reader's messages name the file: a truncated wav (data chunk longer than the file), a cut fmt chunk, an
+    unreadable video, a missing session folder; a wav without its video is left out with a warning naming it; the
+    datamodule refuses a sessions_per_batch or num_workers out of range."""
+    import shutil
+
+    from algorithms.errors import SettingError
+    from datamodules.easycom import (EasyComFormatError, EasyComSessionStreams, EasyComStreamDataModule,
+                                     _wav_layout, list_segments, video_info)
+    from datamodules.easycom_fixture import build_easycom_fixture
+
+    clip = [("00-00-000", "cockatoo.mp4", 0.0, 2.0, "realshort.mp4")]
+    root = build_easycom_fixture(tmp_path / "ec", width=96, height=56, sessions={"Session_1": clip})
+    wav = root / "Main/Glasses_Microphone_Array_Audio/Session_1/00-00-000.wav"
+    cut = tmp_path / "cut.wav"
+    cut.write_bytes(wav.read_bytes()[:1000])
+    with pytest.raises(EasyComFormatError, match=f"{cut}: truncated: the data chunk declares"):
+        _wav_layout(cut)
+    cut.write_bytes(wav.read_bytes()[:30])
+    with pytest.raises(EasyComFormatError, match=f"{cut}: truncated fmt chunk"):
+        _wav_layout(cut)
+    bad = tmp_path / "bad.mp4"
+    bad.write_bytes(b"\0" * 100)
+    with pytest.raises(EasyComFormatError, match=f"{bad}: cannot open the video"):
+        video_info(bad)
+    with pytest.raises(EasyComFormatError, match="Session_7: session folder missing"):
+        list_segments(root, "Session_7")
+    shutil.copy(wav, wav.parent / "00-05-000.wav")
+    with pytest.warns(UserWarning, match="00-05-000.wav without a video"):
+        assert [s.name for s in list_segments(root, "Session_1")] == ["00-00-000"]
+    item = EasyComSessionStreams(root, ["Session_7"])[0]
+    assert item["session"] == "Session_7" and "session folder missing" in item["error"]
+    for field, value in (("sessions_per_batch", 0), ("sessions_per_batch", -3), ("num_workers", -1),
+                         ("sessions_per_batch", 2.5)):
+        with pytest.raises(SettingError, match=f"data.init_args.{field}={value!r} must be an integer"):
+            EasyComStreamDataModule(str(root), **{field: value})
+
+
+def test_a_failing_lockstep_group_is_retried_one_session_at_a_time(model_dir, monkeypatch):
+    """When the lockstep group raises, its sessions run one at a time; the one that fails alone becomes an error
+    record, the others are extracted; a decode error item passes through as an error record."""
+    from lightning_modules import omni_extractor as ox
+
+    module = OmniFeatureExtractor(str(model_dir), mode=COMPLETED_BLOCK_HOLD, verify_rows=0, sessions_per_batch=4)
+
+    def session(name, seed):
+        f, a = media(2.0, seed)
+        return {"session": name, "timeline_end_s": 2.0, "gap_policy": "reset",
+                "streams": [{"start_s": 0.0, "frames": torch.from_numpy(f), "audio": torch.from_numpy(a)}]}
+
+    real = ox.extract_session
+
+    def flaky(runner, s, *a, **kw):
+        if s["session"] == "Session_2":
+            raise RuntimeError("CUDA error: an illegal memory access")
+        return real(runner, s, *a, **kw)
+
+    def group_fails(*a, **kw):
+        raise torch.OutOfMemoryError("out of memory in the lockstep group")
+
+    monkeypatch.setattr(ox, "extract_sessions", group_fails)
+    monkeypatch.setattr(ox, "extract_session", flaky)
+    batch = [session("Session_1", 0), session("Session_2", 1), {"session": "Session_3", "error": "x.mp4: bad"},
+             session("Session_4", 2)]
+    recs = module.predict_step(batch)
+    assert [r["session"] for r in recs] == ["Session_1", "Session_2", "Session_3", "Session_4"]
+    assert "error" not in recs[0] and "error" not in recs[3]
+    assert torch.equal(recs[0]["tensors"]["states"], real(module.runner, batch[0], COMPLETED_BLOCK_HOLD, 8.0,
+                                                          0)["tensors"]["states"])
+    assert recs[1]["error"] == "RuntimeError: CUDA error: an illegal memory access"
+    assert recs[2] == {"session": "Session_3", "mode": COMPLETED_BLOCK_HOLD, "error": "x.mp4: bad",
+                       "meta": {"memory_policy": WINDOW}}
+    assert module.predict_step({"session": "Session_9", "error": "y.wav: bad"})["error"] == "y.wav: bad"
