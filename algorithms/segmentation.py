@@ -131,7 +131,7 @@ def group_variation(changes: torch.Tensor, seg_lens: list[int]) -> list[float]:
     """
     out = []
     start = 0
-    vals = changes.detach().to(torch.float64)
+    vals = changes.detach().to(device="cpu", dtype=torch.float64)   # one host copy, not one read per group
     for n in seg_lens:
         out.append(math.inf if n == 1 else float(vals[start:start + n - 1].mean()))
         start += n
