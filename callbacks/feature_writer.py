@@ -19,7 +19,7 @@ from typing import Any
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from algorithms.streaming import MODES
-from datamodules.features import feature_path, load_features, save_features
+from datamodules.features import error_path, feature_path, load_features, save_features
 
 
 class FeatureWriter(BasePredictionWriter):
@@ -49,11 +49,11 @@ class FeatureWriter(BasePredictionWriter):
                 self._write_error(failed, record, policy)
                 self.errors.append(record)
                 continue
+            failed.unlink(missing_ok=True)                  # this run succeeded: an earlier failure is resolved
             if path.exists() and not self.overwrite:
                 self.skipped.append(path)
                 continue
             save_features(path, record["tensors"], record["meta"])
-            failed.unlink(missing_ok=True)                  # an earlier failure of this session is resolved
             self.written.append(path)
             if self.plot:
                 plot_session_timeline(self.out_dir, record["session"], memory_policy=policy)
@@ -104,10 +104,6 @@ class FeatureWriter(BasePredictionWriter):
             for r in errors:
                 print(f"  {r['session']}: {str(r['error']).splitlines()[0][:300]}")
 
-
-def error_path(feature_file: Path) -> Path:
-    """``<session>.<mode>[.<policy>].error.json`` beside the feature file ``<...>.safetensors``."""
-    return feature_file.with_suffix(".error.json")
 
 
 def plot_session_timeline(out_dir: str | Path, session: str, png: str | Path | None = None,

@@ -139,7 +139,16 @@ def list_segments(root: str | Path, session: str) -> list[Segment]:
     folder = root / VIDEO_DIR / session
     if not folder.is_dir():
         raise EasyComFormatError(f"{folder}: session folder missing")
-    vids = sorted(folder.glob("*.mp4"), key=lambda p: parse_time_code(p.name))
+    def code(p: Path) -> float:
+        try:
+            return parse_time_code(p.name)
+        except EasyComFormatError as e:
+            raise EasyComFormatError(f"{p}: segment name is not a mm-ss-SSS time code") from e
+
+    for p in [*folder.glob("*.mp4"), *(root / AUDIO_DIR / session).glob("*.wav")]:
+        if not p.is_file():
+            raise EasyComFormatError(f"{p}: a directory, not a segment file")
+    vids = sorted(folder.glob("*.mp4"), key=code)
     if not vids:
         raise EasyComFormatError(f"{folder}: no mm-ss-SSS.mp4 segments")
     orphans = sorted(w.name for w in (root / AUDIO_DIR / session).glob("*.wav")
@@ -160,7 +169,10 @@ def list_segments(root: str | Path, session: str) -> list[Segment]:
 
 
 def _read_transcript(path: Path) -> list[dict]:
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise EasyComFormatError(f"{path}: not valid JSON ({e})") from e
     if isinstance(data, dict):  # tolerate {"utterances": [...]}-style wrappers
         data = next((v for v in data.values() if isinstance(v, list)), [])
     if not isinstance(data, list):
@@ -283,6 +295,8 @@ def _wav_layout(path: Path) -> tuple[int, int, int, int, int, int]:
                     tag = struct.unpack("<H", body[24:26])[0]  # SubFormat GUID starts with the format tag
                 if tag not in (1, 3):
                     raise EasyComFormatError(f"{path}: unsupported WAVE format tag {tag}")
+                if nch < 1 or sr < 1 or bits < 8 or bits % 8:
+                    raise EasyComFormatError(f"{path}: invalid fmt chunk ({nch} channels, {sr} Hz, {bits} bits)")
                 fmt = (sr, nch, bits // 8, tag)
             elif cid == b"data":
                 if fmt is None:
@@ -325,6 +339,9 @@ def read_wav_mono(path: Path, channels: tuple[int, ...] | None, start_s: float =
         data = (np.where(v >= 1 << 23, v - (1 << 24), v) / float(1 << 23)).astype(np.float32)
     else:
         raise EasyComFormatError(f"{path}: unsupported sample format (tag {tag}, {width} bytes)")
+    if tag == 3 and not np.isfinite(data).all():
+        bad = int((~np.isfinite(data)).any(axis=1).sum())
+        raise EasyComFormatError(f"{path}: {bad} samples are NaN or infinite")
     return data.mean(axis=1), sr
 
 
@@ -425,6 +442,9 @@ class EasyComSessionStreams(Dataset):
             raise ValueError(f"gap_policy={gap_policy!r}; expected one of {GAP_POLICIES}")
         self.root = Path(root)
         self.sessions = list(sessions) if sessions else list_sessions(self.root)
+        missing = [x for x in self.sessions if not (self.root / VIDEO_DIR / x).is_dir()]
+        if missing:   # a typo in the session list is a setting error, not a failed session
+            raise EasyComFormatError(f"{self.root / VIDEO_DIR}: no folder for sessions {missing}")
         self.gap_policy, self.max_gap_s = gap_policy, max_gap_s
         self.audio_channels = None if audio_channels is None else tuple(audio_channels)
         self.frame_height, self.frame_width = frame_height, frame_width

@@ -54,6 +54,12 @@ def _read_umask() -> int:
 SHARED_FILE_MODE = 0o666 & ~_read_umask()
 
 
+def error_path(feature_file: str | Path) -> Path:
+    """``<session>.<mode>[.<policy>].error.json`` beside the feature file ``<...>.safetensors``: written by
+    ``callbacks.feature_writer.FeatureWriter`` when that session's extraction failed (its message inside)."""
+    return Path(feature_file).with_suffix(".error.json")
+
+
 def feature_path(out_dir: str | Path, session: str, mode: str, memory_policy: str = "window") -> Path:
     """``<out_dir>/<session>.<mode>.safetensors`` (memory policy ``window``) or
     ``<out_dir>/<session>.<mode>.<memory_policy>.safetensors`` (any other policy), so that extractions with

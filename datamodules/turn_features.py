@@ -44,7 +44,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from algorithms.streaming import DEFAULT_MEMORY_POLICY, check_memory_policy
 from algorithms.turn_targets import build_turn_targets, flat_targets
-from datamodules.features import FeatureFileError, check_meta, feature_path, load_features, parse_feature_name
+from datamodules.features import (FeatureFileError, check_meta, error_path, feature_path, load_features,
+                                 parse_feature_name)
 
 _TARGET_CACHE: dict[tuple, Any] = {}
 ALL_MODES = ("open-stream-replay", "completed-block-hold", "micro-chunk-200ms")
@@ -215,12 +216,22 @@ class TurnFeatureDataModule(LightningDataModule):
         for split, nums in self.splits.items():
             missing = [n for n in nums if n not in files]
             if missing:
-                failed = sorted(p.name for p in Path(hp.features_dir).glob(f"*.{hp.expected_mode}*.error.json"))
+                failed = [e.name for e in (error_path(feature_path(hp.features_dir, f"Session_{n}", hp.expected_mode,
+                                                                   hp.expected_memory_policy)) for n in missing)
+                          if e.is_file()]
                 raise FeatureFileError(f"{hp.features_dir}: no {hp.expected_mode} file for {split} sessions {missing}"
-                                       + (f" (extraction failures recorded: {', '.join(failed)})" if failed else ""))
+                                       + (f" (their extraction failed: see {', '.join(failed)})" if failed else ""))
         for n in sorted({n for nums in self.splits.values() for n in nums}):
             session, path = files[n]
             tensors, meta = load_features(path)  # whole check pass before any target or training work
+            if not torch.isfinite(tensors["states"]).all():
+                bad = int((~torch.isfinite(tensors["states"])).any(1).sum())
+                raise FeatureFileError(f"{path}: {bad} rows of states are NaN or infinite (re-extract the session)")
+            if error_path(path).is_file():
+                import warnings
+
+                warnings.warn(f"{path}: a later extraction of {session} failed (see {error_path(path).name}); "
+                              "training on the features of the earlier run", stacklevel=2)
             want = {**expected, "session": session}
             if hp.expected_layer is not None:
                 # a negative layer counts from the end, as the extractor's ``layer`` argument; files record the
@@ -299,7 +310,10 @@ class TurnFeatureDataModule(LightningDataModule):
                 tensors, meta = load_features(path)
                 mask = tensors["initialization_mask"].bool()
             except Exception as e:
-                raise FeatureFileError(f"{path}: initialization_rows='exclude_any_mode' needs this file ({e})") from e
+                failed = error_path(path)
+                why = f"; its extraction failed: see {failed.name}" if failed.is_file() else ""
+                raise FeatureFileError(f"{path}: initialization_rows='exclude_any_mode' needs this file ({e}{why})") \
+                    from e
             check_meta(path, meta, {"mode": mode, "memory_s": hp.expected_memory_s,
                                     "memory_policy": hp.expected_memory_policy, "fps": hp.expected_fps,
                                     "output_hz": hp.expected_output_hz, "session": session})

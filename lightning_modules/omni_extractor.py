@@ -265,8 +265,8 @@ class OmniFeatureExtractor(LightningModule):
             return self._error(batch["session"], batch["error"])
         hp = self.hparams
         try:
-            return extract_session(self.runner, batch, hp.mode, hp.memory_s, hp.verify_rows,
-                                   memory_policy=hp.memory_policy)
+            return self._checked(extract_session(self.runner, batch, hp.mode, hp.memory_s, hp.verify_rows,
+                                                 memory_policy=hp.memory_policy))
         except Exception as e:  # noqa: BLE001 - recorded, the run goes on
             if isinstance(e, torch.OutOfMemoryError) and torch.cuda.is_available():
                 torch.cuda.empty_cache()
@@ -282,5 +282,16 @@ class OmniFeatureExtractor(LightningModule):
                                "sessions_per_batch=1: they run one after another (set model.init_args."
                                "sessions_per_batch too)")
             return [self._one(s) for s in batch]
-        return extract_sessions(self.runner, list(batch), hp.mode, hp.memory_s, hp.verify_rows, batched=self.batched,
-                                memory_policy=hp.memory_policy)
+        return [self._checked(r) for r in extract_sessions(self.runner, list(batch), hp.mode, hp.memory_s,
+                                                           hp.verify_rows, batched=self.batched,
+                                                           memory_policy=hp.memory_policy)]
+
+    def _checked(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The record, or an error record when its states hold NaN or infinite values (never written as features)."""
+        bad = ~torch.isfinite(record["tensors"]["states"])
+        if bool(bad.any()):
+            rows = int(bad.any(1).sum())
+            log.warning("extraction of %s gave %d rows of non-finite states", record["session"], rows)
+            return self._error(record["session"], f"{rows} rows of states are NaN or infinite (check the session's "
+                                                  "media and the model's dtype)")
+        return record

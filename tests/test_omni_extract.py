@@ -428,11 +428,23 @@ def test_bad_media_is_recorded_and_the_extraction_goes_on(model_dir, tmp_path, c
     before = good.stat().st_mtime_ns
     for i, f in enumerate((mp4, wav, mp4b)):                          # repaired: a re-run retries them
         shutil.copy(backup / f"{i}", f)
-    cli_main(args + ["--trainer.callbacks.init_args.overwrite", "false"])
+    keep = args + ["--trainer.callbacks.init_args.overwrite", "false"]
+    cli_main(keep)
     assert good.stat().st_mtime_ns == before                         # kept (overwrite=False)
     assert all((out / f"Session_{n}.completed-block-hold.safetensors").is_file() for n in (2, 3, 4))
     assert not list(out.glob("*.error.json"))
     assert "already there, kept (overwrite=False)" in capsys.readouterr().out
+    # Session_1's media goes bad after its features were written: the features stay, the failure is recorded beside
+    # them, and once the media is fixed a run that keeps existing files (overwrite=False) clears the stale record
+    one = root / "Main/Video_Compressed/Session_1/00-00-000.mp4"
+    shutil.copy(one, backup / "one")
+    one.write_bytes(b"")
+    cli_main(keep)
+    stale = out / "Session_1.completed-block-hold.error.json"
+    assert stale.is_file() and good.stat().st_mtime_ns == before
+    shutil.copy(backup / "one", one)
+    cli_main(keep)
+    assert not stale.exists() and good.stat().st_mtime_ns == before
 
 
 def test_easycom_reader_names_bad_files_and_settings(tmp_path):
@@ -465,8 +477,41 @@ def test_easycom_reader_names_bad_files_and_settings(tmp_path):
     shutil.copy(wav, wav.parent / "00-05-000.wav")
     with pytest.warns(UserWarning, match="00-05-000.wav without a video"):
         assert [s.name for s in list_segments(root, "Session_1")] == ["00-00-000"]
-    item = EasyComSessionStreams(root, ["Session_7"])[0]
-    assert item["session"] == "Session_7" and "session folder missing" in item["error"]
+    with pytest.raises(EasyComFormatError, match=r"no folder for sessions \['Session_7'\]"):   # a typo: fail fast
+        EasyComSessionStreams(root, ["Session_1", "Session_7"])
+    import struct
+
+    head = bytearray(wav.read_bytes())
+    fmt = head.index(b"fmt ") + 8
+    zero = tmp_path / "zero_channels.wav"
+    zero.write_bytes(bytes(head[:fmt + 2]) + struct.pack("<H", 0) + bytes(head[fmt + 4:]))
+    with pytest.raises(EasyComFormatError, match=f"{zero}: invalid fmt chunk \\(0 channels"):
+        _wav_layout(zero)
+    sr, nch, width, tag, offset, nbytes = _wav_layout(wav)
+    n = nbytes // (4 * nch)
+    body = np.full((n, nch), np.nan, dtype="<f4")
+    fmt_chunk = struct.pack("<HHIIHH", 3, nch, sr, sr * 4 * nch, 4 * nch, 32)
+    riff = b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt_chunk + b"data" + struct.pack("<I", body.nbytes) + body.tobytes()
+    nan_wav = tmp_path / "nan.wav"
+    nan_wav.write_bytes(b"RIFF" + struct.pack("<I", len(riff)) + riff)
+    from datamodules.easycom import load_session_utterances, read_wav_mono
+
+    with pytest.raises(EasyComFormatError, match=f"{nan_wav}: {n} samples are NaN or infinite"):
+        read_wav_mono(nan_wav, (0,))
+    js = root / "Main/Speech_Transcriptions/Session_1/00-00-000.json"
+    js.write_text("{bad json")
+    with pytest.raises(EasyComFormatError, match=f"{js}: not valid JSON"):
+        load_session_utterances(root, "Session_1")
+    (wav.parent / "00-05-000.wav").unlink()
+    seg_dir = root / "Main/Video_Compressed/Session_1/00-07-000.mp4"
+    seg_dir.mkdir()
+    with pytest.raises(EasyComFormatError, match=f"{seg_dir}: a directory, not a segment file"):
+        list_segments(root, "Session_1")
+    seg_dir.rmdir()
+    odd = root / "Main/Video_Compressed/Session_1/copy.mp4"
+    odd.write_bytes(b"")
+    with pytest.raises(EasyComFormatError, match=f"{odd}: segment name is not a mm-ss-SSS time code"):
+        list_segments(root, "Session_1")
     for field, value in (("sessions_per_batch", 0), ("sessions_per_batch", -3), ("num_workers", -1),
                          ("sessions_per_batch", 2.5)):
         with pytest.raises(SettingError, match=f"data.init_args.{field}={value!r} must be an integer"):
@@ -508,3 +553,12 @@ def test_a_failing_lockstep_group_is_retried_one_session_at_a_time(model_dir, mo
     assert recs[2] == {"session": "Session_3", "mode": COMPLETED_BLOCK_HOLD, "error": "x.mp4: bad",
                        "meta": {"memory_policy": WINDOW}}
     assert module.predict_step({"session": "Session_9", "error": "y.wav: bad"})["error"] == "y.wav: bad"
+
+    def nan_states(runner, s, *a, **kw):
+        rec = real(runner, s, *a, **kw)
+        rec["tensors"]["states"][2:4] = float("inf")
+        return rec
+
+    monkeypatch.setattr(ox, "extract_session", nan_states)
+    rec = module.predict_step(session("Session_5", 3))
+    assert rec["error"].startswith("2 rows of states are NaN or infinite") and "tensors" not in rec

@@ -207,6 +207,50 @@ def test_other_mode_files_are_checked_too(demo, tmp_path):
         dm.load()
 
 
+def test_failed_extractions_and_non_finite_states_are_named(demo, tmp_path):
+    """Training and extraction failures meet: a missing session whose extraction failed names its own
+    ``.error.json`` (not another session's or policy's), ``exclude_any_mode`` names the other mode's error file,
+    features with NaN states are refused naming the file, and features kept beside a later failure load with a
+    warning."""
+    import json
+
+    from datamodules.features import error_path
+
+    def nan_states(session, mode, tensors, meta):
+        if session == "Session_5" and mode == "completed-block-hold":
+            tensors["states"][3, 0] = float("nan")
+
+    feats = _copy_features(demo, tmp_path, nan_states)
+    kw = dict(features_dir=str(feats), utterances_root=str(demo / "transcripts"),
+              utterances_loader="datamodules.turn_features.load_utterances_json", expected_mode="completed-block-hold",
+              initialization_rows="exclude", expected_layer=-1)
+
+    def failed(session, mode, policy="window"):
+        path = error_path(feature_path(feats, session, mode, policy))
+        path.write_text(json.dumps({"session": session, "mode": mode, "error": "x.mp4: bad"}))
+        return path
+
+    feature_path(feats, "Session_2", "completed-block-hold").unlink()
+    failed("Session_2", "completed-block-hold")
+    failed("Session_7", "completed-block-hold", "sliding")                 # another policy: not named
+    failed("Session_8", "completed-block-hold")                            # another session: not named
+    with pytest.raises(FeatureFileError, match=r"sessions \[2\] \(their extraction failed: see "
+                                               r"Session_2\.completed-block-hold\.error\.json\)$"):
+        TurnFeatureDataModule(train_sessions=[1], val_sessions=[2], test_sessions=[4], **kw).load()
+    with pytest.raises(FeatureFileError, match=r"Session_5\.completed-block-hold\.safetensors: 1 rows of states are "
+                                               r"NaN or infinite"):
+        TurnFeatureDataModule(train_sessions=[5], val_sessions=[1], test_sessions=[4], **kw).load()
+    with pytest.warns(UserWarning, match=r"Session_8\.completed-block-hold\.safetensors: a later extraction of "
+                                         r"Session_8 failed"):
+        TurnFeatureDataModule(train_sessions=[8], val_sessions=[1], test_sessions=[4], **kw).load()
+    feature_path(feats, "Session_1", "micro-chunk-200ms").unlink()
+    failed("Session_1", "micro-chunk-200ms")
+    with pytest.raises(FeatureFileError, match=r"needs this file .*its extraction failed: see "
+                                               r"Session_1\.micro-chunk-200ms\.error\.json"):
+        TurnFeatureDataModule(train_sessions=[1], val_sessions=[4], test_sessions=[6],
+                              **{**kw, "initialization_rows": "exclude_any_mode"}).load()
+
+
 def test_extracted_features_train_with_the_shipped_fit_config(tmp_path):
     """The researcher's path end to end: EasyCom-layout media -> ``evaluate.py predict`` with the three shipped
     extract configs (tiny thinker) -> ``train.py fit`` / ``test`` with the shipped ``turn_head.yaml``, changing only
