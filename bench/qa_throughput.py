@@ -337,6 +337,28 @@ def prefill_probe(vlm, video: str, budget: int, chunk: int, only: str | None = N
     return out
 
 
+def prefix_attention_probe(vlm, prefix_len: int, rows: int) -> None:
+    """One decode step's shared-prefix attention per layer (``models.shared_prefix._prefix_part``'s call: the
+    rows x query-group heads folded into one query sequence per key/value head, over the whole prefix) with each
+    kernel that returns the log-sum-exp, timed over 200 calls (GPU)."""
+    cfg = vlm.model.config.text_config
+    kv, g = cfg.num_key_value_heads, cfg.num_attention_heads // cfg.num_key_value_heads
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    q = torch.randn(1, kv, rows * g, d, device=vlm.device, dtype=vlm.dtype)
+    k, v = (torch.randn(1, kv, prefix_len, d, device=vlm.device, dtype=vlm.dtype) for _ in range(2))
+    calls = {"flash": lambda: torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False),
+             "mem-efficient": lambda: torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True),
+             "cuDNN": lambda: torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True)}
+    for label, fn in calls.items():
+        try:
+            fn()
+            _, sec = timed(lambda: [fn() for _ in range(200)])
+            print(f"{'prefix attention, ' + label:<32} {sec / 200 * 1e6:7.1f} us per layer and step "
+                  f"(queries {rows * g} x {kv} heads, keys {prefix_len})")
+        except (RuntimeError, TypeError) as e:
+            print(f"{'prefix attention, ' + label:<32} not available ({str(e).splitlines()[0][:80]})")
+
+
 def encode_probe(vlm, video: str, budget: int, chunk: int) -> None:
     """Where the encode and prefill time goes for one video at one budget: processor vs vision tower vs the rest
     of ``prepare_budgets``, then torch.profiler tables (top ops by self CUDA and self CPU time)."""
@@ -397,6 +419,7 @@ def encode_probe(vlm, video: str, budget: int, chunk: int) -> None:
     import warnings
     if not torch.cuda.is_available():
         return
+    prefix_attention_probe(vlm, bi.prompt.ids.numel(), len(QUESTIONS))
     torch.cuda.set_sync_debug_mode("warn")
     try:
         for label, fn in [("prepare_budgets", lambda: prepare_budgets(vlm, frames, dec.times_s, [budget],
