@@ -35,7 +35,7 @@ class FeatureWriter(BasePredictionWriter):
         self.plot = plot
         self.overwrite = overwrite
         self.written: list[Path] = []
-        self.kept: list[dict[str, Any]] = []  # records written in this predict run (for the summary line)
+        self.kept: list[dict[str, Any]] = []  # session + meta of the files written in this run (summary; no tensors)
         self.skipped: list[Path] = []         # existing files left alone (overwrite=False)
         self.errors: list[dict[str, Any]] = []  # error records of this run
 
@@ -47,7 +47,7 @@ class FeatureWriter(BasePredictionWriter):
             failed = error_path(path)
             if "error" in record:
                 self._write_error(failed, record, policy)
-                self.errors.append(record)
+                self.errors.append({"session": record["session"], "error": record["error"]})
                 continue
             failed.unlink(missing_ok=True)                  # this run succeeded: an earlier failure is resolved
             if path.exists() and not self.overwrite:
@@ -57,7 +57,7 @@ class FeatureWriter(BasePredictionWriter):
             self.written.append(path)
             if self.plot:
                 plot_session_timeline(self.out_dir, record["session"], memory_policy=policy)
-            self.kept.append(record)
+            self.kept.append({"session": record["session"], "meta": record["meta"]})   # a long run keeps no states
 
     @staticmethod
     def _write_error(path: Path, record: dict[str, Any], policy: str) -> None:

@@ -411,8 +411,10 @@ def test_bad_media_is_recorded_and_the_extraction_goes_on(model_dir, tmp_path, c
             "--model.init_args.model_dir", str(model_dir), "--data.init_args.root", str(root),
             "--data.init_args.num_workers", "0", "--data.init_args.frame_height", "56",
             "--data.init_args.frame_width", "96", "--trainer.callbacks.init_args.out_dir", str(out)]
-    cli_main(args)
+    cli = cli_main(args)
     printed = capsys.readouterr().out
+    writer = next(c for c in cli.trainer.callbacks if type(c).__name__ == "FeatureWriter")
+    assert [r["session"] for r in writer.kept][:1] == ["Session_1"] and not any("tensors" in r for r in writer.kept)
     good = out / "Session_1.completed-block-hold.safetensors"
     assert good.is_file() and not (out / "Session_1.completed-block-hold.error.json").exists()
     errors = {n: json.loads((out / f"Session_{n}.completed-block-hold.error.json").read_text()) for n in (2, 3)}
