@@ -19,7 +19,7 @@ from typing import Any
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from algorithms.streaming import MODES
-from datamodules.features import error_path, feature_path, load_features, save_features
+from datamodules.features import SHARED_FILE_MODE, error_path, feature_path, load_features, save_features
 
 
 class FeatureWriter(BasePredictionWriter):
@@ -68,6 +68,9 @@ class FeatureWriter(BasePredictionWriter):
             with os.fdopen(fd, "w") as f:
                 json.dump({"session": record["session"], "mode": record["mode"], "memory_policy": policy,
                            "error": record["error"]}, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, SHARED_FILE_MODE)            # readable like the feature files (mkstemp makes it 0600)
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):

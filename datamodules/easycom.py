@@ -189,8 +189,14 @@ def load_session_utterances(root: str | Path, session: str) -> list[Utterance]:
     root = Path(root)
     folder = root / TRANSCRIPT_DIR / session
     out = []
-    for js in sorted(folder.glob("*.json"), key=lambda p: parse_time_code(p.name)):
-        offset = parse_time_code(js.name)
+    def code(p: Path) -> float:
+        try:
+            return parse_time_code(p.name)
+        except EasyComFormatError as e:
+            raise EasyComFormatError(f"{p}: transcript name is not a mm-ss-SSS time code") from e
+
+    for js in sorted(folder.glob("*.json"), key=code):
+        offset = code(js)
         for k, u in enumerate(_read_transcript(js)):
             try:
                 start, end, pid = float(u["Start_Frame"]), float(u["End_Frame"]), int(u["Participant_ID"])
@@ -476,6 +482,8 @@ class EasyComSessionStreams(Dataset):
         session = self.sessions[i]
         try:
             return self._decode(session)
+        except (ImportError, MemoryError):   # the host, not the session: every session would fail the same way
+            raise
         except Exception as e:  # noqa: BLE001 - one bad file must not end a long extraction
             msg = str(e) if isinstance(e, EasyComFormatError) else f"{type(e).__name__}: {e}"
             return {"session": session, "error": msg}

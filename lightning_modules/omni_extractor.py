@@ -22,13 +22,26 @@ import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from algorithms.streaming import (DEFAULT_MEMORY_POLICY, MICRO_CHUNK_200MS, MODES, accounting, check_memory_policy,
-                                  masks, num_rows)
+from algorithms.streaming import (DEFAULT_MEMORY_POLICY, MICRO_CHUNK_200MS, MODES, SLIDING, accounting,
+                                  check_memory_policy, masks, memory_blocks, num_rows)
 from algorithms.errors import SettingError
 from models.omni import OmniThinkerRunner
 from models.omni_batch import COMPUTED_FIELDS, BatchedOmniRunner
 
 log = logging.getLogger(__name__)
+
+
+def _fatal(e: BaseException) -> bool:
+    """Errors a failed-session record must not hide, because every later session would fail the same way: a
+    setting error, and a CUDA error that leaves the context unusable (illegal access, device-side assert)."""
+    if isinstance(e, (SettingError, ImportError, MemoryError)) or type(e).__name__ == "AcceleratorError":
+        return True
+    return isinstance(e, RuntimeError) and not isinstance(e, torch.OutOfMemoryError) and "CUDA error" in str(e)
+
+
+def _free_device_memory() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 OUTPUT_HZ = 5.0
 VIDEO_FPS = 2.0
@@ -206,9 +219,12 @@ class OmniFeatureExtractor(LightningModule):
         if mode not in MODES:
             raise SettingError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
         check_memory_policy(memory_policy)
+        memory_blocks(memory_s)   # a setting error before any session is decoded, not one failure per session
         self.save_hyperparameters()
         self.runner = OmniThinkerRunner(model_dir, layer=layer, prompt_token_ids=prompt_token_ids, dtype=dtype,
                                         attn_implementation=attn_implementation)
+        if memory_policy == SLIDING and verify_rows != 0:   # its cache_replay reference: refuse before any data
+            self.runner.check_sliding_verifiable()
         if mode == "micro-chunk-200ms":  # refuse at construction too, before any data is decoded
             from algorithms.streaming import check_micro_chunk_tiling
 
@@ -247,11 +263,17 @@ class OmniFeatureExtractor(LightningModule):
                                                 for s in batch]
         todo = [s for s, r in zip(batch, records) if r is None]
         if todo:
+            failure = None
             try:
                 done = iter(self._many(todo))
             except Exception as e:  # noqa: BLE001 - retry alone: one session's failure must not cost the others
-                log.warning("lockstep extraction of %s failed (%s: %s); retrying them one at a time",
-                            ", ".join(s["session"] for s in todo), type(e).__name__, e)
+                if _fatal(e):
+                    raise
+                failure = f"{type(e).__name__}: {e}"
+            if failure is not None:   # outside the handler: the failed group's frames (and its caches) are freed
+                _free_device_memory()
+                log.warning("lockstep extraction of %s failed (%s); retrying them one at a time",
+                            ", ".join(s["session"] for s in todo), failure)
                 done = iter([self._one(s) for s in todo])
             records = [r if r is not None else next(done) for r in records]
         return records
@@ -264,14 +286,17 @@ class OmniFeatureExtractor(LightningModule):
         if "error" in batch:
             return self._error(batch["session"], batch["error"])
         hp = self.hparams
+        failure = None
         try:
             return self._checked(extract_session(self.runner, batch, hp.mode, hp.memory_s, hp.verify_rows,
                                                  memory_policy=hp.memory_policy))
-        except Exception as e:  # noqa: BLE001 - recorded, the run goes on
-            if isinstance(e, torch.OutOfMemoryError) and torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            log.warning("extraction of %s failed: %s: %s", batch.get("session"), type(e).__name__, e)
-            return self._error(batch.get("session", "?"), f"{type(e).__name__}: {e}")
+        except Exception as e:  # noqa: BLE001 - recorded, the run goes on (unless the run itself cannot go on)
+            if _fatal(e):
+                raise
+            failure = f"{type(e).__name__}: {e}"
+        _free_device_memory()
+        log.warning("extraction of %s failed: %s", batch.get("session"), failure)
+        return self._error(batch.get("session", "?"), failure)
 
     def _many(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         hp = self.hparams

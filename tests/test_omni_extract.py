@@ -418,6 +418,9 @@ def test_bad_media_is_recorded_and_the_extraction_goes_on(model_dir, tmp_path, c
     good = out / "Session_1.completed-block-hold.safetensors"
     assert good.is_file() and not (out / "Session_1.completed-block-hold.error.json").exists()
     errors = {n: json.loads((out / f"Session_{n}.completed-block-hold.error.json").read_text()) for n in (2, 3)}
+    from datamodules.features import SHARED_FILE_MODE
+
+    assert (out / "Session_2.completed-block-hold.error.json").stat().st_mode & 0o777 == SHARED_FILE_MODE
     assert str(mp4) in errors[2]["error"] and str(wav) in errors[3]["error"] and "truncated" in errors[3]["error"]
     assert errors[2]["mode"] == "completed-block-hold" and errors[2]["memory_policy"] == "window"
     four = out / "Session_4.completed-block-hold"
@@ -504,6 +507,10 @@ def test_easycom_reader_names_bad_files_and_settings(tmp_path):
     js.write_text("{bad json")
     with pytest.raises(EasyComFormatError, match=f"{js}: not valid JSON"):
         load_session_utterances(root, "Session_1")
+    notes = js.parent / "notes.json"
+    notes.write_text("[]")
+    with pytest.raises(EasyComFormatError, match=f"{notes}: transcript name is not a mm-ss-SSS time code"):
+        load_session_utterances(root, "Session_1")
     (wav.parent / "00-05-000.wav").unlink()
     seg_dir = root / "Main/Video_Compressed/Session_1/00-07-000.mp4"
     seg_dir.mkdir()
@@ -532,14 +539,20 @@ def test_a_failing_lockstep_group_is_retried_one_session_at_a_time(model_dir, mo
         return {"session": name, "timeline_end_s": 2.0, "gap_policy": "reset",
                 "streams": [{"start_s": 0.0, "frames": torch.from_numpy(f), "audio": torch.from_numpy(a)}]}
 
+    import weakref
+
     real = ox.extract_session
+    held = []
 
     def flaky(runner, s, *a, **kw):
+        assert held[0]() is None           # the failed group's tensors are freed before the retries run
         if s["session"] == "Session_2":
-            raise RuntimeError("CUDA error: an illegal memory access")
+            raise RuntimeError("cannot build the cache")
         return real(runner, s, *a, **kw)
 
     def group_fails(*a, **kw):
+        caches = torch.ones(4)             # stands for the group's KV caches
+        held.append(weakref.ref(caches))
         raise torch.OutOfMemoryError("out of memory in the lockstep group")
 
     monkeypatch.setattr(ox, "extract_sessions", group_fails)
@@ -551,7 +564,7 @@ def test_a_failing_lockstep_group_is_retried_one_session_at_a_time(model_dir, mo
     assert "error" not in recs[0] and "error" not in recs[3]
     assert torch.equal(recs[0]["tensors"]["states"], real(module.runner, batch[0], COMPLETED_BLOCK_HOLD, 8.0,
                                                           0)["tensors"]["states"])
-    assert recs[1]["error"] == "RuntimeError: CUDA error: an illegal memory access"
+    assert recs[1]["error"] == "RuntimeError: cannot build the cache"
     assert recs[2] == {"session": "Session_3", "mode": COMPLETED_BLOCK_HOLD, "error": "x.mp4: bad",
                        "meta": {"memory_policy": WINDOW}}
     assert module.predict_step({"session": "Session_9", "error": "y.wav: bad"})["error"] == "y.wav: bad"
@@ -564,3 +577,19 @@ def test_a_failing_lockstep_group_is_retried_one_session_at_a_time(model_dir, mo
     monkeypatch.setattr(ox, "extract_session", nan_states)
     rec = module.predict_step(session("Session_5", 3))
     assert rec["error"].startswith("2 rows of states are NaN or infinite") and "tensors" not in rec
+
+    # errors every later session would repeat end the run instead of becoming one record per session
+    from algorithms.errors import SettingError
+
+    for fatal in (RuntimeError("CUDA error: an illegal memory access was encountered"), SettingError("bad value")):
+        def broken(*a, _e=fatal, **kw):
+            raise _e
+
+        monkeypatch.setattr(ox, "extract_session", broken)
+        with pytest.raises(type(fatal)):
+            module.predict_step(session("Session_6", 4))
+        monkeypatch.setattr(ox, "extract_sessions", broken)
+        with pytest.raises(type(fatal)):
+            module.predict_step([session("Session_6", 4), session("Session_7", 5)])
+    with pytest.raises(SettingError, match="memory_s=7.0 must be a positive multiple"):
+        OmniFeatureExtractor(str(model_dir), memory_s=7.0)
