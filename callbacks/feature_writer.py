@@ -11,15 +11,13 @@ failure.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from algorithms.streaming import MODES
-from datamodules.features import SHARED_FILE_MODE, error_path, feature_path, load_features, save_features
+from datamodules.features import atomic_write_bytes, error_path, feature_path, load_features, save_features
 
 
 class FeatureWriter(BasePredictionWriter):
@@ -63,18 +61,8 @@ class FeatureWriter(BasePredictionWriter):
     def _write_error(path: Path, record: dict[str, Any], policy: str) -> None:
         """``<feature file>.error.json`` (atomic): session, mode, memory policy and the message."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"session": record["session"], "mode": record["mode"], "memory_policy": policy,
-                           "error": record["error"]}, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, SHARED_FILE_MODE)            # readable like the feature files (mkstemp makes it 0600)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        atomic_write_bytes(path, json.dumps({"session": record["session"], "mode": record["mode"],
+                                             "memory_policy": policy, "error": record["error"]}, indent=1).encode())
 
     def on_predict_start(self, trainer, pl_module) -> None:
         self.kept, self.skipped, self.errors = [], [], []
@@ -82,19 +70,18 @@ class FeatureWriter(BasePredictionWriter):
     def on_predict_end(self, trainer, pl_module) -> None:
         """A summary per rank: files written, timeline seconds, wall time, the cache_replay checks, files kept
         (``overwrite=False``) and the sessions that failed, with their messages."""
-        kept, rank = getattr(self, "kept", []), trainer.global_rank
-        skipped, errors = getattr(self, "skipped", []), getattr(self, "errors", [])
+        kept, skipped, errors, rank = self.kept, self.skipped, self.errors, trainer.global_rank
         if not kept:
             print(f"[rank {rank}] no feature file written to {self.out_dir}"
                   + (f" ({len(skipped)} already there, kept: overwrite=False)" if skipped else ""))
         else:
             rows = sum(int(r["meta"].get("num_rows", 0)) for r in kept)
             wall = sum(float(r["meta"].get("wall_time_s", 0.0)) for r in kept)
-            checks = [r["meta"].get("verification", {}) for r in kept]
-            failed = [r["session"] for r, v in zip(kept, checks) if isinstance(v, dict)
-                      and isinstance(v.get("cache_replay"), dict) and not v["cache_replay"]["passed"]]
-            n_checked = sum(int(v["cache_replay"].get("checked_rows", 0)) for v in checks
-                            if isinstance(v, dict) and isinstance(v.get("cache_replay"), dict))
+            replays = [(r["session"], v["cache_replay"]) for r in kept
+                       for v in [r["meta"].get("verification", {})]
+                       if isinstance(v, dict) and isinstance(v.get("cache_replay"), dict)]
+            failed = [session for session, c in replays if not c["passed"]]
+            n_checked = sum(int(c.get("checked_rows", 0)) for _, c in replays)
             asked = getattr(getattr(pl_module, "hparams", None), "verify_rows", None)
             verdict = ("FAILED for " + ", ".join(failed) if failed else f"passed ({n_checked} rows checked)"
                        if n_checked else "not checked (verify_rows = 0)" if asked == 0 else "no row to check")

@@ -36,17 +36,15 @@ import argparse
 import json
 import logging
 import math
-import os
 import re
 import sys
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
 from lightning.pytorch import Callback
 
-from datamodules.features import SHARED_FILE_MODE
+from datamodules.features import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -252,27 +250,12 @@ def format_table(scores: dict) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------- writing
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.chmod(tmp, SHARED_FILE_MODE)  # mkstemp makes 0600; results are shared like the jsonl files
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())  # the bytes are on disk before the rename makes them visible
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _save_figure(fig, path: Path) -> None:
     import io
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    _atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def plot_scores(scores: dict, out_dir: str | Path) -> list[Path]:
@@ -382,7 +365,7 @@ def write_scores(out_dir: str | Path, expected_qids: dict[str, Iterable[str]] | 
     scores.update(stats)
     scores["plots"] = [p.name for p in plot_scores(scores, out_dir)] if plots else []
     data = json.dumps(scores, indent=1, sort_keys=False, default=str).encode("utf-8")
-    _atomic_write_bytes(out_dir / SCORES_FILE, data)
+    atomic_write_bytes(out_dir / SCORES_FILE, data)
     return scores
 
 

@@ -29,17 +29,18 @@ class StageTimer(Callback):
 
     def __init__(self, out_dir: str | None = None):
         self.out_dir = out_dir
+        self._reset()
+        self._mark: float | None = None
+
+    def _reset(self) -> None:
         self.totals = dict.fromkeys(self.STAGES, 0.0)
         self.videos = 0
         self.decode_worker_s = 0.0      # decoding seconds spent in DataLoader workers (off the GPU's path)
-        self._mark: float | None = None
+        self.first_wait_s = 0.0         # the pipeline fill left after the load (more workers do not shorten it)
         self._start = 0.0
 
     def on_predict_start(self, trainer, pl_module) -> None:
-        self.totals = dict.fromkeys(self.STAGES, 0.0)
-        self.videos = 0
-        self.decode_worker_s = 0.0
-        self.first_wait_s = 0.0         # the pipeline fill left after the load (more workers do not shorten it)
+        self._reset()
         self._start = self._mark = time.perf_counter()
 
     def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:

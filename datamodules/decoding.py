@@ -188,12 +188,7 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
         DecodeError: missing, empty, truncated, corrupted or unreadable file, no video stream, or no decodable
             frame; the message starts with the file path.
     """
-    try:
-        return _decode_video(Path(path), budget_tokens, decode_max_side, base_fps, num_threads)
-    except DecodeError:
-        if num_threads <= 1:
-            raise
-        return _decode_video(Path(path), budget_tokens, decode_max_side, base_fps, 1)
+    return _decode_video(Path(path), budget_tokens, decode_max_side, base_fps, num_threads)
 
 
 def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps: float,
@@ -207,7 +202,7 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
     if path.stat().st_size == 0:
         raise DecodeError(f"{path}: video file is empty (0 bytes)")
     try:
-        probe = decord.VideoReader(str(path), num_threads=num_threads)
+        probe = decord.VideoReader(str(path), num_threads=1)   # one frame: nothing for threads to gain
         num_native = len(probe)
         native_fps = float(probe.get_avg_fps())
         stamps = frame_timestamps(probe, num_native) if num_native > 0 else None
@@ -239,7 +234,12 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
         real_times = [i / native_fps for i in idx]
     dh, dw = decode_size(h, w, decode_max_side)
     try:
-        frames = _read_frames(path, idx, h, w, dh, dw, num_threads)
+        try:
+            frames = _read_frames(path, idx, h, w, dh, dw, num_threads)
+        except Exception:
+            if num_threads <= 1:
+                raise
+            frames = _read_frames(path, idx, h, w, dh, dw, 1)   # decord's threaded decoder failed: one thread
     except Exception as e:
         raise DecodeError(f"{path}: decoding {len(idx)} frames failed (corrupted or truncated stream; "
                           f"{_short(e)})") from e

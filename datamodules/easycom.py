@@ -57,11 +57,12 @@ class EasyComFormatError(ValueError):
     """The folder does not follow the EasyCom release layout (path named)."""
 
 
-def parse_time_code(name: str) -> float:
-    """``"mm-ss-SSS"`` (file stem) -> seconds. Raises EasyComFormatError on other names."""
+def parse_time_code(name: str | Path, kind: str = "segment") -> float:
+    """``"mm-ss-SSS"`` (file stem of a name or path) -> seconds. Raises EasyComFormatError on other names (the
+    message starts with ``name`` as given: pass the path to have it named, ``kind`` says what the file is)."""
     m = _TIME_CODE.match(Path(name).stem)
     if not m:
-        raise EasyComFormatError(f"{name}: segment name is not a mm-ss-SSS time code")
+        raise EasyComFormatError(f"{name}: {kind} name is not a mm-ss-SSS time code")
     return int(m.group(1)) * 60 + int(m.group(2)) + int(m.group(3)) / 1000.0
 
 
@@ -139,32 +140,27 @@ def list_segments(root: str | Path, session: str) -> list[Segment]:
     folder = root / VIDEO_DIR / session
     if not folder.is_dir():
         raise EasyComFormatError(f"{folder}: session folder missing")
-    def code(p: Path) -> float:
-        try:
-            return parse_time_code(p.name)
-        except EasyComFormatError as e:
-            raise EasyComFormatError(f"{p}: segment name is not a mm-ss-SSS time code") from e
-
-    for p in [*folder.glob("*.mp4"), *(root / AUDIO_DIR / session).glob("*.wav")]:
+    audio = root / AUDIO_DIR / session
+    mp4s, wavs = list(folder.glob("*.mp4")), list(audio.glob("*.wav"))
+    for p in mp4s + wavs:
         if not p.is_file():
             raise EasyComFormatError(f"{p}: a directory, not a segment file")
-    vids = sorted(folder.glob("*.mp4"), key=code)
+    vids = sorted((parse_time_code(v), v) for v in mp4s)
     if not vids:
         raise EasyComFormatError(f"{folder}: no mm-ss-SSS.mp4 segments")
-    orphans = sorted(w.name for w in (root / AUDIO_DIR / session).glob("*.wav")
-                     if not (folder / f"{w.stem}.mp4").is_file())
+    orphans = sorted(w.name for w in wavs if not (folder / f"{w.stem}.mp4").is_file())
     if orphans:
         import warnings
 
-        warnings.warn(f"{root / AUDIO_DIR / session}: {', '.join(orphans)} without a video in {folder}; "
+        warnings.warn(f"{audio}: {', '.join(orphans)} without a video in {folder}; "
                       "those segments are left out of the session", stacklevel=2)
     out = []
-    for v in vids:
-        wav = root / AUDIO_DIR / session / f"{v.stem}.wav"
+    for start, v in vids:
+        wav = audio / f"{v.stem}.wav"
         if not wav.is_file():
             raise EasyComFormatError(f"{wav}: missing audio for {v}")
         js = root / TRANSCRIPT_DIR / session / f"{v.stem}.json"
-        out.append(Segment(v.stem, parse_time_code(v.name), v, wav, js if js.is_file() else None))
+        out.append(Segment(v.stem, start, v, wav, js if js.is_file() else None))
     return out
 
 
@@ -189,14 +185,7 @@ def load_session_utterances(root: str | Path, session: str) -> list[Utterance]:
     root = Path(root)
     folder = root / TRANSCRIPT_DIR / session
     out = []
-    def code(p: Path) -> float:
-        try:
-            return parse_time_code(p.name)
-        except EasyComFormatError as e:
-            raise EasyComFormatError(f"{p}: transcript name is not a mm-ss-SSS time code") from e
-
-    for js in sorted(folder.glob("*.json"), key=code):
-        offset = code(js)
+    for offset, js in sorted((parse_time_code(p, "transcript"), p) for p in folder.glob("*.json")):
         for k, u in enumerate(_read_transcript(js)):
             try:
                 start, end, pid = float(u["Start_Frame"]), float(u["End_Frame"]), int(u["Participant_ID"])

@@ -54,6 +54,23 @@ def _read_umask() -> int:
 SHARED_FILE_MODE = 0o666 & ~_read_umask()
 
 
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: a temp file in the same folder (mode :data:`SHARED_FILE_MODE`),
+    fsynced, then renamed over ``path``; on any failure the temp file is removed and ``path`` is untouched."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(tmp, SHARED_FILE_MODE)  # mkstemp makes 0600; results are shared like the jsonl files
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())  # the bytes are on disk before the rename makes them visible
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 def error_path(feature_file: str | Path) -> Path:
     """``<session>.<mode>[.<policy>].error.json`` beside the feature file ``<...>.safetensors``: written by
     ``callbacks.feature_writer.FeatureWriter`` when that session's extraction failed (its message inside)."""

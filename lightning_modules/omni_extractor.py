@@ -12,6 +12,7 @@ record of one; a single-session batch always takes the one-session path.
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
@@ -22,8 +23,8 @@ import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from algorithms.streaming import (DEFAULT_MEMORY_POLICY, MICRO_CHUNK_200MS, MODES, SLIDING, accounting,
-                                  check_memory_policy, masks, memory_blocks, num_rows)
+from algorithms.streaming import (DEFAULT_MEMORY_POLICY, MICRO_CHUNK_200MS, MODES, accounting, check_memory_policy,
+                                  masks, num_rows)
 from algorithms.errors import SettingError
 from models.omni import OmniThinkerRunner
 from models.omni_batch import COMPUTED_FIELDS, BatchedOmniRunner
@@ -39,9 +40,19 @@ def _fatal(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and not isinstance(e, torch.OutOfMemoryError) and "CUDA error" in str(e)
 
 
-def _free_device_memory() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+def _attempt(fn):
+    """``(fn(), None)``, or ``(None, "Type: message")`` when it raises a non-fatal error (:func:`_fatal` ones are
+    raised). After a failure the handler is left first (its traceback, which holds the failed call's tensors, is
+    dropped), then the collector and the CUDA cache give that memory back, so what runs next has it."""
+    try:
+        return fn(), None
+    except Exception as e:  # noqa: BLE001 - recorded, the run goes on (unless the run itself cannot go on)
+        if _fatal(e):
+            raise
+        failure = f"{type(e).__name__}: {e}"
+    gc.collect()
+    torch.cuda.empty_cache()   # (a no-op without an initialised CUDA context)
+    return None, failure
 
 OUTPUT_HZ = 5.0
 VIDEO_FPS = 2.0
@@ -216,19 +227,15 @@ class OmniFeatureExtractor(LightningModule):
                  compile_small_calls: bool = False, memory_policy: str = DEFAULT_MEMORY_POLICY,
                  batch_rows: bool = True, flash_prefill: bool = True):
         super().__init__()
-        if mode not in MODES:
+        if mode not in MODES:   # before the model loads
             raise SettingError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
         check_memory_policy(memory_policy)
-        memory_blocks(memory_s)   # a setting error before any session is decoded, not one failure per session
         self.save_hyperparameters()
+        self._warned_single = self._warned_list = False   # data/model sessions_per_batch mismatches, warned once
         self.runner = OmniThinkerRunner(model_dir, layer=layer, prompt_token_ids=prompt_token_ids, dtype=dtype,
                                         attn_implementation=attn_implementation)
-        if memory_policy == SLIDING and verify_rows != 0:   # its cache_replay reference: refuse before any data
-            self.runner.check_sliding_verifiable()
-        if mode == "micro-chunk-200ms":  # refuse at construction too, before any data is decoded
-            from algorithms.streaming import check_micro_chunk_tiling
-
-            check_micro_chunk_tiling(self.runner.geometry)
+        # refused here, before any session is decoded, not as one failure per session
+        self.runner.check_settings(mode, memory_s, memory_policy, verify_rows)
         if sessions_per_batch < 1:
             raise SettingError(f"sessions_per_batch={sessions_per_batch} must be >= 1")
         self.batched = (BatchedOmniRunner(self.runner, sessions_per_batch, compile_small_calls=compile_small_calls,
@@ -253,7 +260,7 @@ class OmniFeatureExtractor(LightningModule):
         cost the others."""
         hp = self.hparams
         if isinstance(batch, dict):
-            if self.batched is not None and not getattr(self, "_warned_single", False):
+            if self.batched is not None and not self._warned_single:
                 self._warned_single = True
                 rank_zero_warn(f"sessions_per_batch={hp.sessions_per_batch} on the model, but the datamodule hands "
                                "over one session at a time: it runs the one-session path (set data.init_args."
@@ -263,18 +270,12 @@ class OmniFeatureExtractor(LightningModule):
                                                 for s in batch]
         todo = [s for s, r in zip(batch, records) if r is None]
         if todo:
-            failure = None
-            try:
-                done = iter(self._many(todo))
-            except Exception as e:  # noqa: BLE001 - retry alone: one session's failure must not cost the others
-                if _fatal(e):
-                    raise
-                failure = f"{type(e).__name__}: {e}"
-            if failure is not None:   # outside the handler: the failed group's frames (and its caches) are freed
-                _free_device_memory()
+            done, failure = _attempt(lambda: self._many(todo))
+            if failure is not None:   # one session's failure must not cost the others: retry them alone
                 log.warning("lockstep extraction of %s failed (%s); retrying them one at a time",
                             ", ".join(s["session"] for s in todo), failure)
-                done = iter([self._one(s) for s in todo])
+                done = [self._one(s) for s in todo]
+            done = iter(done)
             records = [r if r is not None else next(done) for r in records]
         return records
 
@@ -286,22 +287,17 @@ class OmniFeatureExtractor(LightningModule):
         if "error" in batch:
             return self._error(batch["session"], batch["error"])
         hp = self.hparams
-        failure = None
-        try:
-            return self._checked(extract_session(self.runner, batch, hp.mode, hp.memory_s, hp.verify_rows,
-                                                 memory_policy=hp.memory_policy))
-        except Exception as e:  # noqa: BLE001 - recorded, the run goes on (unless the run itself cannot go on)
-            if _fatal(e):
-                raise
-            failure = f"{type(e).__name__}: {e}"
-        _free_device_memory()
+        record, failure = _attempt(lambda: self._checked(extract_session(
+            self.runner, batch, hp.mode, hp.memory_s, hp.verify_rows, memory_policy=hp.memory_policy)))
+        if failure is None:
+            return record
         log.warning("extraction of %s failed: %s", batch.get("session"), failure)
         return self._error(batch.get("session", "?"), failure)
 
     def _many(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         hp = self.hparams
         if self.batched is None:
-            if len(batch) > 1 and not getattr(self, "_warned_list", False):
+            if len(batch) > 1 and not self._warned_list:
                 self._warned_list = True
                 rank_zero_warn(f"the datamodule hands over {len(batch)} sessions per batch, but the model has "
                                "sessions_per_batch=1: they run one after another (set model.init_args."

@@ -98,25 +98,25 @@ class Fusable:
             try:   # (an option key another PyTorch version does not know is refused here)
                 self._compiled = torch.compile(self.fn, fullgraph=True, dynamic=False, backend=self.backend, **kw)
             except Exception as e:  # noqa: BLE001 - the eager math is the same
-                log.warning("torch.compile of %s refused (%s); using the eager function", self.name, e)
-                self.state = "failed"
-                return self.fn(*args)
+                return self._eager("refused", e, args)
         self._mark(args)
         if self.state == "ok":                 # compiled and ran once: later errors are real errors, except that
             try:                               # building a graph for a new shape can fail like the first one did
                 return self._compiled(*args)
             except (torch._dynamo.exc.BackendCompilerFailed, _RECOMPILE_LIMIT_HIT) as e:
-                log.warning("torch.compile of %s failed on a new shape (%s); using the eager function", self.name, e)
-                self.state = "failed"
-                return self.fn(*args)
+                return self._eager("failed on a new shape", e, args)
         try:
             out = self._compiled(*args)
         except Exception as e:  # noqa: BLE001 - first call: compilation failed, the eager math is the same
-            log.warning("torch.compile of %s failed (%s); using the eager function", self.name, e)
-            self.state = "failed"
-            return self.fn(*args)
+            return self._eager("failed", e, args)
         self.state = "ok"
         return out
+
+    def _eager(self, what: str, error: Exception, args: tuple):
+        """Give up compiling for good (warning once, naming the function) and run the eager math."""
+        log.warning("torch.compile of %s %s (%s); using the eager function", self.name, what, error)
+        self.state = "failed"
+        return self.fn(*args)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

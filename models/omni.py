@@ -442,6 +442,22 @@ class OmniThinkerRunner(nn.Module):
         pos = torch.cat([self.payload_positions(p, first_block) for p in payloads], 1)
         return self._forward(emb, pos, cache)[-1].float().cpu()
 
+    def check_settings(self, mode: str, memory_s: float, memory_policy: str, verify_rows: int) -> int:
+        """Refuse a run's settings before any media is prepared: the mode, the memory policy, ``memory_s`` as whole
+        native blocks of this geometry, the micro-chunk tiling and (``sliding`` with ``verify_rows != 0``) the
+        ``cache_replay`` reference. Returns the memory in native blocks ``M``.
+
+        Raises:
+            SettingError: any of them invalid (the field named).
+        """
+        if mode not in MODES:
+            raise SettingError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
+        if check_memory_policy(memory_policy) == SLIDING and verify_rows != 0:
+            self.check_sliding_verifiable()
+        if mode == MICRO_CHUNK_200MS:
+            check_micro_chunk_tiling(self.geometry)
+        return memory_blocks(memory_s, self.geometry)
+
     def check_sliding_verifiable(self) -> None:
         """Raise before a stream starts when the sliding ``cache_replay`` reference cannot run.
 
@@ -519,18 +535,12 @@ class OmniThinkerRunner(nn.Module):
         Raises:
             ValueError: unknown mode or memory policy, bad memory, or (micro-chunk) the tiling check fails.
         """
-        if mode not in MODES:
-            raise SettingError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
-        sliding = check_memory_policy(memory_policy) == SLIDING
-        if sliding and verify_rows != 0:
-            self.check_sliding_verifiable()
+        m_blocks = self.check_settings(mode, memory_s, memory_policy, verify_rows)
+        sliding = memory_policy == SLIDING
         g = self.geometry
-        if mode == MICRO_CHUNK_200MS:
-            check_micro_chunk_tiling(g)
         audio = np.asarray(audio, dtype=np.float32).reshape(-1)
         if n_rows is None:
             n_rows = num_rows(len(audio) / AUDIO_SAMPLE_RATE, g)
-        m_blocks = memory_blocks(memory_s, g)
         steps = schedule(mode, n_rows, memory_s, g)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

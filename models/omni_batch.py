@@ -77,6 +77,7 @@ model (dynamic shapes). Whether it pays is measured by ``bench/extract_throughpu
 """
 from __future__ import annotations
 
+import logging
 import resource
 import threading
 import time
@@ -93,12 +94,13 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (get_audio_cu
                                                                     get_valid_indices)
 from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
 
-from algorithms.errors import SettingError
-from algorithms.streaming import (MICRO_CHUNK_200MS, MODES, OPEN_STREAM_REPLAY, SLIDING, accounting,
-                                  check_memory_policy, check_micro_chunk_tiling, memory_blocks, schedule)
+from algorithms.streaming import (MICRO_CHUNK_200MS, OPEN_STREAM_REPLAY, SLIDING, accounting, memory_blocks,
+                                  schedule)
 from models.omni import (AUDIO_SAMPLE_RATE, SLIDING_VERIFY_BLOCKS, OmniThinkerRunner, Payload, StreamResult,
                          frame_indices, frames_tensor, verify_candidates, video_inputs)
 from models.vision_attention import chunk_lengths, fused_rotary_qk
+
+log = logging.getLogger(__name__)
 
 COMPUTED_FIELDS = {
     "computed_processor_calls": "feature-extractor calls + video-processor calls actually run for the stream "
@@ -317,9 +319,7 @@ def lower_right_causal_sdpa(module, query, key, value, attention_mask, dropout: 
         except torch.OutOfMemoryError:
             raise
         except RuntimeError as e:  # a flash build without native grouped heads: repeat the keys/values below
-            import logging
-
-            logging.getLogger(__name__).warning("flash on un-repeated keys/values failed (%s); repeating them", e)
+            log.warning("flash on un-repeated keys/values failed (%s); repeating them", e)
             _LOWER_RIGHT_STATE["no_native_gqa"] = True
     try:
         k, v = (repeat_kv(key, groups), repeat_kv(value, groups)) if groups > 1 else (key, value)
@@ -328,9 +328,7 @@ def lower_right_causal_sdpa(module, query, key, value, attention_mask, dropout: 
     except torch.OutOfMemoryError:
         raise
     except RuntimeError as e:  # a PyTorch without this dispatch: the library's masked call, for good
-        import logging
-
-        logging.getLogger(__name__).warning("lower-right causal SDPA failed (%s); using the library's masked SDPA", e)
+        log.warning("lower-right causal SDPA failed (%s); using the library's masked SDPA", e)
         _LOWER_RIGHT_STATE["failed"] = True
         return library()
     return out.transpose(1, 2).contiguous(), None
@@ -506,14 +504,8 @@ class BatchedOmniRunner:
         """Run ``streams`` (``{"frames": (F, H, W, 3) uint8, "audio": (S,) float32, "n_rows": int | None}``) in
         ``mode`` under ``memory_policy``; returns one ``BatchedStreamResult`` per stream, in input order (see
         ``run_stream`` for the arguments)."""
-        if mode not in MODES:
-            raise SettingError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
-        if check_memory_policy(memory_policy) == SLIDING and verify_rows != 0:
-            self.runner.check_sliding_verifiable()
+        self.runner.check_settings(mode, memory_s, memory_policy, verify_rows)
         g = self.runner.geometry
-        if mode == MICRO_CHUNK_200MS:
-            check_micro_chunk_tiling(g)
-        memory_blocks(memory_s, g)
         self.breakdown = dict.fromkeys(BREAKDOWN_PARTS, 0.0) if self.profile else {}
         items = []
         for i, st in enumerate(streams):
@@ -531,16 +523,17 @@ class BatchedOmniRunner:
             key = (tuple(s.frames.shape[1:]), "covered") if len(s.frames) >= need else ("short", s.index)
             groups.setdefault(key, []).append(s)
         results: dict[int, BatchedStreamResult] = {}
+        n_groups = 0
         for members in groups.values():
             members.sort(key=lambda s: -s.n_rows)
             for j in range(0, len(members), self.sessions_per_batch):
                 chunk = [s for s in members[j: j + self.sessions_per_batch] if s.n_rows > 0]
                 if chunk:
                     ran = self._run_group(chunk, mode, memory_s, verify_rows, cache_replay_tol, memory_policy)
-                    n_groups = len({r.group for r in results.values() if r.group >= 0})
                     for res in ran.values():
                         res.group = n_groups
                     results.update(ran)
+                    n_groups += 1
                 for s in members[j: j + self.sessions_per_batch]:
                     if s.n_rows == 0:
                         results[s.index] = BatchedStreamResult(states=s.states, steps=[], processor_calls=0,
