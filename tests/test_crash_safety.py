@@ -232,7 +232,9 @@ def test_scores_json_replaced_atomically(tmp_path, monkeypatch):
     def crash(*a, **k):
         raise OSError("disk full (simulated)")
 
-    monkeypatch.setattr(scoring.os, "replace", crash)
+    from datamodules import features
+
+    monkeypatch.setattr(features.os, "replace", crash)   # scores.json is written by features.atomic_write_bytes
     with open(out / "b128" / "lvb" / "rank0.jsonl", "a") as fh:
         fh.write(json.dumps({"qid": "b", "job": "b128", "answer": "B", "pred": "A", "meta": {"benchmark": "lvb"}})
                  + "\n")
