@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more train.py arguments (last)")
     a = p.parse_args(argv)
     out_root = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="compare_turn_modes_"))
+    print(f"runs (checkpoints, logs) in {out_root}", flush=True)
     results: dict[str, list[dict[str, float]]] = {}
     for mode in a.modes:
         for seed in a.seeds:

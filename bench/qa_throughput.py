@@ -21,8 +21,10 @@ CPU smoke test (tiny model):
 """
 from __future__ import annotations
 
+import atexit
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -110,7 +112,9 @@ def _reinit_rotary(model) -> None:
 def build_tiny_model() -> BudgetedVideoLlama3:
     from models.tiny import build_tiny_videollama3
 
-    d = Path(tempfile.mkdtemp()) / "tiny"
+    root = tempfile.mkdtemp(prefix="qa_throughput_tiny_")
+    atexit.register(shutil.rmtree, root, ignore_errors=True)  # ~56 MB per run: never left behind
+    d = Path(root) / "tiny"
     build_tiny_videollama3(d)
     return BudgetedVideoLlama3.from_pretrained(d)
 
