@@ -222,7 +222,7 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
                 media = sum(s["duration_s"] for s in data[:n])
                 diff = float((res[0].states - ref.states).abs().max())
                 path = (f"batched {n} + reuse" + (" + compile" if comp_flag else "")
-                        + ("" if by_block or mode != MICRO_CHUNK_200MS else ", row by row"))
+                        + ("" if by_block else ", row by row"))   # row by row: micro only
                 rows.append({"mode": mode, "path": path,
                              "policy": policy, "sessions": n, "media_s": media, "wall_s": wall,
                              "rtf": data[0]["duration_s"] / res[0].wall_time_s, "dataset_rtf": media / wall,

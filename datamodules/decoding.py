@@ -107,7 +107,8 @@ def decode_size(height: int, width: int, max_side: int) -> tuple[int, int]:
     return max(2, 2 * round(height * scale / 2)), max(2, 2 * round(width * scale / 2))
 
 
-def _short(e: BaseException) -> str:
+def short_error(e: BaseException) -> str:
+    """``"Type: first line of the message"`` (at most 200 characters), for one-line messages that name a file."""
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
 
 
@@ -116,7 +117,7 @@ def _open_error(path: Path, e: BaseException) -> DecodeError:
     if "cannot find video stream" in msg:
         return DecodeError(f"{path}: has no video stream (audio-only or not a video file)")
     return DecodeError(f"{path}: cannot read the container (truncated, corrupted or not a video file; "
-                       f"{_short(e)})")
+                       f"{short_error(e)})")
 
 
 def frame_timestamps(vr, num_frames: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -242,7 +243,7 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
             frames = _read_frames(path, idx, h, w, dh, dw, 1)   # decord's threaded decoder failed: one thread
     except Exception as e:
         raise DecodeError(f"{path}: decoding {len(idx)} frames failed (corrupted or truncated stream; "
-                          f"{_short(e)})") from e
+                          f"{short_error(e)})") from e
     frames = np.ascontiguousarray(frames)
     if frames.ndim != 4 or frames.shape[0] != len(idx) or frames.shape[-1] != 3:
         raise DecodeError(f"{path}: decoder returned frames of shape {frames.shape}")

@@ -42,6 +42,9 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
+from algorithms.errors import check_int
+from datamodules.decoding import short_error
+
 VIDEO_DIR = "Main/Video_Compressed"
 AUDIO_DIR = "Main/Glasses_Microphone_Array_Audio"
 TRANSCRIPT_DIR = "Main/Speech_Transcriptions"
@@ -349,11 +352,7 @@ def video_info(path: Path) -> tuple[float, int, float]:
         fps = float(vr.get_avg_fps())
         return fps, len(vr), len(vr) / fps
     except Exception as e:  # noqa: BLE001 - decord raises RuntimeError / DECORDError: name the file
-        raise EasyComFormatError(f"{path}: cannot open the video ({_first_line(e)})") from e
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise EasyComFormatError(f"{path}: cannot open the video ({short_error(e)})") from e
 
 
 def decode_stream(plan: StreamPlan, audio_channels: tuple[int, ...] | None = (4, 5),
@@ -391,7 +390,7 @@ def decode_stream(plan: StreamPlan, audio_channels: tuple[int, ...] | None = (4,
                     try:
                         readers[p] = decord.VideoReader(str(seg.video), num_threads=1, **kw)
                     except Exception as e:  # noqa: BLE001 - name the file
-                        raise EasyComFormatError(f"{seg.video}: cannot open the video ({_first_line(e)})") from e
+                        raise EasyComFormatError(f"{seg.video}: cannot open the video ({short_error(e)})") from e
                 vr = readers[p]
                 j = int(round((tau - seg.start_s) * float(vr.get_avg_fps()))) - 1
                 if j >= 0:
@@ -407,7 +406,7 @@ def decode_stream(plan: StreamPlan, audio_channels: tuple[int, ...] | None = (4,
                 last = readers[hit[0]][hit[1]].asnumpy()
             except Exception as e:  # noqa: BLE001 - a corrupt packet: name the file and the frame
                 raise EasyComFormatError(f"{plan.pieces[hit[0]][0].video}: cannot decode frame {hit[1]} "
-                                         f"({_first_line(e)})") from e
+                                         f"({short_error(e)})") from e
         if last is None:  # nothing shown yet: black frame of the decode size
             h, w = (frame_height, frame_width) if frame_height else (1080, 1920)
             last = np.zeros((h, w, 3), dtype=np.uint8)
@@ -510,11 +509,8 @@ class EasyComStreamDataModule(LightningDataModule):
                  frame_width: int | None = 448, max_duration_s: float | None = None, num_workers: int = 0,
                  sessions_per_batch: int = 1):
         super().__init__()
-        from algorithms.errors import SettingError
-
         for name, value, low in (("sessions_per_batch", sessions_per_batch, 1), ("num_workers", num_workers, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise SettingError(f"data.init_args.{name}={value!r} must be an integer >= {low}")
+            check_int(f"data.init_args.{name}", value, low)
         self.save_hyperparameters()
         self.dataset: EasyComSessionStreams | None = None
 

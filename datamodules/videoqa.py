@@ -15,7 +15,7 @@ from pathlib import Path
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from algorithms.errors import SettingError
+from algorithms.errors import check_int
 
 from .benchmarks import AnnotationError, Question, load_benchmark
 from .decoding import DecodeError, auto_decode_threads, decode_video
@@ -104,10 +104,12 @@ class VideoQADataModule(LightningDataModule):
         self.loader_kwargs = loader_kwargs or {}
         self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
         self.decode_max_side, self.limit_videos = decode_max_side, limit_videos
-        if decode_threads is not None and (isinstance(decode_threads, bool) or not isinstance(decode_threads, int)
-                                           or decode_threads < 1):
-            raise SettingError(f"data.decode_threads={decode_threads!r}: expected an integer >= 1, or null for "
-                               "this host's CPUs shared among the decoders")
+        check_int("data.decode_threads", decode_threads, 1, allow_none=True,
+                  none_means="this host's CPUs shared among the decoders")
+        for name, value, low in (("num_workers", num_workers, 0), ("prefetch_factor", prefetch_factor, 1),
+                                 ("decode_max_side", decode_max_side, 2)):
+            check_int(f"data.{name}", value, low)
+        check_int("data.limit_videos", limit_videos, 1, allow_none=True, none_means="all videos")
         self.decode_threads = decode_threads
         self.questions: list[Question] | None = None
 

@@ -274,7 +274,7 @@ class OmniFeatureExtractor(LightningModule):
             if failure is not None:   # one session's failure must not cost the others: retry them alone
                 log.warning("lockstep extraction of %s failed (%s); retrying them one at a time",
                             ", ".join(s["session"] for s in todo), failure)
-                done = [self._one(s) for s in todo]
+                done = [self._one(s, {"lockstep_fallback": failure}) for s in todo]
             done = iter(done)
             records = [r if r is not None else next(done) for r in records]
         return records
@@ -283,12 +283,14 @@ class OmniFeatureExtractor(LightningModule):
         return {"session": session, "mode": self.hparams.mode, "error": message,
                 "meta": {"memory_policy": self.hparams.memory_policy}}
 
-    def _one(self, batch: dict[str, Any]) -> dict[str, Any]:
+    def _one(self, batch: dict[str, Any], extra_meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One session through the reference one-session path. ``extra_meta`` (a failed lockstep group's retry:
+        ``{"lockstep_fallback": "<the group's error>"}``) says in the meta why it has no ``computed_*`` figures."""
         if "error" in batch:
             return self._error(batch["session"], batch["error"])
         hp = self.hparams
         record, failure = _attempt(lambda: self._checked(extract_session(
-            self.runner, batch, hp.mode, hp.memory_s, hp.verify_rows, memory_policy=hp.memory_policy)))
+            self.runner, batch, hp.mode, hp.memory_s, hp.verify_rows, extra_meta, memory_policy=hp.memory_policy)))
         if failure is None:
             return record
         log.warning("extraction of %s failed: %s", batch.get("session"), failure)

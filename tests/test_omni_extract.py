@@ -523,7 +523,7 @@ def test_easycom_reader_names_bad_files_and_settings(tmp_path):
         list_segments(root, "Session_1")
     for field, value in (("sessions_per_batch", 0), ("sessions_per_batch", -3), ("num_workers", -1),
                          ("sessions_per_batch", 2.5)):
-        with pytest.raises(SettingError, match=f"data.init_args.{field}={value!r} must be an integer"):
+        with pytest.raises(SettingError, match=f"data.init_args.{field}={value!r}: expected an integer >= "):
             EasyComStreamDataModule(str(root), **{field: value})
 
 
@@ -565,6 +565,8 @@ def test_a_failing_lockstep_group_is_retried_one_session_at_a_time(model_dir, mo
     assert torch.equal(recs[0]["tensors"]["states"], real(module.runner, batch[0], COMPLETED_BLOCK_HOLD, 8.0,
                                                           0)["tensors"]["states"])
     assert recs[1]["error"] == "RuntimeError: cannot build the cache"
+    assert recs[0]["meta"]["lockstep_fallback"] == "OutOfMemoryError: out of memory in the lockstep group"
+    assert not any(k.startswith("computed_") for k in recs[0]["meta"])   # the one-session path: none measured
     assert recs[2] == {"session": "Session_3", "mode": COMPLETED_BLOCK_HOLD, "error": "x.mp4: bad",
                        "meta": {"memory_policy": WINDOW}}
     assert module.predict_step({"session": "Session_9", "error": "y.wav: bad"})["error"] == "y.wav: bad"

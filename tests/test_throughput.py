@@ -207,6 +207,17 @@ def test_decode_threads_must_be_a_positive_integer(bad):
     assert VideoQADataModule(decode_threads=3).decode_threads == 3
 
 
+@pytest.mark.parametrize("field,bad", [("num_workers", -1), ("prefetch_factor", 0), ("decode_max_side", 1.5),
+                                       ("limit_videos", 0), ("num_workers", True)])
+def test_loader_integers_are_checked_when_the_datamodule_is_built(field, bad):
+    from algorithms.errors import SettingError
+    from datamodules.videoqa import VideoQADataModule
+
+    with pytest.raises(SettingError, match=rf"^data\.{field}={bad!r}: expected an integer >= "):
+        VideoQADataModule(**{field: bad})
+    assert VideoQADataModule(limit_videos=None, num_workers=0).limit_videos is None
+
+
 def test_wait_hint_names_the_remedy_only_when_decoding_is_the_bottleneck():
     from callbacks.timing import StageTimer
 
