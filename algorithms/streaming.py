@@ -312,8 +312,3 @@ def accounting_table(duration_s: float, memory_s: float = 8.0,
     """``{mode: Accounting}`` for one stream of ``duration_s`` seconds in every mode."""
     n = num_rows(duration_s, geometry)
     return {m: accounting(schedule(m, n, memory_s, geometry)) for m in MODES}
-
-
-if __name__ == "__main__":  # pragma: no cover - prints the accounting tables for the closing note
-    for d in (4.0, 60.0):
-        print(f"## {d:g} s\n{format_accounting_table(accounting_table(d))}\n")

@@ -306,6 +306,37 @@ def test_variant_relations(sample):
     assert (res.num_video, res.num_audio) == (num_keep(384, 0.3), num_keep(400, 0.6))
 
 
+def test_variants_equal_their_parts_composed_by_hand(sample):
+    """Each variant's keep indices equal the documented composition of the component functions, mapped back to
+    the original token indices here (so a wrong index mapping inside ``apply_variant`` cannot pass)."""
+    video, audio, attn = sample
+    flat = video.reshape(16 * 24, 16)
+    runs = {n: apply_variant(n, video, audio, attn, 0.5) for n in ("baseline", "v1", "v2", "v3", "v5")}
+    # baseline: DyCoke TTM on the 16 patches of 24 tokens, and on audio cut into 1 s frames of 25 tokens
+    assert torch.equal(runs["baseline"].video_keep, dycoke_ttm(flat, 24, dycoke_merging_ratio(0.5)))
+    assert torch.equal(runs["baseline"].audio_keep, dycoke_ttm(audio, 25, dycoke_merging_ratio(0.5)))
+    # v2: the 200 dominant audio tokens (pruning ratio 0.5)
+    assert torch.equal(runs["v2"].audio_keep, dominant_tokens(received_attention(attn), 0.5))
+    # v1: TTM at sqrt(0.5), then per 2 s block (tokens 48b .. 48b+47) DPC-kNN keeps 24 of that block's survivors
+    survivors = dycoke_ttm(flat, 24, dycoke_merging_ratio(0.5 ** 0.5))
+    kept = []
+    for b in range(8):
+        pool = survivors[(survivors >= 48 * b) & (survivors < 48 * (b + 1))]
+        assert len(pool) >= 24
+        kept += pool[dpc_knn(flat[pool], 24, 5)].tolist()
+    assert runs["v1"].video_keep.tolist() == sorted(kept)
+    # v3 / v5: 150 dominant tokens + 50 anchors among the other 250, chosen by uniform / change buckets
+    dominant = dominant_tokens(received_attention(attn), 1 - 150 / 400)
+    rest = torch.tensor(sorted(set(range(400)) - set(dominant.tolist())))
+    for name, mode in (("v3", "uniform"), ("v5", "change")):
+        anchors = contextual_anchors(audio, rest, 50, mode)
+        assert runs[name].audio_keep.tolist() == sorted(dominant.tolist() + anchors.tolist())
+        dropped = torch.tensor(sorted(set(rest.tolist()) - set(anchors.tolist())))
+        want = anchor_merge(audio, anchors, dropped, 4, 1.0)
+        assert torch.equal(runs[name].audio_merge.sources, want.sources)
+        assert torch.allclose(runs[name].audio_merge.weights, want.weights)
+
+
 def test_variant_audio_driven_allocation(sample):
     video, audio, attn = sample
     # audio attention concentrated in the first 4 s: dominant tokens all there -> more video there
