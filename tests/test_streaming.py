@@ -35,6 +35,20 @@ def test_table_text_and_longer_session():
     assert long[MICRO_CHUNK_200MS].prepared_media_s == pytest.approx(61.0)
 
 
+def test_bench_prints_the_table(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "accounting_table.py"
+    spec = importlib.util.spec_from_file_location("accounting_table", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.main(["--durations", "4"])
+    out = capsys.readouterr().out
+    assert out.startswith("## 4 s stream, 8 s memory\n")
+    assert "| completed-block-hold | 2 | 4.0 | 9, 19 | 9, 19 | 9, 19 |" in out
+
+
 def test_replay_tail_grows_and_is_dropped_unless_complete():
     steps = schedule(OPEN_STREAM_REPLAY, 25)
     assert [s.prepare_ms for s in steps[:3]] == [(0, 200), (0, 400), (0, 600)]
