@@ -258,10 +258,44 @@ def test_prompts_per_benchmark(tmp_path):
     assert text.startswith("This video's subtitles are listed below:\nfirst\nsecond\n")
     assert "\nA. a cup\nB. a pen\nC. a phone\nD. a book\nE. a key\n" in text
     assert text.rstrip().endswith("letter from the given choices directly.")
-    for name in TEMPLATES:
-        assert "letter" in build_prompt(q, name).splitlines()[-1] or "letter" in build_prompt(q, name)
-    # the generic template and Video-MME's are the same text (old callers unchanged)
-    assert build_prompt(q) == build_prompt(q, "videomme")
+    # the generic template is Video-MME's without "(A, B, C, or D)" (the other benchmarks have 2-6 options)
+    assert build_prompt(q, "videomme") == build_prompt(q).replace("the letter of", "the letter (A, B, C, or D) of")
+    assert build_prompt(q) != build_prompt(q, "videomme")
+
+
+# Full prompts written out by hand from the published prompts the templates cite (datamodules/benchmarks/prompts.py
+# docstring): options always as "A. text" lines, subtitles (when on) first under "This video's subtitles are listed
+# below:"; question text and options inserted verbatim.
+_SUBS = "This video's subtitles are listed below:\nfirst\nsecond\n"
+_Q = "What does the man hold?"
+_OPTS = "A. a cup\nB. a pen\nC. a phone\nD. a book\nE. a key"
+_EXPECTED = {
+    "mcq_letter": ("Select the best answer to the following multiple-choice question based on the video. "
+                   "Respond with only the letter of the correct option.\n" + _Q + "\n" + _OPTS
+                   + "\nThe best answer is:"),
+    # Video-MME's evaluation prompt as published (its questions always have 4 options)
+    "videomme": ("Select the best answer to the following multiple-choice question based on the video. "
+                 "Respond with only the letter (A, B, C, or D) of the correct option.\n" + _Q + "\n" + _OPTS
+                 + "\nThe best answer is:"),
+    "mlvu": ("Question: " + _Q + "\nOptions:\n" + _OPTS + "\n"
+             "Answer with the option's letter from the given choices directly. Only give the best option."),
+    "lvb": "Question: " + _Q + "\n" + _OPTS + "\nAnswer with the option's letter from the given choices directly.",
+    "worldsense": ("Carefully watch this video and listen to its audio. Select the best answer to the following "
+                   "multiple-choice question based on the video and the audio. Respond with only the letter "
+                   "(A, B, C, or D) of the correct option.\n" + _Q + "\n" + _OPTS + "\nThe best answer is:"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_EXPECTED))
+def test_prompt_templates_full_text(tmp_path, name):
+    assert set(TEMPLATES) == set(_EXPECTED)
+    _lvb(tmp_path)
+    with_subs = load_benchmark("lvb", tmp_path, subtitles=True)[0]
+    without = load_benchmark("lvb", tmp_path)[0]
+    assert build_prompt(with_subs, name) == _SUBS + _EXPECTED[name]
+    assert build_prompt(without, name) == _EXPECTED[name]
+    q3 = load_benchmark("lvb", tmp_path)[1]          # 3 options: only A-C lines, nothing left over
+    assert build_prompt(q3, name) == _EXPECTED[name].replace(_Q, "Then?").replace(_OPTS, "A. yes\nB. no\nC. maybe")
 
 
 def test_unknown_benchmark():

@@ -281,13 +281,43 @@ def test_rho_fill_only_adds_raw_frames(num_decoded, budget, raw_hw, seed):
 def test_substitutes():
     assert substitute_grid("base", (16, 16)) is None
     assert substitute_grid("sel_merge", (16, 16)) == (8, 8) and substitute_grid("mean_merge", (6, 10)) == (6, 10)
-    gh, gw = substitute_grid("mean_merge", (9, 16))
-    assert gh * gw <= 64 and gh <= 9 and gw <= 16
-    gh, gw = substitute_grid("sel_resize", (16, 16), native_hw=(1080, 1920))
-    assert gh * gw <= 64 and gw > gh
+    assert substitute_grid("mean_merge", (9, 16)) == (6, 10)          # exact values: test_substitute_grid_exact
+    assert substitute_grid("sel_resize", (16, 16), native_hw=(1080, 1920)) == (6, 10)
     with pytest.raises(ValueError, match="native"):
         substitute_grid("sel_resize", (16, 16))
     assert [substitute_frame(0, n) for n in (1, 2, 3, 4, 8)] == [0, 0, 1, 1, 3] and substitute_frame(5, 6) == 5
+
+
+@pytest.mark.parametrize("variant, encode_grid, native_hw, expected", [
+    # area-pooled swaps: the (gh, gw) grid as a 28 gh x 28 gw image under max 64 cells (min 1 cell).
+    # (9, 16) = 252 x 448 px: 112896 > 50176 px -> beta = sqrt(112896 / 50176) = 1.5;
+    #   floor(252 / 1.5 / 28) = 6, floor(448 / 1.5 / 28) = floor(10.67) = 10
+    ("mean_merge", (9, 16), None, (6, 10)),
+    # (6, 11) = 66 cells > 64: beta = sqrt(51744 / 50176) = 1.0155; floor(5.91) = 5, floor(10.83) = 10
+    ("sel_merge", (6, 11), None, (5, 10)),
+    # (12, 21) = 336 x 588: beta = sqrt(3.9375) = 1.9843; floor(6.05) = 6, floor(10.58) = 10
+    ("mean_merge", (12, 21), None, (6, 10)),
+    ("mean_merge", (4, 4), None, (4, 4)),        # already <= 64 cells: unchanged
+    # sel_resize: the native frame under max 64 cells (min 16). 1080 x 1920: round to 39 x 69 cells > 64 ->
+    #   beta = sqrt(2073600 / 50176) = 1440 / 224; 1080 * 224 / 1440 / 28 = 6, 1920 * 224 / 1440 / 28 = 10.67 -> 10
+    ("sel_resize", (16, 16), (1080, 1920), (6, 10)),
+    # 240 x 320 (realshort): 9 x 11 cells = 99 > 64 -> beta = sqrt(76800 / 50176) = 1.2372;
+    #   floor(240 / 1.2372 / 28) = floor(6.93) = 6, floor(320 / 1.2372 / 28) = floor(9.24) = 9
+    ("sel_resize", (9, 11), (240, 320), (6, 9)),
+])
+def test_substitute_grid_exact(variant, encode_grid, native_hw, expected):
+    """Exact substitute grids (DESIGN §4: one raw frame of <= 64 rows), hand-computed above and checked against
+    transformers' own ``smart_resize`` (VideoLLaMA3's image processing, factor 28)."""
+    from transformers.models.video_llama_3.image_processing_video_llama_3 import smart_resize
+
+    assert substitute_grid(variant, encode_grid, native_hw=native_hw) == expected
+    cell = 28
+    if variant == "sel_resize":
+        h, w = smart_resize(*native_hw, factor=cell, min_pixels=16 * cell ** 2, max_pixels=64 * cell ** 2)
+    else:
+        h, w = smart_resize(encode_grid[0] * cell, encode_grid[1] * cell, factor=cell, min_pixels=cell ** 2,
+                            max_pixels=64 * cell ** 2)
+    assert (h // cell, w // cell) == expected
 
 
 def test_layout_video_swap_is_not_reused_even_with_64_rows():

@@ -1,5 +1,6 @@
 """End-to-end budgeted predict on the real mp4 files with the tiny model (issue 1)."""
 import json
+import math
 import shutil
 
 import pytest
@@ -45,6 +46,126 @@ def test_records_fields_budget_and_modes(first_run):
     assert all(r["video_info"]["n_frames"] == 14 and r["video_info"]["native_hw"] == [720, 1280] for r in cock)
     scores = json.loads((out / "scores.json").read_text())
     assert scores  # written at the end of predict
+
+
+def _reference_plan(per_frame: torch.Tensor, budget: int, raw_hw: int, k: int = 64) -> dict:
+    """DESIGN §3.4 written from its text, independently of algorithms/: brute force over every cut set.
+
+    Adaptive cuts "where consecutive frames change most, no group longer than 8 frames, ties to the earliest" =
+    among all sets of n - 1 boundaries whose groups are all <= 8 frames, the one whose boundaries, sorted by
+    (largest change, earliest), are lexicographically first. Compression: least-varying first (mean change inside
+    the group, a 1-frame group +inf; ties longer first, then earlier) until raw rows + K * compressed <= B.
+    """
+    from itertools import combinations
+
+    x = per_frame.double()
+    num = x.shape[0]
+    ch = [1.0 - float(x[t] @ x[t + 1] / (x[t].norm() * x[t + 1].norm())) for t in range(num - 1)]
+    if num * raw_hw <= budget:
+        return {"mode": "raw", "seg_lens": [1] * num, "compressed": []}
+    n = min(num // 4 + 1, num)
+    if n * k > budget:
+        seg = [8] * (num // 8) + ([num % 8] if num % 8 else [])
+        return {"mode": "forced8", "seg_lens": seg, "compressed": list(range(len(seg)))}
+    best = None
+    for cuts in combinations(range(num - 1), n - 1):
+        bounds = [0, *[b + 1 for b in cuts], num]
+        seg = [bounds[i + 1] - bounds[i] for i in range(n)]
+        if max(seg) > 8:
+            continue
+        key = sorted((-ch[b], b) for b in cuts)
+        if best is None or key < best[0]:
+            best = (key, seg)
+    seg = best[1]
+    starts = [sum(seg[:g]) for g in range(n)]
+    var = [math.inf if seg[g] == 1 else sum(ch[starts[g]:starts[g] + seg[g] - 1]) / (seg[g] - 1) for g in range(n)]
+    cost, comp = num * raw_hw, []
+    for g in sorted(range(n), key=lambda g: (var[g], -seg[g], g)):
+        if cost <= budget:
+            break
+        comp.append(g)
+        cost += k - seg[g] * raw_hw
+    return {"mode": "hybrid", "seg_lens": seg, "compressed": sorted(comp)}
+
+
+def test_demo_plans_and_scores_pinned(first_run, tiny_vlm):
+    """Plan fields of every record, derived from DESIGN §3.1-3.4 and the demo videos' metadata
+    (assets/media/README.md): cockatoo 1280x720, 14.0 s at 20 fps; realshort 320x240, 1.2 s at 29.97 fps.
+
+    Decode (largest budget 1024: max_frames = 16 * 8 = 128): cockatoo 14 frames at 1 fps, decoded at the 896 px long
+    side (504 x 896, 16:9); realshort ceil(1.2) = 2 frames at 240 x 320. Every budget keeps all frames
+    (max_frames(128) = 16 >= 14). Per budget: cap = min(256, 8 B // T), grid = smart_resize at cap * 28² px;
+    raw frames keep the grid (phase3, <= 256 rows).
+
+    cockatoo, T = 14, n = 14 // 4 + 1 = 4 adaptive groups:
+      B=128:  cap 1024 // 14 = 73 -> beta = sqrt(504*896 / (73*784)) = 2.809: 6 x 11 = 66; 14 * 66 > 128 and
+              4 * 64 > 128 -> forced8 [8, 6], both compressed, 128 tokens.
+      B=256:  cap 146 -> beta 1.986: 9 x 16 = 144; 4 * 64 = 256 <= 256 -> hybrid; any raw frame costs 144 > 0
+              left once 4 groups are compressed, and with 3 compressed 144 + 192 > 256: all 4 compressed, 256.
+      B=1024: cap 256 -> beta 1.5: 12 x 21 = 252; hybrid; which groups are compressed depends on the adaptive cuts
+              (random tiny encoder): checked against the brute-force reference above on the encoder's per-frame
+              means, with vision_tokens = 252 * n_raw + 64 * n_compressed.
+    realshort, T = 2 (n = 1 group), cap 256 for every budget: 240 x 320 -> 9 x 11 = 99 cells (no resize needed):
+      B=128: 2 * 99 > 128, 64 <= 128 -> hybrid, the one group of 2 compressed: 64 tokens.
+      B=256, 1024: 198 <= B -> raw, 2 raw frames, 198 tokens.
+    """
+    from datamodules.decoding import decode_video
+    from tests.conftest import MEDIA
+
+    root, out, recs = first_run
+    answers = {"001-1": "B", "001-2": "A", "001-3": "C", "001-4": "A", "002-1": "B", "002-2": "B", "002-3": "A"}
+    assert all(r["answer"] == answers[r["qid"]] for r in recs)   # assets/videomme/make_annotations.py
+    by = {(r["video"], r["budget"]): r for r in recs}
+    assert len(by) == 6
+    expected = {
+        ("cockatoo", 128): dict(mode="forced8", hw=66, raw_hw=66, seg_lens=[8, 6], n_groups=2, n_compressed=2,
+                                n_raw_frames=0, vision_tokens=128),
+        ("cockatoo", 256): dict(mode="hybrid", hw=144, raw_hw=144, n_groups=4, n_compressed=4, n_raw_frames=0,
+                                vision_tokens=256),
+        ("cockatoo", 1024): dict(mode="hybrid", hw=252, raw_hw=252, n_groups=4),
+        ("realshort", 128): dict(mode="hybrid", hw=99, raw_hw=99, seg_lens=[2], n_groups=1, n_compressed=1,
+                                 n_raw_frames=0, vision_tokens=64),
+        ("realshort", 256): dict(mode="raw", hw=99, raw_hw=99, seg_lens=[1, 1], n_groups=2, n_compressed=0,
+                                 n_raw_frames=2, vision_tokens=198),
+        ("realshort", 1024): dict(mode="raw", hw=99, raw_hw=99, seg_lens=[1, 1], n_groups=2, n_compressed=0,
+                                  n_raw_frames=2, vision_tokens=198),
+    }
+    # the adaptive cockatoo plans: reference planner on the encoder's per-frame means at each budget's grid
+    dec = decode_video(MEDIA / "cockatoo.mp4", 1024)
+    assert tuple(dec.frames.shape) == (14, 504, 896, 3)
+    for budget, cap, grid in ((256, 146, (9, 16)), (1024, 256, (12, 21))):
+        rows, got = tiny_vlm.encode(dec.frames, cap)
+        assert got == grid
+        ref = _reference_plan(rows.float().mean(1), budget, grid[0] * grid[1])
+        assert ref["mode"] == "hybrid"
+        n_raw = sum(n for g, n in enumerate(ref["seg_lens"]) if g not in ref["compressed"])
+        expected[("cockatoo", budget)].update(seg_lens=ref["seg_lens"], n_compressed=len(ref["compressed"]),
+                                              n_raw_frames=n_raw)
+    e = expected[("cockatoo", 1024)]
+    e["vision_tokens"] = 252 * e["n_raw_frames"] + 64 * e["n_compressed"]
+    assert expected[("cockatoo", 256)]["n_compressed"] == 4 and len(expected[("cockatoo", 256)]["seg_lens"]) == 4
+    for key, want in expected.items():
+        for r in (x for x in recs if (x["video"], x["budget"]) == key):
+            assert {f: r[f] for f in want} == want, key
+            info = r["video_info"]
+            assert (info["n_frames"], info["native_hw"], info["fps_ok"], info["capped"]) == (
+                (14, [720, 1280], True, False) if key[0] == "cockatoo" else (2, [240, 320], True, False))
+            # README: 20 fps / "29.97 fps" (the container's average is 36 frames / 1.1992 s = 30.02 fps)
+            assert info["fps"] == 20.0 if key[0] == "cockatoo" else abs(info["fps"] - 29.97) < 0.1
+            assert info["duration_s"] == 14.0 if key[0] == "cockatoo" else abs(info["duration_s"] - 1.2) < 0.01
+    # scores: one group per budget, 7 answered questions each; official accuracy = mean(pred == answer)
+    scores = json.loads((out / "scores.json").read_text())
+    groups = {g["budget"]: g for g in scores["groups"]}
+    assert sorted(groups) == [128, 256, 1024]
+    for b, g in groups.items():
+        mine = [r for r in recs if r["budget"] == b]
+        assert (g["benchmark"], g["job"], g["n_records"], g["n_scored"], g["n_errors"], g["n_duplicates"]) == (
+            "videomme", f"b{b}", 7, 7, 0, 0)
+        correct = sum(r["pred"] is not None and r["pred"] == r["answer"] for r in mine)
+        assert g["parsers"]["official"]["correct"] == correct
+        assert g["parsers"]["official"]["accuracy"] == pytest.approx(correct / 7, abs=1e-12)
+        robust = sum(r["pred_robust"] is not None and r["pred_robust"] == r["answer"] for r in mine)
+        assert g["parsers"]["robust"]["accuracy"] == pytest.approx(robust / 7, abs=1e-12)
 
 
 def test_restart_writes_nothing_and_deleted_lines_rerun(first_run, tiny_vl3_dir, capsys):

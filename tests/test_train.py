@@ -97,14 +97,39 @@ def test_datamodule_splits_and_initialization_rows(demo):
     assert batch["mask"].shape == batch["targets"].shape and batch["shift"].shape == batch["row_valid"].shape
 
 
-def _first_line_args(cfg: Path) -> list[str] | None:
+def _first_line_args(cfg: Path) -> list[str]:
+    """The ``train.py`` arguments of the command on ``cfg``'s first line (DESIGN §6: each YAML starts with the command
+    that runs it); AssertionError when that line is not a ``python ... train.py`` command."""
     line = cfg.read_text().splitlines()[0]
     assert line.startswith("# ") and "python" in line, f"{cfg}: first line must be the command that runs it"
     tokens = shlex.split(line[2:].split("&&")[-1].split("(")[0])
-    if "train.py" not in tokens:
-        return None
+    assert "train.py" in tokens, f"{cfg}: the first line has no train.py command: {line!r}"
     args = tokens[tokens.index("train.py") + 1:]
     return [str(ROOT / a) if a.startswith("configs/") else a for a in args]
+
+
+def test_first_line_without_train_command_fails(tmp_path):
+    cfg = tmp_path / "x.yaml"
+    cfg.write_text("# python evaluate.py predict --config configs/extract/open_stream_replay.yaml\nmodel: {}\n")
+    with pytest.raises(AssertionError, match="first line has no train.py command"):
+        _first_line_args(cfg)
+    cfg.write_text("model: {}\n")
+    with pytest.raises(AssertionError, match="first line must be the command"):
+        _first_line_args(cfg)
+    assert _first_line_args(ROOT / "configs/fit/turn_head_demo.yaml") == [
+        "fit", "--config", BASE, "--config", DEMO]   # the part after ``&&``
+
+
+def _merged_yaml(paths: list[str]) -> dict:
+    """model / data ``class_path`` and ``init_args`` of stacked ``--config`` files, later files overriding keys."""
+    out = {"model": {"init_args": {}}, "data": {"init_args": {}}}
+    for path in paths:
+        cfg = yaml.safe_load(Path(path).read_text())
+        for part in ("model", "data"):
+            if part in cfg:
+                out[part]["class_path"] = cfg[part].get("class_path", out[part].get("class_path"))
+                out[part]["init_args"].update(cfg[part].get("init_args", {}))
+    return out
 
 
 def test_every_fit_config_instantiates():
@@ -112,10 +137,21 @@ def test_every_fit_config_instantiates():
     assert {c.name for c in configs} >= {"turn_head.yaml", "turn_head_demo.yaml"}
     for cfg in configs:
         args = _first_line_args(cfg)
-        if args is None:
-            continue
+        assert args[0] == "fit" and str(cfg) in args, (cfg.name, args)
         cli = cli_main([a for a in args if a not in ("fit", "validate", "test")], run=False)  # run=False: no subcommand
-        assert cli.model is not None and cli.datamodule is not None and cli.trainer is not None
+        want = _merged_yaml([args[i + 1] for i, a in enumerate(args) if a == "--config"])
+        for part, obj in (("model", cli.model), ("data", cli.datamodule)):
+            assert f"{type(obj).__module__}.{type(obj).__qualname__}" == want[part]["class_path"], (cfg.name, part)
+        assert want["model"]["init_args"] and want["data"]["init_args"]
+        for key, value in want["model"]["init_args"].items():
+            assert cli.model.hparams[key] == value, (cfg.name, key)
+        for key, value in want["data"]["init_args"].items():
+            got = cli.datamodule.hparams[key]
+            assert (list(got) if isinstance(got, (list, tuple)) else got) == value, (cfg.name, key)
+        assert cli.datamodule.splits == {"train": want["data"]["init_args"]["train_sessions"],
+                                         "val": want["data"]["init_args"]["val_sessions"],
+                                         "test": want["data"]["init_args"]["test_sessions"]}
+        assert cli.trainer.max_epochs == yaml.safe_load(cfg.read_text())["trainer"]["max_epochs"]
 
 
 def test_every_sweep_parameter_parses():

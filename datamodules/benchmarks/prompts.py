@@ -2,7 +2,7 @@
 
 Every template shows the options as ``A. text`` lines and closes with an instruction to answer with the letter.
 Templates follow each benchmark's published evaluation prompt where one exists (Video-MME's
-``"Select the best answer ... Respond with only the letter ..."``; LongVideoBench's and MLVU's lmms-eval prompts
+``"Select the best answer ... Respond with only the letter (A, B, C, or D) of the correct option."``; LongVideoBench's and MLVU's lmms-eval prompts
 ``"Answer with the option's letter from the given choices directly."``; WorldSense's VLMEvalKit prompt), with the
 options always as ``A. text`` lines so that the two answer parsers see the same layout everywhere.
 
@@ -13,15 +13,16 @@ from __future__ import annotations
 
 from .base import LETTERS, Question
 
-_VIDEOMME = (
+_MCQ_LETTER = (
     "{subtitles}Select the best answer to the following multiple-choice question based on the video. "
     "Respond with only the letter of the correct option.\n{question}\n{options}\nThe best answer is:"
 )
 
 TEMPLATES = {
-    # generic (also Video-MME's, kept under its original name)
-    "mcq_letter": _VIDEOMME,
-    "videomme": _VIDEOMME,
+    # generic: Video-MME's wording without its "(A, B, C, or D)", since MLVU and LongVideoBench have 2-6 options
+    "mcq_letter": _MCQ_LETTER,
+    # Video-MME's evaluation prompt as its repository gives it (always 4 options)
+    "videomme": _MCQ_LETTER.replace("the letter of", "the letter (A, B, C, or D) of"),
     "mlvu": (
         "{subtitles}Question: {question}\nOptions:\n{options}\n"
         "Answer with the option's letter from the given choices directly. Only give the best option."

@@ -1,0 +1,98 @@
+"""The LLM prompt text of one (video, budget) (DESIGN §3.6), pinned as the tokenizer decodes it.
+
+Plans are built by hand with ``make_plan``; the expected strings are written from DESIGN §3.6:
+raw frame ``Time {t:.1f}s:`` + rows, then ``,`` (``\\n`` after the last block); compressed group
+``Time:{a}s-{b}s:<|compression_start|>`` + K rows + ``<|compression_end|>`` (``\\n`` when last, nothing otherwise),
+``a``/``b`` the first/last frame times rounded half-up to whole seconds (the module docstring of
+``models.videollama3`` states half-up; the times below put x.5 values where half-up and Python's half-to-even
+``round`` disagree: 2.5 -> 3 (not 2), 4.5 -> 5 (not 4), 0.5 -> 1 (not 0)).
+Placeholder runs are collapsed to ``[P<n>]`` after decoding.
+"""
+import re
+
+import pytest
+import torch
+
+from algorithms.budget import make_plan
+
+D = 64                       # tiny LLM hidden size
+HEAD = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"   # ChatML, models/tiny.py
+TAIL = "<|im_end|>\n<|im_start|>assistant\n"
+CS, CE = "<|compression_start|>", "<|compression_end|>"
+
+
+def _decode(tok, ids) -> str:
+    text = tok.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    return re.sub(r"(?:<\|video_pad\|>)+", lambda m: f"[P{len(m.group(0)) // len('<|video_pad|>')}]", text)
+
+
+def _rows(n: int, rows: int, offset: float) -> torch.Tensor:
+    """(n, rows, D) rows whose values tell them apart (for the order check of vision_embeds)."""
+    return offset + torch.arange(n * rows * D, dtype=torch.float32).view(n, rows, D)
+
+
+# frames 0..5; groups [0,1) raw, [1,4) compressed, [4,6) raw (two raw frames)
+HYBRID = dict(seg_lens=[1, 3, 2], compressed=[1], times=[0.0, 2.5, 3.0, 4.5, 5.5, 6.96])
+# groups [0,3) compressed, [3,4) raw, [4,6) compressed: a compressed group first and last
+GROUP_LAST = dict(seg_lens=[3, 1, 2], compressed=[0, 2], times=[0.5, 1.0, 1.5, 2.5, 3.49, 4.5])
+
+
+@pytest.mark.parametrize("case, expected_video", [
+    (HYBRID, "Time 0.0s:[P2],Time:3s-5s:" + CS + "[P64]" + CE + "Time 5.5s:[P2],Time 7.0s:[P2]\n"),
+    (GROUP_LAST, "Time:1s-2s:" + CS + "[P64]" + CE + "Time 2.5s:[P2],Time:3s-5s:" + CS + "[P64]" + CE + "\n"),
+])
+def test_prompt_text_hybrid(tiny_vlm, case, expected_video):
+    raw_hw, k = 2, 64
+    plan = make_plan("hybrid", case["seg_lens"], case["compressed"], hw=4, raw_hw=raw_hw, k=k)
+    n_raw = plan.n_raw_frames
+    raw = _rows(n_raw, raw_hw, 0.0)
+    grp = _rows(plan.n_compressed, k, 1e5)
+    prompt = tiny_vlm.build_prompt(plan, case["times"], raw, grp)
+    tok = tiny_vlm.tokenizer
+    assert _decode(tok, prompt.ids) == HEAD + expected_video
+    # exact LLM cost: one placeholder per vision row (DESIGN §3.4 vision_tokens)
+    assert int((prompt.ids == tiny_vlm.placeholder_id).sum()) == plan.vision_tokens == n_raw * raw_hw + \
+        plan.n_compressed * k
+    # vision rows follow the blocks in time order
+    blocks = [kind for kind, _, _ in plan.blocks()]
+    ri, gi, want = iter(raw), iter(grp), []
+    for kind in blocks:
+        want.append(next(ri) if kind == "raw" else next(gi))
+    assert torch.equal(prompt.vision_embeds, torch.cat(want))
+    # the prefix ends with the separator after the last block; the question follows it in the user turn
+    assert prompt.last_text == "\n"
+    q = "What is shown?\nA. a bird\nB. a cat"
+    ids, fallback = tiny_vlm.question_ids(prompt, q)
+    assert not fallback
+    assert _decode(tok, prompt.ids.tolist() + ids) == HEAD + expected_video + q + TAIL
+
+
+@pytest.mark.parametrize("case, expected_video", [
+    # [1,4) -> middle frame 1 + (3 - 1) // 2 = 2 at 3.0 s; 6 substitute rows; a raw-frame "," follows it
+    (HYBRID, "Time 0.0s:[P2],Time 3.0s:[P6],Time 5.5s:[P2],Time 7.0s:[P2]\n"),
+    # [0,3) -> frame 1 (1.0 s); [4,6) -> frame 4 + (2 - 1) // 2 = 4 (3.49 s -> "3.5"), last block: "\n"
+    (GROUP_LAST, "Time 1.0s:[P6],Time 2.5s:[P2],Time 3.5s:[P6]\n"),
+])
+def test_prompt_text_groups_as_raw(tiny_vlm, case, expected_video):
+    """Compressor swaps (DESIGN §4): each compressed group enters as one raw frame in raw-frame text, labelled
+    with its middle frame's time (``algorithms.layouts.substitute_frame``: ``a + (n - 1) // 2``), no
+    compression tokens."""
+    plan = make_plan("hybrid", case["seg_lens"], case["compressed"], hw=4, raw_hw=2)
+    raw = _rows(plan.n_raw_frames, 2, 0.0)
+    grp = _rows(plan.n_compressed, 6, 1e5)
+    prompt = tiny_vlm.build_prompt(plan, case["times"], raw, grp, groups_as_raw=True)
+    assert _decode(tiny_vlm.tokenizer, prompt.ids) == HEAD + expected_video
+    assert prompt.vision_embeds.shape[0] == plan.n_raw_frames * 2 + plan.n_compressed * 6
+
+
+def test_prompt_text_all_raw_and_forced8(tiny_vlm):
+    tok = tiny_vlm.tokenizer
+    raw = make_plan("raw", [1, 1, 1], [], hw=4, raw_hw=3)
+    p = tiny_vlm.build_prompt(raw, [0.0, 1.05, 12.349], _rows(3, 3, 0.0), torch.zeros(0, 64, D))
+    # 1.05 is 1.0500000000000000444 in binary: "1.1"; 12.349 -> "12.3"
+    assert _decode(tok, p.ids) == HEAD + "Time 0.0s:[P3],Time 1.1s:[P3],Time 12.3s:[P3]\n"
+    f8 = make_plan("forced8", [8, 2], [0, 1], hw=4, raw_hw=3)
+    times = [0.5 + i for i in range(10)]          # 0.5 ... 9.5
+    p = tiny_vlm.build_prompt(f8, times, torch.zeros(0, 3, D), _rows(2, 64, 0.0))
+    # [0,8): 0.5 -> 1, 7.5 -> 8; [8,10): 8.5 -> 9, 9.5 -> 10 (half-to-even would give 0, 8, 8, 10)
+    assert _decode(tok, p.ids) == HEAD + "Time:1s-8s:" + CS + "[P64]" + CE + "Time:9s-10s:" + CS + "[P64]" + CE + "\n"
