@@ -99,9 +99,9 @@ class MediaFactory:
     def _make_pattern(self) -> Path:
         p = self.root / "pattern.mp4"
         # quadrants: top-left red, top-right green, bottom-left blue, bottom-right white
-        src = (f"color=c=red:s=32x24:r=4:d=2[a];color=c=lime:s=32x24:r=4:d=2[b];"
-               f"color=c=blue:s=32x24:r=4:d=2[c];color=c=white:s=32x24:r=4:d=2[d];"
-               f"[a][b]hstack[top];[c][d]hstack[bot];[top][bot]vstack")
+        src = ("color=c=red:s=32x24:r=4:d=2[a];color=c=lime:s=32x24:r=4:d=2[b];"
+               "color=c=blue:s=32x24:r=4:d=2[c];color=c=white:s=32x24:r=4:d=2[d];"
+               "[a][b]hstack[top];[c][d]hstack[bot];[top][bot]vstack")
         run_ffmpeg("-f", "lavfi", "-i", src, "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv444p",
                    "-qp", "0", str(p))
         return p
