@@ -5,6 +5,7 @@ the prediction writer appends them to jsonl. Decode failures and CUDA out-of-mem
 """
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import time
@@ -15,10 +16,12 @@ from lightning.pytorch import LightningModule
 
 from algorithms.errors import SettingError
 from datamodules.benchmarks import Question
-from datamodules.benchmarks.prompts import build_prompt
+from datamodules.benchmarks.prompts import TEMPLATES, prompt_and_template
 from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets
 
 log = logging.getLogger(__name__)
+
+DECODE_MODES = ("auto", "dynamic", "static", "graph")
 
 
 def job_name(budget: int, variant: str | None = None) -> str:
@@ -92,7 +95,9 @@ class BudgetedQA(LightningModule):
         raw_max_tokens: row cap of a raw frame in ``phase3``.
         max_tokens_per_frame: encode cap per frame (merged tokens).
         max_new_tokens: greedy answer length.
-        prompt_template: template name of :mod:`datamodules.benchmarks.prompts`.
+        prompt_template: template name of :mod:`datamodules.benchmarks.prompts`, or ``None`` (default) for each
+            benchmark's own published prompt (``videomme``, ``mlvu``, ``lvb``; the name goes into each record's
+            ``meta.template``).
         dtype: model dtype (``float32``, ``bfloat16``...).
         attn_implementation: transformers attention backend.
         encode_chunk_frames: frames per vision-encoder call.
@@ -106,7 +111,7 @@ class BudgetedQA(LightningModule):
 
     def __init__(self, model_path: str = "checkpoints/tiny-videollama3", budgets: list[int] = (128, 256, 1024),
                  raw_mode: str = "phase3", raw_max_tokens: int = 256, max_tokens_per_frame: int = 256,
-                 max_new_tokens: int = 16, prompt_template: str = "mcq_letter", dtype: str = "float32",
+                 max_new_tokens: int = 16, prompt_template: str | None = None, dtype: str = "float32",
                  attn_implementation: str = "sdpa", encode_chunk_frames: int = 64, answer_mode: str = "batched",
                  vision_attn_implementation: str | None = "frame_batched", decode: str = "auto"):
         super().__init__()
@@ -119,6 +124,11 @@ class BudgetedQA(LightningModule):
             raise SettingError(f"budgets {list(budgets)} repeat a value")
         if answer_mode not in ("batched", "sequential"):
             raise SettingError(f"answer_mode must be 'batched' or 'sequential', got {answer_mode!r}")
+        if decode not in DECODE_MODES:
+            raise SettingError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
+        if prompt_template is not None and prompt_template not in TEMPLATES:
+            raise SettingError(f"prompt_template {prompt_template!r} is unknown; known: {sorted(TEMPLATES)}, or null "
+                               "for each benchmark's own")
         self.save_hyperparameters()
         self.budgets = [int(b) for b in budgets]
         self.vlm: BudgetedVideoLlama3 | None = None
@@ -142,6 +152,21 @@ class BudgetedQA(LightningModule):
         return {"model_path": str(Path(hp.model_path).resolve()), "raw_mode": hp.raw_mode,
                 "raw_max_tokens": hp.raw_max_tokens, "max_tokens_per_frame": hp.max_tokens_per_frame,
                 "max_new_tokens": hp.max_new_tokens, "prompt_template": hp.prompt_template, "dtype": hp.dtype}
+
+    def answerer(self):
+        """``answer(prefix_prompt, question_texts, max_new_tokens) -> list[Answer]`` for this run's
+        ``answer_mode`` and ``decode`` (``auto``: ``graph`` on CUDA, ``dynamic`` on the CPU). Plain predict and the
+        layout ablation both answer through it, so an ablation's ``base`` job decodes exactly as plain predict."""
+        hp = self.hparams
+        if hp.answer_mode == "sequential":
+            return self.vlm.answer_all
+        mode = hp.decode if hp.decode != "auto" else ("graph" if self.device.type == "cuda" else "dynamic")
+        return functools.partial(self.vlm.answer_batched, decode=mode)
+
+    def prompts(self, questions: list[Question]) -> tuple[list[str], list[str]]:
+        """The question texts and their template names (``prompt_template``, or each benchmark's own)."""
+        pairs = [prompt_and_template(q, self.hparams.prompt_template) for q in questions]
+        return [t for t, _ in pairs], [n for _, n in pairs]
 
     def on_predict_start(self) -> None:
         """Load the model here, not in ``setup``: Lightning has already started the DataLoader workers (a sized
@@ -181,23 +206,17 @@ class BudgetedQA(LightningModule):
         inputs = prepare_budgets(self.vlm, cache.frames, item["times_s"], needed, hp.raw_mode, hp.raw_max_tokens,
                                  hp.max_tokens_per_frame, hp.encode_chunk_frames, cache=cache)
         t1 = time.perf_counter()
-        if hp.answer_mode == "batched":
-            mode = hp.decode if hp.decode != "auto" else ("graph" if self.device.type == "cuda" else "dynamic")
-
-            def answer(prompt, texts, n):
-                return self.vlm.answer_batched(prompt, texts, n, decode=mode)
-        else:
-            answer = self.vlm.answer_all
+        answer = self.answerer()
         questions = [Question(**q) for q in item["questions"]]
         records = []
         for bi in inputs:
             job = job_name(bi.budget)
             todo = [q for q in questions if job in item["jobs"].get(q.qid, [])]
-            texts = [build_prompt(q, hp.prompt_template) for q in todo]
+            texts, names = self.prompts(todo)
             answers = answer(bi.prompt, texts, hp.max_new_tokens) if texts else []
             stats = bi.plan.stats()
-            records += [qa_record(item, q, a, stats, len(bi.frame_idx), job, bi.budget, None, hp.prompt_template)
-                        for q, a in zip(todo, answers)]
+            records += [qa_record(item, q, a, stats, len(bi.frame_idx), job, bi.budget, None, name)
+                        for q, a, name in zip(todo, answers, names)]
         t2 = time.perf_counter()
         self.last_stage_seconds = {"encode": cache.encode_seconds, "plan_build": t1 - t0 - cache.encode_seconds,
                                    "answer": t2 - t1}

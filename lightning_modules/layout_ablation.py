@@ -31,7 +31,6 @@ import time
 from algorithms.layouts import parse_jobs, same_llm_input
 from algorithms.errors import SettingError
 from datamodules.benchmarks import Question
-from datamodules.benchmarks.prompts import build_prompt
 from models.ablation import (
     BASELINE, LayoutJob, build_layout_prompt, duplicate_encodes, encode_layout_inputs, plan_layout_jobs,
 )
@@ -108,15 +107,15 @@ class LayoutAblationQA(BudgetedQA):
             log.warning("video %s: grids encoded more than once: %s", item["video_id"], dup)
         t1 = time.perf_counter()
 
-        answer = self.vlm.answer_batched if hp.answer_mode == "batched" else self.vlm.answer_all
+        answer = self.answerer()   # plain predict's decode path (base with reuse off is bit-identical)
         by_layout: dict[tuple[str, int], dict[str, dict]] = {}
         for key in to_run:
             lj = layouts[key]
             todo = [q for q in questions if q.qid in run_qids[key]]
             prompt = build_layout_prompt(self.vlm, cache, lj, item["times_s"], hp.raw_mode)
-            texts = [build_prompt(q, hp.prompt_template) for q in todo]
+            texts, names = self.prompts(todo)
             answers = answer(prompt, texts, hp.max_new_tokens) if texts else []
-            by_layout[key] = {q.qid: self._record(item, q, a, lj) for q, a in zip(todo, answers)}
+            by_layout[key] = {q.qid: self._record(item, q, a, lj, name) for q, a, name in zip(todo, answers, names)}
         t2 = time.perf_counter()
 
         records = []
@@ -143,12 +142,12 @@ class LayoutAblationQA(BudgetedQA):
                                    "answer": t2 - t1}
         return records
 
-    def _record(self, item: dict, q: Question, a, lj: LayoutJob) -> dict:
+    def _record(self, item: dict, q: Question, a, lj: LayoutJob, template: str) -> dict:
         """One record, with the plain-predict fields computed exactly as :class:`BudgetedQA` does."""
         stats = lj.layout.stats()
         return {
             **qa_record(item, q, a, stats, len(lj.frame_idx), job_name(lj.budget, lj.variant), lj.budget, lj.variant,
-                        self.hparams.prompt_template),
+                        template),
             "reused": False, "same_as_base": lj.variant == BASELINE, "capped": stats["capped"],
             "n_frames_kept": stats["n_frames_kept"], "raw_grid": list(lj.layout.raw_grid),
             "group_substitute": lj.layout.group_substitute,

@@ -272,3 +272,45 @@ def test_ablate_config_instantiates(tmp_path):
     assert {v for v, _ in cli.model.job_pairs} == set(VARIANTS) and len(cli.model.jobs) == 3 * len(VARIANTS)
     writer = next(cb for cb in cli.trainer.callbacks if hasattr(cb, "done_qids"))
     assert writer.out_dir == Path("outputs/ablate")
+
+
+@pytest.mark.parametrize("decode,expect", [("auto", "dynamic"), ("static", "static"), ("graph", "graph")])
+def test_ablation_answers_through_plain_predicts_decode_path(decode, expect):
+    """DESIGN §4: base with reuse off is bit-identical to plain predict, so both answer through the same decode
+    step (on a GPU ``auto`` is ``graph``; the ablation used to take ``dynamic`` whatever ``decode`` said)."""
+    import functools
+    from types import SimpleNamespace
+
+    from lightning_modules.budgeted_qa import BudgetedQA
+    from lightning_modules.layout_ablation import LayoutAblationQA
+
+    def batched(prompt, texts, n, decode=None):
+        return decode
+
+    vlm = SimpleNamespace(answer_batched=batched, answer_all=lambda *a: "sequential")
+    for module in (BudgetedQA(decode=decode), LayoutAblationQA(jobs="base:256", decode=decode)):
+        module.vlm = vlm
+        fn = module.answerer()
+        assert isinstance(fn, functools.partial) and fn("p", ["q"], 4) == expect   # CPU: auto -> dynamic
+    seq = LayoutAblationQA(jobs="base:256", answer_mode="sequential", decode=decode)
+    seq.vlm = vlm
+    assert seq.answerer()("p", ["q"], 4) == "sequential"
+
+
+def test_prompt_template_default_is_each_benchmarks_own():
+    from algorithms.errors import SettingError
+    from datamodules.benchmarks import Question
+    from lightning_modules.budgeted_qa import BudgetedQA
+
+    qs = [Question(qid=f"{b}-1", video_id="v", video_path="/v.mp4", question="Q?", options=["a", "b", "c", "d"], answer="A",
+                   meta={"benchmark": b}) for b in ("videomme", "mlvu", "lvb")]
+    texts, names = BudgetedQA().prompts(qs)
+    assert names == ["videomme", "mlvu", "lvb"]
+    assert "Respond with only the letter (A, B, C, or D) of the correct option." in texts[0]
+    assert texts[1].endswith("Answer with the option's letter from the given choices directly. Only give the best "
+                             "option.")
+    assert BudgetedQA(prompt_template="mcq_letter").prompts(qs)[1] == ["mcq_letter"] * 3
+    with pytest.raises(SettingError, match="prompt_template 'vmme' is unknown"):
+        BudgetedQA(prompt_template="vmme")
+    with pytest.raises(SettingError, match="decode must be one of"):
+        BudgetedQA(decode="cuda_graph")
