@@ -49,7 +49,7 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
 
 
 USER_ERROR_TYPES = ("SettingError", "FeatureFileError", "OutputSettingsError", "OutputLockedError",
-                    "AnnotationError", "EasyComFormatError", "DecodeError")
+                    "AnnotationError", "EasyComFormatError", "DecodeError", "CheckpointError")
 USER_OS_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 

@@ -17,3 +17,9 @@ def check_int(name: str, value, low: int, allow_none: bool = False, none_means: 
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         tail = f", or null for {none_means}" if allow_none and none_means else (", or null" if allow_none else "")
         raise SettingError(f"{name}={value!r}: expected an integer >= {low}{tail}")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory holds a file that cannot be read or does not fit the model (a truncated or corrupted
+    safetensors file, invalid JSON, missing / unexpected / mis-shaped weights). The message names the path; the
+    entry points print it as one line."""

@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
+from algorithms.errors import SettingError, check_int
+
 from .decoding import DecodeError, decode_video
 from .sharding import CostBalancedSampler, estimate_cost
 from .videoqa import VideoQADataModule, VideoTask, _duration_s
@@ -152,9 +154,19 @@ class OmniQADataModule(VideoQADataModule):
                  decode_max_side: int = 896, limit_videos: int | None = None):
         super().__init__(benchmark=benchmark, root=root, loader_kwargs=loader_kwargs, num_workers=num_workers,
                          prefetch_factor=prefetch_factor, decode_max_side=decode_max_side, limit_videos=limit_videos)
-        if max_frames < 8 or max_frames % 8:
-            raise ValueError(f"max_frames must be a positive multiple of 8, got {max_frames}")
+        check_int("data.max_frames", max_frames, 8)
+        if max_frames % 8:
+            raise SettingError(f"data.max_frames={max_frames}: expected a multiple of 8")
+        if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps <= 30:
+            raise SettingError(f"data.fps={fps!r}: expected frames per second in (0, 30]")
+        if max_audio_s is not None and not max_audio_s > 0:
+            raise SettingError(f"data.max_audio_s={max_audio_s!r}: expected seconds > 0, or null for the whole track")
         self.fps, self.max_frames, self.max_audio_s = fps, max_frames, max_audio_s
+
+    def record_settings(self) -> dict:
+        """:meth:`VideoQADataModule.record_settings` plus the frame rate, frame cap and audio length."""
+        return {**super().record_settings(), "fps": self.fps, "max_frames": self.max_frames,
+                "max_audio_s": self.max_audio_s}
 
     def dataset(self, tasks: list[VideoTask]) -> OmniQADataset:
         return OmniQADataset(tasks, self.fps, self.max_frames, self.decode_max_side, self.max_audio_s)

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 from lightning.pytorch import LightningModule
 
 from algorithms.choice import parse_official, parse_robust
-from algorithms.pruning import VARIANTS
+from algorithms.pruning import VARIANTS, retention_floor
 from algorithms.errors import SettingError
 from datamodules.benchmarks import Question
-from datamodules.benchmarks.prompts import prompt_and_template
+from datamodules.benchmarks.prompts import TEMPLATES, prompt_and_template
 from models.omni_qa import FULL, OmniQA, prefill_flop_fields
 
 from .budgeted_qa import run_or_error_records
@@ -68,6 +69,19 @@ class OmniPruningQA(LightningModule):
         for r in (retention, audio_retention):
             if r is not None and not 0.0 < r <= 1.0:
                 raise SettingError(f"retention must be in (0, 1], got {r}")
+        r_a = retention if audio_retention is None else audio_retention
+        for v in variants:
+            if v == FULL:
+                continue
+            floor_v, floor_a = retention_floor(v)
+            for what, r, floor in (("retention", retention, floor_v),
+                                   ("audio_retention" if audio_retention is not None else "retention", r_a, floor_a)):
+                if r < floor:
+                    raise SettingError(f"{what}={r}: variant {v!r} prunes with DyCoke TTM alone, which keeps at "
+                                       f"least {floor} of the tokens (drop {v!r} from variants or raise {what})")
+        if prompt_template is not None and prompt_template not in TEMPLATES:
+            raise SettingError(f"prompt_template {prompt_template!r} is unknown; known: {sorted(TEMPLATES)}, or null "
+                               "for the benchmark's own")
         self.save_hyperparameters()
         self.variants = variants
         self.qa: OmniQA | None = None
@@ -82,6 +96,18 @@ class OmniPruningQA(LightningModule):
     def jobs(self) -> dict[str, str]:
         """Job name -> variant."""
         return {job_name(v, self.hparams.retention): v for v in self.variants}
+
+    def record_settings(self) -> dict:
+        """Settings that determine a record (kept in the output folder's ``run.json``, which refuses a resumed run
+        with other ones; variants may be added, since each has its own job). Raises ``FileNotFoundError`` for a
+        missing ``model_path`` before the settings are compared."""
+        hp = self.hparams
+        path = Path(hp.model_path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model_path {hp.model_path}: no config.json (not a checkpoint directory)")
+        return {"model_path": str(path.resolve()), "retention": hp.retention, "audio_retention": hp.audio_retention,
+                "max_new_tokens": hp.max_new_tokens, "prompt_template": hp.prompt_template, "dtype": hp.dtype,
+                "attn_implementation": hp.attn_implementation}
 
     def setup(self, stage: str) -> None:
         if self.qa is None:

@@ -1,10 +1,12 @@
 """Local checkpoint directories only: nothing here ever asks a model hub."""
 from __future__ import annotations
 
+import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
-from algorithms.errors import SettingError
+from algorithms.errors import CheckpointError, SettingError
 
 # transformers resolves a missing local path as a hub id; with this set it fails fast instead of trying the network
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -20,6 +22,21 @@ def local_checkpoint(path: str | Path, what: str, hint: str = "") -> Path:
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"no {what} checkpoint at {p} (config.json missing){'; ' + hint if hint else ''}")
     return p
+
+
+@contextmanager
+def reading_checkpoint(path: str | Path):
+    """Re-raise an unreadable weight or config file under ``path`` (a truncated or corrupted safetensors file,
+    invalid JSON) as :class:`~algorithms.errors.CheckpointError` naming ``path``; other errors pass unchanged."""
+    try:
+        yield
+    except (json.JSONDecodeError, UnicodeDecodeError, EOFError) as e:
+        raise CheckpointError(f"{path}: a config file is not valid ({type(e).__name__}: {e})") from e
+    except Exception as e:  # noqa: BLE001 - only safetensors' own error is translated
+        if type(e).__name__ != "SafetensorError":
+            raise
+        raise CheckpointError(f"{path}: a safetensors file cannot be read ({e}; truncated or corrupted? copy the "
+                              "checkpoint again)") from e
 
 
 OMNI_DTYPES = ("float32", "bfloat16", "float16")
@@ -52,8 +69,9 @@ def load_omni_thinker(model_dir: str | Path, dtype: str = "float32", attn_implem
     if dtype not in OMNI_DTYPES:
         raise SettingError(f"dtype must be one of {list(OMNI_DTYPES)}, got {dtype!r}")
     if thinker is None:
-        thinker = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(
-            str(path), dtype=getattr(torch, dtype), attn_implementation=attn_implementation)
+        with reading_checkpoint(path):
+            thinker = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(
+                str(path), dtype=getattr(torch, dtype), attn_implementation=attn_implementation)
     thinker = thinker.eval()
     thinker.requires_grad_(False)
     from .fused import fuse

@@ -22,6 +22,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from algorithms.errors import CheckpointError
+
+from .loading import reading_checkpoint
+
 
 @dataclass
 class QBaseConfig:
@@ -150,8 +154,10 @@ class QBaseCompressor(nn.Module):
         for p in (cfg_path, w_path):
             if not p.is_file():
                 raise FileNotFoundError(f"qbase compressor file not found: {p}")
-        model = cls(QBaseConfig(**json.loads(cfg_path.read_text())))
-        load_state_dict_strict(model, load_file(str(w_path)), str(w_path))
+        with reading_checkpoint(cfg_path):
+            model = cls(QBaseConfig(**json.loads(cfg_path.read_text())))
+        with reading_checkpoint(w_path):
+            load_state_dict_strict(model, load_file(str(w_path)), str(w_path))
         return model
 
 
@@ -164,6 +170,6 @@ def load_state_dict_strict(module: nn.Module, state: dict[str, torch.Tensor], so
     shapes = sorted(f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
                     for k in set(own) & set(state) if own[k].shape != state[k].shape)
     if missing or unexpected or shapes:
-        raise ValueError(f"{source}: weights do not match the module: missing={missing} unexpected={unexpected} "
+        raise CheckpointError(f"{source}: weights do not match the module: missing={missing} unexpected={unexpected} "
                          f"shape_mismatch={shapes}")
     module.load_state_dict(state)

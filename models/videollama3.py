@@ -31,8 +31,8 @@ from torch import nn
 from algorithms.budget import (
     CELL_PIXELS, MIN_TOKENS_PER_FRAME, Plan, frame_grid, frame_token_cap, plan_groups, subsample,
 )
-from algorithms.errors import SettingError
-from .loading import local_checkpoint
+from algorithms.errors import CheckpointError, SettingError
+from .loading import local_checkpoint, reading_checkpoint
 from .qbase import QBaseCompressor, load_state_dict_strict
 from .vision_attention import frame_layout
 
@@ -138,13 +138,15 @@ class BudgetedVideoLlama3(nn.Module):
         if is_original_layout(path):  # original VideoLLaMA3 layout: mapped in memory (models/convert.py)
             return cls(*load_original_parts(path, dtype, attn_implementation, raw_mode)).set_vision_attention(
                 vision_attn_implementation).set_fused_kernels(fused_kernels)
-        model, info = VideoLlama3ForConditionalGeneration.from_pretrained(
-            path, dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True)
-        bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
-        if bad:
-            raise ValueError(f"{path}: checkpoint weights do not match VideoLlama3ForConditionalGeneration: {bad}")
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        video_processor = AutoVideoProcessor.from_pretrained(path)
+        with reading_checkpoint(path):
+            model, info = VideoLlama3ForConditionalGeneration.from_pretrained(
+                path, dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True)
+            bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+            if bad:
+                raise CheckpointError(f"{path}: checkpoint weights do not match VideoLlama3ForConditionalGeneration: "
+                                      f"{bad}")
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            video_processor = AutoVideoProcessor.from_pretrained(path)
         compressor = QBaseCompressor.from_pretrained(path / QBASE_DIR).to(dtype)
         orig = None
         if raw_mode == "orig":
@@ -152,7 +154,8 @@ class BudgetedVideoLlama3(nn.Module):
             if not w.is_file():
                 raise FileNotFoundError(f"raw_mode='orig' needs the original projector at {w}")
             orig = type(model.model.projector)(model.config)
-            load_state_dict_strict(orig, load_file(str(w)), str(w))
+            with reading_checkpoint(w):
+                load_state_dict_strict(orig, load_file(str(w)), str(w))
             orig = orig.to(dtype)
         model.requires_grad_(False)  # inference only: no autograd graph can ever hold activations
         compressor.requires_grad_(False)

@@ -226,3 +226,45 @@ def test_predict_job_records_and_scores(omni_dir, demo_root, tmp_path, qa, clip)
     scores = json.loads((out / "scores.json").read_text())
     assert {g["job"] for g in scores["groups"]} == {"full", "baseline_r0.5", "v4_r0.5"}
     assert all(g["n_scored"] == 4 for g in scores["groups"])
+    # the folder keeps its settings: a resumed run with another frame rate or answer length is refused before any
+    # video is decoded (it would otherwise skip every question and score the old answers)
+    from callbacks.jsonl_writer import OutputSettingsError
+
+    settings = json.loads((out / "run.json").read_text())
+    assert {k: settings[k] for k in ("fps", "max_frames", "max_audio_s", "retention", "audio_retention",
+                                     "max_new_tokens", "prompt_template", "dtype")} == {
+        "fps": 1.0, "max_frames": 128, "max_audio_s": None, "retention": 0.5, "audio_retention": None,
+        "max_new_tokens": 4, "prompt_template": None, "dtype": "float32"}
+    assert settings["model_path"] == str(omni_dir.resolve())
+    before = sorted((p, p.stat().st_size) for p in out.glob("*/*/*.jsonl"))
+    for extra, field in (("--data.init_args.fps=0.5", "fps: 1.0 there, 0.5 now"),
+                         ("--model.init_args.max_new_tokens=2", "max_new_tokens: 4 there, 2 now")):
+        with pytest.raises(OutputSettingsError, match=f"holds records made with other settings \\({field}\\)"):
+            evaluate.cli_main(["predict", f"--config={CONFIG}", f"--config={cfg}", extra])
+    assert sorted((p, p.stat().st_size) for p in out.glob("*/*/*.jsonl")) == before
+
+
+def test_pruning_settings_are_checked_at_construction(omni_dir):
+    from algorithms.errors import SettingError
+    from algorithms.pruning import retention_floor
+    from datamodules.omni_qa import OmniQADataModule
+    from lightning_modules.omni_qa import OmniPruningQA
+
+    # DyCoke TTM alone (baseline video, dycoke audio) keeps >= 0.25; v1's selection stage reaches any ratio
+    assert retention_floor("baseline") == (0.25, 0.25)
+    assert retention_floor("v1") == (0.0, 0.25) and retention_floor("v4") == (0.0, 0.0)
+    with pytest.raises(SettingError, match=r"^retention=0.1: variant 'baseline' prunes with DyCoke TTM alone"):
+        OmniPruningQA(str(omni_dir), variants=["full", "v4", "baseline"], retention=0.1)
+    with pytest.raises(SettingError, match=r"^audio_retention=0.2: variant 'v1' prunes with DyCoke TTM alone"):
+        OmniPruningQA(str(omni_dir), variants=["v1"], retention=0.1, audio_retention=0.2)
+    assert OmniPruningQA(str(omni_dir), variants=["full", "v4"], retention=0.1).variants == ["full", "v4"]
+    with pytest.raises(SettingError, match="prompt_template 'ws' is unknown"):
+        OmniPruningQA(str(omni_dir), prompt_template="ws")
+    for kwargs, msg in (({"fps": 0}, r"data.fps=0: expected frames per second in \(0, 30\]"),
+                        ({"max_frames": 12}, "data.max_frames=12: expected a multiple of 8"),
+                        ({"max_frames": 4}, "data.max_frames=4: expected an integer >= 8"),
+                        ({"max_audio_s": 0}, "data.max_audio_s=0: expected seconds > 0")):
+        with pytest.raises(SettingError, match=msg):
+            OmniQADataModule(**kwargs)
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        OmniPruningQA("/nonexistent/omni").record_settings()

@@ -170,3 +170,46 @@ def test_remote_code_in_a_checkpoint_is_not_run(tiny_vl3_dir, tmp_path):
     except Exception:  # noqa: BLE001 - refusing the checkpoint is fine too; running its code is not
         pass
     assert not marker.exists()
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_truncated_or_corrupted_checkpoint_files_name_the_path(tiny_vl3_dir, tmp_path):
+    """A half-copied safetensors file or a broken qbase config is a CheckpointError naming the file or
+    directory (one line at the entry points), not safetensors' bare header error."""
+    from algorithms.errors import CheckpointError
+    from evaluate import user_error
+    from models.videollama3 import BudgetedVideoLlama3
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_vl3_dir, ckpt)
+    _truncate(ckpt / "model.safetensors")
+    with pytest.raises(CheckpointError, match=rf"^{ckpt}: a safetensors file cannot be read \(Error while "
+                                              r"deserializing header") as info:
+        BudgetedVideoLlama3.from_pretrained(ckpt)
+    assert user_error(RuntimeError("wrapped")) is None and user_error(info.value) is info.value
+
+    shutil.rmtree(ckpt)
+    shutil.copytree(tiny_vl3_dir, ckpt)
+    _truncate(ckpt / "qbase" / "model.safetensors")
+    with pytest.raises(CheckpointError, match=rf"^{ckpt / 'qbase' / 'model.safetensors'}: a safetensors file"):
+        BudgetedVideoLlama3.from_pretrained(ckpt)
+    (ckpt / "qbase" / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=rf"^{ckpt / 'qbase' / 'config.json'}: a config file is not valid "
+                                              r"\(JSONDecodeError"):
+        BudgetedVideoLlama3.from_pretrained(ckpt)
+
+
+def test_truncated_omni_checkpoint_names_the_path(tmp_path):
+    from algorithms.errors import CheckpointError
+    from models.loading import load_omni_thinker
+    from models.tiny_omni import build_tiny_omni
+
+    ckpt = build_tiny_omni(tmp_path / "omni")
+    for f in ckpt.glob("*.safetensors"):
+        _truncate(f)
+    with pytest.raises(CheckpointError, match=rf"^{ckpt}: a safetensors file cannot be read"):
+        load_omni_thinker(ckpt)

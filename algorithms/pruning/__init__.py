@@ -19,7 +19,7 @@ from .dycoke import (
     window_ttm_tokens_per_frame,
 )
 from .omnizip import allocate_by_weight, audio_block_retention, omnizip_allocate
-from .variants import VARIANTS, AudioSpec, PruneResult, Variant, VideoSpec, apply_variant, get_variant
+from .variants import VARIANTS, AudioSpec, PruneResult, Variant, VideoSpec, apply_variant, get_variant, retention_floor
 
 __all__ = [
     "AnchorMerge", "anchor_merge", "contextual_anchors", "dominant_tokens", "merge_tokens", "received_attention",
@@ -27,5 +27,5 @@ __all__ = [
     "dycoke_merging_ratio", "dycoke_retention", "dycoke_ttm", "dycoke_ttm_num_kept", "num_keep",
     "window_ttm", "window_ttm_num_kept", "window_ttm_tokens_per_frame",
     "allocate_by_weight", "audio_block_retention", "omnizip_allocate",
-    "VARIANTS", "AudioSpec", "PruneResult", "Variant", "VideoSpec", "apply_variant", "get_variant",
+    "VARIANTS", "AudioSpec", "PruneResult", "Variant", "VideoSpec", "apply_variant", "get_variant", "retention_floor",
 ]

@@ -50,7 +50,8 @@ from .dycoke import (
 )
 from .omnizip import allocate_by_weight, audio_block_retention
 
-__all__ = ["VideoSpec", "AudioSpec", "Variant", "VARIANTS", "PruneResult", "apply_variant", "get_variant"]
+__all__ = ["VideoSpec", "AudioSpec", "Variant", "VARIANTS", "PruneResult", "apply_variant", "get_variant",
+           "retention_floor"]
 
 TTM_METHODS = ("none", "dycoke", "window")
 AUDIO_METHODS = ("none", "dycoke", "window", "dominant", "dominant_anchor_merge")
@@ -151,6 +152,23 @@ def get_variant(name: str) -> Variant:
         return VARIANTS[name]
     except KeyError:
         raise KeyError(f"unknown variant {name!r}; known: {sorted(VARIANTS)}") from None
+
+
+DYCOKE_MIN_RETENTION = 0.25   # K = 4 (1 - r) / 3 merged tokens per frame pair can be at most 1
+
+
+def retention_floor(variant: Variant | str) -> tuple[float, float]:
+    """Lowest ``(video, audio)`` retention ``variant`` can reach: 0.25 where DyCoke TTM alone sets a modality's
+    count (its ``K = 4 (1 - r) / 3``), else 0. A selection stage after TTM (v1/v4/v5 video) reaches any ratio,
+    since its TTM runs at ``max(r ** ttm_share, 0.25)``.
+
+    Raises:
+        KeyError: unknown variant name.
+    """
+    v = get_variant(variant) if isinstance(variant, str) else variant
+    video = DYCOKE_MIN_RETENTION if (v.video.ttm == "dycoke" and v.video.select == "none") else 0.0
+    audio = DYCOKE_MIN_RETENTION if v.audio.method == "dycoke" else 0.0
+    return video, audio
 
 
 @dataclass(frozen=True)
