@@ -480,6 +480,33 @@ def _parse_expected(items: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def _expected_from_run_file(out_root: Path) -> dict[str, list[str]] | None:
+    """The qids of the benchmark named in ``<out_root>/run.json`` (its ``benchmark``, ``root`` and
+    ``loader_kwargs``), so a re-score counts missing questions as the run's own scoring did; ``None`` (with a
+    message) when the file or the annotation is not there."""
+    from datamodules.benchmarks import load_benchmark
+
+    from callbacks.jsonl_writer import RUN_FILE
+
+    path = out_root / RUN_FILE
+    try:
+        run = json.loads(path.read_text(encoding="utf-8"))
+        name, bench_root = run["benchmark"], run["root"]
+    except (OSError, ValueError, KeyError, TypeError):
+        print(f"{path}: no benchmark and root recorded: missing questions are not counted (use --expected)",
+              file=sys.stderr)
+        return None
+    try:
+        qids = [q.qid for q in load_benchmark(name, bench_root, **(run.get("loader_kwargs") or {}))]
+    except Exception as e:  # noqa: BLE001 - the annotation may have moved; scoring still works without it
+        print(f"{name} at {bench_root} (from {path}) cannot be read ({type(e).__name__}: {e}): missing questions "
+              "are not counted (use --expected)", file=sys.stderr)
+        return None
+    print(f"missing questions counted against {name} at {bench_root} ({len(qids)} qids, from {path})",
+          file=sys.stderr)
+    return {name: qids}
+
+
 def main(argv: list[str] | None = None) -> dict:
     """``python -m callbacks.scoring <out_root> [--expected NAME=ROOT ...] [--no-plots]``: score, write
     ``scores.json`` and plots, print the table."""
@@ -489,7 +516,13 @@ def main(argv: list[str] | None = None) -> dict:
                     help="benchmark annotation to count missing qids against (repeatable)")
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
-    scores = write_scores(args.out_root, _parse_expected(args.expected) or None, plots=not args.no_plots)
+    root = Path(args.out_root)
+    if not root.is_dir():
+        ap.error(f"{root}: no such output folder")
+    if not any(root.glob("*/*/*.jsonl")):
+        ap.error(f"{root}: no records (expected <job>/<benchmark>/rank<r>.jsonl files)")
+    expected = _parse_expected(args.expected) or _expected_from_run_file(root)
+    scores = write_scores(root, expected, plots=not args.no_plots)
     print(format_table(scores))
     print(f"scores: {Path(args.out_root) / SCORES_FILE}", file=sys.stderr)
     return scores

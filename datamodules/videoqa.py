@@ -121,6 +121,9 @@ class VideoQADataModule(LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.questions is None:
             qs = load_benchmark(self.benchmark, self.root, **self.loader_kwargs)
+            if not qs:
+                raise AnnotationError(f"{self.benchmark} at {self.root}: the annotation holds no questions"
+                                      + (f" with loader_kwargs {self.loader_kwargs}" if self.loader_kwargs else ""))
             dup = [q for q, n in Counter(q.qid for q in qs).items() if n > 1]
             if dup:
                 raise AnnotationError(f"{self.benchmark} at {self.root}: duplicate qid(s) {dup[:10]}")

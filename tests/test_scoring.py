@@ -232,3 +232,25 @@ def test_successful_retry_replaces_an_error_record():
     (g,) = score_records(recs)["groups"]
     assert (g["n_retried"], g["n_duplicates"], g["n_errors"], g["n_scored"]) == (1, 1, 0, 2)
     assert g["parsers"]["official"]["accuracy"] == 0.5
+
+
+def test_cli_refuses_a_folder_without_records_and_counts_missing_from_run_json(tmp_path, demo_bench, capsys):
+    for folder, msg in ((tmp_path / "nonexist", "no such output folder"), (tmp_path, "no records")):
+        with pytest.raises(SystemExit) as info:
+            main([str(folder), "--no-plots"])
+        assert info.value.code == 2 and f"{folder}: {msg}" in capsys.readouterr().err
+    assert not (tmp_path / "nonexist").exists() and not (tmp_path / "scores.json").exists()
+    # 2 of the demo annotation's 7 questions answered; run.json names the benchmark and its root
+    out = tmp_path / "out"
+    _write(out, "b128", "videomme", [rec("001-1", "B", "B", "B", "videomme", budget=128),
+                                     rec("002-1", "B", "A", "A", "videomme", budget=128)])
+    (out / "run.json").write_text(json.dumps({"benchmark": "videomme", "root": str(demo_bench),
+                                              "loader_kwargs": {}}))
+    g = _group(main([str(out), "--no-plots"]), "videomme", "b128")
+    assert (g["n_expected"], g["n_missing"]) == (7, 5)
+    assert g["missing_qids"] == ["001-2", "001-3", "001-4", "002-2", "002-3"]
+    assert "counted against videomme" in capsys.readouterr().err
+    (out / "run.json").write_text(json.dumps({"benchmark": "videomme", "root": str(tmp_path / "moved")}))
+    g = _group(main([str(out), "--no-plots"]), "videomme", "b128")
+    assert g["n_missing"] == 0 and g["n_expected"] is None
+    assert "missing questions are not counted" in capsys.readouterr().err

@@ -389,3 +389,14 @@ def test_fused_function_falls_back_to_eager(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(g(q, k, cos, sin), want)) and g._compiled is None
     h = Fusable(va.rotary_qk, "unknown option", devices=("cpu",), options={"no_such_inductor_option": 1})
     assert all(torch.equal(a, b) for a, b in zip(h(q, k, cos, sin), want)) and h.state == "failed"
+
+
+def test_an_annotation_without_questions_is_an_error(tmp_path):
+    import json as _json
+
+    from datamodules.benchmarks import AnnotationError
+    from datamodules.omni_qa import OmniQADataModule
+
+    (tmp_path / "worldsense_qa.json").write_text(_json.dumps({}))
+    with pytest.raises(AnnotationError, match=rf"^worldsense at {tmp_path}: the annotation holds no questions$"):
+        OmniQADataModule(root=str(tmp_path), num_workers=0).setup("predict")
