@@ -110,8 +110,14 @@ class OmniPruningQA(LightningModule):
                 "attn_implementation": hp.attn_implementation}
 
     def setup(self, stage: str) -> None:
+        hp = self.hparams
+        trainer = getattr(self, "_trainer", None)
+        device = trainer.strategy.root_device if trainer is not None else self.device
+        if hp.measure_flops and hp.attn_implementation != "eager" and device.type == "cpu":
+            # FlopCounterMode has no formula for the CPU SDPA kernels: the attention FLOPs would be left out
+            raise SettingError("measure_flops on the CPU needs model.init_args.attn_implementation=eager (the CPU "
+                               f"{hp.attn_implementation} attention is invisible to FlopCounterMode)")
         if self.qa is None:
-            hp = self.hparams
             self.qa = OmniQA(hp.model_path, dtype=hp.dtype, attn_implementation=hp.attn_implementation,
                              max_new_tokens=hp.max_new_tokens)
 

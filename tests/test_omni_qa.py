@@ -268,3 +268,23 @@ def test_pruning_settings_are_checked_at_construction(omni_dir):
             OmniQADataModule(**kwargs)
     with pytest.raises(FileNotFoundError, match="no config.json"):
         OmniPruningQA("/nonexistent/omni").record_settings()
+
+
+def test_measured_flops_on_cpu_need_eager_attention(omni_dir):
+    """FlopCounterMode sees no FLOPs in the CPU SDPA kernel, so a measured count with sdpa on the CPU would leave
+    the attention out: refused at setup, naming the setting."""
+    import torch.nn.functional as F
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from algorithms.errors import SettingError
+    from lightning_modules.omni_qa import OmniPruningQA
+
+    q = torch.randn(1, 2, 16, 8)
+    with FlopCounterMode(display=False) as fc:
+        F.scaled_dot_product_attention(q, q, q)
+    assert fc.get_total_flops() == 0           # the reason for the check (if torch learns it, drop the check)
+    with pytest.raises(SettingError, match="measure_flops on the CPU needs model.init_args.attn_implementation=eager"):
+        OmniPruningQA(str(omni_dir), measure_flops=True).setup("predict")
+    module = OmniPruningQA(str(omni_dir), measure_flops=True, attn_implementation="eager", variants=["full"])
+    module.setup("predict")
+    assert module.qa is not None
