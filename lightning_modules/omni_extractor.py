@@ -180,7 +180,11 @@ def _assemble(runner: OmniThinkerRunner, session: dict[str, Any], mode: str, mem
             "model": Path(runner.model_dir).name, "model_path": runner.model_dir,
             "session": session["session"], "config_hash": config_hash(settings),
             "production_processor_calls": calls, "production_prepared_media_seconds": round(prepared, 6),
-            "wall_time_s": wall, "peak_memory_bytes": int(peak), "hidden_size": d, "num_rows": n,
+            "wall_time_s": wall, "peak_memory_bytes": int(peak),
+            # CUDA: the peak allocated during this session's streams; CPU: the process's peak RSS so far (it
+            # includes the model and earlier sessions, so it never falls)
+            "peak_memory_kind": "cuda_max_allocated" if runner.device.type == "cuda" else "process_max_rss",
+            "hidden_size": d, "num_rows": n,
             "prompt_source": runner.prompt_source, "num_prompt_tokens": len(runner.prompt_token_ids),
             "gap_policy": session.get("gap_policy"), "streams": streams_meta,
             "verification": {

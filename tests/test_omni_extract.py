@@ -253,6 +253,7 @@ def test_feature_file_roundtrip_and_wrong_mode_fails(runner, tmp_path):
     tensors, meta = load_features(path)
     assert tensors["states"].shape == (20, runner.hidden_size)
     assert meta["production_processor_calls"] == 2 and meta["production_prepared_media_seconds"] == 4.0
+    assert meta["peak_memory_kind"] == "process_max_rss" and meta["peak_memory_bytes"] > 0   # CPU: the process peak
     assert meta["verification"]["cache_replay"]["passed"]
     assert tensors["initialization_mask"][:9].tolist() == [1] * 9
     # DESIGN §5, completed-block-hold over 4 s: only the completed blocks [0, 2) and [2, 4) s are processed, at rows
