@@ -42,7 +42,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from algorithms.errors import check_int
+from algorithms.errors import SettingError, check_int
 from datamodules.decoding import short_error
 
 VIDEO_DIR = "Main/Video_Compressed"
@@ -168,14 +168,23 @@ def list_segments(root: str | Path, session: str) -> list[Segment]:
 
 
 def _read_transcript(path: Path) -> list[dict]:
+    """The utterance dicts of one transcript file: a list, or a dict wrapping one (``{"utterances": [...]}``).
+
+    Raises:
+        EasyComFormatError: not valid JSON, or neither a list nor a dict holding one (file named).
+    """
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise EasyComFormatError(f"{path}: not valid JSON ({e})") from e
     if isinstance(data, dict):  # tolerate {"utterances": [...]}-style wrappers
-        data = next((v for v in data.values() if isinstance(v, list)), [])
+        lists = [v for v in data.values() if isinstance(v, list)]
+        if not lists:
+            raise EasyComFormatError(f"{path}: expected a list of utterances, got an object without a list "
+                                     f"(keys {sorted(data)[:5]})")
+        data = lists[0]
     if not isinstance(data, list):
-        raise EasyComFormatError(f"{path}: expected a list of utterances")
+        raise EasyComFormatError(f"{path}: expected a list of utterances, got {type(data).__name__}")
     return data
 
 
@@ -183,17 +192,30 @@ def load_session_utterances(root: str | Path, session: str) -> list[Utterance]:
     """All utterances of ``session`` on the session timeline, sorted by start time.
 
     Raises:
-        EasyComFormatError: a transcript lacks ``Start_Frame``, ``End_Frame`` or ``Participant_ID`` (file named).
+        EasyComFormatError: ``root`` or the session's transcript folder is missing, the folder has no ``*.json``
+            transcript, or a transcript is not a list of utterances, lacks ``Start_Frame``, ``End_Frame`` or
+            ``Participant_ID``, or has an utterance whose ``End_Frame`` is before its ``Start_Frame`` (file and
+            utterance index named).
     """
     root = Path(root)
     folder = root / TRANSCRIPT_DIR / session
+    if not root.is_dir():
+        raise EasyComFormatError(f"{root}: no such folder (expected the EasyCom root holding {TRANSCRIPT_DIR})")
+    if not folder.is_dir():
+        raise EasyComFormatError(f"{folder}: transcript folder of {session} missing")
+    files = sorted((parse_time_code(p, "transcript"), p) for p in folder.glob("*.json"))
+    if not files:
+        raise EasyComFormatError(f"{folder}: no mm-ss-SSS.json transcripts")
     out = []
-    for offset, js in sorted((parse_time_code(p, "transcript"), p) for p in folder.glob("*.json")):
+    for offset, js in files:
         for k, u in enumerate(_read_transcript(js)):
             try:
                 start, end, pid = float(u["Start_Frame"]), float(u["End_Frame"]), int(u["Participant_ID"])
             except (KeyError, TypeError, ValueError) as e:
                 raise EasyComFormatError(f"{js}: utterance {k} lacks Start_Frame/End_Frame/Participant_ID ({e})")
+            if end < start:
+                raise EasyComFormatError(f"{js}: utterance {k} ends before it starts (Start_Frame {u['Start_Frame']}, "
+                                         f"End_Frame {u['End_Frame']})")
             out.append(Utterance(start_s=offset + start / TRANSCRIPT_FPS, end_s=offset + end / TRANSCRIPT_FPS,
                                  participant_id=pid, text=str(u.get("Transcription", "")),
                                  target_of_speech=u.get("Target_of_Speech"), segment=js.stem))
@@ -439,10 +461,29 @@ class EasyComSessionStreams(Dataset):
         missing = [x for x in self.sessions if not (self.root / VIDEO_DIR / x).is_dir()]
         if missing:   # a typo in the session list is a setting error, not a failed session
             raise EasyComFormatError(f"{self.root / VIDEO_DIR}: no folder for sessions {missing}")
+        if not self.sessions:
+            raise EasyComFormatError(f"{self.root / VIDEO_DIR}: no Session_<n> folders (nothing to extract)")
         self.gap_policy, self.max_gap_s = gap_policy, max_gap_s
         self.audio_channels = None if audio_channels is None else tuple(audio_channels)
+        self._check_channels()
         self.frame_height, self.frame_width = frame_height, frame_width
         self.max_duration_s = max_duration_s
+
+    def _check_channels(self) -> None:
+        """``audio_channels`` against the first readable wav: a wrong index is a setting (SettingError now), not a
+        failure of every session later. An unreadable first session is left to its own error record."""
+        if self.audio_channels is None:
+            return
+        for session in self.sessions[:1]:
+            try:
+                wav = next((seg.audio for seg in list_segments(self.root, session)), None)
+                nch = _wav_layout(wav)[1] if wav is not None else None
+            except EasyComFormatError:
+                return
+            bad = [c for c in self.audio_channels if not 0 <= c < (nch or 0)]
+            if nch is not None and bad:
+                raise SettingError(f"data.init_args.audio_channels={list(self.audio_channels)}: {wav} has {nch} "
+                                   f"channels (0-based indices 0..{nch - 1}), so {bad} do not exist")
 
     def __len__(self) -> int:
         return len(self.sessions)

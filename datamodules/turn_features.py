@@ -5,12 +5,16 @@ Files: ``<features_dir>/<session>.<mode>.safetensors`` (``datamodules.features``
 meta ``mode == expected_mode``, ``memory_s``, ``memory_policy`` (absent: ``window``), ``fps``, ``output_hz``,
 ``session`` (== file name) and ``layer`` (``expected_layer``, negative counting from the end as in the extraction
 config, resolved with the file's ``num_layers``; when ``None``, every file of the run must share one layer,
-recorded in ``self.layer``), plus one hidden size D across files. Missing sessions of a split are an error.
+recorded in ``self.layer``), plus one hidden size D across files. Missing sessions of a split are an error, and
+so is an empty split that the stage reads (``setup``: fit reads train + val, validate val, test test; with
+``standardize`` every stage needs train sessions).
 
 Targets come from utterances (``algorithms.turn_targets``), loaded by ``utterances_loader`` (dotted path of a
 ``fn(root, session) -> list[utterance]``; default EasyCom's ``datamodules.easycom.load_session_utterances``, imported
 lazily), and are cached per session in memory for the process (keyed by loader, root, session, rows, wearer and
-target settings).
+target settings). A session without utterances is an error, and so is a ``wearer_id`` that speaks in no session
+(a wrong ``utterances_root`` or ``wearer_id`` would otherwise train on all-negative targets); sessions where the
+wearer never speaks get a warning.
 
 Split by EasyCom session number (the last integer in the session name): train 1-3, 5-9; val 4, 12; test 10, 11.
 Everything is held in memory. Batches (dict):
@@ -42,14 +46,17 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
+from algorithms.errors import SettingError, check_int
 from algorithms.streaming import DEFAULT_MEMORY_POLICY, check_memory_policy
 from algorithms.turn_targets import build_turn_targets, flat_targets
 from datamodules.features import (FeatureFileError, check_meta, error_path, feature_path, load_features,
                                  parse_feature_name)
 
 _TARGET_CACHE: dict[tuple, Any] = {}
+_PARTICIPANTS: dict[tuple, list[int]] = {}   # same keys: each cached session's participant ids
 ALL_MODES = ("open-stream-replay", "completed-block-hold", "micro-chunk-200ms")
 INIT_ROW_POLICIES = ("keep", "exclude", "exclude_any_mode")
+STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}  # splits each stage reads
 
 
 @dataclass
@@ -67,11 +74,33 @@ def load_utterances_json(root: str | Path, session: str) -> list[JsonUtterance]:
     """Read ``<root>/<session>.utterances.json`` (a list of utterance dicts, as written by ``synthetic_turns``).
 
     Raises:
-        FileNotFoundError: no such file.
+        FileNotFoundError: ``root`` or the file is missing (named).
+        FeatureFileError: not valid JSON, not a list, an utterance without ``start_s``/``end_s``/``participant_id``
+            or one that ends before it starts (file and utterance index named).
     """
-    items = json.loads((Path(root) / f"{session}.utterances.json").read_text())
-    return [JsonUtterance(float(d["start_s"]), float(d["end_s"]), int(d["participant_id"]), d.get("text", ""),
-                          d.get("target_of_speech")) for d in items]
+    path = Path(root) / f"{session}.utterances.json"
+    if not Path(root).is_dir():
+        raise FileNotFoundError(f"{root}: utterances_root folder missing")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: utterances file of {session} missing")
+    try:
+        items = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FeatureFileError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(items, list):
+        raise FeatureFileError(f"{path}: expected a list of utterances, got {type(items).__name__}")
+    out = []
+    for k, d in enumerate(items):
+        try:
+            u = JsonUtterance(float(d["start_s"]), float(d["end_s"]), int(d["participant_id"]), d.get("text", ""),
+                              d.get("target_of_speech"))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise FeatureFileError(f"{path}: utterance {k} lacks start_s/end_s/participant_id ({e!r})") from e
+        if u.end_s < u.start_s:
+            raise FeatureFileError(f"{path}: utterance {k} ends before it starts (start_s {u.start_s}, "
+                                   f"end_s {u.end_s})")
+        out.append(u)
+    return out
 
 
 def _import(path: str) -> Callable:
@@ -166,6 +195,10 @@ class TurnFeatureDataModule(LightningDataModule):
                  target_kwargs: dict[str, float] | None = None):
         super().__init__()
         check_memory_policy(expected_memory_policy, "expected_memory_policy")
+        for name, value, low in (("chunk_rows", chunk_rows, 1), ("warmup_rows", warmup_rows, 0),
+                                 ("batch_size", batch_size, 1), ("num_workers", num_workers, 0),
+                                 ("wearer_id", wearer_id, 0)):
+            check_int(f"data.init_args.{name}", value, low)
         if initialization_rows not in INIT_ROW_POLICIES:
             raise ValueError(f"initialization_rows={initialization_rows!r}; expected one of {INIT_ROW_POLICIES}")
         self.save_hyperparameters()
@@ -203,10 +236,13 @@ class TurnFeatureDataModule(LightningDataModule):
             FeatureFileError: a file disagrees with the run (mode, memory, memory policy, fps, output rate, layer,
                 session, D), a split's session has no file, a split has no row that counts, or ``standardize``
                 has fewer than 2 train rows.
+            SettingError: ``standardize`` with no train session, a session without utterances, or ``wearer_id``
+                absent from every session's utterances.
         """
         if self.data is not None:
             return self.data
         hp = self.hparams
+        self.check_splits(None)
         files = self._files()
         expected = {"mode": hp.expected_mode, "memory_s": hp.expected_memory_s,
                     "memory_policy": hp.expected_memory_policy, "fps": hp.expected_fps,
@@ -256,6 +292,7 @@ class TurnFeatureDataModule(LightningDataModule):
                 raise FeatureFileError(f"{path}: hidden size {D} differs from {self.feature_dim}")
             loaded[n] = (path, tensors, meta)
         by_num: dict[int, SessionData] = {}
+        participants: dict[str, list[int]] = {}
         for n, (path, tensors, meta) in loaded.items():
             session = meta["session"]
             T = tensors["states"].shape[0]
@@ -264,7 +301,9 @@ class TurnFeatureDataModule(LightningDataModule):
             if key not in _TARGET_CACHE:
                 loader = loader or _import(hp.utterances_loader)
                 utts = loader(hp.utterances_root, session)
+                _PARTICIPANTS[key] = self._check_utterances(utts, session)
                 _TARGET_CACHE[key] = build_turn_targets(utts, T, wearer_id=hp.wearer_id, **(hp.target_kwargs or {}))
+            participants[session] = _PARTICIPANTS[key]
             tt = _TARGET_CACHE[key]
             init = tensors["initialization_mask"].bool()
             row_valid = torch.ones(T, dtype=torch.bool)
@@ -275,6 +314,7 @@ class TurnFeatureDataModule(LightningDataModule):
             targets, mask = flat_targets(tt, row_valid)
             shift = torch.where(row_valid, tt.shift, -1)
             by_num[n] = SessionData(session, path, tensors["states"].float(), targets, mask, shift, row_valid, init)
+        self._check_wearer(participants)
         data = {split: [by_num[n] for n in nums] for split, nums in self.splits.items()}
         for split, sessions in data.items():
             if sessions and not any(bool(s.mask.any()) for s in sessions):
@@ -322,7 +362,56 @@ class TurnFeatureDataModule(LightningDataModule):
             out |= mask
         return out
 
+    def check_splits(self, stage: str | None) -> None:
+        """Fail closed on an empty split that ``stage`` (``fit | validate | test``; ``None``: none) reads, or on an
+        empty train split when ``standardize`` needs its statistics (every stage).
+
+        Raises:
+            SettingError: naming the empty ``<split>_sessions`` setting.
+        """
+        stage = getattr(stage, "value", stage)   # Lightning passes its TrainerFn (a str enum)
+        for split in STAGE_SPLITS.get(stage, ()):
+            if not self.splits[split]:
+                raise SettingError(f"data.init_args.{split}_sessions is empty: {stage} needs at least one {split} "
+                                   "session")
+        if self.hparams.standardize and not self.splits["train"]:
+            raise SettingError("data.init_args.train_sessions is empty: standardize takes the feature mean/std from "
+                               "the train sessions (in every stage)")
+
+    def _check_utterances(self, utts: Sequence[Any], session: str) -> list[int]:
+        """The session's participant ids; a session without utterances (a wrong ``utterances_root``, an empty
+        transcript) would train on all-negative targets: refused, naming it.
+
+        Raises:
+            SettingError: no utterance.
+        """
+        hp = self.hparams
+        if not utts:
+            raise SettingError(f"{hp.utterances_root}: {session} has no utterances (read by {hp.utterances_loader}); "
+                               "check data.init_args.utterances_root")
+        return sorted({int(u.participant_id) for u in utts})
+
+    def _check_wearer(self, participants: dict[str, list[int]]) -> None:
+        """``wearer_id`` must speak somewhere in the run (a wrong id gives all-negative wearer targets everywhere):
+        refused when it occurs in no session; a warning names the sessions where it never speaks (possible in a
+        short session, so not an error).
+
+        Raises:
+            SettingError: ``wearer_id`` in no session's utterances (the ids per session listed).
+        """
+        wearer = self.hparams.wearer_id
+        silent = sorted(s for s, ids in participants.items() if wearer not in ids)
+        if silent and len(silent) == len(participants):
+            raise SettingError(f"data.init_args.wearer_id={wearer} never occurs in the utterances (participant ids: "
+                               + ", ".join(f"{s} {participants[s]}" for s in silent) + ")")
+        if silent:
+            import warnings
+
+            warnings.warn(f"data.init_args.wearer_id={wearer} never speaks in {silent}: their wearer targets are "
+                          "all negative", stacklevel=2)
+
     def setup(self, stage: str | None = None) -> None:
+        self.check_splits(stage)
         self.load()
 
     # ---------------------------------------------------------------- loaders

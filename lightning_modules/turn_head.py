@@ -13,7 +13,9 @@ optimizer, validation excluded). At test end, PR curves of
 every target go to W&B when a ``WandbLogger`` is attached.
 
 The head is built from ``head_type`` etc. (flat arguments, so W&B sweeps can vary them); ``in_dim`` (D) defaults to
-the datamodule's ``feature_dim`` at ``setup`` and is then stored in the hyperparameters, so checkpoints reload.
+the datamodule's ``feature_dim`` at ``setup`` and is then stored in the hyperparameters, so checkpoints reload; a
+head whose D differs from the datamodule's (a checkpoint of other features) fails at the start of fit / validate /
+test, naming both sizes, the checkpoint and the features folder.
 """
 from __future__ import annotations
 
@@ -26,8 +28,9 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import (BinaryAUROC, BinaryAveragePrecision, BinaryPrecisionRecallCurve,
                                          MulticlassF1Score, MulticlassRecall)
 
+from algorithms.errors import SettingError, check_int
 from algorithms.turn_targets import NUM_TARGETS, target_names
-from models.heads import build_head
+from models.heads import HEAD_TYPES, build_head
 
 
 class TurnHead(LightningModule):
@@ -45,6 +48,12 @@ class TurnHead(LightningModule):
                  dropout: float = 0.1, num_heads: int = 4, in_dim: int | None = None, lr: float = 1e-3,
                  weight_decay: float = 0.01, shift_loss_weight: float = 1.0):
         super().__init__()
+        if head_type not in HEAD_TYPES:
+            raise SettingError(f"model.init_args.head_type={head_type!r}: expected one of {list(HEAD_TYPES)}")
+        for name, value in (("hidden_dim", hidden_dim), ("num_layers", num_layers), ("context_rows", context_rows),
+                            ("num_heads", num_heads)):
+            check_int(f"model.init_args.{name}", value, 1)
+        check_int("model.init_args.in_dim", in_dim, 1, allow_none=True, none_means="the features' D")
         self.save_hyperparameters()
         self.names = target_names()
         self.head = None if in_dim is None else self._build(in_dim)
@@ -77,6 +86,26 @@ class TurnHead(LightningModule):
             dm.setup(stage)  # fails closed on mismatching feature files before any step
             self.hparams.in_dim = dm.feature_dim
             self.head = self._build(dm.feature_dim)
+
+    def _check_in_dim(self) -> None:
+        """Fail closed (before any step) when the head's D (from a checkpoint's hyperparameters or
+        ``model.init_args.in_dim``) is not the datamodule's feature D."""
+        dm = self.trainer.datamodule
+        D = getattr(dm, "feature_dim", None)
+        if D is not None and self.hparams.in_dim != D:
+            src = f"checkpoint {self.trainer.ckpt_path}" if self.trainer.ckpt_path else "model.init_args.in_dim"
+            where = getattr(dm, "hparams", {}).get("features_dir", type(dm).__name__)
+            raise SettingError(f"the head takes features of size D={self.hparams.in_dim} ({src}), the features in "
+                               f"{where} have D={D}")
+
+    def on_fit_start(self) -> None:
+        self._check_in_dim()
+
+    def on_validation_start(self) -> None:
+        self._check_in_dim()
+
+    def on_test_start(self) -> None:
+        self._check_in_dim()
 
     def forward(self, states: torch.Tensor) -> torch.Tensor:
         """states (B, T, D) -> logits (B, T, 11): 10 target logits + shift logit."""

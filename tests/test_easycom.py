@@ -89,3 +89,19 @@ def test_datamodule_decodes_in_workers(root):
     assert len(batches) == 1 and batches[0]["session"] == "Session_2"
     st = batches[0]["streams"][0]
     assert st["frames"].shape[0] == 2 and st["audio"].shape[0] == pytest.approx(1.2 * 16000, abs=400)
+
+
+def test_empty_root_and_missing_channels_fail_at_construction(root, tmp_path):
+    from algorithms.errors import SettingError
+
+    empty = tmp_path / "E"
+    for d in ("Video_Compressed", "Glasses_Microphone_Array_Audio", "Speech_Transcriptions"):
+        (empty / "Main" / d).mkdir(parents=True)
+    with pytest.raises(EasyComFormatError, match=rf"^{empty / 'Main/Video_Compressed'}: no Session_<n> folders"):
+        EasyComSessionStreams(empty)
+    wav = root / "Main/Glasses_Microphone_Array_Audio/Session_1/00-00-000.wav"
+    n = len(CHANNEL_GAINS)
+    with pytest.raises(SettingError, match=rf"^data.init_args.audio_channels=\[4, {n + 2}\]: {wav} has {n} channels "
+                                           rf"\(0-based indices 0..{n - 1}\), so \[{n + 2}\] do not exist"):
+        EasyComSessionStreams(root, audio_channels=[4, n + 2])
+    assert EasyComSessionStreams(root, audio_channels=[n - 1]).audio_channels == (n - 1,)
