@@ -49,7 +49,8 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
 
 
 USER_ERROR_TYPES = ("SettingError", "FeatureFileError", "OutputSettingsError", "OutputLockedError",
-                    "AnnotationError", "EasyComFormatError", "DecodeError", "CheckpointError")
+                    "AnnotationError", "EasyComFormatError", "DecodeError", "CheckpointError",
+                    "MisconfigurationException")   # Lightning's own: conflicting trainer settings
 USER_OS_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 

@@ -5,7 +5,8 @@
 
 Model and data are given as ``class_path``/``init_args`` (LightningCLI subclass mode, like ``evaluate.py``); seeds
 default to 0. W&B: ``AutoWandbLogger`` runs offline unless an API key is configured (``WANDB_API_KEY`` or a
-``api.wandb.ai`` entry in ``~/.netrc``) or ``offline: false`` is given; ``WANDB_MODE`` still wins inside wandb.
+``api.wandb.ai`` entry in ``~/.netrc``) or ``offline: false`` is given; a set ``WANDB_MODE`` (``disabled``,
+``offline``...) decides instead.
 The resolved config is sent to W&B (``WandbConfigCallback``). Sweeps: ``configs/sweeps/*.yaml``.
 ``test`` / ``validate`` need ``--ckpt_path`` (the checkpoint ``fit`` prints; ``RequireCheckpoint``); an unreadable
 checkpoint file is named in a one-line error before anything runs.
@@ -37,15 +38,16 @@ class AutoWandbLogger(WandbLogger):
     """``WandbLogger`` that is offline by default and online when a key is configured.
 
     Args:
-        offline: ``None`` = offline unless :func:`wandb_key_configured`; ``True``/``False`` force it.
+        offline: ``None`` = offline unless :func:`wandb_key_configured` or ``WANDB_MODE`` is set (then wandb
+            follows ``WANDB_MODE``, e.g. ``disabled`` writes nothing); ``True``/``False`` force it.
         Other arguments as ``lightning.pytorch.loggers.WandbLogger``.
     """
 
     def __init__(self, name: str | None = None, save_dir: str = ".", version: str | None = None,
                  offline: bool | None = None, project: str | None = None, log_model: bool | str = False,
                  group: str | None = None, tags: list[str] | None = None, **kwargs: Any):
-        if offline is None:
-            offline = not wandb_key_configured()
+        if offline is None:   # Lightning's offline=True would overwrite WANDB_MODE with "dryrun"
+            offline = not (wandb_key_configured() or os.environ.get("WANDB_MODE"))
         if group is not None:
             kwargs["group"] = group
         if tags is not None:

@@ -102,6 +102,11 @@ def test_user_error_picks_the_projects_own_error_from_the_chain():
     assert user_error(wrapped(ValueError("max() arg is an empty sequence"))) is None
     assert user_error(OSError(28, "No space left on device")) is None
     assert user_error(RuntimeError("CUDA error")) is None
+    # Lightning's conflicting-settings error (e.g. enable_progress_bar=false beside a TQDMProgressBar callback)
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    mis = MisconfigurationException("Trainer was configured with `enable_progress_bar=False` but found ...")
+    assert user_error(wrapped(mis)) is mis
     try:
         torch.zeros(2).view(3)
     except Exception as e:

@@ -224,3 +224,17 @@ def test_a_wearer_silent_in_some_sessions_warns_and_in_all_is_refused(synth):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         dm._check_wearer({"Session_1": [2], "Session_4": [1, 2]})   # speaks everywhere: silent
+
+
+def test_wandb_mode_from_the_environment_decides(monkeypatch, tmp_path):
+    """``WANDB_MODE=disabled`` must not be overwritten by the logger's offline default (Lightning sets
+    WANDB_MODE=dryrun for offline loggers)."""
+    from train import AutoWandbLogger
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))        # no ~/.netrc key
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    assert AutoWandbLogger(save_dir=str(tmp_path))._offline is True
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert AutoWandbLogger(save_dir=str(tmp_path))._offline is False
+    assert AutoWandbLogger(save_dir=str(tmp_path), offline=True)._offline is True
