@@ -85,7 +85,8 @@ def main(cli=None) -> None:
         err = user_error(e)
         if err is None or os.environ.get("TOKENBUDGET_TRACEBACK"):
             raise
-        print(f"error: {type(err).__name__}: {err}\n(set TOKENBUDGET_TRACEBACK=1 for the full traceback)",
+        # on a line of its own: a progress bar may have left the cursor at the end of its line
+        print(f"\nerror: {type(err).__name__}: {err}\n(set TOKENBUDGET_TRACEBACK=1 for the full traceback)",
               file=sys.stderr)
         sys.exit(2)
 

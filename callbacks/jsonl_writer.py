@@ -23,6 +23,7 @@ import errno
 import json
 import logging
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +212,13 @@ class JsonlPredictionWriter(BasePredictionWriter):
     def setup(self, trainer, pl_module, stage: str) -> None:
         # every rank reads before any rank writes; then ranks only ever append to their own file
         self._lock(trainer.global_rank)
+        try:   # a folder that cannot take a new file fails now, not after the first video's work
+            with tempfile.TemporaryFile(dir=self.out_dir):
+                pass
+        except OSError as e:
+            self._unlock()
+            raise PermissionError(f"{self.out_dir}: the output folder is not writable ({e.strerror}); choose "
+                                  "another out_dir") from e
         settings = {}
         for obj in (pl_module, getattr(trainer, "datamodule", None)):
             if hasattr(obj, "record_settings"):

@@ -522,7 +522,14 @@ def main(argv: list[str] | None = None) -> dict:
     if not any(root.glob("*/*/*.jsonl")):
         ap.error(f"{root}: no records (expected <job>/<benchmark>/rank<r>.jsonl files)")
     expected = _parse_expected(args.expected) or _expected_from_run_file(root)
-    scores = write_scores(root, expected, plots=not args.no_plots)
+    try:
+        scores = write_scores(root, expected, plots=not args.no_plots)
+    except OSError as e:   # a read-only (archived, shared) folder can still be scored: table only
+        records, stats = read_records(root)
+        scores = {**score_records(records, expected), **stats, "plots": []}
+        print(format_table(scores))
+        print(f"warning: {root}: scores.json and plots not written ({type(e).__name__}: {e})", file=sys.stderr)
+        return scores
     print(format_table(scores))
     print(f"scores: {Path(args.out_root) / SCORES_FILE}", file=sys.stderr)
     return scores

@@ -151,7 +151,10 @@ class BudgetedQA(LightningModule):
         BudgetedVideoLlama3.checkpoint_dir(hp.model_path)
         return {"model_path": str(Path(hp.model_path).resolve()), "raw_mode": hp.raw_mode,
                 "raw_max_tokens": hp.raw_max_tokens, "max_tokens_per_frame": hp.max_tokens_per_frame,
-                "max_new_tokens": hp.max_new_tokens, "prompt_template": hp.prompt_template, "dtype": hp.dtype}
+                "max_new_tokens": hp.max_new_tokens, "prompt_template": hp.prompt_template, "dtype": hp.dtype,
+                # the kernels: token-identical in fp32, but in bf16 they round differently and can pick other tokens
+                "attn_implementation": hp.attn_implementation, "answer_mode": hp.answer_mode, "decode": hp.decode,
+                "vision_attn_implementation": hp.vision_attn_implementation}
 
     def answerer(self):
         """``answer(prefix_prompt, question_texts, max_new_tokens) -> list[Answer]`` for this run's

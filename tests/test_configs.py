@@ -64,6 +64,7 @@ def test_bad_settings_print_one_line_not_a_traceback(tmp_path):
                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
         assert r.returncode == 2, r.stderr[-2000:]
         assert want in r.stderr and "Traceback" not in r.stderr
+        assert f"\n{want}" in r.stderr          # on a line of its own, never glued to a progress bar
     r = subprocess.run([sys.executable, str(REPO / "evaluate.py"), "predict", "--config", cfg, *cases[0][0]],
                        capture_output=True, text=True, env={**env, "TOKENBUDGET_TRACEBACK": "1"}, cwd=tmp_path,
                        timeout=300)

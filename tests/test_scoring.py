@@ -254,3 +254,35 @@ def test_cli_refuses_a_folder_without_records_and_counts_missing_from_run_json(t
     g = _group(main([str(out), "--no-plots"]), "videomme", "b128")
     assert g["n_missing"] == 0 and g["n_expected"] is None
     assert "missing questions are not counted" in capsys.readouterr().err
+
+
+def test_a_read_only_folder_is_still_scored(out_root, monkeypatch, capsys):
+    import callbacks.scoring as sc
+
+    def refuse(path, data):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(sc, "atomic_write_bytes", refuse)
+    scores = main([str(out_root), "--no-plots"])
+    out, err = capsys.readouterr()
+    assert out.startswith("benchmark") and "videomme" in out           # the table is printed
+    assert f"warning: {out_root}: scores.json and plots not written (PermissionError" in err
+    assert _group(scores, "videomme", "b1024")["n_errors"] == 1 and not (out_root / "scores.json").exists()
+
+
+def test_writer_refuses_an_unwritable_folder_at_setup(tmp_path, monkeypatch):
+    import callbacks.jsonl_writer as jw
+
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    writer = jw.JsonlPredictionWriter(str(tmp_path / "out"))
+    trainer = SimpleNamespace(global_rank=0, is_global_zero=True, world_size=1, datamodule=None)
+    monkeypatch.setattr(jw.tempfile, "TemporaryFile", refuse)
+    with pytest.raises(PermissionError, match=rf"^{tmp_path / 'out'}: the output folder is not writable \(Permission "
+                                              r"denied\); choose another out_dir$"):
+        writer.setup(trainer, None, "predict")
+    assert writer._lock_fd is None                                      # the lock is released
+    monkeypatch.undo()
+    writer.setup(trainer, None, "predict")                               # writable: set up as before
+    writer.teardown(trainer, None, "predict")

@@ -160,7 +160,7 @@ def test_cli_integer_setting_is_one_line(capsys):
         main(lambda: cli_main(["fit", "--config", BASE, "--config", DEMO, "--trainer.logger=false",
                                "--data.init_args.chunk_rows=0"]))
     assert e.value.code == 2
-    assert capsys.readouterr().err.splitlines()[0] == ("error: SettingError: data.init_args.chunk_rows=0: expected an "
+    assert capsys.readouterr().err.strip().splitlines()[0] == ("error: SettingError: data.init_args.chunk_rows=0: expected an "
                                                        "integer >= 1")
 
 
@@ -182,7 +182,7 @@ def test_checkpoint_inputs(synth, tmp_path, capsys):
     assert e.value.code == 2
     need = ("train.py {} needs --ckpt_path=<checkpoint> (the 'best checkpoint:' path that train.py fit prints); "
             "without it the untrained head would be scored")
-    assert capsys.readouterr().err.splitlines()[0] == "error: SettingError: " + need.format("test")
+    assert capsys.readouterr().err.strip().splitlines()[0] == "error: SettingError: " + need.format("test")
     _raises(SettingError, need.format("validate"), cli_main, _args("validate", synth, tmp_path))
     _raises(SettingError, "data.init_args.test_sessions is empty: test needs at least one test session",
             cli_main, _args("test", synth, tmp_path, "--data.init_args.test_sessions=[]"))
