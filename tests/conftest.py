@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,16 @@ def run_predict(model_dir: Path, bench_root: Path, out_dir: Path, budgets=(128, 
     cfg_path.write_text(yaml.safe_dump(cfg))
     evaluate.cli_main(["predict", f"--config={cfg_path}", *extra])
     return read_records(out_dir)
+
+
+@pytest.fixture
+def train_env(monkeypatch, tmp_path):
+    """For ``train.py`` in-process: W&B offline with no API key (``HOME`` in ``tmp_path``, so no ``~/.netrc``), the
+    working directory in ``tmp_path`` (the fit configs' relative run folders land there), no traceback override, and
+    ``sys.argv`` holding only the program (LightningCLI must see only the arguments a test passes)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("TOKENBUDGET_TRACEBACK", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["train.py"])

@@ -1,6 +1,5 @@
 """train.py on synthetic cached features: learning, fail-closed checks, W&B offline, every fit/sweep config."""
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,13 +21,7 @@ def demo(tmp_path_factory):
     return write_synthetic_dataset(tmp_path_factory.mktemp("demo_turns"), num_sessions=12, duration_s=60.0, dim=32)
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch, tmp_path):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc key
-    monkeypatch.chdir(tmp_path)  # relative run folders of the configs land here
-    monkeypatch.setattr(sys, "argv", ["train.py"])  # LightningCLI must see only the args we pass
+pytestmark = pytest.mark.usefixtures("train_env")   # tests/conftest.py: W&B offline, cwd in tmp_path
 
 
 def fit_args(demo, tmp_path, *extra):

@@ -4,7 +4,6 @@ without utterances, a wearer id that never speaks, an utterance ending before it
 ``--ckpt_path``, a truncated checkpoint, a checkpoint of another feature size D, empty splits, and non-positive
 integer settings."""
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,14 +28,7 @@ def synth(tmp_path_factory):
     return write_synthetic_dataset(tmp_path_factory.mktemp("inputs_turns"), num_sessions=3, duration_s=10.0, dim=8)
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch, tmp_path):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.delenv("TOKENBUDGET_TRACEBACK", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["train.py"])
+pytestmark = pytest.mark.usefixtures("train_env")   # tests/conftest.py: W&B offline, cwd in tmp_path
 
 
 def _dm(synth, **kw) -> TurnFeatureDataModule:
