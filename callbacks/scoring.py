@@ -360,9 +360,19 @@ def write_scores(out_dir: str | Path, expected_qids: dict[str, Iterable[str]] | 
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    return save_scores(compute_scores(out_dir, expected_qids), out_dir, plots)
+
+
+def compute_scores(out_dir: str | Path, expected_qids: dict[str, Iterable[str]] | None = None) -> dict:
+    """:func:`score_records` of every record under ``out_dir`` plus the reading stats (``n_files``,
+    ``n_bad_lines``); ``plots`` empty until :func:`save_scores`. Reads only."""
     records, stats = read_records(out_dir)
-    scores = score_records(records, expected_qids)
-    scores.update(stats)
+    return {**score_records(records, expected_qids), **stats, "plots": []}
+
+
+def save_scores(scores: dict, out_dir: Path, plots: bool = True) -> dict:
+    """Render the plots (when ``plots``) and write ``scores.json`` atomically into ``out_dir``; ``scores`` with
+    ``plots`` filled in. Raises ``OSError`` when the folder cannot take the files."""
     scores["plots"] = [p.name for p in plot_scores(scores, out_dir)] if plots else []
     data = json.dumps(scores, indent=1, sort_keys=False, default=str).encode("utf-8")
     atomic_write_bytes(out_dir / SCORES_FILE, data)
@@ -522,11 +532,11 @@ def main(argv: list[str] | None = None) -> dict:
     if not any(root.glob("*/*/*.jsonl")):
         ap.error(f"{root}: no records (expected <job>/<benchmark>/rank<r>.jsonl files)")
     expected = _parse_expected(args.expected) or _expected_from_run_file(root)
+    scores = compute_scores(root, expected)
     try:
-        scores = write_scores(root, expected, plots=not args.no_plots)
+        save_scores(scores, root, plots=not args.no_plots)
     except OSError as e:   # a read-only (archived, shared) folder can still be scored: table only
-        records, stats = read_records(root)
-        scores = {**score_records(records, expected), **stats, "plots": []}
+        scores["plots"] = []
         print(format_table(scores))
         print(f"warning: {root}: scores.json and plots not written ({type(e).__name__}: {e})", file=sys.stderr)
         return scores

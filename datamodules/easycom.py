@@ -488,8 +488,9 @@ class EasyComSessionStreams(Dataset):
     def __len__(self) -> int:
         return len(self.sessions)
 
-    def plan(self, session: str) -> list[StreamPlan]:
-        segs = list_segments(self.root, session)
+    def plan(self, session: str, segs: list[Segment] | None = None) -> list[StreamPlan]:
+        """The session's stream plans (``segs``: its :func:`list_segments`, when the caller already has them)."""
+        segs = list_segments(self.root, session) if segs is None else segs
         durs = [min(video_info(s.video)[2], _wav_duration(s.audio)) for s in segs]
         plans = plan_streams(segs, durs, self.gap_policy, self.max_gap_s)
         if self.max_duration_s is not None:  # keep the session timeline up to max_duration_s
@@ -518,11 +519,11 @@ class EasyComSessionStreams(Dataset):
             return {"session": session, "error": msg}
 
     def _decode(self, session: str) -> dict[str, Any]:
-        plans = self.plan(session)
+        segs = list_segments(self.root, session)   # listed once: it checks every file and warns on orphans
+        plans = self.plan(session, segs)
         streams = [decode_stream(p, self.audio_channels, self.frame_height, self.frame_width) for p in plans]
         return {"session": session, "timeline_end_s": max((p.end_s for p in plans), default=0.0),
-                "streams": streams, "gap_policy": self.gap_policy,
-                "segments": [s.name for s in list_segments(self.root, session)]}
+                "streams": streams, "gap_policy": self.gap_policy, "segments": [s.name for s in segs]}
 
 
 def _wav_duration(path: Path) -> float:

@@ -54,6 +54,11 @@ def _read_umask() -> int:
 SHARED_FILE_MODE = 0o666 & ~_read_umask()
 
 
+def nonfinite_rows(states) -> int:
+    """Rows of ``states`` (T, D) holding a NaN or an infinite value."""
+    return int((~torch.isfinite(states)).any(1).sum())
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically: a temp file in the same folder (mode :data:`SHARED_FILE_MODE`),
     fsynced, then renamed over ``path``; on any failure the temp file is removed and ``path`` is untouched."""

@@ -50,10 +50,9 @@ from algorithms.errors import SettingError, check_int
 from algorithms.streaming import DEFAULT_MEMORY_POLICY, check_memory_policy
 from algorithms.turn_targets import build_turn_targets, flat_targets
 from datamodules.features import (FeatureFileError, check_meta, error_path, feature_path, load_features,
-                                 parse_feature_name)
+                                 nonfinite_rows, parse_feature_name)
 
-_TARGET_CACHE: dict[tuple, Any] = {}
-_PARTICIPANTS: dict[tuple, list[int]] = {}   # same keys: each cached session's participant ids
+_TARGET_CACHE: dict[tuple, tuple[Any, list[int]]] = {}   # -> (turn targets, the session's participant ids)
 ALL_MODES = ("open-stream-replay", "completed-block-hold", "micro-chunk-200ms")
 INIT_ROW_POLICIES = ("keep", "exclude", "exclude_any_mode")
 STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}  # splits each stage reads
@@ -260,8 +259,8 @@ class TurnFeatureDataModule(LightningDataModule):
         for n in sorted({n for nums in self.splits.values() for n in nums}):
             session, path = files[n]
             tensors, meta = load_features(path)  # whole check pass before any target or training work
-            if not torch.isfinite(tensors["states"]).all():
-                bad = int((~torch.isfinite(tensors["states"])).any(1).sum())
+            bad = nonfinite_rows(tensors["states"])
+            if bad:
                 raise FeatureFileError(f"{path}: {bad} rows of states are NaN or infinite (re-extract the session)")
             if error_path(path).is_file():
                 import warnings
@@ -301,10 +300,10 @@ class TurnFeatureDataModule(LightningDataModule):
             if key not in _TARGET_CACHE:
                 loader = loader or _import(hp.utterances_loader)
                 utts = loader(hp.utterances_root, session)
-                _PARTICIPANTS[key] = self._check_utterances(utts, session)
-                _TARGET_CACHE[key] = build_turn_targets(utts, T, wearer_id=hp.wearer_id, **(hp.target_kwargs or {}))
-            participants[session] = _PARTICIPANTS[key]
-            tt = _TARGET_CACHE[key]
+                ids = self._check_utterances(utts, session)
+                _TARGET_CACHE[key] = (build_turn_targets(utts, T, wearer_id=hp.wearer_id,
+                                                         **(hp.target_kwargs or {})), ids)
+            tt, participants[session] = _TARGET_CACHE[key]
             init = tensors["initialization_mask"].bool()
             row_valid = torch.ones(T, dtype=torch.bool)
             if hp.initialization_rows == "exclude":

@@ -16,7 +16,7 @@ from lightning.pytorch import LightningModule
 
 from algorithms.errors import SettingError
 from datamodules.benchmarks import Question
-from datamodules.benchmarks.prompts import TEMPLATES, prompt_and_template
+from datamodules.benchmarks.prompts import check_template, prompt_and_template
 from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets
 
 log = logging.getLogger(__name__)
@@ -126,9 +126,7 @@ class BudgetedQA(LightningModule):
             raise SettingError(f"answer_mode must be 'batched' or 'sequential', got {answer_mode!r}")
         if decode not in DECODE_MODES:
             raise SettingError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
-        if prompt_template is not None and prompt_template not in TEMPLATES:
-            raise SettingError(f"prompt_template {prompt_template!r} is unknown; known: {sorted(TEMPLATES)}, or null "
-                               "for each benchmark's own")
+        check_template(prompt_template)
         self.save_hyperparameters()
         self.budgets = [int(b) for b in budgets]
         self.vlm: BudgetedVideoLlama3 | None = None

@@ -25,7 +25,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from algorithms.streaming import (DEFAULT_MEMORY_POLICY, MICRO_CHUNK_200MS, MODES, accounting, check_memory_policy,
                                   masks, num_rows)
-from algorithms.errors import SettingError
+from algorithms.errors import SettingError, check_int
+from datamodules.features import nonfinite_rows
 from models.omni import OmniThinkerRunner
 from models.omni_batch import COMPUTED_FIELDS, BatchedOmniRunner
 
@@ -234,14 +235,13 @@ class OmniFeatureExtractor(LightningModule):
         if mode not in MODES:   # before the model loads
             raise SettingError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
         check_memory_policy(memory_policy)
+        check_int("model.init_args.sessions_per_batch", sessions_per_batch, 1)
         self.save_hyperparameters()
         self._warned_single = self._warned_list = False   # data/model sessions_per_batch mismatches, warned once
         self.runner = OmniThinkerRunner(model_dir, layer=layer, prompt_token_ids=prompt_token_ids, dtype=dtype,
                                         attn_implementation=attn_implementation)
         # refused here, before any session is decoded, not as one failure per session
         self.runner.check_settings(mode, memory_s, memory_policy, verify_rows)
-        if sessions_per_batch < 1:
-            raise SettingError(f"sessions_per_batch={sessions_per_batch} must be >= 1")
         self.batched = (BatchedOmniRunner(self.runner, sessions_per_batch, compile_small_calls=compile_small_calls,
                                           batch_rows=batch_rows, flash_prefill=flash_prefill)
                         if sessions_per_batch > 1 else None)
@@ -315,9 +315,8 @@ class OmniFeatureExtractor(LightningModule):
 
     def _checked(self, record: dict[str, Any]) -> dict[str, Any]:
         """The record, or an error record when its states hold NaN or infinite values (never written as features)."""
-        bad = ~torch.isfinite(record["tensors"]["states"])
-        if bool(bad.any()):
-            rows = int(bad.any(1).sum())
+        rows = nonfinite_rows(record["tensors"]["states"])
+        if rows:
             log.warning("extraction of %s gave %d rows of non-finite states", record["session"], rows)
             return self._error(record["session"], f"{rows} rows of states are NaN or infinite (check the session's "
                                                   "media and the model's dtype)")

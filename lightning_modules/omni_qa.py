@@ -26,7 +26,7 @@ from algorithms.choice import parse_official, parse_robust
 from algorithms.pruning import VARIANTS, retention_floor
 from algorithms.errors import SettingError
 from datamodules.benchmarks import Question
-from datamodules.benchmarks.prompts import TEMPLATES, prompt_and_template
+from datamodules.benchmarks.prompts import check_template, prompt_and_template
 from models.omni_qa import FULL, OmniQA, prefill_flop_fields
 
 from .budgeted_qa import run_or_error_records
@@ -79,9 +79,7 @@ class OmniPruningQA(LightningModule):
                 if r < floor:
                     raise SettingError(f"{what}={r}: variant {v!r} prunes with DyCoke TTM alone, which keeps at "
                                        f"least {floor} of the tokens (drop {v!r} from variants or raise {what})")
-        if prompt_template is not None and prompt_template not in TEMPLATES:
-            raise SettingError(f"prompt_template {prompt_template!r} is unknown; known: {sorted(TEMPLATES)}, or null "
-                               "for the benchmark's own")
+        check_template(prompt_template)
         self.save_hyperparameters()
         self.variants = variants
         self.qa: OmniQA | None = None

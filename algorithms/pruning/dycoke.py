@@ -198,13 +198,16 @@ def dycoke_retention(merging_ratio: float) -> float:
     return 1.0 - 0.75 * merging_ratio
 
 
+DYCOKE_MIN_RETENTION = 0.25   # K = 4 (1 - r) / 3 merged tokens per frame pair can be at most 1
+
+
 def dycoke_merging_ratio(retention: float) -> float:
     """Inverse of :func:`dycoke_retention`: ``K = 4 (1 - r) / 3``.
 
     Raises:
         ValueError: ``retention`` outside ``[0.25, 1]`` (TTM alone cannot go below a quarter).
     """
-    if not 0.25 - 1e-12 <= retention <= 1.0:
+    if not DYCOKE_MIN_RETENTION - 1e-12 <= retention <= 1.0:
         raise ValueError(f"DyCoke TTM retention must be in [0.25, 1], got {retention}")
     return min(1.0, max(0.0, 4.0 * (1.0 - retention) / 3.0))
 

@@ -41,6 +41,7 @@ from torch import Tensor
 from .audio_anchors import AnchorMerge, anchor_merge, contextual_anchors, received_attention
 from .dpc_knn import dpc_knn
 from .dycoke import (
+    DYCOKE_MIN_RETENTION,
     dycoke_merging_ratio,
     dycoke_ttm,
     num_keep,
@@ -154,9 +155,6 @@ def get_variant(name: str) -> Variant:
         raise KeyError(f"unknown variant {name!r}; known: {sorted(VARIANTS)}") from None
 
 
-DYCOKE_MIN_RETENTION = 0.25   # K = 4 (1 - r) / 3 merged tokens per frame pair can be at most 1
-
-
 def retention_floor(variant: Variant | str) -> tuple[float, float]:
     """Lowest ``(video, audio)`` retention ``variant`` can reach: 0.25 where DyCoke TTM alone sets a modality's
     count (its ``K = 4 (1 - r) / 3``), else 0. A selection stage after TTM (v1/v4/v5 video) reaches any ratio,
@@ -246,7 +244,7 @@ def _video(
     flat = tokens.reshape(t * n, d)
     if spec.select == "none":
         return _ttm_frames(flat, n, r_v, spec.ttm), None
-    q = 1.0 if spec.ttm == "none" else min(1.0, max(r_v**spec.ttm_share, 0.25))
+    q = 1.0 if spec.ttm == "none" else min(1.0, max(r_v**spec.ttm_share, DYCOKE_MIN_RETENTION))
     survivors = _ttm_frames(flat, n, q, spec.ttm)  # sorted
     block = survivors // n // patches_per_block
     num_blocks = -(-t // patches_per_block)

@@ -11,6 +11,8 @@ the name to write into ``record["meta"]["template"]`` in one call.
 """
 from __future__ import annotations
 
+from algorithms.errors import SettingError
+
 from .base import LETTERS, Question
 
 _MCQ_LETTER = (
@@ -41,6 +43,14 @@ TEMPLATES = {
 
 BENCHMARK_TEMPLATES = {"videomme": "videomme", "mlvu": "mlvu", "lvb": "lvb", "worldsense": "worldsense"}
 DEFAULT_TEMPLATE = "mcq_letter"
+
+
+def check_template(template: str | None) -> None:
+    """Raise :class:`~algorithms.errors.SettingError` unless ``template`` is a name in :data:`TEMPLATES` or
+    ``None`` (each benchmark's own)."""
+    if template is not None and template not in TEMPLATES:
+        raise SettingError(f"prompt_template {template!r} is unknown; known: {sorted(TEMPLATES)}, or null for each "
+                           "benchmark's own")
 
 
 def template_for(benchmark: str | None) -> str:
