@@ -15,7 +15,9 @@ from typing import Literal
 import torch
 
 from .segmentation import (
+    FORCE_EVERY,
     MAX_GROUP_FRAMES,
+    TARGET_FRAMES,
     adaptive_segment_count,
     adaptive_segment_lengths,
     frame_changes,
@@ -278,14 +280,14 @@ def plan_groups(per_frame: torch.Tensor, hw: int, budget_tokens: int, raw_hw: in
         raise ValueError(f"{num_frames} frames exceed max_frames({budget_tokens}) = {max_frames(budget_tokens, k)}; "
                          "subsample() the frames for this budget first")
     changes = frame_changes(per_frame)
-    n = adaptive_segment_count(num_frames)
+    n = adaptive_segment_count(num_frames, TARGET_FRAMES, FORCE_EVERY)
     fits_raw = num_frames * raw_hw <= budget_tokens
     fits_hybrid = n * k <= budget_tokens
     mode = force_mode or ("raw" if fits_raw else "hybrid" if fits_hybrid else "forced8")
     if mode == "raw":
         plan = make_plan("raw", [1] * num_frames, [], hw, raw_hw, k)
     elif mode in ("hybrid", "all_compressed"):
-        seg = adaptive_segment_lengths(changes, n)
+        seg = adaptive_segment_lengths(per_frame, TARGET_FRAMES, FORCE_EVERY, n_segments=n)
         if mode == "all_compressed":
             comp = set(range(len(seg)))
         else:

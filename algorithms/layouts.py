@@ -82,7 +82,9 @@ from .budget import (
     subsample,
 )
 from .segmentation import (
+    FORCE_EVERY,
     MAX_GROUP_FRAMES,
+    TARGET_FRAMES,
     adaptive_segment_lengths,
     frame_changes,
     group_variation,
@@ -317,10 +319,10 @@ def substitute_grid(variant: str | LayoutVariant, encode_grid: tuple[int, int],
 # ---------------------------------------------------------------------------------------------- planning
 
 
-def _cut(rule: CutRule, changes: torch.Tensor, num_groups: int) -> list[int]:
-    num_frames = int(changes.numel()) + 1
+def _cut(rule: CutRule, per_frame: torch.Tensor, num_groups: int, target_frames: int = TARGET_FRAMES) -> list[int]:
+    num_frames = int(per_frame.shape[0])
     if rule == "adaptive":
-        return adaptive_segment_lengths(changes, num_groups)
+        return adaptive_segment_lengths(per_frame, target_frames, FORCE_EVERY, n_segments=num_groups)
     if rule == "uniform":
         return uniform_segment_count_lengths(num_frames, num_groups)
     raise ValueError(f"unknown cut rule {rule!r}")
@@ -455,10 +457,9 @@ def plan_variant(variant: str | LayoutVariant, per_frame: torch.Tensor, hw: int,
         raise ValueError(f"variant {v.name!r} needs group_rows in [1, {SUBSTITUTE_MAX_ROWS}], got {group_rows}")
 
     if capped and v.compress_group_frames is not None:
-        changes = frame_changes(per_frame)
         n = min(num_frames // v.compress_group_frames + 1, num_frames)
         n = max(n, math.ceil(num_frames / MAX_GROUP_FRAMES))
-        seg = _cut(v.cut, changes, n)
+        seg = _cut(v.cut, per_frame, n, v.compress_group_frames)
         plan = make_plan("all_compressed", seg, range(len(seg)), hw, raw_hw, k)
     elif capped and v.raw_rows_cap is not None:
         if raw_hw > v.raw_rows_cap:
@@ -468,7 +469,7 @@ def plan_variant(variant: str | LayoutVariant, per_frame: torch.Tensor, hw: int,
         plan = plan_groups(per_frame, hw, budget_tokens, raw_hw, k=k)
         if plan.mode == "hybrid" and (v.cut != "adaptive" or v.most_changing_first):
             changes = frame_changes(per_frame)
-            seg = _cut(v.cut, changes, plan.n_groups)
+            seg = _cut(v.cut, per_frame, plan.n_groups)
             order = compression_order(group_variation(changes, seg), seg, most_changing_first=v.most_changing_first)
             plan = make_plan("hybrid", seg, compress_until_fits(seg, order, budget_tokens, raw_hw, k), hw, raw_hw, k)
         if capped and v.fill:

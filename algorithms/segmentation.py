@@ -1,99 +1,144 @@
-"""Cutting a frame sequence into groups: adaptive cuts at the largest changes, and uniform cuts.
+"""Cutting a frame sequence into groups: the seeds' adaptive segmenter and uniform cuts.
 
 Legend: T frames, D feature dim, G groups.
 
-Pure torch; no lightning, no transformers, no I/O.
+The adaptive segmenter is the one seeds 000/001 import (``from videollama3.model.compressor import
+adaptive_segment_count, adaptive_segment_lengths``): chicheng567/OnlineLong, ``videollama3/model/compressor.py``,
+the stored version that defines ``TransformerDecoderFlatCompressor`` with ``adaptive_segmentation`` (search-index
+file id 69454226840; the repository's mirrored branches hold only older versions without it). Pure torch; no
+lightning, no transformers, no I/O.
 """
 from __future__ import annotations
 
-import bisect
 import math
 
 import torch
+import torch.nn.functional as F
 
 MAX_GROUP_FRAMES = 8  # a compressed group never spans more than 8 frames
+FORCE_EVERY = 8       # the fork's ``segment_force_every`` default: a forced cut every 8 frames
+TARGET_FRAMES = 4     # the fork's ``segment_target_frames`` default: N = T // 4 + 1 groups
 
 
 def frame_changes(per_frame: torch.Tensor) -> torch.Tensor:
-    """Change between consecutive frames, ``1 - cos(f_t, f_{t+1})``.
+    """Change between consecutive frames, the fork's ``diff``.
+
+    Follows OnlineLong ``adaptive_segment_lengths``::
+
+        f = torch.nn.functional.normalize(per_frame_feat.float(), dim=-1)
+        diff = 1.0 - (f[1:] * f[:-1]).sum(-1)                     # (T-1,)
+
+    (float32, on the features' device; seed 000's ``group_variation`` / ``training_change`` compute the same).
 
     Args:
         per_frame: (T, D) per-frame mean features.
 
     Returns:
-        (T-1,) float64 tensor of changes in [0, 2].
+        (T-1,) float32 tensor, ``diff[i] = 1 - cos(f_i, f_{i+1})``.
+
+    Raises:
+        ValueError: ``per_frame`` is not 2-D.
     """
     if per_frame.ndim != 2:
         raise ValueError(f"per_frame must be (T, D), got shape {tuple(per_frame.shape)}")
-    x = per_frame.detach().to(torch.float64)
-    if x.shape[0] < 2:
-        return x.new_zeros(0)
-    cos = torch.nn.functional.cosine_similarity(x[:-1], x[1:], dim=-1, eps=1e-12)
-    return 1.0 - cos
+    f = F.normalize(per_frame.detach().float(), dim=-1)
+    return 1.0 - (f[1:] * f[:-1]).sum(-1)
 
 
-def adaptive_segment_count(num_frames: int) -> int:
-    """Number of groups of the hybrid plan: ``n = T // 4 + 1``, never more than T (DESIGN §3.4)."""
-    if num_frames < 1:
-        raise ValueError(f"num_frames must be >= 1, got {num_frames}")
-    return min(num_frames // 4 + 1, num_frames)
+def adaptive_segment_count(num_frames: int, target_frames: int = TARGET_FRAMES,
+                           force_every: int = FORCE_EVERY) -> int:
+    """Number of groups of the adaptive cut, as OnlineLong's ``adaptive_segment_count``.
 
-
-def _extra_cuts_needed(length: int, max_len: int) -> int:
-    return math.ceil(length / max_len) - 1
-
-
-def adaptive_segment_lengths(changes: torch.Tensor, num_segments: int, max_len: int = MAX_GROUP_FRAMES) -> list[int]:
-    """Cut T frames into ``num_segments`` groups where consecutive frames change most.
-
-    Rule: repeatedly place the next cut at the boundary of largest change (ties: earliest boundary) among those
-    that still allow every group to end up ``<= max_len`` frames with the cuts that remain; stop at
-    ``num_segments - 1`` cuts. When a high-change boundary is refused because of the length limit, it is
-    reconsidered after later cuts change its group.
-
-    Args:
-        changes: (T-1,) change between frame t and t+1 (see :func:`frame_changes`).
-        num_segments: G, the number of groups, ``1 <= G <= T``.
-        max_len: the longest allowed group, in frames.
-
-    Returns:
-        G group lengths in time order; they sum to T and each is in ``[1, max_len]``.
+    Follows: ``if n_frames <= 1: return 1`` / ``return max(1, min(n_frames // max(1, int(target_frames)) + 1,
+    n_frames))``. ``force_every`` is accepted because seed 000 calls ``adaptive_segment_count(T, tf,
+    bd.FORCE_EVERY)``; the stored fork version has no such parameter and the count does not depend on it.
 
     Raises:
-        ValueError: G outside ``[ceil(T / max_len), T]`` (no tiling exists).
+        ValueError: ``num_frames < 1``.
     """
-    num_frames = int(changes.numel()) + 1
-    if not math.ceil(num_frames / max_len) <= num_segments <= num_frames:
-        raise ValueError(
-            f"cannot cut {num_frames} frames into {num_segments} groups of at most {max_len} frames"
-        )
-    # boundary b sits between frame b and b+1 (cut after frame b); order: largest change first, then earliest
-    vals = changes.detach().to(torch.float64).tolist()
-    order = sorted(range(num_frames - 1), key=lambda b: (-vals[b], b))
-    cuts: list[int] = []  # sorted cut positions as segment starts (b + 1)
-    needed = _extra_cuts_needed(num_frames, max_len)
-    remaining = num_segments - 1
-    taken = [False] * (num_frames - 1)
-    while remaining > 0:
-        for b in order:
-            if taken[b]:
-                continue
-            start = b + 1
-            i = bisect.bisect_left(cuts, start)
-            seg_lo = cuts[i - 1] if i > 0 else 0
-            seg_hi = cuts[i] if i < len(cuts) else num_frames
-            before = _extra_cuts_needed(seg_hi - seg_lo, max_len)
-            after = _extra_cuts_needed(start - seg_lo, max_len) + _extra_cuts_needed(seg_hi - start, max_len)
-            if needed - before + after <= remaining - 1:
-                cuts.insert(i, start)
-                taken[b] = True
-                needed += after - before
-                remaining -= 1
-                break
-        else:  # pragma: no cover - unreachable: a cut at max_len inside a long group is always feasible
-            raise RuntimeError("adaptive segmentation found no feasible cut")
-    bounds = [0, *cuts, num_frames]
-    return [bounds[i + 1] - bounds[i] for i in range(len(bounds) - 1)]
+    if num_frames < 1:
+        raise ValueError(f"num_frames must be >= 1, got {num_frames}")
+    del force_every
+    if num_frames <= 1:
+        return 1
+    return max(1, min(num_frames // max(1, int(target_frames)) + 1, num_frames))
+
+
+def adaptive_segment_lengths(per_frame: torch.Tensor, target_frames: int = TARGET_FRAMES,
+                             force_every: int = FORCE_EVERY, sample_tau: float = 0.0, generator=None, *,
+                             n_segments: int | None = None) -> list[int]:
+    """The fork's fixed-count, adaptively placed segmentation (OnlineLong ``adaptive_segment_lengths``).
+
+    Its rule, followed line by line ("Boundaries = a forced cut every ``force_every`` frames + the remaining budget
+    on the largest ``1 - cos(f_i, f_{i-1})`` positions"):
+
+    * ``N = adaptive_segment_count(T, target_frames)``, ``n_cuts = N - 1``; ``T <= 1`` gives ``[T]`` (or ``[]``).
+    * ``forced = range(force_every, T, force_every)``; ``budget = n_cuts - len(forced)``.
+    * ``budget > 0``: candidates ``cand = [j + 1 for j in range(T - 1) if j + 1 not in forced]``, scores
+      ``diff[c - 1]``, ``order = torch.argsort(-scores)``, and the first ``budget`` of that order become cuts.
+      **Ties** are ``torch.argsort``'s (``stable=False``) order on the features' device, exactly as the fork
+      computes it: on the CPU, up to 16 candidates come out in index order (an insertion sort); from 17 on the
+      order of equal scores is the introsort's (tests pin T = 33 with all scores equal).
+    * ``budget < 0`` (only when ``force_every`` is small): the ``n_cuts`` forced cuts with the largest diff
+      (``sorted(forced, key=diff, reverse=True)[:n_cuts]``, a stable sort).
+    * The safety split: no group longer than ``force_every`` (a cut added every ``force_every`` frames inside
+      a longer one; with these defaults a no-op).
+
+    Args:
+        per_frame: (T, D) per-frame mean encoder features.
+        target_frames: the fork's ``segment_target_frames`` (seed 000's ``tf``).
+        force_every: the fork's ``segment_force_every``.
+        sample_tau: must be 0: the fork's Gumbel-top-k draw is a training-time augmentation only.
+        generator: unused (the fork's generator for the draw).
+        n_segments: seed 000 passes ``n_segments=adaptive_segment_count(T, tf, FORCE_EVERY)``; the stored fork
+            computes N itself, so a given value must equal it.
+
+    Returns:
+        Group lengths in time order, summing to T, each in ``[1, force_every]``.
+
+    Raises:
+        ValueError: ``sample_tau != 0``, or ``n_segments`` differs from the fork's count.
+    """
+    if sample_tau:
+        raise ValueError("sample_tau > 0 is the fork's training-time Gumbel draw; inference cuts use sample_tau=0")
+    del generator
+    num_frames = int(per_frame.shape[0])
+    if num_frames <= 1:
+        return [num_frames] if num_frames == 1 else []
+    n = adaptive_segment_count(num_frames, target_frames)
+    if n_segments is not None and int(n_segments) != n:
+        raise ValueError(f"n_segments={n_segments} but the fork's adaptive_segment_count({num_frames}, "
+                         f"{target_frames}) is {n}")
+    n_cuts = n - 1
+    if n_cuts <= 0:
+        return [num_frames]
+    diff = frame_changes(per_frame)
+    forced = list(range(force_every, num_frames, force_every))
+    forced_set = set(forced)
+    cuts = set(forced)
+    budget = n_cuts - len(forced)
+    if budget > 0:
+        cand = [j + 1 for j in range(num_frames - 1) if (j + 1) not in forced_set]
+        scores = diff[torch.tensor([c - 1 for c in cand], device=diff.device)]
+        order = torch.argsort(-scores)
+        for i in order[:budget].tolist():
+            cuts.add(cand[i])
+    elif budget < 0:
+        vals = diff.tolist()
+        cuts = set(sorted(forced, key=lambda c: vals[c - 1], reverse=True)[:n_cuts])
+    fixed, prev = [], 0
+    for c in sorted(cuts):
+        while c - prev > force_every:
+            prev += force_every
+            fixed.append(prev)
+        fixed.append(c)
+        prev = c
+    while num_frames - prev > force_every:
+        prev += force_every
+        fixed.append(prev)
+    bounds = sorted(b for b in set(fixed) if 0 < b < num_frames)
+    edges = [0, *bounds, num_frames]
+    return [edges[i + 1] - edges[i] for i in range(len(edges) - 1)]
 
 
 def uniform_segment_lengths(num_frames: int, group_frames: int) -> list[int]:
@@ -122,6 +167,12 @@ def uniform_segment_count_lengths(num_frames: int, num_segments: int) -> list[in
 def group_variation(changes: torch.Tensor, seg_lens: list[int]) -> list[float]:
     """Within-group variation: mean change between consecutive frames inside each group (+inf for 1 frame).
 
+    As seed 000's ``group_variation`` ("bd.plan_groups' per-group variation (1-frame groups: +inf)")::
+
+        var.append(sum(diff[s:s + L - 1]) / (L - 1) if L > 1 else math.inf)
+
+    with ``diff`` the float32 :func:`frame_changes` read as Python floats.
+
     Args:
         changes: (T-1,) consecutive-frame changes.
         seg_lens: G group lengths summing to T.
@@ -129,10 +180,9 @@ def group_variation(changes: torch.Tensor, seg_lens: list[int]) -> list[float]:
     Returns:
         G floats.
     """
-    out = []
-    start = 0
-    vals = changes.detach().to(device="cpu", dtype=torch.float64)   # one host copy, not one read per group
+    diff = changes.detach().tolist()   # one host copy, not one read per group
+    out, start = [], 0
     for n in seg_lens:
-        out.append(math.inf if n == 1 else float(vals[start:start + n - 1].mean()))
+        out.append(sum(diff[start:start + n - 1]) / (n - 1) if n > 1 else math.inf)
         start += n
     return out

@@ -72,7 +72,7 @@ def build_bench_model(attn: str, vision_attn: str) -> BudgetedVideoLlama3:
     from transformers import VideoLlama3ForConditionalGeneration
     from transformers.models.video_llama_3.video_processing_video_llama_3 import VideoLlama3VideoProcessor
 
-    from models.qbase import QBaseCompressor, QBaseConfig
+    from models.qbase import TokenCompressorConfig, TransformerDecoderFlatCompressor
     from models.tiny import build_qwen_tokenizer
 
     cfg = videollama3_7b_config()
@@ -93,8 +93,10 @@ def build_bench_model(attn: str, vision_attn: str) -> BudgetedVideoLlama3:
                 p.normal_(0.0, 0.02, generator=g)
     _reinit_rotary(model)
     model.requires_grad_(False)
-    qb = QBaseCompressor(QBaseConfig(hidden_size=1152, num_queries=64, num_layers=2, num_heads=16)).to("cuda",
-                                                                                                       torch.bfloat16)
+    # the fork's training defaults (compressor_num_layers 8, heads 8, intermediate 4 * mm_hidden_size), K = 64
+    qb = TransformerDecoderFlatCompressor(TokenCompressorConfig(
+        compressor_type="transformer_decoder_flat", hidden_size=1152, intermediate_size=4 * 1152, num_layers=8,
+        num_attention_heads=8, num_queries=64, match_encoder_scale=True)).to("cuda", torch.bfloat16)
     tok = build_qwen_tokenizer()
     vlm = BudgetedVideoLlama3(model.eval(), tok, VideoLlama3VideoProcessor(use_token_compression=False), qb.eval())
     return vlm.set_vision_attention(None if vision_attn == "none" else vision_attn).set_fused_kernels(True)

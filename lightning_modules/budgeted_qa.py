@@ -107,13 +107,18 @@ class BudgetedQA(LightningModule):
             CUDA, ``dynamic`` on the CPU.
         answer_mode: ``batched`` (all questions of a (video, budget) decode together from one prefix) or
             ``sequential`` (one question after another from the cropped prefix cache); token-identical.
+        original_projector: ``raw_mode="orig"``: the original projector file (safetensors, or seed 001's ``.pt``
+            state dict), instead of the checkpoint's ``original_projector/``.
+        vision_config_dir: an original-layout checkpoint without ``vision_encoder_config``: a local directory with
+            the vision encoder's ``config.json`` (otherwise derived from the weights where possible).
     """
 
     def __init__(self, model_path: str = "checkpoints/tiny-videollama3", budgets: list[int] = (128, 256, 1024),
                  raw_mode: str = "phase3", raw_max_tokens: int = 256, max_tokens_per_frame: int = 256,
                  max_new_tokens: int = 16, prompt_template: str | None = None, dtype: str = "float32",
                  attn_implementation: str = "sdpa", encode_chunk_frames: int = 64, answer_mode: str = "batched",
-                 vision_attn_implementation: str | None = "frame_batched", decode: str = "auto"):
+                 vision_attn_implementation: str | None = "frame_batched", decode: str = "auto",
+                 original_projector: str | None = None, vision_config_dir: str | None = None):
         super().__init__()
         if not budgets:
             raise SettingError("budgets must not be empty")
@@ -147,7 +152,9 @@ class BudgetedQA(LightningModule):
         """
         hp = self.hparams
         BudgetedVideoLlama3.checkpoint_dir(hp.model_path)
-        return {"model_path": str(Path(hp.model_path).resolve()), "raw_mode": hp.raw_mode,
+        extra = {"original_projector": str(Path(hp.original_projector).resolve())} if hp.get("original_projector") \
+            else {}   # only when set: folders written before the setting existed still resume
+        return {"model_path": str(Path(hp.model_path).resolve()), "raw_mode": hp.raw_mode, **extra,
                 "raw_max_tokens": hp.raw_max_tokens, "max_tokens_per_frame": hp.max_tokens_per_frame,
                 "max_new_tokens": hp.max_new_tokens, "prompt_template": hp.prompt_template, "dtype": hp.dtype,
                 # the kernels: token-identical in fp32, but in bf16 they round differently and can pick other tokens
@@ -185,7 +192,9 @@ class BudgetedQA(LightningModule):
             vlm = BudgetedVideoLlama3.from_pretrained(hp.model_path, dtype=hp.dtype,
                                                       attn_implementation=hp.attn_implementation,
                                                       raw_mode=hp.raw_mode,
-                                                      vision_attn_implementation=hp.vision_attn_implementation)
+                                                      vision_attn_implementation=hp.vision_attn_implementation,
+                                                      original_projector=hp.get("original_projector"),
+                                                      vision_config_dir=hp.get("vision_config_dir"))
             self.vlm = vlm.to(self.device)
             self.load_seconds = time.perf_counter() - t0
 

@@ -247,7 +247,7 @@ def build_layout_prompt(vlm: BudgetedVideoLlama3, cache: EncodeCache, job: Layou
     orig = raw_mode == "orig"
     raw_llm = vlm.project(raw_rows, original=orig)                             # (n_raw, raw_hw, D)
     if lay.group_substitute == "qbase":
-        group_llm = vlm.project(vlm.compress(rows, plan))                      # (G_c, K, D)
+        group_llm = vlm.project(vlm.compress(rows, plan, g.grid))              # (G_c, K, D)
     else:
         bounds = plan.group_bounds()
         mids = job.substitute_positions()

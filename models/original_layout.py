@@ -19,7 +19,7 @@ from .convert import (
     COMPRESSION_END, COMPRESSION_START, KEY_MAP, ORIGINAL_MODEL_TYPE, ORIGINAL_PROJECTOR_DIR, QBASE_DIR,
     read_safetensors_dir, write_safetensors_dir,
 )
-from .qbase import QBaseCompressor
+from .qbase import TransformerDecoderFlatCompressor
 
 # the Qwen2 fields a transformers-4.4x Videollama3Qwen2Config.json carries at its top level
 _ORIGINAL_LM_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -73,7 +73,7 @@ def write_original_layout(our_dir: str | Path, out_dir: str | Path, max_shard_si
     state = {to_original_key(k, "model", wrapped_vision): v for k, v in read_safetensors_dir(src).items()}
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    qb = QBaseCompressor.from_pretrained(src / QBASE_DIR)
+    qb = TransformerDecoderFlatCompressor.from_pretrained(src / QBASE_DIR)
     state.update({to_original_key(k, "qbase"): v for k, v in qb.state_dict().items()})
     write_safetensors_dir(state, out, max_shard_size)
 
@@ -81,8 +81,7 @@ def write_original_layout(our_dir: str | Path, out_dir: str | Path, max_shard_si
     rope = text.get("rope_parameters") or {}
     text = {k: text[k] for k in _ORIGINAL_LM_FIELDS if k in text}
     vision = cfg.vision_config
-    qcfg = asdict(qb.config)
-    qcfg.pop("hidden_size")
+    qcfg = asdict(qb.config)   # the fork's _build_token_compressor_config writes hidden_size = mm_hidden_size
     orig = {
         **text,
         "rope_theta": rope.get("rope_theta", 10000.0),
@@ -101,7 +100,7 @@ def write_original_layout(our_dir: str | Path, out_dir: str | Path, max_shard_si
         "use_token_compression": True,
         "image_token_index": vocab[IMAGE_TOKEN],
         "trainable_mm_compressor": True,
-        "mm_compressor_type": "qbase",
+        "mm_hidden_size": vision.hidden_size,
         "token_compressor_config": qcfg,
         "compression_start_token_id": vocab[COMPRESSION_START],
         "compression_end_token_id": vocab[COMPRESSION_END],

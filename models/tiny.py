@@ -99,7 +99,7 @@ def build_tiny_videollama3(out_dir: str | Path = DEFAULT_TINY_DIR, seed: int = 0
     from transformers import VideoLlama3ForConditionalGeneration
     from transformers.models.video_llama_3.video_processing_video_llama_3 import VideoLlama3VideoProcessor
 
-    from .qbase import QBaseCompressor, QBaseConfig
+    from .qbase import TokenCompressorConfig, TransformerDecoderFlatCompressor
     from .videollama3 import ORIGINAL_PROJECTOR_DIR, QBASE_DIR
 
     out = Path(out_dir)
@@ -114,8 +114,13 @@ def build_tiny_videollama3(out_dir: str | Path = DEFAULT_TINY_DIR, seed: int = 0
     model.save_pretrained(out)
     (tokenizer or build_qwen_tokenizer()).save_pretrained(out)
     VideoLlama3VideoProcessor(use_token_compression=False).save_pretrained(out)
-    qb = QBaseCompressor(QBaseConfig(hidden_size=config.vision_config.hidden_size, num_queries=64, num_layers=2,
-                                     num_heads=2))
+    c = config.vision_config.hidden_size
+    qb = TransformerDecoderFlatCompressor(TokenCompressorConfig(   # the seeds' qbase, tiny: the fork's fields
+        compressor_type="transformer_decoder_flat", hidden_size=c, intermediate_size=4 * c, num_layers=2,
+        num_attention_heads=2, num_queries=64, match_encoder_scale=True))
+    with torch.no_grad():   # out_gamma / out_beta start at identity in the fork; spread them so tests see them
+        qb.out_gamma.uniform_(0.5, 1.5)
+        qb.out_beta.normal_(0.0, 0.1)
     qb.save_pretrained(out / QBASE_DIR)
     if with_original_projector:
         from safetensors.torch import save_file

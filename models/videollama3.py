@@ -25,15 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
 from algorithms.budget import (
-    CELL_PIXELS, MIN_TOKENS_PER_FRAME, Plan, frame_grid, frame_token_cap, plan_groups, subsample,
+    K_ROWS, CELL_PIXELS, MIN_TOKENS_PER_FRAME, Plan, frame_grid, frame_token_cap, plan_groups, subsample,
 )
 from algorithms.errors import CheckpointError, SettingError
 from .loading import local_checkpoint, reading_checkpoint
-from .qbase import QBaseCompressor, load_state_dict_strict
+from .qbase import TransformerDecoderFlatCompressor, load_state_dict_strict
 from .vision_attention import frame_layout
 
 log = logging.getLogger(__name__)
@@ -93,12 +92,15 @@ class BudgetedVideoLlama3(nn.Module):
     # kind seen before skips the warm-up (nothing is left to compile or initialise lazily)
     _graph_warm: set = set()
 
-    def __init__(self, model, tokenizer, video_processor, compressor: QBaseCompressor,
+    def __init__(self, model, tokenizer, video_processor, compressor: TransformerDecoderFlatCompressor,
                  original_projector: nn.Module | None = None):
         super().__init__()
         self.model = model
         self.tokenizer = tokenizer
         self.video_processor = video_processor
+        if compressor.num_queries != K_ROWS:
+            raise CheckpointError(f"the token compressor has num_queries={compressor.num_queries}, but the budget "
+                                  f"planner's compressed group is K={K_ROWS} rows (seeds 000/001: bd.K)")
         self.compressor = compressor
         self.original_projector = original_projector
         self.placeholder_id = int(model.config.video_token_id)
@@ -115,7 +117,8 @@ class BudgetedVideoLlama3(nn.Module):
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype | str = torch.float32,
                         attn_implementation: str | None = "sdpa", raw_mode: str = "phase3",
                         vision_attn_implementation: str | None = "frame_batched",
-                        fused_kernels: bool = True) -> "BudgetedVideoLlama3":
+                        fused_kernels: bool = True, original_projector: str | Path | None = None,
+                        vision_config_dir: str | Path | None = None) -> "BudgetedVideoLlama3":
         """Load a transformers-format VideoLLaMA3 directory plus ``qbase/`` (and ``original_projector/``).
 
         A directory in the original VideoLLaMA3 layout (``config.json`` with ``vision_encoder_config``, weights named
@@ -125,6 +128,10 @@ class BudgetedVideoLlama3(nn.Module):
         ``vision_attn_implementation``: ``"frame_batched"`` (default) attends all same-size frames of an encode in
         one SDPA call per layer (:mod:`models.vision_attention`); any transformers backend name is passed through;
         ``None`` keeps ``attn_implementation``. ``fused_kernels``: see :meth:`set_fused_kernels`.
+        ``original_projector``: for ``raw_mode="orig"``, a projector file (safetensors, or seed 001's ``.pt`` state
+        dict read with ``weights_only=True``) instead of ``original_projector/`` in the directory.
+        ``vision_config_dir``: an original-layout checkpoint without ``vision_encoder_config``: a local directory
+        with the vision encoder's ``config.json`` (see :mod:`models.convert`).
 
         Raises:
             FileNotFoundError: the directory or a required file is missing (path named).
@@ -136,7 +143,8 @@ class BudgetedVideoLlama3(nn.Module):
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         from .convert import is_original_layout, load_original_parts
         if is_original_layout(path):  # original VideoLLaMA3 layout: mapped in memory (models/convert.py)
-            return cls(*load_original_parts(path, dtype, attn_implementation, raw_mode)).set_vision_attention(
+            return cls(*load_original_parts(path, dtype, attn_implementation, raw_mode, original_projector,
+                                            vision_config_dir)).set_vision_attention(
                 vision_attn_implementation).set_fused_kernels(fused_kernels)
         with reading_checkpoint(path):
             model, info = VideoLlama3ForConditionalGeneration.from_pretrained(
@@ -147,15 +155,18 @@ class BudgetedVideoLlama3(nn.Module):
                                       f"{bad}")
             tokenizer = AutoTokenizer.from_pretrained(path)
             video_processor = AutoVideoProcessor.from_pretrained(path)
-        compressor = QBaseCompressor.from_pretrained(path / QBASE_DIR).to(dtype)
+        compressor = TransformerDecoderFlatCompressor.from_pretrained(path / QBASE_DIR).to(dtype)
         orig = None
         if raw_mode == "orig":
-            w = path / ORIGINAL_PROJECTOR_DIR / "model.safetensors"
-            if not w.is_file():
-                raise FileNotFoundError(f"raw_mode='orig' needs the original projector at {w}")
+            from .convert import find_original_projector, projector_state_from
+            w = Path(original_projector) if original_projector is not None else find_original_projector(path)
+            if w is None or not w.exists():
+                raise FileNotFoundError(f"raw_mode='orig' needs the original projector: "
+                                        f"{w or path / ORIGINAL_PROJECTOR_DIR / 'model.safetensors'} (or one *.pt in "
+                                        f"{path / ORIGINAL_PROJECTOR_DIR}, or original_projector=PATH)")
             orig = type(model.model.projector)(model.config)
             with reading_checkpoint(w):
-                load_state_dict_strict(orig, load_file(str(w)), str(w))
+                load_state_dict_strict(orig, projector_state_from(w), str(w))
             orig = orig.to(dtype)
         model.requires_grad_(False)  # inference only: no autograd graph can ever hold activations
         compressor.requires_grad_(False)
@@ -252,21 +263,40 @@ class BudgetedVideoLlama3(nn.Module):
         return proj(rows)
 
     @torch.no_grad()
-    def compress(self, rows: torch.Tensor, plan: Plan) -> torch.Tensor:
-        """qbase rows of the plan's compressed groups, in one call over the whole video.
+    def compress(self, rows: torch.Tensor, plan: Plan, grid: tuple[int, int]) -> torch.Tensor:
+        """qbase rows of the plan's compressed groups, from one compressor call over the whole video.
+
+        As seed 001's ``build_video``: ``cu = [0] + cumsum([L * hw for L in plan.seg_lens])``, ``comp_rows =
+        qb(feats, cu, [(hh, ww)] * len(plan.seg_lens))`` with ``qb.adaptive_segmentation = False``, group j's rows
+        ``comp_rows[j * K:(j + 1) * K]``. Every group is a window of that call, raw ones included, because with
+        ``match_encoder_scale`` the output statistics span the call; without it windows are independent, so only
+        the compressed groups are run (the same rows, less work).
 
         Args:
             rows: (T, hw, C) encoder rows of the plan's frames.
+            grid: ``(gh, gw)`` with ``gh * gw = hw``.
 
         Returns:
-            (G_c, K, C) compressed rows (before the projector).
+            (G_c, K, C) compressed rows (before the projector), in group order.
         """
+        k, c = self.compressor.num_queries, rows.shape[-1]
         if not plan.compressed:
-            return rows.new_zeros(0, self.compressor.num_queries, rows.shape[-1])
+            return rows.new_zeros(0, k, c)
         bounds = plan.group_bounds()
-        groups = [rows[bounds[g][0]:bounds[g][1]].reshape(-1, rows.shape[-1]) for g in plan.compressed]
-        context = rows.reshape(-1, rows.shape[-1]).mean(0)
-        return self.compressor(torch.cat(groups), [x.shape[0] for x in groups], video_context=context)
+        windows = range(len(bounds)) if self.compressor.match_encoder_scale else plan.compressed
+        feats = torch.cat([rows[bounds[g][0]:bounds[g][1]].reshape(-1, c) for g in windows])
+        cu = [0]
+        for g in windows:
+            cu.append(cu[-1] + (bounds[g][1] - bounds[g][0]) * rows.shape[1])
+        saved = self.compressor.adaptive_segmentation
+        self.compressor.adaptive_segmentation = False      # the plan gives the cut; each window -> K rows
+        try:
+            out = self.compressor(feats, cu, [tuple(grid)] * len(windows)).view(len(windows), k, c)
+        finally:
+            self.compressor.adaptive_segmentation = saved
+        if self.compressor.match_encoder_scale:
+            out = out[list(plan.compressed)]
+        return out
 
     # ------------------------------------------------------------------ text
     def _split_chat_template(self) -> tuple[str, str, str]:
@@ -782,7 +812,7 @@ def prepare_budgets(vlm: BudgetedVideoLlama3, frames: torch.Tensor, times_s: lis
         else:
             raw_rows = rows[raw_pos]
         raw_llm = vlm.project(raw_rows, original=raw_mode == "orig")   # (n_raw, raw_hw, D)
-        group_llm = vlm.project(vlm.compress(rows, plan))                # (G_c, K, D)
+        group_llm = vlm.project(vlm.compress(rows, plan, grid))          # (G_c, K, D)
         prompt = vlm.build_prompt(plan, [times_s[i] for i in idx], raw_llm, group_llm)
         out.append(BudgetInput(budget=b, frame_idx=idx, plan=plan, prompt=prompt, grid=grid, raw_grid=raw_grid))
     return out
