@@ -1,18 +1,31 @@
-"""Answer-letter extraction from a model's free-text response: the benchmarks' official rule and a robust one.
+"""Answer-letter extraction from a model's free-text response: each benchmark's released rule and a robust one.
 
-Two parsers run side by side on every response and both predictions go into each record (``pred`` and
-``pred_robust``), so that a reported number always says which parser produced it.
+:func:`parse` ``(response, options, rule)`` runs one rule of :data:`RULES`:
 
-* :func:`parse_official` reproduces the rule of the benchmarks' own scorers: Video-MME's
-  ``eval_your_results.py`` (``extract_characters_regex``), which VLMEvalKit/lmms-eval reuse for Video-MME,
-  LongVideoBench, MLVU multiple-choice and WorldSense: strip the response, delete the usual answer prefixes
-  (case-sensitive, as released), then take the **first capital option letter anywhere** in what is left. This is
-  deliberately naive: ``"Based on the video"`` parses as ``B`` (from "Based"), lower-case ``"b"`` is not found.
-* :func:`parse_robust` accepts the forms models actually produce (``(B)``, ``b)``, ``Answer: c``,
-  ``The answer is D.``, a lone letter, or the text of one option without its letter) and refuses to guess.
+==============  =====================================================================================================
+rule            released code it reproduces (read in full; repo@commit:path:function)
+==============  =====================================================================================================
+``videomme``    thanku-all/parse_answer@afd52cfe3dde5b3685e0d4f760c10c756860c758:eval_your_results.py:
+                extract_characters_regex (the script Video-MME's README links, MME-Benchmarks/Video-MME@06c2315b)
+``mlvu``        JUNJIE99/MLVU@fd060c10a43ea48a35100a22688a927b8e531199:
+                evaluation/multiple_choice_evaluation/choice_bench.py:check_ans
+``lvb``         EvolvingLMMs-Lab/lmms-eval@75571cfe0fa36ca5ec2e6aa2bb268f9d38295af3:
+                lmms_eval/tasks/longvideobench/utils.py:parse_multi_choice_response
+``worldsense``  open-compass/VLMEvalKit@e8e78f05f3080fe28154f2130321f17951c3be94:
+                vlmeval/dataset/utils/worldsense.py:extract_characters_regex (the regex stage of WorldSense.evaluate)
+``robust``      ours: a standalone option letter or the text of exactly one option (:func:`parse_robust`)
+==============  =====================================================================================================
 
-Convention for "no answer": both parsers return ``None`` (written as JSON ``null``), never the string
-``"none"``. For the robust parser ``None`` means nothing matched *or* several different letters matched.
+The released rules are reproduced as Python reads the released files, bugs included: Video-MME's and
+VLMEvalKit's prefix lists each miss two commas, so two pairs of adjacent string literals concatenate into one
+prefix that no reply contains; the letter class is the released one (``[ABCD]`` for Video-MME and WorldSense,
+``[ABCDE]`` for LongVideoBench) whatever the number of options, so a letter beyond the options can come back
+(and is scored wrong, as released). The released scorers never see ``None``; here ``None`` reads as ``""``.
+
+Convention for "no answer": ``None`` (JSON ``null``), never ``"none"``. Where a release goes on beyond the
+extraction, ``None`` marks that point: LongVideoBench draws a random option (scoring applies that fallback,
+:mod:`callbacks.scoring`), WorldSense calls a judge model, or under VLMEvalKit's default ``exact_matching`` scores
+0; Video-MME leaves the question out of "answered"; MLVU scores it wrong.
 
 Pure stdlib; no lightning, no transformers, no file I/O.
 """
@@ -22,8 +35,43 @@ import re
 
 LETTERS = "ABCDEFGHIJ"
 
-# Video-MME's answer prefixes, in the released order (removed with plain, case-sensitive str.replace).
-OFFICIAL_PREFIXES = (
+RULES = ("videomme", "mlvu", "lvb", "worldsense", "robust")
+
+# The released rule of each benchmark's own scorer (the "official" prediction of a record).
+BENCHMARK_RULES = {"videomme": "videomme", "mlvu": "mlvu", "lvb": "lvb", "worldsense": "worldsense"}
+
+# thanku-all/parse_answer@afd52cfe:eval_your_results.py:extract_characters_regex, ``answer_prefixes`` as Python
+# reads it. The released list has no comma after "The best option is" and none after "Best answer:", so those
+# literals concatenate with the next one: 12 written strings, 10 prefixes.
+VIDEOMME_PREFIXES = (
+    "The best answer is",
+    "The correct answer is",
+    "The answer is",
+    "The answer",
+    "The best option is" "The correct option is",   # missing comma in the release: one concatenated prefix
+    "Best answer:" "Best option:",                   # missing comma in the release: one concatenated prefix
+    "Answer:",
+    "Option:",
+    "The correct answer",
+    "The correct option",
+)
+
+# open-compass/VLMEvalKit@e8e78f05:vlmeval/dataset/utils/worldsense.py:extract_characters_regex, as Python reads
+# it: the same two missing commas (10 written strings, 8 prefixes).
+WORLDSENSE_PREFIXES = (
+    "The best answer is",
+    "The correct answer is",
+    "The answer is",
+    "The answer",
+    "The best option is" "The correct option is",   # missing comma in the release
+    "Best answer:" "Best option:",                   # missing comma in the release
+    "Answer:",
+    "Option:",
+)
+
+# EvolvingLMMs-Lab/lmms-eval@75571cfe:lmms_eval/tasks/longvideobench/utils.py:parse_multi_choice_response
+# (commas all present: 8 prefixes).
+LVB_PREFIXES = (
     "The best answer is",
     "The correct answer is",
     "The answer is",
@@ -32,11 +80,10 @@ OFFICIAL_PREFIXES = (
     "The correct option is",
     "Best answer:",
     "Best option:",
-    "Answer:",
-    "Option:",
-    "The correct answer",
-    "The correct option",
 )
+
+# Kept for old imports: the Video-MME list.
+OFFICIAL_PREFIXES = VIDEOMME_PREFIXES
 
 # Robust: prefixes removed case-insensitively before looking at the remainder.
 _ROBUST_PREFIX = re.compile(
@@ -52,33 +99,113 @@ def _valid_letters(num_options: int) -> str:
     return LETTERS[:num_options]
 
 
-def parse_official(response: str | None, num_options: int = 4) -> str | None:
-    """Official answer letter: the first capital option letter after removing answer prefixes.
+def _first_capital(response: str | None, prefixes: tuple[str, ...], letter_class: str) -> str | None:
+    """The shared core of the Video-MME-style extractions: ``s.strip()``, each prefix removed with a plain
+    case-sensitive ``str.replace`` in list order, then: more than 10 whitespace words and no letter of
+    ``letter_class`` -> no answer, else the first such letter anywhere (even inside a word), else no answer."""
+    s = (response or "").strip()
+    for prefix in prefixes:
+        s = s.replace(prefix, "")
+    m = re.search(letter_class, s)
+    if len(s.split()) > 10 and m is None:
+        return None
+    return m.group(0) if m else None
 
-    Follows Video-MME's official scorer (``eval_your_results.py``, ``extract_characters_regex``): ``s.strip()``;
-    delete each of :data:`OFFICIAL_PREFIXES` (case-sensitive); if more than 10 words remain and no option letter
-    occurs, no answer; else the first occurrence of any capital letter in ``A..`` (``[ABCD]`` for 4 options,
-    ``[ABCDE]`` for LongVideoBench's 5), even inside a word.
 
-    Args:
-        response: the generated text (``None`` is treated as empty).
-        num_options: number of options of the question (1..10); letters beyond it are ignored.
+def parse_videomme(response: str | None) -> str | None:
+    """Video-MME's released extraction.
 
-    Returns:
-        The letter, or ``None`` when no option letter occurs.
+    Follows thanku-all/parse_answer@afd52cfe3dde5b3685e0d4f760c10c756860c758:eval_your_results.py:
+    ``extract_characters_regex`` (``s = s.strip()``; ``s = s.replace(answer_prefix, "")`` for each of
+    :data:`VIDEOMME_PREFIXES`; ``if len(s.split()) > 10 and not re.search("[ABCD]", s): return ""``;
+    ``re.search(r'[ABCD]', s)``). ``""`` there is ``None`` here.
+    """
+    return _first_capital(response, VIDEOMME_PREFIXES, "[ABCD]")
+
+
+def parse_lvb(response: str | None) -> str | None:
+    """LongVideoBench's extraction in lmms-eval (the harness its repository points to).
+
+    Follows EvolvingLMMs-Lab/lmms-eval@75571cfe0fa36ca5ec2e6aa2bb268f9d38295af3:
+    lmms_eval/tasks/longvideobench/utils.py:``parse_multi_choice_response``: strip, remove
+    :data:`LVB_PREFIXES`, then ``[ABCDE]`` as in :func:`parse_videomme`. Where the release returns
+    ``random.choice(all_choices)`` this returns ``None``; :mod:`callbacks.scoring` applies that fallback.
+    """
+    return _first_capital(response, LVB_PREFIXES, "[ABCDE]")
+
+
+def parse_worldsense(response: str | None) -> str | None:
+    """WorldSense's extraction in VLMEvalKit (the harness WorldSense's README points to), regex stage.
+
+    Follows open-compass/VLMEvalKit@e8e78f05f3080fe28154f2130321f17951c3be94:
+    vlmeval/dataset/utils/worldsense.py:``extract_characters_regex`` (:data:`WORLDSENSE_PREFIXES`, ``[ABCD]``).
+    Where it returns ``''``, ``WorldSense.evaluate`` calls ``extract_option``: a judge model, or under the
+    default ``exact_matching`` the prefetch ``can_infer`` on an empty choice dict (the TSV's ``question`` holds no
+    option lines), i.e. ``'Z'``, score 0. Here: ``None``.
+    """
+    return _first_capital(response, WORLDSENSE_PREFIXES, "[ABCD]")
+
+
+def parse_mlvu(response: str | None, num_options: int) -> str | None:
+    """MLVU's released check, as the letter it compares.
+
+    Follows JUNJIE99/MLVU@fd060c10a43ea48a35100a22688a927b8e531199:
+    evaluation/multiple_choice_evaluation/choice_bench.py:``check_ans``: ``if ")" in pred: pred =
+    pred[index3-1:index3]`` (the character before the first ``)``; ``""`` when the reply starts with ``)``), then
+    ``pred == gt_option`` with no stripping and no case folding. The reply is correct iff that string equals the
+    gold letter, so this returns it when it is one of the first ``num_options`` capital letters, else ``None``
+    (never equal to a gold letter).
 
     Raises:
         ValueError: ``num_options`` outside 1..10.
     """
     letters = _valid_letters(num_options)
-    s = (response or "").strip()
-    for prefix in OFFICIAL_PREFIXES:
-        s = s.replace(prefix, "")
-    pattern = f"[{letters}]"
-    m = re.search(pattern, s)
-    if len(s.split()) > 10 and m is None:
-        return None
-    return m.group(0) if m else None
+    pred = response or ""
+    if ")" in pred:
+        i = pred.index(")")
+        pred = pred[i - 1:i]
+    return pred if len(pred) == 1 and pred in letters else None
+
+
+def parse(response: str | None, options: list[str], rule: str) -> str | None:
+    """The answer letter of ``response`` under ``rule`` (one of :data:`RULES`; see the module table).
+
+    Args:
+        response: the generated text (``None`` reads as ``""``).
+        options: the option texts without their letters, in order (1..10); ``mlvu`` and ``robust`` use them,
+            the other rules match their released fixed letter class.
+        rule: a name in :data:`RULES`.
+
+    Returns:
+        A capital letter, or ``None`` where the rule finds none (what the release does then is in the module
+        docstring).
+
+    Raises:
+        ValueError: unknown rule, or no / more than 10 options.
+    """
+    if rule not in RULES:
+        raise ValueError(f"unknown answer rule {rule!r}; known: {', '.join(RULES)}")
+    _valid_letters(len(options))
+    if rule == "videomme":
+        return parse_videomme(response)
+    if rule == "lvb":
+        return parse_lvb(response)
+    if rule == "worldsense":
+        return parse_worldsense(response)
+    if rule == "mlvu":
+        return parse_mlvu(response, len(options))
+    return parse_robust(response, options)
+
+
+def official_rule(benchmark: str | None) -> str:
+    """The released rule of ``benchmark`` (:data:`BENCHMARK_RULES`); another or unknown benchmark gets
+    ``"videomme"``, the rule the other harnesses derive from."""
+    return BENCHMARK_RULES.get(benchmark or "", "videomme")
+
+
+def parse_official(response: str | None, options: list[str], benchmark: str | None = None) -> str | None:
+    """``parse(response, options, official_rule(benchmark))``: the benchmark's own released rule."""
+    return parse(response, options, official_rule(benchmark))
 
 
 def _norm_text(s: str) -> str:

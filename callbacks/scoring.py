@@ -13,20 +13,37 @@ Protocol (every choice is visible in ``scores.json``):
   wins, in sorted-path then line order, except that an answered record replaces an earlier error record (the
   writer retries failed questions on restart and appends the new record after the error, which stays as the
   audit trail). ``n_duplicates`` reports how many were dropped, ``n_retried`` how many errors were replaced.
-* **Parsers**: ``official`` scores ``record["pred"]`` (:func:`algorithms.choice.parse_official`, Video-MME's
-  official rule) and ``robust`` scores ``record["pred_robust"]`` (:func:`algorithms.choice.parse_robust`). A
-  parser appears for a group only if some record of the group carries its key.
+* **Rules** (:mod:`algorithms.choice`): ``official`` is the benchmark's own released rule
+  (:func:`algorithms.choice.official_rule`: ``videomme``, ``mlvu``, ``lvb``, ``worldsense``; its name is the
+  parser's ``rule``), ``robust`` the robust parser; ``rules=[...]`` (CLI ``--rules``) adds any rule of
+  :data:`algorithms.choice.RULES` under its own name. A record with a ``response`` key is re-parsed from it (so old
+  folders re-score with today's rules); ``robust`` needs the record's ``options`` (else the stored
+  ``pred_robust``); a record without ``options`` is parsed with the benchmark's usual option count
+  (:data:`DEFAULT_NUM_OPTIONS`, counted in ``n_options_assumed``); a record without ``response`` keeps its stored
+  ``pred`` / ``pred_robust``.
+* **Release aggregations** (``release`` of the benchmark's own rule): Video-MME: ``accuracy_answered`` = correct /
+  questions whose extraction is not empty, overall and per duration / domain / task_type, as
+  ``eval_your_results.py`` divides (thanku-all/parse_answer@afd52cfe:eval_your_results.py:eval_your_results);
+  MLVU: ``m_avg``, the mean of the per-task accuracies (JUNJIE99/MLVU@fd060c10:
+  evaluation/multiple_choice_evaluation/choice_bench.py:main, ``final_res['Avg']``); LongVideoBench:
+  ``accuracy_fallback`` with the release's ``random.choice`` for an unparsed reply drawn from
+  ``random.Random("lvb:<qid>")`` (the same number on every re-score) and ``expected_accuracy`` counting each
+  unparsed reply as 1 / number of options (lmms-eval@75571cfe:lmms_eval/tasks/longvideobench/utils.py:
+  longvideobench_aggregate_results, whose "Overall" is the pooled accuracy); WorldSense: the mean score over all
+  questions, an empty extraction scoring 0 (VLMEvalKit@e8e78f05:vlmeval/dataset/worldsense.py:WorldSense.evaluate
+  with ``exact_matching``, vlmeval/dataset/utils/worldsense.py:get_dimension_rating).
 * **Accuracy** (fractions in [0, 1]): ``accuracy = correct / n_scored`` with ``n_scored`` the records with an
   answer and no error (an unparseable answer, ``pred`` null, counts as wrong); ``accuracy_all = correct /
   (n_scored + n_errors + n_missing)`` also counts failed and missing questions as wrong.
 * **Breakdowns** (over scored records): Video-MME by ``duration`` / ``domain`` / ``task_type``; MLVU by ``task``
-  with ``m_avg`` = the mean of the per-task accuracies (the official MLVU "M-Avg") and ``pooled`` = accuracy over
+  with ``m_avg`` = the mean of the per-task accuracies (MLVU's "M-Avg") and ``pooled`` = accuracy over
   all questions; LongVideoBench by ``duration_group`` / ``question_category``; WorldSense by ``domain`` /
   ``task_type``.
 * **Missing**: when the expected qids of a benchmark are known (from the annotation), ``n_missing`` counts those
   with no record (error records are not missing) and ``missing_qids`` lists the first 50.
 
-Command: ``python -m callbacks.scoring <out_root> [--expected videomme=/data/videomme ...] [--no-plots]`` prints
+Command: ``python -m callbacks.scoring <out_root> [--expected videomme=/data/videomme ...] [--rules lvb robust ...]
+[--no-plots]`` prints
 the table and writes ``<out_root>/scores.json`` and the PNG plots; :class:`ScoreOnPredictEnd` does the same at
 the end of ``trainer.predict``.
 """
@@ -36,6 +53,7 @@ import argparse
 import json
 import logging
 import math
+import random
 import re
 import sys
 from collections import defaultdict
@@ -44,11 +62,14 @@ from typing import Any, Iterable
 
 from lightning.pytorch import Callback
 
+from algorithms.choice import RULES, official_rule, parse
 from datamodules.features import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
-PARSERS = {"official": "pred", "robust": "pred_robust"}
+PARSERS = {"official": "pred", "robust": "pred_robust"}   # parser -> the stored field used without a response
+# option count assumed for a record without ``options`` (records written before they carried them)
+DEFAULT_NUM_OPTIONS = {"videomme": 4, "worldsense": 4, "lvb": 5, "mlvu": 6}
 BREAKDOWNS = {
     "videomme": ("duration", "domain", "task_type"),
     "mlvu": ("task",),
@@ -133,7 +154,98 @@ def _sort_key(g: dict) -> tuple:
     return (g["benchmark"], g["variant"] or "", b if isinstance(b, (int, float)) else math.inf, g["job"])
 
 
-def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] | None = None) -> dict:
+def _num_options(rec: dict, benchmark: str) -> tuple[list[str], bool]:
+    """The record's option texts, or placeholders for the benchmark's usual count (second item: assumed)."""
+    opts = rec.get("options")
+    if isinstance(opts, list) and opts:
+        return [str(o) for o in opts], False
+    return [""] * DEFAULT_NUM_OPTIONS.get(benchmark, 4), True
+
+
+def _predictions(scored: list[dict], parser: str, rule: str, benchmark: str) -> tuple[list | None, int]:
+    """Per scored record the letter under ``rule`` (re-parsed from ``response`` when the record has it, see the
+    module docstring), and how many records had no ``options``. ``(None, 0)`` when nothing can give this parser
+    (no response and no stored field)."""
+    field = PARSERS.get(parser)
+    if not scored:
+        return [], 0
+    if not any("response" in r or (field and field in r) for r in scored):
+        return None, 0
+    preds, assumed = [], 0
+    for r in scored:
+        if "response" in r and not (rule == "robust" and not r.get("options")):
+            opts, guessed = _num_options(r, benchmark)
+            assumed += guessed
+            preds.append(parse(r.get("response"), opts, rule))
+        else:
+            preds.append(r.get(field) if field else None)
+    return preds, assumed
+
+
+def _cells(rows: list[tuple[dict, Any]], field: str, n_key: str = "n") -> dict[str, dict]:
+    cells: dict[str, list] = defaultdict(lambda: [0, 0])
+    for rec, ok in rows:
+        value = (rec.get("meta") or {}).get(field)
+        cell = cells["unknown" if value is None else str(value)]
+        cell[0] += 1
+        cell[1] += ok
+    return {k: {n_key: n, "correct": c, "accuracy": _acc(c, n)} for k, (n, c) in sorted(cells.items())}
+
+
+def _videomme_release(scored: list[dict], preds: list, p: dict) -> dict:
+    """Video-MME's ``eval_your_results``: a question counts in "answered" only when its extraction is not empty;
+    accuracy = correct / answered, overall and per duration, domain and task type."""
+    rows = [(r, int(str(pr) == str(r["answer"]))) for r, pr in zip(scored, preds) if pr is not None]
+    correct = sum(ok for _, ok in rows)
+    return {"answered": len(rows), "correct": correct, "accuracy_answered": _acc(correct, len(rows)),
+            "by": {f: _cells(rows, f, "answered") for f in BREAKDOWNS["videomme"]}}
+
+
+def lvb_fallback_choice(qid: str, num_options: int) -> str:
+    """The letter LongVideoBench's release draws (``random.choice(all_choices)``) for an unparsed reply, from a
+    generator seeded by the qid (``random.Random("lvb:<qid>")``: string seeds are hashed with SHA-512, so the
+    draw is the same in every process and on every re-score)."""
+    return random.Random(f"lvb:{qid}").choice([chr(ord("A") + i) for i in range(num_options)])
+
+
+def _lvb_release(scored: list[dict], preds: list, p: dict) -> dict:
+    """lmms-eval's LongVideoBench: an unparsed reply gets a random option (seeded per qid here); "Overall" is the
+    instance-weighted mean over duration groups and question categories, i.e. the pooled accuracy. Also the
+    expected accuracy over that draw (each unparsed reply counts 1 / number of options)."""
+    rows, expected = [], 0.0
+    for r, pr in zip(scored, preds):
+        n = len(_num_options(r, "lvb")[0])
+        if pr is None:
+            expected += 1.0 / n
+            pr = lvb_fallback_choice(str(r["qid"]), n)
+        else:
+            expected += float(str(pr) == str(r["answer"]))
+        rows.append((r, int(str(pr) == str(r["answer"]))))
+    correct = sum(ok for _, ok in rows)
+    return {"correct_fallback": correct, "accuracy_fallback": _acc(correct, len(rows)),
+            "expected_accuracy": expected / len(rows) if rows else None,
+            "by": {f: _cells(rows, f) for f in BREAKDOWNS["lvb"]}}
+
+
+def _mlvu_release(scored: list[dict], preds: list, p: dict) -> dict:
+    """MLVU's ``choice_bench.main``: per task ``correct / total * 100``, ``Avg`` their mean over the tasks present
+    (fractions here)."""
+    return {"m_avg": p.get("m_avg"), "by_task": {k: c["accuracy"] for k, c in p["by"]["task"].items()}}
+
+
+def _worldsense_release(scored: list[dict], preds: list, p: dict) -> dict:
+    """VLMEvalKit's WorldSense with ``exact_matching``: score 1 when the regex letter equals the answer, else 0
+    (an empty extraction scores 0); each rating is the mean score of its questions."""
+    return {"accuracy": p["accuracy"], "by": {f: {k: c["accuracy"] for k, c in cells.items()}
+                                               for f, cells in p["by"].items()}}
+
+
+BENCHMARK_AGGREGATIONS = {"videomme": _videomme_release, "lvb": _lvb_release, "mlvu": _mlvu_release,
+                          "worldsense": _worldsense_release}
+
+
+def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] | None = None,
+                  rules: Iterable[str] | None = None) -> dict:
     """Score records (see the module docstring for the protocol).
 
     Args:
@@ -141,6 +253,10 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
             (default ``"default"``); ``answer``, ``pred``, ``pred_robust``, ``error``, ``variant``, ``budget``,
             ``meta`` are read when present.
         expected_qids: per benchmark name, the qids of the annotation (for ``n_missing``); optional.
+        rules: extra rules of :data:`algorithms.choice.RULES` scored under their own names.
+
+    Raises:
+        ValueError: an unknown rule.
 
     Returns:
         ``{"groups": [group, ...]}`` sorted by (benchmark, variant, budget, job), each group
@@ -149,6 +265,9 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
         {value: {n, correct, accuracy}}}, [m_avg, pooled]}}}``; accuracies are fractions (``None`` when
         nothing was scored).
     """
+    for r in rules or ():
+        if r not in RULES:
+            raise ValueError(f"unknown rule {r!r}; known: {', '.join(RULES)}")
     groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
     dups: dict[tuple, int] = defaultdict(int)
     retried: dict[tuple, int] = defaultdict(int)
@@ -182,22 +301,30 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
             "n_missing": len(missing), "missing_qids": missing[:MAX_LISTED_MISSING], "templates": templates,
             "parsers": {},
         }
-        for parser, field in PARSERS.items():
-            if not any(field in r for r in recs):
+        names = list(PARSERS) + [r for r in (rules or ()) if r not in PARSERS]
+        own = official_rule(benchmark)
+        for parser in names:
+            rule = own if parser == "official" else parser
+            preds, n_assumed = _predictions(scored, parser, rule, benchmark)
+            if preds is None:
                 continue
-            rows = [(r, r.get(field) is not None and str(r.get(field)) == str(r["answer"])) for r in scored]
+            rows = [(r, pr is not None and str(pr) == str(r["answer"])) for r, pr in zip(scored, preds)]
             correct = sum(ok for _, ok in rows)
             p: dict[str, Any] = {
+                "rule": rule,
                 "correct": correct,
-                "unparseable": sum(r.get(field) is None for r in scored),
+                "unparseable": sum(pr is None for pr in preds),
                 "accuracy": _acc(correct, len(scored)),
                 "accuracy_all": _acc(correct, len(scored) + len(errors) + len(missing)),
+                "n_options_assumed": n_assumed,
                 "by": {f: _breakdown(rows, f) for f in BREAKDOWNS.get(benchmark, ())},
             }
             if benchmark == "mlvu":
                 tasks = [c["accuracy"] for c in p["by"]["task"].values() if c["accuracy"] is not None]
                 p["m_avg"] = sum(tasks) / len(tasks) if tasks else None
                 p["pooled"] = p["accuracy"]
+            if rule == own and benchmark in BENCHMARK_AGGREGATIONS:
+                p["release"] = BENCHMARK_AGGREGATIONS[benchmark](scored, preds, p)
             g["parsers"][parser] = p
         out.append(g)
     return {"groups": sorted(out, key=_sort_key)}
@@ -216,36 +343,58 @@ def _duration_sort(v: str) -> tuple:
 
 
 def _extra(benchmark: str, p: dict) -> str:
+    rel = p.get("release") or {}
     if benchmark == "mlvu":
         return f"M-Avg {_pct(p.get('m_avg'))}  pooled {_pct(p.get('pooled'))}"
+    parts = []
+    if benchmark == "videomme" and rel:
+        parts.append(f"answered-only {_pct(rel.get('accuracy_answered'))} (n {rel.get('answered')})")
+    if benchmark == "lvb" and rel:
+        parts.append(f"random-fallback {_pct(rel.get('accuracy_fallback'))}  expected {_pct(rel.get('expected_accuracy'))}")
     dk = DURATION_KEY.get(benchmark)
     if dk and dk in p["by"]:
         cells = p["by"][dk]
-        return "  ".join(f"{k} {_pct(cells[k]['accuracy'])}" for k in sorted(cells, key=_duration_sort))
-    return ""
+        parts.append("  ".join(f"{k} {_pct(cells[k]['accuracy'])}" for k in sorted(cells, key=_duration_sort)))
+    return "  ".join(parts)
+
+
+RULE_DESCRIPTIONS = {
+    "videomme": "Video-MME eval_your_results.py: prefixes removed, first capital of [ABCD] anywhere (even in a word)",
+    "lvb": "lmms-eval LongVideoBench: prefixes removed, first capital of [ABCDE] anywhere, random option if none",
+    "worldsense": "VLMEvalKit WorldSense: prefixes removed, first capital of [ABCD] anywhere, else 0",
+    "mlvu": "MLVU check_ans: the character before the first ')' (else the whole reply) equals the letter",
+    "robust": "a standalone option letter ('B', '(B)', 'Answer: c') or one option's text",
+}
 
 
 def format_table(scores: dict) -> str:
     """A readable fixed-width table of ``scores`` (from :func:`score_records`): one row per group and parser with
-    n, accuracy (%), errors, unparseable, missing, duplicates and the benchmark's headline breakdown (Video-MME /
-    LongVideoBench per duration, MLVU M-Avg and pooled)."""
-    header = ("benchmark", "job", "variant", "budget", "parser", "n", "acc%", "acc_all%", "err", "unparse", "miss",
-              "dup", "breakdown")
+    n, accuracy (%), errors, unparseable, missing, duplicates and the benchmark's headline numbers (Video-MME
+    answered-only accuracy, LongVideoBench random-fallback and expected accuracy, per duration; MLVU M-Avg and
+    pooled). The footer describes each rule that appears."""
+    header = ("benchmark", "job", "variant", "budget", "parser", "rule", "n", "acc%", "acc_all%", "err", "unparse",
+              "miss", "dup", "breakdown")
     rows = [header]
+    used: list[str] = []
     for g in scores.get("groups", []):
         for parser, p in g["parsers"].items():
-            rows.append((g["benchmark"], g["job"], g["variant"] or "-", str(g["budget"]), parser, str(g["n_scored"]),
-                         _pct(p["accuracy"]), _pct(p["accuracy_all"]), str(g["n_errors"]), str(p["unparseable"]),
-                         str(g["n_missing"]), str(g["n_duplicates"]), _extra(g["benchmark"], p)))
+            rule = p.get("rule", parser)
+            if rule not in used:
+                used.append(rule)
+            rows.append((g["benchmark"], g["job"], g["variant"] or "-", str(g["budget"]), parser, rule,
+                         str(g["n_scored"]), _pct(p["accuracy"]), _pct(p["accuracy_all"]), str(g["n_errors"]),
+                         str(p["unparseable"]), str(g["n_missing"]), str(g["n_duplicates"]),
+                         _extra(g["benchmark"], p)))
         if not g["parsers"]:
-            rows.append((g["benchmark"], g["job"], g["variant"] or "-", str(g["budget"]), "-", str(g["n_scored"]),
+            rows.append((g["benchmark"], g["job"], g["variant"] or "-", str(g["budget"]), "-", "-", str(g["n_scored"]),
                          "-", "-", str(g["n_errors"]), "-", str(g["n_missing"]), str(g["n_duplicates"]), ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.append("acc% = correct / answered; acc_all% also counts errors and missing questions as wrong; official = "
-                 "the benchmark's own rule (first capital A-D, even inside a word), robust = a standalone letter "
-                 "('B', '(B)', 'Answer: c') or an option's text; unparse = no letter found")
+    lines.append("acc% = correct / scored (unparsed = wrong); acc_all% also counts errors and missing questions as "
+                 "wrong; official = the benchmark's own released rule; unparse = no letter under the rule")
+    for rule in used:
+        lines.append(f"  {rule}: {RULE_DESCRIPTIONS.get(rule, rule)}")
     return "\n".join(lines)
 
 
@@ -343,7 +492,7 @@ def plot_scores(scores: dict, out_dir: str | Path) -> list[Path]:
 
 
 def write_scores(out_dir: str | Path, expected_qids: dict[str, Iterable[str]] | None = None,
-                 plots: bool = True) -> dict:
+                 plots: bool = True, rules: Iterable[str] | None = None) -> dict:
     """Read every record under ``out_dir``, score it and write ``<out_dir>/scores.json`` (+ PNG plots beside it).
 
     ``scores.json`` is written atomically (temp file in the same folder + ``os.replace``), so a reader never sees a
@@ -354,20 +503,22 @@ def write_scores(out_dir: str | Path, expected_qids: dict[str, Iterable[str]] | 
         out_dir: the prediction output root (``<out_dir>/<job>/<benchmark>/*.jsonl``).
         expected_qids: per benchmark, the annotation's qids (for missing counts); optional.
         plots: also render :func:`plot_scores`.
+        rules: extra rules (:func:`score_records`).
 
     Returns:
         The scores dict that was written.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    return save_scores(compute_scores(out_dir, expected_qids), out_dir, plots)
+    return save_scores(compute_scores(out_dir, expected_qids, rules), out_dir, plots)
 
 
-def compute_scores(out_dir: str | Path, expected_qids: dict[str, Iterable[str]] | None = None) -> dict:
+def compute_scores(out_dir: str | Path, expected_qids: dict[str, Iterable[str]] | None = None,
+                   rules: Iterable[str] | None = None) -> dict:
     """:func:`score_records` of every record under ``out_dir`` plus the reading stats (``n_files``,
     ``n_bad_lines``); ``plots`` empty until :func:`save_scores`. Reads only."""
     records, stats = read_records(out_dir)
-    return {**score_records(records, expected_qids), **stats, "plots": []}
+    return {**score_records(records, expected_qids, rules), **stats, "plots": []}
 
 
 def save_scores(scores: dict, out_dir: Path, plots: bool = True) -> dict:
@@ -518,12 +669,15 @@ def _expected_from_run_file(out_root: Path) -> dict[str, list[str]] | None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """``python -m callbacks.scoring <out_root> [--expected NAME=ROOT ...] [--no-plots]``: score, write
+    """``python -m callbacks.scoring <out_root> [--expected NAME=ROOT ...] [--rules RULE ...] [--no-plots]``: score, write
     ``scores.json`` and plots, print the table."""
     ap = argparse.ArgumentParser(prog="python -m callbacks.scoring", description=main.__doc__)
     ap.add_argument("out_root")
     ap.add_argument("--expected", action="append", default=[], metavar="NAME=ROOT",
                     help="benchmark annotation to count missing qids against (repeatable)")
+    ap.add_argument("--rules", nargs="+", default=[], choices=RULES, metavar="RULE",
+                    help=f"also score these rules of algorithms.choice ({', '.join(RULES)}), re-parsed from each "
+                         "record's response")
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
     root = Path(args.out_root)
@@ -532,7 +686,7 @@ def main(argv: list[str] | None = None) -> dict:
     if not any(root.glob("*/*/*.jsonl")):
         ap.error(f"{root}: no records (expected <job>/<benchmark>/rank<r>.jsonl files)")
     expected = _parse_expected(args.expected) or _expected_from_run_file(root)
-    scores = compute_scores(root, expected)
+    scores = compute_scores(root, expected, args.rules)
     try:
         save_scores(scores, root, plots=not args.no_plots)
     except OSError as e:   # a read-only (archived, shared) folder can still be scored: table only

@@ -50,7 +50,7 @@ def qa_record(item: dict, q: Question, answer, stats: dict, n_frames_used: int, 
         stats: the plan's :meth:`~algorithms.budget.Plan.stats` (or a layout's, with the same keys).
         n_frames_used: frames the job used (``capped`` when fewer than the video's 1 fps frames).
     """
-    from algorithms.choice import parse_official, parse_robust
+    from algorithms.choice import official_rule, parse, parse_robust
 
     info = item["video_info"]
     video_info = {"duration_s": info["duration_s"], "native_hw": info["native_hw"], "n_frames": n_frames_used,
@@ -60,7 +60,8 @@ def qa_record(item: dict, q: Question, answer, stats: dict, n_frames_used: int, 
     return {
         "qid": q.qid, "video": item["video_id"], "benchmark": item["benchmark"], "job": job, "budget": budget,
         "variant": variant, "answer": q.answer,
-        "pred": parse_official(answer.text, len(q.options)), "pred_robust": parse_robust(answer.text, q.options),
+        "pred": parse(answer.text, q.options, official_rule(item["benchmark"])), "pred_rule": official_rule(item["benchmark"]),
+        "pred_robust": parse_robust(answer.text, q.options), "options": list(q.options),
         "response": answer.text, "seq_len": answer.seq_len, "prefix_fallback": answer.fallback,
         "meta": {**q.meta, "template": template},
         "mode": stats["mode"], "hw": stats["hw"], "raw_hw": stats["raw_hw"], "n_groups": stats["n_groups"],

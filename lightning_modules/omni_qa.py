@@ -22,7 +22,7 @@ from pathlib import Path
 
 from lightning.pytorch import LightningModule
 
-from algorithms.choice import parse_official, parse_robust
+from algorithms.choice import official_rule, parse, parse_robust
 from algorithms.pruning import VARIANTS, retention_floor
 from algorithms.errors import SettingError
 from datamodules.benchmarks import Question
@@ -162,7 +162,9 @@ class OmniPruningQA(LightningModule):
                 flops["measured"] = ans.measured_flops
                 records.append({
                     **self._base(item, {"qid": q.qid, "answer": q.answer, "meta": q.meta}, job),
-                    "pred": parse_official(ans.text, len(q.options)), "pred_robust": parse_robust(ans.text, q.options),
+                    "pred": parse(ans.text, q.options, official_rule(q.meta.get("benchmark"))),
+                    "pred_rule": official_rule(q.meta.get("benchmark")),
+                    "pred_robust": parse_robust(ans.text, q.options), "options": list(q.options),
                     "response": ans.text, "meta": {**q.meta, "template": template},
                     "num_video_tokens": inputs.num_video, "num_audio_tokens": inputs.num_audio,
                     "num_text_tokens": inputs.num_text, "num_prefill_tokens": inputs.num_prefill,

@@ -258,9 +258,14 @@ def test_prompts_per_benchmark(tmp_path):
     assert text.startswith("This video's subtitles are listed below:\nfirst\nsecond\n")
     assert "\nA. a cup\nB. a pen\nC. a phone\nD. a book\nE. a key\n" in text
     assert text.rstrip().endswith("letter from the given choices directly.")
-    # the generic template is Video-MME's without "(A, B, C, or D)" (the other benchmarks have 2-6 options)
-    assert build_prompt(q, "videomme") == build_prompt(q).replace("the letter of", "the letter (A, B, C, or D) of")
+    # the generic template is Video-MME's without its letter list; Video-MME's names the question's own letters
+    assert build_prompt(q, "videomme") == build_prompt(q).replace("the letter of", "the letter (A, B, C, D, or E) of")
     assert build_prompt(q) != build_prompt(q, "videomme")
+    # a family name resolves per benchmark; one without a template for the benchmark falls back to its own
+    assert prompt_and_template(q, "videollama3")[1] == "videollama3_lvb"
+    assert prompt_and_template(q, "lmms_eval")[1] == "lmms_eval_lvb"
+    q.meta["benchmark"] = "worldsense"
+    assert prompt_and_template(q, "videollama3")[1] == "worldsense"
 
 
 # Full prompts written out by hand from the published prompts the templates cite (datamodules/benchmarks/prompts.py
@@ -269,20 +274,35 @@ def test_prompts_per_benchmark(tmp_path):
 _SUBS = "This video's subtitles are listed below:\nfirst\nsecond\n"
 _Q = "What does the man hold?"
 _OPTS = "A. a cup\nB. a pen\nC. a phone\nD. a book\nE. a key"
+_OPTS_PAREN = "(A) a cup\n(B) a pen\n(C) a phone\n(D) a book\n(E) a key"
 _EXPECTED = {
     "mcq_letter": ("Select the best answer to the following multiple-choice question based on the video. "
                    "Respond with only the letter of the correct option.\n" + _Q + "\n" + _OPTS
                    + "\nThe best answer is:"),
     # Video-MME's evaluation prompt as published (its questions always have 4 options)
     "videomme": ("Select the best answer to the following multiple-choice question based on the video. "
-                 "Respond with only the letter (A, B, C, or D) of the correct option.\n" + _Q + "\n" + _OPTS
+                 "Respond with only the letter (A, B, C, D, or E) of the correct option.\n" + _Q + "\n" + _OPTS
                  + "\nThe best answer is:"),
+    # VideoLLaMA3@05cee23d evaluation/benchmarks/videomme.py generate_instruction, written out from the release
+    "videollama3_videomme": ("Select the best answer to the following multiple-choice question based on the video. "
+                             "Respond with only the letter (A, B, C, D, or E) of the correct option.\n" + _Q + "\n"
+                             + _OPTS + "\nAnswer with the option's letter from the given choices directly and only "
+                             "give the best option. The best answer is:"),
+    # VideoLLaMA3 mlvu.py: f"Question: {question}\nOptions:\n{option_string}Answer with ..." with "(A) c\n" lines
+    "videollama3_mlvu": ("Question: " + _Q + "\nOptions:\n" + _OPTS_PAREN + "\nAnswer with the option's letter "
+                         "from the given choices directly and only give the best option."),
+    # VideoLLaMA3 longvideobench.py: "\n".join(["Question: " + q, "A. c", ..., "Answer with ..."]).strip()
+    "videollama3_lvb": ("Question: " + _Q + "\n" + _OPTS
+                        + "\nAnswer with the option's letter from the given choices directly."),
+    # lmms-eval@75571cfe longvideobench_doc_to_text: f"{pre_prompt}{question}\n{post_prompt}", question already
+    # holding the "A. c" lines, post_prompt ending in "\n"
+    "lmms_eval_lvb": (_Q + "\n" + _OPTS + "\nAnswer with the option's letter from the given choices directly.\n"),
     "mlvu": ("Question: " + _Q + "\nOptions:\n" + _OPTS + "\n"
              "Answer with the option's letter from the given choices directly. Only give the best option."),
     "lvb": "Question: " + _Q + "\n" + _OPTS + "\nAnswer with the option's letter from the given choices directly.",
     "worldsense": ("Carefully watch this video and listen to its audio. Select the best answer to the following "
                    "multiple-choice question based on the video and the audio. Respond with only the letter "
-                   "(A, B, C, or D) of the correct option.\n" + _Q + "\n" + _OPTS + "\nThe best answer is:"),
+                   "(A, B, C, D, or E) of the correct option.\n" + _Q + "\n" + _OPTS + "\nThe best answer is:"),
 }
 
 
@@ -295,7 +315,17 @@ def test_prompt_templates_full_text(tmp_path, name):
     assert build_prompt(with_subs, name) == _SUBS + _EXPECTED[name]
     assert build_prompt(without, name) == _EXPECTED[name]
     q3 = load_benchmark("lvb", tmp_path)[1]          # 3 options: only A-C lines, nothing left over
-    assert build_prompt(q3, name) == _EXPECTED[name].replace(_Q, "Then?").replace(_OPTS, "A. yes\nB. no\nC. maybe")
+    three = (_EXPECTED[name].replace(_Q, "Then?").replace(_OPTS, "A. yes\nB. no\nC. maybe")
+             .replace(_OPTS_PAREN, "(A) yes\n(B) no\n(C) maybe").replace("(A, B, C, D, or E)", "(A, B, or C)"))
+    assert build_prompt(q3, name) == three
+    assert "(A, B, C, or D)" not in build_prompt(q3, name)
+
+
+def test_letters_phrase_is_the_release_for_four():
+    from datamodules.benchmarks.prompts import letters_phrase
+
+    assert letters_phrase(4) == "A, B, C, or D"          # Video-MME's released text
+    assert (letters_phrase(2), letters_phrase(3), letters_phrase(1)) == ("A or B", "A, B, or C", "A")
 
 
 def test_unknown_benchmark():

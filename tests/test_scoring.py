@@ -9,8 +9,10 @@ from callbacks.scoring import ScoreOnPredictEnd, format_table, main, read_record
 
 
 def rec(qid, answer, pred, robust, bench, budget=1024, variant=None, **meta):
+    # the response is the letter itself (every released rule reads a lone capital as that letter), or a reply in
+    # which no rule finds one; no options: robust keeps the stored pred_robust
     return {"qid": qid, "video": f"{qid}.mp4", "budget": budget, "variant": variant, "answer": answer,
-            "pred": pred, "pred_robust": robust, "response": "...", "mode": "hybrid", "vision_tokens": budget - 8,
+            "pred": pred, "pred_robust": robust, "response": pred or "no idea", "mode": "hybrid", "vision_tokens": budget - 8,
             "meta": {"benchmark": bench, "template": bench, **meta}}
 
 
@@ -138,14 +140,19 @@ def test_table_and_cli(out_root, capsys):
     main([str(out_root), "--no-plots"])
     table = capsys.readouterr().out
     lines = table.splitlines()
-    assert lines[0].split()[:6] == ["benchmark", "job", "variant", "budget", "parser", "n"]
+    assert lines[0].split()[:7] == ["benchmark", "job", "variant", "budget", "parser", "rule", "n"]
     (mlvu_off,) = [ln for ln in lines if ln.startswith("mlvu") and " official " in ln]
     assert "50.0" in mlvu_off and "M-Avg 33.3  pooled 50.0" in mlvu_off
     (vm_off,) = [ln for ln in lines if ln.startswith("videomme") and "b1024" in ln and "rho32" not in ln
                  and " official " in ln]
     # n, acc% (2 of 4 answered), acc_all% (2 of 4 answered + 1 error), err, unparse, miss
-    assert vm_off.split()[5:11] == ["4", "50.0", "40.0", "1", "1", "0"]
+    assert vm_off.split()[5:12] == ["videomme", "4", "50.0", "40.0", "1", "1", "0"]
     assert "short 50.0  medium 100.0  long 0.0" in vm_off
+    assert "answered-only 66.7 (n 3)" in vm_off                 # the release divides by answered questions
+    # the footer names the rules that appear, with their released form
+    assert any(ln.strip().startswith("videomme: Video-MME eval_your_results.py") for ln in lines)
+    assert any(ln.strip().startswith("mlvu: MLVU check_ans") for ln in lines)
+    assert "A-D" not in table
     assert not (out_root / "acc_vs_budget_videomme.png").exists()
     assert format_table({"groups": []}).startswith("benchmark")
 

@@ -20,11 +20,35 @@ _MCQ_LETTER = (
     "Respond with only the letter of the correct option.\n{question}\n{options}\nThe best answer is:"
 )
 
+# VideoLLaMA3's own evaluation prompts (DAMO-NLP-SG/VideoLLaMA3@05cee23deb854fd6ff82dcff1243a4f682e4d617,
+# evaluation/benchmarks/<benchmark>.py, generate_instruction), text exactly as released; ``{letters}`` is the
+# released "A, B, C, or D" for 4 options (the only count Video-MME has).
+_VL3_VIDEOMME = (   # videomme.py:VideoMMEDataset.generate_instruction (options already carry "A. "; each + "\n")
+    "{subtitles}Select the best answer to the following multiple-choice question based on the video. "
+    "Respond with only the letter ({letters}) of the correct option.\n{question}\n{options}\n"
+    "Answer with the option's letter from the given choices directly and only give the best option. "
+    "The best answer is:"
+)
+_VL3_MLVU = (       # mlvu.py:MLVUDataset.generate_instruction: f"({letter}) {option}\n" lines
+    "{subtitles}Question: {question}\nOptions:\n{options_paren}\n"
+    "Answer with the option's letter from the given choices directly and only give the best option."
+)
+_VL3_LVB = (        # longvideobench.py:LongVideoBenchDataset.generate_instruction: "\n".join([...]).strip()
+    "{subtitles}Question: {question}\n{options}\nAnswer with the option's letter from the given choices directly."
+)
+# lmms-eval (EvolvingLMMs-Lab/lmms-eval@75571cfe0fa36ca5ec2e6aa2bb268f9d38295af3) LongVideoBench:
+# lmms_eval/tasks/longvideobench/utils.py:longvideobench_doc_to_text with longvideobench_val_v.yaml's
+# pre_prompt "" and post_prompt "Answer with the option's letter from the given choices directly.\n".
+_LMMS_EVAL_LVB = (
+    "{subtitles}{question}\n{options}\nAnswer with the option's letter from the given choices directly.\n"
+)
+
 TEMPLATES = {
     # generic: Video-MME's wording without its "(A, B, C, or D)", since MLVU and LongVideoBench have 2-6 options
     "mcq_letter": _MCQ_LETTER,
-    # Video-MME's evaluation prompt as its repository gives it (always 4 options)
-    "videomme": _MCQ_LETTER.replace("the letter of", "the letter (A, B, C, or D) of"),
+    # Video-MME's evaluation prompt as its README gives it (MME-Benchmarks/Video-MME@06c2315b:README.md,
+    # "Prompt"); "(A, B, C, or D)" for its 4 options, the letters of the question otherwise
+    "videomme": _MCQ_LETTER.replace("the letter of", "the letter ({letters}) of"),
     "mlvu": (
         "{subtitles}Question: {question}\nOptions:\n{options}\n"
         "Answer with the option's letter from the given choices directly. Only give the best option."
@@ -36,10 +60,16 @@ TEMPLATES = {
     "worldsense": (
         "{subtitles}Carefully watch this video and listen to its audio. "
         "Select the best answer to the following multiple-choice question based on the video and the audio. "
-        "Respond with only the letter (A, B, C, or D) of the correct option.\n{question}\n{options}\n"
+        "Respond with only the letter ({letters}) of the correct option.\n{question}\n{options}\n"
         "The best answer is:"
     ),
+    "videollama3_videomme": _VL3_VIDEOMME,
+    "videollama3_mlvu": _VL3_MLVU,
+    "videollama3_lvb": _VL3_LVB,
+    "lmms_eval_lvb": _LMMS_EVAL_LVB,
 }
+# a family name resolved per benchmark (``<family>_<benchmark>``)
+FAMILIES = ("videollama3", "lmms_eval")
 
 BENCHMARK_TEMPLATES = {"videomme": "videomme", "mlvu": "mlvu", "lvb": "lvb", "worldsense": "worldsense"}
 DEFAULT_TEMPLATE = "mcq_letter"
@@ -48,9 +78,9 @@ DEFAULT_TEMPLATE = "mcq_letter"
 def check_template(template: str | None) -> None:
     """Raise :class:`~algorithms.errors.SettingError` unless ``template`` is a name in :data:`TEMPLATES` or
     ``None`` (each benchmark's own)."""
-    if template is not None and template not in TEMPLATES:
-        raise SettingError(f"prompt_template {template!r} is unknown; known: {sorted(TEMPLATES)}, or null for each "
-                           "benchmark's own")
+    if template is not None and template not in TEMPLATES and template not in FAMILIES:
+        raise SettingError(f"prompt_template {template!r} is unknown; known: {sorted(TEMPLATES)}, "
+                           f"{list(FAMILIES)} (per benchmark), or null for each benchmark's own")
 
 
 def template_for(benchmark: str | None) -> str:
@@ -64,6 +94,31 @@ def format_options(options: list[str]) -> str:
     return "\n".join(f"{LETTERS[i]}. {o}" for i, o in enumerate(options))
 
 
+def format_options_paren(options: list[str]) -> str:
+    """Options as ``(A) text`` lines (MLVU's ``choice_bench.qa_template``, VideoLLaMA3's ``mlvu.py``)."""
+    return "\n".join(f"({LETTERS[i]}) {o}" for i, o in enumerate(options))
+
+
+def letters_phrase(n: int) -> str:
+    """The option letters as the released Video-MME prompt writes them: ``"A, B, C, or D"`` for 4, ``"A or B"``
+    for 2, ``"A, B, or C"`` for 3 (a question is never told letters it does not have)."""
+    letters = list(LETTERS[:n])
+    if n <= 2:
+        return " or ".join(letters)
+    return ", ".join(letters[:-1]) + ", or " + letters[-1]
+
+
+def resolve_template(template: str | None, benchmark: str | None) -> str:
+    """The template name used for a question of ``benchmark``: ``None`` -> :func:`template_for`; a family of
+    :data:`FAMILIES` -> ``<family>_<benchmark>`` when that template exists, else the benchmark's own."""
+    if template is None:
+        return template_for(benchmark)
+    if template in FAMILIES:
+        name = f"{template}_{benchmark}"
+        return name if name in TEMPLATES else template_for(benchmark)
+    return template
+
+
 def build_prompt(q: Question, template: str | None = "mcq_letter") -> str:
     """The user text that follows the video for question ``q`` (dataset text is inserted verbatim).
 
@@ -75,13 +130,15 @@ def build_prompt(q: Question, template: str | None = "mcq_letter") -> str:
     Raises:
         KeyError: unknown template name.
     """
-    name = template_for(q.meta.get("benchmark")) if template is None else template
+    name = resolve_template(template, q.meta.get("benchmark"))
     subs = f"This video's subtitles are listed below:\n{q.subtitles}\n" if q.subtitles else ""
-    return TEMPLATES[name].format(subtitles=subs, question=q.question, options=format_options(q.options))
+    return TEMPLATES[name].format(subtitles=subs, question=q.question, options=format_options(q.options),
+                                  options_paren=format_options_paren(q.options),
+                                  letters=letters_phrase(len(q.options)))
 
 
 def prompt_and_template(q: Question, template: str | None = None) -> tuple[str, str]:
     """``(prompt text, template name)``; the name is what callers write into ``record["meta"]["template"]``.
     ``template=None`` picks the benchmark's own template (:func:`template_for`)."""
-    name = template_for(q.meta.get("benchmark")) if template is None else template
+    name = resolve_template(template, q.meta.get("benchmark"))
     return build_prompt(q, name), name
