@@ -50,7 +50,7 @@ def test_original_layout_converts_and_answers_exactly_as_source(tiny_vlm, orig_d
     keys = set(read_safetensors_dir(orig_dir))
     assert {"model.vision_encoder.encoder.layers.0.self_attn.q_proj.weight", "model.mm_projector.readout.2.weight",
             "model.embed_tokens.weight", "model.layers.1.mlp.gate_proj.weight", "model.norm.weight",
-            "model.token_compressor.queries", "model.token_compressor.layers.1.cross_attn.kv.weight"} <= keys
+            "model.token_compressor.query", "model.token_compressor.layers.1.cross_attn.w_k.weight"} <= keys
     assert not any(k.startswith(("model.vision_model.", "model.language_model.", "model.projector.")) for k in keys)
     cfg = json.loads((orig_dir / "config.json").read_text())
     assert cfg["model_type"] == "videollama3_qwen2" and "text_config" not in cfg and cfg["hidden_size"] == 64
@@ -125,17 +125,17 @@ def test_unknown_and_missing_keys_are_listed(orig_dir, tmp_path):
 
 def test_wrong_compressor_shapes_are_listed(orig_dir, tmp_path):
     bad = Path(shutil.copytree(orig_dir, tmp_path / "bad-shape"))
-    _rewrite_weights(bad, lambda s: s.__setitem__("model.token_compressor.layers.1.mlp.0.weight", torch.zeros(64, 32)))
+    _rewrite_weights(bad, lambda s: s.__setitem__("model.token_compressor.layers.1.mlp.fc1.weight", torch.zeros(64, 32)))
     with pytest.raises(ValueError) as e:
         convert(bad, tmp_path / "out")
-    assert "model.token_compressor.layers.1.mlp.0.weight: checkpoint (64, 32) vs qbase config (128, 32)" in str(e.value)
+    assert "model.token_compressor.layers.1.mlp.fc1.weight: checkpoint (64, 32) vs qbase config (128, 32)" in str(e.value)
 
     cfg_path = Path(shutil.copytree(orig_dir, tmp_path / "bad-config")) / "config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["token_compressor_config"]["num_queries"] = 32
     cfg_path.write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match=r"model\.token_compressor\.queries: checkpoint \(64, 32\) vs qbase config "
-                                         r"\(32, 32\)"):
+    with pytest.raises(ValueError, match=r"model\.token_compressor\.query: checkpoint \(1, 64, 32\) vs qbase config "
+                                         r"\(1, 32, 32\)"):
         BudgetedVideoLlama3.from_pretrained(cfg_path.parent)
 
     cfg["token_compressor_config"]["num_queries"] = 64
