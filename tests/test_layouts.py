@@ -167,18 +167,20 @@ def test_capped_checks():
 
 
 def test_uniform_cut_and_hivar_order():
-    # 12 frames, B=640, raw_hw=64: T*64 = 768 > 640 -> hybrid with n = 4 groups
-    ch = [0.01, 0.9, 0.01, 0.01, 0.01, 0.01, 0.9, 0.2, 0.2, 0.9, 0.01]
+    # 12 frames, B=640, raw_hw=64: T*64 = 768 > 640 -> hybrid with n = 4 groups: the fork's forced cut before
+    # frame 8, then the two largest other changes, into frames 2 and 5 (0.9 each)
+    ch = [0.01, 0.9, 0.01, 0.01, 0.9, 0.2, 0.2, 0.01, 0.01, 0.01, 0.01]
     x = feats_from_changes(ch)
     base = plan_groups(x, 64, 640, 64)
     uni = plan_variant("uni8", x, 64, 640, 64, capped=False)
     assert base.mode == uni.mode == "hybrid" and uni.seg_lens == (3, 3, 3, 3) and base.n_groups == 4
-    assert base.seg_lens == (2, 5, 3, 2)
+    assert base.seg_lens == (2, 3, 3, 4)
     hiv = plan_variant("hivar", x, 64, 640, 64, capped=False)
     assert hiv.seg_lens == base.seg_lens
     var = group_variation(frame_changes(x), list(base.seg_lens))  # [0.01, 0.01, 0.2, 0.01]
-    # need to free >= 128 rows: baseline compresses the calm 5-frame group (saves 256); hivar the 3-frame 0.2 group
-    assert base.compressed == (1,) and hiv.compressed == (2,)
+    # need to free >= 128 rows: baseline compresses the longest calm group, the 4-frame g3 (768 - 256 + 64 = 576);
+    # hivar the 3-frame 0.2 group (768 - 192 + 64 = 640)
+    assert base.compressed == (3,) and hiv.compressed == (2,)
     assert var[2] == pytest.approx(0.2)
 
 
