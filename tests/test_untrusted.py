@@ -140,13 +140,19 @@ def test_pickled_weights_are_never_unpickled(tiny_vl3_dir, tmp_path):
         BudgetedVideoLlama3.from_pretrained(ckpt)
     assert not marker.exists()
     # the qbase compressor reads safetensors only: with its safetensors gone, the pickle beside it is ignored
-    from models.qbase import QBaseCompressor
+    from models.qbase import TransformerDecoderFlatCompressor
 
     qdir = next(p.parent for p in ckpt.rglob("pytorch_model.bin") if p.parent.name == "qbase")
     for f in qdir.glob("*.safetensors"):
         f.unlink()
     with pytest.raises(FileNotFoundError, match="safetensors"):
-        QBaseCompressor.from_pretrained(qdir)
+        TransformerDecoderFlatCompressor.from_pretrained(qdir)
+    assert not marker.exists()
+    # an original-layout checkpoint's pytorch_model.bin is read with weights_only=True: the payload never runs
+    from models.convert import read_safetensors_dir
+
+    with pytest.raises(Exception, match="(?i)weights_only|unpickl"):
+        read_safetensors_dir(ckpt)
     assert not marker.exists()
 
 
