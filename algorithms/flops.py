@@ -35,6 +35,18 @@
    prefill on CPU must use ``attn_implementation="eager"``; on CUDA the flash / efficient SDPA kernels are
    counted (as the full rectangle).
 
+Seed 003's log line (Qwen2.5-Omni-3B, one WorldSense video): "Prefill dvOkwKAs.mp4: tflops=44.279911081268",
+"Generate ...: tflops=44.292256054998", "Decode ...: tflops=0.01234497373". What it fixes: generate = prefill + decode
+to the FLOP (44,279,911,081,268 + 12,344,973,730 = 44,292,256,054,998), and the decode is about two decoded tokens of
+the 3B thinker's matmuls: ``2 * prefill_flops(3b, 1, 1) = 12,343,377,920``, 1,595,810 FLOPs (0.013 %) short, far
+less than the 294,912 FLOPs per context token that decode attention over a ~6,000-token cache would add. What it
+does not fix: no integer token count reproduces the prefill under either convention here (accurate, lm_head on 1
+position: between n = 6,040 and 6,041; on all n: 5,649-5,650; paper form: 11,351-11,352; twice the paper form:
+6,841-6,842), nor under the variants tried (MHA instead of GQA, 2-matrix MLP, biases, causal half attention,
+``2 N_params`` per token plus a Kaplan-style attention term, decode counted as ``F(n + R) - F(n)``). The log's
+counter evidently leaves decode attention (nearly) out and may count the encoders or element-wise ops in the
+prefill; the video's token count is not in the log, so the formula cannot be identified from it.
+
 Model shapes (:data:`PRESETS`), from the published ``config.json`` files / transformers defaults:
 
 ============================ ==== ===== ====== === ==== ==== ======== ===============================

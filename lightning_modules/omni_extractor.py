@@ -175,11 +175,13 @@ def _assemble(runner: OmniThinkerRunner, session: dict[str, Any], mode: str, mem
                 "prompt_token_ids": runner.prompt_token_ids}
     if memory_policy != DEFAULT_MEMORY_POLICY:  # window files keep the hash they had before the field existed
         settings["memory_policy"] = memory_policy
+    settings["audio_left_context"] = bool(getattr(runner, "audio_left_context", True))
     meta = {"mode": mode, "memory_s": float(memory_s), "memory_policy": memory_policy, "fps": VIDEO_FPS,
             "output_hz": OUTPUT_HZ,
             "layer": runner.layer, "num_layers": int(runner.text_config.num_hidden_layers),
             "model": Path(runner.model_dir).name, "model_path": runner.model_dir,
             "session": session["session"], "config_hash": config_hash(settings),
+            "audio_left_context": settings["audio_left_context"],
             "production_processor_calls": calls, "production_prepared_media_seconds": round(prepared, 6),
             "wall_time_s": wall, "peak_memory_bytes": int(peak),
             # CUDA: the peak allocated during this session's streams; CPU: the process's peak RSS so far (it
@@ -224,13 +226,16 @@ class OmniFeatureExtractor(LightningModule):
             per row, as a live stream runs (bit-identical to the one-session path). Recorded in the meta.
         flash_prefill: batched path on CUDA: LLM prefills on top of the cache with SDPA's lower-right causal bias
             (flash kernel) instead of the library's explicit mask (``models.omni_batch.lower_right_causal_sdpa``).
+        audio_left_context: a payload's log-mel takes the 200 samples before it as left STFT padding (causal), so
+            its first frames equal the whole-clip log-mel (``models.omni.OmniThinkerRunner``); ``False``: the
+            payload's own reflect padding (the earlier features).
     """
 
     def __init__(self, model_dir: str, mode: str = "open-stream-replay", memory_s: float = 8.0, layer: int = -1,
                  dtype: str = "float32", attn_implementation: str = "sdpa", verify_rows: int = 4,
                  prompt_token_ids: list[int] | None = None, sessions_per_batch: int = 1,
                  compile_small_calls: bool = False, memory_policy: str = DEFAULT_MEMORY_POLICY,
-                 batch_rows: bool = True, flash_prefill: bool = True):
+                 batch_rows: bool = True, flash_prefill: bool = True, audio_left_context: bool = True):
         super().__init__()
         if mode not in MODES:   # before the model loads
             raise SettingError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
@@ -239,7 +244,7 @@ class OmniFeatureExtractor(LightningModule):
         self.save_hyperparameters()
         self._warned_single = self._warned_list = False   # data/model sessions_per_batch mismatches, warned once
         self.runner = OmniThinkerRunner(model_dir, layer=layer, prompt_token_ids=prompt_token_ids, dtype=dtype,
-                                        attn_implementation=attn_implementation)
+                                        attn_implementation=attn_implementation, audio_left_context=audio_left_context)
         # refused here, before any session is decoded, not as one failure per session
         self.runner.check_settings(mode, memory_s, memory_policy, verify_rows)
         self.batched = (BatchedOmniRunner(self.runner, sessions_per_batch, compile_small_calls=compile_small_calls,

@@ -115,8 +115,15 @@ class LogMel:
         self._filters_np = feature_extractor.mel_filters  # (n_fft // 2 + 1, n_mels) float
         self._cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def __call__(self, waves: torch.Tensor) -> torch.Tensor:
-        """Log-mel of (B, S) float32 waveforms -> (B, n_mels, S // hop_length) float32 on ``waves.device``."""
+    def __call__(self, waves: torch.Tensor, left: torch.Tensor | None = None) -> torch.Tensor:
+        """Log-mel of (B, S) float32 waveforms -> (B, n_mels, S // hop_length) float32 on ``waves.device``.
+
+        ``left``: (B, n_fft // 2) samples that precede each waveform (the past audio of a payload that does not start
+        the stream), used as the centred STFT's left padding instead of the reflection of the waveform's own start,
+        so the payload's first frames equal those of a whole-clip log-mel (frames 200-201 of a block at 2 s).
+        ``None`` (or for a stream's first payload): reflect padding, as ``torch.stft(center=True)``. The right end is
+        always reflect-padded, as the library does (callers zero-pad by ``n_fft``, so it reflects zeros).
+        """
         if waves.dim() != 2:
             raise ValueError(f"LogMel takes (B, S) waveforms, got shape {tuple(waves.shape)}")
         dev = waves.device
@@ -127,12 +134,28 @@ class LogMel:
         waves = waves.to(torch.float32)
         if self.dither != 0.0:
             waves = waves + self.dither * torch.randn(waves.shape, dtype=waves.dtype, device=dev)
-        stft = torch.stft(waves, self.n_fft, self.hop_length, window=window, return_complex=True)
+        pad = self.n_fft // 2
+        if left is None:
+            left = waves[:, 1: pad + 1].flip(-1)  # reflect, as torch.stft(center=True, pad_mode="reflect")
+        elif tuple(left.shape) != (waves.shape[0], pad):
+            raise ValueError(f"left context must be (B, {pad}), got shape {tuple(left.shape)}")
+        padded = torch.cat([left.to(dev, torch.float32), waves, waves[:, -pad - 1: -1].flip(-1)], dim=1)
+        stft = torch.stft(padded, self.n_fft, self.hop_length, window=window, center=False, return_complex=True)
         magnitudes = (stft[..., :-1].abs() ** 2).contiguous()
         log_spec = torch.clamp(filters.T @ magnitudes, min=1e-10).log10()
         max_val = log_spec.max(dim=2, keepdim=True)[0].max(dim=1, keepdim=True)[0]
         log_spec = torch.maximum(log_spec, max_val - 8.0)
         return (log_spec + 4.0) / 4.0
+
+
+def past_samples(audio: np.ndarray, start: int, length: int) -> np.ndarray:
+    """(length,) float32: the ``length`` samples before sample ``start`` (zeros before the stream start and past the
+    audio's end)."""
+    out = np.zeros(length, dtype=np.float32)
+    lo = max(0, start - length)
+    seg = np.asarray(audio[lo:start], dtype=np.float32)
+    out[length - (start - lo): length - (start - lo) + len(seg)] = seg
+    return out
 
 
 def video_inputs(video_processor, clips: list[torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -220,12 +243,17 @@ class OmniThinkerRunner(nn.Module):
         thinker: an already built thinker (then ``model_dir`` only supplies the feature extractor, the video
             processor and the optional tokenizer; ``dtype`` / ``attn_implementation`` are ignored).
         fused_kernels: fused RMSNorm / rotary / SiLU-gate kernels on CUDA (:mod:`models.fused`).
+        audio_left_context: a payload that does not start the stream takes the ``n_fft // 2`` = 200 samples before
+            it as the log-mel's left STFT padding (causal past audio), so its first mel frames equal the whole-clip
+            ones; ``False``: the payload's own reflect padding (the earlier behaviour).
     """
 
     def __init__(self, model_dir: str | Path, layer: int = -1, prompt_token_ids: list[int] | None = None,
                  dtype: str = "float32", attn_implementation: str = "sdpa",
-                 thinker: Qwen2_5OmniThinkerForConditionalGeneration | None = None, fused_kernels: bool = True):
+                 thinker: Qwen2_5OmniThinkerForConditionalGeneration | None = None, fused_kernels: bool = True,
+                 audio_left_context: bool = True):
         super().__init__()
+        self.audio_left_context = bool(audio_left_context)
         # ``thinker`` given (bench: random weights built in memory): used as is
         self.model_dir, self.thinker, self.feature_extractor, self.video_processor = load_omni_thinker(
             model_dir, dtype, attn_implementation, thinker, fused_kernels)
@@ -298,8 +326,12 @@ class OmniThinkerRunner(nn.Module):
         chunk = np.zeros((1, a1 - a0 + fe.n_fft), dtype=np.float32)
         avail = audio[a0:a1]
         chunk[0, : len(avail)] = avail
+        left = None
+        if self.audio_left_context and a0 > 0:
+            left = past_samples(audio, a0, fe.n_fft // 2)[None]
+            left = torch.from_numpy(left).to(dev)
         n_mel = (a1 - a0) // fe.hop_length
-        out: dict[str, Any] = {"input_features": self.log_mel(torch.from_numpy(chunk).to(dev))[:, :, :n_mel],
+        out: dict[str, Any] = {"input_features": self.log_mel(torch.from_numpy(chunk).to(dev), left)[:, :, :n_mel],
                                "feature_attention_mask": torch.ones(1, n_mel, dtype=torch.long)}
         idx = [k for k in frame_indices(start_ms, end_ms, self.geometry.frame_ms) if k < len(frames)]
         if idx:

@@ -97,7 +97,7 @@ from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position
 from algorithms.streaming import (MICRO_CHUNK_200MS, OPEN_STREAM_REPLAY, SLIDING, accounting, memory_blocks,
                                   schedule)
 from models.omni import (AUDIO_SAMPLE_RATE, SLIDING_VERIFY_BLOCKS, OmniThinkerRunner, Payload, StreamResult,
-                         frame_indices, frames_tensor, verify_candidates, video_inputs)
+                         frame_indices, frames_tensor, past_samples, verify_candidates, video_inputs)
 from models.vision_attention import chunk_lengths, fused_rotary_qk
 
 log = logging.getLogger(__name__)
@@ -572,17 +572,20 @@ class BatchedOmniRunner:
 
     def _load_block(self, group: list[_Stream], block: int) -> torch.Tensor:
         """Native block ``block``'s media of every stream to the device, once per block: returns its audio
-        (B, block samples) float32 (zeros past a stream's end) and sets each stream's ``block_frames``."""
+        (B, n_fft // 2 + block samples) float32 (the ``n_fft // 2`` samples before the block, then the block; zeros
+        before the stream start and past its end) and sets each stream's ``block_frames``."""
         r = self.runner
         g = r.geometry
         dev = r.device
         pin = dev.type == "cuda"
         n = g.native_block_ms * AUDIO_SAMPLE_RATE // 1000
+        ctx = r.log_mel.n_fft // 2  # left context: the samples before the block (log-mel padding, as prepare)
         with self._part("prep_audio"):
-            host = torch.zeros(len(group), n, dtype=torch.float32, pin_memory=pin)
+            host = torch.zeros(len(group), ctx + n, dtype=torch.float32, pin_memory=pin)
             for j, s in enumerate(group):
                 seg = s.audio[block * n: (block + 1) * n]
-                host[j, : len(seg)] = torch.from_numpy(seg)
+                host[j, ctx: ctx + len(seg)] = torch.from_numpy(seg)
+                host[j, :ctx] = torch.from_numpy(past_samples(s.audio, block * n, ctx))
             audio = host.to(dev, non_blocking=True)
         with self._part("prep_video"):
             per_block = int(round(g.native_block_ms / g.frame_ms))
@@ -650,10 +653,15 @@ class BatchedOmniRunner:
         n = (z0 - a0) * AUDIO_SAMPLE_RATE // 1000
         n_mel = n // mel.hop_length
         with self._part("prep_audio"):  # zero-padded by n_fft samples, as OmniThinkerRunner.prepare
-            offs = [(a - block_start) * AUDIO_SAMPLE_RATE // 1000 for a, _ in spans]
+            ctx = mel.n_fft // 2
+            offs = [ctx + (a - block_start) * AUDIO_SAMPLE_RATE // 1000 for a, _ in spans]
             wav = torch.cat([block_audio[:, off: off + n] for off in offs]) if len(spans) > 1 else \
                 block_audio[:, offs[0]: offs[0] + n]                                  # (R * B, n), span-major
-            x = mel(F.pad(wav, (0, mel.n_fft)))[:, :, :n_mel].to(r.dtype)            # (R * B, 128, n_mel)
+            left = None
+            if r.audio_left_context:  # the past samples, as OmniThinkerRunner.prepare; a stream's start reflects
+                left = torch.cat([block_audio[:, off - ctx: off] if a > 0 else block_audio[:, off + 1: off + ctx + 1].flip(-1)
+                                  for off, (a, _) in zip(offs, spans)])               # (R * B, ctx)
+            x = mel(F.pad(wav, (0, mel.n_fft)), left)[:, :, :n_mel].to(r.dtype)      # (R * B, 128, n_mel)
         for s in group:
             s.computed["computed_processor_calls"] += len(spans)
             s.computed["computed_audio_seconds"] += len(spans) * (z0 - a0) / 1000.0

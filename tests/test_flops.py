@@ -44,6 +44,21 @@ def test_omnizip_qwen25_omni_7b_full_setting():
     assert round(paper_total_flops(s, 10_000, 100) / 1e12, 1) == 73.2
 
 
+def test_seed_003_flops_log_line():
+    """Seed 003: "Prefill dvOkwKAs.mp4: tflops=44.279911081268", "Generate ...: tflops=44.292256054998",
+    "Decode ...: tflops=0.01234497373" (Qwen2.5-Omni-3B). Generate = prefill + decode to the FLOP; the decode is two
+    tokens of the 3B thinker's matmuls within 0.013 %; no integer prefill token count reproduces the prefill value
+    (algorithms/flops.py docstring)."""
+    prefill, generate, decode = 44_279_911_081_268, 44_292_256_054_998, 12_344_973_730
+    assert prefill + decode == generate
+    s = get_shape("qwen2.5-omni-3b")
+    two = 2 * prefill_flops(s, 1, 1)
+    assert two == 12_343_377_920 and 0 < decode - two == 1_595_810 < 294_912 * 6
+    for f, n in ((lambda k: prefill_flops(s, k, 1), 6040), (lambda k: prefill_flops(s, k), 5649),
+                 (lambda k: paper_prefill_flops(s, k), 11351), (lambda k: 2 * paper_prefill_flops(s, k), 6841)):
+        assert f(n) < prefill < f(n + 1)
+
+
 def test_presets_match_transformers_defaults():
     from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import Qwen2_5OmniTextConfig
 

@@ -230,14 +230,50 @@ def test_tmrope_matches_library_on_complete_blocks(runner):
 
 
 def test_audio_features_match_official_padding(runner):
+    """Without left context (``audio_left_context=False``, the earlier behaviour) a payload's log-mel is the official
+    extractor's on the payload's own samples; with it (default) only the first frames change (next test)."""
     _, audio = media(1.0, seed=9)
-    mine = runner.prepare(np.zeros((0, 56, 84, 3), np.uint8), audio, 200, 600, count=False)["input_features"]
     chunk = audio[3200:9600]
     ref = runner.feature_extractor(chunk, sampling_rate=16000, padding="max_length", return_attention_mask=True,
                                    return_tensors="pt")
     n = int(ref["attention_mask"].sum())
+    runner.audio_left_context = False
+    try:
+        mine = runner.prepare(np.zeros((0, 56, 84, 3), np.uint8), audio, 200, 600, count=False)["input_features"]
+    finally:
+        runner.audio_left_context = True
     assert n == mine.shape[-1] == 40
     assert torch.allclose(ref["input_features"][..., :n], mine, atol=1e-5)
+    with_ctx = runner.prepare(np.zeros((0, 56, 84, 3), np.uint8), audio, 200, 600, count=False)["input_features"]
+    assert torch.equal(with_ctx[..., 2:], mine[..., 2:])   # frames 2.. never reach the payload's start padding
+    assert not torch.allclose(with_ctx[..., :2], mine[..., :2], atol=1e-3)
+
+
+def test_block_log_mel_equals_whole_clip_log_mel(runner):
+    """Each 2 s block's log-mel against transformers' own whole-clip log-mel of the same 4 s (``WhisperFeatureExtractor``
+    as the Qwen2.5-Omni processor calls it, padded to its 30 s). Block 1's frames 200-201 are centred at 2.00 and
+    2.01 s: their STFT windows reach 200 / 40 samples before the block, which the left context supplies (causal), so
+    they equal the whole-clip frames; the payload's own reflect padding (``audio_left_context=False``) does not. Frame
+    199 (block 0's last) reaches 40 samples past 2 s (future audio): it must differ. Noise audio keeps every value above
+    both maxima - 8, so the per-payload floor (the clip-wide maximum needs the future) does not enter here."""
+    _, audio = media(4.0, seed=3)
+    whole = runner.feature_extractor(audio[:64000], sampling_rate=16000, return_tensors="pt")["input_features"][..., :400]
+    none = np.zeros((0, 56, 84, 3), np.uint8)
+    blocks = [runner.prepare(none, audio, a, a + 2000, count=False)["input_features"] for a in (0, 2000)]
+    assert blocks[0].shape == blocks[1].shape == (1, 128, 200)
+    # the floor clamps log10 at its max - 8, i.e. a feature at its max - 2: no value is near either floor
+    assert all(float(b.min()) > float(b.max()) - 2.0 for b in blocks + [whole])
+    assert torch.allclose(blocks[1], whole[..., 200:], atol=1e-5)          # the whole block, 200-201 included
+    assert torch.equal(blocks[1][..., :2], whole[..., 200:202])  # exactly: same samples, same operations
+    assert torch.allclose(blocks[0][..., :199], whole[..., :199], atol=1e-5)
+    assert float((blocks[0][..., 199] - whole[..., 199]).abs().max()) > 1e-2  # needs 40 future samples
+    runner.audio_left_context = False
+    try:
+        old = runner.prepare(none, audio, 2000, 4000, count=False)["input_features"]
+    finally:
+        runner.audio_left_context = True
+    assert float((old[..., :2] - whole[..., 200:202]).abs().max()) > 1e-2
+    assert torch.allclose(old[..., 2:], whole[..., 202:], atol=1e-5)
 
 
 def _session(seconds=4.0):

@@ -220,6 +220,10 @@ def test_predict_job_records_and_scores(omni_dir, demo_root, tmp_path, qa, clip)
         ref = _direct(clip, variant)
         r = by[("cockatoo_task0", variant)]
         assert (r["num_video_tokens"], r["num_audio_tokens"]) == (ref.num_video, ref.num_audio)
+        assert r["video_retention_reached"] == ref.num_video / r["num_video_tokens_full"]
+        assert r["audio_retention_reached"] == ref.num_audio / r["num_audio_tokens_full"]
+    # DyCoke at nominal 0.5 on 7 patches of 15 (K = 2/3, k = 5): 3 pairs * 20 - 1 window * 10 = 50 of 105
+    assert by[("cockatoo_task0", "baseline")]["video_retention_reached"] == 50 / 105
     assert by[("cockatoo_task0", "full")]["num_video_tokens"] == 105
     assert by[("realshort_silent_task0", "full")]["audio_info"]["has_audio"] is False
     assert by[("realshort_task0", "full")]["audio_info"]["has_audio"] is True
@@ -250,14 +254,15 @@ def test_pruning_settings_are_checked_at_construction(omni_dir):
     from datamodules.omni_qa import OmniQADataModule
     from lightning_modules.omni_qa import OmniPruningQA
 
-    # DyCoke TTM alone (baseline video, dycoke audio) keeps >= 0.25; v1's selection stage reaches any ratio
-    assert retention_floor("baseline") == (0.25, 0.25)
-    assert retention_floor("v1") == (0.0, 0.25) and retention_floor("v4") == (0.0, 0.0)
-    with pytest.raises(SettingError, match=r"^retention=0.1: variant 'baseline' prunes with DyCoke TTM alone"):
+    # DyCoke's count (baseline and V1 video, DyCoke audio) is >= 0.25; the audio selections reach any ratio
+    assert retention_floor("baseline") == (0.25, 0.25) and retention_floor("v1") == (0.25, 0.25)
+    assert retention_floor("v2") == (0.25, 0.0) and retention_floor("v4") == (0.25, 0.0)
+    with pytest.raises(SettingError, match=r"^retention=0.1: variant 'v4' keeps DyCoke TTM's token count"):
         OmniPruningQA(str(omni_dir), variants=["full", "v4", "baseline"], retention=0.1)
-    with pytest.raises(SettingError, match=r"^audio_retention=0.2: variant 'v1' prunes with DyCoke TTM alone"):
-        OmniPruningQA(str(omni_dir), variants=["v1"], retention=0.1, audio_retention=0.2)
-    assert OmniPruningQA(str(omni_dir), variants=["full", "v4"], retention=0.1).variants == ["full", "v4"]
+    with pytest.raises(SettingError, match=r"^audio_retention=0.2: variant 'v1' keeps DyCoke TTM's token count"):
+        OmniPruningQA(str(omni_dir), variants=["v1"], retention=0.3, audio_retention=0.2)
+    assert OmniPruningQA(str(omni_dir), variants=["full", "v4"], retention=0.3, audio_retention=0.1).variants == [
+        "full", "v4"]
     with pytest.raises(SettingError, match="prompt_template 'ws' is unknown"):
         OmniPruningQA(str(omni_dir), prompt_template="ws")
     for kwargs, msg in (({"fps": 0}, r"data.fps=0: expected frames per second in \(0, 30\]"),

@@ -144,7 +144,32 @@ def test_every_fit_config_instantiates():
         assert cli.datamodule.splits == {"train": want["data"]["init_args"]["train_sessions"],
                                          "val": want["data"]["init_args"]["val_sessions"],
                                          "test": want["data"]["init_args"]["test_sessions"]}
-        assert cli.trainer.max_epochs == yaml.safe_load(cfg.read_text())["trainer"]["max_epochs"]
+        epochs = [yaml.safe_load(Path(args[i + 1]).read_text()).get("trainer", {}).get("max_epochs")
+                  for i, a in enumerate(args) if a == "--config"]
+        assert cli.trainer.max_epochs == [e for e in epochs if e is not None][-1]
+
+
+def test_turn_head_yaml_is_the_runbook_recipe(demo):
+    """Seed 002: ``train_turn_head.py ... --epochs 50 --batch-size 512``: 50 epochs, batches of 512 scored feature
+    rows (each item one row plus its causal warm-up rows), no early stopping unless a YAML adds it."""
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    cli = cli_main(["--config", BASE, f"--data.init_args.features_dir={demo / 'features'}",
+                    f"--data.init_args.utterances_root={demo / 'transcripts'}",
+                    "--data.init_args.utterances_loader=datamodules.turn_features.load_utterances_json"], run=False)
+    assert cli.trainer.max_epochs == 50
+    assert not any(isinstance(c, EarlyStopping) for c in cli.trainer.callbacks)
+    hp = cli.datamodule.hparams
+    assert (hp.batch_size, hp.chunk_rows, hp.warmup_rows) == (512, 1, 10)
+    cli.datamodule.setup("fit")
+    batch = next(iter(cli.datamodule.train_dataloader()))
+    assert batch["states"].shape[0] == 512 and batch["states"].shape[1] <= 11
+    assert int(batch["row_valid"].sum(dim=1).max()) == 1   # one scored row per item: 512 rows per batch at most
+    es = ROOT / "configs/fit/turn_head_early_stopping.yaml"
+    cli = cli_main(["--config", BASE, "--config", str(es)], run=False)
+    stops = [c for c in cli.trainer.callbacks if isinstance(c, EarlyStopping)]
+    assert len(stops) == 1 and stops[0].monitor == "val/auroc_mean" and stops[0].patience == 5
+    assert cli.trainer.checkpoint_callback.monitor == "val/auroc_mean"
 
 
 def test_every_sweep_parameter_parses():

@@ -4,9 +4,11 @@ Two functions select tokens that stay after temporal merging of consecutive fram
 "frame" is one temporal patch: 2 video frames at 2 FPS = 1 s; for audio the caller chooses a frame of
 ``tokens_per_frame`` audio tokens, e.g. 25 = 1 s):
 
-* :func:`dycoke_ttm` reproduces ``dycole_ttm`` of the authors' release (repo ``KD-TAO/DyCoke``,
-  ``llava/model/llava_arch.py``; paper: Tao et al., "DyCoke: Dynamic Compression of Tokens for Fast Video
-  Large Language Models", CVPR 2025), including its edge behaviour (see its docstring).
+* :func:`dycoke_ttm` reproduces ``dycole_ttm`` of the authors' current release
+  (``KD-TAO/DyCoke@dd7463498203479d0ff6f2d29c4e72928c0af244:llava/model/llava_arch.py:dycole_ttm``; paper: Tao et
+  al., "DyCoke: Dynamic Compression of Tokens for Fast Video Large Language Models", CVPR 2025), including its
+  edge behaviour and token order (see its docstring); the first commit's pair index is ``pair_indexing=
+  "first_commit"``.
 * :func:`window_ttm` is **our** variant from the study notes (not DyCoke): every window of 4 frames handled
   the same way, short tail windows included, a token count ``k`` per pruned frame.
 
@@ -30,7 +32,9 @@ __all__ = [
     "stable_topk",
     "cosine_matrix",
     "dycoke_ttm",
+    "dycoke_frames",
     "dycoke_ttm_num_kept",
+    "dycoke_reached_retention",
     "dycoke_retention",
     "dycoke_merging_ratio",
     "window_ttm",
@@ -40,20 +44,29 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------------------------- helpers
-def num_keep(num_tokens: int, retention: float) -> int:
-    """Tokens kept out of ``num_tokens`` at ``retention``: ``round(retention * num_tokens)``, half up.
+ROUNDINGS = ("python", "half_up")
 
-    Rounding is half-up (``floor(x + 0.5)`` with a 1e-9 guard against float noise such as
-    ``0.3 * 10 = 3.0000000000000004``), not Python's banker's rounding.
+
+def num_keep(num_tokens: int, retention: float, rounding: str = "python") -> int:
+    """Tokens kept out of ``num_tokens`` at ``retention``.
+
+    ``rounding="python"`` (default) is Python's ``round(retention * num_tokens)`` (round half to even), as seed 003
+    writes its counts: "dominant_num = round((1 - rho_audio) * N)", "contextual_num = round(contextual_ratio * N)";
+    so ``num_keep(25, 0.5) == 12``. ``rounding="half_up"`` is ``floor(x + 0.5)`` with a 1e-9 guard against float
+    noise (``num_keep(25, 0.5, "half_up") == 13``), the rounding this package used before (kept as a setting).
 
     Raises:
-        ValueError: ``retention`` outside ``[0, 1]`` or ``num_tokens < 0``.
+        ValueError: ``retention`` outside ``[0, 1]``, ``num_tokens < 0`` or an unknown ``rounding``.
     """
     if not 0.0 <= retention <= 1.0:
         raise ValueError(f"retention must be in [0, 1], got {retention}")
     if num_tokens < 0:
         raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
-    return min(num_tokens, int(math.floor(retention * num_tokens + 0.5 + 1e-9)))
+    if rounding == "python":
+        return min(num_tokens, round(retention * num_tokens))
+    if rounding == "half_up":
+        return min(num_tokens, int(math.floor(retention * num_tokens + 0.5 + 1e-9)))
+    raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
 
 
 def stable_topk(scores: Tensor, k: int, largest: bool = True) -> Tensor:
@@ -87,51 +100,77 @@ def _least_similar(sim: Tensor, k: int) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ DyCoke
+DYCOKE_REPO = "KD-TAO/DyCoke"
+DYCOKE_RELEASE_COMMIT = "dd7463498203479d0ff6f2d29c4e72928c0af244"  # current release (HEAD of main, 2025-11-22)
+DYCOKE_FIX_COMMIT = "35cc532c16f74a04b3f653c3bf50f59d8e505154"      # "Update ttm code" (2025-03-01): i // 2
+DYCOKE_FIRST_COMMIT = "26dc6f4ffa825b9ee4d8a2f11dee9a9ebe31a294"    # "first commit" (2024-12-19): (i - 2) // 2
+PAIR_INDEXINGS = ("release", "first_commit")
+TOKEN_ORDERS = ("release", "time")
+
+
 def dycoke_ttm(
     tokens: Tensor,
     tokens_per_frame: int,
     merging_ratio: float = 0.7,
-    release_indexing: bool = True,
+    pair_indexing: str = "release",
+    order: str = "release",
 ) -> Tensor:
-    """DyCoke token temporal merging (TTM), as released in ``KD-TAO/DyCoke`` (``dycole_ttm``).
+    """DyCoke token temporal merging (TTM), as released in ``KD-TAO/DyCoke``.
 
-    With ``F = L // N`` full frames and ``k = int((1 - merging_ratio) * N)`` (the release's expression):
+    Follows ``KD-TAO/DyCoke@dd7463498203479d0ff6f2d29c4e72928c0af244:llava/model/llava_arch.py:dycole_ttm`` (the
+    current release; its TTM is unchanged since ``35cc532``, "Update ttm code"). With ``F = L // N`` full frames
+    and ``k = int((1 - merging_ratio) * N)`` (the release's ``int(merging_ratio * num_tokens_per_frame)`` after
+    ``merging_ratio = 1 - merging_ratio``):
 
-    1. frames are paired ``(0,1), (2,3), ...`` (``i`` over ``range(0, F - 1, 2)``); the first frame of each
-       pair is kept whole and the second keeps its ``k`` tokens **least** cosine-similar, position by
-       position, to the first frame of a pair;
-    2. for ``i`` in ``range(0, F - 4, 4)`` frame ``i + 2`` is re-pruned against frame ``i``: it keeps its ``k``
-       tokens least similar to frame ``i`` (frame ``i`` stays whole).
+    1. ``for i in range(0, num_frames - 1, 2)``: frame ``i`` is kept whole, frame ``i + 1`` keeps the ``k`` tokens
+       of ``similarities[i // 2].topk(k, largest=False)``, the least cosine-similar, position by position, to
+       frame ``i``;
+    2. ``for i in range(0, num_frames - 4, 4)``: frame ``i + 2`` is replaced by its ``k`` tokens least similar to
+       frame ``i`` (``odd_similarities[i // 4]``); frame ``i`` stays whole.
 
-    Edge behaviour reproduced from the release (``release_indexing=True``):
+    ``pair_indexing="first_commit"`` reproduces the first commit (``26dc6f4``, up to ``43bd0cc``):
+    ``similarities[(i - 2) // 2]``, so frame ``2j + 1`` is ranked with pair ``j - 1`` and frame 1 with the last
+    pair (Python index ``-1``).
 
-    * frame ``2j+1`` is ranked with the similarity of pair ``(i - 2) // 2 = j - 1``, i.e. frames
-      ``(2j-2, 2j-1)``; frame 1 uses Python index ``-1``, the **last** pair. ``release_indexing=False``
-      uses its own pair ``j`` (the fix other ports, e.g. LLMC, apply);
-    * the last window never gets step 2 (``range(0, F - 4, 4)`` stops one window early), so e.g. with
-      ``F = 32`` frame 30 stays whole;
-    * with ``F`` odd the last frame is dropped entirely, and the ``L - F * N`` trailing tokens that do
-      not fill a frame are dropped (the release concatenates only the paired frames);
-    * the release raises on ``F <= 4`` (``torch.stack`` of an empty list); here step 2 is simply empty
-      there, and ``F < 2`` raises.
+    Edge behaviour of the release, reproduced: the last window never gets step 2 (``range(0, F - 4, 4)`` stops
+    one window early, e.g. with ``F = 32`` frame 30 stays whole); with ``F`` odd the last frame is dropped, and
+    the ``L - F * N`` trailing tokens that fill no frame are dropped (only paired frames are concatenated). The
+    release raises on ``F <= 4`` (``torch.stack`` of an empty list); here step 2 is empty there, and ``F < 2``
+    raises.
 
-    The release ranks with ``torch.topk(largest=False)`` and keeps topk order; here ties go to the
-    earlier position and indices are returned in time order (positions are kept by the caller, so the
-    set is what matters).
+    Order: ``order="release"`` (default) returns the indices in the release's concatenation order: frame by frame,
+    a pruned frame's tokens in ``topk(largest=False)`` order (most dissimilar first), so
+    ``tokens[dycoke_ttm(tokens, ...)]`` is the release's output. ``order="time"`` sorts them. Ties (equal
+    similarities, where ``torch.topk``'s order is unspecified) go to the earlier position.
 
     Args:
         tokens: (L, D) tokens in time order, frame after frame (``L = T * N`` for video).
         tokens_per_frame: N, tokens per frame (temporal patch for Qwen2.5-Omni video).
         merging_ratio: DyCoke's ``K`` in ``[0, 1]``: fraction of a pruned frame's tokens removed.
-        release_indexing: reproduce the release's pair index ``(i - 2) // 2`` (default) or use ``i // 2``.
+        pair_indexing: ``"release"`` (``i // 2``) or ``"first_commit"`` (``(i - 2) // 2``).
+        order: ``"release"`` or ``"time"``.
 
     Returns:
-        (L_kept,) long, sorted ascending indices into ``tokens``;
-        ``L_kept == dycoke_ttm_num_kept(L, N, merging_ratio)``.
+        (L_kept,) long indices into ``tokens``; ``L_kept == dycoke_ttm_num_kept(L, N, merging_ratio)``.
 
     Raises:
-        ValueError: ``tokens`` not 2-D, ``tokens_per_frame < 1``, ``merging_ratio`` outside ``[0, 1]``,
-            or fewer than 2 full frames.
+        ValueError: ``tokens`` not 2-D, ``tokens_per_frame < 1``, ``merging_ratio`` outside ``[0, 1]``, an unknown
+            ``pair_indexing`` / ``order``, or fewer than 2 full frames.
+    """
+    if order not in TOKEN_ORDERS:
+        raise ValueError(f"order must be one of {TOKEN_ORDERS}, got {order!r}")
+    kept = dycoke_frames(tokens, tokens_per_frame, merging_ratio, pair_indexing)
+    n = tokens_per_frame
+    out = torch.cat([kept[t] + t * n for t in sorted(kept)]).to(torch.long)
+    return torch.sort(out).values if order == "time" else out
+
+
+def dycoke_frames(tokens: Tensor, tokens_per_frame: int, merging_ratio: float,
+                  pair_indexing: str = "release") -> dict[int, Tensor]:
+    """Per-frame result of :func:`dycoke_ttm`: ``{frame t: (n_t,) long positions in frame t, release order}``.
+
+    Frames the release drops (the last one when ``F`` is odd) are absent. Same arguments and errors as
+    :func:`dycoke_ttm` (without ``order``).
     """
     if tokens.dim() != 2:
         raise ValueError(f"tokens must be (L, D), got shape {tuple(tokens.shape)}")
@@ -139,6 +178,8 @@ def dycoke_ttm(
         raise ValueError(f"tokens_per_frame must be >= 1, got {tokens_per_frame}")
     if not 0.0 <= merging_ratio <= 1.0:
         raise ValueError(f"merging_ratio must be in [0, 1], got {merging_ratio}")
+    if pair_indexing not in PAIR_INDEXINGS:
+        raise ValueError(f"pair_indexing must be one of {PAIR_INDEXINGS}, got {pair_indexing!r}")
     n = tokens_per_frame
     num_frames = tokens.shape[0] // n
     if num_frames < 2:
@@ -150,15 +191,15 @@ def dycoke_ttm(
     pair_starts = list(range(0, num_frames - 1, 2))
     pair_sims = [F.cosine_similarity(frames[i], frames[i + 1], dim=1) for i in pair_starts]  # each (N,)
     kept: dict[int, Tensor] = {}
-    for j, i in enumerate(pair_starts):
-        sim = pair_sims[(i - 2) // 2] if release_indexing else pair_sims[j]
+    for i in pair_starts:
+        sim = pair_sims[i // 2] if pair_indexing == "release" else pair_sims[(i - 2) // 2]
         kept[i] = whole
-        kept[i + 1] = _least_similar(sim, k)
+        kept[i + 1] = stable_topk(sim, k, largest=False)
     for i in range(0, num_frames - 4, 4):
         sim = F.cosine_similarity(frames[i], frames[i + 2], dim=1)  # (N,)
         kept[i] = whole
-        kept[i + 2] = _least_similar(sim, k)
-    return torch.cat([kept[t] + t * n for t in sorted(kept)]).to(torch.long)
+        kept[i + 2] = stable_topk(sim, k, largest=False)
+    return kept
 
 
 def dycoke_ttm_num_kept(num_tokens: int, tokens_per_frame: int, merging_ratio: float) -> int:
@@ -181,6 +222,17 @@ def dycoke_ttm_num_kept(num_tokens: int, tokens_per_frame: int, merging_ratio: f
     pairs = num_frames // 2
     windows = len(range(0, num_frames - 4, 4))
     return pairs * (n + k) - windows * (n - k)
+
+
+def dycoke_reached_retention(num_tokens: int, tokens_per_frame: int, merging_ratio: float) -> float:
+    """Retention DyCoke TTM actually reaches: ``dycoke_ttm_num_kept(L, N, K) / L``.
+
+    It differs from the nominal ``1 - 3K/4`` (:func:`dycoke_retention`): e.g. 8 frames of 144 tokens at nominal
+    retention 0.5 (``K = 2/3``, ``k = 48``): ``4 * (144 + 48) - 1 * (144 - 48) = 672`` of 1152 = 0.583.
+    """
+    if num_tokens <= 0:
+        raise ValueError(f"num_tokens must be > 0, got {num_tokens}")
+    return dycoke_ttm_num_kept(num_tokens, tokens_per_frame, merging_ratio) / num_tokens
 
 
 def dycoke_retention(merging_ratio: float) -> float:
