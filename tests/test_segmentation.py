@@ -12,15 +12,7 @@ import pytest
 import torch
 
 from algorithms.segmentation import adaptive_segment_count, adaptive_segment_lengths, frame_changes, group_variation
-
-
-def feats(changes):
-    """(T, 2) unit features whose consecutive ``1 - cos`` equal ``changes`` (the angles accumulate)."""
-    ang = [0.0]
-    for c in changes:
-        ang.append(ang[-1] + math.acos(1 - c))
-    a = torch.tensor(ang, dtype=torch.float64)
-    return torch.stack([a.cos(), a.sin()], 1)
+from tests.test_budget import feats_from_changes as feats   # (T, 2) unit features with these consecutive 1 - cos
 
 
 def test_count_is_the_forks():
