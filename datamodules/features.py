@@ -36,7 +36,8 @@ FORMAT = "omni-features/1"
 REQUIRED_TENSORS = ("states", "row_times", "initialization_mask", "state_source_times", "state_update_mask",
                     "payload_commit_mask", "native_boundary_mask")
 REQUIRED_META = ("mode", "memory_s", "fps", "output_hz", "layer", "model", "session", "config_hash")
-META_DEFAULTS = {"memory_policy": DEFAULT_MEMORY_POLICY}  # value of an absent key (older files)
+META_DEFAULTS = {"memory_policy": DEFAULT_MEMORY_POLICY,   # value of an absent key (older files)
+                 "audio_left_context": False}              # files before the log-mel left context: reflect padding
 
 
 class FeatureFileError(ValueError):

@@ -142,7 +142,7 @@ def write_synthetic_dataset(out_dir: str | Path, num_sessions: int = 12, duratio
         for mode in modes:
             tensors = make_session_features(utts, num_rows, dim, seed * 1000 + n, mode, wearer_id=wearer_id, noise=noise)
             calls, media_s = _costs(mode, num_rows)
-            meta = {"mode": mode, "memory_s": 8.0, "fps": 2.0, "output_hz": 5.0, "layer": layer, "model": "synthetic",
+            meta = {"mode": mode, "audio_left_context": True, "memory_s": 8.0, "fps": 2.0, "output_hz": 5.0, "layer": layer, "model": "synthetic",
                     "session": session, "config_hash": f"synthetic-{seed}-{dim}", "production_processor_calls": calls,
                     "production_prepared_media_seconds": media_s, "wall_time_s": 0.0, "peak_memory_bytes": 0,
                     "verification": {"cache_replay": "synthetic", "micro_chunk_vs_continuous_semantics": "synthetic"}}

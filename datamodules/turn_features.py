@@ -175,6 +175,9 @@ class TurnFeatureDataModule(LightningDataModule):
         expected_memory_s / expected_fps / expected_output_hz / expected_layer: run settings every file must match.
         expected_memory_policy: the extraction memory policy every file must have (``window`` | ``sliding``; a file
             without the field counts as ``window``).
+        expected_audio_left_context: the extraction's log-mel left context every file must have (``True``: the
+            causal past-audio padding of today's extractor; ``False``: files made before it, or with
+            ``audio_left_context: false``; a file without the field counts as ``False``; ``None``: not checked).
         train_sessions / val_sessions / test_sessions: EasyCom session numbers per split.
         wearer_id: Participant_ID of the glasses wearer.
         initialization_rows: ``keep | exclude | exclude_any_mode`` (module docstring).
@@ -191,7 +194,7 @@ class TurnFeatureDataModule(LightningDataModule):
                  test_sessions: Sequence[int] = (10, 11), wearer_id: int = 2,
                  initialization_rows: str = "keep", chunk_rows: int = 100, warmup_rows: int = 10,
                  batch_size: int = 16, standardize: bool = True, num_workers: int = 0,
-                 target_kwargs: dict[str, float] | None = None):
+                 target_kwargs: dict[str, float] | None = None, expected_audio_left_context: bool | None = True):
         super().__init__()
         check_memory_policy(expected_memory_policy, "expected_memory_policy")
         for name, value, low in (("chunk_rows", chunk_rows, 1), ("warmup_rows", warmup_rows, 0),
@@ -228,6 +231,10 @@ class TurnFeatureDataModule(LightningDataModule):
                                    f"(modes present: {sorted(other_modes)})")
         return found
 
+    def _audio_expectation(self) -> dict:
+        v = self.hparams.get("expected_audio_left_context", True)
+        return {} if v is None else {"audio_left_context": bool(v)}
+
     def load(self) -> dict[str, list[SessionData]]:
         """Read and check every file of every split, build targets; idempotent.
 
@@ -245,7 +252,7 @@ class TurnFeatureDataModule(LightningDataModule):
         files = self._files()
         expected = {"mode": hp.expected_mode, "memory_s": hp.expected_memory_s,
                     "memory_policy": hp.expected_memory_policy, "fps": hp.expected_fps,
-                    "output_hz": hp.expected_output_hz}
+                    "output_hz": hp.expected_output_hz, **self._audio_expectation()}
         loader = None
         loaded: dict[int, tuple[Path, dict, dict]] = {}
         for split, nums in self.splits.items():
@@ -355,7 +362,8 @@ class TurnFeatureDataModule(LightningDataModule):
                     from e
             check_meta(path, meta, {"mode": mode, "memory_s": hp.expected_memory_s,
                                     "memory_policy": hp.expected_memory_policy, "fps": hp.expected_fps,
-                                    "output_hz": hp.expected_output_hz, "session": session})
+                                    "output_hz": hp.expected_output_hz, "session": session,
+                                    **self._audio_expectation()})
             if mask.shape != (T,):
                 raise FeatureFileError(f"{path}: {mask.shape[0]} rows, the {self.hparams.expected_mode} file has {T}")
             out |= mask

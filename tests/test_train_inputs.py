@@ -230,3 +230,22 @@ def test_wandb_mode_from_the_environment_decides(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert AutoWandbLogger(save_dir=str(tmp_path))._offline is False
     assert AutoWandbLogger(save_dir=str(tmp_path), offline=True)._offline is True
+
+
+# ------------------------------------------------------------------------------------------------ log-mel left context
+def test_features_from_before_the_logmel_left_context_are_refused(synth, tmp_path):
+    """A file without ``audio_left_context`` (extracted before it existed: reflect padding at every payload) counts
+    as ``False`` and does not mix with today's features unless the run says so."""
+    import shutil
+
+    from datamodules.features import feature_path, load_features, save_features
+
+    feats = Path(shutil.copytree(synth / "features", tmp_path / "features"))
+    path = feature_path(feats, "Session_2", "open-stream-replay")
+    tensors, meta = load_features(path)
+    assert meta["audio_left_context"] is True
+    save_features(path, tensors, {k: v for k, v in meta.items() if k != "audio_left_context"})
+    with pytest.raises(FeatureFileError, match=r"Session_2\.open-stream-replay\.safetensors: feature file does not "
+                                               r"match this run \(audio_left_context: expected True, file has False\)"):
+        _dm(synth, features_dir=str(feats)).load()
+    assert _dm(synth, features_dir=str(feats), expected_audio_left_context=None).load()
