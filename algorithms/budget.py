@@ -33,7 +33,7 @@ MAX_TOKENS_PER_FRAME = 256
 MIN_TOKENS_PER_FRAME = 16
 BASE_FPS = 1.0
 
-PlanMode = Literal["raw", "hybrid", "forced8", "all_compressed"]
+PlanMode = Literal["raw", "hybrid", "forced8", "all_compressed", "qbase"]
 
 
 def max_frames(budget_tokens: int, k: int = K_ROWS) -> int:
@@ -214,7 +214,7 @@ class Plan:
     """Layout of one video's frames in the LLM input.
 
     Attributes:
-        mode: ``raw`` | ``hybrid`` | ``forced8`` | ``all_compressed``.
+        mode: ``raw`` | ``hybrid`` | ``forced8`` | ``all_compressed`` | ``qbase`` (layout ablations' ``qtf<k>``).
         seg_lens: group lengths in frames, in time order; they tile T exactly (raw mode: one group per frame).
         compressed: indices of the compressed groups (ascending).
         vision_tokens: exact LLM vision rows, ``n_raw_frames * raw_hw + len(compressed) * k`` (``<= B``).
