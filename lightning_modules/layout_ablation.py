@@ -6,7 +6,8 @@ encode per frame size; see :mod:`models.ablation`). Records go to ``<out_dir>/<v
 the usual prediction writer, which also makes the run resumable per (job, qid).
 
 Reuse. The reference of every job is ``base`` at the same budget. A job whose LLM input equals the baseline's
-(:func:`algorithms.layouts.same_llm_input`: same frames, plan, raw grid and group substitute) does not run the
+(:func:`algorithms.layouts.same_llm_input`, seed 000's test: not capped, same raw grid, same cut and compressed
+groups, and qbase groups or none) does not run the
 LLM: its records are the baseline's records for those questions, with ``job`` / ``variant`` set to its own and
 ``reused: true``. The baseline is therefore *computed even when ``base`` is not requested* (or already written for
 these questions, on a resumed run) whenever a job to do reuses it: its layout always (cheap), its LLM answers for

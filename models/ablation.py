@@ -1,6 +1,6 @@
 """Layout ablations from one decode and at most one encode per frame size (DESIGN §4, issue 4).
 
-Legend: T decoded frames, T_b a budget's frames (``subsample(T, B)``), T_v the frames a variant keeps, hw merged
+Legend: T decoded frames, T_b a budget's frames (``subsample(T, B)``), T_v the frames a job keeps, hw merged
 tokens per frame at a budget's encode grid, C vision hidden size, D LLM hidden size, K rows per qbase group, K' rows
 of a swapped group's substitute (``<= 64``), G_c compressed groups.
 
@@ -13,9 +13,10 @@ one shared :class:`models.videollama3.EncodeCache`. Per video::
 
 Encodes (``cache.encode_calls`` records each one; at most one per grid and video):
 
-1. **Phase 1** (inside :func:`plan_layout_jobs`): each budget's frames at its encode grid (the grid of plain
-   predict: ``frame_token_cap(B, T_b)``), one call per grid over the union of the budgets sharing it. Every
-   variant of a budget uses rows of that encode (a capped variant keeps a subset of the budget's frames).
+1. **Phase 1** (inside :func:`plan_layout_jobs`): each job's frames (:func:`algorithms.layouts.variant_frames`, seed
+   000 ``frame_indices``) at the encode grid of that many frames at its budget (seed ``features``:
+   ``frame_tokens(h, w, b, len(idx))``; for an uncapped job the budget's frames and plain predict's grid), one call
+   per grid over the union of the jobs sharing it.
 2. **Layouts**: :func:`algorithms.layouts.layout_video` per job from the per-frame mean rows, and ``base`` at every
    budget (the reuse reference, cheap: no LLM work is implied).
 3. **Phase 2** (:func:`encode_layout_inputs`): raw frames at a raw grid smaller than the encode grid (``phase3``
@@ -61,7 +62,7 @@ _NO_RAW_CAP = 1 << 30  # raw_mode="orig": raw frames keep the encode grid unless
 
 @dataclass(frozen=True)
 class BudgetGeometry:
-    """Frames and encode grid of one budget (identical to plain predict's).
+    """Frames and encode grid of one job (plain predict's for an uncapped job).
 
     Attributes:
         budget: B.
@@ -87,7 +88,7 @@ class LayoutJob:
     Attributes:
         variant: variant name.
         geometry: the budget's frames and encode grid.
-        layout: the :class:`~algorithms.layouts.VariantLayout` (frames index the budget's frames).
+        layout: the :class:`~algorithms.layouts.VariantLayout` (frames index the decoded frames).
         frame_idx: T_v indices into the decoded frames of the kept frames.
         raw_cap: encoder token cap whose grid is ``layout.raw_grid`` (the encode cap when raw frames keep the
             encode grid).
