@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Literal
 
 import numpy as np
@@ -83,12 +82,6 @@ def sample_rate(duration_s: float, budget_tokens: int, base_fps: float = BASE_FP
     return (cap + 1) / float(duration_s)
 
 
-def ffmpeg_rate(fps: float) -> Fraction:
-    """The rational rate FFmpeg's ``fps`` filter runs at for a float ``fps`` (``av_d2q(fps, INT_MAX)``,
-    FFmpeg libavfilter/vf_fps.c ``config_props``; the best rational approximation with terms below 2^31)."""
-    return Fraction(float(fps)).limit_denominator(2 ** 31 - 1)
-
-
 def fps_filter_frames(frame_times_s: list[float], end_s: float, fps: float) -> list[int]:
     """Source frame shown by each output frame of FFmpeg's ``fps=fps:round=down`` filter.
 
@@ -100,17 +93,18 @@ def fps_filter_frames(frame_times_s: list[float], end_s: float, fps: float) -> l
     Args:
         frame_times_s: presentation times of the source frames (s, increasing, relative to the stream start).
         end_s: end of the stream (s): the last frame's time plus its duration.
-        fps: the filter's rate (see :func:`ffmpeg_rate`).
+        fps: the filter's rate (FFmpeg runs at ``av_d2q(fps, INT_MAX)``, a rational within 1e-9 of the float; the
+            comparison below allows 1e-6 of a step, so an exact multiple of the step is not lost to float error).
 
     Returns:
         N source indices (non-decreasing), one per output frame; empty when the clip ends before the first output
         time step (``floor(end * fps) <= floor(t_0 * fps)``).
     """
-    rate = ffmpeg_rate(fps)
     eps = 1e-6  # the times are floats of integer pts: an exact multiple of the step must not fall just below it
+    rate = float(fps)
 
     def q(t: float) -> int:
-        return math.floor(t * rate.numerator / rate.denominator + eps)
+        return math.floor(t * rate + eps)
 
     if not frame_times_s:
         return []
