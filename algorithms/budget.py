@@ -4,7 +4,7 @@ Legend: B budget (LLM vision rows per video), K rows per compressed group (64), 
 G groups, hw merged tokens per frame at the encode size, raw_hw rows per raw frame in the LLM input.
 
 A *merged token* (or cell) is one 28×28 pixel area: a 2×2 block of 14-pixel ViT patches that VideoLLaMA3 merges
-into one LLM row. Pure python/torch; no lightning, no transformers, no I/O.
+into one LLM row. Pure python/torch; no lightning, no transformers, no I/O (numpy where a seed's numpy call is reproduced).
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 
 from .segmentation import (
@@ -33,7 +34,7 @@ MAX_TOKENS_PER_FRAME = 256
 MIN_TOKENS_PER_FRAME = 16
 BASE_FPS = 1.0
 
-PlanMode = Literal["raw", "hybrid", "forced8", "all_compressed"]
+PlanMode = Literal["raw", "hybrid", "forced8", "all_compressed", "qbase"]
 
 
 def max_frames(budget_tokens: int, k: int = K_ROWS) -> int:
@@ -64,35 +65,92 @@ def evenly_spaced(n_total: int, n_keep: int) -> list[int]:
     return [int(round(i * (n_total - 1) / (n_keep - 1))) for i in range(n_keep)]
 
 
-def sample_times(duration_s: float, budget_tokens: int, base_fps: float = BASE_FPS, k: int = K_ROWS) -> tuple[float, list[float]]:
-    """Frame times (s) to decode for the largest budget (DESIGN §3.1).
+def sample_rate(duration_s: float, budget_tokens: int, base_fps: float = BASE_FPS, k: int = K_ROWS) -> float:
+    """Decode sampling rate for the largest budget (seed 001, ``decode_video``).
 
-    At ``base_fps`` (1 fps) the frames are at ``j / fps`` for ``j < ceil(duration * fps)``. If that exceeds
-    ``M = max_frames(B)``, sample at ``(M + 1) / duration`` fps instead and thin evenly to M frames.
+    Follows ``fps = bd.FPS if int(duration * bd.FPS) + 1 <= max_frames else (max_frames + 1) / duration``
+    with ``max_frames = (B // K) * 8`` (:func:`max_frames`).
 
     Args:
-        duration_s: video duration in seconds (a non-positive duration gives the single frame at 0 s).
+        duration_s: video duration in seconds.
         budget_tokens: the largest budget of the run.
 
     Returns:
-        ``(fps, times_s)``: the sampling rate used (before thinning) and T increasing times in seconds.
+        Frames per second (``base_fps``, or ``(M + 1) / duration`` when ``base_fps`` would give more than M frames).
     """
     cap = max_frames(budget_tokens, k)
-    if duration_s <= 0:
-        return base_fps, [0.0]
-    n = max(1, math.ceil(duration_s * base_fps - 1e-9))
-    if n <= cap:
-        return base_fps, [j / base_fps for j in range(n)]
-    fps = (cap + 1) / duration_s
-    n = max(1, math.ceil(duration_s * fps - 1e-9))
-    times = [j / fps for j in range(n)]
-    return fps, [times[i] for i in evenly_spaced(n, cap)]
+    if int(duration_s * base_fps) + 1 <= cap:
+        return base_fps
+    return (cap + 1) / float(duration_s)
 
 
-def native_frame_indices(times_s: list[float], native_fps: float, num_native_frames: int) -> list[int]:
-    """Index of the decoded frame shown at each time (``floor(t * fps + 1e-6)``, clipped to the last frame)."""
-    last = max(num_native_frames - 1, 0)
-    return [min(int(math.floor(t * native_fps + 1e-6)), last) for t in times_s]
+def fps_filter_frames(frame_times_s: list[float], end_s: float, fps: float) -> list[int]:
+    """Source frame shown by each output frame of FFmpeg's ``fps=fps:round=down`` filter.
+
+    FFmpeg libavfilter/vf_fps.c (``read_frame`` / ``write_frame`` / ``update_eof_pts``): every input time is
+    rescaled to the output time base rounding down, ``q = floor(t * fps)``; output frame ``n`` (from ``q`` of the
+    first frame up to, excluding, ``floor(end * fps)``, the rescaled end of stream) is the last input frame with
+    ``q <= n`` (later frames with the same ``q`` replace earlier ones, the last one is repeated up to the end).
+
+    Args:
+        frame_times_s: presentation times of the source frames (s, increasing, relative to the stream start).
+        end_s: end of the stream (s): the last frame's time plus its duration.
+        fps: the filter's rate (FFmpeg runs at ``av_d2q(fps, INT_MAX)``, a rational within 1e-9 of the float; the
+            comparison below allows 1e-6 of a step, so an exact multiple of the step is not lost to float error).
+
+    Returns:
+        N source indices (non-decreasing), one per output frame; empty when the clip ends before the first output
+        time step (``floor(end * fps) <= floor(t_0 * fps)``).
+    """
+    eps = 1e-6  # the times are floats of integer pts: an exact multiple of the step must not fall just below it
+    rate = float(fps)
+
+    def q(t: float) -> int:
+        return math.floor(t * rate + eps)
+
+    if not frame_times_s:
+        return []
+    qs = [q(t) for t in frame_times_s]
+    out, src = [], 0
+    for n in range(qs[0], q(end_s)):
+        while src + 1 < len(qs) and qs[src + 1] <= n:
+            src += 1
+        out.append(src)
+    return out
+
+
+def thin_linspace(num_frames: int, num_keep: int) -> list[int]:
+    """``num_keep`` of ``num_frames`` indices as seed 001 and 000 thin: ``np.linspace(0, N - 1, M, dtype=int)``
+    (truncation toward zero, first and last included; all indices when ``N <= M``)."""
+    if num_frames <= num_keep:
+        return list(range(num_frames))
+    return [int(i) for i in np.linspace(0, num_frames - 1, num_keep, dtype=int)]
+
+
+def sample_frames(frame_times_s: list[float], end_s: float, duration_s: float, budget_tokens: int,
+                  start_s: float = 0.0, base_fps: float = BASE_FPS, k: int = K_ROWS) -> tuple[float, list[int], list[float]]:
+    """Which source frames the decode keeps and the time each is labelled with (seed 001, ``decode_video``).
+
+    The rate of :func:`sample_rate`; the frames FFmpeg's ``fps`` filter with ``round=down`` emits at that rate
+    (:func:`fps_filter_frames`); their times ``ts = (start + np.arange(len(frames)) / fps)`` (the sampling grid,
+    not the source frames' own times); then, when more than M frames came out,
+    ``idx = np.linspace(0, len(frames) - 1, max_frames, dtype=int)`` (:func:`thin_linspace`).
+
+    Args:
+        frame_times_s: source frame times relative to the stream start (s, increasing).
+        end_s: end of the stream relative to its start (s).
+        duration_s: the video's duration (s), which picks the rate.
+        budget_tokens: the largest budget of the run.
+        start_s: the stream's start time (added to the labels, ``start`` in the seed).
+
+    Returns:
+        ``(fps, source indices, times_s)``; the lists are empty when the clip is too short for one output frame.
+    """
+    fps = sample_rate(duration_s, budget_tokens, base_fps, k)
+    src = fps_filter_frames(frame_times_s, end_s, fps)
+    times = (start_s + np.arange(len(src)) / fps).tolist()
+    keep = thin_linspace(len(src), max_frames(budget_tokens, k))
+    return fps, [src[i] for i in keep], [float(times[i]) for i in keep]
 
 
 def subsample(num_frames: int, budget_tokens: int, k: int = K_ROWS) -> list[int]:
@@ -152,7 +210,7 @@ class Plan:
     """Layout of one video's frames in the LLM input.
 
     Attributes:
-        mode: ``raw`` | ``hybrid`` | ``forced8`` | ``all_compressed``.
+        mode: ``raw`` | ``hybrid`` | ``forced8`` | ``all_compressed`` | ``qbase`` (layout ablations' ``qtf<k>``).
         seg_lens: group lengths in frames, in time order; they tile T exactly (raw mode: one group per frame).
         compressed: indices of the compressed groups (ascending).
         vision_tokens: exact LLM vision rows, ``n_raw_frames * raw_hw + len(compressed) * k`` (``<= B``).

@@ -3,60 +3,30 @@
 Legend: B budget (LLM vision rows per video), K rows per qbase group (64), T decoded frames, T_b the budget's
 frames (``subsample(T, B)``), T_v the frames a variant keeps, D feature dim, G groups.
 
-Every variant is one frozen :class:`LayoutVariant` in :data:`VARIANTS`: a declarative description read by the
-same few shared functions (frame cap :func:`frame_cap`, cut and order inside :func:`plan_variant`, :func:`fill`,
-the compressor swap :func:`substitute_grid`). There is no per-variant code path.
+Every variant is one frozen :class:`LayoutVariant` in :data:`VARIANTS`, the declarative counterpart of seed 000's
+``VARIANTS`` dict (``BASE = dict(cap=None, layout="hybrid", tf=4, seg="adaptive", comp="qbase", raw_tokens=None)``)
+read by the same few shared functions, each following one function of seed 000 (quoted on it):
 
-Fields of a variant fall in two kinds:
+* :func:`variant_frames` = ``frame_indices``: a video with more decoded frames than the cap keeps
+  ``np.linspace(0, n_decoded - 1, cap, dtype=int)`` of them (*capped*), else the budget's ``subsample``.
+* the effective variant (seed ``eff = v if capped or v["cap"] is None else BASE``): a capped variant on an uncapped
+  video is the baseline itself (:func:`effective_variant`).
+* :func:`plan_variant` = ``plan_variant`` / ``_plan_variant``; :func:`segment` = ``segment``;
+  :func:`fill` = ``fill``; :func:`training_change` = ``training_change``.
+* :func:`same_llm_input` = the seed's reuse test (same cut, same compressed groups, and qbase groups or none).
 
-* **coverage** fields (``fill``, ``compress_group_frames``, ``raw_rows_cap``) describe what the variant does with
-  the budget it frees by keeping fewer frames. They apply only when the cap actually dropped frames
-  (``capped``). A video with ``T_b <= cap`` keeps all its frames and the baseline layout (DESIGN §4: "short
-  videos keep the baseline layout").
-* **layout** fields (``cut``, ``most_changing_first``, ``group_substitute``) apply to every video.
+Today's earlier rules that are worth keeping are separate named variants (``rho32fv2``, ``rho64fv2``,
+``rho128fv2``: :func:`fill_v2`), never a silent default.
 
 Flow for the caller (one video, one budget, one variant)::
 
-    v = VARIANTS[name]
-    keep = select_frames(v, T_b, B)                    # indices into the budget's frames
-    capped = len(keep) < T_b
-    max_rows = raw_rows_limit(v, capped, raw_max_tokens)   # encode raw frames at <= max_rows rows
-    plan = plan_variant(v, per_frame_b[keep], hw, B, raw_hw, capped=capped, group_rows=...)
+    frames, capped = variant_frames(name, T, B)           # indices into the T decoded frames
+    layout = layout_video(name, per_frame[frames], hw, B, raw_grid_for, raw_max_tokens, frames=frames,
+                          capped=capped)                  # hw: the encode grid of len(frames) frames at B
+    same_llm_input(layout, base_layout)                   # the job copies the baseline record when True
 
-or :func:`layout_video`, which does all of it and returns a :class:`VariantLayout` that
-:func:`same_llm_input` compares with the baseline's (the job copies the baseline record when they are equal).
-
-Choices made where DESIGN §4 is silent (also stated on the functions):
-
-1. ``B/64`` in the caps is ``B // 64`` (whole compressed groups). ``qtf<k>`` / ``rho16`` caps are
-   ``k * (B // 64) - 1`` (``qtf1``: ``B // 64``): the most frames whose ``min(T // k + 1, T)`` groups fit as pure
-   qbase, the same group-count form as the hybrid rule (``T // 4 + 1``); this is what makes the ``- 1`` (and
-   ``qtf1``'s missing ``- 1``) exact. Every cap is at least 1 frame (``rho128`` / ``rho256`` at small B); a capped video keeps
-   ``evenly_spaced(T_b, cap)`` of the budget's frames (first and last; the first alone when the cap is 1).
-2. ``qtf<k>`` cuts ``min(T // k + 1, T)`` adaptive groups (never fewer than ``ceil(T / 8)``) with the usual
-   8-frame limit, all compressed (mode ``all_compressed``).
-3. ``uni8`` / ``uni16``: the number names the coverage as for ``rho<R>`` (B/8 frames is the baseline's
-   ``max_frames``; B/16 is ``rho16``'s cap). ``uni8`` = baseline frames, ``uni16`` = ``rho16``'s frames, both with
-   uniform cuts of the same group count as the adaptive cut (:func:`uniform_segment_count_lengths`). Uniform
-   cuts replace adaptive cuts only in ``hybrid`` mode (``raw`` has no groups, ``forced8`` is already uniform).
-4. ``hivar`` reverses the variation order only; 1-frame groups (+inf variation) are still compressed last, as in
-   the baseline, because compressing one frame into K rows saves the least.
-5. ``rho256`` does not fill (DESIGN lists fill for ``rho32…rho128``); with ``raw_hw <= 256`` its ``B // 256``
-   frames are always all raw, so fill would be a no-op anyway. ``rho16`` does not fill.
-6. Fill order is the reverse of the baseline compression order (fill undoes compression, last compressed first):
-   1-frame groups first, then higher variation, ties shorter group then later group. Groups that are cheaper raw
-   than as K rows (``n * raw_hw <= K``) come back first, whatever their rank. Then one greedy pass; a group
-   that cannot take even one frame is skipped and later groups are still tried. A partly returned group of n
-   frames is **split** into a raw group of its first k frames and a still-compressed group of its last
-   ``n - k`` frames (K rows), so ``seg_lens`` still tiles the frames; the plan's mode becomes ``hybrid`` (``raw``
-   if nothing stays compressed).
-7. Compressor swaps: the plan is the baseline's (planned with K = 64 rows per group); the returned plan's ``k``
-   is the substitute's row count (``<= 64``), so ``vision_tokens`` is the exact LLM cost. The substitute stands
-   for the group's middle frame ``a + (n - 1) // 2`` (its timestamp in the raw-frame text). ``sel_resize``
-   re-encodes that frame at ``frame_grid(h, w, 64)``; ``sel_merge`` / ``mean_merge`` area-pool the encode grid
-   ``(gh, gw)`` to ``frame_grid(28 gh, 28 gw, 64, min_tokens=1)`` (unchanged when it already has <= 64 cells).
-8. ``low64`` (when capped) plans every frame raw and refuses ``raw_hw > 64``; the caller encodes its raw frames at
-   ``raw_rows_limit(...) = min(raw_max_tokens, 64)`` rows.
+Where seed 000 calls a helper it does not define (``bd.subsample``, ``raw_frame_grid``) the project's rule is kept
+(:func:`algorithms.budget.subsample`; the caller's ``raw_grid_for``).
 
 Pure python/torch; no lightning, no transformers, no I/O.
 """
@@ -68,23 +38,23 @@ from typing import Callable, Literal
 
 import torch
 
+import numpy as np
+
 from .budget import (
     K_ROWS,
     Plan,
     check_budget,
     compress_until_fits,
     compression_order,
-    evenly_spaced,
     frame_grid,
     make_plan,
-    max_frames,
     plan_groups,
     subsample,
 )
 from .segmentation import (
     FORCE_EVERY,
     MAX_GROUP_FRAMES,
-    TARGET_FRAMES,
+    adaptive_segment_count,
     adaptive_segment_lengths,
     frame_changes,
     group_variation,
@@ -129,13 +99,15 @@ class LayoutVariant:
     Attributes:
         name: registry key, also the ``variant`` record field and output folder prefix.
         cap: frame cap (``None``: the baseline's frames, ``subsample(T, B)``).
-        fill: (coverage) after the hybrid rule, send compressed groups back raw with the leftover budget
-            (:func:`fill`).
-        compress_group_frames: (coverage) ``k`` of ``qtf<k>``: every frame compressed, ``min(T // k + 1, T)``
-            groups. ``None``: the hybrid rule.
-        raw_rows_cap: (coverage) every frame raw at ``<= raw_rows_cap`` rows (``low64``). ``None``: hybrid rule.
-        cut: ``adaptive`` (cuts at the largest changes) or ``uniform`` (same group count, near-equal groups).
-        most_changing_first: compress the most-changing groups first (``hivar``).
+        fill: after the hybrid rule, send compressed groups back raw with the leftover budget (seed ``fill=True``,
+            :func:`fill`; hybrid plans only).
+        fill_rule: ``seed`` (:func:`fill`) or ``v2`` (the project's earlier rule, :func:`fill_v2`).
+        compress_group_frames: ``tf`` of seed ``layout="qbase"`` (``qtf<k>``): every frame compressed in
+            ``min(T // k + 1, T)`` adaptive groups, mode ``qbase``. ``None``: the hybrid layout (``tf = 4``).
+        raw_rows_cap: seed ``raw_tokens``: raw frames at ``<= raw_rows_cap`` rows (``low64``).
+        cut: seed ``seg``: ``adaptive`` or ``uniform`` (``np.round(np.linspace(0, T, n + 1))`` bounds).
+        most_changing_first: seed ``order="hivar"``: compress the most-changing groups first, change measured as
+            :func:`training_change`.
         group_substitute: what a compressed group becomes in the LLM input: ``qbase`` (K learned rows between
             compression tokens) or one raw frame of ``<= 64`` rows in raw-frame text: ``sel_resize`` (middle
             frame re-encoded small), ``sel_merge`` (middle frame's rows area-pooled), ``mean_merge`` (the group's
@@ -145,6 +117,7 @@ class LayoutVariant:
     name: str
     cap: FrameCap | None = None
     fill: bool = False
+    fill_rule: Literal["seed", "v2"] = "seed"
     compress_group_frames: int | None = None
     raw_rows_cap: int | None = None
     cut: CutRule = "adaptive"
@@ -163,8 +136,8 @@ class LayoutVariant:
             raise ValueError(f"variant {self.name!r}: fill is defined for qbase groups only")
 
 
-def _rho(r: int, fill: bool, name: str | None = None) -> LayoutVariant:
-    return LayoutVariant(name or f"rho{r}", cap=FrameCap("ratio", r), fill=fill)
+def _rho(r: int, fill: bool, name: str | None = None, fill_rule: str = "seed") -> LayoutVariant:
+    return LayoutVariant(name or f"rho{r}", cap=FrameCap("ratio", r), fill=fill, fill_rule=fill_rule)
 
 
 _RHO16_CAP = FrameCap("groups", 4)  # 4 * (B // 64) - 1: the most frames whose 4-frame groups all fit as qbase
@@ -176,7 +149,11 @@ VARIANTS: dict[str, LayoutVariant] = {v.name: v for v in (
     _rho(32, fill=False, name="rho32nf"),
     _rho(64, fill=True),
     _rho(128, fill=True),
-    _rho(256, fill=False),  # DESIGN: fill for rho32…rho128; always all-raw anyway when raw_hw <= 256
+    _rho(256, fill=False),  # seed: rho256 has no fill
+    # the project's earlier fill rule (cheap groups first, split groups, raw mode when nothing stays compressed)
+    _rho(32, fill=True, name="rho32fv2", fill_rule="v2"),
+    _rho(64, fill=True, name="rho64fv2", fill_rule="v2"),
+    _rho(128, fill=True, name="rho128fv2", fill_rule="v2"),
     LayoutVariant("qtf1", cap=FrameCap("groups", 1), compress_group_frames=1),
     LayoutVariant("qtf2", cap=FrameCap("groups", 2), compress_group_frames=2),
     LayoutVariant("low64", cap=FrameCap("ratio", 64), raw_rows_cap=64),
@@ -241,39 +218,42 @@ def parse_jobs(spec: str, k: int = K_ROWS) -> list[tuple[str, int]]:
 
 
 def frame_cap(variant: str | LayoutVariant, budget_tokens: int, k: int = K_ROWS) -> int | None:
-    """The variant's frame cap for budget B, or ``None`` when it keeps the baseline's frames."""
+    """Most frames a long video keeps under the variant (seed 000 ``frame_cap``; ``None``: the baseline's B/8).
+
+    ``rho``: ``budget // x``; ``tf``: ``x * m - 1 if x > 1 else m`` with ``m = budget // K``; at least 1 frame (the
+    seed's ``budget // 256`` is 0 below B = 256, which it cannot decode).
+    """
     v = get_variant(variant)
     return None if v.cap is None else v.cap.frames(budget_tokens, k)
 
 
-def select_frames(variant: str | LayoutVariant, num_frames: int, budget_tokens: int, k: int = K_ROWS) -> list[int]:
-    """Which of the budget's frames the variant keeps.
+def variant_frames(variant: str | LayoutVariant, num_decoded: int, budget_tokens: int,
+                   k: int = K_ROWS) -> tuple[list[int], bool]:
+    """(indices into the decoded frames, capped?) for a variant at a budget (seed 000 ``frame_indices``)::
 
-    Args:
-        num_frames: T_b, the budget's frame count (``len(subsample(T, B))``).
+        cap = frame_cap(v, budget)
+        if cap is None or n_decoded <= cap:
+            return bd.subsample(n_decoded, budget), False
+        return np.linspace(0, n_decoded - 1, cap, dtype=int).tolist(), True
 
-    Returns:
-        Ascending indices into the budget's frames: all of them when ``T_b <= cap`` (or no cap), else ``cap``
-        evenly spaced ones (first and last included). The video is *capped* iff fewer than T_b are returned.
+    The cap compares with the *decoded* frames (the ablation decodes for 16384 tokens), not the budget's.
 
     Raises:
-        ValueError: ``T_b < 1`` or ``T_b > max_frames(B)`` (subsample first).
+        ValueError: ``num_decoded < 1``.
     """
-    if num_frames < 1:
+    if num_decoded < 1:
         raise ValueError("cannot select frames of a video with no frames")
-    if num_frames > max_frames(budget_tokens, k):
-        raise ValueError(f"{num_frames} frames exceed max_frames({budget_tokens}) = {max_frames(budget_tokens, k)}; "
-                         "subsample() the frames for this budget first")
     cap = frame_cap(variant, budget_tokens, k)
-    if cap is None or num_frames <= cap:
-        return list(range(num_frames))
-    return evenly_spaced(num_frames, cap)
+    if cap is None or num_decoded <= cap:
+        return subsample(num_decoded, budget_tokens, k), False
+    return [int(i) for i in np.linspace(0, num_decoded - 1, cap, dtype=int)], True
 
 
-def variant_frames(variant: str | LayoutVariant, num_decoded: int, budget_tokens: int, k: int = K_ROWS) -> list[int]:
-    """Indices into the T decoded frames that a (variant, budget) uses: ``subsample`` then :func:`select_frames`."""
-    sub = subsample(num_decoded, budget_tokens, k)
-    return [sub[i] for i in select_frames(variant, len(sub), budget_tokens, k)]
+def effective_variant(variant: str | LayoutVariant, capped: bool) -> LayoutVariant:
+    """The variant a job plans with: seed 000 ``eff = v if (capped or v["cap"] is None) else BASE`` (a capped
+    variant on a video its cap does not reach keeps the baseline layout)."""
+    v = get_variant(variant)
+    return v if (capped or v.cap is None) else VARIANTS["base"]
 
 
 def raw_rows_limit(variant: str | LayoutVariant, capped: bool, raw_max_tokens: int) -> int:
@@ -319,23 +299,107 @@ def substitute_grid(variant: str | LayoutVariant, encode_grid: tuple[int, int],
 # ---------------------------------------------------------------------------------------------- planning
 
 
-def _cut(rule: CutRule, per_frame: torch.Tensor, num_groups: int, target_frames: int = TARGET_FRAMES) -> list[int]:
+def segment(per_frame: torch.Tensor, tf: int, cut: CutRule) -> list[int]:
+    """Seed 000 ``segment``::
+
+        n = adaptive_segment_count(T, tf, bd.FORCE_EVERY)
+        if seg == "adaptive":
+            return adaptive_segment_lengths(per_frame, tf, bd.FORCE_EVERY, 0.0, None, n_segments=n)
+        bounds = np.round(np.linspace(0, T, n + 1)).astype(int)
+
+    (the fork's segmenter, :mod:`algorithms.segmentation`).
+
+    Args:
+        per_frame: (T, D) per-frame mean features.
+    """
     num_frames = int(per_frame.shape[0])
-    if rule == "adaptive":
-        return adaptive_segment_lengths(per_frame, target_frames, FORCE_EVERY, n_segments=num_groups)
-    if rule == "uniform":
-        return uniform_segment_count_lengths(num_frames, num_groups)
-    raise ValueError(f"unknown cut rule {rule!r}")
+    n = adaptive_segment_count(num_frames, tf, FORCE_EVERY)
+    if cut == "adaptive":
+        return adaptive_segment_lengths(per_frame, tf, FORCE_EVERY, 0.0, None, n_segments=n)
+    if cut == "uniform":
+        return uniform_segment_count_lengths(num_frames, n)
+    raise ValueError(f"unknown cut rule {cut!r}")
+
+
+def training_change(changes: torch.Tensor, seg_lens: list[int] | tuple[int, ...]) -> list[float]:
+    """Per-group change as Phase-3 training ranks raw segments (seed 000 ``training_change``)::
+
+        change.append(sum(diff[s:s + L - 1]) / (L - 1) if L >= 2 else (diff[s - 1] if s >= 1 else diff[0]))
+
+    A 1-frame group scores its step from the previous frame (the first frame: its step to the next).
+    """
+    vals = changes.detach().to(device="cpu", dtype=torch.float64).tolist()
+    out, s = [], 0
+    for n in seg_lens:
+        if n >= 2:
+            out.append(sum(vals[s:s + n - 1]) / (n - 1))
+        else:
+            out.append(vals[s - 1] if s >= 1 else (vals[0] if vals else 0.0))
+        s += n
+    return out
+
+
+def fill(plan: Plan, changes: torch.Tensor, budget_tokens: int, raw_hw: int | None = None) -> Plan:
+    """Spend what the greedy rule left of the budget on raw frames (seed 000 ``fill``).
+
+    Only a ``hybrid`` plan changes (``if plan.mode != "hybrid": return plan``). One pass over the compressed groups
+    in the order ``sorted(plan.compressed, key=lambda j: (-var[j], plan.seg_lens[j], j))`` (``var``: within-group
+    variation, +inf for 1 frame, so 1-frame groups first): a group of L frames goes back whole when
+    ``cost + L * raw_hw - K <= budget``; else, when ``L > 1`` and ``(budget - cost) // raw_hw >= 1``, its first
+    ``k = min(L - 1, (budget - cost) // raw_hw)`` frames go raw (``cost += k * raw_hw``) and the rest stays one
+    compressed group. The result is ``Plan("hybrid", lens, comp, cost)``: raw groups keep their length, a group
+    returned whole is one raw group, a split group is a raw group of ``k`` frames then a compressed one.
+
+    Args:
+        plan: a plan with ``vision_tokens <= B``.
+        changes: (T-1,) consecutive-frame changes of the plan's frames.
+        raw_hw: rows per raw frame; must equal ``plan.raw_hw`` (default).
+
+    Raises:
+        ValueError: ``raw_hw`` differs from the plan's, or ``changes`` has the wrong size.
+    """
+    raw_hw = plan.raw_hw if raw_hw is None else raw_hw
+    if raw_hw != plan.raw_hw:
+        raise ValueError(f"fill raw_hw {raw_hw} differs from the plan's raw_hw {plan.raw_hw}")
+    if int(changes.numel()) != plan.num_frames - 1:
+        raise ValueError(f"{changes.numel()} changes for {plan.num_frames} frames")
+    if plan.mode != "hybrid":
+        return plan
+    seg = list(plan.seg_lens)
+    var = group_variation(changes, seg)
+    raw_k: dict[int, int] = {}
+    cost = plan.vision_tokens
+    for j in sorted(plan.compressed, key=lambda j: (-var[j], seg[j], j)):
+        n = seg[j]
+        if cost + n * raw_hw - plan.k <= budget_tokens:
+            raw_k[j] = n
+            cost += n * raw_hw - plan.k
+        elif n > 1 and (budget_tokens - cost) // raw_hw >= 1:
+            raw_k[j] = min(n - 1, (budget_tokens - cost) // raw_hw)
+            cost += raw_k[j] * raw_hw
+    lens: list[int] = []
+    comp: list[int] = []
+    compressed = set(plan.compressed)
+    for j, n in enumerate(seg):
+        kk = raw_k.get(j, 0) if j in compressed else n
+        if kk:
+            lens.append(kk)
+        if n - kk:
+            comp.append(len(lens))
+            lens.append(n - kk)
+    out = make_plan("hybrid", lens, comp, plan.hw, raw_hw, plan.k)
+    assert out.vision_tokens == cost <= budget_tokens and sum(lens) == sum(seg), (out, cost, budget_tokens)
+    return out
 
 
 def fill_order(variation: list[float], seg_lens: list[int] | tuple[int, ...]) -> list[int]:
-    """Order in which :func:`fill` returns groups: the reverse of the baseline compression order
+    """Order in which :func:`fill_v2` returns groups: the reverse of the baseline compression order
     (1-frame groups first, then most-changing; ties: shorter group, then later group)."""
     return compression_order(variation, list(seg_lens))[::-1]
 
 
-def fill(plan: Plan, changes: torch.Tensor, budget_tokens: int, raw_hw: int | None = None) -> Plan:
-    """Spend the plan's leftover budget by sending compressed groups back raw, most-changing first (DESIGN §4).
+def fill_v2(plan: Plan, changes: torch.Tensor, budget_tokens: int, raw_hw: int | None = None) -> Plan:
+    """The project's earlier fill rule (variants ``rho<R>fv2``; seed 000's rule is :func:`fill`).
 
     Groups whose raw frames cost no more than their K rows (``n * raw_hw <= K``) come back whole first (they free
     rows, so they would come back at any point of the pass; crediting their rows first lets the most-changing
@@ -410,36 +474,34 @@ def fill(plan: Plan, changes: torch.Tensor, budget_tokens: int, raw_hw: int | No
     return out
 
 
+
 def plan_variant(variant: str | LayoutVariant, per_frame: torch.Tensor, hw: int, budget_tokens: int, raw_hw: int,
                  *, capped: bool, group_rows: int | None = None, k: int = K_ROWS) -> Plan:
-    """Plan the frames a variant kept (DESIGN §4).
+    """Plan the frames a (variant, budget) job kept (seed 000 ``plan_variant`` / ``_plan_variant``).
 
-    * not capped (or no cap): the baseline rule :func:`plan_groups`, with the variant's cut (uniform cuts of the
-      same group count in ``hybrid`` mode) and order (``hivar``); ``base`` is exactly ``plan_groups``.
-    * capped, ``compress_group_frames = k`` (``qtf<k>``): ``min(T // k + 1, T)`` groups (at least
-      ``ceil(T / 8)``) cut by the variant's rule, every group compressed (mode ``all_compressed``).
-    * capped, ``raw_rows_cap`` (``low64``): every frame raw (mode ``raw``); ``raw_hw`` must be ``<= raw_rows_cap``.
-    * capped otherwise (``rho<R>``, ``uni16``): the baseline rule as above, then :func:`fill` when ``fill``.
-    * compressor swaps: the baseline plan, returned with ``k = group_rows`` (the substitute's rows) so that
-      ``vision_tokens`` is exact; ``seg_lens`` / ``compressed`` are the baseline's.
+    The effective variant is :func:`effective_variant` (the baseline for a capped variant on an uncapped video).
+    Then, as the seed:
+
+    * ``qtf<k>`` (``layout == "qbase"``): ``lens = segment(per_frame, v["tf"], v["seg"])``, every group
+      compressed, ``Plan("qbase", lens, set(range(len(lens))), len(lens) * bd.K)``.
+    * adaptive cut and no order (baseline, ``rho<R>``, ``low64``, swaps): ``bd.plan_groups(...)``.
+    * otherwise (``uni8``, ``uni16``, ``hivar``) the hybrid rule on the variant's cut / order: all raw when
+      ``T * raw_hw <= budget``; ``plan_groups`` (forced8) when ``len(lens) * K > budget``; else compress in the order
+      ``(-change[j], -lens[j], j)`` (``hivar``, :func:`training_change`) or ``(var[j], -lens[j], j)`` until it fits.
+    * then ``fill(plan, ...) if v.get("fill")`` (:func:`fill`, or :func:`fill_v2` for ``fill_rule="v2"``).
+
+    Compressor swaps return the plan with ``k = group_rows`` (the substitute's rows) so ``vision_tokens`` is exact.
 
     Args:
-        per_frame: (T_v, D) per-frame mean features of the kept frames (rows ``select_frames(...)``).
-        hw: merged tokens per frame at the encode size (recorded).
-        budget_tokens: B.
-        raw_hw: rows per raw frame in this variant's LLM input (see :func:`raw_rows_limit`).
-        capped: whether :func:`select_frames` dropped frames (``len(keep) < T_b``); coverage rules apply only then.
-        group_rows: rows of the swapped group substitute (``prod(substitute_grid(...))``); required for swaps,
-            ignored (must be ``None``) for ``qbase``.
-        k: rows per qbase group.
-
-    Returns:
-        A :class:`~algorithms.budget.Plan` with ``vision_tokens <= B``, ``seg_lens`` tiling T_v, groups of at most
-        8 frames.
+        per_frame: (T_v, D) per-frame mean features of the kept frames.
+        hw: merged tokens per frame at the job's encode grid (recorded).
+        raw_hw: rows per raw frame in this job's LLM input.
+        capped: whether :func:`variant_frames` capped the video.
+        group_rows: rows of a swapped group's substitute (required for swaps, ``None`` for qbase).
 
     Raises:
-        ValueError: ``B < K``; ``capped`` with more frames than the cap; ``low64`` with ``raw_hw`` over its cap;
-            a swap without ``group_rows`` or with ``group_rows > 64``; or any plan over B.
+        ValueError: ``B < K``; capped for a variant without cap or with more frames than the cap; a swap without
+            valid ``group_rows``; a qbase layout whose groups do not fit B; any plan over B.
     """
     v = get_variant(variant)
     check_budget(budget_tokens, k)
@@ -455,31 +517,42 @@ def plan_variant(variant: str | LayoutVariant, per_frame: torch.Tensor, hw: int,
             raise ValueError(f"variant {v.name!r} uses qbase groups of {k} rows; group_rows must be None")
     elif group_rows is None or not 1 <= group_rows <= SUBSTITUTE_MAX_ROWS:
         raise ValueError(f"variant {v.name!r} needs group_rows in [1, {SUBSTITUTE_MAX_ROWS}], got {group_rows}")
-
-    if capped and v.compress_group_frames is not None:
-        n = min(num_frames // v.compress_group_frames + 1, num_frames)
-        n = max(n, math.ceil(num_frames / MAX_GROUP_FRAMES))
-        seg = _cut(v.cut, per_frame, n, v.compress_group_frames)
-        plan = make_plan("all_compressed", seg, range(len(seg)), hw, raw_hw, k)
-    elif capped and v.raw_rows_cap is not None:
-        if raw_hw > v.raw_rows_cap:
-            raise ValueError(f"{v.name} encodes raw frames at <= {v.raw_rows_cap} rows, got raw_hw={raw_hw}")
-        plan = make_plan("raw", [1] * num_frames, [], hw, raw_hw, k)
-    else:
-        plan = plan_groups(per_frame, hw, budget_tokens, raw_hw, k=k)
-        if plan.mode == "hybrid" and (v.cut != "adaptive" or v.most_changing_first):
-            changes = frame_changes(per_frame)
-            seg = _cut(v.cut, per_frame, plan.n_groups)
-            order = compression_order(group_variation(changes, seg), seg, most_changing_first=v.most_changing_first)
-            plan = make_plan("hybrid", seg, compress_until_fits(seg, order, budget_tokens, raw_hw, k), hw, raw_hw, k)
-        if capped and v.fill:
-            plan = fill(plan, frame_changes(per_frame), budget_tokens)
+    eff = effective_variant(v, capped)
+    plan = _plan_variant(eff, per_frame, hw, budget_tokens, raw_hw, k)
+    if eff.fill:
+        fill_rule = fill if eff.fill_rule == "seed" else fill_v2
+        plan = fill_rule(plan, frame_changes(per_frame), budget_tokens)
     if group_rows is not None:
         plan = make_plan(plan.mode, list(plan.seg_lens), plan.compressed, hw, raw_hw, group_rows)
     if plan.vision_tokens > budget_tokens:
         raise ValueError(f"{v.name} plan of {num_frames} frames needs {plan.vision_tokens} vision tokens > budget "
                          f"{budget_tokens}")
     return plan
+
+
+def _plan_variant(v: LayoutVariant, per_frame: torch.Tensor, hw: int, budget_tokens: int, raw_hw: int,
+                  k: int) -> Plan:
+    num_frames = int(per_frame.shape[0])
+    if v.compress_group_frames is not None:
+        lens = segment(per_frame, v.compress_group_frames, v.cut)
+        if len(lens) * k > budget_tokens:
+            raise ValueError(f"{v.name}: {len(lens)} qbase groups of {num_frames} frames exceed budget {budget_tokens}")
+        return make_plan("qbase", lens, range(len(lens)), hw, raw_hw, k)
+    if v.cut == "adaptive" and not v.most_changing_first:
+        return plan_groups(per_frame, hw, budget_tokens, raw_hw, k=k)
+    if num_frames * raw_hw <= budget_tokens:
+        return make_plan("raw", [1] * num_frames, [], hw, raw_hw, k)
+    changes = frame_changes(per_frame)
+    lens = segment(per_frame, 4, v.cut)
+    if len(lens) * k > budget_tokens:
+        return plan_groups(per_frame, hw, budget_tokens, raw_hw, k=k)   # forced8: already uniform
+    if v.most_changing_first:
+        change = training_change(changes, lens)
+        order = sorted(range(len(lens)), key=lambda j: (-change[j], -lens[j], j))
+    else:
+        var = group_variation(changes, lens)
+        order = sorted(range(len(lens)), key=lambda j: (var[j], -lens[j], j))
+    return make_plan("hybrid", lens, compress_until_fits(lens, order, budget_tokens, raw_hw, k), hw, raw_hw, k)
 
 
 # ---------------------------------------------------------------------------------------------- whole layout
@@ -492,8 +565,8 @@ class VariantLayout:
     Attributes:
         variant: variant name.
         budget_tokens: B.
-        frames: ascending indices into the budget's frames (``subsample(T, B)``) that are kept (T_v of them).
-        capped: whether the variant's cap dropped frames (record field ``video_info.capped`` of the job).
+        frames: ascending indices into the decoded frames that are kept (T_v of them, :func:`variant_frames`).
+        capped: whether the variant's cap applied (record field ``capped``).
         plan: the plan over the kept frames.
         raw_grid: ``(gh, gw)`` rows grid of each raw frame (``gh * gw == plan.raw_hw``).
         group_substitute: ``qbase`` or the swap kind.
@@ -516,51 +589,59 @@ class VariantLayout:
 
 def layout_video(variant: str | LayoutVariant, per_frame: torch.Tensor, hw: int, budget_tokens: int,
                  raw_grid_for: Callable[[int], tuple[int, int]], raw_max_tokens: int, *,
+                 frames: list[int] | tuple[int, ...], capped: bool,
                  encode_grid: tuple[int, int] | None = None, native_hw: tuple[int, int] | None = None,
                  k: int = K_ROWS) -> VariantLayout:
-    """:func:`select_frames` + :func:`raw_rows_limit` + :func:`substitute_grid` + :func:`plan_variant` in one call.
+    """:func:`raw_rows_limit` + :func:`substitute_grid` + :func:`plan_variant` for the frames a job kept.
 
     Args:
-        per_frame: (T_b, D) per-frame mean features of the budget's frames.
-        hw: merged tokens per frame at the encode size.
+        per_frame: (T_v, D) per-frame mean features of the kept frames (``frames`` from :func:`variant_frames`).
+        hw: merged tokens per frame at the job's encode grid.
         budget_tokens: B.
-        raw_grid_for: maps a raw-row limit to the raw frames' grid ``(gh, gw)`` (the caller's raw mode: e.g.
-            ``lambda m: frame_grid(h, w, m)`` for ``phase3``); called with :func:`raw_rows_limit`.
+        raw_grid_for: maps a raw-row limit to the raw frames' grid ``(gh, gw)`` (the caller's raw mode).
         raw_max_tokens: the run's raw-frame row cap.
+        frames / capped: :func:`variant_frames`' result.
         encode_grid / native_hw: needed by the compressor swaps (see :func:`substitute_grid`).
-
-    Returns:
-        A :class:`VariantLayout`.
     """
     v = get_variant(variant)
-    num_budget_frames = int(per_frame.shape[0])
-    keep = select_frames(v, num_budget_frames, budget_tokens, k)
-    capped = len(keep) < num_budget_frames
-    raw_grid = tuple(raw_grid_for(raw_rows_limit(v, capped, raw_max_tokens)))
+    if int(per_frame.shape[0]) != len(frames):
+        raise ValueError(f"{per_frame.shape[0]} feature rows for {len(frames)} kept frames")
+    eff = effective_variant(v, capped)
+    raw_grid = tuple(raw_grid_for(raw_rows_limit(eff, capped, raw_max_tokens)))
     group_grid = None
     if v.group_substitute != "qbase":
         if encode_grid is None:
             raise ValueError(f"variant {v.name!r} needs encode_grid")
         group_grid = substitute_grid(v, encode_grid, native_hw)
-    kept = per_frame if not capped else per_frame[torch.as_tensor(keep, dtype=torch.long)]
-    plan = plan_variant(v, kept, hw, budget_tokens, raw_grid[0] * raw_grid[1], capped=capped,
+    plan = plan_variant(v, per_frame, hw, budget_tokens, raw_grid[0] * raw_grid[1], capped=capped,
                         group_rows=None if group_grid is None else group_grid[0] * group_grid[1], k=k)
-    return VariantLayout(v.name, budget_tokens, tuple(keep), capped, plan, raw_grid, v.group_substitute, group_grid)
+    return VariantLayout(v.name, budget_tokens, tuple(frames), capped, plan, raw_grid, v.group_substitute,
+                         group_grid)
 
 
-def same_llm_input(a: VariantLayout, b: VariantLayout) -> bool:
-    """Whether two layouts of the same video give the same LLM vision input (the job then copies the record).
+def same_llm_input(a: VariantLayout, base: VariantLayout) -> bool:
+    """Whether a job's LLM input is the baseline's, so its records are copied (seed 000's reuse test)::
 
-    Equal iff budget, kept frames, plan (all fields, so the recorded stats agree too), raw grid, group substitute
-    kind and its grid are equal. The variant name is not compared.
+        reuse = eff is BASE
+        if not capped and raw_grid == base_grid:
+            reuse = (plan.seg_lens == bplan.seg_lens and plan.compressed == bplan.compressed
+                     and (eff["comp"] == "qbase" or not plan.compressed))
+
+    Both layouts must be of the same budget; an uncapped job keeps the baseline's frames (the budget's
+    ``subsample``), so frames and encode grid agree whenever ``a`` is not capped. A swap (``sel_*``, ``mean_merge``)
+    on a video whose plan has no compressed group is the baseline's input.
     """
-    return (a.budget_tokens == b.budget_tokens and a.frames == b.frames and a.plan == b.plan
-            and a.raw_grid == b.raw_grid and a.group_substitute == b.group_substitute
-            and a.group_grid == b.group_grid)
+    if a.budget_tokens != base.budget_tokens or a.capped or a.frames != base.frames:
+        return False
+    if a.raw_grid != base.raw_grid:
+        return False
+    return (a.plan.seg_lens == base.plan.seg_lens and a.plan.compressed == base.plan.compressed
+            and (a.group_substitute == "qbase" or not a.plan.compressed))
 
 
 __all__ = [
-    "FrameCap", "LayoutVariant", "VARIANTS", "VariantLayout", "SUBSTITUTE_MAX_ROWS", "fill", "fill_order",
-    "frame_cap", "get_variant", "layout_video", "parse_jobs", "plan_variant", "raw_rows_limit", "same_llm_input",
-    "select_frames", "substitute_frame", "substitute_grid", "variant_frames",
+    "FrameCap", "LayoutVariant", "VARIANTS", "VariantLayout", "SUBSTITUTE_MAX_ROWS", "effective_variant", "fill",
+    "fill_order", "fill_v2", "frame_cap", "get_variant", "layout_video", "parse_jobs", "plan_variant",
+    "raw_rows_limit", "same_llm_input", "segment", "substitute_frame", "substitute_grid",
+    "training_change", "variant_frames",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -154,14 +155,20 @@ def uniform_segment_lengths(num_frames: int, group_frames: int) -> list[int]:
 
 
 def uniform_segment_count_lengths(num_frames: int, num_segments: int) -> list[int]:
-    """T frames cut into exactly ``num_segments`` near-equal groups (longer groups first).
+    """T frames cut into exactly ``num_segments`` groups at uniform positions, as seed 000 ``segment`` cuts them:
+    ``bounds = np.round(np.linspace(0, T, n + 1)).astype(int)``, lengths ``np.diff(bounds)`` (numpy's ``round`` is
+    half to even: T = 10, n = 3 gives bounds 0, 3, 7, 10 -> [3, 4, 3]; T = 6, n = 4 gives 0, 2, 3, 4, 6 ->
+    [2, 1, 1, 2]).
 
     Used by the ``uni8`` / ``uni16`` ablations (same group count as the adaptive cut, uniform positions).
+
+    Raises:
+        ValueError: ``n`` outside ``[1, T]``.
     """
     if not 1 <= num_segments <= num_frames:
         raise ValueError(f"cannot cut {num_frames} frames into {num_segments} groups")
-    base, extra = divmod(num_frames, num_segments)
-    return [base + 1] * extra + [base] * (num_segments - extra)
+    bounds = np.round(np.linspace(0, num_frames, num_segments + 1)).astype(int)
+    return [int(x) for x in np.diff(bounds)]
 
 
 def group_variation(changes: torch.Tensor, seg_lens: list[int]) -> list[float]:

@@ -1,9 +1,11 @@
 """Video decoding with decord, once per video, at the frame times the largest budget needs (DESIGN §3.1).
 
-Large videos are decoded at a reduced size *inside the decoder* (decord's ``width``/``height``), so host memory
-stays bounded: at most ``decode_max_side`` pixels on the long side (default 896 = 32 merged cells; the encode never
-needs more than ``frame_grid(H, W, 256)`` = 16 cells per side for square frames, about 21 for 16:9). Only one
-full-size frame (the probe) is ever held; a 4K video costs about one 25 MB frame plus the reduced frames.
+Frame choice and labels follow seed 001's ``decode_video`` (see :func:`decode_video`). Videos are decoded at
+native size (the processor resizes, as in training) while the seed's estimate ``n_est * h * w * 3`` stays within
+``native_decode_bytes`` (2e9 bytes, seed 001's ``NATIVE_DECODE_BYTES``); larger ones at a reduced size *inside the
+decoder* (decord's ``width``/``height``), at most ``decode_max_side`` pixels on the long side (default 896 = 32
+merged cells), so host memory stays bounded (an hour of 1080p at B = 16384 is 2048 frames: 12.7 GB native,
+2.8 GB reduced).
 
 Behaviour on unusual and broken media (issue 8; each case has a test in ``tests/test_bad_media.py``). "Error"
 means :class:`DecodeError` with the file named, which the dataset turns into one error record per (question, job)
@@ -21,13 +23,17 @@ corrupted bytes mid-stream       error ``decoding N frames failed (corrupted or 
                                  read the container`` when decord already trips over the packet on open):
                                  frames are never silently replaced by neighbours
 no video stream (audio only)     error ``has no video stream``
-a single frame                   decoded: T = 1 at 0 s
-shorter than one 1 fps step      decoded: T = 1 at 0 s (duration < 1 s)
-very long, tiny frames           decoded: capped at ``max_frames(B)`` evenly spread frames (no full decode)
-variable frame rate              frame times come from the container's per-frame timestamps, not the average fps:
-                                 each sample time takes the frame shown at that time; ``info["vfr"] = True``
-constant frame rate              (unchanged) ``index = floor(t * fps)``, time ``index / fps``
-missing / zero fps               timestamps if usable, else 1 fps assumed; ``fps_ok = False`` in the record
+a single frame                   error ``no frame at 1 fps: the clip ... ends before the first sampling step``
+                                 when it lasts less than one step (seed 001: no frame decoded, an error);
+                                 ``short_clip_first_frame=True``: T = 1 at 0 s
+shorter than one 1 fps step      the same (duration < 1 s: FFmpeg's fps filter emits no frame)
+very long, tiny frames           decoded: capped at ``max_frames(B)`` frames (``np.linspace(..., dtype=int)`` of the
+                                 grid frames; only those are decoded)
+any frame rate (CFR or VFR)      frames as FFmpeg's ``fps`` filter with ``round=down`` picks them from the
+                                 container's per-frame timestamps (the last frame shown before the next grid time,
+                                 :func:`algorithms.budget.fps_filter_frames`); labels are grid times ``j / fps``;
+                                 ``info["vfr"]`` records whether the timestamps deviate from ``index / avg fps``
+missing / zero fps               timestamps if usable, else ``index / 1 fps`` assumed; ``fps_ok = False``
 rotation metadata                decord applies the display rotation (frames upright, ``native_hw`` is the
                                  displayed size). decord 0.6 mis-sizes its output buffer for some small 90/270-
                                  rotated sizes; then the batch is decoded at a nearby width and resized back
@@ -35,7 +41,8 @@ odd dimensions                   decoded at the exact odd size
 4:4:4, 10-bit                    decoded (converted to 8-bit RGB by decord's swscale)
 mkv / webm / avi                 decoded (any container and codec decord's FFmpeg reads)
 non-ASCII, spaces in the path    decoded (paths passed as UTF-8 strings)
-4K                               decoded at ``decode_max_side`` inside the decoder (bounded memory)
+4K / large                       native size while ``n_est * h * w * 3 <= native_decode_bytes`` (seed: 2e9), else
+                                 at ``decode_max_side`` inside the decoder (bounded memory)
 ===============================  ==================================================================================
 
 Not covered: a decoder that crashes the process (segfault) on a file takes the DataLoader worker down with it; an
@@ -51,7 +58,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from algorithms.budget import native_frame_indices, sample_times
+from algorithms.budget import max_frames, sample_frames
 
 
 class DecodeError(RuntimeError):
@@ -64,8 +71,8 @@ class DecodedVideo:
 
     Attributes:
         frames: (T, H, W, 3) uint8 RGB at the decode size, upright (display rotation applied).
-        times_s: T frame times in seconds: ``index / fps`` for constant-frame-rate videos, the frames' own
-            presentation times (from the first frame) for variable-frame-rate ones.
+        times_s: T frame labels in seconds: the sampling grid ``j / sample_fps`` (seed 001
+            ``ts = (start + np.arange(len(frames)) / fps)``), not the source frames' own times.
         info: ``duration_s, native_hw, decode_hw, n_frames, fps, sample_fps, fps_ok, vfr``.
     """
 
@@ -105,6 +112,22 @@ def decode_size(height: int, width: int, max_side: int) -> tuple[int, int]:
     if scale >= 1.0:
         return height, width
     return max(2, 2 * round(height * scale / 2)), max(2, 2 * round(width * scale / 2))
+
+
+def decode_frame_size(height: int, width: int, n_est: int, native_decode_bytes: float = 2e9,
+                      max_side: int = 896) -> tuple[int, int]:
+    """Decode size of seed 001's ``decode_video``: ``if n_est * h * w * 3 <= NATIVE_DECODE_BYTES: dw, dh = w, h``,
+    else ``bd.frame_size(h, w, tok)`` (not in the seed: the long side at most ``max_side``, :func:`decode_size`).
+
+    Args:
+        n_est: the seed's frame estimate, ``min(int(duration * fps) + 1, max_frames)``.
+
+    Returns:
+        ``(height, width)`` to decode at.
+    """
+    if n_est * height * width * 3 <= native_decode_bytes:
+        return height, width
+    return decode_size(height, width, max_side)
 
 
 def short_error(e: BaseException) -> str:
@@ -172,28 +195,49 @@ def _read_frames(path: Path, idx: list[int], h: int, w: int, dh: int, dw: int, n
         raise
 
 
+NATIVE_DECODE_BYTES = 2e9  # seed 001: "decode at native size (processor resizes, as in training) below this"
+
+
 def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 896, base_fps: float = 1.0,
-                 num_threads: int = 1) -> DecodedVideo:
-    """Decode the frames the largest budget of a run needs (see the module docstring for unusual media).
+                 num_threads: int = 1, native_decode_bytes: float = NATIVE_DECODE_BYTES,
+                 short_clip_first_frame: bool = False) -> DecodedVideo:
+    """Decode the frames the largest budget of a run needs, as seed 001's ``decode_video`` chooses them.
+
+    Frames: :func:`algorithms.budget.sample_frames` on the container's frame times (the rate
+    ``fps = bd.FPS if int(duration * bd.FPS) + 1 <= max_frames else (max_frames + 1) / duration``, the frames
+    FFmpeg's ``fps`` filter with ``round=down`` emits at it, ``np.linspace(0, len(frames) - 1, max_frames,
+    dtype=int)`` thinning), labelled ``ts = (start + np.arange(len(frames)) / fps)``. The duration is the video
+    stream's end (last frame time plus its duration); ``start`` is 0 (decord reports times from the first frame;
+    the seed adds the stream's ``start_time``, 0 for the usual mp4).
+
+    Size (seed 001: ``if n_est * h * w * 3 <= NATIVE_DECODE_BYTES: dw, dh = w, h else: dh, dw =
+    bd.frame_size(h, w, tok)``, with ``n_est = min(int(duration * fps) + 1, max_frames)``): native size when the
+    estimated frames fit ``native_decode_bytes``, else the long side at most ``decode_max_side`` (``bd.frame_size``
+    is not in the seed; this keeps the project's earlier reduced size).
 
     Args:
         path: video file.
-        budget_tokens: the largest budget (sets the frame cap, :func:`algorithms.budget.sample_times`).
-        decode_max_side: longest decoded side in pixels.
-        base_fps: sampling rate before the cap (1 fps in DESIGN §3.1).
+        budget_tokens: the largest budget (sets the frame cap, :func:`algorithms.budget.sample_frames`).
+        decode_max_side: longest decoded side in pixels when the native decode would exceed
+            ``native_decode_bytes``.
+        base_fps: sampling rate before the cap (1 fps in seed 001, ``bd.FPS``).
         num_threads: decoder threads. A decode that fails with several threads is retried with one: decord's
             threaded decoder fails on some streams that decode fine single-threaded ("Error sending packet",
             dmlc/decord#246 and #314); only a video that also fails with one thread is an error.
+        native_decode_bytes: largest ``n_est * h * w * 3`` decoded at native size (seed: 2e9).
+        short_clip_first_frame: a clip that ends before the first sampling step gives no frame in the seed (an
+            error here, as there); ``True`` keeps its frame at 0 s instead (deviation, off by default).
 
     Raises:
-        DecodeError: missing, empty, truncated, corrupted or unreadable file, no video stream, or no decodable
-            frame; the message starts with the file path.
+        DecodeError: missing, empty, truncated, corrupted or unreadable file, no video stream, no frame at the
+            sampling rate, or no decodable frame; the message starts with the file path.
     """
-    return _decode_video(Path(path), budget_tokens, decode_max_side, base_fps, num_threads)
+    return _decode_video(Path(path), budget_tokens, decode_max_side, base_fps, num_threads, native_decode_bytes,
+                         short_clip_first_frame)
 
 
-def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps: float,
-                  num_threads: int) -> DecodedVideo:
+def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps: float, num_threads: int,
+                  native_decode_bytes: float, short_clip_first_frame: bool) -> DecodedVideo:
     import decord
 
     if not path.exists():
@@ -214,39 +258,49 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
     if num_native < 1:
         raise DecodeError(f"{path}: video has no frames")
     fps_ok = math.isfinite(native_fps) and native_fps > 0
-    vfr = stamps is not None and num_native > 1 and (not fps_ok or is_variable_frame_rate(stamps[0], native_fps))
-    if vfr:
+    if stamps is not None and num_native > 1 and float(max(stamps[1][-1], stamps[0][-1])) <= 0:
+        stamps = None
+    if stamps is not None:
         starts, ends = stamps
-        duration_s = float(max(ends[-1], starts[-1]))
-        if duration_s <= 0:
-            vfr = False
-    if vfr:
-        sample_fps, times = sample_times(duration_s, budget_tokens, base_fps)
-        idx = np.searchsorted(starts, np.asarray(times) + 1e-6, side="right") - 1
-        idx = [int(i) for i in np.clip(idx, 0, num_native - 1)]
-        real_times = [float(starts[i]) for i in idx]
-        native_fps = num_native / duration_s  # average, for the record
+        end_s = float(max(ends[-1], starts[-1]))
+        if end_s <= 0:   # one frame without a duration: one frame period
+            end_s = 1.0 / native_fps if fps_ok else 1.0
+        vfr = num_native > 1 and (not fps_ok or is_variable_frame_rate(starts, native_fps))
+        frame_times = [float(t) for t in starts]
     else:
         if not fps_ok:
             native_fps = 1.0  # recorded as fps_ok = False
-        duration_s = num_native / native_fps
-        sample_fps, times = sample_times(duration_s, budget_tokens, base_fps)
-        idx = native_frame_indices(times, native_fps, num_native)
-        real_times = [i / native_fps for i in idx]
-    dh, dw = decode_size(h, w, decode_max_side)
+        end_s = num_native / native_fps
+        vfr = False
+        frame_times = [k / native_fps for k in range(num_native)]
+    duration_s = end_s
+    if vfr or not fps_ok:
+        native_fps = num_native / duration_s  # average, for the record
+    sample_fps, idx, real_times = sample_frames(frame_times, end_s, duration_s, budget_tokens, 0.0, base_fps)
+    if not idx:
+        if not short_clip_first_frame:
+            raise DecodeError(f"{path}: no frame at {sample_fps:g} fps: the clip ({duration_s:.3f} s) ends before "
+                              f"the first sampling step (set data.short_clip_first_frame to keep its first frame)")
+        idx, real_times = [0], [0.0]
+    n_est = min(int(duration_s * sample_fps) + 1, max_frames(budget_tokens))
+    dh, dw = decode_frame_size(h, w, n_est, native_decode_bytes, decode_max_side)
+    unique = sorted(set(idx))   # the filter repeats the last frame when the stream ends early: decode it once
     try:
         try:
-            frames = _read_frames(path, idx, h, w, dh, dw, num_threads)
+            frames = _read_frames(path, unique, h, w, dh, dw, num_threads)
         except Exception:
             if num_threads <= 1:
                 raise
-            frames = _read_frames(path, idx, h, w, dh, dw, 1)   # decord's threaded decoder failed: one thread
+            frames = _read_frames(path, unique, h, w, dh, dw, 1)   # decord's threaded decoder failed: one thread
     except Exception as e:
-        raise DecodeError(f"{path}: decoding {len(idx)} frames failed (corrupted or truncated stream; "
+        raise DecodeError(f"{path}: decoding {len(unique)} frames failed (corrupted or truncated stream; "
                           f"{short_error(e)})") from e
     frames = np.ascontiguousarray(frames)
-    if frames.ndim != 4 or frames.shape[0] != len(idx) or frames.shape[-1] != 3:
+    if frames.ndim != 4 or frames.shape[0] != len(unique) or frames.shape[-1] != 3:
         raise DecodeError(f"{path}: decoder returned frames of shape {frames.shape}")
+    if len(unique) != len(idx):
+        pos = {k: i for i, k in enumerate(unique)}
+        frames = np.ascontiguousarray(frames[[pos[k] for k in idx]])
     info = {"duration_s": round(duration_s, 3), "native_hw": [int(h), int(w)], "decode_hw": list(frames.shape[1:3]),
             "n_frames": len(idx), "fps": round(native_fps, 4), "sample_fps": round(sample_fps, 4), "fps_ok": fps_ok,
             "vfr": bool(vfr)}

@@ -15,10 +15,10 @@ from pathlib import Path
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from algorithms.errors import check_int
+from algorithms.errors import SettingError, check_int
 
 from .benchmarks import AnnotationError, Question, load_benchmark
-from .decoding import DecodeError, auto_decode_threads, decode_video
+from .decoding import NATIVE_DECODE_BYTES, DecodeError, auto_decode_threads, decode_video
 from .sharding import CostBalancedSampler, estimate_cost
 
 log = logging.getLogger(__name__)
@@ -45,9 +45,11 @@ class VideoQADataset(Dataset):
     ``SystemExit`` are not caught.
     """
 
-    def __init__(self, tasks: list[VideoTask], max_budget: int, decode_max_side: int = 896, decode_threads: int = 1):
+    def __init__(self, tasks: list[VideoTask], max_budget: int, decode_max_side: int = 896, decode_threads: int = 1,
+                 native_decode_bytes: float = NATIVE_DECODE_BYTES, short_clip_first_frame: bool = False):
         self.tasks, self.max_budget, self.decode_max_side = tasks, max_budget, decode_max_side
         self.decode_threads = decode_threads
+        self.native_decode_bytes, self.short_clip_first_frame = native_decode_bytes, short_clip_first_frame
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -59,7 +61,8 @@ class VideoQADataset(Dataset):
         start = time.perf_counter()
         try:
             dec = decode_video(task.video_path, self.max_budget, self.decode_max_side,
-                               num_threads=self.decode_threads)
+                               num_threads=self.decode_threads, native_decode_bytes=self.native_decode_bytes,
+                               short_clip_first_frame=self.short_clip_first_frame)
             item.update(frames=dec.frames, times_s=dec.times_s, video_info=dec.info)
         except DecodeError as e:
             item["error"] = str(e)
@@ -90,7 +93,12 @@ class VideoQADataModule(LightningDataModule):
         loader_kwargs: extra arguments of the loader (e.g. ``{"parquet": ...}``).
         num_workers: DataLoader worker processes decoding videos.
         prefetch_factor: videos each worker decodes ahead.
-        decode_max_side: longest decoded side (pixels).
+        decode_max_side: longest decoded side (pixels) of a video whose native-size frames would exceed
+            ``native_decode_bytes``.
+        native_decode_bytes: the estimated frames (``n_est * h * w * 3`` bytes) up to which a video is decoded at
+            its native size (seed 001's ``NATIVE_DECODE_BYTES = 2e9``); larger ones at ``decode_max_side``.
+        short_clip_first_frame: keep the frame at 0 s of a clip shorter than one sampling step (seed 001 decodes
+            none: an error record; deviation, off by default).
         decode_threads: decoder threads per worker; ``None``: this host's CPUs shared among all decoders
             (:func:`datamodules.decoding.auto_decode_threads`, workers x this host's ranks, at most 2 each).
         limit_videos: use only the first N videos (quick runs).
@@ -98,7 +106,8 @@ class VideoQADataModule(LightningDataModule):
 
     def __init__(self, benchmark: str = "videomme", root: str = "assets/demo_videomme",
                  loader_kwargs: dict | None = None, num_workers: int = 2, prefetch_factor: int = 2,
-                 decode_max_side: int = 896, decode_threads: int | None = None, limit_videos: int | None = None):
+                 decode_max_side: int = 896, decode_threads: int | None = None, limit_videos: int | None = None,
+                 native_decode_bytes: float = NATIVE_DECODE_BYTES, short_clip_first_frame: bool = False):
         super().__init__()
         self.benchmark, self.root = benchmark, root
         self.loader_kwargs = loader_kwargs or {}
@@ -111,12 +120,19 @@ class VideoQADataModule(LightningDataModule):
             check_int(f"data.{name}", value, low)
         check_int("data.limit_videos", limit_videos, 1, allow_none=True, none_means="all videos")
         self.decode_threads = decode_threads
+        if isinstance(native_decode_bytes, bool) or not isinstance(native_decode_bytes, (int, float)) \
+                or not native_decode_bytes >= 0:
+            raise SettingError(f"data.native_decode_bytes must be a number >= 0 (bytes), got {native_decode_bytes!r}")
+        if not isinstance(short_clip_first_frame, bool):
+            raise SettingError(f"data.short_clip_first_frame must be true or false, got {short_clip_first_frame!r}")
+        self.native_decode_bytes, self.short_clip_first_frame = float(native_decode_bytes), short_clip_first_frame
         self.questions: list[Question] | None = None
 
     def record_settings(self) -> dict:
         """Settings that determine a record (kept in the output folder's ``run.json``)."""
         return {"benchmark": self.benchmark, "root": str(Path(self.root).resolve()),
-                "loader_kwargs": self.loader_kwargs, "decode_max_side": self.decode_max_side}
+                "loader_kwargs": self.loader_kwargs, "decode_max_side": self.decode_max_side,
+                "native_decode_bytes": self.native_decode_bytes, "short_clip_first_frame": self.short_clip_first_frame}
 
     def setup(self, stage: str | None = None) -> None:
         if self.questions is None:
@@ -156,7 +172,10 @@ class VideoQADataModule(LightningDataModule):
         for cb in self.trainer.callbacks:
             if hasattr(cb, "done_qids"):
                 done = cb.done_qids()
-        return list(jobs), max(jobs.values()), done
+        # the decode's budget: the largest job budget, or the module's own (the layout ablation decodes for 16384
+        # tokens whatever its jobs' budgets, as seed 000's ``Videos(todo, 16384)``)
+        decode_budget = getattr(module, "decode_budget", None) or max(jobs.values())
+        return list(jobs), decode_budget, done
 
     def predict_dataloader(self) -> DataLoader:
         """This rank's videos: done (job, qid) pairs removed first, then whole videos assigned to ranks by
@@ -185,7 +204,8 @@ class VideoQADataModule(LightningDataModule):
         threads = self.decode_threads
         if threads is None:
             threads = auto_decode_threads(self.num_workers, self.trainer.num_devices)
-        ds = VideoQADataset(tasks, max_budget, self.decode_max_side, threads)
+        ds = VideoQADataset(tasks, max_budget, self.decode_max_side, threads,
+                            self.native_decode_bytes, self.short_clip_first_frame)
         return DataLoader(ds, batch_size=None, sampler=sampler, num_workers=self.num_workers,
                           prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
                           persistent_workers=False)

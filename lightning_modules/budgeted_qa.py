@@ -54,7 +54,8 @@ def qa_record(item: dict, q: Question, answer, stats: dict, n_frames_used: int, 
 
     info = item["video_info"]
     video_info = {"duration_s": info["duration_s"], "native_hw": info["native_hw"], "n_frames": n_frames_used,
-                  "fps": info["fps"], "fps_ok": info["fps_ok"],
+                  "fps": info["fps"], "fps_ok": info["fps_ok"], "sample_fps": info["sample_fps"],
+                  "decode_hw": info["decode_hw"], "vfr": info["vfr"],
                   "capped": n_frames_used < round(info["duration_s"]) or info["sample_fps"] < 1.0 or
                   n_frames_used < info["n_frames"]}
     return {

@@ -6,7 +6,8 @@ encode per frame size; see :mod:`models.ablation`). Records go to ``<out_dir>/<v
 the usual prediction writer, which also makes the run resumable per (job, qid).
 
 Reuse. The reference of every job is ``base`` at the same budget. A job whose LLM input equals the baseline's
-(:func:`algorithms.layouts.same_llm_input`: same frames, plan, raw grid and group substitute) does not run the
+(:func:`algorithms.layouts.same_llm_input`, seed 000's test: not capped, same raw grid, same cut and compressed
+groups, and qbase groups or none) does not run the
 LLM: its records are the baseline's records for those questions, with ``job`` / ``variant`` set to its own and
 ``reused: true``. The baseline is therefore *computed even when ``base`` is not requested* (or already written for
 these questions, on a resumed run) whenever a job to do reuses it: its layout always (cheap), its LLM answers for
@@ -29,7 +30,8 @@ import logging
 import time
 
 from algorithms.layouts import parse_jobs, same_llm_input
-from algorithms.errors import SettingError
+from algorithms.budget import K_ROWS
+from algorithms.errors import SettingError, check_int
 from datamodules.benchmarks import Question
 from models.ablation import (
     BASELINE, LayoutJob, build_layout_prompt, duplicate_encodes, encode_layout_inputs, plan_layout_jobs,
@@ -49,12 +51,16 @@ class LayoutAblationQA(BudgetedQA):
             ``"base:256:1024,rho32:1024,sel_merge:1024"``; job names are ``<variant>_b<B>``.
         no_reuse: run the LLM for every job instead of copying the baseline's records where the LLM input is
             the same.
+        decode_budget: the budget each video is decoded for (seed 000: ``Videos(todo, 16384)``, whatever the jobs'
+            budgets; a job's frames are then ``variant_frames`` of those). ``base`` equals plain predict bit for bit
+            where plain predict decodes the same frames (its largest budget 16384, or videos short enough that
+            both decode every 1 fps frame).
         **kwargs: every argument of :class:`~lightning_modules.budgeted_qa.BudgetedQA` except ``budgets`` (the
             jobs' budgets): ``model_path``, ``raw_mode``, ``raw_max_tokens``, ``max_new_tokens``, ``answer_mode``...
             (forwarded, so the YAML and ``--print_config`` list them as for plain predict).
     """
 
-    def __init__(self, jobs: str = "base:256", no_reuse: bool = False, **kwargs):
+    def __init__(self, jobs: str = "base:256", no_reuse: bool = False, decode_budget: int = 16384, **kwargs):
         pairs = parse_jobs(jobs)
         if "budgets" in kwargs:
             raise SettingError("LayoutAblationQA takes its budgets from `jobs`; do not pass `budgets`")
@@ -62,6 +68,8 @@ class LayoutAblationQA(BudgetedQA):
         self.save_hyperparameters()
         self.job_pairs: list[tuple[str, int]] = pairs
         self.no_reuse = bool(no_reuse)
+        check_int("model.decode_budget", decode_budget, K_ROWS)
+        self.decode_budget = int(decode_budget)
         self._job_key = {job_name(b, v): (v, b) for v, b in pairs}
         self.video_stats: dict[str, dict] = {}
 

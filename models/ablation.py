@@ -1,6 +1,6 @@
 """Layout ablations from one decode and at most one encode per frame size (DESIGN §4, issue 4).
 
-Legend: T decoded frames, T_b a budget's frames (``subsample(T, B)``), T_v the frames a variant keeps, hw merged
+Legend: T decoded frames, T_b a budget's frames (``subsample(T, B)``), T_v the frames a job keeps, hw merged
 tokens per frame at a budget's encode grid, C vision hidden size, D LLM hidden size, K rows per qbase group, K' rows
 of a swapped group's substitute (``<= 64``), G_c compressed groups.
 
@@ -13,9 +13,10 @@ one shared :class:`models.videollama3.EncodeCache`. Per video::
 
 Encodes (``cache.encode_calls`` records each one; at most one per grid and video):
 
-1. **Phase 1** (inside :func:`plan_layout_jobs`): each budget's frames at its encode grid (the grid of plain
-   predict: ``frame_token_cap(B, T_b)``), one call per grid over the union of the budgets sharing it. Every
-   variant of a budget uses rows of that encode (a capped variant keeps a subset of the budget's frames).
+1. **Phase 1** (inside :func:`plan_layout_jobs`): each job's frames (:func:`algorithms.layouts.variant_frames`, seed
+   000 ``frame_indices``) at the encode grid of that many frames at its budget (seed ``features``:
+   ``frame_tokens(h, w, b, len(idx))``; for an uncapped job the budget's frames and plain predict's grid), one call
+   per grid over the union of the jobs sharing it.
 2. **Layouts**: :func:`algorithms.layouts.layout_video` per job from the per-frame mean rows, and ``base`` at every
    budget (the reuse reference, cheap: no LLM work is implied).
 3. **Phase 2** (:func:`encode_layout_inputs`): raw frames at a raw grid smaller than the encode grid (``phase3``
@@ -49,7 +50,8 @@ import torch.nn.functional as F
 
 from algorithms.budget import K_ROWS, frame_grid, frame_token_cap, subsample
 from algorithms.layouts import (
-    SUBSTITUTE_MAX_ROWS, VariantLayout, get_variant, layout_video, raw_rows_limit, select_frames, substitute_frame,
+    SUBSTITUTE_MAX_ROWS, VariantLayout, effective_variant, get_variant, layout_video, raw_rows_limit,
+    substitute_frame, variant_frames,
 )
 
 from .videollama3 import BudgetedVideoLlama3, EncodeCache, VideoPrompt
@@ -60,7 +62,7 @@ _NO_RAW_CAP = 1 << 30  # raw_mode="orig": raw frames keep the encode grid unless
 
 @dataclass(frozen=True)
 class BudgetGeometry:
-    """Frames and encode grid of one budget (identical to plain predict's).
+    """Frames and encode grid of one job (plain predict's for an uncapped job).
 
     Attributes:
         budget: B.
@@ -86,7 +88,7 @@ class LayoutJob:
     Attributes:
         variant: variant name.
         geometry: the budget's frames and encode grid.
-        layout: the :class:`~algorithms.layouts.VariantLayout` (frames index the budget's frames).
+        layout: the :class:`~algorithms.layouts.VariantLayout` (frames index the decoded frames).
         frame_idx: T_v indices into the decoded frames of the kept frames.
         raw_cap: encoder token cap whose grid is ``layout.raw_grid`` (the encode cap when raw frames keep the
             encode grid).
@@ -128,9 +130,15 @@ class LayoutJob:
 
 
 def budget_geometry(num_frames: int, height: int, width: int, budget: int,
-                    max_tokens_per_frame: int = 256) -> BudgetGeometry:
-    """The frames and encode grid plain predict uses for budget B (DESIGN §3.2-3.3)."""
-    idx = subsample(num_frames, budget)
+                    max_tokens_per_frame: int = 256, frame_idx: list[int] | None = None) -> BudgetGeometry:
+    """The frames and encode grid of a job at budget B (DESIGN §3.2-3.3; seed 000 ``features``:
+    ``tok = bd.frame_tokens(*info["native_hw"], b, len(idx))``).
+
+    Args:
+        frame_idx: the job's frames (default: plain predict's ``subsample(T, B)``); the encode cap is
+            ``frame_token_cap(B, len(frame_idx))``, so a capped variant's fewer frames are encoded larger.
+    """
+    idx = subsample(num_frames, budget) if frame_idx is None else list(frame_idx)
     cap = frame_token_cap(budget, len(idx), max_tokens_per_frame)
     return BudgetGeometry(budget, tuple(idx), cap, frame_grid(height, width, cap))
 
@@ -150,8 +158,11 @@ def plan_layout_jobs(cache: EncodeCache, jobs: list[tuple[str, int]], *, raw_mod
                      with_baseline: bool = True, k: int = K_ROWS) -> dict[tuple[str, int], LayoutJob]:
     """Phase-1 encode and the layout of every job (and of ``base`` at every budget when ``with_baseline``).
 
+    Each job's frames are :func:`algorithms.layouts.variant_frames` of the decoded frames (seed 000
+    ``frame_indices``) and its encode grid the one of that many frames at its budget (seed ``features``).
+
     Args:
-        cache: the video's encode cache (its ``frames``: (T, H, W, 3) uint8, decoded for the largest budget).
+        cache: the video's encode cache (its ``frames``: (T, H, W, 3) uint8, decoded for the ablation's budget).
         jobs: ``(variant, budget)`` pairs (:func:`algorithms.layouts.parse_jobs`).
         raw_mode: ``phase3`` or ``orig`` (see the module docstring).
 
@@ -167,37 +178,41 @@ def plan_layout_jobs(cache: EncodeCache, jobs: list[tuple[str, int]], *, raw_mod
     keys = list(dict.fromkeys(jobs))
     if with_baseline:
         keys += [(BASELINE, b) for b in dict.fromkeys(b for _, b in jobs) if (BASELINE, b) not in keys]
-    geo = {b: budget_geometry(num_frames, height, width, b, max_tokens_per_frame) for _, b in keys}
     eff_raw_max = raw_max_tokens if raw_mode == "phase3" else _NO_RAW_CAP
+    geo: dict[tuple[str, int], BudgetGeometry] = {}
+    capped: dict[tuple[str, int], bool] = {}
+    for variant, b in keys:
+        idx, capped[(variant, b)] = variant_frames(variant, num_frames, b, k)
+        geo[(variant, b)] = budget_geometry(num_frames, height, width, b, max_tokens_per_frame, idx)
 
-    # phase 1: the budgets' frames at their encode grids, plus, where a job's later raw / sel_resize grid
-    # coincides with one of these grids, every frame it could need there (its kept frames)
+    # phase 1: every job's frames at its encode grid, plus, where a job's later raw / sel_resize grid coincides
+    # with one of these grids, every frame it could need there (its kept frames)
     requests: dict[tuple[int, int], tuple[set[int], int]] = {}
     for g in geo.values():
         requests.setdefault(g.grid, (set(), g.cap))[0].update(g.frame_idx)
-    for variant, b in keys:
-        v, g = get_variant(variant), geo[b]
-        keep = [g.frame_idx[i] for i in select_frames(v, len(g.frame_idx), b, k)]
-        capped = len(keep) < len(g.frame_idx)
-        later = [_raw_grid_rule(height, width, g.grid)(raw_rows_limit(v, capped, eff_raw_max))[0]]
-        if v.group_substitute == "sel_resize":
+    for key in keys:
+        variant, g = key[0], geo[key]
+        eff = effective_variant(variant, capped[key])
+        later = [_raw_grid_rule(height, width, g.grid)(raw_rows_limit(eff, capped[key], eff_raw_max))[0]]
+        if get_variant(variant).group_substitute == "sel_resize":
             later.append(cache.grid_for(SUBSTITUTE_MAX_ROWS))
         for grid in later:
             if grid != g.grid and grid in requests:
-                requests[grid][0].update(keep)
+                requests[grid][0].update(g.frame_idx)
     cache.encode([(sorted(idx), cap) for idx, cap in requests.values()])
 
     out: dict[tuple[str, int], LayoutJob] = {}
-    per_frame: dict[int, torch.Tensor] = {}
-    for variant, b in keys:
-        g = geo[b]
-        if b not in per_frame:
-            per_frame[b] = cache.get(list(g.frame_idx), g.cap).float().mean(1)  # (T_b, C)
+    for key in keys:
+        variant, b = key
+        g = geo[key]
+        per_frame = cache.get(list(g.frame_idx), g.cap).float().mean(1)  # (T_v, C)
         rule = _raw_grid_rule(height, width, g.grid)
-        layout = layout_video(variant, per_frame[b], g.hw, b, lambda m: rule(m)[0], eff_raw_max,
-                              encode_grid=g.grid, native_hw=(height, width), k=k)
-        raw_cap = rule(raw_rows_limit(variant, layout.capped, eff_raw_max))[1] or g.cap
-        out[(variant, b)] = LayoutJob(variant, g, layout, tuple(g.frame_idx[i] for i in layout.frames), raw_cap)
+        layout = layout_video(variant, per_frame, g.hw, b, lambda m: rule(m)[0], eff_raw_max,
+                              frames=g.frame_idx, capped=capped[key], encode_grid=g.grid,
+                              native_hw=(height, width), k=k)
+        eff = effective_variant(variant, layout.capped)
+        raw_cap = rule(raw_rows_limit(eff, layout.capped, eff_raw_max))[1] or g.cap
+        out[key] = LayoutJob(variant, g, layout, tuple(g.frame_idx), raw_cap)
     return out
 
 

@@ -11,7 +11,7 @@ directory additionally holds ``qbase/`` (the group compressor, :mod:`models.qbas
 LLM input (DESIGN §3.6): blocks in time order inside the user turn, before the question. A raw frame is
 ``Time {t:.1f}s:`` + its rows, then ``,`` (``\\n`` after the last block); a compressed group is
 ``Time:{a}s-{b}s:<|compression_start|>`` + K rows + ``<|compression_end|>`` (``\\n`` after it when last), with
-``a``/``b`` the first/last frame times rounded half-up to whole seconds. Vision rows enter as ``inputs_embeds`` at
+``a``/``b`` the first/last frame times as ``int(round(t))`` whole seconds (seed 001, half to even). Vision rows enter as ``inputs_embeds`` at
 ``<|video_pad|>`` positions; dataset text is tokenized with ``split_special_tokens=True``, so no question, option
 or subtitle can create a placeholder or end the user turn.
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,9 +50,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def round_half_up(x: float) -> int:
-    """Whole seconds for group timestamps (``floor(x + 0.5)``; Python's ``round`` rounds half to even)."""
-    return int(math.floor(x + 0.5))
+def group_second(x: float) -> int:
+    """Whole seconds of a compressed group's label, as seed 001 ``build_video`` computes them:
+    ``sec = [int(round(t)) for t in ts]`` (Python's ``round``: half to even, 2.5 -> 2, 3.5 -> 4)."""
+    return int(round(x))
 
 
 @dataclass
@@ -300,9 +300,17 @@ class BudgetedVideoLlama3(nn.Module):
 
     # ------------------------------------------------------------------ text
     def _split_chat_template(self) -> tuple[str, str, str]:
-        """The chat template rendered around a video marker and a text marker: ``(head, mid, tail)``."""
+        """The chat template rendered around a video marker and a text marker: ``(head, mid, tail)``.
+
+        Rendered as seed 001 ``prompt_embeds`` does, ``apply_chat_template(msgs, tokenize=False,
+        add_generation_prompt=True, add_system_prompt=True)``: VideoLLaMA3's template
+        (chicheng567/OnlineLong@0b046341:videollama3/model/processor.py:DEFAULT_CHAT_TEMPLATE) writes its system
+        turn ``<|im_start|>system\nYou are VideoLLaMA3 created by Alibaba DAMO Academy, a helpful assistant to help
+        people understand images and videos.<|im_end|>\n`` only when ``add_system_prompt`` is set; templates that
+        do not read the flag (plain ChatML) render unchanged."""
         msgs = [{"role": "user", "content": _VIDEO_MARK + _TEXT_MARK}]
-        text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True,
+                                                  add_system_prompt=True)
         if _VIDEO_MARK not in text or _TEXT_MARK not in text:
             raise ValueError("the tokenizer's chat template does not place string user content verbatim")
         head, rest = text.split(_VIDEO_MARK)
@@ -354,7 +362,7 @@ class BudgetedVideoLlama3(nn.Module):
                 embeds.append(rows)
                 text = "\n" if last else ","
             else:
-                ids += self._ids(text + f"Time:{round_half_up(times_s[a])}s-{round_half_up(times_s[b - 1])}s:") + [cs]
+                ids += self._ids(text + f"Time:{group_second(times_s[a])}s-{group_second(times_s[b - 1])}s:") + [cs]
                 rows = group_rows[gi]
                 gi += 1
                 ids += [self.placeholder_id] * rows.shape[0] + [ce]

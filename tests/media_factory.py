@@ -191,6 +191,18 @@ class MediaFactory:
             out.append(p)
         return out
 
+    def indexed(self, duration: float, fps: float) -> Path:
+        """A lossless 64x48 clip whose every frame is distinct: the left half's luma is ``16 + n mod 200``, the right
+        half's ``16 + 40 * (n // 200)`` (frame ``n``), so a decoded frame tells which source frame it is
+        (:func:`frame_numbers`). ``duration`` s at ``fps`` (CFR, starting at 0)."""
+        p = self.root / f"indexed_{duration:g}s_{fps:g}fps.mp4"
+        if not p.exists():
+            geq = "geq=lum='if(lt(X\\,32)\\,16+mod(N\\,200)\\,16+40*floor(N/200))':cb=128:cr=128"
+            run_ffmpeg("-f", "lavfi", "-i", f"color=black:s={W}x{H}:r={fps}:d={duration},format=yuv444p,{geq}",
+                       "-c:v", "libx264", "-qp", "0", "-preset", "ultrafast", "-threads", "1", "-pix_fmt", "yuv444p",
+                       str(p))
+        return p
+
     # ------------------------------------------------------------------------------------------ broken
     def _make_missing(self) -> Path:
         return self.root / "does_not_exist.mp4"
@@ -240,6 +252,26 @@ def decode_with_ffmpeg(path: Path, width: int, height: int) -> "np.ndarray":  # 
     p = subprocess.run([ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-nostdin", "-i", str(path),
                         "-f", "rawvideo", "-pix_fmt", "rgb24", "-"], capture_output=True, check=True)
     return np.frombuffer(p.stdout, np.uint8).reshape(-1, height, width, 3)
+
+
+def ffmpeg_fps_filter(path: Path, fps: float, width: int, height: int) -> "np.ndarray":  # noqa: F821
+    """The frames FFmpeg's ``fps`` filter with ``round=down`` emits at ``fps`` (seed 001's decode pipeline:
+    ``ffmpeg.filter(stream, "fps", fps=fps, round="down")`` to rgb24), as (N, H, W, 3) uint8."""
+    import numpy as np
+
+    p = subprocess.run([ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-nostdin", "-i", str(path),
+                        "-vf", f"fps=fps={fps!r}:round=down", "-f", "rawvideo", "-pix_fmt", "rgb24", "-"],
+                       capture_output=True, check=True)
+    return np.frombuffer(p.stdout, np.uint8).reshape(-1, height, width, 3)
+
+
+def frame_numbers(frames: "np.ndarray", reference: "np.ndarray") -> list[int]:  # noqa: F821
+    """For each frame, the index of the identical-looking frame of ``reference`` (all source frames of an
+    :meth:`MediaFactory.indexed` clip): the nearest one in mean absolute difference."""
+    import numpy as np
+
+    ref = reference.astype(np.int16)
+    return [int(np.abs(ref - f.astype(np.int16)).mean(axis=(1, 2, 3)).argmin()) for f in frames]
 
 
 if __name__ == "__main__":  # make every kind into ./_media for a look

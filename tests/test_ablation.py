@@ -8,8 +8,9 @@ import torch
 
 from tests.conftest import MEDIA, REPO, run_predict
 
-# cockatoo (14 frames, 16:9) is capped by rho32 / rho128 / qtf2 at 128 and low64 at 256; realshort (2 frames) is
-# short: every coverage variant keeps the baseline layout there (or is capped to 1 frame: rho128@128).
+# cockatoo (14 frames, 16:9) is capped by rho32 / rho128 / qtf2 at 128 and low64 at 256; realshort (1 frame) is
+# short: every coverage variant keeps the baseline layout there (seed 000: eff = BASE), and its raw plan makes the
+# swaps and hivar the baseline too.
 JOBS = "base:128:1024,rho32:128,rho128:128,qtf2:128,low64:256,sel_resize:128,sel_merge:1024,mean_merge:128,hivar:1024"
 N_JOBS = 10
 N_QUESTIONS = 7
@@ -114,16 +115,23 @@ def test_reuse_where_inputs_equal_and_no_reuse_runs_everything(runs):
         n = nr_k[key]
         assert r["same_as_base"] == n["same_as_base"]
         assert r["reused"] == (r["same_as_base"] and r["variant"] != "base")
-        # a copied record is what running the variant gives: same answer, same stats
-        drop = {"reused"}
+        # a copied record is what running the variant gives: same answer, same stats (a copy carries the
+        # baseline's group_substitute / group_grid, as seed 000 copies base's record: a swap reused on a plan
+        # without compressed groups)
+        drop = {"reused", "group_substitute", "group_grid"} if r["reused"] else {"reused"}
+        if r["reused"]:
+            assert n["n_compressed"] == 0 or n["group_substitute"] == "qbase"
         assert {k: v for k, v in r.items() if k not in drop} == {k: v for k, v in n.items() if k not in drop}, key
     reused = {(r["job"], r["video"]) for r in ru if r["reused"]}
     # short video under a rho cap keeps the baseline layout; the capped long one does not
     assert ("rho32_b128", "realshort") in reused and ("rho32_b128", "cockatoo") not in reused
     assert ("low64_b256", "realshort") in reused and ("low64_b256", "cockatoo") not in reused
     assert ("qtf2_b128", "realshort") in reused and ("qtf2_b128", "cockatoo") not in reused
-    assert ("hivar_b1024", "cockatoo") in reused  # one raw 1-frame group: order cannot change the plan
-    assert not any(j.startswith(("sel_", "mean_")) for j, _ in reused)  # swaps never equal qbase groups
+    # seed reuse: a swap equals the baseline only where the plan compresses nothing (realshort: one raw frame)
+    for j in ("sel_resize_b128", "sel_merge_b1024", "mean_merge_b128", "hivar_b1024"):
+        assert (j, "realshort") in reused
+    for j in ("sel_resize_b128", "mean_merge_b128"):   # cockatoo at 128: forced8, both groups compressed
+        assert (j, "cockatoo") not in reused
     nr_prefix = sum(s["n_prefixes"] for s in nr_mod.video_stats.values())
     ru_prefix = sum(s["n_prefixes"] for s in ru_mod.video_stats.values())
     assert nr_prefix == 2 * N_JOBS  # every (video, job) runs the LLM
@@ -151,7 +159,11 @@ def test_variant_records_respect_budgets(runs):
     low = by[("low64_b256", "cockatoo")]
     assert low["capped"] and low["mode"] == "raw" and low["raw_hw"] <= 64 and low["n_frames_kept"] == 4
     qtf = by[("qtf2_b128", "cockatoo")]
-    assert qtf["capped"] and qtf["mode"] == "all_compressed" and qtf["n_frames_kept"] == 3 and qtf["n_compressed"] == 2
+    assert qtf["capped"] and qtf["mode"] == "qbase" and qtf["n_frames_kept"] == 3 and qtf["n_compressed"] == 2
+    # seed 000 features(): a capped job's encode grid is that of its own frame count (4 frames at B = 128:
+    # cap min(256, 1024 // 4) = 256 -> 12 x 21), not the budget's (14 frames: 6 x 11)
+    assert by[("rho32_b128", "cockatoo")]["hw"] == 252 and by[("base_b128", "cockatoo")]["hw"] == 66
+    assert by[("rho32_b128", "cockatoo")]["n_frames_kept"] == 4
     sw = by[("sel_resize_b128", "cockatoo")]
     assert sw["n_compressed"] == 2 and sw["group_grid"] == [6, 10] and sw["vision_tokens"] == 120
 
@@ -187,10 +199,12 @@ def test_coinciding_grid_is_encoded_once_and_prompts_need_no_encode(tiny_vlm, co
 
     dec = cockatoo
     cache = EncodeCache(tiny_vlm, dec.frames)
-    # budget 64 encodes 8 frames at (6, 10): the grid sel_resize@1024 and low64@256 (capped) need in phase 2
+    # budget 64 encodes 8 frames at (6, 10): the grid sel_resize@1024 and low64@256 (capped, 4 frames encoded at
+    # (12, 21)) need in phase 2
     jobs = [("sel_resize", 1024), ("low64", 256), ("mean_merge", 64), ("sel_merge", 1024)]
     lj = plan_layout_jobs(cache, jobs, raw_mode="orig")
-    assert cache.grid_for(64) == frame_grid(504, 896, 64) == lj[("base", 64)].geometry.grid == (6, 10)
+    assert cache.grid_for(64) == frame_grid(720, 1280, 64) == lj[("base", 64)].geometry.grid == (6, 10)
+    assert lj[("low64", 256)].geometry.grid == (12, 21) and lj[("low64", 256)].layout.raw_grid == (6, 10)
     encode_layout_inputs(cache, list(lj.values()))
     assert not duplicate_encodes(cache) and len(cache.encode_calls) == 3  # (6, 10), (9, 16), (12, 21)
     n_calls = len(cache.encode_calls)
@@ -241,6 +255,7 @@ def test_jobs_property_and_errors():
 
     m = LayoutAblationQA(jobs="base:256:1024, rho32:1024", no_reuse=True)
     assert m.jobs == {"base_b256": 256, "base_b1024": 1024, "rho32_b1024": 1024}
+    assert m.decode_budget == 16384   # seed 000: Videos(todo, 16384) whatever the jobs' budgets
     assert m.budgets == [256, 1024] and m.hparams.jobs == "base:256:1024, rho32:1024" and m.hparams.no_reuse
     with pytest.raises(ValueError, match="unknown layout variant"):
         LayoutAblationQA(jobs="rho33:256")

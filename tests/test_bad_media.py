@@ -17,7 +17,7 @@ import pytest
 
 from datamodules.decoding import DecodeError, decode_video
 from tests.conftest import REPO
-from tests.media_factory import MediaFactory, decode_with_ffmpeg
+from tests.media_factory import MediaFactory, decode_with_ffmpeg, ffmpeg_fps_filter, frame_numbers
 
 
 @pytest.fixture(scope="session")
@@ -59,38 +59,93 @@ def test_directory_is_not_a_video(media, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ decodable oddities
-def test_single_frame(media):
-    dec = decode_video(media.get("single_frame"), 1024)
+def _all_frames(path) -> np.ndarray:
+    """Every source frame (decord, one per container frame: the ffmpeg CLI's rawvideo output repeats frames of a
+    variable-rate stream)."""
+    import decord
+
+    vr = decord.VideoReader(str(path), num_threads=1)
+    return vr.get_batch(list(range(len(vr)))).asnumpy()
+
+
+def test_single_frame_is_shorter_than_one_step(media):
+    """One frame at 8 fps ends at 0.125 s: FFmpeg's fps filter (round=down) emits floor(0.125 * 1) = 0 frames, and
+    seed 001 records an error (``assert T > 0, "no frames decoded"``); the named setting keeps the frame at 0 s."""
+    path = media.get("single_frame")
+    with pytest.raises(DecodeError, match="ends before the first sampling step") as e:
+        decode_video(path, 1024)
+    assert str(e.value).startswith(str(path))
+    dec = decode_video(path, 1024, short_clip_first_frame=True)
     assert dec.frames.shape == (1, 48, 64, 3) and dec.times_s == [0.0] and dec.info["n_frames"] == 1
 
 
 def test_shorter_than_one_sampling_step(media):
-    dec = decode_video(media.get("sub_step"), 1024)
+    path = media.get("sub_step")   # 0.4 s: floor(0.4 * 1) = 0 frames at 1 fps
+    with pytest.raises(DecodeError, match=r"no frame at 1 fps: the clip \(0.400 s\)"):
+        decode_video(path, 1024)
+    dec = decode_video(path, 1024, short_clip_first_frame=True)
     assert dec.frames.shape[0] == 1 and dec.times_s == [0.0]
-    assert 0 < dec.info["duration_s"] < 1.0
+    assert dec.info["duration_s"] == 0.4
+    assert np.array_equal(dec.frames[0].numpy(), decode_with_ffmpeg(path, 64, 48)[0])
 
 
 def test_very_long_tiny_video_is_capped(media):
     dec = decode_video(media.get("long_tiny"), 1024)  # max_frames(1024) = 128
     assert dec.frames.shape == (128, 24, 32, 3)
-    assert dec.info["duration_s"] == 1800.0 and dec.info["sample_fps"] < 1.0
-    t = np.array(dec.times_s)
-    assert (np.diff(t) > 0).all() and t[0] == 0.0 and t[-1] > 1700
+    # int(1800) + 1 > 128: (128 + 1) / 1800 fps; floor(1800 * 129 / 1800) = 129 grid frames, linspace-thinned to
+    # 128: np.linspace(0, 128, 128, dtype=int) keeps 0..126 and 128 (the grid frame 127 is dropped)
+    fps = 129 / 1800
+    assert dec.info["duration_s"] == 1800.0 and dec.info["sample_fps"] == round(fps, 4)
+    assert dec.times_s == [j / fps for j in [*range(127), 128]]
 
 
-def test_variable_frame_rate_uses_frame_timestamps(media):
-    path = media.get("vfr")  # frames at 0, 0.1, ..., 1.9, then 2, 3, 4, 5 s
+def test_variable_frame_rate_frames_as_ffmpeg_fps_filter(media):
+    path = media.get("vfr")  # frames at 0, 0.1, ..., 1.9, then 2, 3, 4, 5 s; the last lasts 0.1 s: ends at 5.1 s
     dec = decode_video(path, 1024)
     assert dec.info["vfr"] is True
-    assert dec.times_s == pytest.approx([0.0, 1.0, 2.0, 3.0, 4.0, 5.0], abs=1e-3)
-    # the frame kept for t = 3 s is the one shown at 3 s (native index 21), not index floor(3 * average fps)
-    ref = decode_with_ffmpeg(path, 64, 48)
-    assert np.abs(dec.frames[3].numpy().astype(int) - ref[21].astype(int)).mean() < 8
+    # floor(5.1 * 1) = 5 grid frames labelled 0..4 s; output n is the last frame whose time floors to <= n:
+    # native 9 (0.9 s), 19 (1.9 s), then 20, 21, 22 (2, 3, 4 s)
+    assert dec.times_s == [0.0, 1.0, 2.0, 3.0, 4.0]
+    native = _all_frames(path)
+    assert frame_numbers(dec.frames.numpy(), native) == [9, 19, 20, 21, 22]
+    assert frame_numbers(ffmpeg_fps_filter(path, 1.0, 64, 48), native) == [9, 19, 20, 21, 22]
 
 
-def test_constant_frame_rate_unchanged(media):
-    dec = decode_video(media.get("good"), 1024)
+def test_constant_frame_rate_takes_the_last_frame_of_each_step(media):
+    dec = decode_video(media.get("good"), 1024)   # 4 s at 8 fps
     assert dec.info["vfr"] is False and dec.times_s == [0.0, 1.0, 2.0, 3.0] and dec.info["fps"] == 8.0
+    assert dec.info["sample_fps"] == 1.0 and dec.info["decode_hw"] == [48, 64]
+    native = _all_frames(media.get("good"))
+    assert np.array_equal(dec.frames.numpy(), native[[7, 15, 23, 31]])   # round=down: frame 8n + 7 for step n
+
+
+# seed 001 decode_video on clips of several durations, checked against FFmpeg's fps filter (round=down) itself.
+# Each case: (duration s, source fps, budget, kept grid frames, labels); hand-computed from the seed's lines
+# ``fps = 1 if int(d) + 1 <= M else (M + 1) / d`` (M = B // 64 * 8), N = floor(d * fps) grid frames,
+# ``np.linspace(0, N - 1, M, dtype=int)``, ``ts = start + arange(N) / fps``.
+SEED_CASES = [
+    # 10.52 s, B=4096 (M=512): 1 fps, floor(10.52) = 10 frames (the previous ceil rule gave 11)
+    (10.52, 25, 4096, list(range(10)), [float(j) for j in range(10)]),
+    # 30 s, B=64 (M=8): 31 > 8 -> 9/30 = 0.3 fps, 9 grid frames, linspace(0, 8, 8) truncated -> 0..6, 8
+    (30.0, 8, 64, [0, 1, 2, 3, 4, 5, 6, 8], [j / 0.3 for j in [0, 1, 2, 3, 4, 5, 6, 8]]),
+    # 97.5 s, B=512 (M=64): 65 / 97.5 = 2/3 fps, 65 grid frames at 0, 1.5, 3.0, ...; thinned to 0..62, 64
+    (97.5, 2, 512, [*range(63), 64], [j * 1.5 for j in [*range(63), 64]]),
+]
+
+
+@pytest.mark.parametrize("duration, src_fps, budget, grid, labels", SEED_CASES)
+def test_decode_matches_ffmpeg_fps_filter(media, duration, src_fps, budget, grid, labels):
+    path = media.indexed(duration, src_fps)
+    m = budget // 64 * 8
+    fps = 1.0 if int(duration) + 1 <= m else (m + 1) / duration
+    dec = decode_video(path, budget)
+    assert dec.times_s == pytest.approx(labels, abs=1e-9)
+    native = _all_frames(path)
+    ref = ffmpeg_fps_filter(path, fps, 64, 48)
+    assert len(ref) == int(duration * fps + 1e-9)                     # N grid frames out of FFmpeg
+    want = frame_numbers(ref[grid], native)
+    assert frame_numbers(dec.frames.numpy(), native) == want
+    assert np.array_equal(dec.frames.numpy(), ref[grid])               # the very pixels FFmpeg gives
 
 
 @pytest.mark.parametrize("degrees", [90, 270])
@@ -126,7 +181,7 @@ def test_4k_decoded_small_with_bounded_memory(media):
         import json, resource
         from datamodules.decoding import decode_video
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        dec = decode_video({str(path)!r}, 1024, base_fps=5.0)   # all 10 frames
+        dec = decode_video({str(path)!r}, 1024, base_fps=5.0, native_decode_bytes=1e8)   # all 10 frames, reduced
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         print(json.dumps({{"shape": list(dec.frames.shape), "info": dec.info, "grew_mb": (peak - base) / 1024}}))
     """)
@@ -138,9 +193,22 @@ def test_4k_decoded_small_with_bounded_memory(media):
     assert res["grew_mb"] < 0.6 * full_size_mb, res
 
 
+def test_native_size_below_the_seeds_byte_bound(media):
+    """Seed 001: native size when ``n_est * h * w * 3 <= 2e9`` (n_est = min(int(d * fps) + 1, M)), else reduced."""
+    from datamodules.decoding import decode_frame_size
+
+    dec = decode_video(media.get("uhd"), 1024, base_fps=5.0)   # n_est = 11: 11 * 2160 * 3840 * 3 = 274 MB
+    assert dec.info["decode_hw"] == [2160, 3840] and dec.frames.shape == (10, 2160, 3840, 3)
+    # hour-long 1080p at B = 16384: n_est = 2048 -> 12.7 GB > 2e9: long side 896; 321 frames fit (1.997e9), 322 not
+    assert decode_frame_size(1080, 1920, 2048) == (504, 896)
+    assert decode_frame_size(1080, 1920, 321) == (1080, 1920) and decode_frame_size(1080, 1920, 322) == (504, 896)
+    assert decode_frame_size(1080, 1920, 322, native_decode_bytes=4e9) == (1080, 1920)
+
+
 # ------------------------------------------------------------------------------------------ the run goes on
 BAD = ["missing", "zero_bytes", "truncated", "truncated_tail", "corrupt_middle", "garbage", "audio_only"]
-ODD = ["good", "single_frame", "sub_step", "vfr", "rotated", "odd_dims", "yuv444", "yuv420p10", "mkv", "webm",
+SHORT = ["single_frame", "sub_step"]   # shorter than one 1 fps step: an error record, as seed 001
+ODD = ["good", "vfr", "rotated", "odd_dims", "yuv444", "yuv420p10", "mkv", "webm",
        "avi", "unicode_path", "uhd"]
 
 
@@ -164,7 +232,7 @@ def test_predict_records_errors_and_goes_on(media, tiny_vl3_dir, tmp_path):
     root = tmp_path / "bench"
     (root / "videos").mkdir(parents=True)
     rows = []
-    for k in BAD + ODD:
+    for k in BAD + SHORT + ODD:
         src = media.get(k)
         rel = src.relative_to(media.root) if src.exists() else src.name
         if src.exists():
@@ -176,10 +244,12 @@ def test_predict_records_errors_and_goes_on(media, tiny_vl3_dir, tmp_path):
     recs = run_predict(tiny_vl3_dir, root, tmp_path / "out", budgets=(128,),
                        extra=["--data.init_args.benchmark=lvb"], model_args={"max_new_tokens": 2})
     by = {r["qid"]: r for r in recs}
-    assert sorted(by) == sorted(BAD + ODD) and len(recs) == len(BAD + ODD)
+    assert sorted(by) == sorted(BAD + SHORT + ODD) and len(recs) == len(BAD + SHORT + ODD)
     for k in BAD:
         assert "error" in by[k] and by[k]["error"].startswith(str(root / "videos")), by[k]
-        assert by[k]["error"].split(":")[0].endswith(str(rows[(BAD + ODD).index(k)]["video_path"]))
+        assert by[k]["error"].split(":")[0].endswith(str(rows[(BAD + SHORT + ODD).index(k)]["video_path"]))
+    for k in SHORT:
+        assert "ends before the first sampling step" in by[k]["error"], by[k]
     for k in ODD:
         assert "error" not in by[k] and by[k]["response"] is not None and by[k]["vision_tokens"] <= 128, by[k]
     assert by["rotated"]["video_info"]["native_hw"] == [64, 48]

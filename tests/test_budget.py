@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from algorithms.budget import (
-    compression_order, evenly_spaced, frame_grid, frame_token_cap, frame_tokens, max_frames, native_frame_indices,
-    plan_groups, sample_times, subsample,
+    compression_order, evenly_spaced, frame_grid, frame_token_cap, frame_tokens, max_frames,
+    plan_groups, sample_frames, sample_rate, subsample, fps_filter_frames, thin_linspace,
 )
 from algorithms.segmentation import (
     adaptive_segment_count, adaptive_segment_lengths, frame_changes, group_variation, uniform_segment_lengths,
@@ -31,25 +31,46 @@ def test_max_frames_and_budget_too_small():
         plan_groups(torch.randn(2, 4), 16, 32, 16)
 
 
-def test_sample_times_1fps_and_capped():
-    fps, t = sample_times(14.0, 1024)
-    assert fps == 1.0 and t == [float(i) for i in range(14)]
-    fps, t = sample_times(1.2, 1024)
-    assert t == [0.0, 1.0]
-    # B=64 -> cap 8 frames; 14 s at 1 fps gives 14 > 8 -> (8+1)/14 fps gives 9 frames, thinned to 8
-    fps, t = sample_times(14.0, 64)
-    assert fps == pytest.approx(9 / 14) and len(t) == 8
-    step = 14 / 9
-    kept = [round(i * 8 / 7) for i in range(8)]  # evenly spaced 8 of 9: 0,1,2,3,5,6,7,8
-    assert kept == [0, 1, 2, 3, 5, 6, 7, 8]
-    assert t == pytest.approx([k * step for k in kept])
-    assert sample_times(0.0, 256) == (1.0, [0.0])
+def test_sample_rate_seed_rule():
+    # seed 001: fps = 1 if int(d) + 1 <= M else (M + 1) / d, M = B // 64 * 8
+    assert sample_rate(10.52, 4096) == 1.0           # 11 <= 512
+    assert sample_rate(30.0, 64) == 9 / 30            # 31 > 8
+    assert sample_rate(97.5, 512) == 65 / 97.5        # 98 > 64
+    assert sample_rate(7.9, 64) == 1.0 and sample_rate(8.0, 64) == 9 / 8   # int(7.9) + 1 = 8 <= 8; 9 > 8
+    assert sample_rate(0.0, 256) == 1.0
 
 
-def test_native_indices_clip():
-    assert native_frame_indices([0.0, 1.0, 13.0], 20.0, 280) == [0, 20, 260]
-    assert native_frame_indices([1.0], 29.97, 36) == [29]
-    assert native_frame_indices([5.0], 10.0, 12) == [11]
+def test_fps_filter_round_down_takes_the_last_frame_of_each_step():
+    # 25 fps source, 10.52 s (263 frames): q = floor(k / 25); output n is the last k with q <= n, i.e. 25 n + 24,
+    # for n < floor(10.52) = 10
+    times = [k / 25 for k in range(263)]
+    assert fps_filter_frames(times, 10.52, 1.0) == [25 * n + 24 for n in range(10)]
+    # a step without a source frame repeats the previous one; the last frame is repeated up to the end
+    assert fps_filter_frames([0.0, 0.5, 2.2], 4.0, 1.0) == [1, 1, 2, 2]
+    assert fps_filter_frames([0.0, 0.1, 0.2, 0.3], 0.4, 1.0) == []       # shorter than one step: no frame
+    # exact multiples of the step count as reached (FFmpeg rescales integer pts): 1.5 s at 2/3 fps is step 1
+    assert fps_filter_frames([0.0, 1.5], 3.0, 65 / 97.5) == [0, 1]
+
+
+def test_thin_linspace_truncates():
+    assert thin_linspace(9, 8) == [0, 1, 2, 3, 4, 5, 6, 8]          # np.linspace(0, 8, 8, dtype=int)
+    assert evenly_spaced(9, 8) == [0, 1, 2, 3, 5, 6, 7, 8]          # the rounding rule (subsample) differs
+    assert thin_linspace(65, 64) == [*range(63), 64]
+    assert thin_linspace(5, 8) == [0, 1, 2, 3, 4]
+
+
+def test_sample_frames_seed_cases():
+    # 30 s at 8 fps, B=64: 0.3 fps, 9 grid frames; output n = last k with floor(0.3 k / 8) <= n = ceil(80 (n+1) / 3) - 1
+    fps, src, ts = sample_frames([k / 8 for k in range(240)], 30.0, 30.0, 64)
+    assert fps == 0.3 and src == [26, 53, 79, 106, 133, 159, 186, 239]
+    assert ts == [j / 0.3 for j in [0, 1, 2, 3, 4, 5, 6, 8]]
+    # 97.5 s at 2 fps, B=512: labels on the 2/3 fps grid (0, 1.5, 3.0, 4.5 ...), not the source frames' times
+    fps, src, ts = sample_frames([k / 2 for k in range(195)], 97.5, 97.5, 512)
+    assert ts[:4] == [0.0, 1.5, 3.0, 4.5] and len(ts) == 64 and ts[-2:] == [93.0, 96.0]
+    assert src[:4] == [2, 5, 8, 11]
+    # 10.52 s, B=4096: 10 frames (floor), labelled 0..9; ``start`` shifts the labels
+    fps, src, ts = sample_frames([k / 25 for k in range(263)], 10.52, 10.52, 4096, start_s=0.5)
+    assert len(src) == 10 and ts == [0.5 + j for j in range(10)]
 
 
 def test_subsample():

@@ -7,10 +7,10 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from algorithms.budget import K_ROWS, compression_order, evenly_spaced, frame_grid, make_plan, max_frames, plan_groups, subsample
 from algorithms.layouts import (
-    VARIANTS, fill, fill_order, frame_cap, layout_video, parse_jobs, plan_variant, raw_rows_limit, same_llm_input,
-    select_frames, substitute_frame, substitute_grid, variant_frames,
+    VARIANTS, fill, fill_order, fill_v2, frame_cap, layout_video, parse_jobs, plan_variant, raw_rows_limit,
+    same_llm_input, segment, substitute_frame, substitute_grid, training_change, variant_frames,
 )
-from algorithms.segmentation import frame_changes, group_variation
+from algorithms.segmentation import frame_changes, group_variation, uniform_segment_count_lengths
 
 ALL = list(VARIANTS)
 SWAPS = ("sel_resize", "sel_merge", "mean_merge")
@@ -71,19 +71,24 @@ def test_caps_are_tight_for_pure_qbase():
         for name, k in (("qtf1", 1), ("qtf2", 2)):
             cap = frame_cap(name, b)
             plan = plan_variant(name, random_feats(cap, 1, False), 256, b, 256, capped=True)
-            assert plan.mode == "all_compressed" and plan.n_groups == b // 64 and plan.vision_tokens == b
+            assert plan.mode == "qbase" and plan.n_groups == b // 64 and plan.vision_tokens == b
             if k == 1:
                 assert set(plan.seg_lens) == {1}
     assert frame_cap("rho256", 100) == 1  # never below one frame
 
 
-def test_select_frames_caps_evenly_and_keeps_short_videos():
-    assert select_frames("rho32", 100, 1024) == [round(i * 99 / 31) for i in range(32)]
-    assert select_frames("rho32", 20, 1024) == list(range(20))
-    assert select_frames("base", 128, 1024) == list(range(128))
-    assert variant_frames("rho128", 500, 1024) == [subsample(500, 1024)[i] for i in select_frames("rho128", 128, 1024)]
-    with pytest.raises(ValueError, match="subsample"):
-        select_frames("rho32", 129, 1024)
+def test_capped_frame_choice_is_linspace_of_the_decoded_frames():
+    # seed 000 frame_indices: np.linspace(0, n_decoded - 1, cap, dtype=int) (truncation) over the decoded frames
+    got, capped = variant_frames("rho32", 100, 1024)           # cap 32 < 100
+    assert capped and got == [math.floor(i * 99 / 31) for i in range(32)]
+    assert got[:4] == [0, 3, 6, 9] and got[-1] == 99            # rounding would give 0, 3, 6, 10
+    assert evenly_spaced(100, 32)[3] == 10
+    # the cap compares with the decoded frames, not the budget's: 100 decoded at B = 256 (subsample: 32), rho32's
+    # cap 8 < 100 -> 8 of the 100; base keeps subsample(100, 256)
+    assert variant_frames("rho32", 100, 256) == ([math.floor(i * 99 / 7) for i in range(8)], True)
+    assert variant_frames("base", 100, 256) == (subsample(100, 256), False)
+    assert variant_frames("rho32", 20, 1024) == (list(range(20)), False)
+    assert variant_frames("rho16", 100, 1024) == ([math.floor(i * 99 / 62) for i in range(63)], True)
 
 
 # ------------------------------------------------------------------------------------------------ every variant
@@ -93,70 +98,50 @@ def test_select_frames_caps_evenly_and_keeps_short_videos():
 @given(num_decoded=st.integers(1, 400), budget=st.integers(64, 4200), raw_hw=st.integers(1, 256),
        group_rows=st.integers(1, 64), seed=st.integers(0, 2**16), piecewise=st.booleans())
 def test_every_variant_respects_budget_and_tiles(num_decoded, budget, raw_hw, group_rows, seed, piecewise):
+    x = random_feats(num_decoded, seed, piecewise)
     sub = subsample(num_decoded, budget)
-    per_frame_b = random_feats(len(sub), seed, piecewise)
-    base = plan_groups(per_frame_b, 256, budget, raw_hw)
+    base = plan_groups(x[sub], 256, budget, raw_hw)
     for name, v in VARIANTS.items():
-        keep = select_frames(v, len(sub), budget)
-        capped = len(keep) < len(sub)
-        assert keep == sorted(set(keep)) and keep[0] == 0 and (len(keep) == 1 or keep[-1] == len(sub) - 1)
-        if v.cap is not None and capped:
+        keep, capped = variant_frames(v, num_decoded, budget)
+        assert keep == sorted(set(keep)) and keep[0] == 0 and (len(keep) == 1 or keep[-1] == num_decoded - 1)
+        assert capped == (v.cap is not None and num_decoded > frame_cap(v, budget))
+        if capped:
             assert len(keep) == frame_cap(v, budget)
+        else:
+            assert keep == sub
         rhw = min(raw_hw, raw_rows_limit(v, capped, 256))
         rows = group_rows if name in SWAPS else None
-        plan = plan_variant(v, per_frame_b[keep], 256, budget, rhw, capped=capped, group_rows=rows)
+        plan = plan_variant(v, x[keep], 256, budget, rhw, capped=capped, group_rows=rows)
         check_plan(plan, len(keep), budget)
         if name in SWAPS:  # the baseline plan with cheaper groups
             assert plan.k == group_rows and (plan.seg_lens, plan.compressed) == (base.seg_lens, base.compressed)
-        if name == "base":
-            assert plan == base
+        if name == "base" or (v.cap is not None and not capped):
+            assert plan == base   # seed: eff = v if capped or v["cap"] is None else BASE
         if capped and v.compress_group_frames:
             t = len(keep)
-            assert plan.mode == "all_compressed" and plan.n_compressed == plan.n_groups
-            assert plan.n_groups == max(min(t // v.compress_group_frames + 1, t), math.ceil(t / 8))
-        if capped and v.raw_rows_cap:
-            assert plan.mode == "raw" and plan.raw_hw <= 64
-        if not capped and v.cut == "adaptive" and not v.most_changing_first and name not in SWAPS:
-            assert plan == base  # short videos keep the baseline layout
+            assert plan.mode == "qbase" and plan.n_compressed == plan.n_groups
+            assert plan.n_groups == min(t // v.compress_group_frames + 1, t)
 
 
-@settings(max_examples=40, deadline=None)
-@given(num_frames=st.integers(1, 300), budget=st.integers(64, 4200), raw_hw=st.integers(1, 256),
-       seed=st.integers(0, 2**16))
-def test_short_videos_keep_the_baseline_layout(num_frames, budget, raw_hw, seed):
-    sub = subsample(num_frames, budget)
-    x = random_feats(len(sub), seed, False)
-    grid = lambda m: frame_grid(28 * 16, 28 * 16, min(m, raw_hw))  # noqa: E731
-    base = layout_video("base", x, 256, budget, grid, 256)
-    assert base.frames == tuple(range(len(sub))) and not base.capped
-    for name in ("rho16", "rho32", "rho32nf", "rho64", "rho128", "rho256", "qtf1", "qtf2", "low64"):
-        lay = layout_video(name, x, 256, budget, grid, 256)
-        if len(sub) <= frame_cap(name, budget):
-            assert not lay.capped and lay.plan == base.plan and same_llm_input(lay, base)
-        else:
-            assert lay.capped and not same_llm_input(lay, base)
-    uni16, uni8 = layout_video("uni16", x, 256, budget, grid, 256), layout_video("uni8", x, 256, budget, grid, 256)
-    if not uni16.capped:
-        assert same_llm_input(uni16, uni8)
-
-
-def test_short_video_hand_case():
-    x = random_feats(40, 3, False)  # 40 frames at B=4096: under every cap >= 40 (rho32 128, rho64 64, qtf2 127)
-    base = plan_groups(x, 256, 4096, 256)
-    assert base.mode == "hybrid" and base.n_compressed > 0
-    for name in ("rho32", "rho32nf", "rho64", "rho16", "qtf2", "low64"):
-        assert select_frames(name, 40, 4096) == list(range(40))
-        assert plan_variant(name, x, 256, 4096, 256, capped=False) == base
-    assert select_frames("rho128", 40, 4096) == evenly_spaced(40, 32)  # capped: 32 < 40
-    assert plan_variant("rho128", x[evenly_spaced(40, 32)], 256, 4096, 256, capped=True) != base
+def test_uncapped_uni16_is_the_baseline_while_uni8_cuts_uniformly():
+    # 14 frames at B = 1024 with raw_hw 100: 1400 > 1024 -> hybrid with n = 14 // 4 + 1 = 4 groups
+    x = random_feats(14, 5, False)
+    grid = lambda m: (10, 10)  # noqa: E731
+    frames, capped = variant_frames("uni16", 14, 1024)
+    assert not capped                                          # cap 63 >= 14
+    base = layout_video("base", x, 100, 1024, grid, 256, frames=frames, capped=False)
+    u16 = layout_video("uni16", x, 100, 1024, grid, 256, frames=frames, capped=False)
+    u8 = layout_video("uni8", x, 100, 1024, grid, 256, frames=frames, capped=False)
+    assert u16.plan == base.plan and same_llm_input(u16, base)
+    # np.round(np.linspace(0, 14, 5)) = 0, 4 (3.5 half to even), 7, 10 (10.5), 14
+    assert u8.plan.seg_lens == (4, 3, 3, 4) and u8.plan.mode == "hybrid"
+    assert uniform_segment_count_lengths(10, 3) == [3, 4, 3] and uniform_segment_count_lengths(6, 4) == [2, 1, 1, 2]
 
 
 def test_capped_checks():
     x = random_feats(20, 0, False)
     with pytest.raises(ValueError, match="exceed"):
         plan_variant("rho64", x, 256, 1024, 64, capped=True)  # cap 16 < 20
-    with pytest.raises(ValueError, match="raw_hw"):
-        plan_variant("low64", x[:16], 256, 1024, 100, capped=True)
     with pytest.raises(ValueError, match="no frame cap"):
         plan_variant("base", x, 256, 1024, 64, capped=True)
     with pytest.raises(ValueError, match="group_rows"):
@@ -187,54 +172,75 @@ def test_uniform_cut_and_hivar_order():
 # ------------------------------------------------------------------------------------------------ fill
 
 
+def test_hivar_scores_one_frame_groups_by_their_step():
+    # the fork's cut (n = 12 // 4 + 1 = 4): forced 8, then the two largest other changes, into frames 2 and 3
+    # -> adaptive groups (2, 1, 5, 4)
+    ch = [0.01, 0.9, 0.8, 0.01, 0.01, 0.01, 0.7, 0.05, 0.05, 0.05, 0.05]
+    x = feats_from_changes(ch)
+    changes = frame_changes(x)
+    assert segment(x, 4, "adaptive") == [2, 1, 5, 4]
+    # seed training_change: the 1-frame group [2] scores diff[s - 1] = ch[1] = 0.9; g2 = (.01 * 3 + .7) / 4
+    assert training_change(changes, [2, 1, 5, 4]) == pytest.approx([0.01, 0.9, 0.1825, 0.05], abs=1e-6)  # float32
+    assert training_change(changes, [1, 11])[0] == pytest.approx(0.01)          # first frame: diff[0]
+    # order (-change, -len, j) = 1, 2, 3, 0; B = 640, raw_hw 64 (768 rows raw): group 1 (saves 0) then group 2
+    # (saves 256) -> 512; the earlier rule (+inf, compressed last) would compress group 2 alone
+    hiv = plan_variant("hivar", x, 64, 640, 64, capped=False)
+    assert hiv.seg_lens == (2, 1, 5, 4) and hiv.compressed == (1, 2) and hiv.vision_tokens == 512
+
+
 def test_fill_hand_case():
     # groups of 3 frames with within-group variation 0.1, 0.5, 0.3
     ch = [0.1, 0.1, 0.9, 0.5, 0.5, 0.9, 0.3, 0.3]
     changes = frame_changes(feats_from_changes(ch))
     plan = make_plan("hybrid", [3, 3, 3], [0, 1, 2], 256, 48)  # 192 rows
-    assert fill_order(group_variation(changes, [3, 3, 3]), [3, 3, 3]) == [1, 2, 0]
-    # leftover 130: group 1 whole (3*48-64 = 80), then group 2 only its first frame (48), group 0 untouched
+    # seed order (-var, len, j) = 1, 2, 0; leftover 130: group 1 whole (272), group 2 its first
+    # (322 - 272) // 48 = 1 frame (320), group 0: (322 - 320) // 48 = 0
     out = fill(plan, changes, 322)
     assert out.seg_lens == (3, 3, 1, 2) and out.compressed == (0, 3) and out.vision_tokens == 320
     assert out.mode == "hybrid" and out.n_raw_frames == 4
-    # leftover 40 with raw_hw 32: group 1 whole (32); nothing else fits
     out = fill(make_plan("hybrid", [3, 3, 3], [0, 1, 2], 256, 32), changes, 232)
     assert out.seg_lens == (3, 3, 3) and out.compressed == (0, 2) and out.vision_tokens == 224
-    # no leftover: unchanged
-    assert fill(plan, changes, 192) is plan
-    with pytest.raises(ValueError, match="budget"):
-        fill(plan, changes, 100)
+    assert fill(plan, changes, 192) == plan
+    # only hybrid plans change
+    raw = make_plan("raw", [1] * 9, [], 256, 48)
+    f8 = make_plan("forced8", [8, 1], [0, 1], 256, 48)
+    assert fill(raw, changes, 10_000) is raw and fill(f8, changes, 10_000) is f8
 
 
-def test_fill_single_frame_groups_first_and_all_back_is_raw():
+def test_fill_single_frame_groups_first_and_the_plan_stays_hybrid():
     changes = frame_changes(feats_from_changes([0.5, 0.5, 0.9, 0.4]))
     plan = make_plan("hybrid", [3, 1, 1], [0, 1, 2], 256, 16)  # 192 rows
-    assert fill_order(group_variation(changes, [3, 1, 1]), [3, 1, 1]) == [2, 1, 0]
-    out = fill(plan, changes, 10_000)
-    assert out.mode == "raw" and out.seg_lens == (1,) * 5 and out.vision_tokens == 80
+    out = fill(plan, changes, 10_000)   # 1-frame groups (var +inf) first, then group 0: all back
+    assert out.mode == "hybrid" and out.seg_lens == (3, 1, 1) and out.compressed == () and out.vision_tokens == 80
+    v2 = fill_v2(plan, changes, 10_000)    # the earlier rule returns a raw plan
+    assert v2.mode == "raw" and v2.seg_lens == (1,) * 5 and v2.vision_tokens == 80
 
 
-def test_fill_credits_groups_cheaper_raw_than_compressed():
-    # raw_hw 16: the calm 2-frame group costs 32 raw < 64 compressed, so it comes back and its rows let the
-    # most-changing 8-frame group (64 rows more raw) come back whole rather than only its first 2 frames
+def test_fill_has_no_extra_pass():
+    # raw_hw 16, [8, 2] both compressed (128 rows), B = 168; var 0.6 (8 frames), 0.01 (2 frames)
     changes = frame_changes(feats_from_changes([0.6] * 7 + [0.9, 0.01]))
-    plan = make_plan("hybrid", [8, 2], [0, 1], 256, 16)  # 128 rows
+    plan = make_plan("hybrid", [8, 2], [0, 1], 256, 16)
+    # seed: group 0 first: 128 + 128 - 64 = 192 > 168 -> its first (168 - 128) // 16 = 2 frames (160); then
+    # group 1 whole: 160 + 32 - 64 = 128
     out = fill(plan, changes, 168)
-    assert out.mode == "raw" and out.vision_tokens == 160
+    assert out.seg_lens == (2, 6, 2) and out.compressed == (1,) and out.vision_tokens == 128
+    # fill_v2 (rho<R>fv2) credits the cheap group first, so the 8-frame group comes back whole: raw, 160
+    v2 = fill_v2(plan, changes, 168)
+    assert v2.mode == "raw" and v2.vision_tokens == 160
 
 
 @settings(max_examples=300, deadline=None)
 @given(seg=st.lists(st.integers(1, 8), min_size=1, max_size=30), raw_hw=st.integers(1, 300),
        comp_seed=st.integers(0, 2**16), feat_seed=st.integers(0, 2**16), extra=st.integers(0, 3000),
        piecewise=st.booleans())
-def test_fill_properties(seg, raw_hw, comp_seed, feat_seed, extra, piecewise):
+def test_fill_v2_properties(seg, raw_hw, comp_seed, feat_seed, extra, piecewise):
     g = torch.Generator().manual_seed(comp_seed)
     comp = [i for i in range(len(seg)) if torch.rand(1, generator=g).item() < 0.7]
     plan = make_plan("hybrid", seg, comp, 256, raw_hw)
     budget = plan.vision_tokens + extra
     assume(budget >= K_ROWS)
     changes = frame_changes(random_feats(sum(seg), feat_seed, piecewise))
-    out = fill(plan, changes, budget)
+    out = fill_v2(plan, changes, budget)
     check_plan(out, sum(seg), budget)
     before, after = frame_mask(plan), frame_mask(out)
     assert all(b or not a for a, b in zip(after, before))  # raw frames stay raw
@@ -265,15 +271,13 @@ def test_fill_properties(seg, raw_hw, comp_seed, feat_seed, extra, piecewise):
 @given(num_decoded=st.integers(1, 400), budget=st.integers(64, 4200), raw_hw=st.integers(1, 256),
        seed=st.integers(0, 2**16))
 def test_rho_fill_only_adds_raw_frames(num_decoded, budget, raw_hw, seed):
-    sub = subsample(num_decoded, budget)
-    x = random_feats(len(sub), seed, False)
-    keep = select_frames("rho32", len(sub), budget)
-    capped = len(keep) < len(sub)
+    x = random_feats(num_decoded, seed, False)
+    keep, capped = variant_frames("rho32", num_decoded, budget)
     nf = plan_variant("rho32nf", x[keep], 256, budget, raw_hw, capped=capped)
     f = plan_variant("rho32", x[keep], 256, budget, raw_hw, capped=capped)
     assert nf == plan_groups(x[keep], 256, budget, raw_hw)
     assert f.vision_tokens <= budget and f.n_raw_frames >= nf.n_raw_frames
-    if not capped:
+    if not capped or nf.mode != "hybrid":
         assert f == nf
 
 
@@ -322,17 +326,28 @@ def test_substitute_grid_exact(variant, encode_grid, native_hw, expected):
     assert (h // cell, w // cell) == expected
 
 
-def test_layout_video_swap_is_not_reused_even_with_64_rows():
+def test_swap_reuse_as_the_seed():
+    """Seed 000 reuse: same seg_lens and compressed, and (comp == "qbase" or not plan.compressed)."""
     x = random_feats(60, 7, False)
     grid = lambda m: frame_grid(448, 448, m)  # noqa: E731  (16x16 = 256 rows)
-    base = layout_video("base", x, 256, 2048, grid, 256)
-    swap = layout_video("sel_merge", x, 256, 2048, grid, 256, encode_grid=(16, 16))
+    frames, capped = variant_frames("sel_merge", 60, 2048)
+    base = layout_video("base", x, 256, 2048, grid, 256, frames=frames, capped=capped)
+    swap = layout_video("sel_merge", x, 256, 2048, grid, 256, frames=frames, capped=capped, encode_grid=(16, 16))
     assert base.plan.n_compressed > 0 and swap.group_grid == (8, 8)
     assert swap.plan.seg_lens == base.plan.seg_lens and swap.plan.compressed == base.plan.compressed
-    assert swap.plan == base.plan  # 64 rows either way ...
-    assert not same_llm_input(swap, base)  # ... but the group enters as raw-frame text
-    low = layout_video("low64", torch.cat([x, x]), 256, 1024, grid, 256)
+    assert not same_llm_input(swap, base)  # compressed groups enter as raw-frame text
+    # a raw-plan video (3 frames x 256 <= 2048): sel_* reuses base
+    y = x[:3]
+    base3 = layout_video("base", y, 256, 2048, grid, 256, frames=[0, 1, 2], capped=False)
+    for name in SWAPS:
+        sw = layout_video(name, y, 256, 2048, grid, 256, frames=[0, 1, 2], capped=False, encode_grid=(16, 16),
+                          native_hw=(448, 448))
+        assert base3.plan.mode == sw.plan.mode == "raw" and same_llm_input(sw, base3)
+    # capped jobs never reuse; low64 on a capped video: raw frames at <= 64 rows, the baseline rule (all raw)
+    frames, capped = variant_frames("low64", 120, 1024)
+    low = layout_video("low64", torch.cat([x, x])[frames], 256, 1024, grid, 256, frames=frames, capped=capped)
     assert low.capped and low.raw_grid == (8, 8) and low.plan.mode == "raw" and low.stats()["capped"]
+    assert not same_llm_input(low, low)
 
 
 # ------------------------------------------------------------------------------------------------ jobs
@@ -341,7 +356,7 @@ def test_layout_video_swap_is_not_reused_even_with_64_rows():
 def test_parse_jobs():
     assert parse_jobs("rho32:1024:4096,base:256") == [("rho32", 1024), ("rho32", 4096), ("base", 256)]
     assert parse_jobs(" qtf1:64 , low64:4096 ") == [("qtf1", 64), ("low64", 4096)]
-    assert len(parse_jobs(",".join(f"{v}:1024" for v in VARIANTS))) == 16
+    assert len(parse_jobs(",".join(f"{v}:1024" for v in VARIANTS))) == 19
 
 
 @pytest.mark.parametrize("spec, match", [
@@ -362,7 +377,10 @@ def test_parse_jobs_errors(spec, match):
 
 def test_registry_is_declarative():
     assert set(VARIANTS) == {"rho16", "rho32", "rho32nf", "rho64", "rho128", "rho256", "qtf1", "qtf2", "low64",
-                             "sel_resize", "sel_merge", "mean_merge", "uni8", "uni16", "hivar", "base"}
+                             "sel_resize", "sel_merge", "mean_merge", "uni8", "uni16", "hivar", "base",
+                             "rho32fv2", "rho64fv2", "rho128fv2"}
     assert all(v.name == k for k, v in VARIANTS.items())
-    assert [n for n, v in VARIANTS.items() if v.fill] == ["rho32", "rho64", "rho128"]
+    assert [n for n, v in VARIANTS.items() if v.fill and v.fill_rule == "seed"] == ["rho32", "rho64", "rho128"]
+    assert [n for n, v in VARIANTS.items() if v.fill_rule == "v2"] == ["rho32fv2", "rho64fv2", "rho128fv2"]
+    assert VARIANTS["qtf2"].compress_group_frames == 2 and VARIANTS["uni16"].cap == VARIANTS["rho16"].cap
     assert max_frames(1024) == 128 and compression_order([1.0], [2]) == [0]

@@ -92,22 +92,23 @@ def test_demo_plans_and_scores_pinned(first_run, tiny_vlm):
     """Plan fields of every record, derived from DESIGN §3.1-3.4 and the demo videos' metadata
     (assets/media/README.md): cockatoo 1280x720, 14.0 s at 20 fps; realshort 320x240, 1.2 s at 29.97 fps.
 
-    Decode (largest budget 1024: max_frames = 16 * 8 = 128): cockatoo 14 frames at 1 fps, decoded at the 896 px long
-    side (504 x 896, 16:9); realshort ceil(1.2) = 2 frames at 240 x 320. Every budget keeps all frames
+    Decode (seed 001 decode_video, largest budget 1024: max_frames = 16 * 8 = 128): cockatoo int(14.0) + 1 <= 128:
+    1 fps, FFmpeg's fps filter (round=down) gives floor(14.0) = 14 frames, at native size (15 * 720 * 1280 * 3 bytes
+    <= 2e9); realshort (36 frames, ends at 1.1992 s) floor(1.1992) = 1 frame (the last one before 1 s) at
+    240 x 320. Every budget keeps all frames
     (max_frames(128) = 16 >= 14). Per budget: cap = min(256, 8 B // T), grid = smart_resize at cap * 28² px;
     raw frames keep the grid (phase3, <= 256 rows).
 
     cockatoo, T = 14, n = 14 // 4 + 1 = 4 adaptive groups:
-      B=128:  cap 1024 // 14 = 73 -> beta = sqrt(504*896 / (73*784)) = 2.809: 6 x 11 = 66; 14 * 66 > 128 and
+      B=128:  cap 1024 // 14 = 73 -> beta = sqrt(720*1280 / (73*784)) = 4.013: 6 x 11 = 66; 14 * 66 > 128 and
               4 * 64 > 128 -> forced8 [8, 6], both compressed, 128 tokens.
-      B=256:  cap 146 -> beta 1.986: 9 x 16 = 144; 4 * 64 = 256 <= 256 -> hybrid; any raw frame costs 144 > 0
+      B=256:  cap 146 -> beta 2.838: 9 x 16 = 144; 4 * 64 = 256 <= 256 -> hybrid; any raw frame costs 144 > 0
               left once 4 groups are compressed, and with 3 compressed 144 + 192 > 256: all 4 compressed, 256.
-      B=1024: cap 256 -> beta 1.5: 12 x 21 = 252; hybrid; which groups are compressed depends on the adaptive cuts
+      B=1024: cap 256 -> beta 15/7: 12 x 21 = 252; hybrid; which groups are compressed depends on the adaptive cuts
               (random tiny encoder): checked against the brute-force reference above on the encoder's per-frame
               means, with vision_tokens = 252 * n_raw + 64 * n_compressed.
-    realshort, T = 2 (n = 1 group), cap 256 for every budget: 240 x 320 -> 9 x 11 = 99 cells (no resize needed):
-      B=128: 2 * 99 > 128, 64 <= 128 -> hybrid, the one group of 2 compressed: 64 tokens.
-      B=256, 1024: 198 <= B -> raw, 2 raw frames, 198 tokens.
+    realshort, T = 1, cap 256 for every budget: 240 x 320 -> 9 x 11 = 99 cells (no resize needed):
+      B=128, 256, 1024: 99 <= B -> raw, 1 raw frame, 99 tokens.
     """
     from datamodules.decoding import decode_video
     from tests.conftest import MEDIA
@@ -123,16 +124,16 @@ def test_demo_plans_and_scores_pinned(first_run, tiny_vlm):
         ("cockatoo", 256): dict(mode="hybrid", hw=144, raw_hw=144, n_groups=4, n_compressed=4, n_raw_frames=0,
                                 vision_tokens=256),
         ("cockatoo", 1024): dict(mode="hybrid", hw=252, raw_hw=252, n_groups=4),
-        ("realshort", 128): dict(mode="hybrid", hw=99, raw_hw=99, seg_lens=[2], n_groups=1, n_compressed=1,
-                                 n_raw_frames=0, vision_tokens=64),
-        ("realshort", 256): dict(mode="raw", hw=99, raw_hw=99, seg_lens=[1, 1], n_groups=2, n_compressed=0,
-                                 n_raw_frames=2, vision_tokens=198),
-        ("realshort", 1024): dict(mode="raw", hw=99, raw_hw=99, seg_lens=[1, 1], n_groups=2, n_compressed=0,
-                                  n_raw_frames=2, vision_tokens=198),
+        ("realshort", 128): dict(mode="raw", hw=99, raw_hw=99, seg_lens=[1], n_groups=1, n_compressed=0,
+                                 n_raw_frames=1, vision_tokens=99),
+        ("realshort", 256): dict(mode="raw", hw=99, raw_hw=99, seg_lens=[1], n_groups=1, n_compressed=0,
+                                 n_raw_frames=1, vision_tokens=99),
+        ("realshort", 1024): dict(mode="raw", hw=99, raw_hw=99, seg_lens=[1], n_groups=1, n_compressed=0,
+                                  n_raw_frames=1, vision_tokens=99),
     }
     # the adaptive cockatoo plans: reference planner on the encoder's per-frame means at each budget's grid
     dec = decode_video(MEDIA / "cockatoo.mp4", 1024)
-    assert tuple(dec.frames.shape) == (14, 504, 896, 3)
+    assert tuple(dec.frames.shape) == (14, 720, 1280, 3)
     for budget, cap, grid in ((256, 146, (9, 16)), (1024, 256, (12, 21))):
         rows, got = tiny_vlm.encode(dec.frames, cap)
         assert got == grid
@@ -149,7 +150,9 @@ def test_demo_plans_and_scores_pinned(first_run, tiny_vlm):
             assert {f: r[f] for f in want} == want, key
             info = r["video_info"]
             assert (info["n_frames"], info["native_hw"], info["fps_ok"], info["capped"]) == (
-                (14, [720, 1280], True, False) if key[0] == "cockatoo" else (2, [240, 320], True, False))
+                (14, [720, 1280], True, False) if key[0] == "cockatoo" else (1, [240, 320], True, False))
+            assert (info["sample_fps"], info["vfr"]) == (1.0, False)
+            assert info["decode_hw"] == ([720, 1280] if key[0] == "cockatoo" else [240, 320])
             # README: 20 fps / "29.97 fps" (the container's average is 36 frames / 1.1992 s = 30.02 fps)
             assert info["fps"] == 20.0 if key[0] == "cockatoo" else abs(info["fps"] - 29.97) < 0.1
             assert info["duration_s"] == 14.0 if key[0] == "cockatoo" else abs(info["duration_s"] - 1.2) < 0.01

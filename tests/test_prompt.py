@@ -3,9 +3,9 @@
 Plans are built by hand with ``make_plan``; the expected strings are written from DESIGN §3.6:
 raw frame ``Time {t:.1f}s:`` + rows, then ``,`` (``\\n`` after the last block); compressed group
 ``Time:{a}s-{b}s:<|compression_start|>`` + K rows + ``<|compression_end|>`` (``\\n`` when last, nothing otherwise),
-``a``/``b`` the first/last frame times rounded half-up to whole seconds (the module docstring of
-``models.videollama3`` states half-up; the times below put x.5 values where half-up and Python's half-to-even
-``round`` disagree: 2.5 -> 3 (not 2), 4.5 -> 5 (not 4), 0.5 -> 1 (not 0)).
+``a``/``b`` the first/last frame times as seed 001 ``build_video`` writes them, ``sec = [int(round(t)) for t in
+ts]``: Python's half-to-even ``round`` (the times below put x.5 values where it and half-up disagree: 2.5 -> 2
+(not 3), 4.5 -> 4 (not 5), 0.5 -> 0 (not 1), while 1.5 -> 2 and 3.49 -> 3).
 Placeholder runs are collapsed to ``[P<n>]`` after decoding.
 """
 import re
@@ -38,8 +38,8 @@ GROUP_LAST = dict(seg_lens=[3, 1, 2], compressed=[0, 2], times=[0.5, 1.0, 1.5, 2
 
 
 @pytest.mark.parametrize("case, expected_video", [
-    (HYBRID, "Time 0.0s:[P2],Time:3s-5s:" + CS + "[P64]" + CE + "Time 5.5s:[P2],Time 7.0s:[P2]\n"),
-    (GROUP_LAST, "Time:1s-2s:" + CS + "[P64]" + CE + "Time 2.5s:[P2],Time:3s-5s:" + CS + "[P64]" + CE + "\n"),
+    (HYBRID, "Time 0.0s:[P2],Time:2s-4s:" + CS + "[P64]" + CE + "Time 5.5s:[P2],Time 7.0s:[P2]\n"),
+    (GROUP_LAST, "Time:0s-2s:" + CS + "[P64]" + CE + "Time 2.5s:[P2],Time:3s-4s:" + CS + "[P64]" + CE + "\n"),
 ])
 def test_prompt_text_hybrid(tiny_vlm, case, expected_video):
     raw_hw, k = 2, 64
@@ -94,5 +94,30 @@ def test_prompt_text_all_raw_and_forced8(tiny_vlm):
     f8 = make_plan("forced8", [8, 2], [0, 1], hw=4, raw_hw=3)
     times = [0.5 + i for i in range(10)]          # 0.5 ... 9.5
     p = tiny_vlm.build_prompt(f8, times, torch.zeros(0, 3, D), _rows(2, 64, 0.0))
-    # [0,8): 0.5 -> 1, 7.5 -> 8; [8,10): 8.5 -> 9, 9.5 -> 10 (half-to-even would give 0, 8, 8, 10)
-    assert _decode(tok, p.ids) == HEAD + "Time:1s-8s:" + CS + "[P64]" + CE + "Time:9s-10s:" + CS + "[P64]" + CE + "\n"
+    # half to even: [0,8): 0.5 -> 0, 7.5 -> 8; [8,10): 8.5 -> 8, 9.5 -> 10 (half-up would give 1, 8, 9, 10)
+    assert _decode(tok, p.ids) == HEAD + "Time:0s-8s:" + CS + "[P64]" + CE + "Time:8s-10s:" + CS + "[P64]" + CE + "\n"
+
+
+# VideoLLaMA3's template gates its system turn on ``add_system_prompt``
+# (chicheng567/OnlineLong@0b046341:videollama3/model/processor.py:DEFAULT_CHAT_TEMPLATE, reduced to string content)
+VL3_SYSTEM = ("<|im_start|>system\nYou are VideoLLaMA3 created by Alibaba DAMO Academy, a helpful assistant to help "
+              "people understand images and videos.<|im_end|>\n")
+VL3_TEMPLATE = ("{% for message in messages %}{% if add_system_prompt and loop.first and message['role'] != 'system' %}"
+                "{{- '" + VL3_SYSTEM.replace("\n", "\\n") + "' -}}{% endif %}"
+                "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}{% endfor %}"
+                "{% if add_generation_prompt %}{{- '<|im_start|>assistant\\n' -}}{% endif %}")
+
+
+def test_chat_template_rendered_with_add_system_prompt(tiny_vlm):
+    """Seed 001 renders the template with ``add_system_prompt=True``: VideoLLaMA3's system turn is in the head."""
+    tok = tiny_vlm.tokenizer
+    saved = tok.chat_template
+    try:
+        tok.chat_template = VL3_TEMPLATE
+        head, mid, tail = tiny_vlm._split_chat_template()
+        assert tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False) == \
+            "<|im_start|>user\nx<|im_end|>\n"   # without the flag the template writes no system turn
+    finally:
+        tok.chat_template = saved
+    assert (head, mid, tail) == (VL3_SYSTEM + "<|im_start|>user\n", "", "<|im_end|>\n<|im_start|>assistant\n")
+    assert tiny_vlm._split_chat_template() == (HEAD, "", TAIL)   # ChatML (tiny model) ignores the flag
