@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -208,11 +209,15 @@ def test_media_paths_escaping_the_root(tmp_path):
         f = _lvb(root, [_lvb_row("e", video_path=bad)])
         with pytest.raises(AnnotationError, match=rf"{f} row 0 .*(escapes the benchmark root|must be a non-empty)"):
             load_benchmark("lvb", root)
-    (root / "videos").mkdir()
-    os.symlink(tmp_path, root / "videos" / "link")  # a symlink out of the root
-    _lvb(root, [_lvb_row("s", video_path="link/secret.mp4")])
-    with pytest.raises(AnnotationError, match="escapes the benchmark root"):
-        load_benchmark("lvb", root)
+    # the user's own links are followed: a videos folder (or a file in it) linked to other storage works
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    (storage / "clip.mp4").write_bytes(b"x")
+    os.symlink(storage, root / "videos")
+    _lvb(root, [_lvb_row("s", video_path="clip.mp4")])
+    (q,) = load_benchmark("lvb", root)
+    assert q.video_path == str(root.absolute() / "videos" / "clip.mp4")
+    assert Path(q.video_path).resolve() == storage.resolve() / "clip.mp4"
     _lvb(root, [_lvb_row("s", video_path="ok.mp4", subtitle_path="../../s.json")])
     with pytest.raises(AnnotationError, match="escapes"):
         load_benchmark("lvb", root, subtitles=True)

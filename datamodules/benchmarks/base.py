@@ -78,20 +78,21 @@ class Question:
 
 
 def resolve_media_path(root: str | Path, relative: str | Path, where: str) -> Path:
-    """Absolute ``root / relative`` (not symlink-resolved), refusing paths that escape ``root``.
+    """``root / relative`` for a media path taken from annotation text, refusing paths that leave ``root``.
 
-    Escapes are ``..`` components, absolute paths and symlinks pointing out of ``root``.
+    Refused: an empty or absolute path, and any ``..`` component (checked on the text, so annotation text alone
+    can never name a file outside the benchmark root). Symbolic links are the user's own layout and are followed:
+    a ``videos/`` folder linked to other storage works.
 
     Raises:
-        AnnotationError: the path leaves ``root`` (``where`` names the annotation file and row).
+        AnnotationError: the path is empty, absolute or has a ``..`` component (``where`` names the annotation
+            file and row).
     """
-    root_r = Path(root).resolve()
     rel = str(relative)
     if not rel or Path(rel).is_absolute():
         raise AnnotationError(f"{where}: media path {rel!r} must be a non-empty path relative to {root}")
-    path = (root_r / rel).resolve()
-    if path != root_r and root_r not in path.parents:
-        raise AnnotationError(f"{where}: media path {rel!r} escapes the benchmark root {root}")
+    if ".." in Path(rel).parts:
+        raise AnnotationError(f"{where}: media path {rel!r} escapes the benchmark root {root} (a '..' component)")
     return Path(root).absolute() / rel
 
 
