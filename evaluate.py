@@ -7,6 +7,7 @@ and causal omni feature extraction.
 """
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 
@@ -38,8 +39,30 @@ def build_cli(args: list[str] | None, run: bool, **kwargs) -> LightningCLI:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()   # "Loading weights" bars would interleave with the run's own progress bar
+    quiet_console()
     return LightningCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                         args=args, run=run, seed_everything_default=0, **kwargs)
+
+
+class _DropAdvert(logging.Filter):
+    """Drops Lightning's "💡 Tip: ... litlogger" line (an advertisement printed into every run's console)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith("💡 Tip")
+
+
+def quiet_console() -> None:
+    """Keep the console to the run's own output: no Lightning advert line, and no FFmpeg ``[h264 @ 0x…]`` lines
+    from decord (a failed frame is reported by the decoder's error message, which names the file and the cause)."""
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _DropAdvert) for f in rank_zero.filters):
+        rank_zero.addFilter(_DropAdvert())
+    try:
+        import decord
+
+        decord.logging.set_level(decord.logging.QUIET)
+    except Exception:  # noqa: BLE001 - decord missing or without its logging module: nothing to quiet
+        pass
 
 
 def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:

@@ -51,6 +51,7 @@ external ffmpeg fallback is not used (decord handles every case above).
 from __future__ import annotations
 
 import math
+import re
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,9 +131,23 @@ def decode_frame_size(height: int, width: int, n_est: int, native_decode_bytes: 
     return decode_size(height, width, max_side)
 
 
-def short_error(e: BaseException) -> str:
-    """``"Type: first line of the message"`` (at most 200 characters), for one-line messages that name a file."""
-    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+_DECORD_LOG_PREFIX = re.compile(r"\[\d\d:\d\d:\d\d\] \S+?\.(?:cc|cpp|h):\d+: ")
+# FFmpeg error codes decord prints as numbers (libavutil/error.h FFERRTAG values)
+_AVERROR_NAMES = {-1094995529: "AVERROR_INVALIDDATA: invalid data found when processing input",
+                  -541478725: "AVERROR_EOF: end of file", -1414092869: "AVERROR_BUG", -11: "EAGAIN"}
+
+
+def short_error(e: BaseException, limit: int = 400) -> str:
+    """``"Type: message"`` on one line, for messages that name a file: decord's ``[hh:mm:ss] file.cc:N:`` log
+    prefixes removed (so the cause, which comes last, is kept), FFmpeg error codes named, at most ``limit``
+    characters (cut at a word, marked with ``…``)."""
+    text = " ".join(str(e).split())
+    text = _DECORD_LOG_PREFIX.sub("", text)
+    for code, name in _AVERROR_NAMES.items():
+        text = text.replace(f"({code} vs. 0)", f"({code} = {name})")
+    if len(text) > limit:
+        text = text[:limit].rsplit(" ", 1)[0] + " …"
+    return f"{type(e).__name__}: {text}"
 
 
 def _open_error(path: Path, e: BaseException) -> DecodeError:
@@ -196,11 +211,53 @@ def _read_frames(path: Path, idx: list[int], h: int, w: int, dh: int, dw: int, n
 
 
 NATIVE_DECODE_BYTES = 2e9  # seed 001: "decode at native size (processor resizes, as in training) below this"
+MAX_REPLACED_FRAC = 0.2    # unreadable sampled frames a video may have replaced before it is an error
+
+
+_PACKET_RETRIES = 3
+
+
+def _read_each(path: Path, idx: list[int], h: int, w: int, dh: int, dw: int, attempts: int = _PACKET_RETRIES
+               ) -> list[np.ndarray | None]:
+    """Each frame of ``idx`` read alone (one thread, a fresh reader each time); ``None`` where the decoder fails on
+    it ``attempts`` times (decord's decoder thread sometimes reports an earlier packet's error on a later read)."""
+    out: list[np.ndarray | None] = []
+    for i in idx:
+        frame = None
+        for _ in range(attempts):
+            try:
+                frame = _read_frames(path, [i], h, w, dh, dw, 1)[0]
+                break
+            except Exception:  # noqa: BLE001 - a corrupt packet: this frame only
+                continue
+        out.append(frame)
+    return out
+
+
+def replace_unreadable(frames: list[np.ndarray | None], idx: list[int]) -> tuple[list[np.ndarray], list[int]]:
+    """Fill each ``None`` with the readable frame nearest in native index (the earlier one on a tie).
+
+    Returns:
+        ``(frames, replaced)``: the filled list and the positions that were replaced.
+
+    Raises:
+        ValueError: no frame is readable.
+    """
+    ok = [k for k, f in enumerate(frames) if f is not None]
+    if not ok:
+        raise ValueError("no readable frame")
+    replaced = [k for k, f in enumerate(frames) if f is None]
+    filled = list(frames)
+    for k in replaced:
+        src = min(ok, key=lambda j: (abs(idx[j] - idx[k]), idx[j]))
+        filled[k] = frames[src]
+    return filled, replaced
 
 
 def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 896, base_fps: float = 1.0,
                  num_threads: int = 1, native_decode_bytes: float = NATIVE_DECODE_BYTES,
-                 short_clip_first_frame: bool = False) -> DecodedVideo:
+                 short_clip_first_frame: bool = False,
+                 max_replaced_frac: float = MAX_REPLACED_FRAC) -> DecodedVideo:
     """Decode the frames the largest budget of a run needs, as seed 001's ``decode_video`` chooses them.
 
     Frames: :func:`algorithms.budget.sample_frames` on the container's frame times (the rate
@@ -227,17 +284,25 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
         native_decode_bytes: largest ``n_est * h * w * 3`` decoded at native size (seed: 2e9).
         short_clip_first_frame: a clip that ends before the first sampling step gives no frame in the seed (an
             error here, as there); ``True`` keeps its frame at 0 s instead (deviation, off by default).
+        max_replaced_frac: when the batch read fails (corrupt packets), every sampled frame is re-read alone and
+            each unreadable one is replaced by the nearest readable sampled frame (native index distance, the
+            earlier on a tie), listed in ``info["frames_replaced"]`` (positions in the returned frames); the video
+            is an error only when more than this fraction of its sampled frames is unreadable (0: any unreadable
+            frame is an error, as seed 001's ``decode_video``).
 
     Raises:
         DecodeError: missing, empty, truncated, corrupted or unreadable file, no video stream, no frame at the
             sampling rate, or no decodable frame; the message starts with the file path.
     """
+    if not 0.0 <= max_replaced_frac < 1.0:
+        raise ValueError(f"max_replaced_frac must be in [0, 1), got {max_replaced_frac!r}")
     return _decode_video(Path(path), budget_tokens, decode_max_side, base_fps, num_threads, native_decode_bytes,
-                         short_clip_first_frame)
+                         short_clip_first_frame, max_replaced_frac)
 
 
 def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps: float, num_threads: int,
-                  native_decode_bytes: float, short_clip_first_frame: bool) -> DecodedVideo:
+                  native_decode_bytes: float, short_clip_first_frame: bool,
+                  max_replaced_frac: float = 0.0) -> DecodedVideo:
     import decord
 
     if not path.exists():
@@ -246,15 +311,18 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
         raise DecodeError(f"{path}: is not a regular file")
     if path.stat().st_size == 0:
         raise DecodeError(f"{path}: video file is empty (0 bytes)")
-    try:
-        probe = decord.VideoReader(str(path), num_threads=1)   # one frame: nothing for threads to gain
-        num_native = len(probe)
-        native_fps = float(probe.get_avg_fps())
-        stamps = frame_timestamps(probe, num_native) if num_native > 0 else None
-        h, w = probe[0].shape[:2]  # the displayed size (decord applies the rotation metadata)
-        del probe
-    except Exception as e:  # decord raises DECORDError / RuntimeError for bad streams
-        raise _open_error(path, e) from e
+    for attempt in range(_PACKET_RETRIES):   # decord's decoder thread can report a stale packet error on a new reader
+        try:
+            probe = decord.VideoReader(str(path), num_threads=1)   # one frame: nothing for threads to gain
+            num_native = len(probe)
+            native_fps = float(probe.get_avg_fps())
+            stamps = frame_timestamps(probe, num_native) if num_native > 0 else None
+            h, w = probe[0].shape[:2]  # the displayed size (decord applies the rotation metadata)
+            del probe
+            break
+        except Exception as e:  # decord raises DECORDError / RuntimeError for bad streams
+            if attempt == _PACKET_RETRIES - 1 or "Error sending packet" not in str(e):
+                raise _open_error(path, e) from e
     if num_native < 1:
         raise DecodeError(f"{path}: video has no frames")
     fps_ok = math.isfinite(native_fps) and native_fps > 0
@@ -285,6 +353,7 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
     n_est = min(int(duration_s * sample_fps) + 1, max_frames(budget_tokens))
     dh, dw = decode_frame_size(h, w, n_est, native_decode_bytes, decode_max_side)
     unique = sorted(set(idx))   # the filter repeats the last frame when the stream ends early: decode it once
+    replaced: list[int] = []
     try:
         try:
             frames = _read_frames(path, unique, h, w, dh, dw, num_threads)
@@ -293,8 +362,15 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
                 raise
             frames = _read_frames(path, unique, h, w, dh, dw, 1)   # decord's threaded decoder failed: one thread
     except Exception as e:
-        raise DecodeError(f"{path}: decoding {len(unique)} frames failed (corrupted or truncated stream; "
-                          f"{short_error(e)})") from e
+        each = _read_each(path, unique, h, w, dh, dw) if max_replaced_frac > 0 else []
+        bad = sum(f is None for f in each)
+        if not each or bad == len(each) or bad > max_replaced_frac * len(each):
+            detail = f"; {bad} of {len(each)} frames unreadable alone, more than data.max_replaced_frac=" \
+                     f"{max_replaced_frac:g}" if each else ""
+            raise DecodeError(f"{path}: decoding {len(unique)} frames failed (corrupted or truncated stream; "
+                              f"{short_error(e)}{detail})") from e
+        filled, replaced = replace_unreadable(each, unique)
+        frames = np.stack(filled)
     frames = np.ascontiguousarray(frames)
     if frames.ndim != 4 or frames.shape[0] != len(unique) or frames.shape[-1] != 3:
         raise DecodeError(f"{path}: decoder returned frames of shape {frames.shape}")
@@ -304,4 +380,7 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
     info = {"duration_s": round(duration_s, 3), "native_hw": [int(h), int(w)], "decode_hw": list(frames.shape[1:3]),
             "n_frames": len(idx), "fps": round(native_fps, 4), "sample_fps": round(sample_fps, 4), "fps_ok": fps_ok,
             "vfr": bool(vfr)}
+    if replaced:   # positions in the returned frames whose native frame could not be read
+        bad_native = {unique[k] for k in replaced}
+        info["frames_replaced"] = [j for j, k in enumerate(idx) if k in bad_native]
     return DecodedVideo(frames=torch.from_numpy(frames), times_s=real_times, info=info)

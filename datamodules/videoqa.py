@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 from algorithms.errors import SettingError, check_int
 
 from .benchmarks import AnnotationError, Question, load_benchmark
-from .decoding import NATIVE_DECODE_BYTES, DecodeError, auto_decode_threads, decode_video
+from .decoding import MAX_REPLACED_FRAC, NATIVE_DECODE_BYTES, DecodeError, auto_decode_threads, decode_video
 from .sharding import CostBalancedSampler, estimate_cost
 
 log = logging.getLogger(__name__)
@@ -46,8 +46,10 @@ class VideoQADataset(Dataset):
     """
 
     def __init__(self, tasks: list[VideoTask], max_budget: int, decode_max_side: int = 896, decode_threads: int = 1,
-                 native_decode_bytes: float = NATIVE_DECODE_BYTES, short_clip_first_frame: bool = False):
+                 native_decode_bytes: float = NATIVE_DECODE_BYTES, short_clip_first_frame: bool = False,
+                 max_replaced_frac: float = MAX_REPLACED_FRAC):
         self.tasks, self.max_budget, self.decode_max_side = tasks, max_budget, decode_max_side
+        self.max_replaced_frac = max_replaced_frac
         self.decode_threads = decode_threads
         self.native_decode_bytes, self.short_clip_first_frame = native_decode_bytes, short_clip_first_frame
 
@@ -62,7 +64,8 @@ class VideoQADataset(Dataset):
         try:
             dec = decode_video(task.video_path, self.max_budget, self.decode_max_side,
                                num_threads=self.decode_threads, native_decode_bytes=self.native_decode_bytes,
-                               short_clip_first_frame=self.short_clip_first_frame)
+                               short_clip_first_frame=self.short_clip_first_frame,
+                               max_replaced_frac=self.max_replaced_frac)
             item.update(frames=dec.frames, times_s=dec.times_s, video_info=dec.info)
         except DecodeError as e:
             item["error"] = str(e)
@@ -99,6 +102,10 @@ class VideoQADataModule(LightningDataModule):
             its native size (seed 001's ``NATIVE_DECODE_BYTES = 2e9``); larger ones at ``decode_max_side``.
         short_clip_first_frame: keep the frame at 0 s of a clip shorter than one sampling step (seed 001 decodes
             none: an error record; deviation, off by default).
+        max_replaced_frac: a video whose batch decode fails (corrupt packets) keeps its readable frames, each
+            unreadable sampled frame replaced by the nearest readable one (``meta.frames_replaced`` in its records),
+            unless more than this fraction is unreadable (then an error record); 0 = seed 001's behaviour (any
+            unreadable frame makes the video an error).
         decode_threads: decoder threads per worker; ``None``: this host's CPUs shared among all decoders
             (:func:`datamodules.decoding.auto_decode_threads`, workers x this host's ranks, at most 2 each).
         limit_videos: use only the first N videos (quick runs).
@@ -107,7 +114,8 @@ class VideoQADataModule(LightningDataModule):
     def __init__(self, benchmark: str = "videomme", root: str = "assets/demo_videomme",
                  loader_kwargs: dict | None = None, num_workers: int = 2, prefetch_factor: int = 2,
                  decode_max_side: int = 896, decode_threads: int | None = None, limit_videos: int | None = None,
-                 native_decode_bytes: float = NATIVE_DECODE_BYTES, short_clip_first_frame: bool = False):
+                 native_decode_bytes: float = NATIVE_DECODE_BYTES, short_clip_first_frame: bool = False,
+                 max_replaced_frac: float = MAX_REPLACED_FRAC):
         super().__init__()
         self.benchmark, self.root = benchmark, root
         self.loader_kwargs = loader_kwargs or {}
@@ -126,13 +134,18 @@ class VideoQADataModule(LightningDataModule):
         if not isinstance(short_clip_first_frame, bool):
             raise SettingError(f"data.short_clip_first_frame must be true or false, got {short_clip_first_frame!r}")
         self.native_decode_bytes, self.short_clip_first_frame = float(native_decode_bytes), short_clip_first_frame
+        if isinstance(max_replaced_frac, bool) or not isinstance(max_replaced_frac, (int, float)) \
+                or not 0 <= max_replaced_frac < 1:
+            raise SettingError(f"data.max_replaced_frac must be a number in [0, 1), got {max_replaced_frac!r}")
+        self.max_replaced_frac = float(max_replaced_frac)
         self.questions: list[Question] | None = None
 
     def record_settings(self) -> dict:
         """Settings that determine a record (kept in the output folder's ``run.json``)."""
         return {"benchmark": self.benchmark, "root": str(Path(self.root).resolve()),
                 "loader_kwargs": self.loader_kwargs, "decode_max_side": self.decode_max_side,
-                "native_decode_bytes": self.native_decode_bytes, "short_clip_first_frame": self.short_clip_first_frame}
+                "native_decode_bytes": self.native_decode_bytes, "short_clip_first_frame": self.short_clip_first_frame,
+                **({"max_replaced_frac": self.max_replaced_frac} if self.max_replaced_frac != MAX_REPLACED_FRAC else {})}
 
     def setup(self, stage: str | None = None) -> None:
         if self.questions is None:
@@ -205,7 +218,7 @@ class VideoQADataModule(LightningDataModule):
         if threads is None:
             threads = auto_decode_threads(self.num_workers, self.trainer.num_devices)
         ds = VideoQADataset(tasks, max_budget, self.decode_max_side, threads,
-                            self.native_decode_bytes, self.short_clip_first_frame)
+                            self.native_decode_bytes, self.short_clip_first_frame, self.max_replaced_frac)
         return DataLoader(ds, batch_size=None, sampler=sampler, num_workers=self.num_workers,
                           prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
                           persistent_workers=False)
