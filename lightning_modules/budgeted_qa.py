@@ -96,9 +96,9 @@ class BudgetedQA(LightningModule):
         raw_max_tokens: row cap of a raw frame in ``phase3``.
         max_tokens_per_frame: encode cap per frame (merged tokens).
         max_new_tokens: greedy answer length.
-        prompt_template: template name of :mod:`datamodules.benchmarks.prompts`, or ``None`` (default) for each
-            benchmark's own published prompt (``videomme``, ``mlvu``, ``lvb``; the name goes into each record's
-            ``meta.template``).
+        prompt_template: template name or family of :mod:`datamodules.benchmarks.prompts`, or ``None`` (default)
+            for VideoLLaMA3's own evaluation prompt per benchmark (``videollama3_videomme`` / ``_mlvu`` / ``_lvb``;
+            the name goes into each record's ``meta.template``).
         dtype: model dtype (``float32``, ``bfloat16``...).
         attn_implementation: transformers attention backend.
         encode_chunk_frames: frames per vision-encoder call.
@@ -173,7 +173,7 @@ class BudgetedQA(LightningModule):
         return functools.partial(self.vlm.answer_batched, decode=mode)
 
     def prompts(self, questions: list[Question]) -> tuple[list[str], list[str]]:
-        """The question texts and their template names (``prompt_template``, or each benchmark's own)."""
+        """The question texts and their template names (``prompt_template``; default VideoLLaMA3's per benchmark)."""
         pairs = [prompt_and_template(q, self.hparams.prompt_template) for q in questions]
         return [t for t, _ in pairs], [n for _, n in pairs]
 

@@ -297,7 +297,7 @@ def test_ablation_answers_through_plain_predicts_decode_path(decode, expect):
     assert seq.answerer()("p", ["q"], 4) == "sequential"
 
 
-def test_prompt_template_default_is_each_benchmarks_own():
+def test_prompt_template_default_is_videollama3s_own():
     from algorithms.errors import SettingError
     from datamodules.benchmarks import Question
     from lightning_modules.budgeted_qa import BudgetedQA
@@ -305,10 +305,17 @@ def test_prompt_template_default_is_each_benchmarks_own():
     qs = [Question(qid=f"{b}-1", video_id="v", video_path="/v.mp4", question="Q?", options=["a", "b", "c", "d"], answer="A",
                    meta={"benchmark": b}) for b in ("videomme", "mlvu", "lvb")]
     texts, names = BudgetedQA().prompts(qs)
-    assert names == ["videomme", "mlvu", "lvb"]
-    assert "Respond with only the letter (A, B, C, or D) of the correct option." in texts[0]
-    assert texts[1].endswith("Answer with the option's letter from the given choices directly. Only give the best "
-                             "option.")
+    assert names == ["videollama3_videomme", "videollama3_mlvu", "videollama3_lvb"]
+    # VideoLLaMA3@05cee23d evaluation/benchmarks/{videomme,mlvu,longvideobench}.py generate_instruction
+    assert texts[0] == ("Select the best answer to the following multiple-choice question based on the video. "
+                        "Respond with only the letter (A, B, C, or D) of the correct option.\nQ?\nA. a\nB. b\nC. c\n"
+                        "D. d\nAnswer with the option's letter from the given choices directly and only give the "
+                        "best option. The best answer is:")
+    assert texts[1] == ("Question: Q?\nOptions:\n(A) a\n(B) b\n(C) c\n(D) d\nAnswer with the option's letter from "
+                        "the given choices directly and only give the best option.")
+    assert texts[2] == ("Question: Q?\nA. a\nB. b\nC. c\nD. d\n"
+                        "Answer with the option's letter from the given choices directly.")
+    assert BudgetedQA(prompt_template="videomme").prompts(qs)[1] == ["videomme"] * 3
     assert BudgetedQA(prompt_template="mcq_letter").prompts(qs)[1] == ["mcq_letter"] * 3
     with pytest.raises(SettingError, match="prompt_template 'vmme' is unknown"):
         BudgetedQA(prompt_template="vmme")

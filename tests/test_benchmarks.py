@@ -252,15 +252,23 @@ def test_prompts_per_benchmark(tmp_path):
     q = load_benchmark("lvb", tmp_path, subtitles=True)[0]
     assert template_for("lvb") == "lvb" and template_for("videomme") == "videomme"
     assert template_for(None) == "mcq_letter"
+    # the default is VideoLLaMA3's own evaluation prompt for the benchmark (the seeds evaluate VideoLLaMA3)
     text, name = prompt_and_template(q)
-    assert name == "lvb"
-    assert text == build_prompt(q, template=None) == build_prompt(q, "lvb")
+    assert name == "videollama3_lvb"
+    assert text == build_prompt(q, template=None) == build_prompt(q, "videollama3_lvb") == build_prompt(q, "videollama3")
     assert text.startswith("This video's subtitles are listed below:\nfirst\nsecond\n")
     assert "\nA. a cup\nB. a pen\nC. a phone\nD. a book\nE. a key\n" in text
     assert text.rstrip().endswith("letter from the given choices directly.")
+    for bench in ("videomme", "mlvu"):
+        q.meta["benchmark"] = bench
+        assert prompt_and_template(q)[1] == f"videollama3_{bench}"
+    q.meta["benchmark"] = "worldsense"          # no VideoLLaMA3 prompt: the benchmark's own
+    assert prompt_and_template(q)[1] == "worldsense"
+    q.meta["benchmark"] = "lvb"
     # the generic template is Video-MME's without its letter list; Video-MME's names the question's own letters
-    assert build_prompt(q, "videomme") == build_prompt(q).replace("the letter of", "the letter (A, B, C, D, or E) of")
-    assert build_prompt(q) != build_prompt(q, "videomme")
+    assert build_prompt(q, "videomme") == build_prompt(q, "mcq_letter").replace(
+        "the letter of", "the letter (A, B, C, D, or E) of")
+    assert build_prompt(q, "mcq_letter") != build_prompt(q, "videomme")
     # a family name resolves per benchmark; one without a template for the benchmark falls back to its own
     assert prompt_and_template(q, "videollama3")[1] == "videollama3_lvb"
     assert prompt_and_template(q, "lmms_eval")[1] == "lmms_eval_lvb"

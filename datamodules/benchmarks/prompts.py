@@ -1,10 +1,10 @@
-"""Prompt templates per benchmark, in one place. The template name goes into each record's meta.
+"""Prompt templates per benchmark, in one place. The template name goes into each record's meta. The default
+(``prompt_template=None``) is VideoLLaMA3's own evaluation prompt for the benchmark (:data:`DEFAULT_FAMILY`).
 
-Every template shows the options as ``A. text`` lines and closes with an instruction to answer with the letter.
-Templates follow each benchmark's published evaluation prompt where one exists (Video-MME's
-``"Select the best answer ... Respond with only the letter (A, B, C, or D) of the correct option."``; LongVideoBench's and MLVU's lmms-eval prompts
-``"Answer with the option's letter from the given choices directly."``; WorldSense's VLMEvalKit prompt), with the
-options always as ``A. text`` lines so that the two answer parsers see the same layout everywhere.
+Each template reproduces the prompt it names byte for byte (source cited beside it): VideoLLaMA3's evaluation
+prompts (``videollama3_<benchmark>``), lmms-eval's (``lmms_eval_<benchmark>``) and each benchmark's own released
+prompt (``videomme``, ``mlvu``, ``lvb``, ``worldsense``); ``mcq_letter`` is a generic one. Options are written as the
+source writes them (``A. text`` or ``(A) text`` lines).
 
 Use :func:`template_for` to pick the template of a benchmark, and :func:`prompt_and_template` to get the text and
 the name to write into ``record["meta"]["template"]`` in one call.
@@ -73,19 +73,23 @@ FAMILIES = ("videollama3", "lmms_eval")
 
 BENCHMARK_TEMPLATES = {"videomme": "videomme", "mlvu": "mlvu", "lvb": "lvb", "worldsense": "worldsense"}
 DEFAULT_TEMPLATE = "mcq_letter"
+# ``prompt_template=None`` resolves this family per benchmark: the seeds evaluate VideoLLaMA3, so its own evaluation
+# prompts are the default; a benchmark without one (WorldSense) gets its own released prompt
+DEFAULT_FAMILY = "videollama3"
 
 
 def check_template(template: str | None) -> None:
-    """Raise :class:`~algorithms.errors.SettingError` unless ``template`` is a name in :data:`TEMPLATES` or
-    ``None`` (each benchmark's own)."""
+    """Raise :class:`~algorithms.errors.SettingError` unless ``template`` is a name in :data:`TEMPLATES`, a family
+    of :data:`FAMILIES`, or ``None`` (the default family, :data:`DEFAULT_FAMILY`, per benchmark)."""
     if template is not None and template not in TEMPLATES and template not in FAMILIES:
         raise SettingError(f"prompt_template {template!r} is unknown; known: {sorted(TEMPLATES)}, "
-                           f"{list(FAMILIES)} (per benchmark), or null for each benchmark's own")
+                           f"{list(FAMILIES)} (per benchmark), or null for {DEFAULT_FAMILY!r} per benchmark")
 
 
 def template_for(benchmark: str | None) -> str:
-    """Name of the template used for ``benchmark`` ("videomme", "mlvu", "lvb", "worldsense"); unknown or
-    ``None`` gives the generic ``"mcq_letter"``."""
+    """Name of ``benchmark``'s own released template ("videomme", "mlvu", "lvb", "worldsense"); unknown or
+    ``None`` gives the generic ``"mcq_letter"``. (The default of :func:`resolve_template` is the
+    :data:`DEFAULT_FAMILY` template, falling back to this one.)"""
     return BENCHMARK_TEMPLATES.get(benchmark or "", DEFAULT_TEMPLATE)
 
 
@@ -109,23 +113,24 @@ def letters_phrase(n: int) -> str:
 
 
 def resolve_template(template: str | None, benchmark: str | None) -> str:
-    """The template name used for a question of ``benchmark``: ``None`` -> :func:`template_for`; a family of
-    :data:`FAMILIES` -> ``<family>_<benchmark>`` when that template exists, else the benchmark's own."""
+    """The template name used for a question of ``benchmark``: a family of :data:`FAMILIES` ->
+    ``<family>_<benchmark>`` when that template exists, else the benchmark's own (:func:`template_for`); ``None``
+    -> the :data:`DEFAULT_FAMILY` (``videollama3``) resolved so."""
     if template is None:
-        return template_for(benchmark)
+        template = DEFAULT_FAMILY
     if template in FAMILIES:
         name = f"{template}_{benchmark}"
         return name if name in TEMPLATES else template_for(benchmark)
     return template
 
 
-def build_prompt(q: Question, template: str | None = "mcq_letter") -> str:
+def build_prompt(q: Question, template: str | None = None) -> str:
     """The user text that follows the video for question ``q`` (dataset text is inserted verbatim).
 
     Args:
         q: the question; its ``subtitles`` (if any) are prepended under "This video's subtitles are listed below:".
-        template: a name in :data:`TEMPLATES`, or ``None`` for the template of ``q.meta["benchmark"]``
-            (:func:`template_for`).
+        template: a name in :data:`TEMPLATES`, a family of :data:`FAMILIES`, or ``None`` for the default family
+            resolved for ``q.meta["benchmark"]`` (:func:`resolve_template`).
 
     Raises:
         KeyError: unknown template name.
@@ -139,6 +144,7 @@ def build_prompt(q: Question, template: str | None = "mcq_letter") -> str:
 
 def prompt_and_template(q: Question, template: str | None = None) -> tuple[str, str]:
     """``(prompt text, template name)``; the name is what callers write into ``record["meta"]["template"]``.
-    ``template=None`` picks the benchmark's own template (:func:`template_for`)."""
+    ``template=None`` picks VideoLLaMA3's template for the benchmark, else the benchmark's own
+    (:func:`resolve_template`)."""
     name = resolve_template(template, q.meta.get("benchmark"))
     return build_prompt(q, name), name
