@@ -16,7 +16,7 @@ from lightning.pytorch import LightningModule
 
 from algorithms.errors import SettingError
 from datamodules.benchmarks import Question
-from datamodules.benchmarks.prompts import check_template, prompt_and_template
+from datamodules.benchmarks.prompts import chat_parts, check_template, prompt_and_template
 from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,20 @@ class BudgetedQA(LightningModule):
         pairs = [prompt_and_template(q, self.hparams.prompt_template) for q in questions]
         return [t for t, _ in pairs], [n for _, n in pairs]
 
+    def answer_texts(self, answer, prompt, texts: list[str], names: list[str]) -> list:
+        """``answer`` (from :meth:`answerer`) for question ``texts`` of one prefix ``prompt``, each under its
+        template's system message and answer prefix (``prompts.chat_parts``; MLVU's released prompt has both):
+        questions sharing them are answered together from one prefix. Answers in the order of ``texts``."""
+        out: list = [None] * len(texts)
+        groups: dict[tuple, list[int]] = {}
+        for i, name in enumerate(names):
+            groups.setdefault(chat_parts(name), []).append(i)
+        for (system, prefix), idx in groups.items():
+            p = self.vlm.with_chat(prompt, system, prefix) if (system is not None or prefix) else prompt
+            for i, a in zip(idx, answer(p, [texts[i] for i in idx], self.hparams.max_new_tokens)):
+                out[i] = a
+        return out
+
     def on_predict_start(self) -> None:
         """Load the model here, not in ``setup``: Lightning has already started the DataLoader workers (a sized
         loader is not prefetched before this hook), so the first videos decode while the weights load instead
@@ -224,7 +238,7 @@ class BudgetedQA(LightningModule):
             job = job_name(bi.budget)
             todo = [q for q in questions if job in item["jobs"].get(q.qid, [])]
             texts, names = self.prompts(todo)
-            answers = answer(bi.prompt, texts, hp.max_new_tokens) if texts else []
+            answers = self.answer_texts(answer, bi.prompt, texts, names)
             stats = bi.plan.stats()
             records += [qa_record(item, q, a, stats, len(bi.frame_idx), job, bi.budget, None, name)
                         for q, a, name in zip(todo, answers, names)]

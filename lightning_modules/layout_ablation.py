@@ -114,7 +114,7 @@ class LayoutAblationQA(BudgetedQA):
             todo = [q for q in questions if q.qid in run_qids[key]]
             prompt = build_layout_prompt(self.vlm, cache, lj, item["times_s"], hp.raw_mode)
             texts, names = self.prompts(todo)
-            answers = answer(prompt, texts, hp.max_new_tokens) if texts else []
+            answers = self.answer_texts(answer, prompt, texts, names)
             by_layout[key] = {q.qid: self._record(item, q, a, lj, name) for q, a, name in zip(todo, answers, names)}
         t2 = time.perf_counter()
 

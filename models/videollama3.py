@@ -66,12 +66,15 @@ class VideoPrompt:
         last_text: the text of the prefix's last text piece (after the last vision row), tokenized alone at the
             end of ``ids``; the question is appended to it for the fallback check of DESIGN §3.7.
         last_text_len: number of tokens of that last piece at the end of ``ids``.
+        answer_prefix: text put after the assistant header, before the answer (MLVU's ``"Best Option: ("``);
+            ``""`` for none (:meth:`BudgetedVideoLlama3.with_chat`).
     """
 
     ids: torch.Tensor
     vision_embeds: torch.Tensor
     last_text: str
     last_text_len: int
+    answer_prefix: str = ""
 
 
 @dataclass
@@ -299,15 +302,38 @@ class BudgetedVideoLlama3(nn.Module):
         return out
 
     # ------------------------------------------------------------------ text
-    def _split_chat_template(self) -> tuple[str, str, str]:
-        """The chat template rendered around a video marker and a text marker: ``(head, mid, tail)``."""
+    def _split_chat_template(self, system: str | None = None) -> tuple[str, str, str]:
+        """The chat template rendered around a video marker and a text marker: ``(head, mid, tail)``; ``system``:
+        a system message before the user turn (``None``: the template's default)."""
         msgs = [{"role": "user", "content": _VIDEO_MARK + _TEXT_MARK}]
+        if system is not None:
+            msgs.insert(0, {"role": "system", "content": system})
         text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         if _VIDEO_MARK not in text or _TEXT_MARK not in text:
             raise ValueError("the tokenizer's chat template does not place string user content verbatim")
+        if system is not None and system not in text.split(_VIDEO_MARK)[0]:
+            raise ValueError("the tokenizer's chat template does not place a string system message verbatim")
         head, rest = text.split(_VIDEO_MARK)
         mid, tail = rest.split(_TEXT_MARK)
         return head, mid, tail
+
+    def with_chat(self, prompt: VideoPrompt, system: str | None = None, answer_prefix: str = "") -> VideoPrompt:
+        """``prompt`` with the chat template's head rendered with the system message ``system`` (``None``: the
+        template's default) and ``answer_prefix`` put after the assistant header (a released prompt's
+        ``"Best Option: ("``, MLVU ``choice_bench.py``). The same ids a prefix built with that head would have: the
+        head is tokenized alone at the start of every prefix (:meth:`build_prompt`).
+
+        Raises:
+            ValueError: ``prompt`` does not start with the default head's ids.
+        """
+        default = self._ids(self._template[0])
+        n = len(default)
+        if prompt.ids[:n].tolist() != default:
+            raise ValueError("the prompt does not start with the chat template's default head")
+        head = self._ids(self._split_chat_template(system)[0]) if system is not None else default
+        ids = torch.cat([torch.tensor(head, dtype=prompt.ids.dtype), prompt.ids[n:]])
+        return VideoPrompt(ids=ids, vision_embeds=prompt.vision_embeds, last_text=prompt.last_text,
+                           last_text_len=prompt.last_text_len, answer_prefix=answer_prefix)
 
     def _ids(self, text: str, untrusted: bool = False) -> list[int]:
         if not text:
@@ -375,6 +401,9 @@ class BudgetedVideoLlama3(nn.Module):
         ``prompt.last_text`` (a BPE merge across the boundary), the shared prefix cannot be used: the returned ids
         then replace the prefix's last piece, and ``fallback`` is True (DESIGN §3.7).
 
+        The template's tail (user turn end, assistant header) and ``prompt.answer_prefix`` are tokenized together
+        after the question, as the one text they are in a plain pass.
+
         Returns:
             ``(ids, fallback)``: without fallback, the ids to append to the full prefix; with fallback, the ids
             to append to ``prompt.ids[:-prompt.last_text_len]``.
@@ -383,7 +412,7 @@ class BudgetedVideoLlama3(nn.Module):
         whole = self._ids(prompt.last_text + question_text, untrusted=True)
         n = prompt.last_text_len
         own = prompt.ids[len(prompt.ids) - n:].tolist() if n else []
-        tail_ids = self._ids(tail)
+        tail_ids = self._ids(tail + prompt.answer_prefix)
         if whole[:n] == own:
             return whole[n:] + tail_ids, False
         return whole + tail_ids, True

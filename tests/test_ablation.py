@@ -321,3 +321,25 @@ def test_prompt_template_default_is_videollama3s_own():
         BudgetedQA(prompt_template="vmme")
     with pytest.raises(SettingError, match="decode must be one of"):
         BudgetedQA(decode="cuda_graph")
+
+
+def test_answer_texts_puts_each_templates_system_prompt_and_answer_prefix():
+    from datamodules.benchmarks.prompts import chat_parts
+    from lightning_modules.budgeted_qa import BudgetedQA
+
+    class FakeVLM:
+        def with_chat(self, prompt, system, prefix):
+            return (prompt, system, prefix)
+
+    m = BudgetedQA(max_new_tokens=3)
+    m.vlm = FakeVLM()
+    calls = []
+
+    def answer(p, texts, n):
+        calls.append((p, texts, n))
+        return [f"{t}@{p}" for t in texts]
+
+    out = m.answer_texts(answer, "P", ["m1", "v1", "m2"], ["mlvu", "videollama3_mlvu", "mlvu"])
+    mlvu_prompt = ("P",) + chat_parts("mlvu")
+    assert calls == [(mlvu_prompt, ["m1", "m2"], 3), ("P", ["v1"], 3)]   # one prefix per (system, prefix)
+    assert out == [f"m1@{mlvu_prompt}", "v1@P", f"m2@{mlvu_prompt}"]      # in the order of the texts

@@ -305,8 +305,9 @@ _EXPECTED = {
     # lmms-eval@75571cfe longvideobench_doc_to_text: f"{pre_prompt}{question}\n{post_prompt}", question already
     # holding the "A. c" lines, post_prompt ending in "\n"
     "lmms_eval_lvb": (_Q + "\n" + _OPTS + "\nAnswer with the option's letter from the given choices directly.\n"),
-    "mlvu": ("Question: " + _Q + "\nOptions:\n" + _OPTS + "\n"
-             "Answer with the option's letter from the given choices directly. Only give the best option."),
+    # MLVU@fd060c10 choice_bench.py: qa_template's "Question: q\nOptions:\n(A) c\n...".rstrip() + "Only give the best
+    # option." with no separator (main: inp = ... + question + "Only give the best option.")
+    "mlvu": "Question: " + _Q + "\nOptions:\n" + _OPTS_PAREN + "Only give the best option.",
     "lvb": "Question: " + _Q + "\n" + _OPTS + "\nAnswer with the option's letter from the given choices directly.",
     "worldsense": ("Carefully watch this video and listen to its audio. Select the best answer to the following "
                    "multiple-choice question based on the video and the audio. Respond with only the letter "
@@ -327,6 +328,18 @@ def test_prompt_templates_full_text(tmp_path, name):
              .replace(_OPTS_PAREN, "(A) yes\n(B) no\n(C) maybe").replace("(A, B, C, D, or E)", "(A, B, or C)"))
     assert build_prompt(q3, name) == three
     assert "(A, B, C, or D)" not in build_prompt(q3, name)
+
+
+def test_mlvu_release_system_prompt_and_answer_prefix():
+    from datamodules.benchmarks.prompts import chat_parts, mlvu_question
+
+    # MLVU@fd060c10 choice_bench.py main: conv.system = ..., conv.append_message(conv.roles[1], "Best Option: (")
+    assert chat_parts("mlvu") == ("Carefully watch this video and pay attention to every detail. Based on your "
+                                  "observations, select the best option that accurately addresses the question.",
+                                  "Best Option: (")
+    assert chat_parts("videollama3_mlvu") == (None, "") and chat_parts("lvb") == (None, "")
+    # qa_template rstrips the whole question: an option's trailing spaces at the end go, inner ones stay
+    assert mlvu_question("Q ", ["a ", "b  "]) == "Question: Q \nOptions:\n(A) a \n(B) b"
 
 
 def test_letters_phrase_is_the_release_for_four():

@@ -49,10 +49,11 @@ TEMPLATES = {
     # Video-MME's evaluation prompt as its README gives it (MME-Benchmarks/Video-MME@06c2315b:README.md,
     # "Prompt"); "(A, B, C, or D)" for its 4 options, the letters of the question otherwise
     "videomme": _MCQ_LETTER.replace("the letter of", "the letter ({letters}) of"),
-    "mlvu": (
-        "{subtitles}Question: {question}\nOptions:\n{options}\n"
-        "Answer with the option's letter from the given choices directly. Only give the best option."
-    ),
+    # MLVU's own (JUNJIE99/MLVU@fd060c10a43ea48a35100a22688a927b8e531199,
+    # evaluation/multiple_choice_evaluation/choice_bench.py): MLVU.qa_template's question (rstripped) followed
+    # directly by "Only give the best option." (main: inp = ... + question + "Only give the best option."); its
+    # conv.system and the assistant message "Best Option: (" are in SYSTEM_PROMPTS / ANSWER_PREFIXES
+    "mlvu": "{subtitles}{mlvu_question}Only give the best option.",
     "lvb": (
         "{subtitles}Question: {question}\n{options}\n"
         "Answer with the option's letter from the given choices directly."
@@ -67,6 +68,15 @@ TEMPLATES = {
     "videollama3_mlvu": _VL3_MLVU,
     "videollama3_lvb": _VL3_LVB,
     "lmms_eval_lvb": _LMMS_EVAL_LVB,
+}
+# system messages and answer prefixes (text after the assistant header) of the templates that have them; the model
+# puts them into its chat template (models.videollama3.BudgetedVideoLlama3.with_chat)
+SYSTEM_PROMPTS = {   # MLVU choice_bench.py main: conv.system = "..."
+    "mlvu": ("Carefully watch this video and pay attention to every detail. Based on your observations, select the "
+             "best option that accurately addresses the question."),
+}
+ANSWER_PREFIXES = {  # MLVU choice_bench.py main: conv.append_message(conv.roles[1], "Best Option: (")
+    "mlvu": "Best Option: (",
 }
 # a family name resolved per benchmark (``<family>_<benchmark>``)
 FAMILIES = ("videollama3", "lmms_eval")
@@ -91,6 +101,19 @@ def template_for(benchmark: str | None) -> str:
     ``None`` gives the generic ``"mcq_letter"``. (The default of :func:`resolve_template` is the
     :data:`DEFAULT_FAMILY` template, falling back to this one.)"""
     return BENCHMARK_TEMPLATES.get(benchmark or "", DEFAULT_TEMPLATE)
+
+
+def chat_parts(template: str) -> tuple[str | None, str]:
+    """``(system message or None, answer prefix)`` of template ``template`` (``None`` / ``""``: none; the model's
+    chat template then keeps its default system message)."""
+    return SYSTEM_PROMPTS.get(template), ANSWER_PREFIXES.get(template, "")
+
+
+def mlvu_question(question: str, options: list[str]) -> str:
+    """MLVU ``choice_bench.py`` ``MLVU.qa_template``: ``"Question: q\nOptions:\n(A) a\n(B) b"``, built with a
+    ``"\n"`` after every line and then ``rstrip()``-ed as released."""
+    text = f"Question: {question}\nOptions:\n" + "".join(f"({LETTERS[i]}) {o}\n" for i, o in enumerate(options))
+    return text.rstrip()
 
 
 def format_options(options: list[str]) -> str:
@@ -139,6 +162,7 @@ def build_prompt(q: Question, template: str | None = None) -> str:
     subs = f"This video's subtitles are listed below:\n{q.subtitles}\n" if q.subtitles else ""
     return TEMPLATES[name].format(subtitles=subs, question=q.question, options=format_options(q.options),
                                   options_paren=format_options_paren(q.options),
+                                  mlvu_question=mlvu_question(q.question, q.options),
                                   letters=letters_phrase(len(q.options)))
 
 
