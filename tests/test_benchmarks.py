@@ -307,6 +307,12 @@ _EXPECTED = {
     "lmms_eval_lvb": (_Q + "\n" + _OPTS + "\nAnswer with the option's letter from the given choices directly.\n"),
     # MLVU@fd060c10 choice_bench.py: qa_template's "Question: q\nOptions:\n(A) c\n...".rstrip() + "Only give the best
     # option." with no separator (main: inp = ... + question + "Only give the best option.")
+    # lmms-eval@75571cfe videomme/utils.py videomme_doc_to_text: option_prompt + "\n" + question + "\n" + options +
+    # "\n" + videomme.yaml's post_prompt "\nAnswer with the option's letter from the given choices directly."
+    "lmms_eval_videomme": ("Select the best answer to the following multiple-choice question based on the video "
+                           "and the subtitles. Respond with only the letter (A, B, C, D, or E) of the correct "
+                           "option.\n" + _Q + "\n" + _OPTS + "\n\nAnswer with the option's letter from the given "
+                           "choices directly."),
     "mlvu": "Question: " + _Q + "\nOptions:\n" + _OPTS_PAREN + "Only give the best option.",
     "lvb": "Question: " + _Q + "\n" + _OPTS + "\nAnswer with the option's letter from the given choices directly.",
     "worldsense": ("Carefully watch this video and listen to its audio. Select the best answer to the following "
@@ -321,7 +327,13 @@ def test_prompt_templates_full_text(tmp_path, name):
     _lvb(tmp_path)
     with_subs = load_benchmark("lvb", tmp_path, subtitles=True)[0]
     without = load_benchmark("lvb", tmp_path)[0]
-    assert build_prompt(with_subs, name) == _SUBS + _EXPECTED[name]
+    if name == "lmms_eval_videomme":   # videomme_doc_to_text_subtitle: its own header (with a space) and ending
+        assert build_prompt(with_subs, name) == (
+            "This video's subtitles are listed below: \nfirst\nsecond\nSelect the best answer to the following "
+            "multiple-choice question based on the video and the subtitles. Respond with only the letter "
+            "(A, B, C, D, or E) of the correct option.\n" + _Q + "\n" + _OPTS + "\nThe best answer is:")
+    else:
+        assert build_prompt(with_subs, name) == _SUBS + _EXPECTED[name]
     assert build_prompt(without, name) == _EXPECTED[name]
     q3 = load_benchmark("lvb", tmp_path)[1]          # 3 options: only A-C lines, nothing left over
     three = (_EXPECTED[name].replace(_Q, "Then?").replace(_OPTS, "A. yes\nB. no\nC. maybe")

@@ -43,6 +43,23 @@ _LMMS_EVAL_LVB = (
     "{subtitles}{question}\n{options}\nAnswer with the option's letter from the given choices directly.\n"
 )
 
+# lmms-eval@75571cfe Video-MME: lmms_eval/tasks/videomme/utils.py:videomme_doc_to_text with videomme.yaml's default
+# post_prompt "\nAnswer with the option's letter from the given choices directly." (joined after a "\n": a blank line);
+# with subtitles, videomme_doc_to_text_subtitle (videomme_w_subtitle.yaml), which ends in "The best answer is:" and
+# ignores post_prompt. The option prompt says "and the subtitles" in both, as released.
+_LMMS_EVAL_VIDEOMME_OPTION_PROMPT = (
+    "Select the best answer to the following multiple-choice question based on the video and the subtitles. "
+    "Respond with only the letter ({letters}) of the correct option."
+)
+_LMMS_EVAL_VIDEOMME = (
+    _LMMS_EVAL_VIDEOMME_OPTION_PROMPT + "\n{question}\n{options}\n\n"
+    "Answer with the option's letter from the given choices directly."
+)
+_LMMS_EVAL_VIDEOMME_SUBTITLE = (
+    "This video's subtitles are listed below: \n{subtitle_text}\n" + _LMMS_EVAL_VIDEOMME_OPTION_PROMPT
+    + "\n{question}\n{options}\nThe best answer is:"
+)
+
 TEMPLATES = {
     # generic: Video-MME's wording without its "(A, B, C, or D)", since MLVU and LongVideoBench have 2-6 options
     "mcq_letter": _MCQ_LETTER,
@@ -68,7 +85,10 @@ TEMPLATES = {
     "videollama3_mlvu": _VL3_MLVU,
     "videollama3_lvb": _VL3_LVB,
     "lmms_eval_lvb": _LMMS_EVAL_LVB,
+    "lmms_eval_videomme": _LMMS_EVAL_VIDEOMME,
 }
+# a template's own text for a question with subtitles (its ``{subtitle_text}`` is the lines, without a header)
+SUBTITLE_TEMPLATES = {"lmms_eval_videomme": _LMMS_EVAL_VIDEOMME_SUBTITLE}
 # system messages and answer prefixes (text after the assistant header) of the templates that have them; the model
 # puts them into its chat template (models.videollama3.BudgetedVideoLlama3.with_chat)
 SYSTEM_PROMPTS = {   # MLVU choice_bench.py main: conv.system = "..."
@@ -160,7 +180,8 @@ def build_prompt(q: Question, template: str | None = None) -> str:
     """
     name = resolve_template(template, q.meta.get("benchmark"))
     subs = f"This video's subtitles are listed below:\n{q.subtitles}\n" if q.subtitles else ""
-    return TEMPLATES[name].format(subtitles=subs, question=q.question, options=format_options(q.options),
+    text = SUBTITLE_TEMPLATES[name] if q.subtitles and name in SUBTITLE_TEMPLATES else TEMPLATES[name]
+    return text.format(subtitles=subs, subtitle_text=q.subtitles or "", question=q.question, options=format_options(q.options),
                                   options_paren=format_options_paren(q.options),
                                   mlvu_question=mlvu_question(q.question, q.options),
                                   letters=letters_phrase(len(q.options)))
