@@ -172,9 +172,11 @@ class BudgetedQA(LightningModule):
         mode = hp.decode if hp.decode != "auto" else ("graph" if self.device.type == "cuda" else "dynamic")
         return functools.partial(self.vlm.answer_batched, decode=mode)
 
-    def prompts(self, questions: list[Question]) -> tuple[list[str], list[str]]:
-        """The question texts and their template names (``prompt_template``; default VideoLLaMA3's per benchmark)."""
-        pairs = [prompt_and_template(q, self.hparams.prompt_template) for q in questions]
+    def prompts(self, questions: list[Question], frame_times_s: list[float] | None = None
+                ) -> tuple[list[str], list[str]]:
+        """The question texts and their template names (``prompt_template``; default VideoLLaMA3's per benchmark).
+        ``frame_times_s``: times (s) of the frames the model sees (Video-MME's subtitles keep only their lines)."""
+        pairs = [prompt_and_template(q, self.hparams.prompt_template, frame_times_s) for q in questions]
         return [t for t, _ in pairs], [n for _, n in pairs]
 
     def answer_texts(self, answer, prompt, texts: list[str], names: list[str]) -> list:
@@ -237,7 +239,7 @@ class BudgetedQA(LightningModule):
         for bi in inputs:
             job = job_name(bi.budget)
             todo = [q for q in questions if job in item["jobs"].get(q.qid, [])]
-            texts, names = self.prompts(todo)
+            texts, names = self.prompts(todo, [item["times_s"][i] for i in bi.frame_idx])
             answers = self.answer_texts(answer, bi.prompt, texts, names)
             stats = bi.plan.stats()
             records += [qa_record(item, q, a, stats, len(bi.frame_idx), job, bi.budget, None, name)

@@ -113,7 +113,7 @@ class LayoutAblationQA(BudgetedQA):
             lj = layouts[key]
             todo = [q for q in questions if q.qid in run_qids[key]]
             prompt = build_layout_prompt(self.vlm, cache, lj, item["times_s"], hp.raw_mode)
-            texts, names = self.prompts(todo)
+            texts, names = self.prompts(todo, [item["times_s"][i] for i in lj.frame_idx])
             answers = self.answer_texts(answer, prompt, texts, names)
             by_layout[key] = {q.qid: self._record(item, q, a, lj, name) for q, a, name in zip(todo, answers, names)}
         t2 = time.perf_counter()

@@ -366,3 +366,33 @@ def test_unknown_benchmark():
 
     with pytest.raises(SettingError, match="unknown benchmark 'nope'; known"):
         load_benchmark("nope", ".")
+
+
+def test_videomme_subtitles_keep_the_lines_at_sampled_frames():
+    """VideoLLaMA3@05cee23d videomme.py generate_instruction: per frame, the first cue with start < t*1000 < end
+    (strict), no de-duplication, frames outside every cue add nothing."""
+    from datamodules.benchmarks import Question
+    from datamodules.benchmarks.subtitles import lines_at_frames, parse_srt
+
+    srt = ("1\n00:00:01,000 --> 00:00:03,000\nhello\nthere\n\n"
+           "2\n00:00:02,500 --> 00:00:05,000\noverlap\n\n"
+           "3\n00:00:06,000 --> 00:00:07,500\n<i>last</i>\n")
+    lines = parse_srt(srt)
+    # t=0.5: none; 1.0: not strictly inside cue 1; 2.0 and 2.9: cue 1 (first match, twice); 3.0: cue 2 only;
+    # 6.0: none (start not < t); 7.0: cue 3
+    assert lines_at_frames(lines, [0.5, 1.0, 2.0, 2.9, 3.0, 6.0, 7.0]) == "hello there\nhello there\noverlap\nlast"
+    assert lines_at_frames(lines, [0.0, 10.0]) == ""
+    q = Question(qid="q", video_id="v", video_path="/v.mp4", question="Q?", options=["a", "b", "c", "d"],
+                 answer="A", meta={"benchmark": "videomme"}, subtitles="hello there\noverlap\nlast",
+                 subtitle_lines=lines)
+    opts = "A. a\nB. b\nC. c\nD. d\n"
+    body = ("Select the best answer to the following multiple-choice question based on the video. Respond with only "
+            "the letter (A, B, C, or D) of the correct option.\nQ?\n" + opts + "Answer with the option's letter "
+            "from the given choices directly and only give the best option. The best answer is:")
+    assert build_prompt(q, None, [2.0, 7.0]) == "This video's subtitles are listed below:\nhello there\nlast\n" + body
+    # no frame inside a cue: the header stays with an empty list, as released for a video with a subtitle file
+    assert build_prompt(q, None, [0.5]) == "This video's subtitles are listed below:\n\n" + body
+    # without frame times: the whole text (what the loader attached)
+    assert build_prompt(q, None) == "This video's subtitles are listed below:\nhello there\noverlap\nlast\n" + body
+    q.meta["benchmark"] = "lvb"      # other benchmarks keep their subtitles as loaded
+    assert "overlap" in build_prompt(q, "videollama3_videomme", [2.0])

@@ -14,6 +14,7 @@ from __future__ import annotations
 from algorithms.errors import SettingError
 
 from .base import LETTERS, Question
+from .subtitles import lines_at_frames
 
 _MCQ_LETTER = (
     "{subtitles}Select the best answer to the following multiple-choice question based on the video. "
@@ -167,29 +168,43 @@ def resolve_template(template: str | None, benchmark: str | None) -> str:
     return template
 
 
-def build_prompt(q: Question, template: str | None = None) -> str:
+def subtitle_text(q: Question, frame_times_s: list[float] | None = None) -> str | None:
+    """The subtitles shown with ``q``: for Video-MME, with the times of the frames the model sees, only the lines
+    at those frames (:func:`~datamodules.benchmarks.subtitles.lines_at_frames`, VideoLLaMA3's
+    ``videomme.py``); otherwise the whole subtitle text ``q.subtitles`` (or ``None``)."""
+    if frame_times_s is not None and q.subtitle_lines and q.meta.get("benchmark") == "videomme":
+        return lines_at_frames(q.subtitle_lines, frame_times_s)
+    return q.subtitles
+
+
+def build_prompt(q: Question, template: str | None = None, frame_times_s: list[float] | None = None) -> str:
     """The user text that follows the video for question ``q`` (dataset text is inserted verbatim).
 
     Args:
         q: the question; its ``subtitles`` (if any) are prepended under "This video's subtitles are listed below:".
         template: a name in :data:`TEMPLATES`, a family of :data:`FAMILIES`, or ``None`` for the default family
             resolved for ``q.meta["benchmark"]`` (:func:`resolve_template`).
+        frame_times_s: times (s) of the frames the model sees; Video-MME then shows only their subtitle lines
+            (:func:`subtitle_text`). A subtitled question always gets the header, even when no line is left, as
+            VideoLLaMA3's ``videomme.py`` writes it for a video with a subtitle file.
 
     Raises:
         KeyError: unknown template name.
     """
     name = resolve_template(template, q.meta.get("benchmark"))
-    subs = f"This video's subtitles are listed below:\n{q.subtitles}\n" if q.subtitles else ""
-    text = SUBTITLE_TEMPLATES[name] if q.subtitles and name in SUBTITLE_TEMPLATES else TEMPLATES[name]
-    return text.format(subtitles=subs, subtitle_text=q.subtitles or "", question=q.question, options=format_options(q.options),
+    lines = subtitle_text(q, frame_times_s) if q.subtitles else None
+    subs = f"This video's subtitles are listed below:\n{lines}\n" if lines is not None else ""
+    text = SUBTITLE_TEMPLATES[name] if lines is not None and name in SUBTITLE_TEMPLATES else TEMPLATES[name]
+    return text.format(subtitles=subs, subtitle_text=lines or "", question=q.question, options=format_options(q.options),
                                   options_paren=format_options_paren(q.options),
                                   mlvu_question=mlvu_question(q.question, q.options),
                                   letters=letters_phrase(len(q.options)))
 
 
-def prompt_and_template(q: Question, template: str | None = None) -> tuple[str, str]:
+def prompt_and_template(q: Question, template: str | None = None,
+                        frame_times_s: list[float] | None = None) -> tuple[str, str]:
     """``(prompt text, template name)``; the name is what callers write into ``record["meta"]["template"]``.
     ``template=None`` picks VideoLLaMA3's template for the benchmark, else the benchmark's own
     (:func:`resolve_template`)."""
     name = resolve_template(template, q.meta.get("benchmark"))
-    return build_prompt(q, name), name
+    return build_prompt(q, name, frame_times_s), name

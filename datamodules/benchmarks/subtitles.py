@@ -148,3 +148,30 @@ def subtitles_text(lines: list[TimedLine]) -> str:
         if not out or out[-1] != text:
             out.append(text)
     return "\n".join(out)
+
+
+def lines_at_frames(lines: list[TimedLine], frame_times_s: list[float]) -> str:
+    """The subtitle text of the sampled frames, as VideoLLaMA3's Video-MME evaluation builds it.
+
+    DAMO-NLP-SG/VideoLLaMA3@05cee23deb854fd6ff82dcff1243a4f682e4d617 evaluation/benchmarks/videomme.py
+    ``VideoMMEDataset.generate_instruction``: per frame time ``t`` (in order), the first cue with
+    ``subtitle.start < t * 1000 < subtitle.end`` (pysubs2 times, integer ms; strict on both sides), its text with
+    ``\\N`` as a space; a frame without one adds nothing; texts joined by ``"\\n"``, with no de-duplication (a cue
+    covering three frames appears three times).
+
+    Args:
+        lines: timed lines (:func:`parse_srt`; seconds, in file order sorted by time).
+        frame_times_s: the times (s) of the frames the model sees.
+
+    Returns:
+        The text (``""`` when no frame falls inside a cue).
+    """
+    ms = [(round(a * 1000), round(b * 1000), text) for a, b, text in lines]
+    out = []
+    for t in frame_times_s:
+        for a, b, text in ms:
+            if a < t * 1000 < b:
+                if text.strip():
+                    out.append(text)
+                break
+    return "\n".join(out)
