@@ -16,7 +16,7 @@ from lightning.pytorch import LightningModule
 
 from algorithms.errors import SettingError
 from datamodules.benchmarks import Question
-from datamodules.benchmarks.prompts import chat_parts, check_template, prompt_and_template
+from datamodules.benchmarks.prompts import chat_parts, check_template, interleaved_subtitles, prompt_and_template
 from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets
 
 log = logging.getLogger(__name__)
@@ -230,11 +230,12 @@ class BudgetedQA(LightningModule):
         frames = item["frames"]
         t0 = time.perf_counter()
         cache = EncodeCache(self.vlm, frames.to(self.device), hp.encode_chunk_frames)
+        questions = [Question(**q) for q in item["questions"]]
         inputs = prepare_budgets(self.vlm, cache.frames, item["times_s"], needed, hp.raw_mode, hp.raw_max_tokens,
-                                 hp.max_tokens_per_frame, hp.encode_chunk_frames, cache=cache)
+                                 hp.max_tokens_per_frame, hp.encode_chunk_frames, cache=cache,
+                                 subtitle_slots=interleaved_subtitles(questions))
         t1 = time.perf_counter()
         answer = self.answerer()
-        questions = [Question(**q) for q in item["questions"]]
         records = []
         for bi in inputs:
             job = job_name(bi.budget)

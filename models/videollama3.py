@@ -341,7 +341,8 @@ class BudgetedVideoLlama3(nn.Module):
         return self.tokenizer(text, add_special_tokens=False, split_special_tokens=untrusted)["input_ids"]
 
     def build_prompt(self, plan: Plan, times_s: list[float], raw_rows: torch.Tensor,
-                     group_rows: torch.Tensor, groups_as_raw: bool = False) -> VideoPrompt:
+                     group_rows: torch.Tensor, groups_as_raw: bool = False,
+                     subtitle_slots: list[list[str]] | None = None) -> VideoPrompt:
         """The shared prefix for one (video, budget).
 
         Args:
@@ -352,6 +353,12 @@ class BudgetedVideoLlama3(nn.Module):
             groups_as_raw: layout ablations' compressor swaps (DESIGN §4): each compressed group ``[a, b)`` is
                 written as one raw frame, ``Time {t:.1f}s:`` + its rows (no compression tokens), with ``t`` the
                 time of its middle frame ``a + (b - a - 1) // 2``; ``group_rows`` is then (G_c, K', D).
+            subtitle_slots: T+1 lists, ``[k]`` the subtitle texts that go before frame ``k`` (``[T]`` after the
+                last; ``datamodules.benchmarks.subtitles.interleave_slots``). As VideoLLaMA3's LongVideoBench
+                evaluation renders them (its chat template: a video chunk ends with ``\n``, a text item follows
+                verbatim, the next chunk's ``Time`` right after it): the block before them ends with ``\n``, the
+                texts follow with nothing between. A slot inside a compressed group goes after the group.
+                Subtitle text is tokenized as dataset text (``split_special_tokens``).
 
         Returns:
             A :class:`VideoPrompt`.
@@ -363,31 +370,47 @@ class BudgetedVideoLlama3(nn.Module):
         text = ""
         ri = gi = 0
         cs, ce = (self.tokenizer.convert_tokens_to_ids(t) for t in (COMPRESSION_START, COMPRESSION_END))
+        subs = False
+
+        def interleave(text: str, lo: int, hi: int) -> str:   # slots lo..hi-1 after the previous block
+            nonlocal subs
+            got = "".join(t for k in range(lo, hi) for t in subtitle_slots[k])
+            if not got:
+                return text
+            subs = True
+            return ("\n" if text in (",", "") and lo > 0 else text) + got
+
+        done = 0     # slots placed so far
         for bi, (kind, a, b) in enumerate(blocks):
             last = bi == len(blocks) - 1
+            if subtitle_slots is not None:
+                text, done = interleave(text, done, a + 1), a + 1
             if kind == "raw":
-                ids += self._ids(text + f"Time {times_s[a]:.1f}s:")
+                ids += self._ids(text + f"Time {times_s[a]:.1f}s:", untrusted=subs)
                 rows = raw_rows[ri]
                 ri += 1
                 ids += [self.placeholder_id] * rows.shape[0]
                 embeds.append(rows)
                 text = "\n" if last else ","
             elif groups_as_raw:
-                ids += self._ids(text + f"Time {times_s[a + (b - a - 1) // 2]:.1f}s:")
+                ids += self._ids(text + f"Time {times_s[a + (b - a - 1) // 2]:.1f}s:", untrusted=subs)
                 rows = group_rows[gi]
                 gi += 1
                 ids += [self.placeholder_id] * rows.shape[0]
                 embeds.append(rows)
                 text = "\n" if last else ","
             else:
-                ids += self._ids(text + f"Time:{round_half_up(times_s[a])}s-{round_half_up(times_s[b - 1])}s:") + [cs]
+                ids += self._ids(text + f"Time:{round_half_up(times_s[a])}s-{round_half_up(times_s[b - 1])}s:",
+                                 untrusted=subs) + [cs]
                 rows = group_rows[gi]
                 gi += 1
                 ids += [self.placeholder_id] * rows.shape[0] + [ce]
                 embeds.append(rows)
                 text = "\n" if last else ""
+        if subtitle_slots is not None:
+            text = interleave(text, done, len(subtitle_slots))
         text += mid
-        last_ids = self._ids(text)
+        last_ids = self._ids(text, untrusted=subs)
         ids += last_ids
         vision = torch.cat(embeds) if embeds else raw_rows.new_zeros(0, raw_rows.shape[-1])
         return VideoPrompt(ids=torch.tensor(ids, dtype=torch.long), vision_embeds=vision, last_text=text,
@@ -804,7 +827,8 @@ def _budget_geometry(height: int, width: int, budget: int, num_frames: int, max_
 @torch.no_grad()
 def prepare_budgets(vlm: BudgetedVideoLlama3, frames: torch.Tensor, times_s: list[float], budgets: list[int],
                     raw_mode: str = "phase3", raw_max_tokens: int = 256, max_tokens_per_frame: int = 256,
-                    chunk_frames: int = 64, cache: EncodeCache | None = None) -> list[BudgetInput]:
+                    chunk_frames: int = 64, cache: EncodeCache | None = None,
+                    subtitle_slots=None) -> list[BudgetInput]:
     """DESIGN §3 steps 2-6 for every budget of one decoded video.
 
     Per budget: frames ``subsample(T, B)``; grid from ``frame_token_cap``; one encode per grid over the union of
@@ -815,6 +839,8 @@ def prepare_budgets(vlm: BudgetedVideoLlama3, frames: torch.Tensor, times_s: lis
     Args:
         frames: (T, H, W, 3) uint8 decoded frames (for the largest budget).
         times_s: T frame times in seconds.
+        subtitle_slots: ``None``, or ``f(frame_times_s) -> T_b + 1`` lists of subtitle texts interleaved before
+            each frame of a budget (LongVideoBench; see :meth:`BudgetedVideoLlama3.build_prompt`).
 
     Returns:
         One :class:`BudgetInput` per budget, in the order given.
@@ -842,6 +868,8 @@ def prepare_budgets(vlm: BudgetedVideoLlama3, frames: torch.Tensor, times_s: lis
             raw_rows = rows[raw_pos]
         raw_llm = vlm.project(raw_rows, original=raw_mode == "orig")   # (n_raw, raw_hw, D)
         group_llm = vlm.project(vlm.compress(rows, plan, grid))          # (G_c, K, D)
-        prompt = vlm.build_prompt(plan, [times_s[i] for i in idx], raw_llm, group_llm)
+        times = [times_s[i] for i in idx]
+        prompt = vlm.build_prompt(plan, times, raw_llm, group_llm,
+                                  subtitle_slots=subtitle_slots(times) if subtitle_slots else None)
         out.append(BudgetInput(budget=b, frame_idx=idx, plan=plan, prompt=prompt, grid=grid, raw_grid=raw_grid))
     return out

@@ -394,5 +394,30 @@ def test_videomme_subtitles_keep_the_lines_at_sampled_frames():
     assert build_prompt(q, None, [0.5]) == "This video's subtitles are listed below:\n\n" + body
     # without frame times: the whole text (what the loader attached)
     assert build_prompt(q, None) == "This video's subtitles are listed below:\nhello there\noverlap\nlast\n" + body
-    q.meta["benchmark"] = "lvb"      # other benchmarks keep their subtitles as loaded
+    q.meta["benchmark"] = "mlvu"     # a benchmark without a placement rule keeps its subtitles as loaded
     assert "overlap" in build_prompt(q, "videollama3_videomme", [2.0])
+
+
+def test_lvb_interleave_slots_follow_insert_subtitles_into_frames():
+    """VideoLLaMA3@05cee23d longvideobench.py / lmms-eval@75571cfe longvideobench/utils.py
+    insert_subtitles_into_frames, worked by hand for frames at 0, 2, 4, 6 s."""
+    from datamodules.benchmarks import Question
+    from datamodules.benchmarks.prompts import interleaved_subtitles
+    from datamodules.benchmarks.subtitles import interleave_slots
+
+    lines = [(0.2, 0.6, "a"),    # mid 0.4: after frame 0; widened to (-0.1, 0.9) covers frame 0 -> kept
+             (2.5, 3.5, "b"),    # mid 3.0: after frame 2; 1 s long, no frame strictly inside -> left out
+             (3.0, 5.0, "c"),    # mid 4.0: frame 4 <= mid goes first; covers 4 -> kept
+             (3.5, 4.5, "d"),    # mid 4.0: same place, after "c"
+             (6.0, 6.5, "e")]    # mid 6.25: after frame 6; widened (5.75, 6.75) covers 6 -> kept, after the last
+    assert interleave_slots(lines, [0.0, 2.0, 4.0, 6.0]) == [[], ["a"], [], ["c", "d"], ["e"]]
+    assert interleave_slots([], [0.0]) == [[], []]
+    q = Question(qid="q", video_id="v", video_path="/v.mp4", question="Q?", options=["a", "b"], answer="A",
+                 meta={"benchmark": "lvb"}, subtitles="a\nc", subtitle_lines=lines)
+    assert interleaved_subtitles([q])([0.0, 2.0, 4.0, 6.0]) == [[], ["a"], [], ["c", "d"], ["e"]]
+    # the model interleaves them, so the question text has no subtitle block (the text path without times keeps it)
+    assert build_prompt(q, None, [0.0]) == ("Question: Q?\nA. a\nB. b\n"
+                                            "Answer with the option's letter from the given choices directly.")
+    assert build_prompt(q, None).startswith("This video's subtitles are listed below:\na\nc\n")
+    q.meta["benchmark"] = "videomme"
+    assert interleaved_subtitles([q]) is None

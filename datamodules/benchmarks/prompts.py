@@ -14,7 +14,9 @@ from __future__ import annotations
 from algorithms.errors import SettingError
 
 from .base import LETTERS, Question
-from .subtitles import lines_at_frames
+import functools
+
+from .subtitles import interleave_slots, lines_at_frames
 
 _MCQ_LETTER = (
     "{subtitles}Select the best answer to the following multiple-choice question based on the video. "
@@ -168,10 +170,29 @@ def resolve_template(template: str | None, benchmark: str | None) -> str:
     return template
 
 
+# benchmarks whose references interleave subtitles between the frames (LongVideoBench's dataset, VideoLLaMA3's and
+# lmms-eval's LongVideoBench evaluations: insert_subtitles_into_frames); the model puts them into the video prefix
+INTERLEAVED_BENCHMARKS = ("lvb",)
+
+
+def interleaved_subtitles(questions: list[Question]):
+    """``f(frame_times_s) -> slots`` placing the video's subtitle lines between its frames
+    (:func:`~datamodules.benchmarks.subtitles.interleave_slots`) when the questions' benchmark interleaves them
+    and they have timed lines; else ``None``. The questions are those of one video (they share its subtitles)."""
+    for q in questions:
+        if q.meta.get("benchmark") in INTERLEAVED_BENCHMARKS and q.subtitle_lines:
+            return functools.partial(interleave_slots, list(q.subtitle_lines))
+    return None
+
+
 def subtitle_text(q: Question, frame_times_s: list[float] | None = None) -> str | None:
     """The subtitles shown with ``q``: for Video-MME, with the times of the frames the model sees, only the lines
     at those frames (:func:`~datamodules.benchmarks.subtitles.lines_at_frames`, VideoLLaMA3's
-    ``videomme.py``); otherwise the whole subtitle text ``q.subtitles`` (or ``None``)."""
+    ``videomme.py``); for a benchmark of :data:`INTERLEAVED_BENCHMARKS` with frame times, ``None`` (the lines are
+    interleaved with the frames in the video prefix, :func:`interleaved_subtitles`); otherwise the whole subtitle
+    text ``q.subtitles`` (or ``None``)."""
+    if frame_times_s is not None and q.subtitle_lines and q.meta.get("benchmark") in INTERLEAVED_BENCHMARKS:
+        return None
     if frame_times_s is not None and q.subtitle_lines and q.meta.get("benchmark") == "videomme":
         return lines_at_frames(q.subtitle_lines, frame_times_s)
     return q.subtitles

@@ -175,3 +175,30 @@ def lines_at_frames(lines: list[TimedLine], frame_times_s: list[float]) -> str:
                     out.append(text)
                 break
     return "\n".join(out)
+
+
+def interleave_slots(lines: list[TimedLine], frame_times_s: list[float]) -> list[list[str]]:
+    """Where LongVideoBench places each subtitle line among the frames: ``slots[k]`` are the texts that go right
+    before frame ``k`` (``slots[T]``: after the last frame), in subtitle order.
+
+    Follows ``insert_subtitles_into_frames`` of DAMO-NLP-SG/VideoLLaMA3@05cee23deb854fd6ff82dcff1243a4f682e4d617
+    evaluation/benchmarks/longvideobench.py (the same function as LongVideoBench's own dataset and lmms-eval@75571cfe
+    lmms_eval/tasks/longvideobench/utils.py): per line, with ``mid = (start + end) / 2``, every not yet placed frame
+    with ``t <= mid`` goes first; a line shorter than 1 s is widened to ``mid ± 0.5`` for the next test only; the
+    line is kept iff some frame has ``start < t < end`` (strict), else left out.
+
+    The lines are :func:`parse_lvb_subtitles`'s (already shifted by ``starting_timestamp_for_subtitles``); where
+    that parser departs from the release's inline reading (a ``null`` end, lines before 0, time order) the
+    placement follows the parsed lines.
+    """
+    slots: list[list[str]] = [[] for _ in range(len(frame_times_s) + 1)]
+    cur = 0
+    for start, end, text in lines:
+        mid = (start + end) / 2
+        while cur < len(frame_times_s) and frame_times_s[cur] <= mid:
+            cur += 1
+        if end - start < 1:
+            start, end = mid - 0.5, mid + 0.5
+        if any(start < t < end for t in frame_times_s):
+            slots[cur].append(text)
+    return slots
