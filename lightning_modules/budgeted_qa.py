@@ -16,7 +16,8 @@ from lightning.pytorch import LightningModule
 
 from algorithms.errors import SettingError
 from datamodules.benchmarks import Question
-from datamodules.benchmarks.prompts import chat_parts, check_template, interleaved_subtitles, prompt_and_template
+from datamodules.benchmarks.prompts import (chat_parts, check_template, interleaved_subtitles, pre_media_text,
+                                            prompt_and_template)
 from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets
 
 log = logging.getLogger(__name__)
@@ -181,14 +182,15 @@ class BudgetedQA(LightningModule):
 
     def answer_texts(self, answer, prompt, texts: list[str], names: list[str]) -> list:
         """``answer`` (from :meth:`answerer`) for question ``texts`` of one prefix ``prompt``, each under its
-        template's system message and answer prefix (``prompts.chat_parts``; MLVU's released prompt has both):
+        template's system message and answer prefix (``prompts.chat_parts``; MLVU's released prompt has both) and
+        text before the video (``prompts.pre_media_text``; VLMEvalKit's WorldSense):
         questions sharing them are answered together from one prefix. Answers in the order of ``texts``."""
         out: list = [None] * len(texts)
         groups: dict[tuple, list[int]] = {}
         for i, name in enumerate(names):
-            groups.setdefault(chat_parts(name), []).append(i)
-        for (system, prefix), idx in groups.items():
-            p = self.vlm.with_chat(prompt, system, prefix) if (system is not None or prefix) else prompt
+            groups.setdefault(chat_parts(name) + (pre_media_text(name),), []).append(i)
+        for (system, prefix, pre), idx in groups.items():
+            p = self.vlm.with_chat(prompt, system, prefix, pre) if (system is not None or prefix or pre) else prompt
             for i, a in zip(idx, answer(p, [texts[i] for i in idx], self.hparams.max_new_tokens)):
                 out[i] = a
         return out

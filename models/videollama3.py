@@ -317,11 +317,13 @@ class BudgetedVideoLlama3(nn.Module):
         mid, tail = rest.split(_TEXT_MARK)
         return head, mid, tail
 
-    def with_chat(self, prompt: VideoPrompt, system: str | None = None, answer_prefix: str = "") -> VideoPrompt:
+    def with_chat(self, prompt: VideoPrompt, system: str | None = None, answer_prefix: str = "",
+                  pre_media_text: str = "") -> VideoPrompt:
         """``prompt`` with the chat template's head rendered with the system message ``system`` (``None``: the
         template's default) and ``answer_prefix`` put after the assistant header (a released prompt's
         ``"Best Option: ("``, MLVU ``choice_bench.py``). The same ids a prefix built with that head would have: the
-        head is tokenized alone at the start of every prefix (:meth:`build_prompt`).
+        head is tokenized alone at the start of every prefix (:meth:`build_prompt`). ``pre_media_text``: a prompt's
+        text before the video in the user turn (VLMEvalKit WorldSense's SYS item), tokenized with the head.
 
         Raises:
             ValueError: ``prompt`` does not start with the default head's ids.
@@ -330,7 +332,8 @@ class BudgetedVideoLlama3(nn.Module):
         n = len(default)
         if prompt.ids[:n].tolist() != default:
             raise ValueError("the prompt does not start with the chat template's default head")
-        head = self._ids(self._split_chat_template(system)[0]) if system is not None else default
+        head_text = self._split_chat_template(system)[0] if system is not None else self._template[0]
+        head = self._ids(head_text + pre_media_text) if (system is not None or pre_media_text) else default
         ids = torch.cat([torch.tensor(head, dtype=prompt.ids.dtype), prompt.ids[n:]])
         return VideoPrompt(ids=ids, vision_embeds=prompt.vision_embeds, last_text=prompt.last_text,
                            last_text_len=prompt.last_text_len, answer_prefix=answer_prefix)

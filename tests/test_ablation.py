@@ -328,8 +328,8 @@ def test_answer_texts_puts_each_templates_system_prompt_and_answer_prefix():
     from lightning_modules.budgeted_qa import BudgetedQA
 
     class FakeVLM:
-        def with_chat(self, prompt, system, prefix):
-            return (prompt, system, prefix)
+        def with_chat(self, prompt, system, prefix, pre):
+            return (prompt, system, prefix, pre)
 
     m = BudgetedQA(max_new_tokens=3)
     m.vlm = FakeVLM()
@@ -340,6 +340,6 @@ def test_answer_texts_puts_each_templates_system_prompt_and_answer_prefix():
         return [f"{t}@{p}" for t in texts]
 
     out = m.answer_texts(answer, "P", ["m1", "v1", "m2"], ["mlvu", "videollama3_mlvu", "mlvu"])
-    mlvu_prompt = ("P",) + chat_parts("mlvu")
+    mlvu_prompt = ("P",) + chat_parts("mlvu") + ("",)
     assert calls == [(mlvu_prompt, ["m1", "m2"], 3), ("P", ["v1"], 3)]   # one prefix per (system, prefix)
     assert out == [f"m1@{mlvu_prompt}", "v1@P", f"m2@{mlvu_prompt}"]      # in the order of the texts

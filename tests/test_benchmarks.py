@@ -315,9 +315,15 @@ _EXPECTED = {
                            "choices directly."),
     "mlvu": "Question: " + _Q + "\nOptions:\n" + _OPTS_PAREN + "Only give the best option.",
     "lvb": "Question: " + _Q + "\n" + _OPTS + "\nAnswer with the option's letter from the given choices directly.",
-    "worldsense": ("Carefully watch this video and listen to its audio. Select the best answer to the following "
-                   "multiple-choice question based on the video and the audio. Respond with only the letter "
-                   "(A, B, C, D, or E) of the correct option.\n" + _Q + "\n" + _OPTS + "\nThe best answer is:"),
+    # VLMEvalKit@e8e78f05 vlmeval/dataset/worldsense.py WorldSense.FRAMES_TMPL_AUDIO / _NOSUB (triple-quoted: a
+    # leading and a trailing newline, backslash-continued lines) + 'Question: {}\nAnswer: ' (SYS goes before the media)
+    "worldsense": ("\nThese are the frames of a video and the corresponding audio. Select the best answer to the "
+                   "following multiple-choice question based on the video. Respond with only the letter "
+                   "(A, B, C, D, or E) of the correct option.\nQuestion: " + _Q + "\n" + _OPTS + "\nAnswer: "),
+    "worldsense_noaudio": ("\nThese are the frames of a video. Select the best answer to the following "
+                           "multiple-choice question based on the video. Respond with only the letter "
+                           "(A, B, C, D, or E) of the correct option.\nQuestion: " + _Q + "\n" + _OPTS
+                           + "\nAnswer: "),
 }
 
 
@@ -332,6 +338,11 @@ def test_prompt_templates_full_text(tmp_path, name):
             "This video's subtitles are listed below: \nfirst\nsecond\nSelect the best answer to the following "
             "multiple-choice question based on the video and the subtitles. Respond with only the letter "
             "(A, B, C, D, or E) of the correct option.\n" + _Q + "\n" + _OPTS + "\nThe best answer is:")
+    elif name.startswith("worldsense"):   # FRAMES_TMPL_SUB (used whenever subtitles are, audio or not)
+        assert build_prompt(with_subs, name) == (
+            "\nThese are the frames of a video. This video's subtitles are listed below:\nfirst\nsecond\nSelect the "
+            "best answer to the following multiple-choice question based on the video. Respond with only the letter "
+            "(A, B, C, D, or E) of the correct option.\nQuestion: " + _Q + "\n" + _OPTS + "\nAnswer: ")
     else:
         assert build_prompt(with_subs, name) == _SUBS + _EXPECTED[name]
     assert build_prompt(without, name) == _EXPECTED[name]

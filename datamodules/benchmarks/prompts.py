@@ -78,11 +78,20 @@ TEMPLATES = {
         "{subtitles}Question: {question}\n{options}\n"
         "Answer with the option's letter from the given choices directly."
     ),
+    # WorldSense's evaluation through VLMEvalKit (open-compass/VLMEvalKit@e8e78f05f3080fe28154f2130321f17951c3be94,
+    # vlmeval/dataset/worldsense.py:WorldSense.build_prompt): message = [SYS text, video (+ audio), FRAMES_TMPL_*,
+    # 'Question: {}\nAnswer: '.format(question + '\n' + '\n'.join(candidates))], text items joined with nothing
+    # between; SYS (PRE_MEDIA_TEXTS) goes before the media. "worldsense": use_audio (FRAMES_TMPL_AUDIO), the
+    # audio-visual setting; "worldsense_noaudio": FRAMES_TMPL_NOSUB; with subtitles FRAMES_TMPL_SUB (SUBTITLE_TEMPLATES)
     "worldsense": (
-        "{subtitles}Carefully watch this video and listen to its audio. "
-        "Select the best answer to the following multiple-choice question based on the video and the audio. "
-        "Respond with only the letter ({letters}) of the correct option.\n{question}\n{options}\n"
-        "The best answer is:"
+        "\nThese are the frames of a video and the corresponding audio. "
+        "Select the best answer to the following multiple-choice question based on the video. "
+        "Respond with only the letter ({letters}) of the correct option.\nQuestion: {question}\n{options}\nAnswer: "
+    ),
+    "worldsense_noaudio": (
+        "\nThese are the frames of a video. "
+        "Select the best answer to the following multiple-choice question based on the video. "
+        "Respond with only the letter ({letters}) of the correct option.\nQuestion: {question}\n{options}\nAnswer: "
     ),
     "videollama3_videomme": _VL3_VIDEOMME,
     "videollama3_mlvu": _VL3_MLVU,
@@ -91,13 +100,23 @@ TEMPLATES = {
     "lmms_eval_videomme": _LMMS_EVAL_VIDEOMME,
 }
 # a template's own text for a question with subtitles (its ``{subtitle_text}`` is the lines, without a header)
-SUBTITLE_TEMPLATES = {"lmms_eval_videomme": _LMMS_EVAL_VIDEOMME_SUBTITLE}
+_VLMEVALKIT_WORLDSENSE_SUB = (   # FRAMES_TMPL_SUB (chosen before FRAMES_TMPL_AUDIO when subtitles are used)
+    "\nThese are the frames of a video. This video's subtitles are listed below:\n{subtitle_text}\n"
+    "Select the best answer to the following multiple-choice question based on the video. "
+    "Respond with only the letter ({letters}) of the correct option.\nQuestion: {question}\n{options}\nAnswer: "
+)
+SUBTITLE_TEMPLATES = {"lmms_eval_videomme": _LMMS_EVAL_VIDEOMME_SUBTITLE, "worldsense": _VLMEVALKIT_WORLDSENSE_SUB,
+                      "worldsense_noaudio": _VLMEVALKIT_WORLDSENSE_SUB}
 # system messages and answer prefixes (text after the assistant header) of the templates that have them; the model
 # puts them into its chat template (models.videollama3.BudgetedVideoLlama3.with_chat)
 SYSTEM_PROMPTS = {   # MLVU choice_bench.py main: conv.system = "..."
     "mlvu": ("Carefully watch this video and pay attention to every detail. Based on your observations, select the "
              "best option that accurately addresses the question."),
 }
+# text before the media in the user turn (VLMEvalKit WorldSense: the first message item, WorldSense.SYS)
+_VLMEVALKIT_WORLDSENSE_SYS = ("Carefully watch this video and pay attention to every detail. Based on your "
+                              "observations, select the best option that accurately addresses the question.")
+PRE_MEDIA_TEXTS = {"worldsense": _VLMEVALKIT_WORLDSENSE_SYS, "worldsense_noaudio": _VLMEVALKIT_WORLDSENSE_SYS}
 ANSWER_PREFIXES = {  # MLVU choice_bench.py main: conv.append_message(conv.roles[1], "Best Option: (")
     "mlvu": "Best Option: (",
 }
@@ -130,6 +149,11 @@ def chat_parts(template: str) -> tuple[str | None, str]:
     """``(system message or None, answer prefix)`` of template ``template`` (``None`` / ``""``: none; the model's
     chat template then keeps its default system message)."""
     return SYSTEM_PROMPTS.get(template), ANSWER_PREFIXES.get(template, "")
+
+
+def pre_media_text(template: str) -> str:
+    """The text of template ``template`` that goes before the media in the user turn (``""``: none)."""
+    return PRE_MEDIA_TEXTS.get(template, "")
 
 
 def mlvu_question(question: str, options: list[str]) -> str:
