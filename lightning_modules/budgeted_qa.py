@@ -232,12 +232,12 @@ class BudgetedQA(LightningModule):
         frames = item["frames"]
         t0 = time.perf_counter()
         cache = EncodeCache(self.vlm, frames.to(self.device), hp.encode_chunk_frames)
-        questions = [Question(**q) for q in item["questions"]]
         inputs = prepare_budgets(self.vlm, cache.frames, item["times_s"], needed, hp.raw_mode, hp.raw_max_tokens,
                                  hp.max_tokens_per_frame, hp.encode_chunk_frames, cache=cache,
-                                 subtitle_slots=interleaved_subtitles(questions))
+                                 subtitle_slots=interleaved_subtitles(item["questions"]))
         t1 = time.perf_counter()
         answer = self.answerer()
+        questions = [Question(**q) for q in item["questions"]]
         records = []
         for bi in inputs:
             job = job_name(bi.budget)

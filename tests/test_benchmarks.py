@@ -432,3 +432,12 @@ def test_lvb_interleave_slots_follow_insert_subtitles_into_frames():
     assert build_prompt(q, None).startswith("This video's subtitles are listed below:\na\nc\n")
     q.meta["benchmark"] = "videomme"
     assert interleaved_subtitles([q]) is None
+
+
+def test_interleaved_subtitles_reads_batch_item_dicts():
+    """A batch item's questions are dicts (JSON-like; timed lines may be lists): the same placement."""
+    from datamodules.benchmarks.prompts import interleaved_subtitles
+
+    qd = {"qid": "q", "meta": {"benchmark": "lvb"}, "subtitle_lines": [[0.2, 0.6, "a"], [6.0, 6.5, "e"]]}
+    assert interleaved_subtitles([qd])([0.0, 2.0, 4.0, 6.0]) == [[], ["a"], [], [], ["e"]]
+    assert interleaved_subtitles([{"qid": "q", "meta": {}}]) is None

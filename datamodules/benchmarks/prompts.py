@@ -199,13 +199,16 @@ def resolve_template(template: str | None, benchmark: str | None) -> str:
 INTERLEAVED_BENCHMARKS = ("lvb",)
 
 
-def interleaved_subtitles(questions: list[Question]):
+def interleaved_subtitles(questions: list):
     """``f(frame_times_s) -> slots`` placing the video's subtitle lines between its frames
     (:func:`~datamodules.benchmarks.subtitles.interleave_slots`) when the questions' benchmark interleaves them
-    and they have timed lines; else ``None``. The questions are those of one video (they share its subtitles)."""
+    and they have timed lines; else ``None``. The questions are those of one video (they share its subtitles):
+    :class:`Question` objects or their dicts (a batch item's ``questions``)."""
     for q in questions:
-        if q.meta.get("benchmark") in INTERLEAVED_BENCHMARKS and q.subtitle_lines:
-            return functools.partial(interleave_slots, list(q.subtitle_lines))
+        q = vars(q) if isinstance(q, Question) else q
+        lines = q.get("subtitle_lines")
+        if (q.get("meta") or {}).get("benchmark") in INTERLEAVED_BENCHMARKS and lines:
+            return functools.partial(interleave_slots, [tuple(x) for x in lines])
     return None
 
 
