@@ -16,7 +16,8 @@ from lightning.pytorch import LightningModule
 
 from algorithms.errors import SettingError
 from datamodules.benchmarks import Question
-from datamodules.benchmarks.prompts import check_template, prompt_and_template
+from datamodules.benchmarks.prompts import (chat_parts, check_template, interleaved_subtitles, pre_media_text,
+                                            prompt_and_template)
 from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets
 
 log = logging.getLogger(__name__)
@@ -98,9 +99,9 @@ class BudgetedQA(LightningModule):
         raw_max_tokens: row cap of a raw frame in ``phase3``.
         max_tokens_per_frame: encode cap per frame (merged tokens).
         max_new_tokens: greedy answer length.
-        prompt_template: template name of :mod:`datamodules.benchmarks.prompts`, or ``None`` (default) for each
-            benchmark's own published prompt (``videomme``, ``mlvu``, ``lvb``; the name goes into each record's
-            ``meta.template``).
+        prompt_template: template name or family of :mod:`datamodules.benchmarks.prompts`, or ``None`` (default)
+            for VideoLLaMA3's own evaluation prompt per benchmark (``videollama3_videomme`` / ``_mlvu`` / ``_lvb``;
+            the name goes into each record's ``meta.template``).
         dtype: model dtype (``float32``, ``bfloat16``...).
         attn_implementation: transformers attention backend.
         encode_chunk_frames: frames per vision-encoder call.
@@ -174,10 +175,27 @@ class BudgetedQA(LightningModule):
         mode = hp.decode if hp.decode != "auto" else ("graph" if self.device.type == "cuda" else "dynamic")
         return functools.partial(self.vlm.answer_batched, decode=mode)
 
-    def prompts(self, questions: list[Question]) -> tuple[list[str], list[str]]:
-        """The question texts and their template names (``prompt_template``, or each benchmark's own)."""
-        pairs = [prompt_and_template(q, self.hparams.prompt_template) for q in questions]
+    def prompts(self, questions: list[Question], frame_times_s: list[float] | None = None
+                ) -> tuple[list[str], list[str]]:
+        """The question texts and their template names (``prompt_template``; default VideoLLaMA3's per benchmark).
+        ``frame_times_s``: times (s) of the frames the model sees (Video-MME's subtitles keep only their lines)."""
+        pairs = [prompt_and_template(q, self.hparams.prompt_template, frame_times_s) for q in questions]
         return [t for t, _ in pairs], [n for _, n in pairs]
+
+    def answer_texts(self, answer, prompt, texts: list[str], names: list[str]) -> list:
+        """``answer`` (from :meth:`answerer`) for question ``texts`` of one prefix ``prompt``, each under its
+        template's system message and answer prefix (``prompts.chat_parts``; MLVU's released prompt has both) and
+        text before the video (``prompts.pre_media_text``; VLMEvalKit's WorldSense):
+        questions sharing them are answered together from one prefix. Answers in the order of ``texts``."""
+        out: list = [None] * len(texts)
+        groups: dict[tuple, list[int]] = {}
+        for i, name in enumerate(names):
+            groups.setdefault(chat_parts(name) + (pre_media_text(name),), []).append(i)
+        for (system, prefix, pre), idx in groups.items():
+            p = self.vlm.with_chat(prompt, system, prefix, pre) if (system is not None or prefix or pre) else prompt
+            for i, a in zip(idx, answer(p, [texts[i] for i in idx], self.hparams.max_new_tokens)):
+                out[i] = a
+        return out
 
     def on_predict_start(self) -> None:
         """Load the model here, not in ``setup``: Lightning has already started the DataLoader workers (a sized
@@ -217,7 +235,8 @@ class BudgetedQA(LightningModule):
         t0 = time.perf_counter()
         cache = EncodeCache(self.vlm, frames.to(self.device), hp.encode_chunk_frames)
         inputs = prepare_budgets(self.vlm, cache.frames, item["times_s"], needed, hp.raw_mode, hp.raw_max_tokens,
-                                 hp.max_tokens_per_frame, hp.encode_chunk_frames, cache=cache)
+                                 hp.max_tokens_per_frame, hp.encode_chunk_frames, cache=cache,
+                                 subtitle_slots=interleaved_subtitles(item["questions"]))
         t1 = time.perf_counter()
         answer = self.answerer()
         questions = [Question(**q) for q in item["questions"]]
@@ -225,8 +244,8 @@ class BudgetedQA(LightningModule):
         for bi in inputs:
             job = job_name(bi.budget)
             todo = [q for q in questions if job in item["jobs"].get(q.qid, [])]
-            texts, names = self.prompts(todo)
-            answers = answer(bi.prompt, texts, hp.max_new_tokens) if texts else []
+            texts, names = self.prompts(todo, [item["times_s"][i] for i in bi.frame_idx])
+            answers = self.answer_texts(answer, bi.prompt, texts, names)
             stats = bi.plan.stats()
             records += [qa_record(item, q, a, stats, len(bi.frame_idx), job, bi.budget, None, name)
                         for q, a, name in zip(todo, answers, names)]

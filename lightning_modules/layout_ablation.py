@@ -32,6 +32,7 @@ import time
 from algorithms.layouts import parse_jobs, same_llm_input
 from algorithms.budget import K_ROWS
 from algorithms.errors import SettingError, check_int
+from datamodules.benchmarks.prompts import interleaved_subtitles
 from datamodules.benchmarks import Question
 from models.ablation import (
     BASELINE, LayoutJob, build_layout_prompt, duplicate_encodes, encode_layout_inputs, plan_layout_jobs,
@@ -120,9 +121,10 @@ class LayoutAblationQA(BudgetedQA):
         for key in to_run:
             lj = layouts[key]
             todo = [q for q in questions if q.qid in run_qids[key]]
-            prompt = build_layout_prompt(self.vlm, cache, lj, item["times_s"], hp.raw_mode)
-            texts, names = self.prompts(todo)
-            answers = answer(prompt, texts, hp.max_new_tokens) if texts else []
+            prompt = build_layout_prompt(self.vlm, cache, lj, item["times_s"], hp.raw_mode,
+                                         interleaved_subtitles(questions))
+            texts, names = self.prompts(todo, [item["times_s"][i] for i in lj.frame_idx])
+            answers = self.answer_texts(answer, prompt, texts, names)
             by_layout[key] = {q.qid: self._record(item, q, a, lj, name) for q, a, name in zip(todo, answers, names)}
         t2 = time.perf_counter()
 

@@ -28,7 +28,7 @@ from algorithms.choice import official_rule, parse, parse_robust
 from algorithms.pruning import VARIANTS, retention_floor
 from algorithms.errors import SettingError
 from datamodules.benchmarks import Question
-from datamodules.benchmarks.prompts import check_template, prompt_and_template
+from datamodules.benchmarks.prompts import check_template, pre_media_text, prompt_and_template
 from models.omni_qa import FULL, OmniQA, prefill_flop_fields
 
 from .budgeted_qa import run_or_error_records
@@ -50,7 +50,8 @@ class OmniPruningQA(LightningModule):
         retention: kept fraction of each modality's tokens (both modalities).
         audio_retention: a different audio retention (``None``: ``retention``).
         max_new_tokens: greedy answer length.
-        prompt_template: template name (``None``: the benchmark's own, ``worldsense``).
+        prompt_template: template name (``None``: the benchmark's own, ``worldsense``: VLMEvalKit's WorldSense
+            prompt with audio, its SYS text before the media).
         dtype: model dtype.
         attn_implementation: ``sdpa`` or ``eager`` (eager for measured FLOPs on CPU).
         measure_flops: count the prefill with ``FlopCounterMode`` (slower).
@@ -157,7 +158,7 @@ class OmniPruningQA(LightningModule):
             for q in todo:
                 text, template = prompt_and_template(q, hp.prompt_template)
                 t1 = time.perf_counter()
-                inputs = qa.build_inputs(clip, pruned, text)
+                inputs = qa.build_inputs(clip, pruned, text, pre_media_text(template))
                 ans = qa.answer(inputs, measure_flops=hp.measure_flops)
                 answer_s += time.perf_counter() - t1
                 flops = prefill_flop_fields(inputs.num_prefill, inputs.num_video + inputs.num_audio, qa.shape)

@@ -240,13 +240,14 @@ def area_pool_rows(rows: torch.Tensor, grid: tuple[int, int], out_grid: tuple[in
 
 @torch.no_grad()
 def build_layout_prompt(vlm: BudgetedVideoLlama3, cache: EncodeCache, job: LayoutJob, times_s: list[float],
-                        raw_mode: str = "phase3") -> VideoPrompt:
+                        raw_mode: str = "phase3", subtitle_slots=None) -> VideoPrompt:
     """The shared LLM prefix of one (video, budget, variant) from cached rows (no encode when phase 2 ran).
 
     ``base`` builds exactly what :func:`models.videollama3.prepare_budgets` builds for the budget.
 
     Args:
         times_s: T decoded frame times (s).
+        subtitle_slots: as :func:`models.videollama3.prepare_budgets`'s (interleaved subtitles).
 
     Returns:
         A :class:`~models.videollama3.VideoPrompt` whose placeholder count is ``job.layout.plan.vision_tokens``.
@@ -280,8 +281,9 @@ def build_layout_prompt(vlm: BudgetedVideoLlama3, cache: EncodeCache, job: Layou
         else:
             raise ValueError(f"unknown group substitute {lay.group_substitute!r}")
         group_llm = vlm.project(sub, original=orig)                            # (G_c, K', D)
-    return vlm.build_prompt(plan, [times_s[i] for i in job.frame_idx], raw_llm, group_llm,
-                            groups_as_raw=lay.group_substitute != "qbase")
+    times = [times_s[i] for i in job.frame_idx]
+    return vlm.build_prompt(plan, times, raw_llm, group_llm, groups_as_raw=lay.group_substitute != "qbase",
+                            subtitle_slots=subtitle_slots(times) if subtitle_slots else None)
 
 
 def duplicate_encodes(cache: EncodeCache) -> list[tuple[int, int]]:

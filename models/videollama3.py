@@ -66,12 +66,15 @@ class VideoPrompt:
         last_text: the text of the prefix's last text piece (after the last vision row), tokenized alone at the
             end of ``ids``; the question is appended to it for the fallback check of DESIGN §3.7.
         last_text_len: number of tokens of that last piece at the end of ``ids``.
+        answer_prefix: text put after the assistant header, before the answer (MLVU's ``"Best Option: ("``);
+            ``""`` for none (:meth:`BudgetedVideoLlama3.with_chat`).
     """
 
     ids: torch.Tensor
     vision_embeds: torch.Tensor
     last_text: str
     last_text_len: int
+    answer_prefix: str = ""
 
 
 @dataclass
@@ -299,8 +302,9 @@ class BudgetedVideoLlama3(nn.Module):
         return out
 
     # ------------------------------------------------------------------ text
-    def _split_chat_template(self) -> tuple[str, str, str]:
-        """The chat template rendered around a video marker and a text marker: ``(head, mid, tail)``.
+    def _split_chat_template(self, system: str | None = None) -> tuple[str, str, str]:
+        """The chat template rendered around a video marker and a text marker: ``(head, mid, tail)``; ``system``:
+        a system message before the user turn (``None``: the template's default).
 
         Rendered as seed 001 ``prompt_embeds`` does, ``apply_chat_template(msgs, tokenize=False,
         add_generation_prompt=True, add_system_prompt=True)``: VideoLLaMA3's template
@@ -309,13 +313,38 @@ class BudgetedVideoLlama3(nn.Module):
         people understand images and videos.<|im_end|>\n`` only when ``add_system_prompt`` is set; templates that
         do not read the flag (plain ChatML) render unchanged."""
         msgs = [{"role": "user", "content": _VIDEO_MARK + _TEXT_MARK}]
+        if system is not None:
+            msgs.insert(0, {"role": "system", "content": system})
         text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True,
                                                   add_system_prompt=True)
         if _VIDEO_MARK not in text or _TEXT_MARK not in text:
             raise ValueError("the tokenizer's chat template does not place string user content verbatim")
+        if system is not None and system not in text.split(_VIDEO_MARK)[0]:
+            raise ValueError("the tokenizer's chat template does not place a string system message verbatim")
         head, rest = text.split(_VIDEO_MARK)
         mid, tail = rest.split(_TEXT_MARK)
         return head, mid, tail
+
+    def with_chat(self, prompt: VideoPrompt, system: str | None = None, answer_prefix: str = "",
+                  pre_media_text: str = "") -> VideoPrompt:
+        """``prompt`` with the chat template's head rendered with the system message ``system`` (``None``: the
+        template's default) and ``answer_prefix`` put after the assistant header (a released prompt's
+        ``"Best Option: ("``, MLVU ``choice_bench.py``). The same ids a prefix built with that head would have: the
+        head is tokenized alone at the start of every prefix (:meth:`build_prompt`). ``pre_media_text``: a prompt's
+        text before the video in the user turn (VLMEvalKit WorldSense's SYS item), tokenized with the head.
+
+        Raises:
+            ValueError: ``prompt`` does not start with the default head's ids.
+        """
+        default = self._ids(self._template[0])
+        n = len(default)
+        if prompt.ids[:n].tolist() != default:
+            raise ValueError("the prompt does not start with the chat template's default head")
+        head_text = self._split_chat_template(system)[0] if system is not None else self._template[0]
+        head = self._ids(head_text + pre_media_text) if (system is not None or pre_media_text) else default
+        ids = torch.cat([torch.tensor(head, dtype=prompt.ids.dtype), prompt.ids[n:]])
+        return VideoPrompt(ids=ids, vision_embeds=prompt.vision_embeds, last_text=prompt.last_text,
+                           last_text_len=prompt.last_text_len, answer_prefix=answer_prefix)
 
     def _ids(self, text: str, untrusted: bool = False) -> list[int]:
         if not text:
@@ -323,7 +352,8 @@ class BudgetedVideoLlama3(nn.Module):
         return self.tokenizer(text, add_special_tokens=False, split_special_tokens=untrusted)["input_ids"]
 
     def build_prompt(self, plan: Plan, times_s: list[float], raw_rows: torch.Tensor,
-                     group_rows: torch.Tensor, groups_as_raw: bool = False) -> VideoPrompt:
+                     group_rows: torch.Tensor, groups_as_raw: bool = False,
+                     subtitle_slots: list[list[str]] | None = None) -> VideoPrompt:
         """The shared prefix for one (video, budget).
 
         Args:
@@ -334,6 +364,12 @@ class BudgetedVideoLlama3(nn.Module):
             groups_as_raw: layout ablations' compressor swaps (DESIGN §4): each compressed group ``[a, b)`` is
                 written as one raw frame, ``Time {t:.1f}s:`` + its rows (no compression tokens), with ``t`` the
                 time of its middle frame ``a + (b - a - 1) // 2``; ``group_rows`` is then (G_c, K', D).
+            subtitle_slots: T+1 lists, ``[k]`` the subtitle texts that go before frame ``k`` (``[T]`` after the
+                last; ``datamodules.benchmarks.subtitles.interleave_slots``). As VideoLLaMA3's LongVideoBench
+                evaluation renders them (its chat template: a video chunk ends with ``\n``, a text item follows
+                verbatim, the next chunk's ``Time`` right after it): the block before them ends with ``\n``, the
+                texts follow with nothing between. A slot inside a compressed group goes after the group.
+                Subtitle text is tokenized as dataset text (``split_special_tokens``).
 
         Returns:
             A :class:`VideoPrompt`.
@@ -345,31 +381,47 @@ class BudgetedVideoLlama3(nn.Module):
         text = ""
         ri = gi = 0
         cs, ce = (self.tokenizer.convert_tokens_to_ids(t) for t in (COMPRESSION_START, COMPRESSION_END))
+        subs = False
+
+        def interleave(text: str, lo: int, hi: int) -> str:   # slots lo..hi-1 after the previous block
+            nonlocal subs
+            got = "".join(t for k in range(lo, hi) for t in subtitle_slots[k])
+            if not got:
+                return text
+            subs = True
+            return ("\n" if text in (",", "") and lo > 0 else text) + got
+
+        done = 0     # slots placed so far
         for bi, (kind, a, b) in enumerate(blocks):
             last = bi == len(blocks) - 1
+            if subtitle_slots is not None:
+                text, done = interleave(text, done, a + 1), a + 1
             if kind == "raw":
-                ids += self._ids(text + f"Time {times_s[a]:.1f}s:")
+                ids += self._ids(text + f"Time {times_s[a]:.1f}s:", untrusted=subs)
                 rows = raw_rows[ri]
                 ri += 1
                 ids += [self.placeholder_id] * rows.shape[0]
                 embeds.append(rows)
                 text = "\n" if last else ","
             elif groups_as_raw:
-                ids += self._ids(text + f"Time {times_s[a + (b - a - 1) // 2]:.1f}s:")
+                ids += self._ids(text + f"Time {times_s[a + (b - a - 1) // 2]:.1f}s:", untrusted=subs)
                 rows = group_rows[gi]
                 gi += 1
                 ids += [self.placeholder_id] * rows.shape[0]
                 embeds.append(rows)
                 text = "\n" if last else ","
             else:
-                ids += self._ids(text + f"Time:{group_second(times_s[a])}s-{group_second(times_s[b - 1])}s:") + [cs]
+                ids += self._ids(text + f"Time:{group_second(times_s[a])}s-{group_second(times_s[b - 1])}s:",
+                                 untrusted=subs) + [cs]
                 rows = group_rows[gi]
                 gi += 1
                 ids += [self.placeholder_id] * rows.shape[0] + [ce]
                 embeds.append(rows)
                 text = "\n" if last else ""
+        if subtitle_slots is not None:
+            text = interleave(text, done, len(subtitle_slots))
         text += mid
-        last_ids = self._ids(text)
+        last_ids = self._ids(text, untrusted=subs)
         ids += last_ids
         vision = torch.cat(embeds) if embeds else raw_rows.new_zeros(0, raw_rows.shape[-1])
         return VideoPrompt(ids=torch.tensor(ids, dtype=torch.long), vision_embeds=vision, last_text=text,
@@ -383,6 +435,9 @@ class BudgetedVideoLlama3(nn.Module):
         ``prompt.last_text`` (a BPE merge across the boundary), the shared prefix cannot be used: the returned ids
         then replace the prefix's last piece, and ``fallback`` is True (DESIGN §3.7).
 
+        The template's tail (user turn end, assistant header) and ``prompt.answer_prefix`` are tokenized together
+        after the question, as the one text they are in a plain pass.
+
         Returns:
             ``(ids, fallback)``: without fallback, the ids to append to the full prefix; with fallback, the ids
             to append to ``prompt.ids[:-prompt.last_text_len]``.
@@ -391,7 +446,7 @@ class BudgetedVideoLlama3(nn.Module):
         whole = self._ids(prompt.last_text + question_text, untrusted=True)
         n = prompt.last_text_len
         own = prompt.ids[len(prompt.ids) - n:].tolist() if n else []
-        tail_ids = self._ids(tail)
+        tail_ids = self._ids(tail + prompt.answer_prefix)
         if whole[:n] == own:
             return whole[n:] + tail_ids, False
         return whole + tail_ids, True
@@ -783,7 +838,8 @@ def _budget_geometry(height: int, width: int, budget: int, num_frames: int, max_
 @torch.no_grad()
 def prepare_budgets(vlm: BudgetedVideoLlama3, frames: torch.Tensor, times_s: list[float], budgets: list[int],
                     raw_mode: str = "phase3", raw_max_tokens: int = 256, max_tokens_per_frame: int = 256,
-                    chunk_frames: int = 64, cache: EncodeCache | None = None) -> list[BudgetInput]:
+                    chunk_frames: int = 64, cache: EncodeCache | None = None,
+                    subtitle_slots=None) -> list[BudgetInput]:
     """DESIGN §3 steps 2-6 for every budget of one decoded video.
 
     Per budget: frames ``subsample(T, B)``; grid from ``frame_token_cap``; one encode per grid over the union of
@@ -794,6 +850,8 @@ def prepare_budgets(vlm: BudgetedVideoLlama3, frames: torch.Tensor, times_s: lis
     Args:
         frames: (T, H, W, 3) uint8 decoded frames (for the largest budget).
         times_s: T frame times in seconds.
+        subtitle_slots: ``None``, or ``f(frame_times_s) -> T_b + 1`` lists of subtitle texts interleaved before
+            each frame of a budget (LongVideoBench; see :meth:`BudgetedVideoLlama3.build_prompt`).
 
     Returns:
         One :class:`BudgetInput` per budget, in the order given.
@@ -821,6 +879,8 @@ def prepare_budgets(vlm: BudgetedVideoLlama3, frames: torch.Tensor, times_s: lis
             raw_rows = rows[raw_pos]
         raw_llm = vlm.project(raw_rows, original=raw_mode == "orig")   # (n_raw, raw_hw, D)
         group_llm = vlm.project(vlm.compress(rows, plan, grid))          # (G_c, K, D)
-        prompt = vlm.build_prompt(plan, [times_s[i] for i in idx], raw_llm, group_llm)
+        times = [times_s[i] for i in idx]
+        prompt = vlm.build_prompt(plan, times, raw_llm, group_llm,
+                                  subtitle_slots=subtitle_slots(times) if subtitle_slots else None)
         out.append(BudgetInput(budget=b, frame_idx=idx, plan=plan, prompt=prompt, grid=grid, raw_grid=raw_grid))
     return out

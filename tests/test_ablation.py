@@ -312,7 +312,7 @@ def test_ablation_answers_through_plain_predicts_decode_path(decode, expect):
     assert seq.answerer()("p", ["q"], 4) == "sequential"
 
 
-def test_prompt_template_default_is_each_benchmarks_own():
+def test_prompt_template_default_is_videollama3s_own():
     from algorithms.errors import SettingError
     from datamodules.benchmarks import Question
     from lightning_modules.budgeted_qa import BudgetedQA
@@ -320,12 +320,41 @@ def test_prompt_template_default_is_each_benchmarks_own():
     qs = [Question(qid=f"{b}-1", video_id="v", video_path="/v.mp4", question="Q?", options=["a", "b", "c", "d"], answer="A",
                    meta={"benchmark": b}) for b in ("videomme", "mlvu", "lvb")]
     texts, names = BudgetedQA().prompts(qs)
-    assert names == ["videomme", "mlvu", "lvb"]
-    assert "Respond with only the letter (A, B, C, or D) of the correct option." in texts[0]
-    assert texts[1].endswith("Answer with the option's letter from the given choices directly. Only give the best "
-                             "option.")
+    assert names == ["videollama3_videomme", "videollama3_mlvu", "videollama3_lvb"]
+    # VideoLLaMA3@05cee23d evaluation/benchmarks/{videomme,mlvu,longvideobench}.py generate_instruction
+    assert texts[0] == ("Select the best answer to the following multiple-choice question based on the video. "
+                        "Respond with only the letter (A, B, C, or D) of the correct option.\nQ?\nA. a\nB. b\nC. c\n"
+                        "D. d\nAnswer with the option's letter from the given choices directly and only give the "
+                        "best option. The best answer is:")
+    assert texts[1] == ("Question: Q?\nOptions:\n(A) a\n(B) b\n(C) c\n(D) d\nAnswer with the option's letter from "
+                        "the given choices directly and only give the best option.")
+    assert texts[2] == ("Question: Q?\nA. a\nB. b\nC. c\nD. d\n"
+                        "Answer with the option's letter from the given choices directly.")
+    assert BudgetedQA(prompt_template="videomme").prompts(qs)[1] == ["videomme"] * 3
     assert BudgetedQA(prompt_template="mcq_letter").prompts(qs)[1] == ["mcq_letter"] * 3
     with pytest.raises(SettingError, match="prompt_template 'vmme' is unknown"):
         BudgetedQA(prompt_template="vmme")
     with pytest.raises(SettingError, match="decode must be one of"):
         BudgetedQA(decode="cuda_graph")
+
+
+def test_answer_texts_puts_each_templates_system_prompt_and_answer_prefix():
+    from datamodules.benchmarks.prompts import chat_parts
+    from lightning_modules.budgeted_qa import BudgetedQA
+
+    class FakeVLM:
+        def with_chat(self, prompt, system, prefix, pre):
+            return (prompt, system, prefix, pre)
+
+    m = BudgetedQA(max_new_tokens=3)
+    m.vlm = FakeVLM()
+    calls = []
+
+    def answer(p, texts, n):
+        calls.append((p, texts, n))
+        return [f"{t}@{p}" for t in texts]
+
+    out = m.answer_texts(answer, "P", ["m1", "v1", "m2"], ["mlvu", "videollama3_mlvu", "mlvu"])
+    mlvu_prompt = ("P",) + chat_parts("mlvu") + ("",)
+    assert calls == [(mlvu_prompt, ["m1", "m2"], 3), ("P", ["v1"], 3)]   # one prefix per (system, prefix)
+    assert out == [f"m1@{mlvu_prompt}", "v1@P", f"m2@{mlvu_prompt}"]      # in the order of the texts

@@ -252,15 +252,23 @@ def test_prompts_per_benchmark(tmp_path):
     q = load_benchmark("lvb", tmp_path, subtitles=True)[0]
     assert template_for("lvb") == "lvb" and template_for("videomme") == "videomme"
     assert template_for(None) == "mcq_letter"
+    # the default is VideoLLaMA3's own evaluation prompt for the benchmark (the seeds evaluate VideoLLaMA3)
     text, name = prompt_and_template(q)
-    assert name == "lvb"
-    assert text == build_prompt(q, template=None) == build_prompt(q, "lvb")
+    assert name == "videollama3_lvb"
+    assert text == build_prompt(q, template=None) == build_prompt(q, "videollama3_lvb") == build_prompt(q, "videollama3")
     assert text.startswith("This video's subtitles are listed below:\nfirst\nsecond\n")
     assert "\nA. a cup\nB. a pen\nC. a phone\nD. a book\nE. a key\n" in text
     assert text.rstrip().endswith("letter from the given choices directly.")
+    for bench in ("videomme", "mlvu"):
+        q.meta["benchmark"] = bench
+        assert prompt_and_template(q)[1] == f"videollama3_{bench}"
+    q.meta["benchmark"] = "worldsense"          # no VideoLLaMA3 prompt: the benchmark's own
+    assert prompt_and_template(q)[1] == "worldsense"
+    q.meta["benchmark"] = "lvb"
     # the generic template is Video-MME's without its letter list; Video-MME's names the question's own letters
-    assert build_prompt(q, "videomme") == build_prompt(q).replace("the letter of", "the letter (A, B, C, D, or E) of")
-    assert build_prompt(q) != build_prompt(q, "videomme")
+    assert build_prompt(q, "videomme") == build_prompt(q, "mcq_letter").replace(
+        "the letter of", "the letter (A, B, C, D, or E) of")
+    assert build_prompt(q, "mcq_letter") != build_prompt(q, "videomme")
     # a family name resolves per benchmark; one without a template for the benchmark falls back to its own
     assert prompt_and_template(q, "videollama3")[1] == "videollama3_lvb"
     assert prompt_and_template(q, "lmms_eval")[1] == "lmms_eval_lvb"
@@ -297,12 +305,25 @@ _EXPECTED = {
     # lmms-eval@75571cfe longvideobench_doc_to_text: f"{pre_prompt}{question}\n{post_prompt}", question already
     # holding the "A. c" lines, post_prompt ending in "\n"
     "lmms_eval_lvb": (_Q + "\n" + _OPTS + "\nAnswer with the option's letter from the given choices directly.\n"),
-    "mlvu": ("Question: " + _Q + "\nOptions:\n" + _OPTS + "\n"
-             "Answer with the option's letter from the given choices directly. Only give the best option."),
+    # MLVU@fd060c10 choice_bench.py: qa_template's "Question: q\nOptions:\n(A) c\n...".rstrip() + "Only give the best
+    # option." with no separator (main: inp = ... + question + "Only give the best option.")
+    # lmms-eval@75571cfe videomme/utils.py videomme_doc_to_text: option_prompt + "\n" + question + "\n" + options +
+    # "\n" + videomme.yaml's post_prompt "\nAnswer with the option's letter from the given choices directly."
+    "lmms_eval_videomme": ("Select the best answer to the following multiple-choice question based on the video "
+                           "and the subtitles. Respond with only the letter (A, B, C, D, or E) of the correct "
+                           "option.\n" + _Q + "\n" + _OPTS + "\n\nAnswer with the option's letter from the given "
+                           "choices directly."),
+    "mlvu": "Question: " + _Q + "\nOptions:\n" + _OPTS_PAREN + "Only give the best option.",
     "lvb": "Question: " + _Q + "\n" + _OPTS + "\nAnswer with the option's letter from the given choices directly.",
-    "worldsense": ("Carefully watch this video and listen to its audio. Select the best answer to the following "
-                   "multiple-choice question based on the video and the audio. Respond with only the letter "
-                   "(A, B, C, D, or E) of the correct option.\n" + _Q + "\n" + _OPTS + "\nThe best answer is:"),
+    # VLMEvalKit@e8e78f05 vlmeval/dataset/worldsense.py WorldSense.FRAMES_TMPL_AUDIO / _NOSUB (triple-quoted: a
+    # leading and a trailing newline, backslash-continued lines) + 'Question: {}\nAnswer: ' (SYS goes before the media)
+    "worldsense": ("\nThese are the frames of a video and the corresponding audio. Select the best answer to the "
+                   "following multiple-choice question based on the video. Respond with only the letter "
+                   "(A, B, C, D, or E) of the correct option.\nQuestion: " + _Q + "\n" + _OPTS + "\nAnswer: "),
+    "worldsense_noaudio": ("\nThese are the frames of a video. Select the best answer to the following "
+                           "multiple-choice question based on the video. Respond with only the letter "
+                           "(A, B, C, D, or E) of the correct option.\nQuestion: " + _Q + "\n" + _OPTS
+                           + "\nAnswer: "),
 }
 
 
@@ -312,13 +333,36 @@ def test_prompt_templates_full_text(tmp_path, name):
     _lvb(tmp_path)
     with_subs = load_benchmark("lvb", tmp_path, subtitles=True)[0]
     without = load_benchmark("lvb", tmp_path)[0]
-    assert build_prompt(with_subs, name) == _SUBS + _EXPECTED[name]
+    if name == "lmms_eval_videomme":   # videomme_doc_to_text_subtitle: its own header (with a space) and ending
+        assert build_prompt(with_subs, name) == (
+            "This video's subtitles are listed below: \nfirst\nsecond\nSelect the best answer to the following "
+            "multiple-choice question based on the video and the subtitles. Respond with only the letter "
+            "(A, B, C, D, or E) of the correct option.\n" + _Q + "\n" + _OPTS + "\nThe best answer is:")
+    elif name.startswith("worldsense"):   # FRAMES_TMPL_SUB (used whenever subtitles are, audio or not)
+        assert build_prompt(with_subs, name) == (
+            "\nThese are the frames of a video. This video's subtitles are listed below:\nfirst\nsecond\nSelect the "
+            "best answer to the following multiple-choice question based on the video. Respond with only the letter "
+            "(A, B, C, D, or E) of the correct option.\nQuestion: " + _Q + "\n" + _OPTS + "\nAnswer: ")
+    else:
+        assert build_prompt(with_subs, name) == _SUBS + _EXPECTED[name]
     assert build_prompt(without, name) == _EXPECTED[name]
     q3 = load_benchmark("lvb", tmp_path)[1]          # 3 options: only A-C lines, nothing left over
     three = (_EXPECTED[name].replace(_Q, "Then?").replace(_OPTS, "A. yes\nB. no\nC. maybe")
              .replace(_OPTS_PAREN, "(A) yes\n(B) no\n(C) maybe").replace("(A, B, C, D, or E)", "(A, B, or C)"))
     assert build_prompt(q3, name) == three
     assert "(A, B, C, or D)" not in build_prompt(q3, name)
+
+
+def test_mlvu_release_system_prompt_and_answer_prefix():
+    from datamodules.benchmarks.prompts import chat_parts, mlvu_question
+
+    # MLVU@fd060c10 choice_bench.py main: conv.system = ..., conv.append_message(conv.roles[1], "Best Option: (")
+    assert chat_parts("mlvu") == ("Carefully watch this video and pay attention to every detail. Based on your "
+                                  "observations, select the best option that accurately addresses the question.",
+                                  "Best Option: (")
+    assert chat_parts("videollama3_mlvu") == (None, "") and chat_parts("lvb") == (None, "")
+    # qa_template rstrips the whole question: an option's trailing spaces at the end go, inner ones stay
+    assert mlvu_question("Q ", ["a ", "b  "]) == "Question: Q \nOptions:\n(A) a \n(B) b"
 
 
 def test_letters_phrase_is_the_release_for_four():
@@ -333,3 +377,67 @@ def test_unknown_benchmark():
 
     with pytest.raises(SettingError, match="unknown benchmark 'nope'; known"):
         load_benchmark("nope", ".")
+
+
+def test_videomme_subtitles_keep_the_lines_at_sampled_frames():
+    """VideoLLaMA3@05cee23d videomme.py generate_instruction: per frame, the first cue with start < t*1000 < end
+    (strict), no de-duplication, frames outside every cue add nothing."""
+    from datamodules.benchmarks import Question
+    from datamodules.benchmarks.subtitles import lines_at_frames, parse_srt
+
+    srt = ("1\n00:00:01,000 --> 00:00:03,000\nhello\nthere\n\n"
+           "2\n00:00:02,500 --> 00:00:05,000\noverlap\n\n"
+           "3\n00:00:06,000 --> 00:00:07,500\n<i>last</i>\n")
+    lines = parse_srt(srt)
+    # t=0.5: none; 1.0: not strictly inside cue 1; 2.0 and 2.9: cue 1 (first match, twice); 3.0: cue 2 only;
+    # 6.0: none (start not < t); 7.0: cue 3
+    assert lines_at_frames(lines, [0.5, 1.0, 2.0, 2.9, 3.0, 6.0, 7.0]) == "hello there\nhello there\noverlap\nlast"
+    assert lines_at_frames(lines, [0.0, 10.0]) == ""
+    q = Question(qid="q", video_id="v", video_path="/v.mp4", question="Q?", options=["a", "b", "c", "d"],
+                 answer="A", meta={"benchmark": "videomme"}, subtitles="hello there\noverlap\nlast",
+                 subtitle_lines=lines)
+    opts = "A. a\nB. b\nC. c\nD. d\n"
+    body = ("Select the best answer to the following multiple-choice question based on the video. Respond with only "
+            "the letter (A, B, C, or D) of the correct option.\nQ?\n" + opts + "Answer with the option's letter "
+            "from the given choices directly and only give the best option. The best answer is:")
+    assert build_prompt(q, None, [2.0, 7.0]) == "This video's subtitles are listed below:\nhello there\nlast\n" + body
+    # no frame inside a cue: the header stays with an empty list, as released for a video with a subtitle file
+    assert build_prompt(q, None, [0.5]) == "This video's subtitles are listed below:\n\n" + body
+    # without frame times: the whole text (what the loader attached)
+    assert build_prompt(q, None) == "This video's subtitles are listed below:\nhello there\noverlap\nlast\n" + body
+    q.meta["benchmark"] = "mlvu"     # a benchmark without a placement rule keeps its subtitles as loaded
+    assert "overlap" in build_prompt(q, "videollama3_videomme", [2.0])
+
+
+def test_lvb_interleave_slots_follow_insert_subtitles_into_frames():
+    """VideoLLaMA3@05cee23d longvideobench.py / lmms-eval@75571cfe longvideobench/utils.py
+    insert_subtitles_into_frames, worked by hand for frames at 0, 2, 4, 6 s."""
+    from datamodules.benchmarks import Question
+    from datamodules.benchmarks.prompts import interleaved_subtitles
+    from datamodules.benchmarks.subtitles import interleave_slots
+
+    lines = [(0.2, 0.6, "a"),    # mid 0.4: after frame 0; widened to (-0.1, 0.9) covers frame 0 -> kept
+             (2.5, 3.5, "b"),    # mid 3.0: after frame 2; 1 s long, no frame strictly inside -> left out
+             (3.0, 5.0, "c"),    # mid 4.0: frame 4 <= mid goes first; covers 4 -> kept
+             (3.5, 4.5, "d"),    # mid 4.0: same place, after "c"
+             (6.0, 6.5, "e")]    # mid 6.25: after frame 6; widened (5.75, 6.75) covers 6 -> kept, after the last
+    assert interleave_slots(lines, [0.0, 2.0, 4.0, 6.0]) == [[], ["a"], [], ["c", "d"], ["e"]]
+    assert interleave_slots([], [0.0]) == [[], []]
+    q = Question(qid="q", video_id="v", video_path="/v.mp4", question="Q?", options=["a", "b"], answer="A",
+                 meta={"benchmark": "lvb"}, subtitles="a\nc", subtitle_lines=lines)
+    assert interleaved_subtitles([q])([0.0, 2.0, 4.0, 6.0]) == [[], ["a"], [], ["c", "d"], ["e"]]
+    # the model interleaves them, so the question text has no subtitle block (the text path without times keeps it)
+    assert build_prompt(q, None, [0.0]) == ("Question: Q?\nA. a\nB. b\n"
+                                            "Answer with the option's letter from the given choices directly.")
+    assert build_prompt(q, None).startswith("This video's subtitles are listed below:\na\nc\n")
+    q.meta["benchmark"] = "videomme"
+    assert interleaved_subtitles([q]) is None
+
+
+def test_interleaved_subtitles_reads_batch_item_dicts():
+    """A batch item's questions are dicts (JSON-like; timed lines may be lists): the same placement."""
+    from datamodules.benchmarks.prompts import interleaved_subtitles
+
+    qd = {"qid": "q", "meta": {"benchmark": "lvb"}, "subtitle_lines": [[0.2, 0.6, "a"], [6.0, 6.5, "e"]]}
+    assert interleaved_subtitles([qd])([0.0, 2.0, 4.0, 6.0]) == [[], ["a"], [], [], ["e"]]
+    assert interleaved_subtitles([{"qid": "q", "meta": {}}]) is None

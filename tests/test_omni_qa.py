@@ -294,3 +294,31 @@ def test_measured_flops_on_cpu_need_eager_attention(omni_dir):
     module = OmniPruningQA(str(omni_dir), measure_flops=True, attn_implementation="eager", variants=["full"])
     module.setup("predict")
     assert module.qa is not None
+
+
+def test_worldsense_prompt_puts_vlmevalkits_sys_text_before_the_media(qa, clip):
+    """VLMEvalKit@e8e78f05 WorldSense.build_prompt: [SYS, video, audio, FRAMES_TMPL_AUDIO, 'Question: ...\\nAnswer: ']
+    in one user turn, written out by hand around the media placeholders."""
+    from datamodules.benchmarks import Question
+    from datamodules.benchmarks.prompts import prompt_and_template, pre_media_text
+
+    q = Question(qid="q", video_id="v", video_path="/v.mp4", question="Q?", options=["a", "b", "c", "d"],
+                 answer="A", meta={"benchmark": "worldsense"})
+    text, name = prompt_and_template(q)
+    sys_text = ("Carefully watch this video and pay attention to every detail. Based on your observations, select "
+                "the best option that accurately addresses the question.")
+    assert name == "worldsense" and pre_media_text(name) == sys_text
+    assert text == ("\nThese are the frames of a video and the corresponding audio. Select the best answer to the "
+                    "following multiple-choice question based on the video. Respond with only the letter "
+                    "(A, B, C, or D) of the correct option.\nQuestion: Q?\nA. a\nB. b\nC. c\nD. d\nAnswer: ")
+    inputs = qa.build_inputs(clip, None, text, pre_media_text(name))
+    plain = qa.build_inputs(clip, None, text)
+    tok = qa.tokenizer
+    head = tok(f"<|im_start|>system\n{qa.system_prompt}<|im_end|>\n<|im_start|>user\n{sys_text}",
+               add_special_tokens=False)["input_ids"]
+    ids = inputs.input_ids.tolist()
+    assert ids[:len(head)] == head
+    vbos = qa.config.vision_start_token_id
+    rest = plain.input_ids.tolist()
+    assert ids[len(head)] == vbos and ids[len(head):] == rest[rest.index(vbos):]   # media and question unchanged
+    assert inputs.num_video == plain.num_video and inputs.num_audio == plain.num_audio

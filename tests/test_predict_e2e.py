@@ -288,3 +288,44 @@ def read_json_lines(out):
     from callbacks.jsonl_writer import read_records
 
     return read_records(out)
+
+
+def test_system_prompt_and_answer_prefix_in_the_chat_template(tiny_vlm):
+    """MLVU's released prompt (system message + "Best Option: (" after the assistant header): the ids are the
+    ChatML text written out by hand, tokenized around the vision rows, and shared-prefix answers equal a plain
+    pass."""
+    from datamodules.benchmarks.prompts import chat_parts
+    from datamodules.decoding import decode_video
+    from models.videollama3 import prepare_budgets
+    from tests.conftest import MEDIA
+
+    dec = decode_video(MEDIA / "realshort.mp4", 256)
+    (bi,) = prepare_budgets(tiny_vlm, dec.frames, dec.times_s, [256])
+    system, prefix = chat_parts("mlvu")
+    p = tiny_vlm.with_chat(bi.prompt, system, prefix)
+    tok = tiny_vlm.tokenizer
+
+    def ids(t):
+        return tok(t, add_special_tokens=False)["input_ids"]
+
+    default_head = ids("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n")
+    head = ids(f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n")
+    assert bi.prompt.ids[:len(default_head)].tolist() == default_head
+    assert p.ids.tolist() == head + bi.prompt.ids[len(default_head):].tolist()
+    assert torch.equal(p.vision_embeds, bi.prompt.vision_embeds)
+    q = "Question: Q?\nOptions:\n(A) a\n(B) b" + "Only give the best option."
+    q_ids, fallback = tiny_vlm.question_ids(p, q)
+    assert not fallback
+    assert q_ids == ids(bi.prompt.last_text + q + "<|im_end|>\n<|im_start|>assistant\nBest Option: (")[
+        bi.prompt.last_text_len:]
+    # no system message / prefix: the prompt unchanged
+    same = tiny_vlm.with_chat(bi.prompt)
+    assert torch.equal(same.ids, bi.prompt.ids) and same.answer_prefix == ""
+    questions = [q, "Colour?\nA. White.\nB. Green.Only give the best option."]
+    shared = tiny_vlm.answer_all(p, questions, max_new_tokens=6)
+    batched = tiny_vlm.answer_batched(p, questions, max_new_tokens=6)
+    for text, a, b in zip(questions, shared, batched):
+        ref = tiny_vlm.answer_from_scratch(p, text, max_new_tokens=6)
+        assert a.token_ids == ref.token_ids == b.token_ids and a.seq_len == ref.seq_len
+    with pytest.raises(ValueError, match="default head"):
+        tiny_vlm.with_chat(p, system)

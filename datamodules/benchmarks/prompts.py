@@ -1,10 +1,10 @@
-"""Prompt templates per benchmark, in one place. The template name goes into each record's meta.
+"""Prompt templates per benchmark, in one place. The template name goes into each record's meta. The default
+(``prompt_template=None``) is VideoLLaMA3's own evaluation prompt for the benchmark (:data:`DEFAULT_FAMILY`).
 
-Every template shows the options as ``A. text`` lines and closes with an instruction to answer with the letter.
-Templates follow each benchmark's published evaluation prompt where one exists (Video-MME's
-``"Select the best answer ... Respond with only the letter (A, B, C, or D) of the correct option."``; LongVideoBench's and MLVU's lmms-eval prompts
-``"Answer with the option's letter from the given choices directly."``; WorldSense's VLMEvalKit prompt), with the
-options always as ``A. text`` lines so that the two answer parsers see the same layout everywhere.
+Each template reproduces the prompt it names byte for byte (source cited beside it): VideoLLaMA3's evaluation
+prompts (``videollama3_<benchmark>``), lmms-eval's (``lmms_eval_<benchmark>``) and each benchmark's own released
+prompt (``videomme``, ``mlvu``, ``lvb``, ``worldsense``); ``mcq_letter`` is a generic one. Options are written as the
+source writes them (``A. text`` or ``(A) text`` lines).
 
 Use :func:`template_for` to pick the template of a benchmark, and :func:`prompt_and_template` to get the text and
 the name to write into ``record["meta"]["template"]`` in one call.
@@ -14,6 +14,9 @@ from __future__ import annotations
 from algorithms.errors import SettingError
 
 from .base import LETTERS, Question
+import functools
+
+from .subtitles import interleave_slots, lines_at_frames
 
 _MCQ_LETTER = (
     "{subtitles}Select the best answer to the following multiple-choice question based on the video. "
@@ -43,50 +46,121 @@ _LMMS_EVAL_LVB = (
     "{subtitles}{question}\n{options}\nAnswer with the option's letter from the given choices directly.\n"
 )
 
+# lmms-eval@75571cfe Video-MME: lmms_eval/tasks/videomme/utils.py:videomme_doc_to_text with videomme.yaml's default
+# post_prompt "\nAnswer with the option's letter from the given choices directly." (joined after a "\n": a blank line);
+# with subtitles, videomme_doc_to_text_subtitle (videomme_w_subtitle.yaml), which ends in "The best answer is:" and
+# ignores post_prompt. The option prompt says "and the subtitles" in both, as released.
+_LMMS_EVAL_VIDEOMME_OPTION_PROMPT = (
+    "Select the best answer to the following multiple-choice question based on the video and the subtitles. "
+    "Respond with only the letter ({letters}) of the correct option."
+)
+_LMMS_EVAL_VIDEOMME = (
+    _LMMS_EVAL_VIDEOMME_OPTION_PROMPT + "\n{question}\n{options}\n\n"
+    "Answer with the option's letter from the given choices directly."
+)
+_LMMS_EVAL_VIDEOMME_SUBTITLE = (
+    "This video's subtitles are listed below: \n{subtitle_text}\n" + _LMMS_EVAL_VIDEOMME_OPTION_PROMPT
+    + "\n{question}\n{options}\nThe best answer is:"
+)
+
 TEMPLATES = {
     # generic: Video-MME's wording without its "(A, B, C, or D)", since MLVU and LongVideoBench have 2-6 options
     "mcq_letter": _MCQ_LETTER,
     # Video-MME's evaluation prompt as its README gives it (MME-Benchmarks/Video-MME@06c2315b:README.md,
     # "Prompt"); "(A, B, C, or D)" for its 4 options, the letters of the question otherwise
     "videomme": _MCQ_LETTER.replace("the letter of", "the letter ({letters}) of"),
-    "mlvu": (
-        "{subtitles}Question: {question}\nOptions:\n{options}\n"
-        "Answer with the option's letter from the given choices directly. Only give the best option."
-    ),
+    # MLVU's own (JUNJIE99/MLVU@fd060c10a43ea48a35100a22688a927b8e531199,
+    # evaluation/multiple_choice_evaluation/choice_bench.py): MLVU.qa_template's question (rstripped) followed
+    # directly by "Only give the best option." (main: inp = ... + question + "Only give the best option."); its
+    # conv.system and the assistant message "Best Option: (" are in SYSTEM_PROMPTS / ANSWER_PREFIXES
+    "mlvu": "{subtitles}{mlvu_question}Only give the best option.",
     "lvb": (
         "{subtitles}Question: {question}\n{options}\n"
         "Answer with the option's letter from the given choices directly."
     ),
+    # WorldSense's evaluation through VLMEvalKit (open-compass/VLMEvalKit@e8e78f05f3080fe28154f2130321f17951c3be94,
+    # vlmeval/dataset/worldsense.py:WorldSense.build_prompt): message = [SYS text, video (+ audio), FRAMES_TMPL_*,
+    # 'Question: {}\nAnswer: '.format(question + '\n' + '\n'.join(candidates))], text items joined with nothing
+    # between; SYS (PRE_MEDIA_TEXTS) goes before the media. "worldsense": use_audio (FRAMES_TMPL_AUDIO), the
+    # audio-visual setting; "worldsense_noaudio": FRAMES_TMPL_NOSUB; with subtitles FRAMES_TMPL_SUB (SUBTITLE_TEMPLATES)
     "worldsense": (
-        "{subtitles}Carefully watch this video and listen to its audio. "
-        "Select the best answer to the following multiple-choice question based on the video and the audio. "
-        "Respond with only the letter ({letters}) of the correct option.\n{question}\n{options}\n"
-        "The best answer is:"
+        "\nThese are the frames of a video and the corresponding audio. "
+        "Select the best answer to the following multiple-choice question based on the video. "
+        "Respond with only the letter ({letters}) of the correct option.\nQuestion: {question}\n{options}\nAnswer: "
+    ),
+    "worldsense_noaudio": (
+        "\nThese are the frames of a video. "
+        "Select the best answer to the following multiple-choice question based on the video. "
+        "Respond with only the letter ({letters}) of the correct option.\nQuestion: {question}\n{options}\nAnswer: "
     ),
     "videollama3_videomme": _VL3_VIDEOMME,
     "videollama3_mlvu": _VL3_MLVU,
     "videollama3_lvb": _VL3_LVB,
     "lmms_eval_lvb": _LMMS_EVAL_LVB,
+    "lmms_eval_videomme": _LMMS_EVAL_VIDEOMME,
+}
+# a template's own text for a question with subtitles (its ``{subtitle_text}`` is the lines, without a header)
+_VLMEVALKIT_WORLDSENSE_SUB = (   # FRAMES_TMPL_SUB (chosen before FRAMES_TMPL_AUDIO when subtitles are used)
+    "\nThese are the frames of a video. This video's subtitles are listed below:\n{subtitle_text}\n"
+    "Select the best answer to the following multiple-choice question based on the video. "
+    "Respond with only the letter ({letters}) of the correct option.\nQuestion: {question}\n{options}\nAnswer: "
+)
+SUBTITLE_TEMPLATES = {"lmms_eval_videomme": _LMMS_EVAL_VIDEOMME_SUBTITLE, "worldsense": _VLMEVALKIT_WORLDSENSE_SUB,
+                      "worldsense_noaudio": _VLMEVALKIT_WORLDSENSE_SUB}
+# system messages and answer prefixes (text after the assistant header) of the templates that have them; the model
+# puts them into its chat template (models.videollama3.BudgetedVideoLlama3.with_chat)
+SYSTEM_PROMPTS = {   # MLVU choice_bench.py main: conv.system = "..."
+    "mlvu": ("Carefully watch this video and pay attention to every detail. Based on your observations, select the "
+             "best option that accurately addresses the question."),
+}
+# text before the media in the user turn (VLMEvalKit WorldSense: the first message item, WorldSense.SYS)
+_VLMEVALKIT_WORLDSENSE_SYS = ("Carefully watch this video and pay attention to every detail. Based on your "
+                              "observations, select the best option that accurately addresses the question.")
+PRE_MEDIA_TEXTS = {"worldsense": _VLMEVALKIT_WORLDSENSE_SYS, "worldsense_noaudio": _VLMEVALKIT_WORLDSENSE_SYS}
+ANSWER_PREFIXES = {  # MLVU choice_bench.py main: conv.append_message(conv.roles[1], "Best Option: (")
+    "mlvu": "Best Option: (",
 }
 # a family name resolved per benchmark (``<family>_<benchmark>``)
 FAMILIES = ("videollama3", "lmms_eval")
 
 BENCHMARK_TEMPLATES = {"videomme": "videomme", "mlvu": "mlvu", "lvb": "lvb", "worldsense": "worldsense"}
 DEFAULT_TEMPLATE = "mcq_letter"
+# ``prompt_template=None`` resolves this family per benchmark: the seeds evaluate VideoLLaMA3, so its own evaluation
+# prompts are the default; a benchmark without one (WorldSense) gets its own released prompt
+DEFAULT_FAMILY = "videollama3"
 
 
 def check_template(template: str | None) -> None:
-    """Raise :class:`~algorithms.errors.SettingError` unless ``template`` is a name in :data:`TEMPLATES` or
-    ``None`` (each benchmark's own)."""
+    """Raise :class:`~algorithms.errors.SettingError` unless ``template`` is a name in :data:`TEMPLATES`, a family
+    of :data:`FAMILIES`, or ``None`` (the default family, :data:`DEFAULT_FAMILY`, per benchmark)."""
     if template is not None and template not in TEMPLATES and template not in FAMILIES:
         raise SettingError(f"prompt_template {template!r} is unknown; known: {sorted(TEMPLATES)}, "
-                           f"{list(FAMILIES)} (per benchmark), or null for each benchmark's own")
+                           f"{list(FAMILIES)} (per benchmark), or null for {DEFAULT_FAMILY!r} per benchmark")
 
 
 def template_for(benchmark: str | None) -> str:
-    """Name of the template used for ``benchmark`` ("videomme", "mlvu", "lvb", "worldsense"); unknown or
-    ``None`` gives the generic ``"mcq_letter"``."""
+    """Name of ``benchmark``'s own released template ("videomme", "mlvu", "lvb", "worldsense"); unknown or
+    ``None`` gives the generic ``"mcq_letter"``. (The default of :func:`resolve_template` is the
+    :data:`DEFAULT_FAMILY` template, falling back to this one.)"""
     return BENCHMARK_TEMPLATES.get(benchmark or "", DEFAULT_TEMPLATE)
+
+
+def chat_parts(template: str) -> tuple[str | None, str]:
+    """``(system message or None, answer prefix)`` of template ``template`` (``None`` / ``""``: none; the model's
+    chat template then keeps its default system message)."""
+    return SYSTEM_PROMPTS.get(template), ANSWER_PREFIXES.get(template, "")
+
+
+def pre_media_text(template: str) -> str:
+    """The text of template ``template`` that goes before the media in the user turn (``""``: none)."""
+    return PRE_MEDIA_TEXTS.get(template, "")
+
+
+def mlvu_question(question: str, options: list[str]) -> str:
+    """MLVU ``choice_bench.py`` ``MLVU.qa_template``: ``"Question: q\nOptions:\n(A) a\n(B) b"``, built with a
+    ``"\n"`` after every line and then ``rstrip()``-ed as released."""
+    text = f"Question: {question}\nOptions:\n" + "".join(f"({LETTERS[i]}) {o}\n" for i, o in enumerate(options))
+    return text.rstrip()
 
 
 def format_options(options: list[str]) -> str:
@@ -109,36 +183,76 @@ def letters_phrase(n: int) -> str:
 
 
 def resolve_template(template: str | None, benchmark: str | None) -> str:
-    """The template name used for a question of ``benchmark``: ``None`` -> :func:`template_for`; a family of
-    :data:`FAMILIES` -> ``<family>_<benchmark>`` when that template exists, else the benchmark's own."""
+    """The template name used for a question of ``benchmark``: a family of :data:`FAMILIES` ->
+    ``<family>_<benchmark>`` when that template exists, else the benchmark's own (:func:`template_for`); ``None``
+    -> the :data:`DEFAULT_FAMILY` (``videollama3``) resolved so."""
     if template is None:
-        return template_for(benchmark)
+        template = DEFAULT_FAMILY
     if template in FAMILIES:
         name = f"{template}_{benchmark}"
         return name if name in TEMPLATES else template_for(benchmark)
     return template
 
 
-def build_prompt(q: Question, template: str | None = "mcq_letter") -> str:
+# benchmarks whose references interleave subtitles between the frames (LongVideoBench's dataset, VideoLLaMA3's and
+# lmms-eval's LongVideoBench evaluations: insert_subtitles_into_frames); the model puts them into the video prefix
+INTERLEAVED_BENCHMARKS = ("lvb",)
+
+
+def interleaved_subtitles(questions: list):
+    """``f(frame_times_s) -> slots`` placing the video's subtitle lines between its frames
+    (:func:`~datamodules.benchmarks.subtitles.interleave_slots`) when the questions' benchmark interleaves them
+    and they have timed lines; else ``None``. The questions are those of one video (they share its subtitles):
+    :class:`Question` objects or their dicts (a batch item's ``questions``)."""
+    for q in questions:
+        q = vars(q) if isinstance(q, Question) else q
+        lines = q.get("subtitle_lines")
+        if (q.get("meta") or {}).get("benchmark") in INTERLEAVED_BENCHMARKS and lines:
+            return functools.partial(interleave_slots, [tuple(x) for x in lines])
+    return None
+
+
+def subtitle_text(q: Question, frame_times_s: list[float] | None = None) -> str | None:
+    """The subtitles shown with ``q``: for Video-MME, with the times of the frames the model sees, only the lines
+    at those frames (:func:`~datamodules.benchmarks.subtitles.lines_at_frames`, VideoLLaMA3's
+    ``videomme.py``); for a benchmark of :data:`INTERLEAVED_BENCHMARKS` with frame times, ``None`` (the lines are
+    interleaved with the frames in the video prefix, :func:`interleaved_subtitles`); otherwise the whole subtitle
+    text ``q.subtitles`` (or ``None``)."""
+    if frame_times_s is not None and q.subtitle_lines and q.meta.get("benchmark") in INTERLEAVED_BENCHMARKS:
+        return None
+    if frame_times_s is not None and q.subtitle_lines and q.meta.get("benchmark") == "videomme":
+        return lines_at_frames(q.subtitle_lines, frame_times_s)
+    return q.subtitles
+
+
+def build_prompt(q: Question, template: str | None = None, frame_times_s: list[float] | None = None) -> str:
     """The user text that follows the video for question ``q`` (dataset text is inserted verbatim).
 
     Args:
         q: the question; its ``subtitles`` (if any) are prepended under "This video's subtitles are listed below:".
-        template: a name in :data:`TEMPLATES`, or ``None`` for the template of ``q.meta["benchmark"]``
-            (:func:`template_for`).
+        template: a name in :data:`TEMPLATES`, a family of :data:`FAMILIES`, or ``None`` for the default family
+            resolved for ``q.meta["benchmark"]`` (:func:`resolve_template`).
+        frame_times_s: times (s) of the frames the model sees; Video-MME then shows only their subtitle lines
+            (:func:`subtitle_text`). A subtitled question always gets the header, even when no line is left, as
+            VideoLLaMA3's ``videomme.py`` writes it for a video with a subtitle file.
 
     Raises:
         KeyError: unknown template name.
     """
     name = resolve_template(template, q.meta.get("benchmark"))
-    subs = f"This video's subtitles are listed below:\n{q.subtitles}\n" if q.subtitles else ""
-    return TEMPLATES[name].format(subtitles=subs, question=q.question, options=format_options(q.options),
+    lines = subtitle_text(q, frame_times_s) if q.subtitles else None
+    subs = f"This video's subtitles are listed below:\n{lines}\n" if lines is not None else ""
+    text = SUBTITLE_TEMPLATES[name] if lines is not None and name in SUBTITLE_TEMPLATES else TEMPLATES[name]
+    return text.format(subtitles=subs, subtitle_text=lines or "", question=q.question, options=format_options(q.options),
                                   options_paren=format_options_paren(q.options),
+                                  mlvu_question=mlvu_question(q.question, q.options),
                                   letters=letters_phrase(len(q.options)))
 
 
-def prompt_and_template(q: Question, template: str | None = None) -> tuple[str, str]:
+def prompt_and_template(q: Question, template: str | None = None,
+                        frame_times_s: list[float] | None = None) -> tuple[str, str]:
     """``(prompt text, template name)``; the name is what callers write into ``record["meta"]["template"]``.
-    ``template=None`` picks the benchmark's own template (:func:`template_for`)."""
+    ``template=None`` picks VideoLLaMA3's template for the benchmark, else the benchmark's own
+    (:func:`resolve_template`)."""
     name = resolve_template(template, q.meta.get("benchmark"))
-    return build_prompt(q, name), name
+    return build_prompt(q, name, frame_times_s), name

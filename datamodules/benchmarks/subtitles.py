@@ -148,3 +148,57 @@ def subtitles_text(lines: list[TimedLine]) -> str:
         if not out or out[-1] != text:
             out.append(text)
     return "\n".join(out)
+
+
+def lines_at_frames(lines: list[TimedLine], frame_times_s: list[float]) -> str:
+    """The subtitle text of the sampled frames, as VideoLLaMA3's Video-MME evaluation builds it.
+
+    DAMO-NLP-SG/VideoLLaMA3@05cee23deb854fd6ff82dcff1243a4f682e4d617 evaluation/benchmarks/videomme.py
+    ``VideoMMEDataset.generate_instruction``: per frame time ``t`` (in order), the first cue with
+    ``subtitle.start < t * 1000 < subtitle.end`` (pysubs2 times, integer ms; strict on both sides), its text with
+    ``\\N`` as a space; a frame without one adds nothing; texts joined by ``"\\n"``, with no de-duplication (a cue
+    covering three frames appears three times).
+
+    Args:
+        lines: timed lines (:func:`parse_srt`; seconds, in file order sorted by time).
+        frame_times_s: the times (s) of the frames the model sees.
+
+    Returns:
+        The text (``""`` when no frame falls inside a cue).
+    """
+    ms = [(round(a * 1000), round(b * 1000), text) for a, b, text in lines]
+    out = []
+    for t in frame_times_s:
+        for a, b, text in ms:
+            if a < t * 1000 < b:
+                if text.strip():
+                    out.append(text)
+                break
+    return "\n".join(out)
+
+
+def interleave_slots(lines: list[TimedLine], frame_times_s: list[float]) -> list[list[str]]:
+    """Where LongVideoBench places each subtitle line among the frames: ``slots[k]`` are the texts that go right
+    before frame ``k`` (``slots[T]``: after the last frame), in subtitle order.
+
+    Follows ``insert_subtitles_into_frames`` of DAMO-NLP-SG/VideoLLaMA3@05cee23deb854fd6ff82dcff1243a4f682e4d617
+    evaluation/benchmarks/longvideobench.py (the same function as LongVideoBench's own dataset and lmms-eval@75571cfe
+    lmms_eval/tasks/longvideobench/utils.py): per line, with ``mid = (start + end) / 2``, every not yet placed frame
+    with ``t <= mid`` goes first; a line shorter than 1 s is widened to ``mid ± 0.5`` for the next test only; the
+    line is kept iff some frame has ``start < t < end`` (strict), else left out.
+
+    The lines are :func:`parse_lvb_subtitles`'s (already shifted by ``starting_timestamp_for_subtitles``); where
+    that parser departs from the release's inline reading (a ``null`` end, lines before 0, time order) the
+    placement follows the parsed lines.
+    """
+    slots: list[list[str]] = [[] for _ in range(len(frame_times_s) + 1)]
+    cur = 0
+    for start, end, text in lines:
+        mid = (start + end) / 2
+        while cur < len(frame_times_s) and frame_times_s[cur] <= mid:
+            cur += 1
+        if end - start < 1:
+            start, end = mid - 0.5, mid + 0.5
+        if any(start < t < end for t in frame_times_s):
+            slots[cur].append(text)
+    return slots
