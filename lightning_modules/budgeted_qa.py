@@ -16,7 +16,7 @@ from lightning.pytorch import LightningModule
 
 from algorithms.errors import SettingError
 from datamodules.benchmarks import Question
-from datamodules.benchmarks.prompts import (chat_parts, check_template, interleaved_subtitles, pre_media_text,
+from datamodules.benchmarks.prompts import (chat_parts, recorded_template, check_template, interleaved_subtitles, pre_media_text,
                                             prompt_and_template)
 from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets
 
@@ -160,7 +160,7 @@ class BudgetedQA(LightningModule):
             else {}   # only when set: folders written before the setting existed still resume
         return {"model_path": str(Path(hp.model_path).resolve()), "raw_mode": hp.raw_mode, **extra,
                 "raw_max_tokens": hp.raw_max_tokens, "max_tokens_per_frame": hp.max_tokens_per_frame,
-                "max_new_tokens": hp.max_new_tokens, "prompt_template": hp.prompt_template, "dtype": hp.dtype,
+                "max_new_tokens": hp.max_new_tokens, "prompt_template": recorded_template(hp.prompt_template), "dtype": hp.dtype,
                 # the kernels: token-identical in fp32, but in bf16 they round differently and can pick other tokens
                 "attn_implementation": hp.attn_implementation, "answer_mode": hp.answer_mode, "decode": hp.decode,
                 "vision_attn_implementation": hp.vision_attn_implementation}

@@ -153,3 +153,13 @@ def test_prompt_text_interleaved_subtitles(tiny_vlm):
     (a,) = tiny_vlm.answer_all(prompt, qs, max_new_tokens=4)
     ref = tiny_vlm.answer_from_scratch(prompt, qs[0], max_new_tokens=4)
     assert a.token_ids == ref.token_ids
+
+
+def test_run_json_names_the_default_prompt(tiny_vl3_dir):
+    """``prompt_template: null`` once meant each benchmark's own prompt and now means VideoLLaMA3's: run.json keeps
+    the meaning, so an old folder (``null``) is not resumed with the new prompt."""
+    from datamodules.benchmarks.prompts import recorded_template
+    from lightning_modules.budgeted_qa import BudgetedQA
+
+    assert recorded_template(None) == "default:videollama3" and recorded_template("mlvu") == "mlvu"
+    assert BudgetedQA(model_path=str(tiny_vl3_dir)).record_settings()["prompt_template"] == "default:videollama3"

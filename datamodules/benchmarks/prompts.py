@@ -130,6 +130,13 @@ DEFAULT_TEMPLATE = "mcq_letter"
 DEFAULT_FAMILY = "videollama3"
 
 
+def recorded_template(prompt_template: str | None) -> str:
+    """What an output folder's ``run.json`` keeps for ``prompt_template``: the name, or for ``None`` the default
+    family it means now (``"default:videollama3"``). A folder written when ``None`` meant each benchmark's own
+    prompt kept ``null`` there, so resuming it with today's default is refused instead of mixing two prompts."""
+    return prompt_template if prompt_template is not None else f"default:{DEFAULT_FAMILY}"
+
+
 def check_template(template: str | None) -> None:
     """Raise :class:`~algorithms.errors.SettingError` unless ``template`` is a name in :data:`TEMPLATES`, a family
     of :data:`FAMILIES`, or ``None`` (the default family, :data:`DEFAULT_FAMILY`, per benchmark)."""
