@@ -28,7 +28,7 @@ from algorithms.choice import official_rule, parse, parse_robust
 from algorithms.pruning import VARIANTS, retention_floor
 from algorithms.errors import SettingError
 from datamodules.benchmarks import Question
-from datamodules.benchmarks.prompts import recorded_template, check_template, pre_media_text, prompt_and_template
+from datamodules.benchmarks.prompts import check_template, pre_media_text, prompt_and_template
 from models.omni_qa import FULL, OmniQA, prefill_flop_fields
 
 from .budgeted_qa import run_or_error_records
@@ -107,7 +107,7 @@ class OmniPruningQA(LightningModule):
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"model_path {hp.model_path}: no config.json (not a checkpoint directory)")
         return {"model_path": str(path.resolve()), "retention": hp.retention, "audio_retention": hp.audio_retention,
-                "max_new_tokens": hp.max_new_tokens, "prompt_template": recorded_template(hp.prompt_template), "dtype": hp.dtype,
+                "max_new_tokens": hp.max_new_tokens, "prompt_template": hp.prompt_template, "dtype": hp.dtype,
                 "attn_implementation": hp.attn_implementation}
 
     def setup(self, stage: str) -> None:
