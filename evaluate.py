@@ -30,6 +30,7 @@ def build_cli(args: list[str] | None, run: bool, **kwargs) -> LightningCLI:
     """The project's LightningCLI (subclass mode for model and data, seed 0); ``kwargs`` add entry-specific options
     (config callback, default config files). Shared by ``evaluate.py`` and ``train.py``."""
     kwargs.setdefault("save_config_callback", None)
+    cli_class = kwargs.pop("cli_class", LightningCLI)
     # a bad option or value prints the error after a one-line usage, not the ~60-line list of every option
     # (argparse's usage on error); ``--help`` still lists them all
     parser_kwargs = kwargs.setdefault("parser_kwargs", {})
@@ -40,7 +41,7 @@ def build_cli(args: list[str] | None, run: bool, **kwargs) -> LightningCLI:
 
     hf_logging.disable_progress_bar()   # "Loading weights" bars would interleave with the run's own progress bar
     quiet_console()
-    return LightningCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+    return cli_class(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                         args=args, run=run, seed_everything_default=0, **kwargs)
 
 

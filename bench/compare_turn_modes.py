@@ -12,15 +12,21 @@ For every (mode, seed) it runs ``train.py fit`` through ``train.cli_main`` with 
 --seed_everything=<seed>`` (everything else from the configs), then ``test`` on the best checkpoint (ModelCheckpoint
 on ``val/auroc_mean``), and prints a markdown table of test metrics as mean ± sample std over seeds, plus the mean
 training epoch time and training rows per second. W&B is off here unless ``--wandb`` is given (then one run per
-(mode, seed), grouped by mode). ``--json`` writes every run's metrics.
+(mode, seed), grouped by mode).
+
+Results stay in the run folder (``--out``, default ``runs/compare_turn_modes/<date-time>``): ``results.md`` (the
+table), ``results.csv`` (one row per (mode, seed): every test metric, ``epoch_time_s``, ``rows_per_s``) and
+``results.json``; each run's ``metrics.csv`` stays in its sub-folder. Checkpoints are deleted once their run is
+tested (``--keep-checkpoints`` keeps them); ``--json`` also writes the per-run metrics elsewhere.
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import statistics
 import sys
-import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,8 +38,10 @@ COLUMNS = ("auroc_mean", "ap_mean", "auroc_va_wearer", "auroc_va_others", "auroc
            "sh_bacc", "sh_f1w")
 
 
-def run_one(configs: list[str], mode: str, seed: int, out_dir: Path, extra: list[str], wandb: bool) -> dict[str, float]:
-    """Fit + test one (mode, seed); returns test metrics plus ``epoch_time_s`` and ``rows_per_s`` (last epoch)."""
+def run_one(configs: list[str], mode: str, seed: int, out_dir: Path, extra: list[str], wandb: bool,
+            keep_checkpoints: bool = False) -> dict[str, float]:
+    """Fit + test one (mode, seed); returns test metrics plus ``epoch_time_s`` and ``rows_per_s`` (last epoch).
+    The run's ``*.ckpt`` files under ``out_dir`` are deleted after the test unless ``keep_checkpoints``."""
     from train import cli_main
 
     args = ["fit"] + [a for c in configs for a in ("--config", c)] + [
@@ -55,7 +63,29 @@ def run_one(configs: list[str], mode: str, seed: int, out_dir: Path, extra: list
     out = {k.removeprefix("test/"): float(v) for k, v in res.items()}
     out["epoch_time_s"] = train_m.get("train/epoch_time_s", float("nan"))
     out["rows_per_s"] = train_m.get("train/rows_per_s", float("nan"))
+    if wandb:
+        import wandb as wb
+
+        wb.finish()   # the next (mode, seed) gets its own W&B run, not this one reused
+    if not keep_checkpoints:
+        for f in out_dir.rglob("*.ckpt"):
+            f.unlink()
     return out
+
+
+def write_results(out_root: Path, results: dict[str, list[dict[str, float]]], seeds: list[int], table: str) -> None:
+    """``results.md`` (``table``), ``results.csv`` (one row per (mode, seed), metric columns sorted) and
+    ``results.json`` in ``out_root``."""
+    out_root.mkdir(parents=True, exist_ok=True)
+    (out_root / "results.md").write_text(table + "\n")
+    (out_root / "results.json").write_text(json.dumps(results, indent=1))
+    keys = sorted({k for runs in results.values() for r in runs for k in r})
+    with open(out_root / "results.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["mode", "seed", *keys])
+        for mode, runs in results.items():
+            for seed, r in zip(seeds, runs):
+                w.writerow([mode, seed, *[r.get(k, "") for k in keys]])
 
 
 def format_table(results: dict[str, list[dict[str, float]]], columns: tuple[str, ...] = COLUMNS) -> str:
@@ -81,20 +111,23 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--config", action="append", required=True, help="train.py config(s), stacked in order")
     p.add_argument("--modes", nargs="+", default=list(MODES))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--out", default=None, help="run folder (default: a temporary folder)")
+    p.add_argument("--out", default=None, help="run folder (default: runs/compare_turn_modes/<date-time>)")
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep every run's checkpoints (deleted otherwise)")
     p.add_argument("--wandb", action="store_true", help="keep the config's W&B logger (grouped by mode)")
     p.add_argument("--json", default=None, help="write all per-run metrics here")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more train.py arguments (last)")
     a = p.parse_args(argv)
-    out_root = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="compare_turn_modes_"))
-    print(f"runs (checkpoints, logs) in {out_root}", flush=True)
+    out_root = Path(a.out) if a.out else Path("runs/compare_turn_modes") / time.strftime("%Y%m%d-%H%M%S")
+    print(f"runs (logs, results.md / .csv / .json) in {out_root}", flush=True)
     results: dict[str, list[dict[str, float]]] = {}
     for mode in a.modes:
         for seed in a.seeds:
             results.setdefault(mode, []).append(
-                run_one(a.config, mode, seed, out_root / f"{mode}_s{seed}", a.extra, a.wandb))
+                run_one(a.config, mode, seed, out_root / f"{mode}_s{seed}", a.extra, a.wandb, a.keep_checkpoints))
     table = format_table(results)
     print(table)
+    write_results(out_root, results, a.seeds, table)
+    print(f"results: {out_root / 'results.md'}, {out_root / 'results.csv'}", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
     return table

@@ -40,7 +40,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -54,6 +54,10 @@ from datamodules.features import (FeatureFileError, check_meta, error_path, feat
 
 _TARGET_CACHE: dict[tuple, tuple[Any, list[int]]] = {}   # -> (turn targets, the session's participant ids)
 ALL_MODES = ("open-stream-replay", "completed-block-hold", "micro-chunk-200ms")
+# the choices as types, so ``train.py --help`` lists them and a typo fails when the command line is parsed
+StreamingMode = Literal["open-stream-replay", "completed-block-hold", "micro-chunk-200ms"]   # = ALL_MODES
+MemoryPolicy = Literal["window", "sliding"]                        # = algorithms.streaming.MEMORY_POLICIES
+InitializationRows = Literal["keep", "exclude", "exclude_any_mode"]   # = INIT_ROW_POLICIES
 INIT_ROW_POLICIES = ("keep", "exclude", "exclude_any_mode")
 STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}  # splits each stage reads
 
@@ -186,13 +190,13 @@ class TurnFeatureDataModule(LightningDataModule):
         target_kwargs: extra ``build_turn_targets`` settings (``min_silence_s``, ``pre_cond_s``, ...).
     """
 
-    def __init__(self, features_dir: str, expected_mode: str, utterances_root: str,
+    def __init__(self, features_dir: str, expected_mode: StreamingMode, utterances_root: str,
                  utterances_loader: str = "datamodules.easycom.load_session_utterances",
                  expected_memory_s: float = 8.0, expected_fps: float = 2.0, expected_output_hz: float = 5.0,
-                 expected_layer: int | None = None, expected_memory_policy: str = DEFAULT_MEMORY_POLICY,
+                 expected_layer: int | None = None, expected_memory_policy: MemoryPolicy = DEFAULT_MEMORY_POLICY,
                  train_sessions: Sequence[int] = (1, 2, 3, 5, 6, 7, 8, 9), val_sessions: Sequence[int] = (4, 12),
                  test_sessions: Sequence[int] = (10, 11), wearer_id: int = 2,
-                 initialization_rows: str = "keep", chunk_rows: int = 100, warmup_rows: int = 10,
+                 initialization_rows: InitializationRows = "keep", chunk_rows: int = 100, warmup_rows: int = 10,
                  batch_size: int = 16, standardize: bool = True, num_workers: int = 0,
                  target_kwargs: dict[str, float] | None = None, expected_audio_left_context: bool | None = True):
         super().__init__()

@@ -5,12 +5,15 @@ VAP future bins of wearer/others) + 1 shift-vs-hold logit (trained only at event
 10 targets (mean over counted entries) + ``shift_loss_weight`` x BCE at shift/hold event rows.
 
 Metrics (torchmetrics, ``val/`` and ``test/`` prefixes): per target ``auroc_<name>`` and ``ap_<name>`` (average
-precision), their means ``auroc_mean`` / ``ap_mean``; at shift/hold events ``sh_bacc`` (balanced accuracy = macro
+precision; one ``MetricCollection`` of ``MultilabelAUROC`` / ``MultilabelAveragePrecision``, ``average=None``,
+``ignore_index=-1``; a target with no counted row is NaN), their means ``auroc_mean`` / ``ap_mean``; at shift/hold events ``sh_bacc`` (balanced accuracy = macro
 recall over {hold, shift}), ``sh_f1w`` (F1 weighted by class support, the "S/H weighted F1" of Ekstedt & Skantze,
-VAP, Interspeech 2022) with the shift probability thresholded at 0.5, and ``sh_auroc``. Training logs ``train/loss``,
+VAP, Interspeech 2022) with the shift probability thresholded at 0.5, and ``sh_auroc``. Training logs ``train/loss`` (the epoch's mean
+step loss, once per epoch), ``train/loss_step`` (every ``log_every_n_steps``, progress bar),
 ``train/epoch_time_s`` and ``train/rows_per_s`` (counted rows per second of the epoch's training steps, forward + backward +
 optimizer, validation excluded). At test end, PR curves of
-every target go to W&B when a ``WandbLogger`` is attached.
+every target go to W&B when a ``WandbLogger`` is attached (``MultilabelPrecisionRecallCurve`` with 101 fixed
+thresholds, updated per step: memory bounded by 10 x 101 x 4 counters whatever the test set's size).
 
 The head is built from ``head_type`` etc. (flat arguments, so W&B sweeps can vary them); ``in_dim`` (D) defaults to
 the datamodule's ``feature_dim`` at ``setup`` and is then stored in the hyperparameters, so checkpoints reload; a
@@ -19,18 +22,55 @@ test, naming both sizes, the checkpoint and the features folder.
 """
 from __future__ import annotations
 
+import math
 import time
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from torchmetrics import MetricCollection
-from torchmetrics.classification import (BinaryAUROC, BinaryAveragePrecision, BinaryPrecisionRecallCurve,
-                                         MulticlassF1Score, MulticlassRecall)
+from torchmetrics.classification import (BinaryAUROC, MulticlassF1Score, MulticlassRecall, MultilabelAUROC,
+                                         MultilabelAveragePrecision, MultilabelPrecisionRecallCurve)
+from torchmetrics.functional.classification import binary_auroc, binary_average_precision
+from torchmetrics.utilities.data import dim_zero_cat
 
 from algorithms.errors import SettingError, check_int
 from algorithms.turn_targets import NUM_TARGETS, target_names
 from models.heads import HEAD_TYPES, build_head
+
+HeadType = Literal["linear", "mlp", "causal_conv", "causal_attention"]   # = models.heads.HEAD_TYPES
+PR_THRESHOLDS = 101
+
+
+class _CountedLabels:
+    """Mixin for torchmetrics' exact (``thresholds=None``) multilabel curves metrics: ``compute`` gives NaN for a
+    label with no counted row (all ``ignore_index``) instead of torchmetrics' IndexError, and the multilabel value
+    (per label, over its counted rows) for the others."""
+
+    _binary_fn = None
+
+    def compute(self) -> torch.Tensor:
+        preds, target = dim_zero_cat(self.preds), dim_zero_cat(self.target)   # (N, L), (N, L)
+        counted = (target != self.ignore_index).any(0) if target.numel() else torch.zeros(self.num_labels, dtype=bool)
+        if bool(counted.all()):
+            return super().compute()
+        out = torch.full((self.num_labels,), math.nan)
+        for j in torch.nonzero(counted).flatten().tolist():
+            out[j] = type(self)._binary_fn(preds[:, j], target[:, j], ignore_index=self.ignore_index)
+        return out
+
+
+class CountedMultilabelAUROC(_CountedLabels, MultilabelAUROC):
+    """``MultilabelAUROC(average=None)`` with NaN for labels without counted rows."""
+
+    _binary_fn = staticmethod(binary_auroc)
+
+
+class CountedMultilabelAveragePrecision(_CountedLabels, MultilabelAveragePrecision):
+    """``MultilabelAveragePrecision(average=None)`` with NaN for labels without counted rows."""
+
+    _binary_fn = staticmethod(binary_average_precision)
 
 
 class TurnHead(LightningModule):
@@ -44,7 +84,7 @@ class TurnHead(LightningModule):
         shift_loss_weight: weight of the shift/hold BCE term.
     """
 
-    def __init__(self, head_type: str = "mlp", hidden_dim: int = 256, num_layers: int = 1, context_rows: int = 10,
+    def __init__(self, head_type: HeadType = "mlp", hidden_dim: int = 256, num_layers: int = 1, context_rows: int = 10,
                  dropout: float = 0.1, num_heads: int = 4, in_dim: int | None = None, lr: float = 1e-3,
                  weight_decay: float = 0.01, shift_loss_weight: float = 1.0):
         super().__init__()
@@ -60,7 +100,7 @@ class TurnHead(LightningModule):
         self.metrics = torch.nn.ModuleDict({stage: self._stage_metrics() for stage in ("val", "test")})
         self._sh_count = {"val": 0, "test": 0}
         self._label_count = {st: torch.zeros(NUM_TARGETS, dtype=torch.long) for st in ("val", "test")}
-        self._test_outputs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.pr_curve = MultilabelPrecisionRecallCurve(NUM_TARGETS, thresholds=PR_THRESHOLDS, ignore_index=-1)
         self._epoch_rows, self._epoch_t0, self._epoch_t1 = 0, 0.0, 0.0
 
     def _build(self, in_dim: int) -> torch.nn.Module:
@@ -71,10 +111,11 @@ class TurnHead(LightningModule):
     @staticmethod
     def _stage_metrics() -> torch.nn.ModuleDict:
         return torch.nn.ModuleDict({
-            # one binary metric per target (= torchmetrics' multilabel average=None), so that a target with no
-            # counted row in an epoch (e.g. future bins past a short session's end) gives NaN, not an IndexError
-            "auroc": torch.nn.ModuleList([BinaryAUROC(ignore_index=-1) for _ in range(NUM_TARGETS)]),
-            "ap": torch.nn.ModuleList([BinaryAveragePrecision(ignore_index=-1) for _ in range(NUM_TARGETS)]),
+            # per target; a target with no counted row in an epoch (e.g. future bins past a short session's end)
+            # gives NaN, not torchmetrics' IndexError
+            "labels": MetricCollection({
+                "auroc": CountedMultilabelAUROC(NUM_TARGETS, average=None, ignore_index=-1),
+                "ap": CountedMultilabelAveragePrecision(NUM_TARGETS, average=None, ignore_index=-1)}),
             "sh": MetricCollection({"sh_bacc": MulticlassRecall(2, average="macro"),
                                     "sh_f1w": MulticlassF1Score(2, average="weighted")}),
             "sh_auroc": BinaryAUROC(),
@@ -131,7 +172,9 @@ class TurnHead(LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss, _ = self.model_step(batch)
         self._epoch_rows += int(batch["row_valid"].sum())
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["states"].shape[0])
+        B = batch["states"].shape[0]
+        self.log("train/loss_step", loss, prog_bar=True, batch_size=B)
+        self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=B)   # epoch mean, once per epoch
         return loss
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
@@ -151,9 +194,8 @@ class TurnHead(LightningModule):
         tgt = torch.where(batch["mask"][rows], batch["targets"][rows].long(), -1)  # (N, 10), -1 ignored
         m = self.metrics[stage]
         counted = (tgt >= 0).sum(0)                                            # (10,)
-        for j in torch.nonzero(counted).flatten().tolist():
-            m["auroc"][j].update(probs[:, j], tgt[:, j])
-            m["ap"][j].update(probs[:, j], tgt[:, j])
+        if len(tgt):
+            m["labels"].update(probs, tgt)
         self._label_count[stage] += counted.cpu()
         ev = batch["shift"] >= 0
         if ev.any():
@@ -162,21 +204,22 @@ class TurnHead(LightningModule):
             m["sh"].update((p_shift > 0.5).long(), y)
             m["sh_auroc"].update(p_shift, y)
             self._sh_count[stage] += int(ev.sum())
-        if stage == "test":
-            self._test_outputs.append((probs.detach().cpu(), tgt.cpu()))
+        if stage == "test" and len(tgt):
+            self.pr_curve.update(probs.detach(), tgt)
 
     def _eval_epoch_end(self, stage: str) -> None:
         m = self.metrics[stage]
         out = {}
         counts = self._label_count[stage]
+        computed = m["labels"].compute() if int(counts.sum()) else {}
         for key in ("auroc", "ap"):
             # (torchmetrics' trapezoid sums can land a float ulp above 1: clamp to the metric's range)
-            vals = torch.stack([m[key][j].compute().float().cpu().clamp(0.0, 1.0) if counts[j]
-                                else torch.tensor(float("nan")) for j in range(NUM_TARGETS)])   # (10,)
+            vals = computed[key].float().cpu().clamp(0.0, 1.0) if key in computed else torch.full((NUM_TARGETS,),
+                                                                                                  math.nan)
+            vals = torch.where(counts > 0, vals, math.nan)                                          # (10,)
             out.update({f"{stage}/{key}_{n}": v for n, v in zip(self.names, vals)})
             out[f"{stage}/{key}_mean"] = vals.nanmean()
-            for metric in m[key]:
-                metric.reset()
+        m["labels"].reset()
         self._label_count[stage] = torch.zeros(NUM_TARGETS, dtype=torch.long)
         if self._sh_count[stage]:
             out.update({f"{stage}/{k}": v for k, v in m["sh"].compute().items()})
@@ -197,31 +240,34 @@ class TurnHead(LightningModule):
         self._eval_step("test", batch)
 
     def on_test_epoch_start(self) -> None:
-        self._test_outputs = []
+        self.pr_curve.reset()
 
     def on_test_epoch_end(self) -> None:
         self._eval_epoch_end("test")
         self._log_pr_curves()
 
-    def _log_pr_curves(self, num_thresholds: int = 101) -> None:
-        """One W&B PR chart (all targets) from the test outputs; torchmetrics curves, no pandas needed."""
+    def pr_curve_rows(self) -> list[list]:
+        """``[target, recall, precision]`` rows of the test PR curves (``PR_THRESHOLDS`` + 1 points per target, from
+        the bounded-memory ``MultilabelPrecisionRecallCurve``); targets without both classes among their counted
+        rows are left out (their curve is undefined)."""
+        cm = self.pr_curve.confmat[0]                                   # (10, 2, 2) at the first threshold (0.0)
+        pos, neg = cm[:, 1, :].sum(-1), cm[:, 0, :].sum(-1)            # counted positives / negatives per target
+        if not int((pos + neg).sum()):
+            return []
+        precision, recall, _ = self.pr_curve.compute()                  # (10, T + 1) each
+        return [[name, float(r), float(p)] for j, name in enumerate(self.names) if pos[j] > 0 and neg[j] > 0
+                for p, r in zip(precision[j], recall[j])]
+
+    def _log_pr_curves(self) -> None:
+        """One W&B PR chart (all targets) from the test epoch's curve counters; no pandas needed."""
         from lightning.pytorch.loggers import WandbLogger
 
         wandb_loggers = [lg for lg in self.loggers if isinstance(lg, WandbLogger)]
-        if not wandb_loggers or not self._test_outputs:
+        rows = self.pr_curve_rows() if wandb_loggers else []
+        if not rows:
             return
         import wandb
 
-        probs = torch.cat([p for p, _ in self._test_outputs])  # (N, 10)
-        tgt = torch.cat([t for _, t in self._test_outputs])  # (N, 10), -1 ignored
-        curve = BinaryPrecisionRecallCurve(thresholds=num_thresholds)
-        rows = []
-        for j, name in enumerate(self.names):
-            keep = tgt[:, j] >= 0
-            if keep.any() and 0 < int(tgt[keep, j].sum()) < int(keep.sum()):
-                precision, recall, _ = curve(probs[keep, j], tgt[keep, j])
-                rows += [[name, float(r), float(p)] for p, r in zip(precision, recall)]
-                curve.reset()
         table = wandb.Table(columns=["target", "recall", "precision"], data=rows)
         chart = wandb.plot_table("wandb/area-under-curve/v0", table,
                                  {"x": "recall", "y": "precision", "class": "target"},
@@ -229,7 +275,6 @@ class TurnHead(LightningModule):
                                   "y-axis-title": "precision"})
         for lg in wandb_loggers:
             lg.experiment.log({"test/pr_curves": chart})
-        self._test_outputs = []
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)

@@ -354,12 +354,182 @@ def test_per_target_metrics_equal_torchmetrics_multilabel():
     probs = torch.rand(200, NUM_TARGETS)
     tgt = (torch.rand(200, NUM_TARGETS) > 0.6).long()
     tgt[torch.rand(200, NUM_TARGETS) > 0.8] = -1
-    m = TurnHead._stage_metrics()
-    for j in range(NUM_TARGETS):
-        m["auroc"][j].update(probs[:, j], tgt[:, j])
-        m["ap"][j].update(probs[:, j], tgt[:, j])
-    ours = torch.stack([m["auroc"][j].compute() for j in range(NUM_TARGETS)])
+    m = TurnHead._stage_metrics()["labels"]
+    m.update(probs, tgt)
+    out = m.compute()
     ref = MultilabelAUROC(NUM_TARGETS, average=None, ignore_index=-1)(probs, tgt)
-    assert torch.allclose(ours, ref)
-    ours_ap = torch.stack([m["ap"][j].compute() for j in range(NUM_TARGETS)])
-    assert torch.allclose(ours_ap, MultilabelAveragePrecision(NUM_TARGETS, average=None, ignore_index=-1)(probs, tgt))
+    assert torch.allclose(out["auroc"], ref)
+    assert torch.allclose(out["ap"], MultilabelAveragePrecision(NUM_TARGETS, average=None, ignore_index=-1)(probs, tgt))
+    # target 3 with no counted row: NaN there, the others unchanged (torchmetrics alone raises IndexError)
+    tgt[:, 3] = -1
+    m.reset()
+    m.update(probs, tgt)
+    out = m.compute()
+    assert torch.isnan(out["auroc"][3]) and torch.isnan(out["ap"][3])
+    keep = [j for j in range(NUM_TARGETS) if j != 3]
+    assert torch.allclose(out["auroc"][keep], ref[keep])
+    with pytest.raises(IndexError):
+        MultilabelAUROC(NUM_TARGETS, average=None, ignore_index=-1)(probs, tgt)
+
+
+def test_test_pr_curves_are_bounded_and_match_binary_curves():
+    """The test PR curves come from fixed-threshold counters (memory independent of N) and equal torchmetrics'
+    binary curve with the same 101 thresholds per target; a one-class target is left out."""
+    from torchmetrics.functional.classification import binary_precision_recall_curve
+
+    from algorithms.turn_targets import NUM_TARGETS, target_names
+    from lightning_modules.turn_head import PR_THRESHOLDS, TurnHead
+
+    torch.manual_seed(1)
+    probs = torch.rand(300, NUM_TARGETS)
+    tgt = (torch.rand(300, NUM_TARGETS) > 0.5).long()
+    tgt[torch.rand(300, NUM_TARGETS) > 0.7] = -1
+    tgt[:, 5] = torch.where(tgt[:, 5] >= 0, 0, -1)       # target 5: negatives only
+    module = TurnHead(head_type="linear", in_dim=3)
+    size = module.pr_curve.confmat.numel()
+    for chunk in range(3):
+        module.pr_curve.update(probs[chunk * 100:(chunk + 1) * 100], tgt[chunk * 100:(chunk + 1) * 100])
+    assert module.pr_curve.confmat.numel() == size == PR_THRESHOLDS * NUM_TARGETS * 4
+    rows = module.pr_curve_rows()
+    names = target_names()
+    assert {r[0] for r in rows} == set(names) - {names[5]}
+    p, r, _ = binary_precision_recall_curve(probs[:, 0], tgt[:, 0], thresholds=PR_THRESHOLDS, ignore_index=-1)
+    got = [row for row in rows if row[0] == names[0]]
+    assert len(got) == PR_THRESHOLDS + 1
+    assert torch.allclose(torch.tensor([g[1] for g in got]), r)
+    assert torch.allclose(torch.tensor([g[2] for g in got]), p, equal_nan=True)
+
+
+# ---------------------------------------------------------------- issue 23: runs that keep their results
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    import csv
+
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _epoch_values(rows: list[dict[str, str]], key: str) -> dict[int, float]:
+    return {int(r["epoch"]): float(r[key]) for r in rows if r.get(key)}
+
+
+def test_disabled_wandb_fit_keeps_metrics_csv_and_resume_keeps_run_and_best(demo, tmp_path, monkeypatch):
+    """``WANDB_MODE=disabled``: ``metrics.csv`` in the run folder (beside ``checkpoints/``) holds one
+    ``train/loss`` and one ``val/auroc_mean`` per epoch, equal to the trainer's values; a resume from
+    ``last.ckpt`` continues the same run folder / W&B id, restores ModelCheckpoint's best score before training
+    (Lightning drops it when the folder changes) and appends to ``metrics.csv``."""
+    import json
+
+    from lightning_modules.turn_head import TurnHead
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    log = [f"--trainer.logger.init_args.save_dir={tmp_path}", "--trainer.callbacks.init_args.patience=100"]
+    cli = cli_main(fit_args(demo, tmp_path, "--trainer.max_epochs=2", *log))
+    ckpt = cli.trainer.checkpoint_callback
+    run_dir = Path(ckpt.dirpath).parent
+    run_id = json.loads((run_dir / "run_info.json").read_text())["id"]
+    assert run_dir.name == run_id and run_dir.parent.name == "turn-heads-demo"
+    rows = _csv_rows(run_dir / "metrics.csv")
+    val, loss = _epoch_values(rows, "val/auroc_mean"), _epoch_values(rows, "train/loss")
+    assert sorted(val) == sorted(loss) == [0, 1]
+    assert val[1] == pytest.approx(float(cli.trainer.callback_metrics["val/auroc_mean"]), abs=1e-6)
+    assert loss[1] == pytest.approx(float(cli.trainer.callback_metrics["train/loss"]), abs=1e-6)
+    assert float(ckpt.best_model_score) == pytest.approx(max(val.values()), abs=1e-6)
+    best_before, best_path = float(ckpt.best_model_score), ckpt.best_model_path
+    # demo fit: 3 steps an epoch, log_every_n_steps 1 -> train/loss_step rows within every epoch (Lightning writes
+    # the epoch's last step with the epoch-end row), not once in 15 steps
+    step_rows = [r for r in rows if r.get("train/loss_step")]
+    assert [int(r["epoch"]) for r in step_rows].count(0) >= 2 and [int(r["epoch"]) for r in step_rows].count(1) >= 2
+
+    restored = []
+    monkeypatch.setattr(TurnHead, "on_train_start", lambda self: restored.append(
+        (self.trainer.checkpoint_callback.best_model_score, self.trainer.checkpoint_callback.best_model_path)))
+    cli2 = cli_main(fit_args(demo, tmp_path, "--trainer.max_epochs=3", *log,
+                             f"--ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}"))
+    assert float(restored[0][0]) == pytest.approx(best_before) and restored[0][1] == best_path
+    ckpt2 = cli2.trainer.checkpoint_callback
+    assert Path(ckpt2.dirpath).parent == run_dir and cli2.trainer.logger.version == run_id
+    val2 = _epoch_values(_csv_rows(run_dir / "metrics.csv"), "val/auroc_mean")
+    assert sorted(val2) == [0, 1, 2] and val2[0] == val[0] and val2[1] == val[1]
+    assert float(ckpt2.best_model_score) == pytest.approx(max(val2.values()), abs=1e-6)
+
+
+def test_test_run_joins_the_fit_group(demo, tmp_path):
+    """``train.py test`` of a run folder's checkpoint: a new W&B run (offline here) in the fit's group, job type
+    ``test``; the fit is its own group when none is given."""
+    import json
+
+    import wandb
+
+    wandb.finish()   # a run left open by an earlier test of this process would be reused
+    log = f"--trainer.logger.init_args.save_dir={tmp_path}"
+    fit = cli_main(fit_args(demo, tmp_path, "--trainer.max_epochs=1", log))
+    info = json.loads((Path(fit.trainer.checkpoint_callback.dirpath).parent / "run_info.json").read_text())
+    assert info["group"] == info["id"] == fit.trainer.logger.version
+    wandb.finish()   # one process here: a new WandbLogger would otherwise reuse the fit's run
+    args = [a for a in fit_args(demo, tmp_path, log) if a != "fit"]
+    test = cli_main(["test", *args, f"--ckpt_path={fit.trainer.checkpoint_callback.best_model_path}"])
+    lg = test.trainer.logger
+    assert lg.version != info["id"]
+    assert lg._wandb_init["group"] == info["id"] and lg._wandb_init["job_type"] == "test"
+    assert lg.experiment.group == info["id"] and lg.experiment.job_type == "test"
+    assert "test/auroc_mean" in test.trainer.callback_metrics
+
+
+def test_monitored_metric_summary_is_its_best():
+    """``WandbSummaryMetric`` defines the checkpoint's monitor with ``summary=max`` (``min`` for mode min), on every
+    W&B logger only."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.loggers import CSVLogger, WandbLogger
+
+    from train import WandbSummaryMetric
+
+    calls = []
+    fake = SimpleNamespace(define_metric=lambda name, **kw: calls.append((name, kw)))
+    for mode, want in (("max", "max"), ("min", "min")):
+        calls.clear()
+        trainer = SimpleNamespace(checkpoint_callback=SimpleNamespace(monitor="val/auroc_mean", mode=mode),
+                                  loggers=[WandbLogger(experiment=fake), CSVLogger("unused")])
+        WandbSummaryMetric().on_fit_start(trainer, None)
+        assert calls == [("val/auroc_mean", {"summary": want})]
+
+
+def test_string_choices_fail_at_parse_time_and_are_listed(capsys):
+    """Head type, streaming mode, memory policy and initialization rows are ``Literal`` choices: ``--help`` lists
+    them and a typo is refused while parsing, naming the value."""
+    with pytest.raises(SystemExit):
+        cli_main(["--config", BASE, "--config", DEMO, "--model.init_args.head_type=causal_cnov"], run=False)
+    assert "causal_cnov" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_main(["--config", BASE, "--config", DEMO, "--data.init_args.expected_mode=open-stream"], run=False)
+    assert "open-stream" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_main(["fit", "--config", BASE, "--model.help", "lightning_modules.turn_head.TurnHead"])
+    out = capsys.readouterr().out
+    assert all(k in out for k in ("linear", "mlp", "causal_conv", "causal_attention"))
+    with pytest.raises(SystemExit):
+        cli_main(["fit", "--config", BASE, "--data.help", "datamodules.turn_features.TurnFeatureDataModule"])
+    out = capsys.readouterr().out
+    assert all(k in out for k in ("completed-block-hold", "micro-chunk-200ms", "exclude_any_mode", "sliding"))
+
+
+def test_compare_turn_modes_keeps_results_and_removes_checkpoints(demo, tmp_path):
+    """``bench/compare_turn_modes.py`` writes ``results.md`` / ``.csv`` / ``.json`` into its run folder, keeps each
+    run's ``metrics.csv`` and deletes the checkpoints."""
+    import json
+    import sys as _sys
+
+    _sys.path.insert(0, str(ROOT / "bench"))
+    import compare_turn_modes
+
+    out = tmp_path / "cmp"
+    table = compare_turn_modes.main([
+        "--config", BASE, "--config", DEMO, "--modes", "completed-block-hold", "--seeds", "0", "1", "--out", str(out),
+        "--extra", f"--data.init_args.features_dir={demo / 'features'}",
+        f"--data.init_args.utterances_root={demo / 'transcripts'}", "--trainer.max_epochs=1"])
+    assert (out / "results.md").read_text().strip() == table
+    rows = _csv_rows(out / "results.csv")
+    assert [(r["mode"], r["seed"]) for r in rows] == [("completed-block-hold", "0"), ("completed-block-hold", "1")]
+    res = json.loads((out / "results.json").read_text())
+    assert [float(r["auroc_mean"]) for r in rows] == [r["auroc_mean"] for r in res["completed-block-hold"]]
+    assert not list(out.rglob("*.ckpt")) and len(list(out.rglob("metrics.csv"))) == 2
