@@ -42,7 +42,7 @@ def build_cli(args: list[str] | None, run: bool, **kwargs) -> LightningCLI:
     hf_logging.disable_progress_bar()   # "Loading weights" bars would interleave with the run's own progress bar
     quiet_console()
     return cli_class(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                        args=args, run=run, seed_everything_default=0, **kwargs)
+                     args=args, run=run, seed_everything_default=0, **kwargs)
 
 
 class _DropAdvert(logging.Filter):
