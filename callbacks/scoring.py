@@ -39,6 +39,13 @@ Protocol (every choice is visible in ``scores.json``):
   with ``m_avg`` = the mean of the per-task accuracies (MLVU's "M-Avg") and ``pooled`` = accuracy over
   all questions; LongVideoBench by ``duration_group`` / ``question_category``; WorldSense by ``domain`` /
   ``task_type``.
+* **Uncertainty** (:mod:`algorithms.bootstrap`, percentile bootstrap, ``n_resamples`` 1000, seed 0, so every
+  re-score gives the same numbers): each parser's ``accuracy_ci95`` / ``accuracy_all_ci95`` (``[low, high]``,
+  fractions; ``accuracy_all``'s resample counts errors and missing questions as wrong), and ``differences``: for
+  every pair of groups of one benchmark that differ only in budget (same variant) or only in variant (same
+  budget), the paired difference of accuracy (``a`` minus ``b``, ``a`` the later group in table order) over the
+  questions scored in both, with ``ci95`` and ``p_two_sided``. ``bootstrap`` records the settings. The table shows
+  the interval's half-width (``±95``) and the official parser's differences below it.
 * **Missing**: when the expected qids of a benchmark are known (from the annotation), ``n_missing`` counts those
   with no record (error records are not missing) and ``missing_qids`` lists the first 50.
 
@@ -62,6 +69,8 @@ from typing import Any, Iterable
 
 from lightning.pytorch import Callback
 
+from algorithms.bootstrap import (DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, bootstrap_interval,
+                                  paired_bootstrap_difference)
 from algorithms.choice import RULES, official_rule, parse
 from datamodules.features import atomic_write_bytes
 
@@ -244,8 +253,47 @@ BENCHMARK_AGGREGATIONS = {"videomme": _videomme_release, "lvb": _lvb_release, "m
                           "worldsense": _worldsense_release}
 
 
+def _interval(scores: list[float], n_resamples: int, seed: int) -> list[float] | None:
+    ci = bootstrap_interval(scores, n_resamples, DEFAULT_LEVEL, seed) if n_resamples else None
+    return list(ci) if ci else None
+
+
+def _pair_differences(out: list[dict], correct_by: dict[int, dict[str, dict[str, int]]], n_resamples: int,
+                      seed: int) -> list[dict]:
+    """Paired bootstrap differences between groups of one benchmark differing only in budget or only in variant
+    (module docstring), per parser present in both, over the qids scored in both."""
+    diffs = []
+    if not n_resamples:
+        return diffs
+    for i, gb in enumerate(out):
+        for j in range(i + 1, len(out)):
+            ga = out[j]
+            if ga["benchmark"] != gb["benchmark"]:
+                continue
+            same_variant, same_budget = ga["variant"] == gb["variant"], ga["budget"] == gb["budget"]
+            if same_variant == same_budget:      # identical settings (other jobs) or both differ: not a pair
+                continue
+            for parser in ga["parsers"]:
+                ca, cb = correct_by[id(ga)].get(parser), correct_by[id(gb)].get(parser)
+                if ca is None or cb is None:
+                    continue
+                common = sorted(set(ca) & set(cb))
+                res = paired_bootstrap_difference([ca[q] for q in common], [cb[q] for q in common], n_resamples,
+                                                  DEFAULT_LEVEL, seed)
+                if res is None:
+                    continue
+                diffs.append({
+                    "benchmark": ga["benchmark"], "parser": parser, "compared": "budget" if same_variant else "variant",
+                    "a": {k: ga[k] for k in ("job", "variant", "budget")},
+                    "b": {k: gb[k] for k in ("job", "variant", "budget")},
+                    "n_common": len(common), "difference": res["difference"], "ci95": [res["low"], res["high"]],
+                    "p_two_sided": res["p_two_sided"]})
+    return diffs
+
+
 def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] | None = None,
-                  rules: Iterable[str] | None = None) -> dict:
+                  rules: Iterable[str] | None = None, n_resamples: int = DEFAULT_RESAMPLES,
+                  seed: int = DEFAULT_SEED) -> dict:
     """Score records (see the module docstring for the protocol).
 
     Args:
@@ -254,6 +302,7 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
             ``meta`` are read when present.
         expected_qids: per benchmark name, the qids of the annotation (for ``n_missing``); optional.
         rules: extra rules of :data:`algorithms.choice.RULES` scored under their own names.
+        n_resamples / seed: bootstrap resamples (0: no intervals, no differences) and seed.
 
     Raises:
         ValueError: an unknown rule.
@@ -262,8 +311,9 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
         ``{"groups": [group, ...]}`` sorted by (benchmark, variant, budget, job), each group
         ``{benchmark, job, variant, budget, n_records, n_duplicates, n_errors, n_scored, n_expected, n_missing,
         missing_qids, templates, parsers: {name: {correct, unparseable, accuracy, accuracy_all, by: {field:
-        {value: {n, correct, accuracy}}}, [m_avg, pooled]}}}``; accuracies are fractions (``None`` when
-        nothing was scored).
+        {value: {n, correct, accuracy}}}, accuracy_ci95, accuracy_all_ci95, [m_avg, pooled]}}}``, plus
+        ``differences`` and ``bootstrap`` (module docstring); accuracies are fractions (``None`` when nothing was
+        scored).
     """
     for r in rules or ():
         if r not in RULES:
@@ -285,6 +335,7 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
     expected = {b: {str(q) for q in qs} for b, qs in (expected_qids or {}).items()}
 
     out = []
+    correct_by: dict[int, dict[str, dict[str, int]]] = {}
     for key, by_qid in groups.items():
         benchmark, job, variant, budget = key
         recs = list(by_qid.values())
@@ -319,6 +370,10 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
                 "n_options_assumed": n_assumed,
                 "by": {f: _breakdown(rows, f) for f in BREAKDOWNS.get(benchmark, ())},
             }
+            oks = [int(ok) for _, ok in rows]
+            p["accuracy_ci95"] = _interval(oks, n_resamples, seed)
+            p["accuracy_all_ci95"] = _interval(oks + [0] * (len(errors) + len(missing)), n_resamples, seed)
+            correct_by.setdefault(id(g), {})[parser] = {str(r["qid"]): int(ok) for r, ok in rows}
             if benchmark == "mlvu":
                 tasks = [c["accuracy"] for c in p["by"]["task"].values() if c["accuracy"] is not None]
                 p["m_avg"] = sum(tasks) / len(tasks) if tasks else None
@@ -326,8 +381,12 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
             if rule == own and benchmark in BENCHMARK_AGGREGATIONS:
                 p["release"] = BENCHMARK_AGGREGATIONS[benchmark](scored, preds, p)
             g["parsers"][parser] = p
+        correct_by.setdefault(id(g), {})
         out.append(g)
-    return {"groups": sorted(out, key=_sort_key)}
+    out.sort(key=_sort_key)
+    return {"groups": out, "differences": _pair_differences(out, correct_by, n_resamples, seed),
+            "bootstrap": {"method": "percentile, paired for differences (algorithms.bootstrap)",
+                          "n_resamples": n_resamples, "level": DEFAULT_LEVEL, "seed": seed}}
 
 
 # ----------------------------------------------------------------------------------------------------- table
@@ -373,7 +432,7 @@ def format_table(scores: dict) -> str:
     answered-only accuracy, LongVideoBench random-fallback and expected accuracy, per duration; MLVU M-Avg and
     pooled). The footer describes each rule that appears."""
     header = ("benchmark", "job", "variant", "budget", "parser", "rule", "n", "acc%", "acc_all%", "err", "unparse",
-              "miss", "dup", "breakdown")
+              "miss", "dup", "±95", "breakdown")
     rows = [header]
     used: list[str] = []
     for g in scores.get("groups", []):
@@ -384,18 +443,36 @@ def format_table(scores: dict) -> str:
             rows.append((g["benchmark"], g["job"], g["variant"] or "-", str(g["budget"]), parser, rule,
                          str(g["n_scored"]), _pct(p["accuracy"]), _pct(p["accuracy_all"]), str(g["n_errors"]),
                          str(p["unparseable"]), str(g["n_missing"]), str(g["n_duplicates"]),
-                         _extra(g["benchmark"], p)))
+                         _half_width(p.get("accuracy_ci95")), _extra(g["benchmark"], p)))
         if not g["parsers"]:
             rows.append((g["benchmark"], g["job"], g["variant"] or "-", str(g["budget"]), "-", "-", str(g["n_scored"]),
-                         "-", "-", str(g["n_errors"]), "-", str(g["n_missing"]), str(g["n_duplicates"]), ""))
+                         "-", "-", str(g["n_errors"]), "-", str(g["n_missing"]), str(g["n_duplicates"]), "-", ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("acc% = correct / scored (unparsed = wrong); acc_all% also counts errors and missing questions as "
                  "wrong; official = the benchmark's own released rule; unparse = no letter under the rule")
+    lines.append("±95 = half-width of the 95 % paired-bootstrap interval of acc% (scores.json: accuracy_ci95)")
     for rule in used:
         lines.append(f"  {rule}: {RULE_DESCRIPTIONS.get(rule, rule)}")
+    diffs = [d for d in scores.get("differences", []) if d["parser"] == "official"]
+    if diffs:
+        lines.append("differences (official parser, a - b over the questions scored in both, 95 % paired bootstrap):")
+        for d in diffs:
+            lo, hi = d["ci95"]
+            lines.append(f"  {d['benchmark']} {_group_name(d['a'])} - {_group_name(d['b'])}: "
+                         f"{100 * d['difference']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]  n {d['n_common']}  "
+                         f"p {d['p_two_sided']:.3f}")
     return "\n".join(lines)
+
+
+def _half_width(ci: list[float] | None) -> str:
+    return "-" if not ci else f"±{100 * (ci[1] - ci[0]) / 2:.1f}"
+
+
+def _group_name(g: dict) -> str:
+    return f"{g['variant'] + ' ' if g.get('variant') else ''}b{g['budget']}" if g.get("budget") is not None \
+        else str(g.get("job"))
 
 
 # ----------------------------------------------------------------------------------------------------- writing
