@@ -94,3 +94,39 @@ def test_scoring_reports_intervals_and_paired_differences():
     assert "videomme b1024 - b128: +25.0 [" in table and "n 40" in table
     none = score_records(records, n_resamples=0)
     assert none["differences"] == [] and none["groups"][0]["parsers"]["official"]["accuracy_ci95"] is None
+
+
+def test_plots_have_one_panel_per_parser_distinct_series_and_labelled_zero_bars():
+    """``build_figures``: accuracy-vs-budget panels per parser with one line per variant (distinct colour+marker,
+    legend outside the axes), duration bars with every value printed (a 0 % bar shows "0"), titles naming the
+    accuracy and the rule."""
+    from callbacks.scoring import build_figures
+
+    recs = []
+    for variant in (None, "rho16", "rho32"):
+        for budget in (64, 256):
+            for i in range(12):
+                ok = not (variant == "rho16" and budget == 64) and i % 3 != 0
+                r = _rec(f"q{i}", budget, ok, variant)
+                r["meta"] = {"duration": ("short", "long")[i % 2]}
+                r["pred_robust"] = r["pred"]
+                recs.append(r)
+    figs = build_figures(score_records(recs, n_resamples=50))
+    assert set(figs) == {"acc_vs_budget_videomme.png", "duration_videomme.png"}
+    acc = figs["acc_vs_budget_videomme.png"]
+    axes = [ax for ax in acc.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in axes] == ["official parser, rule videomme", "robust parser, rule robust"]
+    for ax in axes:
+        lines = [c.lines[0] for c in ax.containers]                     # one ErrorbarContainer per variant
+        assert len(lines) == 3
+        assert len({(ln.get_color(), ln.get_marker()) for ln in lines}) == 3
+    assert [t.get_text() for t in acc.legends[0].get_texts()] == ["base", "rho16", "rho32"]
+    assert "correct / scored" in acc._suptitle.get_text()
+    dur = figs["duration_videomme.png"]
+    ax0 = dur.axes[0]
+    assert len(ax0.containers) == 2                                     # short, long
+    assert [t.get_text() for t in ax0.get_xticklabels()] == ["b64", "b256", "rho16_b64", "rho16_b256",
+                                                             "rho32_b64", "rho32_b256"]
+    texts = [t.get_text() for t in ax0.texts]
+    assert len(texts) == 12 and texts.count("0") == 2                  # rho16_b64: 0 % in both groups, labelled
+    assert ax0.get_title() == "official parser, rule videomme" and "per duration" in dur._suptitle.get_text()
