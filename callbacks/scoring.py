@@ -452,7 +452,7 @@ def format_table(scores: dict) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("acc% = correct / scored (unparsed = wrong); acc_all% also counts errors and missing questions as "
                  "wrong; official = the benchmark's own released rule; unparse = no letter under the rule")
-    lines.append("±95 = half-width of the 95 % paired-bootstrap interval of acc% (scores.json: accuracy_ci95)")
+    lines.append("±95 = half-width of the 95 % bootstrap interval of acc% (scores.json: accuracy_ci95)")
     for rule in used:
         lines.append(f"  {rule}: {RULE_DESCRIPTIONS.get(rule, rule)}")
     diffs = [d for d in scores.get("differences", []) if d["parser"] == "official"]
