@@ -39,6 +39,13 @@ Protocol (every choice is visible in ``scores.json``):
   with ``m_avg`` = the mean of the per-task accuracies (MLVU's "M-Avg") and ``pooled`` = accuracy over
   all questions; LongVideoBench by ``duration_group`` / ``question_category``; WorldSense by ``domain`` /
   ``task_type``.
+* **Uncertainty** (:mod:`algorithms.bootstrap`, percentile bootstrap, ``n_resamples`` 1000, seed 0, so every
+  re-score gives the same numbers): each parser's ``accuracy_ci95`` / ``accuracy_all_ci95`` (``[low, high]``,
+  fractions; ``accuracy_all``'s resample counts errors and missing questions as wrong), and ``differences``: for
+  every pair of groups of one benchmark that differ only in budget (same variant) or only in variant (same
+  budget), the paired difference of accuracy (``a`` minus ``b``, ``a`` the later group in table order) over the
+  questions scored in both, with ``ci95`` and ``p_two_sided``. ``bootstrap`` records the settings. The table shows
+  the interval's half-width (``±95``) and the official parser's differences below it.
 * **Missing**: when the expected qids of a benchmark are known (from the annotation), ``n_missing`` counts those
   with no record (error records are not missing) and ``missing_qids`` lists the first 50.
 
@@ -62,6 +69,8 @@ from typing import Any, Iterable
 
 from lightning.pytorch import Callback
 
+from algorithms.bootstrap import (DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, bootstrap_interval,
+                                  paired_bootstrap_difference)
 from algorithms.choice import RULES, official_rule, parse
 from datamodules.features import atomic_write_bytes
 
@@ -244,8 +253,47 @@ BENCHMARK_AGGREGATIONS = {"videomme": _videomme_release, "lvb": _lvb_release, "m
                           "worldsense": _worldsense_release}
 
 
+def _interval(scores: list[float], n_resamples: int, seed: int) -> list[float] | None:
+    ci = bootstrap_interval(scores, n_resamples, DEFAULT_LEVEL, seed) if n_resamples else None
+    return list(ci) if ci else None
+
+
+def _pair_differences(out: list[dict], correct_by: dict[int, dict[str, dict[str, int]]], n_resamples: int,
+                      seed: int) -> list[dict]:
+    """Paired bootstrap differences between groups of one benchmark differing only in budget or only in variant
+    (module docstring), per parser present in both, over the qids scored in both."""
+    diffs = []
+    if not n_resamples:
+        return diffs
+    for i, gb in enumerate(out):
+        for j in range(i + 1, len(out)):
+            ga = out[j]
+            if ga["benchmark"] != gb["benchmark"]:
+                continue
+            same_variant, same_budget = ga["variant"] == gb["variant"], ga["budget"] == gb["budget"]
+            if same_variant == same_budget:      # identical settings (other jobs) or both differ: not a pair
+                continue
+            for parser in ga["parsers"]:
+                ca, cb = correct_by[id(ga)].get(parser), correct_by[id(gb)].get(parser)
+                if ca is None or cb is None:
+                    continue
+                common = sorted(set(ca) & set(cb))
+                res = paired_bootstrap_difference([ca[q] for q in common], [cb[q] for q in common], n_resamples,
+                                                  DEFAULT_LEVEL, seed)
+                if res is None:
+                    continue
+                diffs.append({
+                    "benchmark": ga["benchmark"], "parser": parser, "compared": "budget" if same_variant else "variant",
+                    "a": {k: ga[k] for k in ("job", "variant", "budget")},
+                    "b": {k: gb[k] for k in ("job", "variant", "budget")},
+                    "n_common": len(common), "difference": res["difference"], "ci95": [res["low"], res["high"]],
+                    "p_two_sided": res["p_two_sided"]})
+    return diffs
+
+
 def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] | None = None,
-                  rules: Iterable[str] | None = None) -> dict:
+                  rules: Iterable[str] | None = None, n_resamples: int = DEFAULT_RESAMPLES,
+                  seed: int = DEFAULT_SEED) -> dict:
     """Score records (see the module docstring for the protocol).
 
     Args:
@@ -254,6 +302,7 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
             ``meta`` are read when present.
         expected_qids: per benchmark name, the qids of the annotation (for ``n_missing``); optional.
         rules: extra rules of :data:`algorithms.choice.RULES` scored under their own names.
+        n_resamples / seed: bootstrap resamples (0: no intervals, no differences) and seed.
 
     Raises:
         ValueError: an unknown rule.
@@ -262,8 +311,9 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
         ``{"groups": [group, ...]}`` sorted by (benchmark, variant, budget, job), each group
         ``{benchmark, job, variant, budget, n_records, n_duplicates, n_errors, n_scored, n_expected, n_missing,
         missing_qids, templates, parsers: {name: {correct, unparseable, accuracy, accuracy_all, by: {field:
-        {value: {n, correct, accuracy}}}, [m_avg, pooled]}}}``; accuracies are fractions (``None`` when
-        nothing was scored).
+        {value: {n, correct, accuracy}}}, accuracy_ci95, accuracy_all_ci95, [m_avg, pooled]}}}``, plus
+        ``differences`` and ``bootstrap`` (module docstring); accuracies are fractions (``None`` when nothing was
+        scored).
     """
     for r in rules or ():
         if r not in RULES:
@@ -285,6 +335,7 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
     expected = {b: {str(q) for q in qs} for b, qs in (expected_qids or {}).items()}
 
     out = []
+    correct_by: dict[int, dict[str, dict[str, int]]] = {}
     for key, by_qid in groups.items():
         benchmark, job, variant, budget = key
         recs = list(by_qid.values())
@@ -319,6 +370,10 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
                 "n_options_assumed": n_assumed,
                 "by": {f: _breakdown(rows, f) for f in BREAKDOWNS.get(benchmark, ())},
             }
+            oks = [int(ok) for _, ok in rows]
+            p["accuracy_ci95"] = _interval(oks, n_resamples, seed)
+            p["accuracy_all_ci95"] = _interval(oks + [0] * (len(errors) + len(missing)), n_resamples, seed)
+            correct_by.setdefault(id(g), {})[parser] = {str(r["qid"]): int(ok) for r, ok in rows}
             if benchmark == "mlvu":
                 tasks = [c["accuracy"] for c in p["by"]["task"].values() if c["accuracy"] is not None]
                 p["m_avg"] = sum(tasks) / len(tasks) if tasks else None
@@ -326,8 +381,12 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
             if rule == own and benchmark in BENCHMARK_AGGREGATIONS:
                 p["release"] = BENCHMARK_AGGREGATIONS[benchmark](scored, preds, p)
             g["parsers"][parser] = p
+        correct_by.setdefault(id(g), {})
         out.append(g)
-    return {"groups": sorted(out, key=_sort_key)}
+    out.sort(key=_sort_key)
+    return {"groups": out, "differences": _pair_differences(out, correct_by, n_resamples, seed),
+            "bootstrap": {"method": "percentile, paired for differences (algorithms.bootstrap)",
+                          "n_resamples": n_resamples, "level": DEFAULT_LEVEL, "seed": seed}}
 
 
 # ----------------------------------------------------------------------------------------------------- table
@@ -373,7 +432,7 @@ def format_table(scores: dict) -> str:
     answered-only accuracy, LongVideoBench random-fallback and expected accuracy, per duration; MLVU M-Avg and
     pooled). The footer describes each rule that appears."""
     header = ("benchmark", "job", "variant", "budget", "parser", "rule", "n", "acc%", "acc_all%", "err", "unparse",
-              "miss", "dup", "breakdown")
+              "miss", "dup", "±95", "breakdown")
     rows = [header]
     used: list[str] = []
     for g in scores.get("groups", []):
@@ -384,18 +443,36 @@ def format_table(scores: dict) -> str:
             rows.append((g["benchmark"], g["job"], g["variant"] or "-", str(g["budget"]), parser, rule,
                          str(g["n_scored"]), _pct(p["accuracy"]), _pct(p["accuracy_all"]), str(g["n_errors"]),
                          str(p["unparseable"]), str(g["n_missing"]), str(g["n_duplicates"]),
-                         _extra(g["benchmark"], p)))
+                         _half_width(p.get("accuracy_ci95")), _extra(g["benchmark"], p)))
         if not g["parsers"]:
             rows.append((g["benchmark"], g["job"], g["variant"] or "-", str(g["budget"]), "-", "-", str(g["n_scored"]),
-                         "-", "-", str(g["n_errors"]), "-", str(g["n_missing"]), str(g["n_duplicates"]), ""))
+                         "-", "-", str(g["n_errors"]), "-", str(g["n_missing"]), str(g["n_duplicates"]), "-", ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("acc% = correct / scored (unparsed = wrong); acc_all% also counts errors and missing questions as "
                  "wrong; official = the benchmark's own released rule; unparse = no letter under the rule")
+    lines.append("±95 = half-width of the 95 % bootstrap interval of acc% (scores.json: accuracy_ci95)")
     for rule in used:
         lines.append(f"  {rule}: {RULE_DESCRIPTIONS.get(rule, rule)}")
+    diffs = [d for d in scores.get("differences", []) if d["parser"] == "official"]
+    if diffs:
+        lines.append("differences (official parser, a - b over the questions scored in both, 95 % paired bootstrap):")
+        for d in diffs:
+            lo, hi = d["ci95"]
+            lines.append(f"  {d['benchmark']} {_group_name(d['a'])} - {_group_name(d['b'])}: "
+                         f"{100 * d['difference']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]  n {d['n_common']}  "
+                         f"p {d['p_two_sided']:.3f}")
     return "\n".join(lines)
+
+
+def _half_width(ci: list[float] | None) -> str:
+    return "-" if not ci else f"±{100 * (ci[1] - ci[0]) / 2:.1f}"
+
+
+def _group_name(g: dict) -> str:
+    return f"{g['variant'] + ' ' if g.get('variant') else ''}b{g['budget']}" if g.get("budget") is not None \
+        else str(g.get("job"))
 
 
 # ----------------------------------------------------------------------------------------------------- writing
@@ -407,87 +484,152 @@ def _save_figure(fig, path: Path) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-def plot_scores(scores: dict, out_dir: str | Path) -> list[Path]:
-    """Render PNG plots of ``scores`` into ``out_dir`` (matplotlib Agg, no display; files replaced atomically).
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
+_ACC_TITLE = "accuracy = correct / scored questions (answered; unparsed = wrong)"
 
-    * ``acc_vs_budget_<benchmark>.png``: accuracy (%) vs budget (vision tokens), one line per (variant, parser);
-      groups without a numeric budget are left out.
-    * ``duration_<benchmark>.png`` (Video-MME, LongVideoBench): accuracy (%) per duration group, one bar per
-      (job, parser).
 
-    Returns:
-        The written paths.
+def _series_style(k: int, cmap) -> dict:
+    """A distinct colour and marker for series ``k`` (colour cycle of ``cmap``, markers cycling at another
+    period, so two series never share both)."""
+    return {"color": cmap(k % cmap.N), "marker": MARKERS[k % len(MARKERS)]}
+
+
+def build_figures(scores: dict) -> dict[str, Any]:
+    """The matplotlib ``Figure`` of every plot of ``scores`` (not saved; :func:`plot_scores` saves them), by file name.
+
+    * ``acc_vs_budget_<benchmark>.png``: small multiples, one panel per parser (its rule in the panel title):
+      accuracy (%) vs budget (vision tokens, log2 axis), one line per variant, each with its own colour and marker
+      and its 95 % bootstrap interval as error bars; legend outside the axes. Groups without a numeric budget
+      are left out.
+    * ``duration_<benchmark>.png`` (Video-MME, LongVideoBench): grouped bars, one panel per parser, one group per
+      job and one bar (colour) per duration group, its value printed on it (so 0 % shows): as many colours as
+      duration groups whatever the number of jobs.
+
+    Every title names the accuracy (over scored questions, unparsed counted wrong) and the rule.
     """
     import matplotlib
     from matplotlib.figure import Figure  # a bare Figure renders with Agg; pyplot's global state is never touched
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
+    figures: dict[str, Any] = {}
     by_bench: dict[str, list[dict]] = defaultdict(list)
     for g in scores.get("groups", []):
         by_bench[g["benchmark"]].append(g)
     for bench, groups in sorted(by_bench.items()):
-        lines: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+        parsers = sorted({pa for g in groups for pa in g["parsers"]}, key=lambda x: (x != "official", x))
+        rule_of = {pa: g["parsers"][pa].get("rule", pa) for g in groups for pa in g["parsers"]}
+        # ---- accuracy vs budget, one panel per parser
+        lines: dict[str, dict[str, list[tuple]]] = {pa: defaultdict(list) for pa in parsers}
         for g in groups:
             if not isinstance(g["budget"], (int, float)):
                 continue
             for parser, p in g["parsers"].items():
                 if p["accuracy"] is not None:
-                    lines[(g["variant"] or "base", parser)].append((g["budget"], 100 * p["accuracy"]))
-        if lines:
-            fig = Figure(figsize=(6.4, 4.2))
-            ax = fig.add_subplot()
-            for (variant, parser), pts in sorted(lines.items()):
-                pts.sort()
-                ax.plot([b for b, _ in pts], [a for _, a in pts], marker="o",
-                        linestyle="-" if parser == "official" else "--", label=f"{variant} / {parser}")
-            ax.set_xscale("log", base=2)
-            budgets = sorted({b for pts in lines.values() for b, _ in pts})
-            ax.set_xticks(budgets)
-            ax.set_xticklabels([f"{b:g}" for b in budgets])
-            ax.minorticks_off()
-            ax.set_xlabel("budget (vision tokens)")
-            ax.set_ylabel("accuracy (%)")
-            ax.set_title(f"{bench}: accuracy vs budget")
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-            path = out_dir / f"acc_vs_budget_{bench}.png"
-            _save_figure(fig, path)
-            written.append(path)
+                    ci = p.get("accuracy_ci95") or [p["accuracy"], p["accuracy"]]
+                    lines[parser][g["variant"] or "base"].append(
+                        (g["budget"], 100 * p["accuracy"], 100 * ci[0], 100 * ci[1]))
+        panels = [pa for pa in parsers if lines[pa]]
+        if panels:
+            variants = sorted({v for pa in panels for v in lines[pa]})
+            cmap = matplotlib.colormaps["tab20" if len(variants) > 10 else "tab10"]
+            ncol = min(len(panels), 2)
+            nrow = math.ceil(len(panels) / ncol)
+            fig = Figure(figsize=(5.2 * ncol + 2.4, 3.8 * nrow))
+            axes = fig.subplots(nrow, ncol, squeeze=False).flatten()
+            budgets = sorted({pt[0] for pa in panels for pts in lines[pa].values() for pt in pts})
+            for ax, parser in zip(axes, panels):
+                for k, variant in enumerate(variants):
+                    pts = sorted(lines[parser].get(variant, []))
+                    if not pts:
+                        continue
+                    ys = [a for _, a, _, _ in pts]
+                    err = [[a - lo for _, a, lo, _ in pts], [hi - a for _, a, _, hi in pts]]
+                    ax.errorbar([b for b, *_ in pts], ys, yerr=err, capsize=3, linewidth=1.4, markersize=6,
+                                label=variant, **_series_style(k, cmap))
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(budgets)
+                ax.set_xticklabels([f"{b:g}" for b in budgets])
+                ax.minorticks_off()
+                ax.set_xlabel("budget (vision tokens)")
+                ax.set_ylabel("accuracy (%)")
+                ax.set_title(f"{parser} parser, rule {rule_of[parser]}", fontsize=9)
+                ax.grid(True, alpha=0.3)
+            for ax in axes[len(panels):]:
+                ax.set_visible(False)
+            handles, labels = axes[0].get_legend_handles_labels()
+            for ax in axes[1:len(panels)]:
+                for h, lab in zip(*ax.get_legend_handles_labels()):
+                    if lab not in labels:
+                        handles.append(h)
+                        labels.append(lab)
+            fig.legend(handles, labels, title="variant", fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 0.95))
+            fig.suptitle(f"{bench}: {_ACC_TITLE}, 95 % bootstrap intervals", fontsize=10)
+            fig.tight_layout()
+            figures[f"acc_vs_budget_{bench}.png"] = fig
 
         dk = DURATION_KEY.get(bench)
         if not dk:
             continue
-        series = []
+        bars: dict[str, list[tuple[str, dict]]] = defaultdict(list)
         cats: set[str] = set()
         for g in groups:
             for parser, p in g["parsers"].items():
                 cells = p["by"].get(dk) or {}
                 if cells:
-                    series.append((f"{g['job']} / {parser}", {k: c["accuracy"] for k, c in cells.items()}))
+                    bars[parser].append((g["job"], cells))
                     cats.update(cells)
-        if not series:
+        panels = [pa for pa in parsers if bars[pa]]
+        if not panels:
             continue
         cats_sorted = sorted(cats, key=_duration_sort)
-        fig = Figure(figsize=(max(6.4, 1.2 * len(cats_sorted) + 0.15 * len(series)), 4.2))
-        ax = fig.add_subplot()
-        width = 0.8 / len(series)
-        cmap = matplotlib.colormaps["tab20" if len(series) > 10 else "tab10"]
-        for s, (label, accs) in enumerate(series):
-            xs = [c + (s - (len(series) - 1) / 2) * width for c in range(len(cats_sorted))]
-            ax.bar(xs, [100 * (accs.get(k) or 0.0) for k in cats_sorted], width=width, label=label,
-                   color=cmap(s % cmap.N))
-        ax.set_xticks(range(len(cats_sorted)))
-        ax.set_xticklabels(cats_sorted)
-        ax.set_xlabel(dk)
-        ax.set_ylabel("accuracy (%)")
-        ax.set_ylim(0, 100)
-        ax.set_title(f"{bench}: accuracy per {dk}")
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        path = out_dir / f"duration_{bench}.png"
-        _save_figure(fig, path)
-        written.append(path)
+        # one group of bars per job, one bar (colour) per duration group: few colours whatever the job count
+        jobs = sorted({job for pa in panels for job, _ in bars[pa]},
+                      key=lambda jb: next(_sort_key(g) for g in groups if g["job"] == jb))
+        cmap = matplotlib.colormaps["viridis"]
+        colours = [cmap(0.15 + 0.7 * k / max(1, len(cats_sorted) - 1)) for k in range(len(cats_sorted))]
+        width_in = max(6.4, len(jobs) * (0.28 * len(cats_sorted) + 0.25))
+        fig = Figure(figsize=(width_in + 1.6, 4.0 * len(panels)))
+        axes = fig.subplots(len(panels), 1, squeeze=False).flatten()
+        width = 0.8 / len(cats_sorted)
+        for ax, parser in zip(axes, panels):
+            cells_of = dict(bars[parser])
+            for k, cat in enumerate(cats_sorted):
+                xs = [x + (k - (len(cats_sorted) - 1) / 2) * width for x in range(len(jobs))]
+                vals = [100 * (cells_of[jb][cat]["accuracy"] or 0.0) if cat in cells_of.get(jb, {}) else float("nan")
+                        for jb in jobs]
+                n = max((cells_of[jb][cat]["n"] for jb in jobs if cat in cells_of.get(jb, {})), default=0)
+                rect = ax.bar(xs, vals, width=width, label=f"{cat} (n {n})", color=colours[k], edgecolor="black",
+                              linewidth=0.4)
+                ax.bar_label(rect, labels=["" if v != v else f"{v:.0f}" for v in vals], fontsize=6, padding=1)
+            ax.set_xticks(range(len(jobs)))
+            ax.set_xticklabels(jobs, rotation=45 if len(jobs) > 6 else 0, ha="right" if len(jobs) > 6 else "center",
+                               fontsize=8)
+            ax.set_xlim(-0.6, len(jobs) - 0.4)
+            ax.set_xlabel("job (variant, budget)")
+            ax.set_ylabel("accuracy (%)")
+            ax.set_ylim(0, 109)
+            ax.set_title(f"{parser} parser, rule {rule_of[parser]}", fontsize=9)
+            ax.grid(True, axis="y", alpha=0.3)
+        handles, labels = axes[0].get_legend_handles_labels()
+        fig.legend(handles, labels, title=dk, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 0.95))
+        fig.suptitle(f"{bench}: {_ACC_TITLE}, per {dk}", fontsize=10)
+        fig.tight_layout()
+        figures[f"duration_{bench}.png"] = fig
+    return figures
+
+
+def plot_scores(scores: dict, out_dir: str | Path) -> list[Path]:
+    """Render the PNG plots of :func:`build_figures` into ``out_dir`` (matplotlib Agg, no display; files replaced
+    atomically).
+
+    Returns:
+        The written paths.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, fig in build_figures(scores).items():
+        _save_figure(fig, out_dir / name)
+        written.append(out_dir / name)
     return written
 
 
