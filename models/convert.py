@@ -439,8 +439,8 @@ def map_state_dict(state: dict[str, torch.Tensor], translated: Translated
 def projector_state_from(path: str | Path) -> dict[str, torch.Tensor]:
     """The ``VideoLlama3Projector`` state (``readout.*``) from an original-layout checkpoint's ``model.mm_projector.*``
     (a directory, sharded or not, or one ``.safetensors`` file), from our ``original_projector`` file/dir, or from a
-    ``.pt`` / ``.bin`` state dict as seed 001 loads it (``torch.load(orig_projector_path, map_location="cpu",
-    weights_only=True)`` into ``build_vision_projector(...)``, keys ``readout.*``).
+    ``.pt`` / ``.bin`` state dict as seed 001 loads it into ``build_vision_projector(...)``, keys ``readout.*``:
+    ``torch.load(orig_projector_path, weights_only=True, map_location="cpu")``.
 
     Raises:
         ValueError: no projector keys found.
