@@ -652,7 +652,9 @@ def write_scores(out_dir: str | Path, expected_qids: dict[str, Iterable[str]] | 
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    return save_scores(compute_scores(out_dir, expected_qids, rules), out_dir, plots)
+    records, stats = read_records(out_dir)
+    scores = {**score_records(records, expected_qids, rules), **stats, "plots": []}
+    return save_scores(scores, out_dir, plots, records)
 
 
 def compute_scores(out_dir: str | Path, expected_qids: dict[str, Iterable[str]] | None = None,
@@ -663,12 +665,18 @@ def compute_scores(out_dir: str | Path, expected_qids: dict[str, Iterable[str]] 
     return {**score_records(records, expected_qids, rules), **stats, "plots": []}
 
 
-def save_scores(scores: dict, out_dir: Path, plots: bool = True) -> dict:
-    """Render the plots (when ``plots``) and write ``scores.json`` atomically into ``out_dir``; ``scores`` with
-    ``plots`` filled in. Raises ``OSError`` when the folder cannot take the files."""
+def save_scores(scores: dict, out_dir: Path, plots: bool = True, records: list[dict] | None = None) -> dict:
+    """Render the plots (when ``plots``), write ``scores.json`` atomically into ``out_dir`` and the folder's
+    ``report.html`` (:mod:`callbacks.report`; its error and unparsed lists come from ``records``, read from
+    ``out_dir`` when not given); ``scores`` with ``plots`` filled in. Raises ``OSError`` when the folder cannot take
+    the files."""
+    from .report import write_report
+
+    out_dir = Path(out_dir)
     scores["plots"] = [p.name for p in plot_scores(scores, out_dir)] if plots else []
     data = json.dumps(scores, indent=1, sort_keys=False, default=str).encode("utf-8")
     atomic_write_bytes(out_dir / SCORES_FILE, data)
+    write_report(scores, out_dir, records if records is not None else read_records(out_dir)[0])
     return scores
 
 

@@ -241,7 +241,7 @@ def test_scores_json_replaced_atomically(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         scoring.write_scores(out, plots=False)
     assert (out / "scores.json").read_bytes() == before
-    assert sorted(p.name for p in out.iterdir()) == ["b128", "scores.json"]  # no temporary file left
+    assert sorted(p.name for p in out.iterdir()) == ["b128", "report.html", "scores.json"]  # no temporary file left
 
 
 def test_feature_file_written_atomically(tmp_path, monkeypatch):

@@ -293,3 +293,52 @@ def test_writer_refuses_an_unwritable_folder_at_setup(tmp_path, monkeypatch):
     monkeypatch.undo()
     writer.setup(trainer, None, "predict")                               # writable: set up as before
     writer.teardown(trainer, None, "predict")
+
+
+def test_report_page_shows_scores_intervals_errors_and_unparsed(out_root):
+    """``report.html`` is written with scores.json: one row per (group, parser) with its interval, the plots inline,
+    the error records with their messages, the unparsed answers with their (escaped) responses."""
+    import re
+
+    (out_root / "run.json").write_text(json.dumps({"model": {"model_path": "/ckpt/x"}}))
+    scores = write_scores(out_root, expected_qids={"videomme": ["q1", "q2", "q3", "q4", "q5", "q6"]})
+    page = (out_root / "report.html").read_text()
+    n_rows = sum(len(g["parsers"]) for g in scores["groups"])
+    table = page.split("<h2>Scores</h2>", 1)[1].split("</table>", 1)[0]
+    assert table.count("<tr>") == n_rows + 1                               # header + one row per (group, parser)
+    g = _group(scores, "videomme", "b1024")
+    ci = g["parsers"]["official"]["accuracy_ci95"]
+    assert f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" in table
+    assert page.count("<img") == len(scores["plots"]) >= 1 and "data:image/png;base64," in page
+    errors = page.split("<h2>Errors</h2>", 1)[1].split("<h2>", 1)[0]
+    assert "CUDA out of memory" in errors and "q5" in errors
+    unparsed = page.split("<h2>Unparsed answers</h2>", 1)[1].split("<h2>", 1)[0]
+    n_unparsed = int(re.search(r"<p>(\d+) answers with no option letter", unparsed).group(1))
+    assert n_unparsed == sum(1 for r in read_records(out_root)[0] if not r.get("error") and r.get("pred") is None)
+    assert "/ckpt/x" in page.split("<h2>Settings (run.json)</h2>", 1)[1]
+
+
+def test_report_escapes_dataset_text(tmp_path):
+    from callbacks.report import render_report
+
+    rec = {"qid": "<script>alert(1)</script>", "job": "b64", "pred": None, "answer": "A",
+           "response": "<img src=x onerror=alert(1)>"}
+    page = render_report({"groups": [], "plots": []}, tmp_path, [rec])
+    assert "<script>alert" not in page and "<img src=x" not in page and "&lt;img src=x" in page
+
+
+@pytest.mark.slow
+def test_report_renders_in_headless_chromium(out_root, tmp_path):
+    import shutil as _shutil
+    import subprocess
+
+    chromium = _shutil.which("chromium") or _shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed")
+    write_scores(out_root)
+    shot = tmp_path / "report.png"
+    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                    "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}",
+                    "--window-size=1200,1600", (out_root / "report.html").as_uri()], check=True, timeout=120,
+                   capture_output=True)
+    assert shot.is_file() and shot.stat().st_size > 10_000
