@@ -67,6 +67,17 @@ def _differences(scores: dict) -> str:
                   rows, {4, 5, 7})
 
 
+def _costs(scores: dict) -> str:
+    groups = [g for g in scores.get("groups", []) if g.get("cost")]
+    if not groups:
+        return ""
+    keys = sorted({k for g in groups for k in g["cost"]})
+    rows = [[g.get("benchmark"), g.get("job"), g.get("variant") or "-"] + [f"{g['cost'][k]:.4g}" if k in g["cost"]
+                                                                             else "" for k in keys] for g in groups]
+    return ("<h2>Kept tokens, retention reached and prefill cost (means per group)</h2>"
+            + _table(["benchmark", "job", "variant", *keys], rows, set(range(3, 3 + len(keys)))))
+
+
 def _images(scores: dict, out_dir: Path) -> str:
     parts = []
     for name in scores.get("plots", []) or []:
@@ -118,7 +129,7 @@ def render_report(scores: dict, out_dir: str | Path, records: list[dict]) -> str
             "records and missing questions as wrong; intervals are percentile-bootstrap 95 % intervals "
             "(scores.json: bootstrap).</p>"
             f"<h2>Scores</h2>{_table(header, score_rows(scores), {3, 6, 7, 9, 10, 11, 12})}"
-            f"<h2>Differences between budgets and variants</h2>{_differences(scores)}"
+            f"{_costs(scores)}<h2>Differences between budgets and variants</h2>{_differences(scores)}"
             f"<h2>Plots</h2>{_images(scores, out_dir)}"
             f"<h2>Errors</h2>{err}<h2>Unparsed answers</h2>{un}"
             f"<h2>Stage timing</h2>{_timing(out_dir)}"

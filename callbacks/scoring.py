@@ -291,6 +291,27 @@ def _pair_differences(out: list[dict], correct_by: dict[int, dict[str, dict[str,
     return diffs
 
 
+COST_FIELDS = ("num_video_tokens", "num_audio_tokens", "video_retention_reached", "audio_retention_reached",
+               "prefill_time_s")
+
+
+def cost_means(records: list[dict]) -> dict[str, float]:
+    """Per-group means of the pruning records' cost fields (``COST_FIELDS``, and ``prefill_flops`` as TFLOPs per
+    convention and model shape, ``prefill_tflops.<paper|accurate>.<shape>``) over the records that have them; empty
+    for records without any (budgeted QA)."""
+    sums: dict[str, list[float]] = {}
+    for r in records:
+        for k in COST_FIELDS:
+            v = r.get(k)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                sums.setdefault(k, []).append(float(v))
+        for conv, shapes in (r.get("prefill_flops") or {}).items():
+            for shape, v in (shapes or {}).items() if isinstance(shapes, dict) else ():
+                if isinstance(v, (int, float)):
+                    sums.setdefault(f"prefill_tflops.{conv}.{shape}", []).append(float(v) / 1e12)
+    return {k: sum(v) / len(v) for k, v in sums.items()}
+
+
 def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] | None = None,
                   rules: Iterable[str] | None = None, n_resamples: int = DEFAULT_RESAMPLES,
                   seed: int = DEFAULT_SEED) -> dict:
@@ -352,6 +373,9 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
             "n_missing": len(missing), "missing_qids": missing[:MAX_LISTED_MISSING], "templates": templates,
             "parsers": {},
         }
+        cost = cost_means([r for r in recs if not r.get("error")])
+        if cost:
+            g["cost"] = cost
         names = list(PARSERS) + [r for r in (rules or ()) if r not in PARSERS]
         own = official_rule(benchmark)
         for parser in names:
@@ -426,6 +450,10 @@ RULE_DESCRIPTIONS = {
 }
 
 
+def _budget(budget) -> str:
+    return "-" if budget is None else str(budget)   # pruning jobs have a retention, no vision-token budget
+
+
 def format_table(scores: dict) -> str:
     """A readable fixed-width table of ``scores`` (from :func:`score_records`): one row per group and parser with
     n, accuracy (%), errors, unparseable, missing, duplicates and the benchmark's headline numbers (Video-MME
@@ -440,12 +468,12 @@ def format_table(scores: dict) -> str:
             rule = p.get("rule", parser)
             if rule not in used:
                 used.append(rule)
-            rows.append((g["benchmark"], g["job"], g["variant"] or "-", str(g["budget"]), parser, rule,
+            rows.append((g["benchmark"], g["job"], g["variant"] or "-", _budget(g["budget"]), parser, rule,
                          str(g["n_scored"]), _pct(p["accuracy"]), _pct(p["accuracy_all"]), str(g["n_errors"]),
                          str(p["unparseable"]), str(g["n_missing"]), str(g["n_duplicates"]),
                          _half_width(p.get("accuracy_ci95")), _extra(g["benchmark"], p)))
         if not g["parsers"]:
-            rows.append((g["benchmark"], g["job"], g["variant"] or "-", str(g["budget"]), "-", "-", str(g["n_scored"]),
+            rows.append((g["benchmark"], g["job"], g["variant"] or "-", _budget(g["budget"]), "-", "-", str(g["n_scored"]),
                          "-", "-", str(g["n_errors"]), "-", str(g["n_missing"]), str(g["n_duplicates"]), "-", ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]

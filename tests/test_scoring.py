@@ -342,3 +342,35 @@ def test_report_renders_in_headless_chromium(out_root, tmp_path):
                     "--window-size=1200,1600", (out_root / "report.html").as_uri()], check=True, timeout=120,
                    capture_output=True)
     assert shot.is_file() and shot.stat().st_size > 10_000
+
+
+def test_pruning_groups_carry_cost_means_and_no_none_budget():
+    recs = [{"qid": f"q{i}", "job": "baseline_r0.5", "benchmark": "worldsense", "budget": None, "variant": "baseline",
+             "answer": "A", "pred": "A", "response": "A", "options": ["a", "b", "c", "d"],
+             "num_video_tokens": v, "num_audio_tokens": a, "video_retention_reached": v / 100,
+             "audio_retention_reached": a / 50, "prefill_time_s": t,
+             "prefill_flops": {"paper": {"qwen2.5-omni-7b": f}, "accurate": {"qwen2.5-omni-7b": 2 * f}}}
+            for i, (v, a, t, f) in enumerate([(50, 25, 0.5, 4e12), (60, 13, 1.5, 6e12)])]
+    recs.append({"qid": "q9", "job": "baseline_r0.5", "benchmark": "worldsense", "budget": None,
+                 "variant": "baseline", "error": "x.mp4: unreadable"})            # errors do not enter the means
+    scores = score_records(recs, n_resamples=0)
+    (g,) = scores["groups"]
+    assert g["cost"] == {"num_video_tokens": 55.0, "num_audio_tokens": 19.0, "video_retention_reached": 0.55,
+                         "audio_retention_reached": 0.38, "prefill_time_s": 1.0,
+                         "prefill_tflops.paper.qwen2.5-omni-7b": 5.0, "prefill_tflops.accurate.qwen2.5-omni-7b": 10.0}
+    row = [line for line in format_table(scores).splitlines() if "baseline_r0.5" in line][0]
+    assert "None" not in row and row.split()[3] == "-"
+    assert "cost" not in score_records([dict(recs[0], num_video_tokens=None, num_audio_tokens=None,
+                                             video_retention_reached=None, audio_retention_reached=None,
+                                             prefill_time_s=None, prefill_flops=None)], n_resamples=0)["groups"][0]
+
+
+def test_report_lists_pruning_costs(tmp_path):
+    from callbacks.report import render_report
+
+    scores = {"groups": [{"benchmark": "worldsense", "job": "v4_r0.5", "variant": "v4", "budget": None,
+                          "parsers": {}, "cost": {"num_video_tokens": 55.0, "prefill_tflops.accurate.m": 10.0}}],
+              "plots": []}
+    page = render_report(scores, tmp_path, [])
+    table = page.split("prefill cost (means per group)</h2>", 1)[1].split("</table>", 1)[0]
+    assert "<th>num_video_tokens</th>" in table and ">55</td>" in table and ">10</td>" in table
