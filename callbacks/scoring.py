@@ -522,6 +522,49 @@ def _series_style(k: int, cmap) -> dict:
     return {"color": cmap(k % cmap.N), "marker": MARKERS[k % len(MARKERS)]}
 
 
+def _cost_figure(bench: str, groups: list[dict], rule_of: dict[str, str]):
+    """Pruning jobs (groups with ``cost``): official accuracy against kept tokens (video + audio) and against
+    prefill TFLOPs (the ``accurate`` convention, first shape), one labelled point per job with its interval, so the
+    better trade-offs (up and left) can be read off; ``None`` when no group has costs."""
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    pts = []
+    for g in groups:
+        c, p = g.get("cost") or {}, (g.get("parsers") or {}).get("official")
+        if not c or not p or p.get("accuracy") is None:
+            continue
+        tokens = c.get("num_video_tokens", 0.0) + c.get("num_audio_tokens", 0.0)
+        flops_keys = sorted(k for k in c if k.startswith("prefill_tflops.accurate."))
+        ci = p.get("accuracy_ci95") or [p["accuracy"], p["accuracy"]]
+        pts.append((g["job"], tokens, c[flops_keys[0]] if flops_keys else None, 100 * p["accuracy"],
+                    100 * ci[0], 100 * ci[1], flops_keys[0][len("prefill_tflops.accurate."):] if flops_keys else ""))
+    if not pts:
+        return None
+    cmap = matplotlib.colormaps["tab20" if len(pts) > 10 else "tab10"]
+    fig = Figure(figsize=(12.4, 4.2))
+    axes = fig.subplots(1, 2, squeeze=False).flatten()
+    for ax, xi, xlabel in ((axes[0], 1, "kept tokens per question (video + audio, mean)"),
+                           (axes[1], 2, f"prefill TFLOPs per question (accurate, {pts[0][6] or '-'}, mean)")):
+        for k, (job, *vals) in enumerate(pts):
+            x = vals[xi - 1]
+            if x is None:
+                continue
+            acc, lo, hi = vals[2], vals[3], vals[4]
+            ax.errorbar([x], [acc], yerr=[[acc - lo], [hi - acc]], capsize=3, markersize=7, linestyle="none",
+                        label=job, **_series_style(k, cmap))
+            ax.annotate(job, (x, acc), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("accuracy (%)")
+        ax.set_title(f"official parser, rule {rule_of.get('official', 'official')}", fontsize=9)
+        ax.grid(True, alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, title="job", fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 0.95))
+    fig.suptitle(f"{bench}: {_ACC_TITLE}, against cost (95 % bootstrap intervals)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def build_figures(scores: dict) -> dict[str, Any]:
     """The matplotlib ``Figure`` of every plot of ``scores`` (not saved; :func:`plot_scores` saves them), by file name.
 
@@ -532,6 +575,8 @@ def build_figures(scores: dict) -> dict[str, Any]:
     * ``duration_<benchmark>.png`` (Video-MME, LongVideoBench): grouped bars, one panel per parser, one group per
       job and one bar (colour) per duration group, its value printed on it (so 0 % shows): as many colours as
       duration groups whatever the number of jobs.
+
+    * ``acc_vs_cost_<benchmark>.png`` (pruning jobs, groups with ``cost``): :func:`_cost_figure`.
 
     Every title names the accuracy (over scored questions, unparsed counted wrong) and the rule.
     """
@@ -593,6 +638,10 @@ def build_figures(scores: dict) -> dict[str, Any]:
             fig.suptitle(f"{bench}: {_ACC_TITLE}, 95 % bootstrap intervals", fontsize=10)
             fig.tight_layout()
             figures[f"acc_vs_budget_{bench}.png"] = fig
+
+        cost_fig = _cost_figure(bench, groups, rule_of)
+        if cost_fig is not None:
+            figures[f"acc_vs_cost_{bench}.png"] = cost_fig
 
         dk = DURATION_KEY.get(bench)
         if not dk:

@@ -374,3 +374,26 @@ def test_report_lists_pruning_costs(tmp_path):
     page = render_report(scores, tmp_path, [])
     table = page.split("prefill cost (means per group)</h2>", 1)[1].split("</table>", 1)[0]
     assert "<th>num_video_tokens</th>" in table and ">55</td>" in table and ">10</td>" in table
+
+
+def test_pruning_cost_figure(tmp_path):
+    from callbacks.scoring import build_figures
+
+    recs = []
+    for job, v, f, ok in (("full", 100, 8e12, 2), ("baseline_r0.5", 50, 4e12, 1), ("v4_r0.5", 40, 3e12, 1)):
+        for i in range(2):
+            recs.append({"qid": f"q{i}", "job": job, "benchmark": "worldsense", "budget": None, "variant": job,
+                         "answer": "A", "pred": "A" if i < ok else "B", "response": "A" if i < ok else "B",
+                         "options": ["a", "b", "c", "d"], "num_video_tokens": v, "num_audio_tokens": 10,
+                         "prefill_flops": {"accurate": {"qwen2.5-omni-7b": f}}})
+    figs = build_figures(score_records(recs, n_resamples=50))
+    fig = figs["acc_vs_cost_worldsense.png"]
+    tokens_ax, flops_ax = fig.axes[:2]
+    assert "kept tokens" in tokens_ax.get_xlabel() and "TFLOPs" in flops_ax.get_xlabel()
+    # one point per job: (tokens, accuracy) and (TFLOPs, accuracy) as computed by hand
+    pts = sorted((c.lines[0].get_xdata()[0], c.lines[0].get_ydata()[0]) for c in tokens_ax.containers)
+    assert pts == [(50.0, 50.0), (60.0, 50.0), (110.0, 100.0)]
+    pts = sorted((c.lines[0].get_xdata()[0], c.lines[0].get_ydata()[0]) for c in flops_ax.containers)
+    assert pts == [(3.0, 50.0), (4.0, 50.0), (8.0, 100.0)]
+    assert sorted(t.get_text() for t in fig.legends[0].get_texts()) == ["baseline_r0.5", "full", "v4_r0.5"]
+    assert "qwen2.5-omni-7b" in flops_ax.get_xlabel()
