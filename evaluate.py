@@ -1,7 +1,7 @@
 """Evaluation entry point: ``python evaluate.py predict [--config configs/...yaml]``.
 
 With no ``--config``, ``predict`` runs the embedded default (``configs/predict/demo.yaml``: the tiny random
-VideoLLaMA3 built by ``python -m models.tiny`` on the bundled real videos). Model and data are given as
+VideoLLaMA3 built by ``python -m models.videollama3.tiny`` on the bundled real videos). Model and data are given as
 ``class_path``/``init_args`` (LightningCLI subclass mode), so the same entry runs budgeted QA, layout ablations
 and causal omni feature extraction.
 """

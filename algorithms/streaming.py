@@ -1,6 +1,6 @@
 """The three causal streaming schedules of DESIGN §5: what each 5 Hz row prepares, commits and reads.
 
-Pure (stdlib only): no torch, no transformers, no I/O. The model runner (``models/omni.py``) executes a schedule;
+Pure (stdlib only): no torch, no transformers, no I/O. The model runner (``models/omni/thinker.py``) executes a schedule;
 this module decides it and does the accounting, so the accounting can be checked without a model.
 
 Time grid (all times are seconds since the start of one *stream*; a session may hold several streams, see

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from algorithms.segmentation import adaptive_segment_lengths  # noqa: E402
-from models.qbase import TokenCompressorConfig, TransformerDecoderFlatCompressor  # noqa: E402
+from models.videollama3.qbase import TokenCompressorConfig, TransformerDecoderFlatCompressor  # noqa: E402
 
 C = 1152
 

@@ -21,8 +21,8 @@ For each mode it measures (after a warm-up on a short stream, ``--warmup`` s):
   sessions running one after another);
 * ``batched N``, once per memory policy of ``--memory-policy`` (default both: ``window`` = exact 8 s memory with a
   re-prefill of the kept blocks per slide, ``sliding`` = sliding-window KV cache, each block through the LLM once;
-  ``models/omni.py``): ``BatchedOmniRunner.run_streams`` on all N sessions in lockstep with reuse and the fused
-  RMSNorm / rotary / SiLU-gate kernels of ``models/fused.py`` (``--no-fused``: without them; ``+compile`` rows
+  ``models/omni/thinker.py``): ``BatchedOmniRunner.run_streams`` on all N sessions in lockstep with reuse and the fused
+  RMSNorm / rotary / SiLU-gate kernels of ``models/kernels.py`` (``--no-fused``: without them; ``+compile`` rows
   with ``--compile``: ``torch.compile`` of the small fixed-shape calls; micro-chunk-200ms rows batch a native
   block's 10 rows into one call per tower and one LLM prefill, ``--row-by-row`` adds a row with one call per row,
   as a live stream must run; the LLM prefills on top of the cache use SDPA's lower-right causal flash path,
@@ -36,7 +36,7 @@ patches and LLM tokens per media second. Issue-12 targets (H200, 720 tokens/patc
 completed-block-hold >= 40x, micro-chunk-200ms >= 20x, open-stream-replay >= 8x (derived assuming committed
 blocks' KV is computed once and kept, i.e. the ``sliding`` policy).
 
-``--breakdown`` (off by default) times the batched runs part by part (``models.omni_batch.BREAKDOWN_PARTS``: host /
+``--breakdown`` (off by default) times the batched runs part by part (``models.omni.batch.BREAKDOWN_PARTS``: host /
 device preprocessing of audio and of video, vision tower, audio tower, LLM prefill, LLM re-prefill of the window
 policy, KV cache edits, the rest), with a device synchronization around every part, and prints a second table:
 wall seconds per part and their share of the run's wall time, per (mode, policy, sessions). The synchronizations stop
@@ -105,13 +105,13 @@ def write_processors(out: Path, max_pixels: int, config=None) -> Path:
 
 
 def build_runner(tiny: bool, device: str, workdir: Path):
-    """The ``OmniThinkerRunner``: tiny (fp32, from ``models.tiny_omni``) or 3B shapes (bf16, random, in memory)."""
+    """The ``OmniThinkerRunner``: tiny (fp32, from ``models.omni.tiny``) or 3B shapes (bf16, random, in memory)."""
     from transformers import Qwen2_5OmniThinkerForConditionalGeneration
 
-    from models.omni import OmniThinkerRunner
+    from models.omni.thinker import OmniThinkerRunner
 
     if tiny:
-        from models.tiny_omni import build_tiny_omni
+        from models.omni.tiny import build_tiny_omni
 
         return OmniThinkerRunner(build_tiny_omni(workdir / "tiny_omni"), layer=-1).to(device)
     cfg = omni_3b_thinker_config()
@@ -170,8 +170,8 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
               row_by_row: bool = False, flash_prefill: bool = True) -> list[dict]:
     """Build the model, run every measurement, return one row dict per (mode, path, memory policy); batched rows
     carry ``breakdown`` (part -> wall seconds of the timed run) when ``breakdown``."""
-    from models.fused import fuse
-    from models.omni_batch import BatchedOmniRunner, single_session_computed
+    from models.kernels import fuse
+    from models.omni.batch import BatchedOmniRunner, single_session_computed
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() and not tiny else "cpu"))
     if tiny and dev.type == "cpu":
@@ -242,12 +242,12 @@ def profile_run(tiny: bool, n: int, duration_s: float, memory_s: float, mode: st
     """Print torch.profiler's top operators by device time (and by host time) for one warmed-up batched run."""
     from torch.profiler import ProfilerActivity, profile
 
-    from models.omni_batch import BatchedOmniRunner
+    from models.omni.batch import BatchedOmniRunner
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() and not tiny else "cpu"))
     with tempfile.TemporaryDirectory() as tmp:
         runner = build_runner(tiny, str(dev), Path(tmp))
-    from models.fused import fuse
+    from models.kernels import fuse
     fuse(runner.thinker, fused)
     hw = TINY_FRAME_HW if tiny else FRAME_HW
     data = make_sessions(n, duration_s, hw)
@@ -286,7 +286,7 @@ def format_table(rows: list[dict]) -> str:
 
 def format_breakdown(rows: list[dict]) -> str:
     """The ``--breakdown`` table: per batched row, wall seconds of each part and its share of the run's wall."""
-    from models.omni_batch import BREAKDOWN_PARTS
+    from models.omni.batch import BREAKDOWN_PARTS
 
     parts = list(BREAKDOWN_PARTS)
     out = ["| mode | policy | sessions | wall s | " + " | ".join(p.replace("_", " ") for p in parts)
@@ -323,9 +323,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         "stream must run; the default rows batch a native block's rows into one call")
     p.add_argument("--library-prefill", action="store_true",
                    help="batched rows: the library's masked SDPA for the LLM prefills instead of the lower-right "
-                        "causal flash path (models.omni_batch.lower_right_causal_sdpa)")
+                        "causal flash path (models.omni.batch.lower_right_causal_sdpa)")
     p.add_argument("--no-fused", action="store_true",
-                   help="batched rows without the fused RMSNorm / rotary / SiLU-gate kernels (models/fused.py)")
+                   help="batched rows without the fused RMSNorm / rotary / SiLU-gate kernels (models/kernels.py)")
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument("--profile", default=None, choices=list(MODES),
                    help="only profile one batched run of this mode (first --sessions, first --memory-policy): "

@@ -6,8 +6,8 @@ Per video and budget (3 questions, answers forced to ``--new-tokens`` tokens, gr
                  ((a) and (b): the library's forwards, stock per-frame SDPA encoder)
   (c) batched    encode once (frame-batched attention), prefill once, all questions decoded together on a
                  DynamicCache repeated per question (transformers' masks; the simple batched path); (c) and (d)
-                 run the fused RMSNorm / rotary / SiLU-gate kernels of ``models/fused.py``
-  (d) ours       as (c), but the questions attend the shared prefix once per layer (``models/shared_prefix.py``),
+                 run the fused RMSNorm / rotary / SiLU-gate kernels of ``models/kernels.py``
+  (d) ours       as (c), but the questions attend the shared prefix once per layer (``models/videollama3/shared_prefix.py``),
                  only their suffixes live in a small StaticCache and the decode step is a CUDA graph (GPU only;
                  ``nan`` on the CPU, and its ratios are not computed there)
 plus the analytic floor (vision encoder + prefill FLOPs at the measured bf16 GEMM rate, decode at the weight-read
@@ -72,8 +72,8 @@ def build_bench_model(attn: str, vision_attn: str) -> BudgetedVideoLlama3:
     from transformers import VideoLlama3ForConditionalGeneration
     from transformers.models.video_llama_3.video_processing_video_llama_3 import VideoLlama3VideoProcessor
 
-    from models.qbase import TokenCompressorConfig, TransformerDecoderFlatCompressor
-    from models.tiny import build_qwen_tokenizer
+    from models.videollama3.qbase import TokenCompressorConfig, TransformerDecoderFlatCompressor
+    from models.tokenizer import build_qwen_tokenizer
 
     cfg = videollama3_7b_config()
     cfg._attn_implementation = attn
@@ -112,7 +112,7 @@ def _reinit_rotary(model) -> None:
 
 
 def build_tiny_model() -> BudgetedVideoLlama3:
-    from models.tiny import build_tiny_videollama3
+    from models.videollama3.tiny import build_tiny_videollama3
 
     root = tempfile.mkdtemp(prefix="qa_throughput_tiny_")
     atexit.register(shutil.rmtree, root, ignore_errors=True)  # ~56 MB per run: never left behind
@@ -344,7 +344,7 @@ def prefill_probe(vlm, video: str, budget: int, chunk: int, only: str | None = N
 
 
 def prefix_attention_probe(vlm, prefix_len: int, rows: int) -> None:
-    """One decode step's shared-prefix attention per layer (``models.shared_prefix._prefix_part``'s call: the
+    """One decode step's shared-prefix attention per layer (``models.videollama3.shared_prefix._prefix_part``'s call: the
     rows x query-group heads folded into one query sequence per key/value head, over the whole prefix) with each
     kernel that returns the log-sum-exp, timed over 200 calls (GPU)."""
     cfg = vlm.model.config.text_config
@@ -370,7 +370,7 @@ def encode_probe(vlm, video: str, budget: int, chunk: int) -> None:
     of ``prepare_budgets``, then torch.profiler tables (top ops by self CUDA and self CPU time)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from models.videollama3 import CELL_PIXELS, MIN_TOKENS_PER_FRAME, _budget_geometry
+    from models.videollama3.model import CELL_PIXELS, MIN_TOKENS_PER_FRAME, _budget_geometry
 
     dec = decode_video(video, budget)
     frames = dec.frames.to(vlm.device)

@@ -2,7 +2,7 @@
 
 Each ``predict_step`` takes one decoded video (decoded once, for the largest budget of the jobs) and answers every
 ``(variant, budget)`` job still to do on it, from one shared :class:`models.videollama3.EncodeCache` (at most one
-encode per frame size; see :mod:`models.ablation`). Records go to ``<out_dir>/<variant>_b<B>/<benchmark>/`` through
+encode per frame size; see :mod:`models.videollama3.ablation`). Records go to ``<out_dir>/<variant>_b<B>/<benchmark>/`` through
 the usual prediction writer, which also makes the run resumable per (job, qid).
 
 Reuse. The reference of every job is ``base`` at the same budget. A job whose LLM input equals the baseline's
@@ -34,7 +34,7 @@ from algorithms.budget import K_ROWS
 from algorithms.errors import SettingError, check_int
 from datamodules.benchmarks.prompts import interleaved_subtitles
 from datamodules.benchmarks import Question
-from models.ablation import (
+from models.videollama3.ablation import (
     BASELINE, LayoutJob, build_layout_prompt, duplicate_encodes, encode_layout_inputs, plan_layout_jobs,
 )
 from models.videollama3 import EncodeCache

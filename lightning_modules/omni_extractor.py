@@ -1,4 +1,4 @@
-"""``OmniFeatureExtractor``: thin LightningModule around ``models.omni.OmniThinkerRunner`` (DESIGN §5).
+"""``OmniFeatureExtractor``: thin LightningModule around ``models.omni.thinker.OmniThinkerRunner`` (DESIGN §5).
 
 One ``predict_step`` = one session (a batch from ``datamodules.easycom.EasyComStreamDataModule``): each stream of
 the session is run in the configured mode and its rows are placed on the session's 5 Hz grid; rows no stream
@@ -6,7 +6,7 @@ covers are initialization rows. The returned record is what ``callbacks.feature_
 (``datamodules.features`` format).
 
 Batched path (issue 12): with ``sessions_per_batch = N > 1`` a predict batch that is a list of sessions runs all
-their streams in lockstep groups of at most N (``extract_sessions`` / ``models.omni_batch``) and returns a list of
+their streams in lockstep groups of at most N (``extract_sessions`` / ``models.omni.batch``) and returns a list of
 records; ``EasyComStreamDataModule(sessions_per_batch=N)`` hands over such lists and ``FeatureWriter`` writes every
 record of one; a single-session batch always takes the one-session path.
 """
@@ -27,8 +27,7 @@ from algorithms.streaming import (DEFAULT_MEMORY_POLICY, MICRO_CHUNK_200MS, MODE
                                   masks, num_rows)
 from algorithms.errors import SettingError, check_int
 from datamodules.features import nonfinite_rows
-from models.omni import OmniThinkerRunner
-from models.omni_batch import COMPUTED_FIELDS, BatchedOmniRunner
+from models.omni import COMPUTED_FIELDS, BatchedOmniRunner, OmniThinkerRunner
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +90,7 @@ def extract_sessions(runner: OmniThinkerRunner, sessions: list[dict[str, Any]], 
                      extra_meta: dict[str, Any] | None = None,
                      memory_policy: str = DEFAULT_MEMORY_POLICY) -> list[dict[str, Any]]:
     """``extract_session`` for several sessions at once, their streams run in lockstep groups of at most
-    ``sessions_per_batch`` by ``models.omni_batch.BatchedOmniRunner`` (states, masks, production accounting and
+    ``sessions_per_batch`` by ``models.omni.batch.BatchedOmniRunner`` (states, masks, production accounting and
     verification as the one-session path; ``meta`` adds the ``computed_*`` figures, ``sessions_per_batch``,
     ``batch_wall_time_s``, and ``wall_time_s`` becomes the session's share of its groups' wall time)."""
     check_memory_policy(memory_policy)
@@ -205,11 +204,11 @@ class OmniFeatureExtractor(LightningModule):
     """Causal 5 Hz Qwen2.5-Omni thinker features in one streaming mode.
 
     Args:
-        model_dir: local thinker directory (``python -m models.tiny_omni <dir>`` writes a tiny random one).
+        model_dir: local thinker directory (``python -m models.omni.tiny <dir>`` writes a tiny random one).
         mode: ``open-stream-replay`` | ``completed-block-hold`` | ``micro-chunk-200ms``.
         memory_s: media memory in seconds (multiple of 2; default 8).
         memory_policy: ``window`` (default: exact finite memory, kept blocks re-prefilled on every slide) or
-            ``sliding`` (sliding-window KV cache, absolute positions; ``models/omni.py`` docstring). Recorded in
+            ``sliding`` (sliding-window KV cache, absolute positions; ``models/omni/thinker.py`` docstring). Recorded in
             every file's meta; training fails closed on a mismatch.
         layer: hidden-state index read out (see ``OmniThinkerRunner``; -1 = final).
         dtype: ``float32`` | ``bfloat16`` | ``float16``.
@@ -218,16 +217,16 @@ class OmniFeatureExtractor(LightningModule):
         prompt_token_ids: fixed prompt override.
         sessions_per_batch: 1 (default) runs one stream at a time (``extract_session``); N > 1 runs the streams
             of a batch that is a *list* of sessions in lockstep groups of at most N (``extract_sessions``,
-            ``models.omni_batch``: same states, adds ``computed_*`` to the meta). A single-session batch is
+            ``models.omni.batch``: same states, adds ``computed_*`` to the meta). A single-session batch is
             always run the one-session way.
         compile_small_calls: ``torch.compile`` the audio tower and the LLM in the batched path (default off).
         batch_rows: batched path, ``micro-chunk-200ms``: a native block's 10 rows as one call per tower and one
-            causal LLM prefill (default on; states equal to fp32 rounding, ``models.omni_batch``); False: one call
+            causal LLM prefill (default on; states equal to fp32 rounding, ``models.omni.batch``); False: one call
             per row, as a live stream runs (bit-identical to the one-session path). Recorded in the meta.
         flash_prefill: batched path on CUDA: LLM prefills on top of the cache with SDPA's lower-right causal bias
-            (flash kernel) instead of the library's explicit mask (``models.omni_batch.lower_right_causal_sdpa``).
+            (flash kernel) instead of the library's explicit mask (``models.omni.batch.lower_right_causal_sdpa``).
         audio_left_context: a payload's log-mel takes the 200 samples before it as left STFT padding (causal), so
-            its first frames equal the whole-clip log-mel (``models.omni.OmniThinkerRunner``); ``False``: the
+            its first frames equal the whole-clip log-mel (``models.omni.thinker.OmniThinkerRunner``); ``False``: the
             payload's own reflect padding (the earlier features).
     """
 

@@ -1,4 +1,4 @@
-"""OmniPruningQA: thin LightningModule around :class:`models.omni_qa.OmniQA` (issue 7 part 3).
+"""OmniPruningQA: thin LightningModule around :class:`models.omni.qa.OmniQA` (issue 7 part 3).
 
 ``predict_step`` takes one video (all its questions, from :class:`datamodules.omni_qa.OmniQADataModule`), runs the
 processors and towers once, prunes once per variant, and answers every (question, variant) still to do with one
@@ -11,7 +11,7 @@ response, meta`` (the loader's meta + ``template``), kept tokens ``num_video_tok
 num_text_tokens, num_prefill_tokens`` and their unpruned ``*_full`` counts, ``num_audio_merged``,
 ``video_retention_reached`` / ``audio_retention_reached`` (kept / unpruned tokens: the retention the variant actually
 reached, next to the nominal ``retention``; DyCoke's count differs from the nominal one),
-``prefill_flops`` (:func:`models.omni_qa.prefill_flop_fields`, plus ``measured`` from ``FlopCounterMode`` when
+``prefill_flops`` (:func:`models.omni.qa.prefill_flop_fields`, plus ``measured`` from ``FlopCounterMode`` when
 ``measure_flops``, else ``None``), ``prefill_time_s, peak_memory_bytes, peak_memory_kind, encode_time_s,
 prune_time_s``, ``video_info`` and ``audio_info``; or ``error`` instead of the answer fields when the video could
 not be read or CUDA ran out of memory.
@@ -29,7 +29,7 @@ from algorithms.pruning import VARIANTS, retention_floor
 from algorithms.errors import SettingError
 from datamodules.benchmarks import Question
 from datamodules.benchmarks.prompts import check_template, pre_media_text, prompt_and_template
-from models.omni_qa import FULL, OmniQA, prefill_flop_fields
+from models.omni import FULL, OmniQA, prefill_flop_fields
 
 from .budgeted_qa import run_or_error_records
 
@@ -45,7 +45,7 @@ class OmniPruningQA(LightningModule):
     """WorldSense-style audio+video QA with the Qwen2.5-Omni thinker under token pruning.
 
     Args:
-        model_path: local thinker checkpoint directory (see :class:`models.omni_qa.OmniQA`).
+        model_path: local thinker checkpoint directory (see :class:`models.omni.qa.OmniQA`).
         variants: ``full`` and/or registered pruning variants (``baseline``, ``v1`` ... ``v6``).
         retention: kept fraction of each modality's tokens (both modalities).
         audio_retention: a different audio retention (``None``: ``retention``).

@@ -13,7 +13,7 @@ Two pieces, both selected by ``BudgetedVideoLlama3.set_vision_attention("frame_b
   frames and attended in ONE SDPA call per layer; unequal segments fall back to the per-segment loop.
 * :func:`frame_batched_attention_forward`, bound to every ``VideoLlama3VisionAttention`` of the model: the same
   projections and the same float32 rotary math as the library's forward (``apply_rotary_pos_emb_vision``), but
-  the rotary is one fused kernel on CUDA (:data:`fused_rotary_qk`, :mod:`models.fused`; eager on CPU,
+  the rotary is one fused kernel on CUDA (:data:`fused_rotary_qk`, :mod:`models.kernels`; eager on CPU,
   bit-identical to the library there), uses one frame's cos/sin for all frames (the positions repeat per frame),
   and the frame layout comes from :func:`frame_layout` (set by ``encode``) instead of a device-to-host read of
   ``cu_seqlens`` in every layer.
@@ -28,7 +28,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from .fused import Fusable
+from .kernels import Fusable
 
 FRAME_BATCHED_SDPA = "flash_compatible_frame_batched_sdpa"
 
@@ -99,7 +99,7 @@ def rotary_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     return (qf * cos + q_rot * sin).to(q.dtype), (kf * cos + k_rot * sin).to(k.dtype)
 
 
-# one kernel on CUDA (models/fused.py), eager elsewhere; q, k (..., N, H, d) and cos, sin (..., N, 1, d)
+# one kernel on CUDA (models/kernels.py), eager elsewhere; q, k (..., N, H, d) and cos, sin (..., N, 1, d)
 fused_rotary_qk = Fusable(rotary_qk, "vision rotary", dynamic=(2, 2, 2, 2))
 
 

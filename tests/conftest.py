@@ -14,16 +14,16 @@ DEMO_PARQUET = REPO / "assets" / "videomme" / "test-demo.parquet"
 
 @pytest.fixture(scope="session")
 def tiny_vl3_dir(tmp_path_factory) -> Path:
-    """A tiny random VideoLLaMA3 + qbase checkpoint written by ``models.tiny`` (same path as the demo)."""
-    from models.tiny import build_tiny_videollama3
+    """A tiny random VideoLLaMA3 + qbase checkpoint written by ``models.videollama3.tiny`` (same path as the demo)."""
+    from models.videollama3.tiny import build_tiny_videollama3
 
     return build_tiny_videollama3(tmp_path_factory.mktemp("tiny-videollama3"), seed=0)
 
 
 @pytest.fixture(scope="session")
 def tiny_vlm(tiny_vl3_dir):
-    """The loaded :class:`models.videollama3.BudgetedVideoLlama3` (fp32, CPU)."""
-    from models.videollama3 import BudgetedVideoLlama3
+    """The loaded :class:`models.videollama3.model.BudgetedVideoLlama3` (fp32, CPU)."""
+    from models.videollama3.model import BudgetedVideoLlama3
 
     return BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir, raw_mode="orig")
 

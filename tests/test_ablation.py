@@ -194,8 +194,8 @@ def cockatoo():
 
 def test_coinciding_grid_is_encoded_once_and_prompts_need_no_encode(tiny_vlm, cockatoo):
     from algorithms.budget import frame_grid
-    from models.ablation import build_layout_prompt, duplicate_encodes, encode_layout_inputs, plan_layout_jobs
-    from models.videollama3 import EncodeCache
+    from models.videollama3.ablation import build_layout_prompt, duplicate_encodes, encode_layout_inputs, plan_layout_jobs
+    from models.videollama3.model import EncodeCache
 
     dec = cockatoo
     cache = EncodeCache(tiny_vlm, dec.frames)
@@ -220,8 +220,8 @@ def test_coinciding_grid_is_encoded_once_and_prompts_need_no_encode(tiny_vlm, co
 
 
 def test_base_prompt_equals_prepare_budgets(tiny_vlm, cockatoo):
-    from models.ablation import build_layout_prompt, encode_layout_inputs, plan_layout_jobs
-    from models.videollama3 import EncodeCache, prepare_budgets
+    from models.videollama3.ablation import build_layout_prompt, encode_layout_inputs, plan_layout_jobs
+    from models.videollama3.model import EncodeCache, prepare_budgets
 
     dec = cockatoo
     budgets = [128, 1024]
@@ -238,7 +238,7 @@ def test_base_prompt_equals_prepare_budgets(tiny_vlm, cockatoo):
 
 
 def test_area_pool_rows():
-    from models.ablation import area_pool_rows
+    from models.videollama3.ablation import area_pool_rows
 
     rows = torch.arange(4 * 6, dtype=torch.float32).view(24, 1).repeat(1, 3)   # (gh*gw, C), grid (4, 6)
     out = area_pool_rows(rows, (4, 6), (2, 3))

@@ -1,9 +1,9 @@
-"""models/fused.py: the fused forwards hold exactly the library's math (bit-identical where they run eagerly, the
+"""models/kernels.py: the fused forwards hold exactly the library's math (bit-identical where they run eagerly, the
 CPU), bind and unbind cleanly, and the patched rotary is the library's function off CUDA."""
 import pytest
 import torch
 
-from models import fused
+from models import kernels as fused
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -51,8 +51,8 @@ def test_fuse_binds_unbinds_and_keeps_logits_on_cpu(tiny_vlm):
 def test_fuse_covers_the_omni_thinker(tmp_path):
     """The Qwen2.5-Omni thinker's LLM and vision blocks are bound (their MLPs are gated SiLU); the audio tower's are
     not touched (no RMSNorm / gated MLP there)."""
-    from models.tiny_omni import build_tiny_omni
-    from models.omni import OmniThinkerRunner
+    from models.omni.tiny import build_tiny_omni
+    from models.omni.thinker import OmniThinkerRunner
 
     runner = OmniThinkerRunner(build_tiny_omni(tmp_path / "omni"), layer=-1)
     model = runner.thinker.model
@@ -145,7 +145,7 @@ def test_fusable_falls_back_when_a_later_compilation_fails(cause, caplog):
     if cause == "recompile limit":
         calls.append("no second graph")                # the limit stops it before the backend
     y = torch.randn(4, 16)                             # a new fixed size: a second graph, whose compilation fails
-    with caplog.at_level(logging.WARNING, logger="models.fused"), limit:
+    with caplog.at_level(logging.WARNING, logger="models.kernels"), limit:
         assert torch.equal(f(y, w16, 1e-6), fused._rms_norm(y, w16, 1e-6))
     assert f.state == "failed" and len(calls) == 2
     assert "test norm failed on a new shape" in caplog.text

@@ -11,14 +11,14 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.fixture(scope="module")
 def cuda_vlm(tiny_vl3_dir):
-    from models.videollama3 import BudgetedVideoLlama3
+    from models.videollama3.model import BudgetedVideoLlama3
 
     return BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir).to("cuda")
 
 
 def test_graph_decode_equals_sequential_on_cuda(cuda_vlm):
     from datamodules.decoding import decode_video
-    from models.videollama3 import prepare_budgets
+    from models.videollama3.model import prepare_budgets
 
     dec = decode_video(MEDIA / "cockatoo.mp4", 1024)
     qs = ["What animal is shown?\nA. A dog.\nB. A cockatoo.", "Colour?\nA. White.\nB. Green.", "x" * 40]
@@ -49,7 +49,7 @@ def test_shared_prefix_attention_bf16_flash_on_cuda():
     """The CUDA bf16 prefix part (flash kernel with log-sum-exp) merges to full attention within bf16 rounding."""
     import types
 
-    from models import shared_prefix as sp
+    from models.videollama3 import shared_prefix as sp
 
     torch.manual_seed(0)
     rows, heads, kv, d, L, s, S = 3, 28, 4, 128, 1000, 5, 9
@@ -72,8 +72,8 @@ def test_shared_prefix_attention_bf16_flash_on_cuda():
 def test_fused_kernels_on_cuda_equal_eager(dtype, tol):
     """The compiled (Inductor) RMSNorm, rotary, SiLU gate and shared-prefix merge equal their eager math on CUDA to
     the rounding of the intermediates kept in float32."""
-    from models import fused
-    from models import shared_prefix as sp
+    from models import kernels as fused
+    from models.videollama3 import shared_prefix as sp
 
     torch.manual_seed(0)
     dev = "cuda"
@@ -104,12 +104,12 @@ def test_graph_decode_one_question_after_several(cuda_vlm, caplog):
     import logging
 
     from datamodules.decoding import decode_video
-    from models.videollama3 import BudgetedVideoLlama3, prepare_budgets
+    from models.videollama3.model import BudgetedVideoLlama3, prepare_budgets
 
     dec = decode_video(MEDIA / "cockatoo.mp4", 256)
     (bi,) = prepare_budgets(cuda_vlm, dec.frames.cuda(), dec.times_s, [256])
     qs = ["What animal is shown?\nA. A dog.\nB. A cockatoo.", "Colour?\nA. White.\nB. Green."]
-    with caplog.at_level(logging.WARNING, logger="models.videollama3"):
+    with caplog.at_level(logging.WARNING, logger="models.videollama3.model"):
         for questions in (qs, qs[:1], qs):
             seq = [a.token_ids for a in cuda_vlm.answer_all(bi.prompt, questions, 9)]
             assert [a.token_ids for a in cuda_vlm.answer_batched(bi.prompt, questions, 9, decode="graph")] == seq
@@ -122,7 +122,7 @@ def test_padded_gate_up_on_cuda_bf16():
     up in one GEMM, within bf16 rounding of the library's forward."""
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniMLP
 
-    from models import fused
+    from models import kernels as fused
 
     cfg = type("Cfg", (), {"hidden_size": 256, "intermediate_size": 3420, "hidden_act": "silu"})()
     torch.manual_seed(0)
@@ -150,7 +150,7 @@ def test_fused_vision_encoder_on_cuda_equal_library(dtype, tol):
     from transformers.models.video_llama_3.configuration_video_llama_3 import VideoLlama3VisionConfig
     from transformers.models.video_llama_3.modeling_video_llama_3 import VideoLlama3VisionModel
 
-    from models import fused
+    from models import kernels as fused
 
     cfg = VideoLlama3VisionConfig(hidden_size=256, intermediate_size=1024, num_hidden_layers=3,
                                   num_attention_heads=4, patch_size=14)

@@ -13,8 +13,8 @@ from algorithms.streaming import (COMPLETED_BLOCK_HOLD, MICRO_CHUNK_200MS, MODES
                                   accounting)
 from datamodules.features import FeatureFileError, check_meta, feature_path, load_features, save_features
 from lightning_modules.omni_extractor import OmniFeatureExtractor, extract_session
-from models.omni import OmniThinkerRunner
-from models.tiny_omni import build_tiny_omni
+from models.omni.thinker import OmniThinkerRunner
+from models.omni.tiny import build_tiny_omni
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs" / "extract").glob("*.yaml"))
 TABLE_4S = {OPEN_STREAM_REPLAY: (20, 22.0), COMPLETED_BLOCK_HOLD: (2, 4.0), MICRO_CHUNK_200MS: (20, 4.0)}

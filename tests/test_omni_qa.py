@@ -18,8 +18,8 @@ QUESTION = "Which option is right?\nA. one\nB. two\nC. three\nD. four\nThe best 
 
 @pytest.fixture(scope="module")
 def omni_dir(tmp_path_factory) -> Path:
-    from models.tiny import build_qwen_tokenizer
-    from models.tiny_omni import build_tiny_omni
+    from models.tokenizer import build_qwen_tokenizer
+    from models.omni.tiny import build_tiny_omni
 
     out = build_tiny_omni(tmp_path_factory.mktemp("tiny-omni"), seed=0)
     build_qwen_tokenizer().save_pretrained(out)
@@ -35,7 +35,7 @@ def demo_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def qa(omni_dir):
-    from models.omni_qa import OmniQA
+    from models.omni.qa import OmniQA
 
     return OmniQA(omni_dir, attn_implementation="eager", max_new_tokens=4)
 
@@ -132,7 +132,7 @@ def test_kept_positions_are_unpruned_positions_gathered(qa, clip):
 
 
 def test_full_equals_plain_thinker_forward(qa, clip):
-    from models.omni_qa import FULL
+    from models.omni.qa import FULL
 
     inputs = qa.build_inputs(clip, qa.prune(clip, FULL, 0.5), QUESTION)
     ans = qa.answer(inputs, max_new_tokens=3)
@@ -154,7 +154,7 @@ def test_full_equals_plain_thinker_forward(qa, clip):
 
 
 def test_flop_fields_and_measured_prefill(qa, clip):
-    from models.omni_qa import prefill_flop_fields
+    from models.omni.qa import prefill_flop_fields
 
     for name in ("full", "v4"):
         inputs = qa.build_inputs(clip, qa.prune(clip, name, 0.5), QUESTION)

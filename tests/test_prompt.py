@@ -16,7 +16,7 @@ import torch
 from algorithms.budget import make_plan
 
 D = 64                       # tiny LLM hidden size
-HEAD = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"   # ChatML, models/tiny.py
+HEAD = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"   # ChatML, models/videollama3/tiny.py
 TAIL = "<|im_end|>\n<|im_start|>assistant\n"
 CS, CE = "<|compression_start|>", "<|compression_end|>"
 

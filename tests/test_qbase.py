@@ -1,4 +1,4 @@
-"""The seeds' token compressor (models/qbase.py) against OnlineLong's ``TransformerDecoderFlatCompressor``.
+"""The seeds' token compressor (models/videollama3/qbase.py) against OnlineLong's ``TransformerDecoderFlatCompressor``.
 
 * The batched compressor equals a plain per-window implementation written here from the fork's formulas (fp32,
   windows of different lengths and grids), with and without ``match_encoder_scale``.
@@ -17,7 +17,7 @@ import torch
 
 from algorithms.budget import make_plan
 from algorithms.segmentation import adaptive_segment_lengths
-from models.qbase import (
+from models.videollama3.qbase import (
     TokenCompressorConfig, TransformerDecoderFlatCompressor, cross_rotary_angles, sinusoidal_position_encoding,
 )
 

@@ -19,7 +19,7 @@ from tests.conftest import MEDIA, REPO
 
 def test_batched_answers_equal_sequential(tiny_vlm):
     from datamodules.decoding import decode_video
-    from models.videollama3 import prepare_budgets
+    from models.videollama3.model import prepare_budgets
 
     dec = decode_video(MEDIA / "cockatoo.mp4", 1024)
     qs = ["What animal is shown?\nA. A dog.\nB. A cockatoo.\nAnswer with the letter.", "Colour?\nA. White.\nB. Green.",
@@ -342,7 +342,7 @@ def test_shared_prefix_attention_equals_full_attention():
     [prefix | suffix] with the full mask, for several rows, grouped heads and a left-padded suffix."""
     import types
 
-    from models import shared_prefix as sp
+    from models.videollama3 import shared_prefix as sp
 
     torch.manual_seed(0)
     rows, heads, kv, d, L, s, S = 3, 6, 2, 8, 11, 4, 7
@@ -370,7 +370,7 @@ def test_fused_function_falls_back_to_eager(monkeypatch):
     """A fused function whose compilation fails at the first call is replaced by the eager one for good (same values);
     on a device outside ``devices`` the eager function runs without compiling."""
     from models import vision_attention as va
-    from models.fused import Fusable
+    from models.kernels import Fusable
 
     calls = []
 

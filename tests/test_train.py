@@ -312,7 +312,7 @@ def test_extracted_features_train_with_the_shipped_fit_config(tmp_path):
     checks as shipped)."""
     from datamodules.easycom_fixture import build_easycom_fixture
     from evaluate import cli_main as predict_main
-    from models.tiny_omni import build_tiny_omni
+    from models.omni.tiny import build_tiny_omni
 
     model = tmp_path / "tiny_omni"
     build_tiny_omni(model)

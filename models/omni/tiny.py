@@ -1,6 +1,6 @@
 """A tiny random Qwen2.5-Omni thinker (+ its feature extractor and video processor) for tests and the demo.
 
-``python -m models.tiny_omni <out_dir>`` writes, with ``save_pretrained``:
+``python -m models.omni.tiny <out_dir>`` writes, with ``save_pretrained``:
     config.json + model.safetensors   Qwen2_5OmniThinkerForConditionalGeneration (random, ~10 M parameters,
                                       mostly the real-size 151 936-token vocabulary so a real Qwen tokenizer fits)
     preprocessor_config.json          WhisperFeatureExtractor (128 mel bins, 16 kHz, hop 160: the official settings)

@@ -24,7 +24,7 @@ chicheng567/OnlineLong, ``videollama3/model/compressor.py``: the stored version 
 * ``match_encoder_scale`` (the fork's "Option A"): the output rows of the whole call are affinely mapped onto the
   per-channel mean / std of the call's whole KV input, ``(x - m) / s * ref_std + ref_mean``, then ``* out_gamma +
   out_beta`` (unbiased std, clamped at 1e-6, fp32). Because these statistics span the call, the caller passes every
-  group of a plan in one call, as the seed does (:meth:`models.videollama3.BudgetedVideoLlama3.compress`).
+  group of a plan in one call, as the seed does (:meth:`models.videollama3.model.BudgetedVideoLlama3.compress`).
 
 The fork runs flash-attention varlen over ``compression_cu_seqlens``; here the windows are padded into batches and
 attended with ``scaled_dot_product_attention`` and a key-padding mask (equal to a loop over windows within fp32
@@ -57,7 +57,7 @@ from torch import nn
 from algorithms.errors import CheckpointError
 from algorithms.segmentation import adaptive_segment_lengths
 
-from .loading import reading_checkpoint
+from ..loading import reading_checkpoint
 
 SUPPORTED_COMPRESSOR_TYPES = ("transformer_decoder_flat",)
 # the fork's other types (build_token_compressor): known, not run here

@@ -35,7 +35,7 @@ at the same rows, and share the schedule and its production accounting):
   pass the text config's ``max_position_embeddings``). The kept blocks' deeper-layer keys/values still carry
   information from evicted blocks (they were computed while those were in the cache), so a state is *not* a
   function of the last ``memory_s`` of media alone; its direct attention span is.
-Reuse permitted per mode (the one-session path reuses nothing but the KV cache; ``models/omni_batch.py`` details
+Reuse permitted per mode (the one-session path reuses nothing but the KV cache; ``models/omni/batch.py`` details
 the encoder reuse): under both policies open-stream-replay tails are temporary (prefilled, read, cropped off) and
 only the block-completing tail is committed; completed-block-hold and micro-chunk-200ms commit every payload at
 once. Under ``window`` the kept payloads' embeddings are re-prefilled on every slide; under ``sliding`` a committed
@@ -79,7 +79,7 @@ from algorithms.streaming import (MICRO_CHUNK_200MS, MODES, SLIDING, StreamGeome
                                   check_memory_policy, check_micro_chunk_tiling, memory_blocks, num_rows, schedule)
 from algorithms.errors import SettingError
 
-from .loading import load_omni_thinker
+from ..loading import load_omni_thinker
 
 AUDIO_SAMPLE_RATE = 16000
 DEFAULT_PROMPT = "<|im_start|>system\n<|im_end|>\n<|im_start|>user\n<|vision_bos|><|audio_bos|>"
@@ -242,7 +242,7 @@ class OmniThinkerRunner(nn.Module):
         attn_implementation: passed to ``from_pretrained`` (``sdpa`` default; ``eager`` for bit-level checks).
         thinker: an already built thinker (then ``model_dir`` only supplies the feature extractor, the video
             processor and the optional tokenizer; ``dtype`` / ``attn_implementation`` are ignored).
-        fused_kernels: fused RMSNorm / rotary / SiLU-gate kernels on CUDA (:mod:`models.fused`).
+        fused_kernels: fused RMSNorm / rotary / SiLU-gate kernels on CUDA (:mod:`models.kernels`).
         audio_left_context: a payload that does not start the stream takes the ``n_fft // 2`` = 200 samples before
             it as the log-mel's left STFT padding (causal past audio), so its first mel frames equal the whole-clip
             ones; ``False``: the payload's own reflect padding (the earlier behaviour).

@@ -1,11 +1,11 @@
-"""Write one of our checkpoints in the original VideoLLaMA3 layout (the inverse of :mod:`models.convert`).
+"""Write one of our checkpoints in the original VideoLLaMA3 layout (the inverse of :mod:`models.videollama3.convert`).
 
 Used to make the tiny original-layout checkpoint of the tests; the layout is the one described in
-:mod:`models.convert` (``Videollama3Qwen2Config``-style ``config.json`` with the Qwen2 fields at the top level, weight
+:mod:`models.videollama3.convert` (``Videollama3Qwen2Config``-style ``config.json`` with the Qwen2 fields at the top level, weight
 names of the original repository's modules, the compressor under ``model.token_compressor.``, an ``<image>`` token
 added to the tokenizer as the original repository does, ``preprocessor_config.json`` of the original image processor).
 
-``python -m models.original_layout <our_dir> <out_dir> [--max-shard-size 200MB] [--wrapped-vision]``
+``python -m models.videollama3.original_layout <our_dir> <out_dir> [--max-shard-size 200MB] [--wrapped-vision]``
 """
 from __future__ import annotations
 

@@ -26,17 +26,17 @@ Batching (one lockstep group = streams of one mode, one schedule, one frame size
   so each state sees what the row-by-row prefill shows it; equal to fp32 rounding, not bit for bit, because other
   call shapes round differently; ``batch_rows=False`` is bit-identical). An offline extraction may do this, all
   payloads being recorded; a live stream cannot (its next 200 ms has not happened);
-* payloads are prepared on the device, with the processors' own operations (``models.omni.LogMel``, ``video_inputs``):
+* payloads are prepared on the device, with the processors' own operations (``models.omni.thinker.LogMel``, ``video_inputs``):
   each native block's audio and frames go to the device once, then per row one log-mel call over all streams'
   audio and one video-processor call over all new temporal patches. The one-session path prepares the same way, so
-  both agree bit for bit on CPU; against the official processors see ``models/omni.py`` (tolerances);
+  both agree bit for bit on CPU; against the official processors see ``models/omni/thinker.py`` (tolerances);
 * the row loop issues work without waiting for the device: tower index tensors are computed once per shape, payload
   positions come from cached device layouts and states are copied to the host every ``_FLUSH_ROWS`` rows.
   ``profile=True`` times the parts (``BREAKDOWN_PARTS``) with a device synchronization around each.
 Streams whose frames do not cover their rows (a decode came up short) or whose frame size differs form their own
 groups (a group of one runs the same code at batch 1).
 
-Memory policies (``memory_policy``, as ``models/omni.py``):
+Memory policies (``memory_policy``, as ``models/omni/thinker.py``):
 * ``window`` (default): exact finite memory: the cache always equals a from-scratch prefill of prompt + the last
   ``memory_s`` of media; cost: on every slide the kept blocks are re-prefilled through the LLM at re-based positions
   (up to ``M - 1`` blocks, e.g. ~4,500 tokens per 2 s at 8 s memory and 3B shapes).
@@ -96,7 +96,7 @@ from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position
 
 from algorithms.streaming import (MICRO_CHUNK_200MS, OPEN_STREAM_REPLAY, SLIDING, accounting, memory_blocks,
                                   schedule)
-from models.omni import (AUDIO_SAMPLE_RATE, SLIDING_VERIFY_BLOCKS, OmniThinkerRunner, Payload, StreamResult,
+from models.omni.thinker import (AUDIO_SAMPLE_RATE, SLIDING_VERIFY_BLOCKS, OmniThinkerRunner, Payload, StreamResult,
                          frame_indices, frames_tensor, past_samples, verify_candidates, video_inputs)
 from models.vision_attention import chunk_lengths, fused_rotary_qk
 

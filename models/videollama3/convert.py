@@ -1,6 +1,6 @@
 """Convert a checkpoint saved in the original VideoLLaMA3 layout (with a token compressor) into ours.
 
-``python -m models.convert <original_dir> <out_dir> [--max-shard-size 5GB] [--original-projector PATH]``
+``python -m models.videollama3.convert <original_dir> <out_dir> [--max-shard-size 5GB] [--original-projector PATH]``
 
 **Original layout** (training code built on ``DAMO-NLP-SG/VideoLLaMA3``, model class ``Videollama3Qwen2ForCausalLM``):
 
@@ -10,7 +10,7 @@
   ``image_token_index``, ``use_token_compression``, and the compressor fields written by the fork's training code
   (chicheng567/OnlineLong ``videollama3/train/videollama3_chat_finetune_compressor.py``): ``trainable_mm_compressor``
   (true: the fork builds ``token_compressor`` only then), ``token_compressor_config`` (or ``token_compressor``; the
-  dict of :class:`models.qbase.TokenCompressorConfig` fields, read as the fork's ``build_token_compressor`` reads
+  dict of :class:`models.videollama3.qbase.TokenCompressorConfig` fields, read as the fork's ``build_token_compressor`` reads
   it: legacy ``compress_w``/``compress_h``, a missing ``hidden_size`` from ``mm_hidden_size`` or the vision width,
   a missing ``num_attention_heads`` from the top level, an unknown ``compressor_type`` an error naming the supported
   one), and ``compression_start_token_id`` / ``compression_end_token_id`` (checked against the tokenizer's
@@ -33,7 +33,7 @@
 {q,k,v,out}_proj, layer_norm2, mlp.fc1, mlp.fc2}``, ``post_layernorm``; the training repository wraps it once more
 in ``encoder.Videollama3VisionEncoder`` whose attribute is again ``vision_encoder``), ``mm_projector``
 (``MlpGeluProjector``: ``readout.0``, ``readout.2``) and ``token_compressor``, the fork's
-``TransformerDecoderFlatCompressor`` (:mod:`models.qbase` has its parameters under the fork's names: ``query``,
+``TransformerDecoderFlatCompressor`` (:mod:`models.videollama3.qbase` has its parameters under the fork's names: ``query``,
 ``layers.N.{self_attn,cross_attn}.{w_q,w_k,w_v,w_o}.weight``, ``layers.N.layer_norm{1,2,3}``, ``layers.N.mlp.fc{1,2}``,
 ``out_gamma``/``out_beta``). :data:`KEY_MAP` is the complete table; the part after the prefix is kept as is and must be a key of the
 target module with the shape its config gives. Anything else is an error that lists every offending key.
@@ -42,7 +42,7 @@ Dropped on purpose: ``*.rotary_emb.inv_freq`` and the compressor's ``pos_encodin
 (recomputed buffers, non-persistent in the fork, that some savers write anyway) and ``lm_head.weight`` when
 ``tie_word_embeddings`` is set and it equals ``embed_tokens`` (an error when it differs).
 
-**Output** (what :meth:`models.videollama3.BudgetedVideoLlama3.from_pretrained` reads): the transformers
+**Output** (what :meth:`models.videollama3.model.BudgetedVideoLlama3.from_pretrained` reads): the transformers
 ``VideoLlama3ForConditionalGeneration`` directory (``config.json``, weights, optionally sharded with
 ``model.safetensors.index.json``), the tokenizer with its special tokens, ``video_preprocessor_config.json``,
 ``qbase/`` and, when available, ``original_projector/``. The loader also reads an original-layout directory
@@ -64,7 +64,7 @@ from safetensors.torch import save_file
 
 from .qbase import TokenCompressorConfig, TransformerDecoderFlatCompressor
 
-QBASE_DIR = "qbase"                       # = models.videollama3.QBASE_DIR (not imported: that module imports us)
+QBASE_DIR = "qbase"                       # = models.videollama3.model.QBASE_DIR (not imported: that module imports us)
 ORIGINAL_PROJECTOR_DIR = "original_projector"
 COMPRESSION_START = "<|compression_start|>"
 COMPRESSION_END = "<|compression_end|>"

@@ -5,7 +5,7 @@ G_c compressed groups, N vision rows in the LLM input.
 
 The model is transformers' own ``VideoLlama3ForConditionalGeneration`` loaded with ``from_pretrained`` from a local
 directory; preprocessing is transformers' ``VideoLlama3VideoProcessor`` at the size the plan needs. The checkpoint
-directory additionally holds ``qbase/`` (the group compressor, :mod:`models.qbase`) and, for ``raw_mode="orig"``,
+directory additionally holds ``qbase/`` (the group compressor, :mod:`models.videollama3.qbase`) and, for ``raw_mode="orig"``,
 ``original_projector/model.safetensors``.
 
 LLM input (DESIGN §3.6): blocks in time order inside the user turn, before the question. A raw frame is
@@ -30,9 +30,9 @@ from algorithms.budget import (
     K_ROWS, CELL_PIXELS, MIN_TOKENS_PER_FRAME, Plan, frame_grid, frame_token_cap, plan_groups, subsample,
 )
 from algorithms.errors import CheckpointError, SettingError
-from .loading import local_checkpoint, reading_checkpoint
+from ..loading import local_checkpoint, reading_checkpoint
 from .qbase import TransformerDecoderFlatCompressor, load_state_dict_strict
-from .vision_attention import frame_layout
+from ..vision_attention import frame_layout
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class BudgetedVideoLlama3(nn.Module):
 
         A directory in the original VideoLLaMA3 layout (``config.json`` with ``vision_encoder_config``, weights named
         as in the original repository, ``model.token_compressor.*``) is also accepted and mapped in memory by
-        :func:`models.convert.load_original_parts` (the same table as ``python -m models.convert``).
+        :func:`models.videollama3.convert.load_original_parts` (the same table as ``python -m models.videollama3.convert``).
 
         ``vision_attn_implementation``: ``"frame_batched"`` (default) attends all same-size frames of an encode in
         one SDPA call per layer (:mod:`models.vision_attention`); any transformers backend name is passed through;
@@ -134,7 +134,7 @@ class BudgetedVideoLlama3(nn.Module):
         ``original_projector``: for ``raw_mode="orig"``, a projector file (safetensors, or seed 001's ``.pt`` state
         dict read with ``weights_only=True``) instead of ``original_projector/`` in the directory.
         ``vision_config_dir``: an original-layout checkpoint without ``vision_encoder_config``: a local directory
-        with the vision encoder's ``config.json`` (see :mod:`models.convert`).
+        with the vision encoder's ``config.json`` (see :mod:`models.videollama3.convert`).
 
         Raises:
             FileNotFoundError: the directory or a required file is missing (path named).
@@ -145,7 +145,7 @@ class BudgetedVideoLlama3(nn.Module):
         path = cls.checkpoint_dir(path)
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         from .convert import is_original_layout, load_original_parts
-        if is_original_layout(path):  # original VideoLLaMA3 layout: mapped in memory (models/convert.py)
+        if is_original_layout(path):  # original VideoLLaMA3 layout: mapped in memory (models/videollama3/convert.py)
             return cls(*load_original_parts(path, dtype, attn_implementation, raw_mode, original_projector,
                                             vision_config_dir)).set_vision_attention(
                 vision_attn_implementation).set_fused_kernels(fused_kernels)
@@ -180,10 +180,10 @@ class BudgetedVideoLlama3(nn.Module):
     def set_fused_kernels(self, on: bool) -> "BudgetedVideoLlama3":
         """Run the LLM's RMSNorm, rotary and SiLU gate as single fused kernels on CUDA, and in the vision encoder the
         MLP's fc1 + GELU as one GEMM and each residual add with the LayerNorm after it as one kernel
-        (:mod:`models.fused`; the library's math, eager and bit-identical on the CPU), or restore the library's
+        (:mod:`models.kernels`; the library's math, eager and bit-identical on the CPU), or restore the library's
         forwards (``on=False``; the project's own fused pieces, the vision rotary and the shared-prefix merge, stay
         compiled)."""
-        from .fused import fuse
+        from ..kernels import fuse
 
         fuse(self.model.model.language_model, on)
         fuse(self.model.model.vision_model, on)
@@ -197,11 +197,11 @@ class BudgetedVideoLlama3(nn.Module):
         Raises:
             FileNotFoundError: naming the path (and how to build the demo checkpoint).
         """
-        return local_checkpoint(path, "VideoLLaMA3", "for the demo run `python -m models.tiny` first")
+        return local_checkpoint(path, "VideoLLaMA3", "for the demo run `python -m models.videollama3.tiny` first")
 
     def set_vision_attention(self, implementation: str | None) -> "BudgetedVideoLlama3":
         """Select the vision encoder's attention backend (``"frame_batched"``, a transformers name, or ``None``)."""
-        from . import vision_attention
+        from .. import vision_attention
 
         if implementation is not None:
             batched = implementation == "frame_batched"
@@ -634,7 +634,7 @@ class BudgetedVideoLlama3(nn.Module):
 
     @contextlib.contextmanager
     def _shared_prefix_attention(self, cache):
-        """Inside the block the LLM attends through :mod:`models.shared_prefix` over ``cache`` (the prefill's)."""
+        """Inside the block the LLM attends through :mod:`models.videollama3.shared_prefix` over ``cache`` (the prefill's)."""
         from . import shared_prefix
 
         name = shared_prefix.register()
@@ -661,7 +661,7 @@ class BudgetedVideoLlama3(nn.Module):
     def _static_decoder(self, sc, inp: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor, max_new_tokens: int,
                         graph: bool):
         """Suffix prefill + a fixed-shape decode step over the suffix-only ``StaticCache`` ``sc`` (optionally a replayed
-        CUDA graph), attending to the shared prefix through :mod:`models.shared_prefix` (call inside
+        CUDA graph), attending to the shared prefix through :mod:`models.videollama3.shared_prefix` (call inside
         :meth:`_shared_prefix_attention`).
 
         Layout of the static cache per row: ``[suffix (left-padded to n) | decode steps]``; the prefix stays in the

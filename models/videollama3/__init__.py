@@ -1,0 +1,17 @@
+"""The VideoLLaMA3 family: budgeted QA on the transformers-native class with the seeds' qbase compressor.
+
+Public surface (everything else is an implementation detail of this package):
+
+- :class:`BudgetedVideoLlama3` — load a checkpoint (ours or the original layout), encode frames, compress groups,
+  lay out the LLM input, answer a video's questions from one cached prefix;
+- :class:`EncodeCache`, :func:`prepare_budgets` — encode once per frame size, plan every budget of a video;
+- :class:`VideoPrompt`, :class:`Answer`, :class:`BudgetInput` — what the layout and the answering exchange;
+- :class:`TokenCompressorConfig`, :class:`TransformerDecoderFlatCompressor` — the fork's compressor (``qbase``);
+- the layout ablation inputs (:mod:`.ablation`), checkpoint conversion (:mod:`.convert`, :mod:`.original_layout`)
+  and the tiny model (:mod:`.tiny`) are imported from their modules.
+"""
+from .model import Answer, BudgetedVideoLlama3, BudgetInput, EncodeCache, VideoPrompt, group_second, prepare_budgets
+from .qbase import TokenCompressorConfig, TransformerDecoderFlatCompressor
+
+__all__ = ["Answer", "BudgetInput", "BudgetedVideoLlama3", "EncodeCache", "TokenCompressorConfig",
+           "TransformerDecoderFlatCompressor", "VideoPrompt", "group_second", "prepare_budgets"]
