@@ -85,3 +85,127 @@ def test_only_models_import_transformers():
 def test_models_do_not_import_lightning():
     bad = [str(f.relative_to(REPO)) for f in files_of("models") if imported_roots(f) & {"lightning", "pytorch_lightning"}]
     assert not bad, bad
+
+
+# --- the house (issue 24): two model families beside shared kernels, no import circles, thin entry points ---
+
+FAMILIES = ("models.videollama3", "models.omni")
+ENTRIES = ("train", "evaluate", "cli")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules() -> dict[str, Path]:
+    mods = {module_name(f): f for p in PACKAGES for f in files_of(p)}
+    mods.update({e: REPO / f"{e}.py" for e in ENTRIES if (REPO / f"{e}.py").is_file()})
+    return mods
+
+
+def import_graph(mods: dict[str, Path], sources: dict[str, str] | None = None) -> dict[str, set[str]]:
+    """Module -> the project modules it imports, at any depth of the file (lazy imports inside functions count:
+    they still close a circle at run time). ``from pkg import name`` points at ``pkg.name`` when that is a module."""
+    graph = {}
+    for m, f in mods.items():
+        tree = ast.parse(sources[m] if sources else f.read_text(encoding="utf-8"))
+        is_pkg = f.name == "__init__.py"
+        deps = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = m.split(".") if is_pkg else m.split(".")[:-1]
+                    base = base[:len(base) - node.level + 1]
+                    mod = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    mod = node.module
+                deps |= {f"{mod}.{a.name}" if f"{mod}.{a.name}" in mods else mod for a in node.names}
+        graph[m] = {d for d in deps if d in mods and d != m}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circles():
+    assert circles(import_graph(project_modules())) == []
+
+
+def test_the_circle_check_catches_a_registry_circle():
+    """The old benchmark registry: ``base`` imported every format lazily, every format imported ``base``."""
+    mods = {"datamodules.benchmarks.base": REPO / "datamodules/benchmarks/base.py",
+            "datamodules.benchmarks.lvb": REPO / "datamodules/benchmarks/lvb.py",
+            "datamodules.benchmarks.mlvu": REPO / "datamodules/benchmarks/mlvu.py"}
+    sources = {"datamodules.benchmarks.base": "def load():\n    from . import lvb, mlvu\n",
+               "datamodules.benchmarks.lvb": "from .base import LETTERS\n",
+               "datamodules.benchmarks.mlvu": "from .base import LETTERS\n"}
+    assert circles(import_graph(mods, sources)) == [sorted(mods)]
+
+
+def test_model_families_are_separate():
+    """Neither family imports the other; the shared modules (``models/*.py``: kernels, tower attention, tokenizer,
+    heads, loading) import no family."""
+    graph = import_graph(project_modules())
+    bad = []
+    for m, deps in graph.items():
+        if not m.startswith("models"):
+            continue
+        own = next((fam for fam in FAMILIES if m == fam or m.startswith(fam + ".")), None)
+        for d in deps:
+            other = next((fam for fam in FAMILIES if d == fam or d.startswith(fam + ".")), None)
+            if other is not None and other != own:
+                bad.append(f"{m} imports {d}")
+    assert not bad, bad
+    assert {"models.kernels", "models.vision_attention", "models.tokenizer", "models.heads",
+            "models.loading"} <= set(graph)
+
+
+def test_benchmark_formats_import_base_only():
+    """The registry is the table in ``datamodules/benchmarks/__init__.py``; a format module imports ``base`` (and
+    the ``subtitles`` helpers), never the package or another format."""
+    graph = import_graph(project_modules())
+    allowed = {"datamodules.benchmarks.base", "datamodules.benchmarks.subtitles"}
+    bad = [f"{m} imports {d}" for m, deps in graph.items() if m.startswith("datamodules.benchmarks.")
+           and m.rsplit(".", 1)[1] not in ("base", "subtitles") for d in deps
+           if d.startswith("datamodules.benchmarks") and d not in allowed]
+    assert not bad, bad
+
+
+def test_entry_points_are_thin_and_independent():
+    """``train.py`` and ``evaluate.py`` build their CLI from ``cli.py``; neither imports the other, and ``cli.py``
+    imports neither."""
+    graph = import_graph(project_modules())
+    assert "cli" in graph["train"] and "cli" in graph["evaluate"]
+    assert "evaluate" not in graph["train"] and "train" not in graph["evaluate"]
+    assert not graph["cli"] & {"train", "evaluate"}

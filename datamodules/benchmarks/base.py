@@ -1,4 +1,4 @@
-"""The record every benchmark loader yields, and the loader registry.
+"""The record every benchmark loader yields and the row checks every loader runs (the registry is ``__init__``).
 
 A loader reads a benchmark's public release files and returns a list of :class:`Question`. Videos are grouped
 by the datamodule (one item per video, carrying all its questions), so a loader never decodes media.
@@ -34,12 +34,9 @@ media file missing or unreadable        not an annotation error: one error recor
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
-
-from algorithms.errors import SettingError
+from typing import Any
 
 LETTERS = "ABCDEFGHIJ"
 MIN_OPTIONS = 2
@@ -170,29 +167,3 @@ def check_questions(questions: list[Question], wheres: list[str]) -> list[Questi
             raise AnnotationError(f"{where}: duplicate qid {q.qid!r} (first at {seen[q.qid]})")
         seen[q.qid] = where
     return questions
-
-
-LOADERS: dict[str, Callable[..., list[Question]]] = {}
-
-
-def register(name: str):
-    """Decorator registering a loader ``fn(root: Path, **kwargs) -> list[Question]`` under ``name``."""
-
-    def deco(fn):
-        LOADERS[name] = fn
-        return fn
-
-    return deco
-
-
-def load_benchmark(name: str, root: str | Path, **kwargs) -> list[Question]:
-    """Load benchmark ``name`` from its release directory ``root``.
-
-    Raises:
-        SettingError: unknown benchmark name (the message lists the known ones).
-        AnnotationError: a malformed annotation file or row (named in the message).
-    """
-    from . import lvb, mlvu, videomme, worldsense  # noqa: F401  (registration side effect)
-    if name not in LOADERS:
-        raise SettingError(f"unknown benchmark {name!r}; known: {sorted(LOADERS)}")
-    return LOADERS[name](Path(root), **kwargs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, register, resolve_media_path,
+from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, resolve_media_path,
                    text_field)
 from .subtitles import load_lvb_subtitles, subtitles_text
 
@@ -18,7 +18,6 @@ _FIELDS = ("id", "video_id", "video_path", "question", "candidates")
 MAX_CANDIDATES = 5
 
 
-@register("lvb")
 def load_lvb(root: Path, annotation: str = "lvb_val.json", video_dir: str = "videos",
              subtitle_dir: str = "subtitles", subtitles: bool = False) -> list[Question]:
     """Read LongVideoBench questions.

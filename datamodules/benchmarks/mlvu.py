@@ -12,7 +12,7 @@ import logging
 import re
 from pathlib import Path
 
-from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, register, resolve_media_path,
+from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, resolve_media_path,
                    text_field)
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,6 @@ _FILE = re.compile(r"^(\d+)_(.+)\.json$")
 _FIELDS = ("video", "question", "candidates", "answer")
 
 
-@register("mlvu")
 def load_mlvu(root: Path, json_dir: str = "json", video_dir: str = "video",
               tasks: tuple[str, ...] | list[str] | None = None) -> list[Question]:
     """Read MLVU dev multiple-choice questions.

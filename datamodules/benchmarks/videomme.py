@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, register, resolve_media_path,
-                   strip_option_letters,
-                   text_field)
+from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, resolve_media_path,
+                   strip_option_letters, text_field)
 from .subtitles import load_srt, subtitles_text
 
 COLUMNS = ("video_id", "duration", "domain", "sub_category", "videoID", "question_id", "task_type", "question",
@@ -33,7 +32,6 @@ def find_parquets(root: Path) -> list[Path]:
     return files
 
 
-@register("videomme")
 def load_videomme(root: Path, parquet: str | None = None, video_dir: str = "videos",
                   subtitles: bool = False, subtitle_dir: str = "subtitles") -> list[Question]:
     """Read Video-MME questions.

@@ -18,9 +18,8 @@ import json
 import re
 from pathlib import Path
 
-from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, register, resolve_media_path,
-                   strip_option_letters,
-                   text_field)
+from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, resolve_media_path,
+                   strip_option_letters, text_field)
 
 _LETTER_PREFIX = re.compile(r"^\s*\(?([A-J])[.):]\s*")
 NUM_OPTIONS = 4
@@ -42,7 +41,6 @@ def _answer(raw, where: str) -> str:
     return a
 
 
-@register("worldsense")
 def load_worldsense(root: Path, annotation: str = "worldsense_qa.json", video_dir: str = "videos") -> list[Question]:
     """Read WorldSense questions (either shape of the module docstring).
 
