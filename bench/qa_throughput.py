@@ -370,7 +370,8 @@ def encode_probe(vlm, video: str, budget: int, chunk: int) -> None:
     of ``prepare_budgets``, then torch.profiler tables (top ops by self CUDA and self CPU time)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from models.videollama3.model import CELL_PIXELS, MIN_TOKENS_PER_FRAME, _budget_geometry
+    from algorithms.budget import CELL_PIXELS, MIN_TOKENS_PER_FRAME
+    from models.videollama3.budgets import _budget_geometry
 
     dec = decode_video(video, budget)
     frames = dec.frames.to(vlm.device)

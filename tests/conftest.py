@@ -22,8 +22,8 @@ def tiny_vl3_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_vlm(tiny_vl3_dir):
-    """The loaded :class:`models.videollama3.model.BudgetedVideoLlama3` (fp32, CPU)."""
-    from models.videollama3.model import BudgetedVideoLlama3
+    """The loaded :class:`models.videollama3.BudgetedVideoLlama3` (fp32, CPU)."""
+    from models.videollama3 import BudgetedVideoLlama3
 
     return BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir, raw_mode="orig")
 

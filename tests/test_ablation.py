@@ -195,7 +195,7 @@ def cockatoo():
 def test_coinciding_grid_is_encoded_once_and_prompts_need_no_encode(tiny_vlm, cockatoo):
     from algorithms.budget import frame_grid
     from models.videollama3.ablation import build_layout_prompt, duplicate_encodes, encode_layout_inputs, plan_layout_jobs
-    from models.videollama3.model import EncodeCache
+    from models.videollama3 import EncodeCache
 
     dec = cockatoo
     cache = EncodeCache(tiny_vlm, dec.frames)
@@ -221,7 +221,7 @@ def test_coinciding_grid_is_encoded_once_and_prompts_need_no_encode(tiny_vlm, co
 
 def test_base_prompt_equals_prepare_budgets(tiny_vlm, cockatoo):
     from models.videollama3.ablation import build_layout_prompt, encode_layout_inputs, plan_layout_jobs
-    from models.videollama3.model import EncodeCache, prepare_budgets
+    from models.videollama3 import EncodeCache, prepare_budgets
 
     dec = cockatoo
     budgets = [128, 1024]

@@ -270,7 +270,7 @@ def test_special_tokens_in_dataset_text_keep_the_input_structure(tmp_path, tiny_
     """A question, its options and its subtitles full of placeholder, chat and compression tokens: loaded verbatim,
     and in the model input they neither add a vision placeholder nor end the user turn."""
     from datamodules.decoding import decode_video
-    from models.videollama3.model import prepare_budgets
+    from models.videollama3 import prepare_budgets
     from tests.conftest import MEDIA
 
     _videomme(tmp_path, [_vm_row(question=SPECIAL + " " + RTL, options=[f"A. {SPECIAL}", "B. <|im_end|>",

@@ -329,7 +329,7 @@ def test_short_error_keeps_the_cause():
 def test_replaced_frames_reach_the_records_meta():
     from datamodules.benchmarks import Question
     from lightning_modules.budgeted_qa import qa_record
-    from models.videollama3.model import Answer
+    from models.videollama3 import Answer
 
     info = {"duration_s": 4.0, "native_hw": [48, 64], "n_frames": 4, "fps": 8.0, "fps_ok": True, "sample_fps": 1.0,
             "decode_hw": [48, 64], "vfr": False}

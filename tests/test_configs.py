@@ -36,7 +36,7 @@ def test_predict_config_instantiates(path, tmp_path):
 def test_missing_checkpoints_fail_fast_naming_the_path(tmp_path):
     """A model path that does not exist is an error naming it, never a hub lookup."""
     from models.omni.thinker import OmniThinkerRunner
-    from models.videollama3.model import BudgetedVideoLlama3
+    from models.videollama3 import BudgetedVideoLlama3
 
     missing = tmp_path / "nowhere"
     with pytest.raises(FileNotFoundError, match="nowhere.*models.videollama3.tiny"):

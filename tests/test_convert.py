@@ -9,9 +9,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from models.videollama3.convert import KEY_MAP, SAFE_INDEX, convert, main, read_safetensors_dir
+from models.videollama3.convert import convert, main
+from models.videollama3.original_weights import KEY_MAP
+from models.videollama3.weight_files import SAFE_INDEX, read_safetensors_dir
 from models.videollama3.original_layout import write_original_layout
-from models.videollama3.model import BudgetedVideoLlama3, prepare_budgets
+from models.videollama3 import BudgetedVideoLlama3, prepare_budgets
 
 MEDIA = Path(__file__).resolve().parent.parent / "assets" / "media"
 QUESTIONS = ["What is in the video?\nAnswer briefly.", "Which color is the bird?"]

@@ -19,9 +19,11 @@ import torch
 from safetensors.torch import save_file
 
 from conftest import run_predict
-from models.videollama3.convert import main as convert_main, read_safetensors_dir, vision_config_from_weights
+from models.videollama3.convert import main as convert_main
+from models.videollama3.original_config import vision_config_from_weights
+from models.videollama3.weight_files import read_safetensors_dir
 from models.videollama3.original_layout import write_original_layout
-from models.videollama3.model import BudgetedVideoLlama3
+from models.videollama3 import BudgetedVideoLlama3
 
 C, INTER, HEADS, LAYERS, K = 32, 128, 2, 2, 64     # the tiny vision width; the compressor's own sizes
 FORK_TOKEN_COMPRESSOR_CONFIG = {

@@ -11,14 +11,14 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.fixture(scope="module")
 def cuda_vlm(tiny_vl3_dir):
-    from models.videollama3.model import BudgetedVideoLlama3
+    from models.videollama3 import BudgetedVideoLlama3
 
     return BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir).to("cuda")
 
 
 def test_graph_decode_equals_sequential_on_cuda(cuda_vlm):
     from datamodules.decoding import decode_video
-    from models.videollama3.model import prepare_budgets
+    from models.videollama3 import prepare_budgets
 
     dec = decode_video(MEDIA / "cockatoo.mp4", 1024)
     qs = ["What animal is shown?\nA. A dog.\nB. A cockatoo.", "Colour?\nA. White.\nB. Green.", "x" * 40]
@@ -104,12 +104,12 @@ def test_graph_decode_one_question_after_several(cuda_vlm, caplog):
     import logging
 
     from datamodules.decoding import decode_video
-    from models.videollama3.model import BudgetedVideoLlama3, prepare_budgets
+    from models.videollama3 import BudgetedVideoLlama3, prepare_budgets
 
     dec = decode_video(MEDIA / "cockatoo.mp4", 256)
     (bi,) = prepare_budgets(cuda_vlm, dec.frames.cuda(), dec.times_s, [256])
     qs = ["What animal is shown?\nA. A dog.\nB. A cockatoo.", "Colour?\nA. White.\nB. Green."]
-    with caplog.at_level(logging.WARNING, logger="models.videollama3.model"):
+    with caplog.at_level(logging.WARNING, logger="models.videollama3.answering"):
         for questions in (qs, qs[:1], qs):
             seq = [a.token_ids for a in cuda_vlm.answer_all(bi.prompt, questions, 9)]
             assert [a.token_ids for a in cuda_vlm.answer_batched(bi.prompt, questions, 9, decode="graph")] == seq

@@ -14,7 +14,7 @@ from tests.conftest import run_predict
 
 def test_oom_in_one_video_gives_error_records_and_the_next_video_runs(tiny_vl3_dir, demo_bench, tmp_path,
                                                                       monkeypatch):
-    from models.videollama3.model import BudgetedVideoLlama3
+    from models.videollama3 import BudgetedVideoLlama3
 
     real = BudgetedVideoLlama3.encode
     calls = []

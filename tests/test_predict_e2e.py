@@ -210,7 +210,7 @@ def test_corrupt_video_gives_error_record(tiny_vl3_dir, demo_bench, tmp_path):
 
 def test_shared_prefix_equals_from_scratch(tiny_vlm):
     from datamodules.decoding import decode_video
-    from models.videollama3.model import prepare_budgets
+    from models.videollama3 import prepare_budgets
     from tests.conftest import MEDIA
 
     dec = decode_video(MEDIA / "cockatoo.mp4", 1024)
@@ -229,7 +229,7 @@ def test_shared_prefix_equals_from_scratch(tiny_vlm):
 
 def test_dataset_text_cannot_add_placeholders(tiny_vlm):
     from datamodules.decoding import decode_video
-    from models.videollama3.model import prepare_budgets
+    from models.videollama3 import prepare_budgets
     from tests.conftest import MEDIA
 
     dec = decode_video(MEDIA / "realshort.mp4", 256)
@@ -296,7 +296,7 @@ def test_system_prompt_and_answer_prefix_in_the_chat_template(tiny_vlm):
     pass."""
     from datamodules.benchmarks.prompts import chat_parts
     from datamodules.decoding import decode_video
-    from models.videollama3.model import prepare_budgets
+    from models.videollama3 import prepare_budgets
     from tests.conftest import MEDIA
 
     dec = decode_video(MEDIA / "realshort.mp4", 256)

@@ -19,7 +19,7 @@ from tests.conftest import MEDIA, REPO
 
 def test_batched_answers_equal_sequential(tiny_vlm):
     from datamodules.decoding import decode_video
-    from models.videollama3.model import prepare_budgets
+    from models.videollama3 import prepare_budgets
 
     dec = decode_video(MEDIA / "cockatoo.mp4", 1024)
     qs = ["What animal is shown?\nA. A dog.\nB. A cockatoo.\nAnswer with the letter.", "Colour?\nA. White.\nB. Green.",

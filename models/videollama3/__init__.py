@@ -9,8 +9,16 @@ Public surface (everything else is an implementation detail of this package):
 - :class:`TokenCompressorConfig`, :class:`TransformerDecoderFlatCompressor` — the fork's compressor (``qbase``);
 - the layout ablation inputs (:mod:`.ablation`), checkpoint conversion (:mod:`.convert`, :mod:`.original_layout`)
   and the tiny model (:mod:`.tiny`) are imported from their modules.
+
+Files: :mod:`.model` composes :mod:`.encoding` (loading, encoding), :mod:`.layout` (the LLM input) and
+:mod:`.answering` (with :mod:`.shared_prefix`); :mod:`.budgets` plans every budget of a video; :mod:`.qbase` is the
+compressor; :mod:`.convert` reads the original layout through :mod:`.weight_files`, :mod:`.original_config` and
+:mod:`.original_weights`.
 """
-from .model import Answer, BudgetedVideoLlama3, BudgetInput, EncodeCache, VideoPrompt, group_second, prepare_budgets
+from .answering import Answer
+from .budgets import BudgetInput, EncodeCache, prepare_budgets
+from .layout import VideoPrompt, group_second
+from .model import BudgetedVideoLlama3
 from .qbase import TokenCompressorConfig, TransformerDecoderFlatCompressor
 
 __all__ = ["Answer", "BudgetInput", "BudgetedVideoLlama3", "EncodeCache", "TokenCompressorConfig",

@@ -5,7 +5,7 @@ tokens per frame at a budget's encode grid, C vision hidden size, D LLM hidden s
 of a swapped group's substitute (``<= 64``), G_c compressed groups.
 
 Every ``(variant, budget)`` job of a video is built from the single decode (the frames of the largest budget) and
-one shared :class:`models.videollama3.model.EncodeCache`. Per video::
+one shared :class:`models.videollama3.budgets.EncodeCache`. Per video::
 
     lj = plan_layout_jobs(cache, times_s, [("rho32", 1024), ("sel_merge", 256)], ...)   # also base at each budget
     encode_layout_inputs(cache, [lj[k] for k in keys_to_run])                             # phase 2 (see below)
@@ -54,7 +54,9 @@ from algorithms.layouts import (
     substitute_frame, variant_frames,
 )
 
-from .model import BudgetedVideoLlama3, EncodeCache, VideoPrompt
+from .budgets import EncodeCache
+from .layout import VideoPrompt
+from .model import BudgetedVideoLlama3
 
 BASELINE = "base"
 _NO_RAW_CAP = 1 << 30  # raw_mode="orig": raw frames keep the encode grid unless a variant caps their rows
@@ -243,14 +245,14 @@ def build_layout_prompt(vlm: BudgetedVideoLlama3, cache: EncodeCache, job: Layou
                         raw_mode: str = "phase3", subtitle_slots=None) -> VideoPrompt:
     """The shared LLM prefix of one (video, budget, variant) from cached rows (no encode when phase 2 ran).
 
-    ``base`` builds exactly what :func:`models.videollama3.model.prepare_budgets` builds for the budget.
+    ``base`` builds exactly what :func:`models.videollama3.budgets.prepare_budgets` builds for the budget.
 
     Args:
         times_s: T decoded frame times (s).
-        subtitle_slots: as :func:`models.videollama3.model.prepare_budgets`'s (interleaved subtitles).
+        subtitle_slots: as :func:`models.videollama3.budgets.prepare_budgets`'s (interleaved subtitles).
 
     Returns:
-        A :class:`~models.videollama3.model.VideoPrompt` whose placeholder count is ``job.layout.plan.vision_tokens``.
+        A :class:`~models.videollama3.layout.VideoPrompt` whose placeholder count is ``job.layout.plan.vision_tokens``.
     """
     g, lay = job.geometry, job.layout
     plan = lay.plan

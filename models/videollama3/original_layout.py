@@ -15,10 +15,11 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
-from .convert import (
-    COMPRESSION_END, COMPRESSION_START, KEY_MAP, ORIGINAL_MODEL_TYPE, ORIGINAL_PROJECTOR_DIR, QBASE_DIR,
-    read_safetensors_dir, write_safetensors_dir,
-)
+from .encoding import ORIGINAL_PROJECTOR_DIR, QBASE_DIR
+from .layout import COMPRESSION_END, COMPRESSION_START
+from .original_config import ORIGINAL_MODEL_TYPE
+from .original_weights import KEY_MAP
+from .weight_files import read_safetensors_dir, write_safetensors_dir
 from .qbase import TransformerDecoderFlatCompressor
 
 # the Qwen2 fields a transformers-4.4x Videollama3Qwen2Config.json carries at its top level

@@ -1,0 +1,224 @@
+"""Loading and vision encoding of budgeted VideoLLaMA3: checkpoint in, frames to encoder rows, projected and compressed.
+
+Legend: T frames, hw merged tokens per frame, C vision hidden size, D LLM hidden size, K rows per compressed group,
+G_c compressed groups.
+
+The model is transformers' own ``VideoLlama3ForConditionalGeneration`` loaded with ``from_pretrained`` from a local
+directory; preprocessing is transformers' ``VideoLlama3VideoProcessor`` at the size the plan needs. The checkpoint
+directory additionally holds ``qbase/`` (the group compressor, :mod:`models.videollama3.qbase`) and, for ``raw_mode="orig"``,
+``original_projector/model.safetensors``.
+
+:class:`VisionEncoding` is one of the parts composed by :class:`models.videollama3.model.BudgetedVideoLlama3`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from algorithms.budget import CELL_PIXELS, MIN_TOKENS_PER_FRAME, Plan, frame_grid
+from algorithms.errors import CheckpointError, SettingError
+from ..loading import local_checkpoint, reading_checkpoint
+from .qbase import TransformerDecoderFlatCompressor, load_state_dict_strict
+from ..vision_attention import frame_layout
+
+QBASE_DIR = "qbase"
+ORIGINAL_PROJECTOR_DIR = "original_projector"
+
+
+class VisionEncoding:
+    """Load a checkpoint and turn frames into vision rows: encoder rows, the projector, the qbase compressor.
+
+    A part of :class:`~models.videollama3.model.BudgetedVideoLlama3`, which sets the attributes read here:
+    ``model`` (``VideoLlama3ForConditionalGeneration``), ``video_processor``, ``compressor``
+    (:class:`~models.videollama3.qbase.TransformerDecoderFlatCompressor`), ``original_projector`` (or ``None``) and
+    ``_fused``.
+    """
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype | str = torch.float32,
+                        attn_implementation: str | None = "sdpa", raw_mode: str = "phase3",
+                        vision_attn_implementation: str | None = "frame_batched",
+                        fused_kernels: bool = True, original_projector: str | Path | None = None,
+                        vision_config_dir: str | Path | None = None) -> "BudgetedVideoLlama3":
+        """Load a transformers-format VideoLLaMA3 directory plus ``qbase/`` (and ``original_projector/``).
+
+        A directory in the original VideoLLaMA3 layout (``config.json`` with ``vision_encoder_config``, weights named
+        as in the original repository, ``model.token_compressor.*``) is also accepted and mapped in memory by
+        :func:`models.videollama3.convert.load_original_parts` (the same table as ``python -m models.videollama3.convert``).
+
+        ``vision_attn_implementation``: ``"frame_batched"`` (default) attends all same-size frames of an encode in
+        one SDPA call per layer (:mod:`models.vision_attention`); any transformers backend name is passed through;
+        ``None`` keeps ``attn_implementation``. ``fused_kernels``: see :meth:`set_fused_kernels`.
+        ``original_projector``: for ``raw_mode="orig"``, a projector file (safetensors, or seed 001's ``.pt`` state
+        dict read with ``weights_only=True``) instead of ``original_projector/`` in the directory.
+        ``vision_config_dir``: an original-layout checkpoint without ``vision_encoder_config``: a local directory
+        with the vision encoder's ``config.json`` (see :mod:`models.videollama3.convert`).
+
+        Raises:
+            FileNotFoundError: the directory or a required file is missing (path named).
+            ValueError: missing/unexpected weight keys (listed).
+        """
+        from transformers import AutoTokenizer, AutoVideoProcessor, VideoLlama3ForConditionalGeneration
+
+        path = cls.checkpoint_dir(path)
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        from .convert import load_original_parts
+        from .original_config import is_original_layout
+        if is_original_layout(path):  # original VideoLLaMA3 layout: mapped in memory (models/videollama3/convert.py)
+            return cls(*load_original_parts(path, dtype, attn_implementation, raw_mode, original_projector,
+                                            vision_config_dir)).set_vision_attention(
+                vision_attn_implementation).set_fused_kernels(fused_kernels)
+        with reading_checkpoint(path):
+            model, info = VideoLlama3ForConditionalGeneration.from_pretrained(
+                path, dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True)
+            bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+            if bad:
+                raise CheckpointError(f"{path}: checkpoint weights do not match VideoLlama3ForConditionalGeneration: "
+                                      f"{bad}")
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            video_processor = AutoVideoProcessor.from_pretrained(path)
+        compressor = TransformerDecoderFlatCompressor.from_pretrained(path / QBASE_DIR).to(dtype)
+        orig = None
+        if raw_mode == "orig":
+            from .original_weights import find_original_projector, projector_state_from
+            w = Path(original_projector) if original_projector is not None else find_original_projector(path)
+            if w is None or not w.exists():
+                raise FileNotFoundError(f"raw_mode='orig' needs the original projector: "
+                                        f"{w or path / ORIGINAL_PROJECTOR_DIR / 'model.safetensors'} (or one *.pt in "
+                                        f"{path / ORIGINAL_PROJECTOR_DIR}, or original_projector=PATH)")
+            orig = type(model.model.projector)(model.config)
+            with reading_checkpoint(w):
+                load_state_dict_strict(orig, projector_state_from(w), str(w))
+            orig = orig.to(dtype)
+        model.requires_grad_(False)  # inference only: no autograd graph can ever hold activations
+        compressor.requires_grad_(False)
+        return cls(model.eval(), tokenizer, video_processor, compressor.eval(),
+                   orig.eval() if orig is not None else None).set_vision_attention(
+            vision_attn_implementation).set_fused_kernels(fused_kernels)
+
+    def set_fused_kernels(self, on: bool) -> "BudgetedVideoLlama3":
+        """Run the LLM's RMSNorm, rotary and SiLU gate as single fused kernels on CUDA, and in the vision encoder the
+        MLP's fc1 + GELU as one GEMM and each residual add with the LayerNorm after it as one kernel
+        (:mod:`models.kernels`; the library's math, eager and bit-identical on the CPU), or restore the library's
+        forwards (``on=False``; the project's own fused pieces, the vision rotary and the shared-prefix merge, stay
+        compiled)."""
+        from ..kernels import fuse
+
+        fuse(self.model.model.language_model, on)
+        fuse(self.model.model.vision_model, on)
+        self._fused = on
+        return self
+
+    @staticmethod
+    def checkpoint_dir(path: str | Path) -> Path:
+        """``path`` as a local checkpoint directory (one with ``config.json``).
+
+        Raises:
+            FileNotFoundError: naming the path (and how to build the demo checkpoint).
+        """
+        return local_checkpoint(path, "VideoLLaMA3", "for the demo run `python -m models.videollama3.tiny` first")
+
+    def set_vision_attention(self, implementation: str | None) -> "BudgetedVideoLlama3":
+        """Select the vision encoder's attention backend (``"frame_batched"``, a transformers name, or ``None``)."""
+        from .. import vision_attention
+
+        if implementation is not None:
+            batched = implementation == "frame_batched"
+            if batched:
+                implementation = vision_attention.register()
+            self.model.set_attn_implementation({"vision_config": implementation})
+            vision_attention.bind(self.model.model.vision_model, batched)
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    # ------------------------------------------------------------------ vision
+    @torch.no_grad()
+    def encode(self, frames: torch.Tensor, max_tokens: int, chunk_frames: int = 64) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Vision-encoder rows of frames resized to at most ``max_tokens`` merged cells each.
+
+        Args:
+            frames: (T, H, W, 3) uint8 RGB frames.
+            max_tokens: the per-frame cap (:func:`algorithms.budget.frame_token_cap`); the VideoLLaMA3 video
+                processor resizes with ``smart_resize(max_pixels = max_tokens * 28²)``, whose grid is
+                :func:`algorithms.budget.frame_grid` ``(H, W, max_tokens)``.
+            chunk_frames: frames per encoder call (attention is per frame, so chunking changes nothing).
+
+        Returns:
+            ``(rows, (gh, gw))``: rows (T, gh * gw, C) merged encoder rows (before the projector), row-major.
+
+        Raises:
+            RuntimeError: the processor's grid differs from ``frame_grid`` (a preprocessing mismatch).
+        """
+        gh, gw = frame_grid(frames.shape[1], frames.shape[2], max_tokens)
+        out = []
+        for s in range(0, frames.shape[0], chunk_frames):
+            clip = frames[s:s + chunk_frames]
+            t = clip.shape[0]
+            inputs = self.video_processor(
+                videos=[clip.permute(0, 3, 1, 2)], do_sample_frames=False, use_token_compression=False,
+                size={"shortest_edge": min(MIN_TOKENS_PER_FRAME, max_tokens) * CELL_PIXELS ** 2,
+                      "longest_edge": max_tokens * CELL_PIXELS ** 2 * t},
+                return_tensors="pt")
+            thw = inputs["video_grid_thw"]
+            if tuple(thw[0].tolist()) != (t, 2 * gh, 2 * gw):
+                raise RuntimeError(f"video processor produced grid {thw[0].tolist()}, frame_grid says "
+                                   f"{(t, 2 * gh, 2 * gw)} for frames of {tuple(clip.shape[1:3])}")
+            with frame_layout(t, 4 * gh * gw):   # frames of one size: no per-layer read of the boundaries
+                vis = self.model.model.vision_model(
+                    pixel_values=inputs["pixel_values_videos"].to(self.device, self.dtype),
+                    grid_thw=thw.to(self.device), merge_sizes=inputs["video_merge_sizes"].to(self.device))
+            out.append(vis.last_hidden_state.view(t, gh * gw, -1))
+        return torch.cat(out), (gh, gw)
+
+    def project(self, rows: torch.Tensor, original: bool = False) -> torch.Tensor:
+        """(..., C) vision rows -> (..., D) LLM rows through the checkpoint projector (or the original one)."""
+        proj = self.original_projector if original else self.model.model.projector
+        if proj is None:
+            raise SettingError("raw_mode='orig' needs the original projector (load with raw_mode='orig')")
+        return proj(rows)
+
+    @torch.no_grad()
+    def compress(self, rows: torch.Tensor, plan: Plan, grid: tuple[int, int]) -> torch.Tensor:
+        """qbase rows of the plan's compressed groups, from one compressor call over the whole video.
+
+        As seed 001's ``build_video``: ``cu = [0] + cumsum([L * hw for L in plan.seg_lens])``, ``comp_rows =
+        qb(feats, cu, [(hh, ww)] * len(plan.seg_lens))`` with ``qb.adaptive_segmentation = False``, group j's rows
+        ``comp_rows[j * K:(j + 1) * K]``. Every group is a window of that call, raw ones included, because with
+        ``match_encoder_scale`` the output statistics span the call; without it windows are independent, so only
+        the compressed groups are run (the same rows, less work).
+
+        Args:
+            rows: (T, hw, C) encoder rows of the plan's frames.
+            grid: ``(gh, gw)`` with ``gh * gw = hw``.
+
+        Returns:
+            (G_c, K, C) compressed rows (before the projector), in group order.
+        """
+        k, c = self.compressor.num_queries, rows.shape[-1]
+        if not plan.compressed:
+            return rows.new_zeros(0, k, c)
+        bounds = plan.group_bounds()
+        windows = range(len(bounds)) if self.compressor.match_encoder_scale else plan.compressed
+        feats = torch.cat([rows[bounds[g][0]:bounds[g][1]].reshape(-1, c) for g in windows])
+        cu = [0]
+        for g in windows:
+            cu.append(cu[-1] + (bounds[g][1] - bounds[g][0]) * rows.shape[1])
+        saved = self.compressor.adaptive_segmentation
+        self.compressor.adaptive_segmentation = False      # the plan gives the cut; each window -> K rows
+        try:
+            out = self.compressor(feats, cu, [tuple(grid)] * len(windows)).view(len(windows), k, c)
+        finally:
+            self.compressor.adaptive_segmentation = saved
+        if self.compressor.match_encoder_scale:
+            out = out[list(plan.compressed)]
+        return out
+
