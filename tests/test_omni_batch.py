@@ -17,7 +17,8 @@ import torch
 from algorithms.streaming import (COMPLETED_BLOCK_HOLD, MEMORY_POLICIES, MICRO_CHUNK_200MS, MODES, OPEN_STREAM_REPLAY,
                                   SLIDING, WINDOW, accounting, masks)
 from lightning_modules.omni_extractor import OmniFeatureExtractor, extract_session, extract_sessions
-from models.omni.thinker import LOG_MEL_ATOL, OmniThinkerRunner, video_inputs
+from models.omni.thinker import OmniThinkerRunner
+from models.omni.thinker_media import LOG_MEL_ATOL, video_inputs
 from models.omni.batch import BREAKDOWN_PARTS, COMPUTED_FIELDS, BatchedOmniRunner, single_session_computed
 from models.omni.tiny import build_tiny_omni
 

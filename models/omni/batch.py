@@ -96,8 +96,10 @@ from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position
 
 from algorithms.streaming import (MICRO_CHUNK_200MS, OPEN_STREAM_REPLAY, SLIDING, accounting, memory_blocks,
                                   schedule)
-from models.omni.thinker import (AUDIO_SAMPLE_RATE, SLIDING_VERIFY_BLOCKS, OmniThinkerRunner, Payload, StreamResult,
-                         frame_indices, frames_tensor, past_samples, verify_candidates, video_inputs)
+from models.omni.thinker import OmniThinkerRunner
+from models.omni.thinker_media import (AUDIO_SAMPLE_RATE, Payload, frame_indices, frames_tensor, past_samples,
+                                       video_inputs)
+from models.omni.thinker_stream import SLIDING_VERIFY_BLOCKS, StreamResult, verify_candidates
 from models.vision_attention import chunk_lengths, fused_rotary_qk
 
 log = logging.getLogger(__name__)
