@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         "stream must run; the default rows batch a native block's rows into one call")
     p.add_argument("--library-prefill", action="store_true",
                    help="batched rows: the library's masked SDPA for the LLM prefills instead of the lower-right "
-                        "causal flash path (models.omni.batch.lower_right_causal_sdpa)")
+                        "causal flash path (models.omni.attention.lower_right_causal_sdpa)")
     p.add_argument("--no-fused", action="store_true",
                    help="batched rows without the fused RMSNorm / rotary / SiLU-gate kernels (models/kernels.py)")
     p.add_argument("--json", default=None, help="write the rows here")

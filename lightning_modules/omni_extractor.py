@@ -224,7 +224,7 @@ class OmniFeatureExtractor(LightningModule):
             causal LLM prefill (default on; states equal to fp32 rounding, ``models.omni.batch``); False: one call
             per row, as a live stream runs (bit-identical to the one-session path). Recorded in the meta.
         flash_prefill: batched path on CUDA: LLM prefills on top of the cache with SDPA's lower-right causal bias
-            (flash kernel) instead of the library's explicit mask (``models.omni.batch.lower_right_causal_sdpa``).
+            (flash kernel) instead of the library's explicit mask (``models.omni.attention.lower_right_causal_sdpa``).
         audio_left_context: a payload's log-mel takes the 200 samples before it as left STFT padding (causal), so
             its first frames equal the whole-clip log-mel (``models.omni.thinker.OmniThinkerRunner``); ``False``: the
             payload's own reflect padding (the earlier features).

@@ -17,7 +17,8 @@ import torch
 from algorithms.streaming import (COMPLETED_BLOCK_HOLD, MEMORY_POLICIES, MICRO_CHUNK_200MS, MODES, OPEN_STREAM_REPLAY,
                                   SLIDING, WINDOW, accounting, masks)
 from lightning_modules.omni_extractor import OmniFeatureExtractor, extract_session, extract_sessions
-from models.omni.thinker import LOG_MEL_ATOL, OmniThinkerRunner, video_inputs
+from models.omni.thinker import OmniThinkerRunner
+from models.omni.thinker_media import LOG_MEL_ATOL, video_inputs
 from models.omni.batch import BREAKDOWN_PARTS, COMPUTED_FIELDS, BatchedOmniRunner, single_session_computed
 from models.omni.tiny import build_tiny_omni
 
@@ -183,7 +184,7 @@ def test_lower_right_causal_sdpa_equals_the_library_masked_call(runner, q_len, k
     (GQA: keys and values repeated per query group, as the library does)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from models.omni.batch import lower_right_causal_sdpa
+    from models.omni.attention import lower_right_causal_sdpa
 
     attn = runner.thinker.model.language_model.layers[0].self_attn
     g = attn.num_key_value_groups
@@ -205,7 +206,7 @@ def test_lower_right_causal_sdpa_equals_the_library_masked_call(runner, q_len, k
 def test_batched_run_with_the_lower_right_prefill_forced(runner, mode, policy, memory_s, monkeypatch):
     """The whole batched run with every LLM prefill through the lower-right path (forced on the CPU; what runs on
     CUDA): the same states as the library's masked attention, to fp32 rounding."""
-    from models.omni import batch as omni_batch
+    from models.omni import attention as omni_batch
 
     streams = _streams()[:3]
     ref = BatchedOmniRunner(runner, 8).run_streams(streams, mode, memory_s=memory_s, verify_rows=2,
@@ -233,8 +234,8 @@ def test_lower_right_prefill_switch_is_scoped(runner, monkeypatch):
 
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from models.omni import batch as omni_batch
-    from models.omni.batch import _lower_right_prefill, lower_right_causal_sdpa
+    from models.omni import attention as omni_batch
+    from models.omni.attention import _lower_right_prefill, lower_right_causal_sdpa
 
     lm = runner.thinker.model.language_model
     before = ALL_ATTENTION_FUNCTIONS["sdpa"]
@@ -306,7 +307,7 @@ def test_batch_of_one_and_library_attention_agree(runner):
 def test_chunk_lengths_read_once_per_cu_seqlens(runner, monkeypatch):
     """Every layer of a tower gets the same cu_seqlens object; its lengths go to the host once per object (not once
     per layer: a GPU wait each), and the states are unchanged."""
-    import models.omni.batch as ob
+    import models.omni.attention as ob
 
     streams = [dict(zip(("frames", "audio"), media(2.0, s))) for s in (0, 1)]
     plain = BatchedOmniRunner(runner, 2).run_streams(streams, COMPLETED_BLOCK_HOLD, verify_rows=0)
@@ -454,7 +455,7 @@ def test_batched_close_to_single_session_on_cuda(model_dir):
 def test_lower_right_flash_prefill_on_cuda_bf16(model_dir):
     """bf16 on CUDA: the lower-right causal prefill (flash kernel) against the library's masked SDPA, every mode;
     the flash path must not have fallen back."""
-    from models.omni import batch as omni_batch
+    from models.omni import attention as omni_batch
 
     cuda = OmniThinkerRunner(model_dir, layer=-1, dtype="bfloat16").to("cuda")
     streams = _streams()[:3]
@@ -481,7 +482,7 @@ def test_tower_sdpa_backends_leave_cudnn_out_and_keep_what_the_caller_turned_off
     without a GPU)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from models.omni.batch import _tower_sdpa_backends
+    from models.omni.attention import _tower_sdpa_backends
 
     cuda = torch.backends.cuda
 
@@ -510,7 +511,7 @@ def test_flash_on_unrepeated_keys_equals_the_repeated_lower_right_call(q_len, kv
     the un-repeated keys/values equals the library's masked call on repeated ones, and the direct path was taken."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from models.omni import batch as omni_batch
+    from models.omni import attention as omni_batch
 
     attn = types.SimpleNamespace(is_causal=True, num_key_value_groups=8, training=False)
     g = torch.Generator("cuda").manual_seed(0)
@@ -542,7 +543,7 @@ def test_tower_chunk_attention_leaves_cudnn_out_and_equals_the_loop():
     per-chunk loop (one SDPA call per chunk) to bf16 rounding, for equal and for mixed chunk lengths."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from models.omni.batch import _chunk_attention
+    from models.omni.attention import _chunk_attention
 
     mod = types.SimpleNamespace(config=types.SimpleNamespace(_attn_implementation="sdpa"), scaling=80 ** -0.5,
                                 is_causal=False, num_key_value_groups=1, training=False)

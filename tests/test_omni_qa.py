@@ -154,7 +154,7 @@ def test_full_equals_plain_thinker_forward(qa, clip):
 
 
 def test_flop_fields_and_measured_prefill(qa, clip):
-    from models.omni.qa import prefill_flop_fields
+    from models.omni.qa_inputs import prefill_flop_fields
 
     for name in ("full", "v4"):
         inputs = qa.build_inputs(clip, qa.prune(clip, name, 0.5), QUESTION)

@@ -11,8 +11,11 @@ Public surface (everything else is an implementation detail of this package):
 - the tiny model (:mod:`.tiny`) is imported from its module.
 """
 from .batch import BREAKDOWN_PARTS, COMPUTED_FIELDS, BatchedOmniRunner, single_session_computed
-from .qa import FULL, OmniQA, prefill_flop_fields
-from .thinker import OmniThinkerRunner, Payload, StreamResult
+from .qa import FULL, OmniQA
+from .qa_inputs import prefill_flop_fields
+from .thinker import OmniThinkerRunner
+from .thinker_media import Payload
+from .thinker_stream import StreamResult
 
 __all__ = ["BREAKDOWN_PARTS", "COMPUTED_FIELDS", "FULL", "BatchedOmniRunner", "OmniQA", "OmniThinkerRunner",
            "Payload", "StreamResult", "prefill_flop_fields", "single_session_computed"]
