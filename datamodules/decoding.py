@@ -7,6 +7,17 @@ decoder* (decord's ``width``/``height``), at most ``decode_max_side`` pixels on 
 merged cells), so host memory stays bounded (an hour of 1080p at B = 16384 is 2048 frames: 12.7 GB native,
 2.8 GB reduced).
 
+Held at the encoder's sizes (issue 25; ``sizing``, ``data.hold_encoder_sizes``, on for plain predict): the frames are
+decoded as above but ``hold_chunk_bytes`` (64 MB of decode-size frames) at a time, and each chunk is resized right
+away, by the checkpoint processor's own ``resize`` with the arguments ``BudgetedVideoLlama3.encode`` gives it, to
+every grid some budget (or its raw frames) reads it at (:func:`algorithms.budget.encoder_grids`); only those
+pixels are kept (:class:`EncoderFrames`), and the encoder does not resize them again. The encoder's
+``pixel_values`` are bit-identical to the decode-size path on the CPU (``tests/test_hold_sizes.py``; the resize runs
+in the worker on the CPU, where seed 001's processor runs too, rather than on the model's device). An hour of
+1080p at B = 16384 (and 4096 + 16384): 2048 frames at one grid of 6 x 10 cells, 168 x 280 pixels, 0.29 GB instead
+of 2.8 GB per item (``bench/hour_video_rss.py`` measures the peak RSS). A video whose encoder sizes would take no
+fewer bytes than its decode (short videos the encoder upsamples) keeps the decode-size tensor.
+
 Behaviour on unusual and broken media (issue 8; each case has a test in ``tests/test_bad_media.py``). "Error"
 means :class:`DecodeError` with the file named, which the dataset turns into one error record per (question, job)
 of the video while the run goes on.
@@ -59,7 +70,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from algorithms.budget import CELL_PIXELS, MIN_TOKENS_PER_FRAME, encoder_grids, max_frames, sample_frames
+from algorithms.budget import CELL_PIXELS, encoder_grids, max_frames, sample_frames
 
 
 class DecodeError(RuntimeError):
@@ -106,16 +117,11 @@ class EncoderSizing:
 
     def resize(self, frames: torch.Tensor, max_tokens: int) -> torch.Tensor:
         """``(n, H, W, 3)`` uint8 -> ``(n, 28 gh, 28 gw, 3)`` uint8: the processor's resize with the size arguments
-        ``BudgetedVideoLlama3.encode`` gives it (so its later rescale/normalize sees the very same pixels)."""
-        from transformers.image_processing_utils_fast import SizeDict
+        ``BudgetedVideoLlama3.encode`` gives it (so its later rescale/normalize sees the very same pixels;
+        :func:`models.videollama3.frame_sizes.processor_resize`)."""
+        from models.videollama3.frame_sizes import processor_resize
 
-        p = self.processor
-        n = frames.shape[0]
-        out = p.resize(videos=frames.permute(0, 3, 1, 2)[None],
-                       size=SizeDict(shortest_edge=min(MIN_TOKENS_PER_FRAME, max_tokens) * CELL_PIXELS ** 2,
-                                     longest_edge=max_tokens * CELL_PIXELS ** 2 * n),
-                       resample=p.resample, factor=p.patch_size * p.merge_size)
-        return out[0].permute(0, 2, 3, 1).contiguous()
+        return processor_resize(self.processor, frames, max_tokens)
 
 
 class EncoderFrames:

@@ -20,21 +20,11 @@ from datamodules.decoding import EncoderSizing
 from datamodules.benchmarks.prompts import (chat_parts, recorded_template, check_template, interleaved_subtitles, pre_media_text,
                                             prompt_and_template)
 from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets
+from models.videollama3.frame_sizes import load_video_processor
 
 log = logging.getLogger(__name__)
 
 DECODE_MODES = ("auto", "dynamic", "static", "graph")
-
-
-def load_video_processor(model_path: str):
-    """The checkpoint's video processor, as :meth:`BudgetedVideoLlama3.from_pretrained` loads it (without the
-    weights): the original layout's translated one, else ``AutoVideoProcessor.from_pretrained``."""
-    from transformers import AutoVideoProcessor
-
-    from models.videollama3.convert import is_original_layout, translate_video_processor
-
-    path = BudgetedVideoLlama3.checkpoint_dir(model_path)
-    return translate_video_processor(path) if is_original_layout(path) else AutoVideoProcessor.from_pretrained(path)
 
 
 def job_name(budget: int, variant: str | None = None) -> str:

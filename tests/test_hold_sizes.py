@@ -134,3 +134,25 @@ def test_data_module_setting_is_checked():
 
     with pytest.raises(SettingError, match="hold_encoder_sizes"):
         VideoQADataModule(hold_encoder_sizes="yes")
+
+
+def test_predict_records_equal_with_and_without_holding(tiny_vl3_dir, demo_bench, tmp_path, monkeypatch):
+    import datamodules.videoqa as vq
+    from tests.conftest import run_predict
+
+    kinds = []
+    real = vq.decode_video
+
+    def spy(*a, **kw):
+        dec = real(*a, **kw)
+        kinds.append(type(dec.frames).__name__)
+        return dec
+
+    monkeypatch.setattr(vq, "decode_video", spy)
+    on = run_predict(tiny_vl3_dir, demo_bench, tmp_path / "on", budgets=(256, 1024))
+    assert "EncoderFrames" in kinds          # cockatoo (720p) is held at the encoder's sizes
+    off = run_predict(tiny_vl3_dir, demo_bench, tmp_path / "off", budgets=(256, 1024),
+                      extra=["--data.init_args.hold_encoder_sizes=false"])
+    assert kinds.count("EncoderFrames") == 1
+    key = lambda r: (r["job"], r["qid"])  # noqa: E731
+    assert len(on) == 14 and sorted(on, key=key) == sorted(off, key=key)
