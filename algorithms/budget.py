@@ -193,6 +193,39 @@ def frame_token_cap(budget_tokens: int, num_frames: int, max_tokens_per_frame: i
     return max(min_tokens, min(max_tokens_per_frame, (MAX_GROUP_FRAMES * budget_tokens) // max(num_frames, 1)))
 
 
+def encoder_grids(height: int, width: int, num_frames: int, budgets: list[int], max_tokens_per_frame: int,
+                  raw_mode: str, raw_max_tokens: int) -> dict[tuple[int, int], tuple[list[int], int]]:
+    """Every (frame, grid) pair the vision encoder can be asked for on one decoded video, per grid.
+
+    The geometry of ``models.videollama3.prepare_budgets`` for each budget: frames ``subsample(T, B)`` at
+    ``frame_grid(H, W, frame_token_cap(B, T_b, max_tokens_per_frame))``; with ``raw_mode="phase3"`` and that grid
+    above ``raw_max_tokens`` cells, the raw frames are re-encoded at ``frame_grid(H, W, raw_max_tokens)`` (which
+    frames are raw depends on the plan, so all of the budget's frames are listed there too).
+
+    Args:
+        height, width: decoded frame size in pixels; num_frames: T decoded frames.
+
+    Returns:
+        ``{(gh, gw): (sorted frame positions, the token cap of the first budget asking for that grid)}``.
+
+    Raises:
+        ValueError: ``raw_mode`` is neither ``phase3`` nor ``orig``.
+    """
+    if raw_mode not in ("phase3", "orig"):
+        raise ValueError(f"raw_mode must be 'phase3' or 'orig', got {raw_mode!r}")
+    out: dict[tuple[int, int], tuple[set[int], int]] = {}
+    for b in budgets:
+        idx = subsample(num_frames, b)
+        cap = frame_token_cap(b, len(idx), max_tokens_per_frame)
+        grid = frame_grid(height, width, cap)
+        wanted = [(grid, cap)]
+        if raw_mode == "phase3" and grid[0] * grid[1] > raw_max_tokens:
+            wanted.append((frame_grid(height, width, raw_max_tokens), raw_max_tokens))
+        for g, c in wanted:
+            out.setdefault(g, (set(), c))[0].update(idx)
+    return {g: (sorted(s), c) for g, (s, c) in out.items()}
+
+
 def frame_tokens(height: int, width: int, budget_tokens: int, num_frames: int,
                  max_tokens_per_frame: int = MAX_TOKENS_PER_FRAME, min_tokens: int = MIN_TOKENS_PER_FRAME) -> int:
     """Merged tokens per frame (``hw``) the vision encoder produces for a budget (DESIGN §3.3).

@@ -7,6 +7,17 @@ decoder* (decord's ``width``/``height``), at most ``decode_max_side`` pixels on 
 merged cells), so host memory stays bounded (an hour of 1080p at B = 16384 is 2048 frames: 12.7 GB native,
 2.8 GB reduced).
 
+Held at the encoder's sizes (issue 25; ``sizing``, ``data.hold_encoder_sizes``, on for plain predict): the frames are
+decoded as above but ``hold_chunk_bytes`` (64 MB of decode-size frames) at a time, and each chunk is resized right
+away, by the checkpoint processor's own ``resize`` with the arguments ``BudgetedVideoLlama3.encode`` gives it, to
+every grid some budget (or its raw frames) reads it at (:func:`algorithms.budget.encoder_grids`); only those
+pixels are kept (:class:`EncoderFrames`), and the encoder does not resize them again. The encoder's
+``pixel_values`` are bit-identical to the decode-size path on the CPU (``tests/test_hold_sizes.py``; the resize runs
+in the worker on the CPU, where seed 001's processor runs too, rather than on the model's device). An hour of
+1080p at B = 16384 (and 4096 + 16384): 2048 frames at one grid of 6 x 10 cells, 168 x 280 pixels, 0.29 GB instead
+of 2.8 GB per item (``bench/hour_video_rss.py`` measures the peak RSS). A video whose encoder sizes would take no
+fewer bytes than its decode (short videos the encoder upsamples) keeps the decode-size tensor.
+
 Behaviour on unusual and broken media (issue 8; each case has a test in ``tests/test_bad_media.py``). "Error"
 means :class:`DecodeError` with the file named, which the dataset turns into one error record per (question, job)
 of the video while the run goes on.
@@ -59,7 +70,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from algorithms.budget import max_frames, sample_frames
+from algorithms.budget import CELL_PIXELS, encoder_grids, max_frames, sample_frames
 
 
 class DecodeError(RuntimeError):
@@ -80,6 +91,79 @@ class DecodedVideo:
     frames: torch.Tensor
     times_s: list[float]
     info: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EncoderSizing:
+    """The sizes the vision encoder reads a run's frames at, and the processor that resizes them (a decode holds
+    only those, :func:`decode_video` ``sizing``).
+
+    Attributes:
+        budgets: the run's budgets (vision tokens); ``max_tokens_per_frame``, ``raw_mode``, ``raw_max_tokens``: as
+            in ``models.videollama3.prepare_budgets`` (:func:`algorithms.budget.encoder_grids`).
+        processor: the checkpoint's ``VideoLlama3VideoProcessor``; its own ``resize`` makes the held frames.
+    """
+
+    budgets: tuple[int, ...]
+    max_tokens_per_frame: int
+    raw_mode: str
+    raw_max_tokens: int
+    processor: object
+
+    def grids(self, num_frames: int, height: int, width: int) -> dict[tuple[int, int], tuple[list[int], int]]:
+        """``{grid: (frame positions, token cap)}`` (:func:`algorithms.budget.encoder_grids`)."""
+        return encoder_grids(height, width, num_frames, list(self.budgets), self.max_tokens_per_frame,
+                             self.raw_mode, self.raw_max_tokens)
+
+    def resize(self, frames: torch.Tensor, max_tokens: int) -> torch.Tensor:
+        """``(n, H, W, 3)`` uint8 -> ``(n, 28 gh, 28 gw, 3)`` uint8: the processor's resize with the size arguments
+        ``BudgetedVideoLlama3.encode`` gives it (so its later rescale/normalize sees the very same pixels;
+        :func:`models.videollama3.frame_sizes.processor_resize`)."""
+        from models.videollama3.frame_sizes import processor_resize
+
+        return processor_resize(self.processor, frames, max_tokens)
+
+
+class EncoderFrames:
+    """A decoded video held only at the sizes its vision encodes read (:class:`EncoderSizing`), in place of the
+    ``(T, H, W, 3)`` decode-size frames; ``models.videollama3.EncodeCache`` reads it through :meth:`at_grid`.
+
+    Attributes:
+        shape: ``(T, H, W, 3)``, the decode size (the geometry of every budget is computed from it).
+        held: ``{(gh, gw): (frames (n, 28 gh, 28 gw, 3) uint8, their positions in 0..T-1, ascending)}``.
+    """
+
+    def __init__(self, shape, held: dict[tuple[int, int], tuple[torch.Tensor, list[int]]]):
+        self.shape = torch.Size(shape)
+        self.held = held
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t, _ in self.held.values())
+
+    def to(self, *args, **kwargs) -> "EncoderFrames":
+        return EncoderFrames(self.shape, {g: (t.to(*args, **kwargs), pos) for g, (t, pos) in self.held.items()})
+
+    def at_grid(self, idx: list[int], grid: tuple[int, int]) -> torch.Tensor:
+        """``(len(idx), 28 gh, 28 gw, 3)`` frames at positions ``idx`` resized for ``grid``.
+
+        Raises:
+            KeyError: the grid or a frame was not held (the sizing did not list it).
+        """
+        if grid not in self.held:
+            raise KeyError(f"frames are held at grids {sorted(self.held)} only, not {grid}")
+        t, pos = self.held[grid]
+        where = {p: k for k, p in enumerate(pos)}
+        missing = [i for i in idx if i not in where]
+        if missing:
+            raise KeyError(f"frames {missing[:5]} are not held at grid {grid}")
+        return t[[where[i] for i in idx]]
+
+    def __getitem__(self, key):
+        raise TypeError("EncoderFrames holds the frames at the encoder's sizes only: read them with at_grid")
 
 
 def auto_decode_threads(workers: int, local_processes: int = 1, cpus: int | None = None, cap: int = 2) -> int:
@@ -184,32 +268,53 @@ def _resize(frames: np.ndarray, height: int, width: int) -> np.ndarray:
     return y.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
 
 
-def _read_frames(path: Path, idx: list[int], h: int, w: int, dh: int, dw: int, num_threads: int) -> np.ndarray:
-    """``(T, dh, dw, 3)`` frames at native indices ``idx`` (decoder-side resize when ``(dh, dw) != (h, w)``)."""
+def _frame_reader(path: Path, h: int, w: int, dh: int, dw: int, num_threads: int):
+    """``read(idx) -> (len(idx), dh, dw, 3)`` frames at native indices ``idx`` from one decord reader (decoder-side
+    resize when ``(dh, dw) != (h, w)``); the reader is opened on the first read."""
     import decord
 
-    def read(width: int, height: int) -> np.ndarray:
-        vr = decord.VideoReader(str(path), num_threads=num_threads, width=width, height=height)
-        return vr.get_batch(idx).asnumpy()
+    state: dict = {}
 
-    same = (dh, dw) == (h, w)
-    try:
-        return read(-1 if same else dw, -1 if same else dh)
-    except Exception as e:  # noqa: BLE001
-        if "size must exactly match" not in str(e):
-            raise
+    def open_at(width: int, height: int):
+        return decord.VideoReader(str(path), num_threads=num_threads, width=width, height=height)
+
+    def read(idx: list[int]) -> np.ndarray:
+        if "vr" in state:
+            out = state["vr"].get_batch(idx).asnumpy()
+            return _resize(out, dh, dw) if state["fixed"] else out
+        same = (dh, dw) == (h, w)
+        try:
+            vr = open_at(-1 if same else dw, -1 if same else dh)
+            out = vr.get_batch(idx).asnumpy()
+            state.update(vr=vr, fixed=False)
+            return out
+        except Exception as e:  # noqa: BLE001
+            if "size must exactly match" not in str(e):
+                raise
+            first = e
         # decord 0.6 mis-sizes the output buffer of some 90/270-degree rotated videos at some widths: decode at a
         # nearby width (still upright) and resize back to the intended size
         for width in (dw + 2, dw + 4, dw - 2, dw + 8, dw + 16):
             if width < 2:
                 continue
             try:
-                return _resize(read(width, dh), dh, dw)
+                vr = open_at(width, dh)
+                out = _resize(vr.get_batch(idx).asnumpy(), dh, dw)
+                state.update(vr=vr, fixed=True)
+                return out
             except Exception:  # noqa: BLE001
                 continue
-        raise
+        raise first
+
+    return read
 
 
+def _read_frames(path: Path, idx: list[int], h: int, w: int, dh: int, dw: int, num_threads: int) -> np.ndarray:
+    """``(T, dh, dw, 3)`` frames at native indices ``idx`` (decoder-side resize when ``(dh, dw) != (h, w)``)."""
+    return _frame_reader(path, h, w, dh, dw, num_threads)(idx)
+
+
+HOLD_CHUNK_BYTES = 64e6    # decode-size bytes per chunk when frames are held at the encoder's sizes
 NATIVE_DECODE_BYTES = 2e9  # seed 001: "decode at native size (processor resizes, as in training) below this"
 MAX_REPLACED_FRAC = 0.2    # unreadable sampled frames a video may have replaced before it is an error
 
@@ -257,7 +362,8 @@ def replace_unreadable(frames: list[np.ndarray | None], idx: list[int]) -> tuple
 def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 896, base_fps: float = 1.0,
                  num_threads: int = 1, native_decode_bytes: float = NATIVE_DECODE_BYTES,
                  short_clip_first_frame: bool = False,
-                 max_replaced_frac: float = MAX_REPLACED_FRAC) -> DecodedVideo:
+                 max_replaced_frac: float = MAX_REPLACED_FRAC, sizing: EncoderSizing | None = None,
+                 hold_chunk_bytes: float = HOLD_CHUNK_BYTES) -> DecodedVideo:
     """Decode the frames the largest budget of a run needs, as seed 001's ``decode_video`` chooses them.
 
     Frames: :func:`algorithms.budget.sample_frames` on the container's frame times (the rate
@@ -289,6 +395,15 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
             earlier on a tie), listed in ``info["frames_replaced"]`` (positions in the returned frames); the video
             is an error only when more than this fraction of its sampled frames is unreadable (0: any unreadable
             frame is an error, as seed 001's ``decode_video``).
+        sizing: ``None``: ``frames`` is the ``(T, H, W, 3)`` decode. Else the video is decoded in chunks of about
+            ``hold_chunk_bytes`` (decode-size bytes) and each chunk is at once resized, by the processor's own
+            resize, to every grid :meth:`EncoderSizing.grids` lists for its frames; ``frames`` is then an
+            :class:`EncoderFrames` (the decode size never exists for all frames at once), unless those sizes take
+            no fewer bytes than the decode (:func:`held_bytes`; small videos the encoder upsamples): then
+            ``frames`` is the decode-size tensor as without ``sizing``. The frames are decoded
+            exactly as without it (same decoder calls per frame, same fallbacks), so the encoder's inputs are the
+            same: bit-identical on the CPU (``tests/test_hold_sizes.py``).
+        hold_chunk_bytes: decode-size bytes per chunk with ``sizing``.
 
     Raises:
         DecodeError: missing, empty, truncated, corrupted or unreadable file, no video stream, no frame at the
@@ -297,12 +412,13 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
     if not 0.0 <= max_replaced_frac < 1.0:
         raise ValueError(f"max_replaced_frac must be in [0, 1), got {max_replaced_frac!r}")
     return _decode_video(Path(path), budget_tokens, decode_max_side, base_fps, num_threads, native_decode_bytes,
-                         short_clip_first_frame, max_replaced_frac)
+                         short_clip_first_frame, max_replaced_frac, sizing, hold_chunk_bytes)
 
 
 def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps: float, num_threads: int,
                   native_decode_bytes: float, short_clip_first_frame: bool,
-                  max_replaced_frac: float = 0.0) -> DecodedVideo:
+                  max_replaced_frac: float = 0.0, sizing: EncoderSizing | None = None,
+                  hold_chunk_bytes: float = HOLD_CHUNK_BYTES) -> DecodedVideo:
     import decord
 
     if not path.exists():
@@ -353,14 +469,48 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
     n_est = min(int(duration_s * sample_fps) + 1, max_frames(budget_tokens))
     dh, dw = decode_frame_size(h, w, n_est, native_decode_bytes, decode_max_side)
     unique = sorted(set(idx))   # the filter repeats the last frame when the stream ends early: decode it once
+    grids = sizing.grids(len(idx), dh, dw) if sizing is not None else None
+    if grids is None or held_bytes(grids) >= len(idx) * dh * dw * 3:   # holding would not save memory
+        frames, replaced = _decode_unique(path, unique, h, w, dh, dw, num_threads, max_replaced_frac)
+        if len(unique) != len(idx):
+            pos = {k: i for i, k in enumerate(unique)}
+            frames = np.ascontiguousarray(frames[[pos[k] for k in idx]])
+        frames = torch.from_numpy(frames)
+    else:
+        frames, replaced = _decode_held(path, unique, idx, h, w, dh, dw, num_threads, max_replaced_frac, sizing,
+                                        grids, hold_chunk_bytes)
+    info = {"duration_s": round(duration_s, 3), "native_hw": [int(h), int(w)], "decode_hw": [int(dh), int(dw)],
+            "n_frames": len(idx), "fps": round(native_fps, 4), "sample_fps": round(sample_fps, 4), "fps_ok": fps_ok,
+            "vfr": bool(vfr)}
+    if replaced:   # positions in the returned frames whose native frame could not be read
+        bad_native = {unique[k] for k in replaced}
+        info["frames_replaced"] = [j for j, k in enumerate(idx) if k in bad_native]
+    return DecodedVideo(frames=frames, times_s=real_times, info=info)
+
+
+def _check_shape(path: Path, frames: np.ndarray, n: int) -> np.ndarray:
+    if frames.ndim != 4 or frames.shape[0] != n or frames.shape[-1] != 3:
+        raise DecodeError(f"{path}: decoder returned frames of shape {frames.shape}")
+    return frames
+
+
+def _decode_unique(path: Path, unique: list[int], h: int, w: int, dh: int, dw: int, num_threads: int,
+                   max_replaced_frac: float, read=None) -> tuple[np.ndarray, list[int]]:
+    """``(frames (len(unique), dh, dw, 3), replaced positions)``: one batch read (``read(threads)`` gives the
+    frames, default one decord call), retried with one thread, then frame by frame with replacement."""
+    read = read or (lambda threads: _read_frames(path, unique, h, w, dh, dw, threads))
     replaced: list[int] = []
     try:
         try:
-            frames = _read_frames(path, unique, h, w, dh, dw, num_threads)
+            frames = read(num_threads)
+        except DecodeError:
+            raise
         except Exception:
             if num_threads <= 1:
                 raise
-            frames = _read_frames(path, unique, h, w, dh, dw, 1)   # decord's threaded decoder failed: one thread
+            frames = read(1)   # decord's threaded decoder failed: one thread
+    except DecodeError:
+        raise
     except Exception as e:
         each = _read_each(path, unique, h, w, dh, dw) if max_replaced_frac > 0 else []
         bad = sum(f is None for f in each)
@@ -371,16 +521,48 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
                               f"{short_error(e)}{detail})") from e
         filled, replaced = replace_unreadable(each, unique)
         frames = np.stack(filled)
-    frames = np.ascontiguousarray(frames)
-    if frames.ndim != 4 or frames.shape[0] != len(unique) or frames.shape[-1] != 3:
-        raise DecodeError(f"{path}: decoder returned frames of shape {frames.shape}")
-    if len(unique) != len(idx):
-        pos = {k: i for i, k in enumerate(unique)}
-        frames = np.ascontiguousarray(frames[[pos[k] for k in idx]])
-    info = {"duration_s": round(duration_s, 3), "native_hw": [int(h), int(w)], "decode_hw": list(frames.shape[1:3]),
-            "n_frames": len(idx), "fps": round(native_fps, 4), "sample_fps": round(sample_fps, 4), "fps_ok": fps_ok,
-            "vfr": bool(vfr)}
-    if replaced:   # positions in the returned frames whose native frame could not be read
-        bad_native = {unique[k] for k in replaced}
-        info["frames_replaced"] = [j for j, k in enumerate(idx) if k in bad_native]
-    return DecodedVideo(frames=torch.from_numpy(frames), times_s=real_times, info=info)
+    return _check_shape(path, np.ascontiguousarray(frames), len(unique)), replaced
+
+
+def held_bytes(grids: dict[tuple[int, int], tuple[list[int], int]]) -> int:
+    """Bytes of uint8 RGB frames held at the grids of :meth:`EncoderSizing.grids`: ``sum n * 28 gh * 28 gw * 3``."""
+    return sum(len(pos) * (CELL_PIXELS * gh) * (CELL_PIXELS * gw) * 3 for (gh, gw), (pos, _) in grids.items())
+
+
+def hold_chunk_frames(height: int, width: int, hold_chunk_bytes: float) -> int:
+    """Frames per decode chunk when frames are held at the encoder's sizes: ``max(1, bytes // (h * w * 3))``."""
+    return max(1, int(hold_chunk_bytes // (height * width * 3)))
+
+
+def _decode_held(path: Path, unique: list[int], idx: list[int], h: int, w: int, dh: int, dw: int, num_threads: int,
+                 max_replaced_frac: float, sizing: EncoderSizing, grids: dict, hold_chunk_bytes: float
+                 ) -> tuple[EncoderFrames, list[int]]:
+    """The frames of :func:`_decode_unique`, decoded ``hold_chunk_frames`` at a time and each chunk resized to the
+    grids that need its frames at once. A failing chunk falls back to :func:`_decode_unique` on the whole video
+    (the same retries and replacements as without ``sizing``; the decode size is then held for all frames)."""
+    where = {k: i for i, k in enumerate(unique)}
+    src = [where[k] for k in idx]          # position j -> index in ``unique`` (non-decreasing)
+    step = hold_chunk_frames(dh, dw, hold_chunk_bytes)
+    parts: dict[tuple[int, int], list[torch.Tensor]] = {}
+
+    def take(chunk: np.ndarray, lo: int) -> None:   # chunk = frames of unique[lo:lo + len(chunk)]
+        x = torch.from_numpy(chunk)
+        for g, (js, cap) in grids.items():
+            sel = [src[j] - lo for j in js if lo <= src[j] < lo + len(chunk)]
+            if sel:
+                parts.setdefault(g, []).append(sizing.resize(x[sel], cap))
+
+    def chunked(threads: int) -> np.ndarray:
+        parts.clear()
+        read = _frame_reader(path, h, w, dh, dw, threads)
+        for lo in range(0, len(unique), step):
+            take(_check_shape(path, read(unique[lo:lo + step]), len(unique[lo:lo + step])), lo)
+        return np.empty((len(unique), 0, 0, 3), np.uint8)   # done: nothing left to resize
+
+    frames, replaced = _decode_unique(path, unique, h, w, dh, dw, num_threads, max_replaced_frac, read=chunked)
+    if frames.shape[1] != 0:   # the frame-by-frame fallback returned the whole decode: resize it in chunks
+        parts.clear()
+        for lo in range(0, len(unique), step):
+            take(frames[lo:lo + step], lo)
+    held = {g: (torch.cat(parts[g]), js) for g, (js, _) in grids.items()}
+    return EncoderFrames((len(idx), dh, dw, 3), held), replaced

@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader, Dataset
 from algorithms.errors import SettingError, check_int
 
 from .benchmarks import AnnotationError, Question, load_benchmark
-from .decoding import MAX_REPLACED_FRAC, NATIVE_DECODE_BYTES, DecodeError, auto_decode_threads, decode_video
+from .decoding import (MAX_REPLACED_FRAC, NATIVE_DECODE_BYTES, DecodeError, EncoderSizing, auto_decode_threads,
+                       decode_video)
 from .sharding import CostBalancedSampler, estimate_cost
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,9 @@ class VideoQADataset(Dataset):
 
     def __init__(self, tasks: list[VideoTask], max_budget: int, decode_max_side: int = 896, decode_threads: int = 1,
                  native_decode_bytes: float = NATIVE_DECODE_BYTES, short_clip_first_frame: bool = False,
-                 max_replaced_frac: float = MAX_REPLACED_FRAC):
+                 max_replaced_frac: float = MAX_REPLACED_FRAC, sizing: EncoderSizing | None = None):
         self.tasks, self.max_budget, self.decode_max_side = tasks, max_budget, decode_max_side
+        self.sizing = sizing   # None: frames at the decode size; else held at the encoder's sizes only
         self.max_replaced_frac = max_replaced_frac
         self.decode_threads = decode_threads
         self.native_decode_bytes, self.short_clip_first_frame = native_decode_bytes, short_clip_first_frame
@@ -65,7 +67,7 @@ class VideoQADataset(Dataset):
             dec = decode_video(task.video_path, self.max_budget, self.decode_max_side,
                                num_threads=self.decode_threads, native_decode_bytes=self.native_decode_bytes,
                                short_clip_first_frame=self.short_clip_first_frame,
-                               max_replaced_frac=self.max_replaced_frac)
+                               max_replaced_frac=self.max_replaced_frac, sizing=self.sizing)
             item.update(frames=dec.frames, times_s=dec.times_s, video_info=dec.info)
         except DecodeError as e:
             item["error"] = str(e)
@@ -109,14 +111,23 @@ class VideoQADataModule(LightningDataModule):
         decode_threads: decoder threads per worker; ``None``: this host's CPUs shared among all decoders
             (:func:`datamodules.decoding.auto_decode_threads`, workers x this host's ranks, at most 2 each).
         limit_videos: use only the first N videos (quick runs).
+        hold_encoder_sizes: decode each video in chunks and hold its frames only at the sizes the vision encoder
+            reads them (the module's ``frame_sizing()``: each budget's grid and the raw grid, resized by the
+            processor's own resize as the chunk is decoded), so host memory per in-flight video is the encoder's
+            pixels, not the decode (an hour of 1080p at B = 16384: ~0.3 GB instead of ~2.8 GB). The encoder's
+            inputs are bit-identical on the CPU (the resize runs in the worker, on the CPU, as seed 001's processor
+            does). ``False``, or a module without ``frame_sizing`` (the layout ablation): frames at the decode size.
     """
 
     def __init__(self, benchmark: str = "videomme", root: str = "assets/demo_videomme",
                  loader_kwargs: dict | None = None, num_workers: int = 2, prefetch_factor: int = 2,
                  decode_max_side: int = 896, decode_threads: int | None = None, limit_videos: int | None = None,
                  native_decode_bytes: float = NATIVE_DECODE_BYTES, short_clip_first_frame: bool = False,
-                 max_replaced_frac: float = MAX_REPLACED_FRAC):
+                 max_replaced_frac: float = MAX_REPLACED_FRAC, hold_encoder_sizes: bool = True):
         super().__init__()
+        if not isinstance(hold_encoder_sizes, bool):
+            raise SettingError(f"data.hold_encoder_sizes must be true or false, got {hold_encoder_sizes!r}")
+        self.hold_encoder_sizes = hold_encoder_sizes
         self.benchmark, self.root = benchmark, root
         self.loader_kwargs = loader_kwargs or {}
         self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
@@ -217,8 +228,10 @@ class VideoQADataModule(LightningDataModule):
         threads = self.decode_threads
         if threads is None:
             threads = auto_decode_threads(self.num_workers, self.trainer.num_devices)
+        sizing_of = getattr(self.trainer.lightning_module, "frame_sizing", None)
+        sizing = sizing_of() if self.hold_encoder_sizes and sizing_of is not None else None
         ds = VideoQADataset(tasks, max_budget, self.decode_max_side, threads,
-                            self.native_decode_bytes, self.short_clip_first_frame, self.max_replaced_frac)
+                            self.native_decode_bytes, self.short_clip_first_frame, self.max_replaced_frac, sizing)
         return DataLoader(ds, batch_size=None, sampler=sampler, num_workers=self.num_workers,
                           prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
                           persistent_workers=False)

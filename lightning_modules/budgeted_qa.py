@@ -16,9 +16,11 @@ from lightning.pytorch import LightningModule
 
 from algorithms.errors import SettingError
 from datamodules.benchmarks import Question
+from datamodules.decoding import EncoderSizing
 from datamodules.benchmarks.prompts import (chat_parts, recorded_template, check_template, interleaved_subtitles, pre_media_text,
                                             prompt_and_template)
 from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets
+from models.videollama3.frame_sizes import load_video_processor
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +198,14 @@ class BudgetedQA(LightningModule):
             for i, a in zip(idx, answer(p, [texts[i] for i in idx], self.hparams.max_new_tokens)):
                 out[i] = a
         return out
+
+    def frame_sizing(self) -> EncoderSizing:
+        """The sizes this module's encodes read the frames at (every budget's grid, and the raw grid), with the
+        checkpoint's video processor: the data module then holds each video at those sizes only
+        (:class:`datamodules.decoding.EncoderSizing`, ``data.hold_encoder_sizes``)."""
+        hp = self.hparams
+        processor = self.vlm.video_processor if self.vlm is not None else load_video_processor(hp.model_path)
+        return EncoderSizing(tuple(self.budgets), hp.max_tokens_per_frame, hp.raw_mode, hp.raw_max_tokens, processor)
 
     def on_predict_start(self) -> None:
         """Load the model here, not in ``setup``: Lightning has already started the DataLoader workers (a sized

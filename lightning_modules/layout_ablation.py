@@ -79,6 +79,10 @@ class LayoutAblationQA(BudgetedQA):
         """Job name ``<variant>_b<B>`` -> budget, in the order given."""
         return {job_name(b, v): b for v, b in self.job_pairs}
 
+    def frame_sizing(self) -> None:
+        """``None``: the variants choose their own frames and sizes, so videos are held at the decode size."""
+        return None
+
     def predict_step(self, item: dict, batch_idx: int = 0) -> list[dict]:
         records = super().predict_step(item, batch_idx)
         for r in records:

@@ -77,7 +77,9 @@ class EncodeCache:
         for grid, (idx_set, cap) in want.items():
             idx = sorted(idx_set)
             t0 = time.perf_counter()
-            rows, got = self.vlm.encode(self.frames[idx], cap, self.chunk_frames)
+            held = getattr(self.frames, "at_grid", None)   # frames held at the encoder's sizes
+            rows, got = (self.vlm.encode(held(idx, grid), cap, self.chunk_frames, grid) if held
+                         else self.vlm.encode(self.frames[idx], cap, self.chunk_frames))
             _sync(rows.device)
             self.encode_seconds += time.perf_counter() - t0
             assert got == grid

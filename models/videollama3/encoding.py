@@ -142,7 +142,8 @@ class VisionEncoding:
 
     # ------------------------------------------------------------------ vision
     @torch.no_grad()
-    def encode(self, frames: torch.Tensor, max_tokens: int, chunk_frames: int = 64) -> tuple[torch.Tensor, tuple[int, int]]:
+    def encode(self, frames: torch.Tensor, max_tokens: int, chunk_frames: int = 64,
+               grid: tuple[int, int] | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
         """Vision-encoder rows of frames resized to at most ``max_tokens`` merged cells each.
 
         Args:
@@ -151,6 +152,8 @@ class VisionEncoding:
                 processor resizes with ``smart_resize(max_pixels = max_tokens * 28²)``, whose grid is
                 :func:`algorithms.budget.frame_grid` ``(H, W, max_tokens)``.
             chunk_frames: frames per encoder call (attention is per frame, so chunking changes nothing).
+            grid: the frames are already the processor's resize to this grid (``28 gh x 28 gw`` pixels,
+                :class:`datamodules.decoding.EncoderFrames`): not resized again.
 
         Returns:
             ``(rows, (gh, gw))``: rows (T, gh * gw, C) merged encoder rows (before the projector), row-major.
@@ -158,13 +161,14 @@ class VisionEncoding:
         Raises:
             RuntimeError: the processor's grid differs from ``frame_grid`` (a preprocessing mismatch).
         """
-        gh, gw = frame_grid(frames.shape[1], frames.shape[2], max_tokens)
+        gh, gw = grid or frame_grid(frames.shape[1], frames.shape[2], max_tokens)
         out = []
         for s in range(0, frames.shape[0], chunk_frames):
             clip = frames[s:s + chunk_frames]
             t = clip.shape[0]
             inputs = self.video_processor(
                 videos=[clip.permute(0, 3, 1, 2)], do_sample_frames=False, use_token_compression=False,
+                do_resize=grid is None,
                 size={"shortest_edge": min(MIN_TOKENS_PER_FRAME, max_tokens) * CELL_PIXELS ** 2,
                       "longest_edge": max_tokens * CELL_PIXELS ** 2 * t},
                 return_tensors="pt")
