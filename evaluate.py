@@ -7,63 +7,14 @@ and causal omni feature extraction.
 """
 from __future__ import annotations
 
-import logging
-import warnings
 from pathlib import Path
 
-from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
 
-# records are keyed by the benchmark's qid, never by batch index, so Lightning's batch-index inference is not needed
-warnings.filterwarnings("ignore", message="Couldn't infer the batch indices")
-warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)")
-# a resumed run whose questions are all answered has nothing left to load: expected, the table is still printed
-warnings.filterwarnings("ignore", message=".*Total length of .* across ranks is zero")
-# the extractor moves only what its step needs to the device, on purpose
-warnings.filterwarnings("ignore", message=".*overridden `transfer_batch_to_device` in `LightningModule`")
+from cli import build_cli, main
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_PREDICT_CONFIG = ROOT / "configs" / "predict" / "demo.yaml"
-
-
-def build_cli(args: list[str] | None, run: bool, **kwargs) -> LightningCLI:
-    """The project's LightningCLI (subclass mode for model and data, seed 0); ``kwargs`` add entry-specific options
-    (config callback, default config files). Shared by ``evaluate.py`` and ``train.py``."""
-    kwargs.setdefault("save_config_callback", None)
-    cli_class = kwargs.pop("cli_class", LightningCLI)
-    # a bad option or value prints the error after a one-line usage, not the ~60-line list of every option
-    # (argparse's usage on error); ``--help`` still lists them all
-    parser_kwargs = kwargs.setdefault("parser_kwargs", {})
-    for sub in ("fit", "validate", "test", "predict"):
-        parser_kwargs.setdefault(sub, {}).setdefault(
-            "usage", "%(prog)s [-c CONFIG] [--section.key VALUE ...]  (--help lists every option)")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()   # "Loading weights" bars would interleave with the run's own progress bar
-    quiet_console()
-    return cli_class(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-                     args=args, run=run, seed_everything_default=0, **kwargs)
-
-
-class _DropAdvert(logging.Filter):
-    """Drops Lightning's "💡 Tip: ... litlogger" line (an advertisement printed into every run's console)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.getMessage()).startswith("💡 Tip")
-
-
-def quiet_console() -> None:
-    """Keep the console to the run's own output: no Lightning advert line, and no FFmpeg ``[h264 @ 0x…]`` lines
-    from decord (a failed frame is reported by the decoder's error message, which names the file and the cause)."""
-    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if not any(isinstance(f, _DropAdvert) for f in rank_zero.filters):
-        rank_zero.addFilter(_DropAdvert())
-    try:
-        import decord
-
-        decord.logging.set_level(decord.logging.QUIET)
-    except Exception:  # noqa: BLE001 - decord missing or without its logging module: nothing to quiet
-        pass
 
 
 def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
@@ -72,48 +23,5 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
                      parser_kwargs={"predict": {"default_config_files": [str(DEFAULT_PREDICT_CONFIG)]}})
 
 
-USER_ERROR_TYPES = ("SettingError", "FeatureFileError", "OutputSettingsError", "OutputLockedError",
-                    "AnnotationError", "EasyComFormatError", "DecodeError", "CheckpointError",
-                    "MisconfigurationException")   # Lightning's own: conflicting trainer settings
-USER_OS_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
-
-
-def user_error(exc: BaseException) -> BaseException | None:
-    """The exception in ``exc``'s chain that a user should read instead of a traceback, or None.
-
-    A user error is a bad setting, file or folder: one of the project's input-error types (``USER_ERROR_TYPES``:
-    ``SettingError`` for configuration values, the data-format errors) or a missing / unreadable path
-    (``USER_OS_ERRORS``). Everything else (a ``ValueError`` of an internal check, a library error, a full disk)
-    keeps its traceback. LightningCLI/jsonargparse wrap errors raised while building the model or data, so the chain
-    (``__cause__``, and ``__context__`` unless suppressed) is followed; the outermost match wins, so a project error
-    that wraps a ``FileNotFoundError`` is the one shown.
-    """
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if type(exc).__name__ in USER_ERROR_TYPES or isinstance(exc, USER_OS_ERRORS):
-            return exc
-        exc = exc.__cause__ if (exc.__cause__ is not None or exc.__suppress_context__) else exc.__context__
-    return None
-
-
-def main(cli=None) -> None:
-    """Run ``cli`` (default :func:`cli_main`); a user error (bad file, folder or setting) prints one line naming it
-    and exits with status 2 instead of a traceback (``TOKENBUDGET_TRACEBACK=1`` shows the traceback)."""
-    import os
-    import sys
-
-    try:
-        (cli or cli_main)()
-    except Exception as e:  # noqa: BLE001 - re-raised unless it is a user error
-        err = user_error(e)
-        if err is None or os.environ.get("TOKENBUDGET_TRACEBACK"):
-            raise
-        # on a line of its own: a progress bar may have left the cursor at the end of its line
-        print(f"\nerror: {type(err).__name__}: {err}\n(set TOKENBUDGET_TRACEBACK=1 for the full traceback)",
-              file=sys.stderr)
-        sys.exit(2)
-
-
 if __name__ == "__main__":
-    main()
+    main(cli_main)

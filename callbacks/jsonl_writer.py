@@ -4,7 +4,7 @@ Files: ``<out_dir>/<job>/<benchmark>/rank<r>.jsonl`` (job = ``b<B>`` or ``<varia
 benchmark's own qid, never by position or world size, so a run resumed with any number of processes skips exactly
 the (job, qid) pairs already written. A last line cut by a crash is detected and truncated away on restart.
 
-Crash safety (issue 8; ``tests/test_crash_safety.py`` kills ``python evaluate.py predict`` with SIGKILL at random
+Crash safety (issue 8; ``tests/callbacks/test_crash_safety.py`` kills ``python evaluate.py predict`` with SIGKILL at random
 points and restarts it until done, then checks that the records equal an uninterrupted run's):
 
 * each video's records are appended in one write, flushed and fsynced before the next video starts (a new file's

@@ -12,13 +12,13 @@ decoded as above but ``hold_chunk_bytes`` (64 MB of decode-size frames) at a tim
 away, by the checkpoint processor's own ``resize`` with the arguments ``BudgetedVideoLlama3.encode`` gives it, to
 every grid some budget (or its raw frames) reads it at (:func:`algorithms.budget.encoder_grids`); only those
 pixels are kept (:class:`EncoderFrames`), and the encoder does not resize them again. The encoder's
-``pixel_values`` are bit-identical to the decode-size path on the CPU (``tests/test_hold_sizes.py``; the resize runs
+``pixel_values`` are bit-identical to the decode-size path on the CPU (``tests/datamodules/test_hold_sizes.py``; the resize runs
 in the worker on the CPU, where seed 001's processor runs too, rather than on the model's device). An hour of
 1080p at B = 16384 (and 4096 + 16384): 2048 frames at one grid of 6 x 10 cells, 168 x 280 pixels, 0.29 GB instead
 of 2.8 GB per item (``bench/hour_video_rss.py`` measures the peak RSS). A video whose encoder sizes would take no
 fewer bytes than its decode (short videos the encoder upsamples) keeps the decode-size tensor.
 
-Behaviour on unusual and broken media (issue 8; each case has a test in ``tests/test_bad_media.py``). "Error"
+Behaviour on unusual and broken media (issue 8; each case has a test in ``tests/datamodules/test_bad_media.py``). "Error"
 means :class:`DecodeError` with the file named, which the dataset turns into one error record per (question, job)
 of the video while the run goes on.
 
@@ -402,7 +402,7 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
             no fewer bytes than the decode (:func:`held_bytes`; small videos the encoder upsamples): then
             ``frames`` is the decode-size tensor as without ``sizing``. The frames are decoded
             exactly as without it (same decoder calls per frame, same fallbacks), so the encoder's inputs are the
-            same: bit-identical on the CPU (``tests/test_hold_sizes.py``).
+            same: bit-identical on the CPU (``tests/datamodules/test_hold_sizes.py``).
         hold_chunk_bytes: decode-size bytes per chunk with ``sizing``.
 
     Raises:

@@ -187,7 +187,7 @@ def test_truncated_or_corrupted_checkpoint_files_name_the_path(tiny_vl3_dir, tmp
     """A half-copied safetensors file or a broken qbase config is a CheckpointError naming the file or
     directory (one line at the entry points), not safetensors' bare header error."""
     from algorithms.errors import CheckpointError
-    from evaluate import user_error
+    from cli import user_error
     from models.videollama3 import BudgetedVideoLlama3
 
     ckpt = tmp_path / "ckpt"

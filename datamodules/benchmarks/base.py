@@ -5,7 +5,7 @@ by the datamodule (one item per video, carrying all its questions), so a loader 
 
 Validation (issue 8). Every loader checks its rows before a run starts and raises :class:`AnnotationError`
 naming the file and the row (and the row's id when it has one) on the first bad row; nothing is silently dropped,
-so a malformed release costs seconds, not a GPU run. Per case (tests in ``tests/test_bad_annotations.py``):
+so a malformed release costs seconds, not a GPU run. Per case (tests in ``tests/datamodules/test_bad_annotations.py``):
 
 ======================================  ==========================================================================
 case                                    behaviour
@@ -24,7 +24,7 @@ no answer (test splits)                 accepted: ``answer = None``; records sco
 non-Latin / right-to-left text          accepted verbatim (no normalisation); the prompt carries it unchanged
 model special tokens in a question,     accepted verbatim: the model tokenizes dataset text with
 option or subtitle                      ``split_special_tokens=True``, so it can neither add a vision placeholder
-                                        nor end the user turn (``models.videollama3.model``)
+                                        nor end the user turn (``models.videollama3.layout``)
 malformed subtitles                     error naming the subtitle file and cue / item (``subtitles.py``); an
                                         ``.srt`` with no timed cue at all gives no subtitles
 media path escaping the root            error (``..``, absolute paths, symlinks out of the root)

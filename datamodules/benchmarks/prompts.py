@@ -108,7 +108,7 @@ _VLMEVALKIT_WORLDSENSE_SUB = (   # FRAMES_TMPL_SUB (chosen before FRAMES_TMPL_AU
 SUBTITLE_TEMPLATES = {"lmms_eval_videomme": _LMMS_EVAL_VIDEOMME_SUBTITLE, "worldsense": _VLMEVALKIT_WORLDSENSE_SUB,
                       "worldsense_noaudio": _VLMEVALKIT_WORLDSENSE_SUB}
 # system messages and answer prefixes (text after the assistant header) of the templates that have them; the model
-# puts them into its chat template (models.videollama3.model.BudgetedVideoLlama3.with_chat)
+# puts them into its chat template (models.videollama3.layout.PromptLayout.with_chat)
 SYSTEM_PROMPTS = {   # MLVU choice_bench.py main: conv.system = "..."
     "mlvu": ("Carefully watch this video and pay attention to every detail. Based on your observations, select the "
              "best option that accurately addresses the question."),

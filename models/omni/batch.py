@@ -89,7 +89,8 @@ import torch
 
 from .batch_accounting import BREAKDOWN_PARTS, COMPUTED_FIELDS, BatchedStreamResult, PartTimer, single_session_computed
 from .batch_media import LockstepMediaEncoder
-from .batch_schedule import LockstepSchedule, _Stream
+from .batch_media import _Stream
+from .batch_schedule import LockstepSchedule
 from .thinker import OmniThinkerRunner
 from .thinker_media import AUDIO_SAMPLE_RATE
 

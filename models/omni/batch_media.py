@@ -6,18 +6,38 @@ How the media reach the device, what is reused and why the outputs equal the one
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (get_audio_cu_seqlens, get_pool_indices,
                                                                     get_valid_indices)
 from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
 
+from .batch_accounting import COMPUTED_FIELDS
 from .thinker_media import AUDIO_SAMPLE_RATE, frame_indices, frames_tensor, past_samples, video_inputs
 
-if TYPE_CHECKING:
-    from .batch_schedule import _Stream
+
+@dataclass
+class _Stream:
+    """One session of a lockstep group: its media, its output states and what the schedule has committed."""
+
+    index: int
+    frames: np.ndarray
+    audio: np.ndarray
+    n_rows: int
+    states: torch.Tensor
+    committed: list = field(default_factory=list)
+    history: list = field(default_factory=list)  # sliding: committed payloads of blocks < 3 M (cache_replay)
+    warned: bool = False
+    snapshots: dict = field(default_factory=dict)
+    patches: dict = field(default_factory=dict)  # first frame index -> (n_tok, D) output of a completed patch
+    block_frames: torch.Tensor | None = None  # the current native block's frames on the device, (f, H, W, 3) uint8
+    last_update: int = -1  # row of the last state update (rows without a payload hold it)
+    hold_rows: list = field(default_factory=list)  # (row, source row) pairs, filled once the states are on the host
+    computed: dict = field(default_factory=lambda: dict.fromkeys(COMPUTED_FIELDS, 0.0))
 
 
 class _RowPayload(NamedTuple):

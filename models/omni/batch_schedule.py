@@ -9,40 +9,20 @@ from __future__ import annotations
 import resource
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from transformers import DynamicCache
 
 from algorithms.streaming import MICRO_CHUNK_200MS, OPEN_STREAM_REPLAY, SLIDING, accounting, memory_blocks, schedule
 
 from .attention import _batched_chunk_attention, _lower_right_prefill
-from .batch_accounting import COMPUTED_FIELDS, BatchedStreamResult
-from .batch_media import _RowPayload
+from .batch_accounting import BatchedStreamResult
+from .batch_media import _RowPayload, _Stream
 from .thinker import OmniThinkerRunner
 from .thinker_media import Payload
 from .thinker_stream import SLIDING_VERIFY_BLOCKS, verify_candidates
 
 _FLUSH_ROWS = 50  # states stay on the device for up to this many rows, then go to the host in one copy
-
-
-@dataclass
-class _Stream:
-    index: int
-    frames: np.ndarray
-    audio: np.ndarray
-    n_rows: int
-    states: torch.Tensor
-    committed: list = field(default_factory=list)
-    history: list = field(default_factory=list)  # sliding: committed payloads of blocks < 3 M (cache_replay)
-    warned: bool = False
-    snapshots: dict = field(default_factory=dict)
-    patches: dict = field(default_factory=dict)  # first frame index -> (n_tok, D) output of a completed patch
-    block_frames: torch.Tensor | None = None  # the current native block's frames on the device, (f, H, W, 3) uint8
-    last_update: int = -1  # row of the last state update (rows without a payload hold it)
-    hold_rows: list = field(default_factory=list)  # (row, source row) pairs, filled once the states are on the host
-    computed: dict = field(default_factory=lambda: dict.fromkeys(COMPUTED_FIELDS, 0.0))
 
 
 class LockstepSchedule:

@@ -65,7 +65,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .encoding import ORIGINAL_PROJECTOR_DIR, QBASE_DIR
+from .weight_files import ORIGINAL_PROJECTOR_DIR, QBASE_DIR
 from .original_config import Translated, is_original_layout, translate_config, translate_video_processor
 from .original_weights import find_original_projector, map_state_dict, projector_state_from
 from .qbase import TransformerDecoderFlatCompressor

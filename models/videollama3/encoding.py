@@ -20,10 +20,9 @@ from algorithms.budget import CELL_PIXELS, MIN_TOKENS_PER_FRAME, Plan, frame_gri
 from algorithms.errors import CheckpointError, SettingError
 from ..loading import local_checkpoint, reading_checkpoint
 from .qbase import TransformerDecoderFlatCompressor, load_state_dict_strict
+from .weight_files import ORIGINAL_PROJECTOR_DIR, QBASE_DIR
 from ..vision_attention import frame_layout
 
-QBASE_DIR = "qbase"
-ORIGINAL_PROJECTOR_DIR = "original_projector"
 
 
 class VisionEncoding:

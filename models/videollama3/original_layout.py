@@ -15,7 +15,7 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
-from .encoding import ORIGINAL_PROJECTOR_DIR, QBASE_DIR
+from .weight_files import ORIGINAL_PROJECTOR_DIR, QBASE_DIR
 from .layout import COMPRESSION_END, COMPRESSION_START
 from .original_config import ORIGINAL_MODEL_TYPE
 from .original_weights import KEY_MAP

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .encoding import ORIGINAL_PROJECTOR_DIR
+from .weight_files import ORIGINAL_PROJECTOR_DIR
 from .original_config import Translated
 from .qbase import TransformerDecoderFlatCompressor
 from .weight_files import SAFE_WEIGHTS, _read_weights_file, read_safetensors_dir

@@ -51,7 +51,7 @@ def build_tiny_videollama3(out_dir: str | Path = DEFAULT_TINY_DIR, seed: int = 0
     from transformers.models.video_llama_3.video_processing_video_llama_3 import VideoLlama3VideoProcessor
 
     from .qbase import TokenCompressorConfig, TransformerDecoderFlatCompressor
-    from .encoding import ORIGINAL_PROJECTOR_DIR, QBASE_DIR
+    from .weight_files import ORIGINAL_PROJECTOR_DIR, QBASE_DIR
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+QBASE_DIR = "qbase"                        # the compressor's subdirectory of a checkpoint
+ORIGINAL_PROJECTOR_DIR = "original_projector"  # the original projector's (raw_mode="orig")
 SAFE_WEIGHTS = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
 BIN_WEIGHTS = "pytorch_model.bin"

@@ -11,7 +11,7 @@ from datamodules.synthetic_turns import MODES, write_synthetic_dataset
 from datamodules.turn_features import TurnFeatureDataModule
 from train import cli_main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BASE = str(ROOT / "configs/fit/turn_head.yaml")
 DEMO = str(ROOT / "configs/fit/turn_head_demo.yaml")
 

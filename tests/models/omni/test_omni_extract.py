@@ -16,7 +16,7 @@ from lightning_modules.omni_extractor import OmniFeatureExtractor, extract_sessi
 from models.omni.thinker import OmniThinkerRunner
 from models.omni.tiny import build_tiny_omni
 
-CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs" / "extract").glob("*.yaml"))
+CONFIGS = sorted((Path(__file__).resolve().parents[3] / "configs" / "extract").glob("*.yaml"))
 TABLE_4S = {OPEN_STREAM_REPLAY: (20, 22.0), COMPLETED_BLOCK_HOLD: (2, 4.0), MICRO_CHUNK_200MS: (20, 4.0)}
 
 

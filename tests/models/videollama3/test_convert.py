@@ -15,7 +15,7 @@ from models.videollama3.weight_files import SAFE_INDEX, read_safetensors_dir
 from models.videollama3.original_layout import write_original_layout
 from models.videollama3 import BudgetedVideoLlama3, prepare_budgets
 
-MEDIA = Path(__file__).resolve().parent.parent / "assets" / "media"
+MEDIA = Path(__file__).resolve().parents[3] / "assets" / "media"
 QUESTIONS = ["What is in the video?\nAnswer briefly.", "Which color is the bird?"]
 ORIGINAL_PREFIXES = tuple(p for p, _, _ in KEY_MAP)
 

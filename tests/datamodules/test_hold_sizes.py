@@ -79,7 +79,7 @@ def test_encoder_frames_reads_only_what_it_holds():
     ((128, 256), 256, "orig", 256),
 ])
 def test_held_frames_give_the_same_encoder_inputs(tiny_vlm, clip, budgets, mtpf, raw_mode, raw_max):
-    from models.videollama3.model import EncodeCache, prepare_budgets
+    from models.videollama3 import EncodeCache, prepare_budgets
 
     sizing = _sizing(tiny_vlm, budgets, mtpf, raw_mode, raw_max)
     ref = _decode(clip, budgets)

@@ -39,7 +39,7 @@ def test_bench_prints_the_table(capsys):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "bench" / "accounting_table.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "accounting_table.py"
     spec = importlib.util.spec_from_file_location("accounting_table", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -11,7 +11,7 @@ import torch
 from algorithms.flops import get_shape, paper_prefill_flops, prefill_flops
 from algorithms.pruning import VARIANTS, apply_variant, merge_tokens
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 CONFIG = REPO / "configs" / "predict" / "worldsense_pruning.yaml"
 QUESTION = "Which option is right?\nA. one\nB. two\nC. three\nD. four\nThe best answer is:"
 

@@ -1,12 +1,12 @@
 """Every predict YAML in configs/ is instantiated through the CLI (classes built, no run). The extract YAMLs are
-instantiated by tests/test_omni_extract.py (they load the thinker at construction), the fit and sweep YAMLs by
-tests/test_train.py."""
+instantiated by tests/models/omni/test_omni_extract.py (they load the thinker at construction), the fit and sweep YAMLs by
+tests/entry_points/test_train.py."""
 from pathlib import Path
 
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs" / "predict").glob("*.yaml"))
 
 
@@ -82,7 +82,7 @@ def test_user_error_picks_the_projects_own_error_from_the_chain():
 
     from algorithms.errors import SettingError
     from datamodules.features import FeatureFileError
-    from evaluate import user_error
+    from cli import user_error
 
     def wrapped(inner, outer=ValueError("Does not validate against any of the Union subtypes")):
         try:

@@ -14,9 +14,10 @@ from datamodules.features import FeatureFileError
 from datamodules.synthetic_turns import write_synthetic_dataset
 from datamodules.turn_features import TurnFeatureDataModule, load_utterances_json
 from lightning_modules.turn_head import TurnHead
-from train import check_checkpoint_file, ckpt_path_arg, cli_main
+from cli import check_checkpoint_file, ckpt_path_arg
+from train import cli_main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BASE = str(ROOT / "configs/fit/turn_head.yaml")
 DEMO = str(ROOT / "configs/fit/turn_head_demo.yaml")
 TRANSCRIPTS = "Main/Speech_Transcriptions"
@@ -146,7 +147,7 @@ def test_head_integer_settings(name, value):
 
 
 def test_cli_integer_setting_is_one_line(capsys):
-    from evaluate import main
+    from cli import main
 
     with pytest.raises(SystemExit) as e:
         main(lambda: cli_main(["fit", "--config", BASE, "--config", DEMO, "--trainer.logger=false",
@@ -166,7 +167,7 @@ def _args(sub: str, synth: Path, tmp_path: Path, *extra: str) -> list[str]:
 
 
 def test_checkpoint_inputs(synth, tmp_path, capsys):
-    from evaluate import main
+    from cli import main
 
     # 2. test / validate without --ckpt_path refuse (one line from the entry point), before scoring anything
     with pytest.raises(SystemExit) as e:
@@ -221,7 +222,7 @@ def test_a_wearer_silent_in_some_sessions_warns_and_in_all_is_refused(synth):
 def test_wandb_mode_from_the_environment_decides(monkeypatch, tmp_path):
     """``WANDB_MODE=disabled`` must not be overwritten by the logger's offline default (Lightning sets
     WANDB_MODE=dryrun for offline loggers)."""
-    from train import AutoWandbLogger
+    from callbacks.run_folder import AutoWandbLogger
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))        # no ~/.netrc key

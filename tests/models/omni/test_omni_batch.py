@@ -387,7 +387,7 @@ def _bench_video_processor(tmp_path):
 
     from transformers import AutoVideoProcessor
 
-    path = Path(__file__).resolve().parent.parent / "bench" / "extract_throughput.py"
+    path = Path(__file__).resolve().parents[3] / "bench" / "extract_throughput.py"
     spec = importlib.util.spec_from_file_location("extract_throughput", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
@@ -631,7 +631,7 @@ def test_bench_tiny_smoke(capsys):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "bench" / "extract_throughput.py"
+    path = Path(__file__).resolve().parents[3] / "bench" / "extract_throughput.py"
     spec = importlib.util.spec_from_file_location("extract_throughput", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
@@ -670,7 +670,7 @@ def test_bench_builds_the_real_shape_runner(tmp_path, monkeypatch):
 
     from models.omni.tiny import tiny_omni_config
 
-    path = Path(__file__).resolve().parent.parent / "bench" / "extract_throughput.py"
+    path = Path(__file__).resolve().parents[3] / "bench" / "extract_throughput.py"
     spec = importlib.util.spec_from_file_location("extract_throughput", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
