@@ -1,6 +1,8 @@
-"""Training run folders: the W&B logger that is offline unless a key is configured, the CSV logger writing into the
-same run folder, and the callbacks that keep ``run_info.json``, the W&B summary metric, the resolved config and the
-checkpoint requirement of ``validate`` / ``test``.
+"""The loggers and callbacks of a training run folder (W&B offline by default, CSV beside it, ``run_info.json``).
+
+The W&B logger is offline unless a key is configured; the CSV logger writes into the same run folder; the callbacks
+keep ``run_info.json``, the W&B summary metric, the resolved config and the checkpoint requirement of ``validate``
+/ ``test``.
 
 Run folder: ``<logger save_dir>/<project>/<run id>/`` holds ``checkpoints/``, ``metrics.csv`` (Lightning's
 ``CSVLogger``, always on beside W&B, so ``WANDB_MODE=disabled`` still keeps every logged value) and ``run_info.json``

@@ -37,6 +37,8 @@ class StageTimer(Callback):
         self.videos = 0
         self.decode_worker_s = 0.0      # decoding seconds spent in DataLoader workers (off the GPU's path)
         self.first_wait_s = 0.0         # the pipeline fill left after the load (more workers do not shorten it)
+        self.step_s: list[float] = []   # per video, in order: seconds of its predict step (encode + plan + answer)
+        self._step_start: float | None = None
         self._start = 0.0
 
     def on_predict_start(self, trainer, pl_module) -> None:
@@ -52,6 +54,7 @@ class StageTimer(Callback):
                 self.totals["load"] += load
                 self.first_wait_s = max(now - self._mark - load, 0.0)
             self.totals["wait"] += max(now - self._mark - load, 0.0)
+        self._step_start = now
 
     def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         for k, v in getattr(pl_module, "last_stage_seconds", {}).items():
@@ -59,6 +62,8 @@ class StageTimer(Callback):
         if hasattr(pl_module, "last_stage_seconds"):
             pl_module.last_stage_seconds = {}
         self.videos += 1
+        if self._step_start is not None:
+            self.step_s.append(round(time.perf_counter() - self._step_start, 4))
         if isinstance(batch, dict):
             self.decode_worker_s += float(batch.get("decode_s") or 0.0)
         pb = trainer.progress_bar_callback
@@ -73,7 +78,8 @@ class StageTimer(Callback):
         return {"videos": self.videos, "wall_s": round(wall, 4),
                 "stages_s": {k: round(v, 4) for k, v in self.totals.items()},
                 "stages_share": {k: round(v / wall, 4) for k, v in self.totals.items()},
-                "decode_worker_s": round(self.decode_worker_s, 4), "first_wait_s": round(self.first_wait_s, 4)}
+                "decode_worker_s": round(self.decode_worker_s, 4), "first_wait_s": round(self.first_wait_s, 4),
+                "step_s": list(self.step_s)}
 
     def on_predict_end(self, trainer, pl_module) -> None:
         s = self.summary()

@@ -1,4 +1,5 @@
-"""Frame-batched attention for the VideoLLaMA3 vision encoder.
+"""Frame-batched vision-tower attention, shared by both families (VideoLLaMA3's encoder; the omni batch runner
+uses its chunk lengths and fused rotary).
 
 The encoder attends within each frame (``cu_seqlens`` marks frame boundaries in one packed sequence). Outside
 flash-attention, transformers runs one SDPA call per frame in a Python loop (27 layers x T frames of small

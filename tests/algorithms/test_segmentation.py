@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from algorithms.segmentation import adaptive_segment_count, adaptive_segment_lengths, frame_changes, group_variation
-from tests.test_budget import feats_from_changes as feats   # (T, 2) unit features with these consecutive 1 - cos
+from tests.algorithms.test_budget import feats_from_changes as feats   # (T, 2) unit features with these consecutive 1 - cos
 
 
 def test_count_is_the_forks():

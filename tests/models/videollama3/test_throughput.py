@@ -140,6 +140,8 @@ def test_ddp_two_processes_equal_one_process(tiny_vl3_dir, tmp_path):
         assert set(timing["stages_s"]) == {"load", "wait", "encode", "plan_build", "answer"}
         assert timing["stages_s"]["load"] > 0 and timing["videos"] > 0
         assert timing["decode_worker_s"] > 0        # worker-side decoding, reported beside the stages
+        # one step time per video, in order (the bench reads the first as the warm-up and the rest as steady)
+        assert len(timing["step_s"]) == timing["videos"] and all(s > 0 for s in timing["step_s"])
 
 
 def test_decode_threads_change_speed_not_frames():
