@@ -5,6 +5,7 @@
     python bench/extract_throughput.py --tiny                   # CPU smoke run on the tiny thinker (< 60 s)
     python bench/extract_throughput.py --memory-policy sliding  # only the sliding-window KV rows (+ the baseline)
     python bench/extract_throughput.py --sessions 8 --breakdown --json out.json  # + where the batched wall goes
+    python bench/extract_throughput.py --gemm-tflops 790        # the ceiling columns at a given GEMM rate
 
 Self-contained: nothing is downloaded. The thinker is built in memory from a ``Qwen2_5OmniThinkerConfig`` with the
 Qwen2.5-Omni-3B thinker shapes (LLM 36 layers, hidden 2048, FFN 11008, 16 heads, 2 KV heads, vocab 151936; vision
@@ -32,9 +33,19 @@ session 0's share), dataset-level RTF (all sessions' media seconds / total wall)
 (CPU: process peak RSS), the largest state difference of session 0 against the one-session path under the same
 policy (``window``: the timed baseline, with the library's forwards, so the difference includes the fused kernels'
 rounding; ``sliding``: an extra untimed one-session run with the fused kernels), and the computed vision
-patches and LLM tokens per media second. Issue-12 targets (H200, 720 tokens/patch, dataset-level):
-completed-block-hold >= 40x, micro-chunk-200ms >= 20x, open-stream-replay >= 8x (derived assuming committed
-blocks' KV is computed once and kept, i.e. the ``sliding`` policy).
+patches and LLM tokens per media second, and the compute ceiling (below). Issue-12 targets (H200, 720 tokens/patch,
+dataset-level): completed-block-hold >= 40x, micro-chunk-200ms >= 20x, open-stream-replay >= 8x (derived assuming
+committed blocks' KV is computed once and kept, i.e. the ``sliding`` policy).
+
+Compute ceiling (issue 25, target 3; batched rows): the analytic matmul FLOPs of what the run computed, summed over
+its sessions' ``computed`` counts (``algorithms/encoder_flops.py``: temporal patches x vision-tower FLOPs of one patch
+of the frame grid, audio seconds x audio-tower FLOPs per second at the mode's payload lengths, prefilled LLM tokens x
+LLM FLOPs per token at the policy's steady-state mean attention context; no lm_head, no padding, shapes from the
+thinker's config), divided by the dense bf16 GEMM rate measured once per run on CUDA (8192^3 matmul, mean of 10 after 3
+warm-ups; ``--gemm-tflops`` sets it instead) is the run's floor time; columns ``TFLOP / media s`` (the floor's FLOPs
+per media second), ``RTF ceiling`` (media seconds / floor seconds: the dataset RTF the GPU could reach if every FLOP
+ran at the GEMM rate) and ``of ceiling`` (dataset RTF / RTF ceiling). On the CPU the rate is a nominal
+``CPU_NOMINAL_TFLOPS`` and the ceiling columns mean nothing.
 
 ``--breakdown`` (off by default) times the batched runs part by part (``models.omni.batch.BREAKDOWN_PARTS``: host /
 device preprocessing of audio and of video, vision tower, audio tower, LLM prefill, LLM re-prefill of the window
@@ -65,11 +76,15 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from algorithms.encoder_flops import thinker_floor_flops  # noqa: E402
 from algorithms.streaming import MEMORY_POLICIES, MICRO_CHUNK_200MS, MODES, WINDOW  # noqa: E402
 
 TARGETS = {"completed-block-hold": 40.0, "micro-chunk-200ms": 20.0, "open-stream-replay": 8.0}
 FRAME_HW = (560, 1008)  # 40x72 patches of 14 px -> 20x36 merged = 720 merged tokens per temporal patch
 TINY_FRAME_HW = (112, 112)  # tiny video processor cap: 4x4 merged = 16 tokens per temporal patch
+CPU_NOMINAL_TFLOPS = 0.5  # the GEMM rate used off CUDA: the ceiling columns are meaningless there
+CEILING_FIELDS = ("gemm_tflops", "gemm_source", "floor_tflop", "floor_tflop_parts", "floor_grid", "llm_mean_context",
+                  "tflop_per_media_s", "floor_s", "rtf_ceiling", "of_ceiling_pct")
 
 
 def omni_3b_thinker_config():
@@ -155,6 +170,45 @@ def _peak_reset(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def gemm_tflops(device: torch.device) -> float:
+    """Measured dense bf16 GEMM rate in TFLOP/s on CUDA (8192^3, mean of 10 after 3 warm-ups, as
+    ``bench/qa_throughput.py``); ``CPU_NOMINAL_TFLOPS`` elsewhere."""
+    if device.type != "cuda":
+        return CPU_NOMINAL_TFLOPS
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    _sync(device)
+    t = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    _sync(device)
+    rate = 2 * 8192 ** 3 * 10 / (time.perf_counter() - t) / 1e12
+    del a, b
+    torch.cuda.empty_cache()
+    return rate
+
+
+def ceiling_fields(runner, computed: list[dict], mode: str, policy: str, frame_hw: tuple[int, int], memory_s: float,
+                   media_s: float, dataset_rtf: float, rate_tflops: float, rate_source: str = "") -> dict:
+    """The compute-ceiling fields of one batched row (``CEILING_FIELDS``): the analytic FLOPs of the sessions'
+    ``computed`` counts (summed) at the runner's thinker shapes, the floor time at ``rate_tflops`` and the RTF
+    ceiling it allows."""
+    total = {k: sum(float(c.get(k, 0)) for c in computed)
+             for k in ("computed_vision_patches", "computed_audio_seconds", "computed_llm_tokens")}
+    f = thinker_floor_flops(runner.thinker.config, total, mode, policy, frame_hw, memory_s,
+                            prompt_tokens=len(runner.prompt_token_ids), geometry=runner.geometry,
+                            mel_frames_per_s=16000 // int(runner.feature_extractor.hop_length))
+    floor_s = f.total / (rate_tflops * 1e12)
+    ceiling = media_s / floor_s if floor_s > 0 else float("inf")
+    return {"gemm_tflops": rate_tflops, "gemm_source": rate_source, "floor_tflop": f.total / 1e12,
+            "floor_tflop_parts": {"vision": f.vision / 1e12, "audio": f.audio / 1e12, "llm": f.llm / 1e12},
+            "floor_grid": list(f.grid_hw), "llm_mean_context": f.llm_mean_context,
+            "tflop_per_media_s": f.total / 1e12 / media_s, "floor_s": floor_s, "rtf_ceiling": ceiling,
+            "of_ceiling_pct": 100.0 * dataset_rtf / ceiling}
+
+
 def _peak(device: torch.device) -> int:
     import resource
 
@@ -167,9 +221,10 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
               memory_s: float = 8.0, modes: tuple[str, ...] = MODES, compile_small_calls: bool = False,
               device: str | None = None, warmup_s: float = 2.0, log=print,
               policies: tuple[str, ...] = MEMORY_POLICIES, breakdown: bool = False, fused: bool = True,
-              row_by_row: bool = False, flash_prefill: bool = True) -> list[dict]:
+              row_by_row: bool = False, flash_prefill: bool = True, gemm_rate: float | None = None) -> list[dict]:
     """Build the model, run every measurement, return one row dict per (mode, path, memory policy); batched rows
-    carry ``breakdown`` (part -> wall seconds of the timed run) when ``breakdown``."""
+    carry ``breakdown`` (part -> wall seconds of the timed run) when ``breakdown``, and the compute ceiling
+    (``CEILING_FIELDS``; None on the eager rows) at ``gemm_rate`` TFLOP/s (None: measured, ``gemm_tflops``)."""
     from models.kernels import fuse
     from models.omni.batch import BatchedOmniRunner, single_session_computed
 
@@ -180,6 +235,10 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
         t0 = time.perf_counter()
         runner = build_runner(tiny, str(dev), Path(tmp))
         log(f"model built in {time.perf_counter() - t0:.1f} s on {dev} ({runner.dtype}, D={runner.hidden_size})")
+    rate = float(gemm_rate) if gemm_rate is not None else gemm_tflops(dev)
+    source = ("given" if gemm_rate is not None else "dense bf16 GEMM, 8192^3, measured" if dev.type == "cuda"
+              else "nominal CPU figure: the ceiling columns mean nothing here")
+    log(f"GEMM rate for the compute ceiling: {rate:.1f} TFLOP/s ({source})")
     hw = TINY_FRAME_HW if tiny else FRAME_HW
     n_max = max(sessions)
     data = make_sessions(n_max, duration_s, hw)
@@ -199,7 +258,7 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
         rows.append({"mode": mode, "path": "1-session eager", "policy": WINDOW, "sessions": 1, "media_s": media,
                      "wall_s": wall, "rtf": media / wall, "dataset_rtf": media / wall, "peak_bytes": _peak(dev),
                      "max_abs_diff": 0.0, "vision_patches_per_s": comp["computed_vision_patches"] / media,
-                     "llm_tokens_per_s": None, "target": TARGETS[mode]})
+                     "llm_tokens_per_s": None, "target": TARGETS[mode], **dict.fromkeys(CEILING_FIELDS)})
         log(_fmt_row(rows[-1]))
         fuse(runner.thinker, fused)
         for policy in policies:
@@ -231,6 +290,12 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
                              "llm_tokens_per_s": sum(r.computed["computed_llm_tokens"] for r in res) / media,
                              "target": TARGETS[mode],
                              "computed": [r.computed for r in res]})
+                rows[-1].update(ceiling_fields(runner, rows[-1]["computed"], mode, policy, hw, memory_s, media,
+                                               media / wall, rate, source))
+                grid = getattr(batched, "_grid", None)  # the patch grid the vision tower saw
+                if grid is not None and tuple(grid) != tuple(rows[-1]["floor_grid"]):
+                    log(f"warning: the vision tower saw a {grid} patch grid, the ceiling assumes "
+                        f"{rows[-1]['floor_grid']}")
                 if breakdown:
                     rows[-1]["breakdown"] = dict(batched.breakdown)
                 log(_fmt_row(rows[-1]))
@@ -269,19 +334,32 @@ def profile_run(tiny: bool, n: int, duration_s: float, memory_s: float, mode: st
 def _fmt_row(r: dict) -> str:
     llm = "-" if r["llm_tokens_per_s"] is None else f"{r['llm_tokens_per_s']:.0f}"
     ok = "yes" if r["dataset_rtf"] >= r["target"] else "no"
+    ceil = ("- | - | -" if r.get("rtf_ceiling") is None else
+            f"{r['tflop_per_media_s']:.3g} | {r['rtf_ceiling']:.2f}x | {r['of_ceiling_pct']:.0f}%")
     return (f"| {r['mode']} | {r['path']} | {r['policy']} | {r['sessions']} | {r['media_s']:.1f} | "
             f"{r['wall_s']:.2f} | {r['rtf']:.2f}x | {r['dataset_rtf']:.2f}x | {r['target']:g}x ({ok}) | "
             f"{r['peak_bytes'] / 2**30:.2f} | "
-            f"{r['max_abs_diff']:.2e} | {r['vision_patches_per_s']:.2f} | {llm} |")
+            f"{r['max_abs_diff']:.2e} | {r['vision_patches_per_s']:.2f} | {llm} | {ceil} |")
 
 
 HEADER = ("| mode | path | policy | sessions | media s | wall s | RTF | dataset RTF | target (met) | peak GiB | "
-          "max abs diff vs 1-session | vision patches / media s | LLM tokens / media s |\n"
-          "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+          "max abs diff vs 1-session | vision patches / media s | LLM tokens / media s | TFLOP / media s | "
+          "RTF ceiling | of ceiling |\n"
+          "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
 
 
 def format_table(rows: list[dict]) -> str:
     return "\n".join([HEADER] + [_fmt_row(r) for r in rows])
+
+
+def format_ceiling_note(rows: list[dict]) -> str:
+    """The line above the table: the GEMM rate the ceiling columns use and what they mean."""
+    r = next((r for r in rows if r.get("gemm_tflops") is not None), None)
+    if r is None:
+        return "no batched rows: no compute ceiling"
+    return (f"compute ceiling at {r['gemm_tflops']:.1f} TFLOP/s ({r['gemm_source']}); TFLOP / media s = analytic "
+            "matmul FLOPs of what the run computed (algorithms/encoder_flops.py) per media second, RTF ceiling = "
+            "media s / (FLOPs / rate), of ceiling = dataset RTF / RTF ceiling")
 
 
 def format_breakdown(rows: list[dict]) -> str:
@@ -326,6 +404,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         "causal flash path (models.omni.attention.lower_right_causal_sdpa)")
     p.add_argument("--no-fused", action="store_true",
                    help="batched rows without the fused RMSNorm / rotary / SiLU-gate kernels (models/kernels.py)")
+    p.add_argument("--gemm-tflops", type=float, default=None,
+                   help="GEMM rate (TFLOP/s) for the ceiling columns instead of measuring one (default: measured on "
+                        f"CUDA, {CPU_NOMINAL_TFLOPS} on the CPU)")
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument("--profile", default=None, choices=list(MODES),
                    help="only profile one batched run of this mode (first --sessions, first --memory-policy): "
@@ -343,10 +424,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = run_bench(a.tiny, sessions, duration, a.memory, tuple(a.modes), a.compile, a.device,
                      warmup_s=a.warmup, log=lambda s: print(s, flush=True),
                      policies=tuple(dict.fromkeys(a.memory_policy)), breakdown=a.breakdown, fused=not a.no_fused,
-                     row_by_row=a.row_by_row, flash_prefill=not a.library_prefill)
+                     row_by_row=a.row_by_row, flash_prefill=not a.library_prefill, gemm_rate=a.gemm_tflops)
     print(f"\n## extract throughput ({'tiny, CPU' if a.tiny else 'Qwen2.5-Omni-3B thinker shapes, random bf16'}, "
           f"memory {a.memory:g} s, policies {', '.join(dict.fromkeys(a.memory_policy))}, longest session "
           f"{duration:g} s; this bench ran {time.perf_counter() - t0:.0f} s of wall time)\n")
+    print(format_ceiling_note(rows) + "\n")
     print(format_table(rows))
     if a.breakdown:
         print("\n## where the batched wall time goes (seconds, share of the run's wall)\n")

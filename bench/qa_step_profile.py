@@ -1,0 +1,294 @@
+"""Where one real predict step's time goes: the CLI's ``BudgetedQA.predict_step`` at VideoLLaMA3-7B size.
+
+Random bf16 VideoLLaMA3-7B + 8-layer qbase (``bench/qa_throughput.py``'s model, in memory), the CLI's settings of
+``configs/predict/videomme.yaml`` (budgets 4,096 + 16,384, frames held at the encoder's sizes, 3 questions, 16 new
+tokens, graph decode), videos decoded in this process before the clock starts. Prints:
+
+1. **warm-up** (the first video): its step time, the compiled graphs (``torch._dynamo`` counters, per-function
+   compile seconds) and the top host functions by cumulative time (``cProfile``);
+2. **steady steps** on videos not seen before (each may need new shapes: that cost is part of the figure);
+3. **one steady step under torch.profiler** on a further unseen video: GPU busy share, GPU idle time attributed to
+   the host stage running at the time (``encode``, ``plan``, ``compress``, ``build_prompt``, ``prefill``,
+   ``suffix+capture``, ``decode`` ...), kernel time by class (GEMM, attention, Triton/fused, other) and the top
+   kernels, and the places where the host waits for the device (``torch.cuda.set_sync_debug_mode``).
+
+    python bench/cli_throughput.py --make-videos bench/media/distinct --n-videos 6
+    python bench/qa_step_profile.py --videos bench/media/distinct/*.mp4
+    python bench/qa_step_profile.py --tiny          # CPU smoke run (tiny model, bundled clips)
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import pstats
+import sys
+import time
+import warnings
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+STAGES = {  # (owner, attribute) -> label: host stages wrapped in profiler ranges
+    ("vlm", "encode"): "encode", ("vlm", "compress"): "compress", ("vlm", "project"): "project",
+    ("vlm", "build_prompt"): "build_prompt", ("vlm", "prefill"): "prefill", ("vlm", "embed"): "embed",
+    ("vlm", "_static_decoder"): "suffix+capture", ("vlm", "_greedy"): "decode",
+    ("vlm", "question_ids"): "question_ids", ("budgets", "plan_groups"): "plan",
+    ("module", "prompts"): "prompts",
+}
+
+
+def _ranged(fn, label):
+    def wrapper(*a, **k):
+        with torch.profiler.record_function(label):
+            return fn(*a, **k)
+    return wrapper
+
+
+def instrument(vlm, module) -> None:
+    """Wrap the host stages in ``record_function`` ranges (instance attributes: the classes stay untouched)."""
+    from models.videollama3 import budgets
+
+    owners = {"vlm": vlm, "module": module, "budgets": budgets}
+    for (owner, attr), label in STAGES.items():
+        obj = owners[owner]
+        setattr(obj, attr, _ranged(getattr(obj, attr), label))
+
+
+def build(tiny: bool, budgets: list[int]):
+    from lightning_modules.budgeted_qa import BudgetedQA
+
+    if tiny:
+        from qa_throughput import build_tiny_model
+        vlm = build_tiny_model()
+    else:
+        from qa_throughput import build_bench_model
+        vlm = build_bench_model("sdpa", "frame_batched")
+    module = BudgetedQA(model_path="<in-memory>", budgets=budgets, max_new_tokens=16,
+                        dtype="float32" if tiny else "bfloat16")
+    module.vlm = vlm
+    module.to(vlm.device)
+    return vlm, module
+
+
+def make_item(module, path: str, index: int) -> dict:
+    """The DataLoader item of one video, as ``VideoQADataset`` makes it (frames held at the encoder's sizes)."""
+    from datamodules.benchmarks import Question
+    from datamodules.videoqa import VideoQADataset, VideoTask
+    from lightning_modules.budgeted_qa import job_name
+
+    from qa_throughput import QUESTIONS
+
+    jobs = [job_name(b) for b in module.budgets]
+    qs = [Question(qid=f"{index}-{j}", video_id=str(index), video_path=path, question=q.split("\n")[0],
+                   options=["A bird.", "A car.", "A house.", "A tree."], answer="A", meta={})
+          for j, q in enumerate(QUESTIONS)]
+    task = VideoTask(str(index), path, "videomme", qs, {q.qid: jobs for q in qs})
+    item = VideoQADataset([task], max(module.budgets), decode_threads=4, sizing=module.frame_sizing())[0]
+    if item.get("error"):
+        raise RuntimeError(item["error"])
+    return item
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed_step(module, item) -> float:
+    sync()
+    t = time.perf_counter()
+    recs = module.predict_step(item)
+    sync()
+    if any(r.get("error") for r in recs):
+        raise RuntimeError(next(r["error"] for r in recs if r.get("error")))
+    return time.perf_counter() - t
+
+
+def dynamo_counts() -> dict:
+    from torch._dynamo.utils import counters
+
+    return {"unique_graphs": counters["stats"].get("unique_graphs", 0),
+            "calls_captured": counters["stats"].get("calls_captured", 0),
+            "frames_ok": counters["frames"].get("ok", 0), "recompiles": sum(counters["recompiles"].values())}
+
+
+def warmup_report(module, item) -> None:
+    from torch._dynamo.utils import compile_times
+
+    before = dynamo_counts()
+    prof = cProfile.Profile()
+    sync()
+    t = time.perf_counter()
+    prof.enable()
+    module.predict_step(item)
+    sync()
+    prof.disable()
+    sec = time.perf_counter() - t
+    after = dynamo_counts()
+    print(f"\n## warm-up: first video {Path(item['video_path']).name}: {sec:.2f} s")
+    print("dynamo:", {k: after[k] - before[k] for k in after})
+    with contextlib.suppress(Exception):
+        print(compile_times(repr="str", aggregate=True))
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(45)
+    print("\n".join(line for line in s.getvalue().splitlines() if line.strip())[:9000])
+
+
+def classify(name: str) -> str:
+    n = name.lower()
+    if any(k in n for k in ("flash", "fmha", "cudnn", "attention", "sdpa")):
+        return "attention"
+    if any(k in n for k in ("gemm", "cutlass", "xmma", "nvjet", "matmul", "sm90_", "cublas")):
+        return "gemm"
+    if n.startswith("triton") or "triton" in n:
+        return "triton (fused)"
+    if "memcpy" in n or "memset" in n:
+        return "copy/set"
+    return "other"
+
+
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def profile_report(module, item) -> None:
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    labels = set(STAGES.values()) | {"step"}
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    sync()
+    with profile(activities=acts) as prof:
+        with torch.profiler.record_function("step"):
+            t = time.perf_counter()
+            module.predict_step(item)
+            sync()
+            wall = time.perf_counter() - t
+    events = prof.events()
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    ranges = [e for e in events if e.name in labels and e.device_type == DeviceType.CPU]
+    step = next((e for e in ranges if e.name == "step"), None)
+    print(f"\n## profiled steady step, {Path(item['video_path']).name}: {wall:.3f} s wall (under the profiler)")
+    by_label = defaultdict(lambda: [0.0, 0])
+    for e in ranges:
+        by_label[e.name][0] += e.time_range.end - e.time_range.start
+        by_label[e.name][1] += 1
+    if kernels and step is not None:
+        s0, s1 = step.time_range.start, step.time_range.end
+        busy = union([(k.time_range.start, k.time_range.end) for k in kernels])
+        busy_us = sum(b - a for a, b in busy)
+        gaps, prev = [], s0
+        for a, b in busy:
+            if a > prev:
+                gaps.append((prev, a))
+            prev = max(prev, b)
+        if s1 > prev:
+            gaps.append((prev, s1))
+        idle = defaultdict(float)
+        for a, b in gaps:
+            mid = (a + b) / 2
+            inner = [e for e in ranges if e.time_range.start <= mid <= e.time_range.end]
+            lab = min(inner, key=lambda e: e.time_range.end - e.time_range.start).name if inner else "?"
+            idle[lab] += b - a
+        span = s1 - s0
+        print(f"GPU busy {busy_us / 1e3:.1f} ms of {span / 1e3:.1f} ms ({100 * busy_us / span:.1f} %); idle "
+              f"{(span - busy_us) / 1e3:.1f} ms in {len(gaps)} gaps")
+        print(f"{'host stage':<16}{'calls':>6}{'host ms':>10}{'GPU idle ms':>13}")
+        for lab in sorted(set(by_label) | set(idle), key=lambda k: -idle.get(k, 0.0)):
+            ms, n = by_label.get(lab, [0.0, 0])
+            print(f"{lab:<16}{n:>6}{ms / 1e3:>10.1f}{idle.get(lab, 0.0) / 1e3:>13.1f}")
+        big = sorted(gaps, key=lambda g: g[0] - g[1])[:12]
+        print("largest gaps (ms at offset ms, stage): " + ", ".join(
+            f"{(b - a) / 1e3:.1f}@{(a - s0) / 1e3:.0f}" for a, b in big))
+        cls = defaultdict(lambda: [0.0, 0])
+        per = defaultdict(lambda: [0.0, 0])
+        for k in kernels:
+            d = k.time_range.end - k.time_range.start
+            cls[classify(k.name)][0] += d
+            cls[classify(k.name)][1] += 1
+            per[k.name][0] += d
+            per[k.name][1] += 1
+        print("kernel time by class: " + ", ".join(f"{c} {v[0] / 1e3:.1f} ms ({v[1]})" for c, v in
+                                                    sorted(cls.items(), key=lambda x: -x[1][0])))
+        for name, (d, n) in sorted(per.items(), key=lambda x: -x[1][0])[:20]:
+            print(f"  {d / 1e3:8.2f} ms {n:6d}x  {name[:110]}")
+    else:
+        print(f"{'host stage':<16}{'calls':>6}{'host ms':>10}")
+        for lab, (ms, n) in sorted(by_label.items(), key=lambda x: -x[1][0]):
+            print(f"{lab:<16}{n:>6}{ms / 1e3:>10.1f}")
+    key = "self_cuda_time_total" if kernels else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=70))
+
+
+def sync_sites(module, item) -> None:
+    if not torch.cuda.is_available():
+        return
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module.predict_step(item)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    sites = defaultdict(int)
+    for w in caught:
+        if "synchroniz" in str(w.message):
+            sites[f"{Path(w.filename).name}:{w.lineno}"] += 1
+    print(f"\nhost waits for the device in one step: {sum(sites.values())} at " +
+          ", ".join(f"{k} x{v}" for k, v in sorted(sites.items(), key=lambda x: -x[1])))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--videos", nargs="*", default=None)
+    ap.add_argument("--budgets", nargs="*", type=int, default=None)
+    ap.add_argument("--no-cprofile", action="store_true")
+    args = ap.parse_args(argv)
+    videos = args.videos or [str(REPO / "assets/media/cockatoo.mp4"), str(REPO / "assets/media/realshort.mp4")]
+    budgets = args.budgets or ([128, 1024] if args.tiny else [4096, 16384])
+    if len(videos) < 2:
+        raise SystemExit("give at least 2 videos (warm-up + profiled step)")
+    t0 = time.perf_counter()
+    vlm, module = build(args.tiny, budgets)
+    print(f"model built in {time.perf_counter() - t0:.1f} s")
+    t0 = time.perf_counter()
+    items = [make_item(module, v, i) for i, v in enumerate(videos)]
+    print(f"{len(items)} videos decoded in {time.perf_counter() - t0:.1f} s: " +
+          ", ".join(f"{Path(v).name} T={len(it['times_s'])}" for v, it in zip(videos, items)))
+    instrument(vlm, module)
+    if args.no_cprofile:
+        print(f"\nwarm-up step {timed_step(module, items[0]):.2f} s")
+    else:
+        warmup_report(module, items[0])
+    steady = []
+    for it in items[1:-1]:
+        before = dynamo_counts()
+        sec = timed_step(module, it)
+        after = dynamo_counts()
+        steady.append(sec)
+        print(f"steady step {Path(it['video_path']).name}: {sec:.3f} s (T={len(it['times_s'])}, new graphs "
+              f"{after['unique_graphs'] - before['unique_graphs']}, recompiles "
+              f"{after['recompiles'] - before['recompiles']})")
+    if steady:
+        print(f"steady mean {sum(steady) / len(steady):.3f} s over {len(steady)} unseen videos")
+    profile_report(module, items[-1])
+    print(f"same video again: {timed_step(module, items[-1]):.3f} s")
+    sync_sites(module, items[-1])
+
+
+if __name__ == "__main__":
+    main()
