@@ -178,7 +178,7 @@ def profile_report(module, item) -> None:
             sync()
             wall = time.perf_counter() - t
     events = prof.events()
-    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA and e.name not in labels]  # not GPU-side ranges
     ranges = [e for e in events if e.name in labels and e.device_type == DeviceType.CPU]
     step = next((e for e in ranges if e.name == "step"), None)
     print(f"\n## profiled steady step, {Path(item['video_path']).name}: {wall:.3f} s wall (under the profiler)")
@@ -271,7 +271,14 @@ def main(argv=None) -> None:
           ", ".join(f"{Path(v).name} T={len(it['times_s'])}" for v, it in zip(videos, items)))
     instrument(vlm, module)
     if args.no_cprofile:
-        print(f"\nwarm-up step {timed_step(module, items[0]):.2f} s")
+        from torch._dynamo.utils import compile_times
+
+        before = dynamo_counts()
+        print(f"\n## warm-up step {Path(items[0]['video_path']).name}: {timed_step(module, items[0]):.2f} s")
+        after = dynamo_counts()
+        print("dynamo:", {k: after[k] - before[k] for k in after})
+        with contextlib.suppress(Exception):
+            print("\n".join(compile_times(repr="str", aggregate=True).splitlines()[:8]))
     else:
         warmup_report(module, items[0])
     steady = []
@@ -288,6 +295,17 @@ def main(argv=None) -> None:
     profile_report(module, items[-1])
     print(f"same video again: {timed_step(module, items[-1]):.3f} s")
     sync_sites(module, items[-1])
+    if torch.cuda.is_available():   # A/B of the towers' attention backends on videos seen before (plans cached)
+        from models.vision_attention import allow_cudnn_in_towers
+
+        for it in items[1:3]:
+            row = []
+            for cudnn in (False, True, False):
+                allow_cudnn_in_towers(cudnn)
+                timed_step(module, it)
+                row.append(f"{'cuDNN allowed' if cudnn else 'flash/efficient'} {timed_step(module, it):.3f} s")
+            allow_cudnn_in_towers(False)
+            print(f"seen video {Path(it['video_path']).name}, second run each: " + ", ".join(row))
 
 
 if __name__ == "__main__":

@@ -160,7 +160,9 @@ class EncoderFrames:
         missing = [i for i in idx if i not in where]
         if missing:
             raise KeyError(f"frames {missing[:5]} are not held at grid {grid}")
-        return t[[where[i] for i in idx]]
+        take = torch.tensor([where[i] for i in idx], dtype=torch.long)
+        # on the GPU through pinned memory: indexing with a host list would copy it synchronously (a wait for the GPU)
+        return t[take.pin_memory().to(t.device, non_blocking=True) if t.is_cuda else take]
 
     def __getitem__(self, key):
         raise TypeError("EncoderFrames holds the frames at the encoder's sizes only: read them with at_grid")

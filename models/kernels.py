@@ -119,6 +119,16 @@ class Fusable:
         return self.fn(*args)
 
 
+def host_to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``t`` on ``device`` without the host waiting for the GPU: a host tensor goes to CUDA through pinned memory
+    with a non-blocking copy (a plain ``.to("cuda")`` of pageable memory synchronizes the stream, so the host stops
+    queueing work until everything queued before has run); other cases are a plain ``.to(device)``."""
+    device = torch.device(device)
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Qwen2RMSNorm: ``weight * (x / sqrt(mean(x², -1) + eps))`` with the statistics in float32, cast back to
     ``x``'s dtype before the weight. (..., D) -> (..., D)."""
@@ -129,6 +139,16 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 def _rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """transformers' ``apply_rotary_pos_emb`` (``unsqueeze_dim=1``): q, k (B, H, S, d); cos, sin (B, S, d)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    half = q.shape[-1] // 2
+    q_rot = torch.cat((-q[..., half:], q[..., :half]), -1)
+    k_rot = torch.cat((-k[..., half:], k[..., :half]), -1)
+    return q * cos + q_rot * sin, k * cos + k_rot * sin
+
+
+def _rope_rows(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """:func:`_rope` on token rows: q (N, H, d), k (N, H_kv, d), cos, sin (N, d) (N = B S; the same elementwise
+    math, heads broadcast)."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     half = q.shape[-1] // 2
     q_rot = torch.cat((-q[..., half:], q[..., :half]), -1)
@@ -167,9 +187,40 @@ def _add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tenso
     return s, F.layer_norm(s, s.shape[-1:], weight, bias, eps)
 
 
-rms_norm = Fusable(_rms_norm, "RMSNorm", dynamic=(1,))                  # x (rows..., D)
+# One graph per function for every call shape of a run: the row-wise functions are called on (N, D) rows (leading
+# dimensions flattened by :func:`_on_rows`, a view), so a prefill (1, L, D), a suffix (Q, n, D) and a decode step
+# (Q, 1, D) share one graph with N dynamic. Called with their natural (B, S, D) shapes, PyTorch specializes the
+# size-1 batch of the prefill and the size-1 sequence of the decode step: 3 graphs each for RMSNorm, rotary and
+# the SiLU gate, 13 graphs in all in the first VideoLLaMA3-7B predict step, 42 s of compilation on the H200
+# (``bench/qa_step_profile.py``, 2026-12-02).
+rms_norm = Fusable(_rms_norm, "RMSNorm", dynamic=(1,))                  # x (N, D)
 rope = Fusable(_rope, "rotary", dynamic=((0, 2), (0, 2), 1, 1))          # q, k (B, H, S, d); cos, sin (B, S, d)
-silu_mul = Fusable(_silu_mul, "SiLU*up", dynamic=(1, 1))                 # (rows..., I)
+rope_rows = Fusable(_rope_rows, "rotary (rows)", dynamic=(2, 2, 1, 1))   # q, k (N, H, d); cos, sin (N, d)
+silu_mul = Fusable(_silu_mul, "SiLU*up", dynamic=(1, 1))                 # (N, I)
+
+
+def _on_rows(fn: Callable, *xs: torch.Tensor) -> torch.Tensor:
+    """``fn(*xs)`` for row-wise ``fn`` on (..., D) tensors of one leading shape, called on (N, D) views of them (N
+    the product of the leading sizes; a tensor whose rows cannot be viewed that way is copied by ``reshape``), the
+    result viewed back to (..., D_out)."""
+    lead = xs[0].shape[:-1]
+    out = fn(*(x.reshape(-1, x.shape[-1]) for x in xs))
+    return out.view(*lead, out.shape[-1])
+
+
+def fused_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """transformers' ``apply_rotary_pos_emb`` (q, k (B, H, S, d); cos, sin (B, S, d)) through the fused rotary.
+
+    When q and k are the usual transposed views of (B, S, H, d) projections and cos/sin are contiguous, the
+    kernel runs on (B S, H, d) token rows (:data:`rope_rows`: one graph for prefill, suffix and decode shapes) and
+    the results are returned as the same transposed views; otherwise on the 4-D tensors (:data:`rope`)."""
+    b, h, s, d = q.shape
+    qt, kt = q.transpose(1, 2), k.transpose(1, 2)
+    if (qt.is_contiguous() and kt.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
+            and tuple(cos.shape) == (b, s, d) == tuple(sin.shape) and k.shape[0] == b and k.shape[2] == s):
+        qo, ko = rope_rows(qt.view(b * s, h, d), kt.view(b * s, k.shape[1], d), cos.view(b * s, d), sin.view(b * s, d))
+        return qo.view(b, s, h, d).transpose(1, 2), ko.view(b, s, k.shape[1], d).transpose(1, 2)
+    return rope(q, k, cos, sin)
 # x, residual (rows..., D). emulate_precision_casts: Inductor would otherwise normalise the float32 sum; eager PyTorch
 # (the library) normalises the sum rounded to the model dtype, and so does this kernel (H200, 16,128 x 1152 bf16:
 # 675 of 18.6 M normed values 1 bf16 step off eager instead of 503,308). multi_kernel: at D = 1152 Inductor's
@@ -187,7 +238,7 @@ _ROPE_ORIGINAL: dict[str, Callable] = {}       # module name -> the library's ap
 
 
 def _norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+    return _on_rows(lambda x: rms_norm(x, self.weight, self.variance_epsilon), hidden_states)
 
 
 ALIGN = 64   # intermediate sizes that are not a multiple of 8 (16-byte rows in bf16) miss the Hopper GEMM kernels
@@ -239,7 +290,7 @@ def _padded_mlp(self, x: torch.Tensor) -> torch.Tensor:
     """The gated MLP through :func:`_padded_gate_up` (the library's function, see there)."""
     w, b, dw = _padded_gate_up(self, x.device)
     gate, up = F.linear(x, w, b).chunk(2, dim=-1)
-    return F.linear(silu_mul(gate, up), dw, self.down_proj.bias)
+    return F.linear(_on_rows(silu_mul, gate, up), dw, self.down_proj.bias)
 
 
 def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -249,7 +300,7 @@ def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
         return _padded_mlp(self, x)
     if not x.is_cuda and "_tb_padded" in self.__dict__:
         del self.__dict__["_tb_padded"]             # the module moved off the GPU: free its padded GPU copies
-    return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+    return self.down_proj(_on_rows(silu_mul, self.gate_proj(x), self.up_proj(x)))
 
 
 def gelu_tanh_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -400,7 +451,7 @@ def _rope_dispatch(original: Callable) -> Callable:
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
         if _ROPE_ON[0] and q.is_cuda and not args and set(kwargs) <= {"unsqueeze_dim"} \
                 and kwargs.get("unsqueeze_dim", 1) == 1:
-            return rope(q, k, cos, sin)
+            return fused_rope(q, k, cos, sin)
         return original(q, k, cos, sin, *args, **kwargs)
     apply_rotary_pos_emb.__wrapped__ = original
     return apply_rotary_pos_emb

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import types
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -75,12 +76,45 @@ def frame_batched_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: to
     if len(set(lengths)) == 1:
         t, n = len(lengths), lengths[0]
         q, k, v = (x.view(heads, t, n, dim).transpose(0, 1) for x in (query[0], key[0], value[0]))  # (T, H, N, d)
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling)            # (T, H, N, d)
+        with tower_sdpa_backends(q.device):
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling)        # (T, H, N, d)
         return out.permute(0, 2, 1, 3).reshape(1, seq, heads, dim), None
     outs = []
-    for q, k, v in zip(*(x.split(lengths, dim=2) for x in (query, key, value))):
-        outs.append(F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling))  # (1, H, n, d)
+    with tower_sdpa_backends(query.device):
+        for q, k, v in zip(*(x.split(lengths, dim=2) for x in (query, key, value))):
+            outs.append(F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling))  # (1, H, n, d)
     return torch.cat(outs, dim=2).transpose(1, 2), None
+
+
+_CUDNN_IN_TOWERS = [False]   # see tower_sdpa_backends / allow_cudnn_in_towers
+
+
+def allow_cudnn_in_towers(on: bool) -> None:
+    """Let SDPA pick cuDNN's attention in the vision towers and the compressor again (process-wide; for A/B
+    measurements: cuDNN's kernel is faster per call on Hopper, its per-shape plan building costs host time)."""
+    _CUDNN_IN_TOWERS[0] = bool(on)
+
+
+def tower_sdpa_backends(device: torch.device):
+    """SDPA backends for the towers' attention on CUDA (both families' vision towers, the Omni audio tower and the
+    VideoLLaMA3 qbase compressor): flash, memory-efficient, math; cuDNN left out.
+
+    SDPA prefers cuDNN's attention for these bf16 calls on Hopper, and cuDNN builds an execution plan on the host for
+    every new shape: about 2.3 ms of CPU per call in a micro-chunk-200ms profile on the H200 (the batch of chunks
+    changes with every row) and 1.34 s of CPU over the 382 attention calls of one VideoLLaMA3-7B predict step on an
+    unseen 287 s video (frame counts per encode chunk, grids and compressor windows differ from video to video;
+    ``bench/qa_step_profile.py``, 2026-12-02). Backends the caller turned off stay off (SDPA's backend switches are
+    process-wide, as ``sdpa_kernel`` itself); :func:`allow_cudnn_in_towers` leaves SDPA's own choice.
+    Returns a context manager."""
+    if device.type != "cuda" or _CUDNN_IN_TOWERS[0] or not torch.backends.cuda.cudnn_sdp_enabled():
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    cuda = torch.backends.cuda
+    keep = [b for b, on in ((SDPBackend.FLASH_ATTENTION, cuda.flash_sdp_enabled()),
+                            (SDPBackend.EFFICIENT_ATTENTION, cuda.mem_efficient_sdp_enabled()),
+                            (SDPBackend.MATH, cuda.math_sdp_enabled())) if on]   # what the caller left on
+    return sdpa_kernel(keep) if keep else nullcontext()
 
 
 def rotary_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -148,8 +182,9 @@ def frame_batched_attention_forward(self, hidden_states: torch.Tensor, cu_seqlen
     else:
         cos, sin = cos.view(t, n, dim), sin.view(t, n, dim)
     q, k = fused_rotary_qk(q, k, cos.unsqueeze(-2).float(), sin.unsqueeze(-2).float())
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         scale=self.scaling)                   # (T, H, N, d)
+    with tower_sdpa_backends(q.device):
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             scale=self.scaling)               # (T, H, N, d)
     out = out.transpose(1, 2).reshape(seq, heads * dim)
     return self.out_proj(out), None
 

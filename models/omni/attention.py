@@ -15,7 +15,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.nn.functional as F
 
-from models.vision_attention import chunk_lengths, fused_rotary_qk
+from models.vision_attention import chunk_lengths, fused_rotary_qk, tower_sdpa_backends
 
 log = logging.getLogger(__name__)
 
@@ -29,26 +29,8 @@ def _chunk_attention(module, q, k, v, cu_seqlens) -> torch.Tensor:
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import eager_attention_forward
 
     fn = ALL_ATTENTION_FUNCTIONS.get_interface(module.config._attn_implementation, eager_attention_forward)
-    with _tower_sdpa_backends(q.device):
+    with tower_sdpa_backends(q.device):
         return _chunk_attention_calls(fn, module, q, k, v, chunk_lengths(cu_seqlens))
-
-
-def _tower_sdpa_backends(device: torch.device):
-    """SDPA backends for the towers' chunk attention on CUDA: flash, memory-efficient, math (cuDNN left out).
-
-    SDPA prefers cuDNN's attention for these unmasked bf16 calls on Hopper, and cuDNN builds an execution plan per
-    new shape on the host (about 2.3 ms of CPU per call in a micro-chunk-200ms profile on the H200, where the batch
-    of chunks changes with every row), which the host-bound small calls of streaming extraction cannot afford.
-    Backends the caller turned off stay off (SDPA's backend switches are process-wide, as ``sdpa_kernel`` itself)."""
-    if device.type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
-        return nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    cuda = torch.backends.cuda
-    keep = [b for b, on in ((SDPBackend.FLASH_ATTENTION, cuda.flash_sdp_enabled()),
-                            (SDPBackend.EFFICIENT_ATTENTION, cuda.mem_efficient_sdp_enabled()),
-                            (SDPBackend.MATH, cuda.math_sdp_enabled())) if on]   # what the caller left on
-    return sdpa_kernel(keep) if keep else nullcontext()
 
 
 def _chunk_attention_calls(fn, module, q, k, v, lengths: list[int]) -> torch.Tensor:

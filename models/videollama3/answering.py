@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from algorithms.errors import SettingError
+from ..kernels import host_to_device
 from .layout import VideoPrompt
 
 log = logging.getLogger(__name__)
@@ -161,8 +162,8 @@ class SharedPrefixAnswering:
             pos[r, longest - n:] = prefix_len + torch.arange(n)
         # everything the host sends is on the device before the prefill is launched: from here to the final read of
         # the tokens nothing waits for the GPU, so the host-side work of the answer stage overlaps the prefill
-        inp, valid, pos = inp.to(dev), valid.to(dev), pos.to(dev)
-        eos = torch.tensor(self.eos_ids, device=dev)
+        inp, valid, pos = (host_to_device(t, dev) for t in (inp, valid, pos))
+        eos = host_to_device(torch.tensor(self.eos_ids), dev)
         static = None
         if decode != "dynamic":
             static = self._suffix_cache(q, longest + max_new_tokens)

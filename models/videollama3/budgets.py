@@ -15,6 +15,7 @@ import torch
 
 from algorithms.budget import Plan, frame_grid, frame_token_cap, plan_groups, subsample
 from algorithms.errors import SettingError
+from ..kernels import host_to_device
 from .layout import VideoPrompt
 from .model import BudgetedVideoLlama3
 
@@ -149,7 +150,7 @@ def prepare_budgets(vlm: BudgetedVideoLlama3, frames: torch.Tensor, times_s: lis
         if raw_grid != grid:
             raw_rows = cache.get([idx[a] for a in raw_pos], raw_cap) if raw_pos else rows[:0]
         else:
-            raw_rows = rows[raw_pos]
+            raw_rows = rows[host_to_device(torch.tensor(raw_pos, dtype=torch.long), rows.device)]
         raw_llm = vlm.project(raw_rows, original=raw_mode == "orig")   # (n_raw, raw_hw, D)
         group_llm = vlm.project(vlm.compress(rows, plan, grid))          # (G_c, K, D)
         times = [times_s[i] for i in idx]

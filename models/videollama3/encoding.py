@@ -21,6 +21,8 @@ from algorithms.errors import CheckpointError, SettingError
 from ..loading import local_checkpoint, reading_checkpoint
 from .qbase import TransformerDecoderFlatCompressor, load_state_dict_strict
 from .weight_files import ORIGINAL_PROJECTOR_DIR, QBASE_DIR
+from .. import vision_attention
+from ..kernels import host_to_device
 from ..vision_attention import frame_layout
 
 
@@ -121,8 +123,6 @@ class VisionEncoding:
 
     def set_vision_attention(self, implementation: str | None) -> "BudgetedVideoLlama3":
         """Select the vision encoder's attention backend (``"frame_batched"``, a transformers name, or ``None``)."""
-        from .. import vision_attention
-
         if implementation is not None:
             batched = implementation == "frame_batched"
             if batched:
@@ -171,16 +171,44 @@ class VisionEncoding:
                 size={"shortest_edge": min(MIN_TOKENS_PER_FRAME, max_tokens) * CELL_PIXELS ** 2,
                       "longest_edge": max_tokens * CELL_PIXELS ** 2 * t},
                 return_tensors="pt")
-            thw = inputs["video_grid_thw"]
+            thw, merge = inputs["video_grid_thw"], inputs["video_merge_sizes"]       # host tensors
             if tuple(thw[0].tolist()) != (t, 2 * gh, 2 * gw):
                 raise RuntimeError(f"video processor produced grid {thw[0].tolist()}, frame_grid says "
                                    f"{(t, 2 * gh, 2 * gw)} for frames of {tuple(clip.shape[1:3])}")
             with frame_layout(t, 4 * gh * gw):   # frames of one size: no per-layer read of the boundaries
                 vis = self.model.model.vision_model(
                     pixel_values=inputs["pixel_values_videos"].to(self.device, self.dtype),
-                    grid_thw=thw.to(self.device), merge_sizes=inputs["video_merge_sizes"].to(self.device))
+                    grid_thw=thw, merge_sizes=merge, **self._vision_layout(t, 2 * gh, 2 * gw, int(merge[0])))
             out.append(vis.last_hidden_state.view(t, gh * gw, -1))
         return torch.cat(out), (gh, gw)
+
+    def _vision_layout(self, t: int, h: int, w: int, merge: int) -> dict:
+        """The vision model's ``position_ids`` (on the device, built there: no host-to-device copy) and
+        ``cu_seqlens`` / ``max_seqlen`` for one video grid of ``t`` frames of ``h x w`` patches, passed to its
+        forward so that nothing in it reads the grid from the device. The grid itself stays on the host
+        (``grid_thw``, ``merge_sizes``: the library's ``.tolist()`` calls on it in ``get_vision_position_ids`` and
+        ``pixel_unshuffle`` then cost no wait for the GPU, where a device grid made about 150 host waits per
+        predict step at 7B size, ``bench/qa_step_profile.py``).
+
+        ``position_ids`` (t h w, 2): transformers' ``get_vision_position_ids`` for ``grid_thw = [[t, h, w]]`` (each
+        frame's (row, column) indices laid out block-major over ``merge x merge`` blocks, repeated per frame;
+        equality tested). ``cu_seqlens`` (t + 1,) int32 frame boundaries: on the device for attention backends
+        that read it there, on the host for the frame-batched backend, which only checks its length.
+        """
+        key = (t, h, w, merge, self.device)
+        cached = self.__dict__.setdefault("_tb_vision_layouts", {})
+        if key not in cached:
+            dev = self.device
+            hp, wp = torch.meshgrid(torch.arange(h, device=dev), torch.arange(w, device=dev), indexing="ij")
+            blocks = (h // merge, merge, w // merge, merge)
+            pos = torch.stack([hp.reshape(blocks).transpose(1, 2).flatten(),
+                               wp.reshape(blocks).transpose(1, 2).flatten()], dim=-1).repeat(t, 1)
+            on_host = self.model.config.vision_config._attn_implementation == vision_attention.FRAME_BATCHED_SDPA
+            cu = torch.arange(t + 1, dtype=torch.int32, device="cpu" if on_host else dev) * (h * w)
+            if len(cached) > 64:          # one entry per (frames in a chunk, grid): a few per video
+                cached.clear()
+            cached[key] = {"position_ids": pos, "cu_seqlens": cu, "max_seqlen": h * w}
+        return dict(cached[key])
 
     def project(self, rows: torch.Tensor, original: bool = False) -> torch.Tensor:
         """(..., C) vision rows -> (..., D) LLM rows through the checkpoint projector (or the original one)."""
@@ -222,6 +250,6 @@ class VisionEncoding:
         finally:
             self.compressor.adaptive_segmentation = saved
         if self.compressor.match_encoder_scale:
-            out = out[list(plan.compressed)]
+            out = out[host_to_device(torch.tensor(list(plan.compressed), dtype=torch.long), out.device)]
         return out
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from algorithms.budget import Plan
+from ..kernels import host_to_device
 
 COMPRESSION_START = "<|compression_start|>"
 COMPRESSION_END = "<|compression_end|>"
@@ -220,12 +221,12 @@ class PromptLayout:
         Raises:
             ValueError: the placeholder count differs from N.
         """
-        ids = ids.to(self.device)
-        emb = self.model.get_input_embeddings()(ids)
-        mask = ids == self.placeholder_id
+        mask = ids == self.placeholder_id                       # on the ids' device (the host, as built)
         if int(mask.sum()) != vision_embeds.shape[0]:
             raise ValueError(f"{int(mask.sum())} placeholders for {vision_embeds.shape[0]} vision rows")
-        emb = emb.clone()
-        emb[mask] = vision_embeds.to(emb.dtype)
+        emb = self.model.get_input_embeddings()(host_to_device(ids, self.device))   # a new tensor
+        # the rows go in at integer positions copied from the host: a boolean-mask assignment on the device would
+        # wait for the GPU (it counts the mask's entries first)
+        emb[host_to_device(mask.nonzero().squeeze(1), self.device)] = vision_embeds.to(emb.dtype)
         return emb.unsqueeze(0)
 

@@ -58,6 +58,7 @@ from algorithms.errors import CheckpointError
 from algorithms.segmentation import adaptive_segment_lengths
 
 from ..loading import reading_checkpoint
+from ..vision_attention import tower_sdpa_backends
 
 SUPPORTED_COMPRESSOR_TYPES = ("transformer_decoder_flat",)
 # the fork's other types (build_token_compressor): known, not run here
@@ -243,37 +244,60 @@ class Attention(nn.Module):
 
     def self_attention(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, K, C): every window's queries attend to each other (non-causal, no rotary) -> (B, K, C)."""
-        y = F.scaled_dot_product_attention(self._heads(self.w_q(x)), self._heads(self.w_k(x)),
-                                           self._heads(self.w_v(x)))
+        with tower_sdpa_backends(x.device):
+            y = F.scaled_dot_product_attention(self._heads(self.w_q(x)), self._heads(self.w_k(x)),
+                                               self._heads(self.w_v(x)))
         return self.w_o(y.transpose(1, 2).flatten(-2))
 
-    def cross_attention(self, x: torch.Tensor, kv: torch.Tensor, angles: torch.Tensor, windows: list[int]
-                        ) -> torch.Tensor:
+    def cross_attention(self, x: torch.Tensor, kv: torch.Tensor, angles: torch.Tensor, windows: list[int],
+                        chunks: list[tuple[int, int, torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
         """x (B, K, C) queries at coordinate 0; kv (N, C) encoder rows, ``windows`` L_b summing to N; angles (N,
-        hd/2) the keys' rotary. Each window's queries attend only to its own rows -> (B, K, C)."""
+        hd/2) the keys' rotary. Each window's queries attend only to its own rows -> (B, K, C). ``chunks``: the
+        windows' padded key layout from :func:`kv_chunks` (computed here when not given; the compressor computes
+        it once for all its layers)."""
         k = apply_rotary(self.w_k(kv).unflatten(-1, (self.n_head, self.head_dim)), angles)   # (N, H, hd)
         v = self.w_v(kv).unflatten(-1, (self.n_head, self.head_dim))
         q = self._heads(self.w_q(x))                                                          # (B, H, K, hd)
         out = []
-        starts = [0]
-        for n in windows:
-            starts.append(starts[-1] + n)
-        b0 = 0
-        while b0 < len(windows):                       # windows in chunks of at most _KV_CHUNK_ROWS padded keys
-            longest, b1 = windows[b0], b0 + 1
-            while b1 < len(windows) and (b1 + 1 - b0) * max(longest, windows[b1]) <= _KV_CHUNK_ROWS:
-                longest = max(longest, windows[b1])
-                b1 += 1
-            lens = torch.tensor(windows[b0:b1], device=kv.device)
-            pos = torch.arange(longest, device=kv.device)
-            valid = pos[None, :] < lens[:, None]                                              # (b, L)
-            index = (torch.tensor(starts[b0:b1], device=kv.device)[:, None] + pos[None, :]).clamp_max(kv.shape[0] - 1)
-            kb = k[index].permute(0, 2, 1, 3)                                                 # (b, H, L, hd)
-            vb = v[index].permute(0, 2, 1, 3)
-            out.append(F.scaled_dot_product_attention(q[b0:b1], kb, vb, attn_mask=valid[:, None, None, :]))
-            b0 = b1
+        with tower_sdpa_backends(x.device):
+            for b0, b1, index, valid in chunks if chunks is not None else kv_chunks(windows, kv.device):
+                kb = k[index].permute(0, 2, 1, 3)                                             # (b, H, L, hd)
+                vb = v[index].permute(0, 2, 1, 3)
+                out.append(F.scaled_dot_product_attention(q[b0:b1], kb, vb, attn_mask=valid))
         y = torch.cat(out)                                                                    # (B, H, K, hd)
         return self.w_o(y.transpose(1, 2).flatten(-2))
+
+
+def kv_chunks(windows: list[int], device: torch.device | str) -> list[tuple[int, int, torch.Tensor, torch.Tensor]]:
+    """The padded key layout of the cross-attention: consecutive windows in chunks of at most ``_KV_CHUNK_ROWS``
+    padded key rows, each ``(b0, b1, index (b, L) long, valid (b, 1, 1, L) bool)`` for windows ``b0..b1-1``, ``L``
+    their longest window, ``index`` the key rows of each window padded by repeating the last row of ``kv`` (masked
+    out by ``valid``).
+
+    Built on the host and sent with one non-blocking copy per tensor (from pinned memory on CUDA), so the
+    compressor's forward never waits for the GPU: building them on the device from host lists would copy
+    synchronously, 2 waits per chunk and layer (80 per predict step at 7B size, ``bench/qa_step_profile.py``).
+    """
+    device = torch.device(device)
+    total = sum(windows)
+    starts = [0]
+    for n in windows:
+        starts.append(starts[-1] + n)
+    out = []
+    b0 = 0
+    while b0 < len(windows):
+        longest, b1 = windows[b0], b0 + 1
+        while b1 < len(windows) and (b1 + 1 - b0) * max(longest, windows[b1]) <= _KV_CHUNK_ROWS:
+            longest = max(longest, windows[b1])
+            b1 += 1
+        pos = torch.arange(longest)
+        valid = pos[None, :] < torch.tensor(windows[b0:b1])[:, None]                         # (b, L)
+        index = (torch.tensor(starts[b0:b1])[:, None] + pos[None, :]).clamp_max(total - 1)
+        if device.type == "cuda":
+            index, valid = (t.pin_memory().to(device, non_blocking=True) for t in (index, valid))
+        out.append((b0, b1, index, valid[:, None, None, :]))
+        b0 = b1
+    return out
 
 
 class MLP(nn.Module):
@@ -301,9 +325,9 @@ class TransformerDecoderLayer(nn.Module):
         self.layer_norm3 = nn.LayerNorm(c, eps=eps)
         self.mlp = MLP(c, config.intermediate_size)
 
-    def forward(self, q, kv, angles, windows):
+    def forward(self, q, kv, angles, windows, chunks=None):
         q = q + self.self_attn.self_attention(self.layer_norm1(q))
-        q = q + self.cross_attn.cross_attention(self.layer_norm2(q), kv, angles, windows)
+        q = q + self.cross_attn.cross_attention(self.layer_norm2(q), kv, angles, windows, chunks)
         return q + self.mlp(self.layer_norm3(q))
 
 
@@ -327,6 +351,15 @@ class TransformerDecoderFlatCompressor(nn.Module):
             self.out_beta = nn.Parameter(torch.zeros(config.hidden_size))
         self.adaptive_segmentation = bool(config.adaptive_segmentation)
         self._last_seg_lens = None
+
+    def _position_encoding(self, device: torch.device) -> torch.Tensor:
+        """:func:`sinusoidal_position_encoding` of the K queries in the query's dtype on ``device``, kept per device
+        and dtype (made once: a host-to-device copy per call would wait for the GPU)."""
+        key = (torch.device(device), self.query.dtype)
+        cache = self.__dict__.setdefault("_tb_pe", {})
+        if key not in cache:
+            cache[key] = sinusoidal_position_encoding(self.num_queries, self.hidden_size).to(*key)
+        return cache[key]
 
     @property
     def num_queries(self) -> int:
@@ -395,10 +428,10 @@ class TransformerDecoderFlatCompressor(nn.Module):
             cu, grid_hws = self._segment(kv, cu, grid_hws)
         windows = [b - a for a, b in zip(cu, cu[1:])]
         angles = cross_rotary_angles(windows, grid_hws, self.head_dim, kv.device)
-        pe = sinusoidal_position_encoding(self.num_queries, self.hidden_size).to(kv.device, self.query.dtype)
-        q = (self.query + pe).expand(len(windows), -1, -1)                    # (B, K, C)
+        q = (self.query + self._position_encoding(kv.device)).expand(len(windows), -1, -1)   # (B, K, C)
+        chunks = kv_chunks(windows, kv.device)                                # one key layout for every layer
         for layer in self.layers:
-            q = layer(q, kv, angles, windows)
+            q = layer(q, kv, angles, windows, chunks)
         out = q.reshape(-1, self.hidden_size)                                 # (B * K, C)
         if self.match_encoder_scale:
             x = out.float()

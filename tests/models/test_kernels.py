@@ -294,3 +294,61 @@ def test_fused_videollama3_keeps_video_logits_and_unbinds_on_cpu(tiny_vlm):
     assert fused.fuse(vision, False) == len(layers) + len(mlps)
     assert all(m.forward.__func__ is type(m).forward for m in layers + mlps)
     tiny_vlm.set_fused_kernels(True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_rope_on_token_rows_equals_the_library(dtype):
+    """``fused_rope`` (what the patched ``apply_rotary_pos_emb`` calls on CUDA; eager here): q, k as the attention
+    modules make them (transposed views of (B, S, H, d) projections) run as (B S, H, d) rows and come back as the
+    same views, bit-identical to the library; other layouts take the 4-D kernel, also identical."""
+    from transformers.models.qwen2 import modeling_qwen2 as mq
+
+    original = fused._ROPE_ORIGINAL.get(mq.__name__, mq.apply_rotary_pos_emb)
+    torch.manual_seed(0)
+    for b, s in ((1, 37), (3, 5), (3, 1)):                        # prefill, suffix, decode step
+        q = torch.randn(b, s, 4, 16, dtype=dtype).transpose(1, 2)
+        k = torch.randn(b, s, 2, 16, dtype=dtype).transpose(1, 2)
+        cos, sin = torch.randn(b, s, 16, dtype=dtype), torch.randn(b, s, 16, dtype=dtype)
+        for got, want, x in zip(fused.fused_rope(q, k, cos, sin), original(q, k, cos, sin), (q, k)):
+            assert torch.equal(got, want) and got.shape == x.shape and got.stride() == x.stride()
+        qc, kc = q.contiguous(), k.contiguous()                   # not a transposed view: the 4-D kernel
+        for got, want in zip(fused.fused_rope(qc, kc, cos, sin), original(qc, kc, cos, sin)):
+            assert torch.equal(got, want)
+
+
+def test_llm_call_shapes_compile_one_graph_per_function(monkeypatch):
+    """Prefill (1, L), question suffix (Q, n) and decode step (Q, 1) shapes reach RMSNorm, the SiLU gate and the
+    rotary as (N, D) rows: one graph each (compiled here with a counting backend on the CPU); the 4-D rotary
+    needed three (size-1 batch and size-1 sequence are specialized)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    graphs: dict[str, int] = {}
+
+    def counting(name):
+        def backend(gm, example_inputs):
+            graphs[name] = graphs.get(name, 0) + 1
+            return gm.forward
+        return backend
+
+    for name in ("rms_norm", "silu_mul", "rope_rows", "rope"):
+        f = getattr(fused, name)
+        monkeypatch.setattr(f, "devices", ("cpu",))
+        monkeypatch.setattr(f, "backend", counting(name))
+        monkeypatch.setattr(f, "_compiled", None)
+        monkeypatch.setattr(f, "state", "new")
+    w = torch.ones(24)
+    for b, s in ((1, 37), (3, 5), (3, 1), (1, 41), (2, 1)):
+        x = torch.randn(b, s, 24)
+        assert torch.equal(fused._on_rows(lambda r: fused.rms_norm(r, w, 1e-6), x), fused._rms_norm(x, w, 1e-6))
+        g, u = torch.randn(b, s, 40), torch.randn(b, s, 40)
+        assert torch.equal(fused._on_rows(fused.silu_mul, g, u), fused._silu_mul(g, u))
+        q = torch.randn(b, s, 4, 16).transpose(1, 2)
+        k = torch.randn(b, s, 2, 16).transpose(1, 2)
+        cos, sin = torch.randn(b, s, 16), torch.randn(b, s, 16)
+        for got, want in zip(fused.fused_rope(q, k, cos, sin), fused._rope(q, k, cos, sin)):
+            assert torch.equal(got, want)
+        fused.rope(q.contiguous(), k.contiguous(), cos, sin)     # the 4-D kernel, for comparison
+    assert graphs["rms_norm"] == graphs["silu_mul"] == graphs["rope_rows"] == 1
+    assert graphs["rope"] == 3
+    torch._dynamo.reset()

@@ -482,7 +482,8 @@ def test_tower_sdpa_backends_leave_cudnn_out_and_keep_what_the_caller_turned_off
     without a GPU)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from models.omni.attention import _tower_sdpa_backends
+    from models.vision_attention import allow_cudnn_in_towers
+    from models.vision_attention import tower_sdpa_backends as _tower_sdpa_backends
 
     cuda = torch.backends.cuda
 
@@ -500,6 +501,12 @@ def test_tower_sdpa_backends_leave_cudnn_out_and_keep_what_the_caller_turned_off
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
         with _tower_sdpa_backends(torch.device("cuda")):
             assert flags() == (True, False, False, False)
+        allow_cudnn_in_towers(True)                             # A/B switch: SDPA's own choice again
+        try:
+            with _tower_sdpa_backends(torch.device("cuda")):
+                assert flags() == (True, False, False, True)
+        finally:
+            allow_cudnn_in_towers(False)
     assert flags() == before
 
 

@@ -264,6 +264,32 @@ def test_frame_batched_vision_attention_equals_per_frame(tiny_vlm):
 
 
 
+def test_encode_passes_the_library_s_vision_layout_with_the_grid_on_the_host(tiny_vlm):
+    """``encode`` hands the vision model precomputed ``position_ids`` / ``cu_seqlens`` (so nothing in its forward
+    reads a device grid): they equal transformers' own ``get_vision_position_ids`` / ``get_vision_cu_seqlens`` for
+    the grid, and the rows equal the library's forward given only the grid (bit-identical on the CPU)."""
+    from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids
+
+    from datamodules.decoding import decode_video
+
+    for t, h, w in ((3, 4, 6), (1, 8, 2), (5, 6, 6)):
+        lay = tiny_vlm._vision_layout(t, h, w, 2)
+        grid = torch.tensor([[t, h, w]])
+        assert torch.equal(lay["position_ids"], get_vision_position_ids(grid, torch.tensor([2])))
+        assert torch.equal(lay["cu_seqlens"], get_vision_cu_seqlens(grid))
+        assert lay["max_seqlen"] == h * w
+    dec = decode_video(MEDIA / "cockatoo.mp4", 1024)
+    rows, (gh, gw) = tiny_vlm.encode(dec.frames[:3], 64)
+    inputs = tiny_vlm.video_processor(videos=[dec.frames[:3].permute(0, 3, 1, 2)], do_sample_frames=False,
+                                      use_token_compression=False,
+                                      size={"shortest_edge": 16 * 28 ** 2, "longest_edge": 64 * 28 ** 2 * 3},
+                                      return_tensors="pt")
+    ref = tiny_vlm.model.model.vision_model(pixel_values=inputs["pixel_values_videos"].to(tiny_vlm.dtype),
+                                            grid_thw=inputs["video_grid_thw"],
+                                            merge_sizes=inputs["video_merge_sizes"]).last_hidden_state
+    assert torch.equal(rows, ref.view(3, gh * gw, -1))
+
+
 def test_frame_batched_forward_matches_library_attention(tiny_vlm):
     """The bound vision-attention forward: rotary bit-identical to the library's float32 rotary; with and without a
     declared frame layout, and for unequal frames (library fallback), the output equals the stock forward."""
