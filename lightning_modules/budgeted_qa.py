@@ -20,6 +20,7 @@ from datamodules.decoding import EncoderSizing
 from datamodules.benchmarks.prompts import (chat_parts, recorded_template, check_template, interleaved_subtitles, pre_media_text,
                                             prompt_and_template)
 from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets
+from models.videollama3 import warm
 from models.videollama3.frame_sizes import load_video_processor
 
 log = logging.getLogger(__name__)
@@ -210,7 +211,11 @@ class BudgetedQA(LightningModule):
     def on_predict_start(self) -> None:
         """Load the model here, not in ``setup``: Lightning has already started the DataLoader workers (a sized
         loader is not prefetched before this hook), so the first videos decode while the weights load instead
-        of the GPU waiting for them afterwards (``load_seconds`` is reported by ``callbacks.timing.StageTimer``)."""
+        of the GPU waiting for them afterwards (``load_seconds`` is reported by ``callbacks.timing.StageTimer``).
+        On CUDA the fused kernels compile meanwhile from the checkpoint's config in a background thread
+        (:mod:`models.videollama3.warm`); the first predict step waits for what is left of it."""
+        if self.vlm is None:
+            self._compiling = warm.start(self.hparams.model_path, self.device, getattr(torch, self.hparams.dtype))
         self.load_model()
 
     def load_model(self) -> None:
@@ -230,6 +235,9 @@ class BudgetedQA(LightningModule):
             self.load_seconds = time.perf_counter() - t0
 
     def predict_step(self, item: dict, batch_idx: int = 0) -> list[dict]:
+        thread, self._compiling = getattr(self, "_compiling", None), None
+        if thread is not None:          # the early compilation (on_predict_start) ends before the first forward
+            thread.join()
         jobs = self.jobs
         if item.get("error"):
             log.warning("video %s: %s", item["video_id"], item["error"])

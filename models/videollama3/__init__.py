@@ -8,7 +8,8 @@ Public surface (everything else is an implementation detail of this package):
 - :class:`VideoPrompt`, :class:`Answer`, :class:`BudgetInput` — what the layout and the answering exchange;
 - :class:`TokenCompressorConfig`, :class:`TransformerDecoderFlatCompressor` — the fork's compressor (``qbase``);
 - the layout ablation inputs (:mod:`.ablation`), checkpoint conversion (:mod:`.convert`, :mod:`.original_layout`)
-  and the tiny model (:mod:`.tiny`) are imported from their modules.
+  the tiny model (:mod:`.tiny`) and the early compilation of the fused kernels (:mod:`.warm`) are imported from
+  their modules.
 
 Files: :mod:`.model` composes :mod:`.encoding` (loading, encoding), :mod:`.layout` (the LLM input) and
 :mod:`.answering` (with :mod:`.shared_prefix`); :mod:`.budgets` plans every budget of a video; :mod:`.qbase` is the

@@ -20,6 +20,7 @@ import torch
 
 from algorithms.errors import SettingError
 from ..kernels import host_to_device
+from ..vision_attention import tower_sdpa_backends
 from .layout import VideoPrompt
 
 log = logging.getLogger(__name__)
@@ -110,8 +111,9 @@ class SharedPrefixAnswering:
         cache = DynamicCache(config=self.model.config.get_text_config())
         # the base model only: no lm_head (VideoLlama3ForConditionalGeneration ignores logits_to_keep and would
         # compute logits for every prefix position, ~5 GB at 16k rows on 7B shapes)
-        self.model.model(inputs_embeds=self.embed(prompt.ids, prompt.vision_embeds), past_key_values=cache,
-                         use_cache=True)
+        with tower_sdpa_backends(self.device):   # no per-shape cuDNN plans (a new prefix length every video)
+            self.model.model(inputs_embeds=self.embed(prompt.ids, prompt.vision_embeds), past_key_values=cache,
+                             use_cache=True)
         return cache
 
     @torch.no_grad()
@@ -232,11 +234,14 @@ class SharedPrefixAnswering:
 
     def _suffix_cache(self, rows: int, length: int):
         """A ``StaticCache`` of ``length`` positions for ``rows`` question rows, allocated now (not lazily at the
-        first update, which would copy host data to the device and wait for the GPU mid-answer)."""
+        first update, which would copy host data to the device and wait for the GPU mid-answer; the layers' write
+        counters are made on the device for the same reason)."""
         from transformers import StaticCache
 
         cfg = self.model.config.get_text_config()
         sc = StaticCache(config=cfg, max_cache_len=length)
+        for layer in sc.layers:   # made on the device: the library's host counter would be copied with a GPU wait
+            layer.cumulative_length = torch.zeros((), dtype=layer.cumulative_length.dtype, device=self.device)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         sc.early_initialization(rows, cfg.num_key_value_heads, head_dim, self.dtype, self.device)
         return sc

@@ -118,7 +118,10 @@ def shared_prefix_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: to
     # prefix: fold (rows, G, s) into one query axis per KV head; query head h = kv * G + j (repeat_kv's layout)
     folded = query.view(rows, kv_heads, g, s, d).permute(1, 0, 2, 3, 4).reshape(1, kv_heads, rows * g * s, d)
     out_p, lse_p = _prefix_part(folded, pk, pv, scale)
-    return _suffix_and_merge(query, key, value, attention_mask, out_p, lse_p, scale), None
+    # the decode step (s = 1, every step, inside the CUDA graph) runs the compiled chain; the question suffixes
+    # (s = n, once per layer and (video, budget)) the same math eagerly: one compiled graph, not two
+    merge = _suffix_and_merge if s == 1 else _suffix_and_merge_math
+    return merge(query, key, value, attention_mask, out_p, lse_p, scale), None
 
 
 def _suffix_and_merge_math(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

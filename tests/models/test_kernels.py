@@ -352,3 +352,50 @@ def test_llm_call_shapes_compile_one_graph_per_function(monkeypatch):
     assert graphs["rms_norm"] == graphs["silu_mul"] == graphs["rope_rows"] == 1
     assert graphs["rope"] == 3
     torch._dynamo.reset()
+
+
+def test_early_compilation_makes_the_graphs_the_model_then_calls(tiny_vlm, monkeypatch):
+    """``models.videollama3.warm.compile_fused_kernels`` (run in a thread, from the config alone, in the grad mode
+    the model will run in) compiles one graph per fused kernel; the model's own forwards afterwards (vision encode,
+    LLM prefill-, suffix- and decode-shaped calls, under ``torch.inference_mode`` as Lightning's predict loop)
+    compile nothing more: the same guards. Compiled here with a counting backend on the CPU."""
+    import threading
+
+    import torch._dynamo
+
+    from datamodules.decoding import decode_video
+    from models import vision_attention
+    from models.videollama3 import warm
+    from tests.conftest import MEDIA
+
+    torch._dynamo.reset()
+    graphs: dict[str, int] = {}
+
+    def counting(name):
+        def backend(gm, example_inputs, **options):   # (add+LayerNorm passes Inductor options)
+            graphs[name] = graphs.get(name, 0) + 1
+            return gm.forward
+        return backend
+
+    kernels = {"rms_norm": fused.rms_norm, "silu_mul": fused.silu_mul, "rope_rows": fused.rope_rows,
+               "add_layer_norm": fused.add_layer_norm, "vision_rotary": vision_attention.fused_rotary_qk}
+    for name, f in kernels.items():
+        monkeypatch.setattr(f, "devices", ("cpu",))
+        monkeypatch.setattr(f, "backend", counting(name))
+        monkeypatch.setattr(f, "_compiled", None)
+        monkeypatch.setattr(f, "state", "new")
+    done = []
+    thread = threading.Thread(target=lambda: done.append(warm.compile_fused_kernels(
+        tiny_vlm.model.config, "cpu", tiny_vlm.dtype, inference=True)))
+    thread.start()
+    thread.join()
+    assert len(done[0]) == 5 and graphs == {name: 1 for name in kernels}
+    frames = decode_video(MEDIA / "cockatoo.mp4", 1024).frames[:3]
+    lm = tiny_vlm.model.model.language_model
+    d = lm.config.hidden_size
+    with torch.inference_mode():
+        tiny_vlm.encode(frames, 64)
+        for b, s in ((1, 23), (3, 5), (3, 1)):
+            lm(inputs_embeds=torch.randn(b, s, d))
+    assert graphs == {"rms_norm": 1, "silu_mul": 1, "rope_rows": 1, "add_layer_norm": 1, "vision_rotary": 1}
+    torch._dynamo.reset()
