@@ -23,8 +23,8 @@ import torch
 log = logging.getLogger(__name__)
 
 
-def compile_fused_kernels(config, device: torch.device | str, dtype: torch.dtype, inference: bool = False
-                          ) -> list[str]:
+def compile_fused_kernels(config, device: torch.device | str, dtype: torch.dtype, inference: bool = False,
+                          inference_weights: bool | None = None) -> list[str]:
     """Call every fused kernel the VideoLLaMA3 model will call, on stand-in tensors of the model's fixed sizes
     (rows dynamic, as the kernels mark them), so each graph is compiled now (on a device the kernels compile for;
     elsewhere they run eagerly, and this is a few small eager calls).
@@ -36,6 +36,9 @@ def compile_fused_kernels(config, device: torch.device | str, dtype: torch.dtype
         inference: run under ``torch.inference_mode`` (as Lightning's predict loop runs the model: inference
             tensors are guarded apart from plain ones, so the graphs must be made in the mode they will be called
             in), else under ``torch.no_grad``.
+        inference_weights: the model's weights are inference tensors (loaded, or moved to the device, inside
+            ``torch.inference_mode``, as ``BudgetedQA.on_predict_start`` does in Lightning's predict loop);
+            default: ``inference``.
 
     Returns:
         The names of the kernels called (the shared-prefix merge of the decode step is left to its first call: its
@@ -52,11 +55,12 @@ def compile_fused_kernels(config, device: torch.device | str, dtype: torch.dtype
     c, v_heads = vision.hidden_size, vision.num_attention_heads
     v_dim = c // v_heads
     rows, frames, patches = 19, 3, 40   # > 1: sizes 0 and 1 would be specialized
-    # the weights as the model holds them (made outside inference mode: plain tensors, parameters), the
+    # the weights as the model holds them (parameters; inference tensors when loaded in inference mode), the
     # activations in the mode the model runs in (inference tensors carry another dispatch key set, which is guarded)
-    weight = torch.nn.Parameter(torch.ones(d_model, device=device, dtype=dtype), requires_grad=False)
-    ln_w, ln_b = (torch.nn.Parameter(torch.ones(c, device=device, dtype=dtype), requires_grad=False)
-                  for _ in range(2))
+    with torch.inference_mode(inference if inference_weights is None else inference_weights):
+        weight = torch.nn.Parameter(torch.ones(d_model, device=device, dtype=dtype), requires_grad=False)
+        ln_w, ln_b = (torch.nn.Parameter(torch.ones(c, device=device, dtype=dtype), requires_grad=False)
+                      for _ in range(2))
     with torch.inference_mode() if inference else torch.no_grad():
         rms_norm(torch.randn(rows, d_model, device=device, dtype=dtype), weight, float(text.rms_norm_eps))
         silu_mul(*(torch.randn(rows, inter, device=device, dtype=dtype) for _ in range(2)))

@@ -354,11 +354,14 @@ def test_llm_call_shapes_compile_one_graph_per_function(monkeypatch):
     torch._dynamo.reset()
 
 
-def test_early_compilation_makes_the_graphs_the_model_then_calls(tiny_vlm, monkeypatch):
+@pytest.mark.parametrize("loaded_in_inference_mode", [False, True])
+def test_early_compilation_makes_the_graphs_the_model_then_calls(tiny_vl3_dir, monkeypatch, loaded_in_inference_mode):
     """``models.videollama3.warm.compile_fused_kernels`` (run in a thread, from the config alone, in the grad mode
     the model will run in) compiles one graph per fused kernel; the model's own forwards afterwards (vision encode,
     LLM prefill-, suffix- and decode-shaped calls, under ``torch.inference_mode`` as Lightning's predict loop)
-    compile nothing more: the same guards. Compiled here with a counting backend on the CPU."""
+    compile nothing more: the same guards, whether the weights were loaded outside inference mode or inside it (as
+    ``BudgetedQA.on_predict_start`` loads them in the predict loop; the stand-in weights follow,
+    ``inference_weights``). Compiled here with a counting backend on the CPU."""
     import threading
 
     import torch._dynamo
@@ -368,6 +371,12 @@ def test_early_compilation_makes_the_graphs_the_model_then_calls(tiny_vlm, monke
     from models.videollama3 import warm
     from tests.conftest import MEDIA
 
+    from models.videollama3 import BudgetedVideoLlama3
+
+    tiny_vlm = BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir)
+    if loaded_in_inference_mode:   # moved inside inference mode (the CLI's .to("cuda")): new, inference tensors
+        with torch.inference_mode():
+            tiny_vlm.model.to(torch.float64).to(torch.float32)
     torch._dynamo.reset()
     graphs: dict[str, int] = {}
 
@@ -386,7 +395,7 @@ def test_early_compilation_makes_the_graphs_the_model_then_calls(tiny_vlm, monke
         monkeypatch.setattr(f, "state", "new")
     done = []
     thread = threading.Thread(target=lambda: done.append(warm.compile_fused_kernels(
-        tiny_vlm.model.config, "cpu", tiny_vlm.dtype, inference=True)))
+        tiny_vlm.model.config, "cpu", tiny_vlm.dtype, inference=True, inference_weights=loaded_in_inference_mode)))
     thread.start()
     thread.join()
     assert len(done[0]) == 5 and graphs == {name: 1 for name in kernels}
