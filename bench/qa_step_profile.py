@@ -296,15 +296,15 @@ def main(argv=None) -> None:
     print(f"same video again: {timed_step(module, items[-1]):.3f} s")
     sync_sites(module, items[-1])
     if torch.cuda.is_available():   # A/B of the towers' attention backends on videos seen before (plans cached)
-        from models.vision_attention import allow_cudnn_in_towers
+        from models.vision_attention import allow_cudnn_sdpa
 
         for it in items[1:3]:
             row = []
             for cudnn in (False, True, False):
-                allow_cudnn_in_towers(cudnn)
+                allow_cudnn_sdpa(cudnn)
                 timed_step(module, it)
                 row.append(f"{'cuDNN allowed' if cudnn else 'flash/efficient'} {timed_step(module, it):.3f} s")
-            allow_cudnn_in_towers(False)
+            allow_cudnn_sdpa(False)
             print(f"seen video {Path(it['video_path']).name}, second run each: " + ", ".join(row))
 
 

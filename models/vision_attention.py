@@ -76,26 +76,26 @@ def frame_batched_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: to
     if len(set(lengths)) == 1:
         t, n = len(lengths), lengths[0]
         q, k, v = (x.view(heads, t, n, dim).transpose(0, 1) for x in (query[0], key[0], value[0]))  # (T, H, N, d)
-        with tower_sdpa_backends(q.device):
+        with sdpa_without_cudnn(q.device):
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling)        # (T, H, N, d)
         return out.permute(0, 2, 1, 3).reshape(1, seq, heads, dim), None
     outs = []
-    with tower_sdpa_backends(query.device):
+    with sdpa_without_cudnn(query.device):
         for q, k, v in zip(*(x.split(lengths, dim=2) for x in (query, key, value))):
             outs.append(F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling))  # (1, H, n, d)
     return torch.cat(outs, dim=2).transpose(1, 2), None
 
 
-_CUDNN_IN_TOWERS = [False]   # see tower_sdpa_backends / allow_cudnn_in_towers
+_CUDNN_ALLOWED = [False]   # see sdpa_without_cudnn / allow_cudnn_sdpa
 
 
-def allow_cudnn_in_towers(on: bool) -> None:
+def allow_cudnn_sdpa(on: bool) -> None:
     """Let SDPA pick cuDNN's attention in the vision towers and the compressor again (process-wide; for A/B
     measurements: cuDNN's kernel is faster per call on Hopper, its per-shape plan building costs host time)."""
-    _CUDNN_IN_TOWERS[0] = bool(on)
+    _CUDNN_ALLOWED[0] = bool(on)
 
 
-def tower_sdpa_backends(device: torch.device):
+def sdpa_without_cudnn(device: torch.device):
     """SDPA backends for the towers' attention on CUDA (both families' vision towers, the Omni audio tower and the
     VideoLLaMA3 qbase compressor): flash, memory-efficient, math; cuDNN left out.
 
@@ -104,9 +104,9 @@ def tower_sdpa_backends(device: torch.device):
     changes with every row) and 1.34 s of CPU over the 382 attention calls of one VideoLLaMA3-7B predict step on an
     unseen 287 s video (frame counts per encode chunk, grids and compressor windows differ from video to video;
     ``bench/qa_step_profile.py``, 2026-12-02). Backends the caller turned off stay off (SDPA's backend switches are
-    process-wide, as ``sdpa_kernel`` itself); :func:`allow_cudnn_in_towers` leaves SDPA's own choice.
+    process-wide, as ``sdpa_kernel`` itself); :func:`allow_cudnn_sdpa` leaves SDPA's own choice.
     Returns a context manager."""
-    if device.type != "cuda" or _CUDNN_IN_TOWERS[0] or not torch.backends.cuda.cudnn_sdp_enabled():
+    if device.type != "cuda" or _CUDNN_ALLOWED[0] or not torch.backends.cuda.cudnn_sdp_enabled():
         return nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -182,7 +182,7 @@ def frame_batched_attention_forward(self, hidden_states: torch.Tensor, cu_seqlen
     else:
         cos, sin = cos.view(t, n, dim), sin.view(t, n, dim)
     q, k = fused_rotary_qk(q, k, cos.unsqueeze(-2).float(), sin.unsqueeze(-2).float())
-    with tower_sdpa_backends(q.device):
+    with sdpa_without_cudnn(q.device):
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                              scale=self.scaling)               # (T, H, N, d)
     out = out.transpose(1, 2).reshape(seq, heads * dim)

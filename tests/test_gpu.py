@@ -83,6 +83,9 @@ def test_fused_kernels_on_cuda_equal_eager(dtype, tol):
     pairs = [(fused.rms_norm(x, w, 1e-6), fused._rms_norm(x, w, 1e-6)),
              (fused.silu_mul(x, x.flip(-1)), fused._silu_mul(x, x.flip(-1)))]
     pairs += list(zip(fused.rope(q, k, cos, sin), fused._rope(q, k, cos, sin)))
+    q_rows = torch.randn(3, 9, 8, 64, device=dev, dtype=dtype).transpose(1, 2)   # as the attention modules make them
+    k_rows = torch.randn(3, 9, 2, 64, device=dev, dtype=dtype).transpose(1, 2)
+    pairs += list(zip(fused.fused_rope(q_rows, k_rows, cos, sin), fused._rope(q_rows, k_rows, cos, sin)))
     rows, heads, kv, s, S, d = 3, 8, 2, 1, 7, 64
     query = torch.randn(rows, heads, s, d, device=dev, dtype=dtype)
     key, value = (torch.randn(rows, kv, S, d, device=dev, dtype=dtype) for _ in range(2))
@@ -95,7 +98,8 @@ def test_fused_kernels_on_cuda_equal_eager(dtype, tol):
     for got, want in pairs:
         assert got.dtype == want.dtype and got.shape == want.shape
         assert torch.allclose(got.float(), want.float(), atol=tol, rtol=tol)
-    assert all(f.state == "ok" for f in (fused.rms_norm, fused.rope, fused.silu_mul, sp._suffix_and_merge))
+    assert all(f.state == "ok" for f in (fused.rms_norm, fused.rope, fused.rope_rows, fused.silu_mul,
+                                         sp._suffix_and_merge))
 
 
 def test_graph_decode_one_question_after_several(cuda_vlm, caplog):

@@ -15,7 +15,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.nn.functional as F
 
-from models.vision_attention import chunk_lengths, fused_rotary_qk, tower_sdpa_backends
+from models.vision_attention import chunk_lengths, fused_rotary_qk, sdpa_without_cudnn
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def _chunk_attention(module, q, k, v, cu_seqlens) -> torch.Tensor:
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import eager_attention_forward
 
     fn = ALL_ATTENTION_FUNCTIONS.get_interface(module.config._attn_implementation, eager_attention_forward)
-    with tower_sdpa_backends(q.device):
+    with sdpa_without_cudnn(q.device):
         return _chunk_attention_calls(fn, module, q, k, v, chunk_lengths(cu_seqlens))
 
 

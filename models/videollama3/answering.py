@@ -20,7 +20,7 @@ import torch
 
 from algorithms.errors import SettingError
 from ..kernels import host_to_device
-from ..vision_attention import tower_sdpa_backends
+from ..vision_attention import sdpa_without_cudnn
 from .layout import VideoPrompt
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ class SharedPrefixAnswering:
         cache = DynamicCache(config=self.model.config.get_text_config())
         # the base model only: no lm_head (VideoLlama3ForConditionalGeneration ignores logits_to_keep and would
         # compute logits for every prefix position, ~5 GB at 16k rows on 7B shapes)
-        with tower_sdpa_backends(self.device):   # no per-shape cuDNN plans (a new prefix length every video)
+        with sdpa_without_cudnn(self.device):   # no per-shape cuDNN plans (a new prefix length every video)
             self.model.model(inputs_embeds=self.embed(prompt.ids, prompt.vision_embeds), past_key_values=cache,
                              use_cache=True)
         return cache

@@ -58,7 +58,7 @@ from algorithms.errors import CheckpointError
 from algorithms.segmentation import adaptive_segment_lengths
 
 from ..loading import reading_checkpoint
-from ..vision_attention import tower_sdpa_backends
+from ..vision_attention import sdpa_without_cudnn
 
 SUPPORTED_COMPRESSOR_TYPES = ("transformer_decoder_flat",)
 # the fork's other types (build_token_compressor): known, not run here
@@ -244,7 +244,7 @@ class Attention(nn.Module):
 
     def self_attention(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, K, C): every window's queries attend to each other (non-causal, no rotary) -> (B, K, C)."""
-        with tower_sdpa_backends(x.device):
+        with sdpa_without_cudnn(x.device):
             y = F.scaled_dot_product_attention(self._heads(self.w_q(x)), self._heads(self.w_k(x)),
                                                self._heads(self.w_v(x)))
         return self.w_o(y.transpose(1, 2).flatten(-2))
@@ -259,7 +259,7 @@ class Attention(nn.Module):
         v = self.w_v(kv).unflatten(-1, (self.n_head, self.head_dim))
         q = self._heads(self.w_q(x))                                                          # (B, H, K, hd)
         out = []
-        with tower_sdpa_backends(x.device):
+        with sdpa_without_cudnn(x.device):
             for b0, b1, index, valid in chunks if chunks is not None else kv_chunks(windows, kv.device):
                 kb = k[index].permute(0, 2, 1, 3)                                             # (b, H, L, hd)
                 vb = v[index].permute(0, 2, 1, 3)

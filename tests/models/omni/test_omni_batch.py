@@ -476,14 +476,14 @@ def test_lower_right_flash_prefill_on_cuda_bf16(model_dir):
     assert omni_batch._native_gqa_flash(q, kv, kv, 0.0)
 
 
-def test_tower_sdpa_backends_leave_cudnn_out_and_keep_what_the_caller_turned_off():
+def test_sdpa_without_cudnn_leave_cudnn_out_and_keep_what_the_caller_turned_off():
     """The towers' CUDA backend set is flash, memory-efficient and math minus whatever the caller had turned off;
     SDPA's switches are restored on exit; nothing changes for the CPU (the switches are global, so this runs
     without a GPU)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from models.vision_attention import allow_cudnn_in_towers
-    from models.vision_attention import tower_sdpa_backends as _tower_sdpa_backends
+    from models.vision_attention import allow_cudnn_sdpa
+    from models.vision_attention import sdpa_without_cudnn as _sdpa_without_cudnn
 
     cuda = torch.backends.cuda
 
@@ -493,20 +493,20 @@ def test_tower_sdpa_backends_leave_cudnn_out_and_keep_what_the_caller_turned_off
 
     before = flags()
     with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH, SDPBackend.CUDNN_ATTENTION]):
-        with _tower_sdpa_backends(torch.device("cuda")):
+        with _sdpa_without_cudnn(torch.device("cuda")):
             assert flags() == (False, True, True, False)       # flash stays off (the caller's), cuDNN left out
         assert flags() == (False, True, True, True)
-        with _tower_sdpa_backends(torch.device("cpu")):
+        with _sdpa_without_cudnn(torch.device("cpu")):
             assert flags() == (False, True, True, True)
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
-        with _tower_sdpa_backends(torch.device("cuda")):
+        with _sdpa_without_cudnn(torch.device("cuda")):
             assert flags() == (True, False, False, False)
-        allow_cudnn_in_towers(True)                             # A/B switch: SDPA's own choice again
+        allow_cudnn_sdpa(True)                             # A/B switch: SDPA's own choice again
         try:
-            with _tower_sdpa_backends(torch.device("cuda")):
+            with _sdpa_without_cudnn(torch.device("cuda")):
                 assert flags() == (True, False, False, True)
         finally:
-            allow_cudnn_in_towers(False)
+            allow_cudnn_sdpa(False)
     assert flags() == before
 
 
