@@ -71,6 +71,7 @@ import numpy as np
 import torch
 
 from algorithms.budget import CELL_PIXELS, encoder_grids, max_frames, sample_frames
+from models.kernels import host_to_device
 
 
 class DecodeError(RuntimeError):
@@ -160,9 +161,8 @@ class EncoderFrames:
         missing = [i for i in idx if i not in where]
         if missing:
             raise KeyError(f"frames {missing[:5]} are not held at grid {grid}")
-        take = torch.tensor([where[i] for i in idx], dtype=torch.long)
-        # on the GPU through pinned memory: indexing with a host list would copy it synchronously (a wait for the GPU)
-        return t[take.pin_memory().to(t.device, non_blocking=True) if t.is_cuda else take]
+        # the index goes to the GPU from pinned memory: indexing with a host list copies it with a wait for the GPU
+        return t[host_to_device(torch.tensor([where[i] for i in idx], dtype=torch.long), t.device)]
 
     def __getitem__(self, key):
         raise TypeError("EncoderFrames holds the frames at the encoder's sizes only: read them with at_grid")

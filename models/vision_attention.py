@@ -90,14 +90,15 @@ _CUDNN_ALLOWED = [False]   # see sdpa_without_cudnn / allow_cudnn_sdpa
 
 
 def allow_cudnn_sdpa(on: bool) -> None:
-    """Let SDPA pick cuDNN's attention in the vision towers and the compressor again (process-wide; for A/B
+    """Let SDPA pick cuDNN's attention again wherever :func:`sdpa_without_cudnn` leaves it out (process-wide; for A/B
     measurements: cuDNN's kernel is faster per call on Hopper, its per-shape plan building costs host time)."""
     _CUDNN_ALLOWED[0] = bool(on)
 
 
 def sdpa_without_cudnn(device: torch.device):
-    """SDPA backends for the towers' attention on CUDA (both families' vision towers, the Omni audio tower and the
-    VideoLLaMA3 qbase compressor): flash, memory-efficient, math; cuDNN left out.
+    """SDPA backends on CUDA for attention whose shapes change from input to input (both families' vision towers,
+    the Omni audio tower, the VideoLLaMA3 qbase compressor and its LLM prefix prefill): flash, memory-efficient,
+    math; cuDNN left out.
 
     SDPA prefers cuDNN's attention for these bf16 calls on Hopper, and cuDNN builds an execution plan on the host for
     every new shape: about 2.3 ms of CPU per call in a micro-chunk-200ms profile on the H200 (the batch of chunks

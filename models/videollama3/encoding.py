@@ -195,7 +195,8 @@ class VisionEncoding:
         equality tested). ``cu_seqlens`` (t + 1,) int32 frame boundaries: on the device for attention backends
         that read it there, on the host for the frame-batched backend, which only checks its length.
         """
-        key = (t, h, w, merge, self.device)
+        on_host = self.model.config.vision_config._attn_implementation == vision_attention.FRAME_BATCHED_SDPA
+        key = (t, h, w, merge, self.device, on_host)
         cached = self.__dict__.setdefault("_tb_vision_layouts", {})
         if key not in cached:
             dev = self.device
@@ -203,7 +204,6 @@ class VisionEncoding:
             blocks = (h // merge, merge, w // merge, merge)
             pos = torch.stack([hp.reshape(blocks).transpose(1, 2).flatten(),
                                wp.reshape(blocks).transpose(1, 2).flatten()], dim=-1).repeat(t, 1)
-            on_host = self.model.config.vision_config._attn_implementation == vision_attention.FRAME_BATCHED_SDPA
             cu = torch.arange(t + 1, dtype=torch.int32, device="cpu" if on_host else dev) * (h * w)
             if len(cached) > 64:          # one entry per (frames in a chunk, grid): a few per video
                 cached.clear()
