@@ -1,0 +1,34 @@
+"""bench/qa_step_profile.py: the GPU-idle accounting on hand-made intervals, and a CPU smoke run of the real
+``BudgetedQA.predict_step`` with every host stage wrapped in a profiler range."""
+import importlib.util
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "qa_step_profile.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("qa_step_profile", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(BENCH.parent))
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_union_merges_overlapping_kernel_intervals():
+    bench = _bench()
+    # kernels [0, 4) and [2, 5) overlap, [5, 6) touches, [8, 9) stands alone: busy 7 of the span, one 2-wide gap
+    assert bench.union([(8, 9), (2, 5), (0, 4), (5, 6)]) == [(0, 6), (8, 9)]
+    assert bench.classify("nvjet_sm90_tst_256x152_64x4_1x2_h_bz_coopA_TNT") == "gemm"
+    assert bench.classify("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<96>>") == "attention"
+    assert bench.classify("triton_per_fused_add_native_layer_norm_1") == "triton (fused)"
+
+
+def test_tiny_run_times_every_host_stage(capsys):
+    _bench().main(["--tiny", "--no-cprofile"])
+    out = capsys.readouterr().out
+    assert "## warm-up step cockatoo.mp4" in out and "## profiled steady step, realshort.mp4" in out
+    table = out.split("host stage")[1].split("\n\n")[0]
+    for stage in ("step", "encode", "plan", "compress", "build_prompt", "prefill", "question_ids", "decode"):
+        assert f"\n{stage} " in table, stage
+    assert "same video again:" in out
