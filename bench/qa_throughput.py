@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # the other bench scripts
 
 from algorithms.flops import get_shape, prefill_flops  # noqa: E402
 from datamodules.decoding import decode_video  # noqa: E402
@@ -122,19 +123,11 @@ def build_tiny_model() -> BudgetedVideoLlama3:
 
 
 def gemm_tflops() -> float:
-    """Measured dense bf16 GEMM rate (8192³, mean of 10 after 3 warm-ups)."""
-    if not torch.cuda.is_available():
-        return 0.5  # nominal CPU figure, the floor is meaningless there
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    sync()
-    t = time.perf_counter()
-    for _ in range(10):
-        a @ b
-    sync()
-    return 2 * 8192 ** 3 * 10 / (time.perf_counter() - t) / 1e12
+    """Measured dense bf16 GEMM rate (8192³, mean of 10 after 3 warm-ups; ``extract_throughput.gemm_tflops``);
+    a nominal 0.5 on the CPU, where the floor is meaningless."""
+    from extract_throughput import gemm_tflops as measured
+
+    return measured(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def vision_flops(num_frames: int, hw: int, cfg) -> float:
