@@ -138,17 +138,8 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 def _rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """transformers' ``apply_rotary_pos_emb`` (``unsqueeze_dim=1``): q, k (B, H, S, d); cos, sin (B, S, d)."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    half = q.shape[-1] // 2
-    q_rot = torch.cat((-q[..., half:], q[..., :half]), -1)
-    k_rot = torch.cat((-k[..., half:], k[..., :half]), -1)
-    return q * cos + q_rot * sin, k * cos + k_rot * sin
-
-
-def _rope_rows(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """:func:`_rope` on token rows: q (N, H, d), k (N, H_kv, d), cos, sin (N, d) (N = B S; the same elementwise
-    math, heads broadcast)."""
+    """transformers' ``apply_rotary_pos_emb`` (``unsqueeze_dim=1``): q, k (B, H, S, d); cos, sin (B, S, d); or, on
+    token rows (:data:`rope_rows`), q (N, H, d), k (N, H_kv, d), cos, sin (N, d)."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     half = q.shape[-1] // 2
     q_rot = torch.cat((-q[..., half:], q[..., :half]), -1)
@@ -195,7 +186,8 @@ def _add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tenso
 # (``bench/qa_step_profile.py``, 2026-12-02).
 rms_norm = Fusable(_rms_norm, "RMSNorm", dynamic=(1,))                  # x (N, D)
 rope = Fusable(_rope, "rotary", dynamic=((0, 2), (0, 2), 1, 1))          # q, k (B, H, S, d); cos, sin (B, S, d)
-rope_rows = Fusable(_rope_rows, "rotary (rows)", dynamic=(2, 2, 1, 1))   # q, k (N, H, d); cos, sin (N, d)
+# the same math on token rows: cos/sin (N, d) unsqueezed to (N, 1, d) broadcast over the heads of q, k (N, H, d)
+rope_rows = Fusable(_rope, "rotary (rows)", dynamic=(2, 2, 1, 1))       # q, k (N, H, d); cos, sin (N, d)
 silu_mul = Fusable(_silu_mul, "SiLU*up", dynamic=(1, 1))                 # (N, I)
 
 

@@ -57,6 +57,7 @@ from torch import nn
 from algorithms.errors import CheckpointError
 from algorithms.segmentation import adaptive_segment_lengths
 
+from ..kernels import host_to_device
 from ..loading import reading_checkpoint
 from ..vision_attention import sdpa_without_cudnn
 
@@ -293,8 +294,7 @@ def kv_chunks(windows: list[int], device: torch.device | str) -> list[tuple[int,
         pos = torch.arange(longest)
         valid = pos[None, :] < torch.tensor(windows[b0:b1])[:, None]                         # (b, L)
         index = (torch.tensor(starts[b0:b1])[:, None] + pos[None, :]).clamp_max(total - 1)
-        if device.type == "cuda":
-            index, valid = (t.pin_memory().to(device, non_blocking=True) for t in (index, valid))
+        index, valid = host_to_device(index, device), host_to_device(valid, device)
         out.append((b0, b1, index, valid[:, None, None, :]))
         b0 = b1
     return out
