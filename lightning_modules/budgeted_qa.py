@@ -28,6 +28,11 @@ log = logging.getLogger(__name__)
 DECODE_MODES = ("auto", "dynamic", "static", "graph")
 
 
+def _done(value):
+    """A ``finish()`` for work already done: returns ``value``."""
+    return lambda: value
+
+
 def job_name(budget: int, variant: str | None = None) -> str:
     """Output folder / job key: ``b<B>`` or ``<variant>_b<B>``."""
     return f"b{budget}" if variant is None else f"{variant}_b{budget}"
@@ -118,6 +123,14 @@ class BudgetedQA(LightningModule):
             state dict), instead of the checkpoint's ``original_projector/``.
         vision_config_dir: an original-layout checkpoint without ``vision_encoder_config``: a local directory with
             the vision encoder's ``config.json`` (otherwise derived from the weights where possible).
+        overlap_budgets: start every budget's prefix (prefill, question suffixes, decode-graph capture) before
+            decoding any, so the GPU is not left waiting while the host prepares the next budget
+            (:meth:`BudgetedVideoLlama3.start_batched`); the same tokens. ``False``: one budget after the other,
+            holding one prefix cache at a time (less GPU memory with many or large budgets).
+        cudnn_attention: let PyTorch's SDPA pick cuDNN's attention in the vision encoder, the compressor and the
+            prefix prefill (process-wide, :func:`models.vision_attention.allow_cudnn_sdpa`). Off by default:
+            cuDNN builds an execution plan on the host for every new shape (frame counts, grids, prefix lengths
+            change from video to video); its kernels are faster once a plan exists.
     """
 
     def __init__(self, model_path: str = "checkpoints/tiny-videollama3", budgets: list[int] = (128, 256, 1024),
@@ -125,7 +138,8 @@ class BudgetedQA(LightningModule):
                  max_new_tokens: int = 16, prompt_template: str | None = None, dtype: str = "float32",
                  attn_implementation: str = "sdpa", encode_chunk_frames: int = 64, answer_mode: str = "batched",
                  vision_attn_implementation: str | None = "frame_batched", decode: str = "auto",
-                 original_projector: str | None = None, vision_config_dir: str | None = None):
+                 original_projector: str | None = None, vision_config_dir: str | None = None,
+                 overlap_budgets: bool = True, cudnn_attention: bool = False):
         super().__init__()
         if not budgets:
             raise SettingError("budgets must not be empty")
@@ -166,7 +180,8 @@ class BudgetedQA(LightningModule):
                 "max_new_tokens": hp.max_new_tokens, "prompt_template": recorded_template(hp.prompt_template), "dtype": hp.dtype,
                 # the kernels: token-identical in fp32, but in bf16 they round differently and can pick other tokens
                 "attn_implementation": hp.attn_implementation, "answer_mode": hp.answer_mode, "decode": hp.decode,
-                "vision_attn_implementation": hp.vision_attn_implementation}
+                "vision_attn_implementation": hp.vision_attn_implementation,
+                **({"cudnn_attention": True} if hp.get("cudnn_attention") else {})}
 
     def answerer(self):
         """``answer(prefix_prompt, question_texts, max_new_tokens) -> list[Answer]`` for this run's
@@ -185,20 +200,42 @@ class BudgetedQA(LightningModule):
         pairs = [prompt_and_template(q, self.hparams.prompt_template, frame_times_s) for q in questions]
         return [t for t, _ in pairs], [n for _, n in pairs]
 
+    def starter(self):
+        """:meth:`answerer` in two halves: ``start(prefix_prompt, question_texts, max_new_tokens) -> finish`` with
+        ``finish() -> list[Answer]`` (batched: ``BudgetedVideoLlama3.start_batched``, which launches the prefills
+        and the decode-graph capture and returns before decoding; sequential: answered at ``start``)."""
+        hp = self.hparams
+        if hp.answer_mode == "sequential":
+            return lambda *a: _done(self.vlm.answer_all(*a))
+        mode = hp.decode if hp.decode != "auto" else ("graph" if self.device.type == "cuda" else "dynamic")
+        return functools.partial(self.vlm.start_batched, decode=mode)
+
     def answer_texts(self, answer, prompt, texts: list[str], names: list[str]) -> list:
         """``answer`` (from :meth:`answerer`) for question ``texts`` of one prefix ``prompt``, each under its
         template's system message and answer prefix (``prompts.chat_parts``; MLVU's released prompt has both) and
         text before the video (``prompts.pre_media_text``; VLMEvalKit's WorldSense):
         questions sharing them are answered together from one prefix. Answers in the order of ``texts``."""
-        out: list = [None] * len(texts)
+        return self.start_texts(lambda *a: _done(answer(*a)), prompt, texts, names)()
+
+    def start_texts(self, start, prompt, texts: list[str], names: list[str]):
+        """:meth:`answer_texts` with ``start`` from :meth:`starter`: every template group's prefix is started now;
+        the returned ``finish() -> list`` decodes them (answers in the order of ``texts``)."""
         groups: dict[tuple, list[int]] = {}
         for i, name in enumerate(names):
             groups.setdefault(chat_parts(name) + (pre_media_text(name),), []).append(i)
+        started = []
         for (system, prefix, pre), idx in groups.items():
             p = self.vlm.with_chat(prompt, system, prefix, pre) if (system is not None or prefix or pre) else prompt
-            for i, a in zip(idx, answer(p, [texts[i] for i in idx], self.hparams.max_new_tokens)):
-                out[i] = a
-        return out
+            started.append((idx, start(p, [texts[i] for i in idx], self.hparams.max_new_tokens)))
+
+        def finish() -> list:
+            out: list = [None] * len(texts)
+            for idx, fin in started:
+                for i, a in zip(idx, fin()):
+                    out[i] = a
+            return out
+
+        return finish
 
     def frame_sizing(self) -> EncoderSizing:
         """The sizes this module's encodes read the frames at (every budget's grid, and the raw grid), with the
@@ -214,6 +251,9 @@ class BudgetedQA(LightningModule):
         of the GPU waiting for them afterwards (``load_seconds`` is reported by ``callbacks.timing.StageTimer``).
         On CUDA the fused kernels compile meanwhile from the checkpoint's config in a background thread
         (:mod:`models.videollama3.warm`); the first predict step waits for what is left of it."""
+        from models.vision_attention import allow_cudnn_sdpa
+
+        allow_cudnn_sdpa(self.hparams.get("cudnn_attention", False))
         if self.vlm is None:
             self._compiling = warm.start(self.hparams.model_path, self.device, getattr(torch, self.hparams.dtype))
         self.load_model()
@@ -256,17 +296,21 @@ class BudgetedQA(LightningModule):
                                  hp.max_tokens_per_frame, hp.encode_chunk_frames, cache=cache,
                                  subtitle_slots=interleaved_subtitles(item["questions"]))
         t1 = time.perf_counter()
-        answer = self.answerer()
+        start = self.starter()
         questions = [Question(**q) for q in item["questions"]]
-        records = []
+        records, started = [], []
         for bi in inputs:
             job = job_name(bi.budget)
             todo = [q for q in questions if job in item["jobs"].get(q.qid, [])]
             texts, names = self.prompts(todo, [item["times_s"][i] for i in bi.frame_idx])
-            answers = self.answer_texts(answer, bi.prompt, texts, names)
+            finish = self.start_texts(start, bi.prompt, texts, names)
+            if not hp.overlap_budgets:   # one budget's prefix cache at a time
+                finish = _done(finish())
+            started.append((bi, job, todo, names, finish))
+        for bi, job, todo, names, finish in started:
             stats = bi.plan.stats()
             records += [qa_record(item, q, a, stats, len(bi.frame_idx), job, bi.budget, None, name)
-                        for q, a, name in zip(todo, answers, names)]
+                        for q, a, name in zip(todo, finish(), names)]
         t2 = time.perf_counter()
         self.last_stage_seconds = {"encode": cache.encode_seconds, "plan_build": t1 - t0 - cache.encode_seconds,
                                    "answer": t2 - t1}

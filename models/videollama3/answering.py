@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -24,6 +25,26 @@ from ..vision_attention import sdpa_without_cudnn
 from .layout import VideoPrompt
 
 log = logging.getLogger(__name__)
+
+
+def _flag_later(value: torch.Tensor, flag: torch.Tensor | None):
+    """Start copying the 0-d bool ``value`` to the host without blocking; returns ``(read, flag, event)`` where
+    ``read()`` waits for that copy only (not for work queued after it) and returns the bool. ``flag``: a host
+    buffer to reuse (pinned on CUDA) or ``None``."""
+    if value.device.type != "cuda":
+        v = bool(value)
+        return (lambda: v), flag, None
+    if flag is None:
+        flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+    flag.copy_(value, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+
+    def read() -> bool:
+        event.synchronize()
+        return bool(flag)
+
+    return read, flag, event
 
 
 @dataclass
@@ -127,6 +148,7 @@ class SharedPrefixAnswering:
         one-by-one path); then Q tokens are decoded per step until every row has produced an end token or
         ``max_new_tokens``. Token-identical to :meth:`answer_all` up to floating-point reduction order (tested
         exact on the tiny fp32 model). Questions that need the fallback of DESIGN §3.7 are answered alone.
+        ``start_batched(...)()``: see :meth:`start_batched` to overlap several prefixes.
 
         Args:
             ignore_eos: decode exactly ``max_new_tokens`` tokens (benchmarks with forced answer length).
@@ -134,9 +156,31 @@ class SharedPrefixAnswering:
                 (a ``StaticCache`` of fixed length and a prepared 4-D mask updated in place: fixed shapes every
                 step) or ``graph`` (``static`` with the decode step captured once as a CUDA graph and replayed;
                 CUDA only).
+
+        Raises:
+            SettingError: an unknown ``decode``.
+            ValueError: ``decode="graph"`` off CUDA.
+        """
+        return self.start_batched(prompt, question_texts, max_new_tokens, ignore_eos, decode)()
+
+    @torch.no_grad()
+    def start_batched(self, prompt: VideoPrompt, question_texts: list[str], max_new_tokens: int = 16,
+                      ignore_eos: bool = False, decode: str = "dynamic") -> Callable[[], list[Answer]]:
+        """:meth:`answer_batched` in two halves: launch the prefix prefill, the question-suffix prefill and (for
+        ``graph``) the decode-step capture now, without waiting for the GPU; the returned ``finish()`` decodes and
+        returns the answers (in the order of ``question_texts``; call it once).
+
+        Starting every budget's prefix of a video before finishing any keeps work queued on the GPU while the host
+        records the next budget's graph and builds its inputs (on the H200 the capture and the prefill's host work
+        left the GPU idle ~0.2-0.4 s per video when each budget was answered to the end before the next began,
+        ``bench/qa_step_profile.py``); the price is that every started prefix's cache is held until its
+        ``finish``. The tokens are those of :meth:`answer_batched` (same kernels, same shapes).
+        Fallback questions (DESIGN §3.7) are answered from scratch here, before returning.
         """
         if decode not in ("dynamic", "static", "graph"):
             raise SettingError(f"decode must be 'dynamic', 'static' or 'graph', got {decode!r}")
+        if decode == "graph" and self.device.type != "cuda" and max_new_tokens > 1:
+            raise ValueError("decode='graph' needs a CUDA device")
         answers: list[Answer | None] = [None] * len(question_texts)
         batch, rows = [], []
         for i, text in enumerate(question_texts):
@@ -147,7 +191,7 @@ class SharedPrefixAnswering:
                 batch.append(ids)
                 rows.append(i)
         if not batch:
-            return answers
+            return lambda: answers
         dev = self.device
         prefix_len = prompt.ids.numel()
         q = len(batch)
@@ -183,38 +227,57 @@ class SharedPrefixAnswering:
                 return self.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos[:, -1:] + step,
                                   past_key_values=cache, use_cache=True).logits
 
-            gen = self._greedy(out.logits, step_fn, q, max_new_tokens, ignore_eos, eos)
+            def decode_all() -> list[list[int]]:
+                return self._greedy(out.logits, step_fn, q, max_new_tokens, ignore_eos, eos)
         else:
             with self._shared_prefix_attention(cache):
                 out, step_fn = self._static_decoder(static, inp, valid, pos, max_new_tokens,
                                                     graph=decode == "graph")
-                gen = self._greedy(out.logits, step_fn, q, max_new_tokens, ignore_eos, eos)
-        for r, i in enumerate(rows):
-            toks = gen[r]
-            if not ignore_eos:
-                for j, t in enumerate(toks):
-                    if t in self.eos_ids:
-                        toks = toks[:j]
-                        break
-            answers[i] = self._answer(toks, prefix_len + len(batch[r]), False)
-        return answers
+
+            def decode_all() -> list[list[int]]:
+                with self._shared_prefix_attention(cache):   # eager steps attend to this prefix (a graph has it)
+                    return self._greedy(out.logits, step_fn, q, max_new_tokens, ignore_eos, eos)
+
+        def finish() -> list[Answer]:
+            gen = decode_all()
+            for r, i in enumerate(rows):
+                toks = gen[r]
+                if not ignore_eos:
+                    for j, t in enumerate(toks):
+                        if t in self.eos_ids:
+                            toks = toks[:j]
+                            break
+                answers[i] = self._answer(toks, prefix_len + len(batch[r]), False)
+            return answers
+
+        return finish
 
     @staticmethod
     def _greedy(logits: torch.Tensor, step_fn, q: int, max_new_tokens: int, ignore_eos: bool,
                 eos: torch.Tensor) -> list[list[int]]:
-        """Greedy decoding of Q rows from the suffix logits: (Q, steps) token ids."""
+        """Greedy decoding of Q rows from the suffix logits: (Q, steps) token ids, the steps up to the first one
+        after which every row has produced an end token (or ``max_new_tokens``).
+
+        The end check lags one step: step ``k + 1`` is launched before the host reads whether every row had ended
+        at step ``k`` (a pinned flag copied without blocking, an event waited on), so the GPU always has a step
+        queued while the host waits. When the answers end early, one extra step is computed and dropped; the tokens
+        are those of checking every step before launching the next.
+        """
         tokens = []
         done = torch.zeros(q, dtype=torch.bool, device=logits.device)
+        flag = event = None
         for step in range(max_new_tokens):
             nxt = logits[:, -1].argmax(-1)                                      # (Q,)
             tokens.append(nxt)
+            ended = None
             if not ignore_eos:
-                done |= torch.isin(nxt, eos)
-                if bool(done.all()):
-                    break
+                done = done | torch.isin(nxt, eos)   # a new tensor: the flag read later is this step's
+                ended, flag, event = _flag_later(done.all(), flag)
             if step == max_new_tokens - 1:
                 break
-            logits = step_fn(nxt, step + 1)
+            logits = step_fn(nxt, step + 1)                                     # launched before the check
+            if ended is not None and ended():
+                break
         return torch.stack(tokens, 1).tolist()
 
     @contextlib.contextmanager
@@ -283,8 +346,6 @@ class SharedPrefixAnswering:
 
         replay = None
         if graph and max_new_tokens > 1:
-            if dev.type != "cuda":
-                raise ValueError("decode='graph' needs a CUDA device")
             lengths = [layer.cumulative_length.clone() for layer in sc.layers]
             warm_key = (id(self.model), self.dtype, self._fused, q == 1)
             if warm_key not in SharedPrefixAnswering._graph_warm:  # first capture of this kind: warm up (lazy

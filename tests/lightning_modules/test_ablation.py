@@ -358,3 +358,57 @@ def test_answer_texts_puts_each_templates_system_prompt_and_answer_prefix():
     mlvu_prompt = ("P",) + chat_parts("mlvu") + ("",)
     assert calls == [(mlvu_prompt, ["m1", "m2"], 3), ("P", ["v1"], 3)]   # one prefix per (system, prefix)
     assert out == [f"m1@{mlvu_prompt}", "v1@P", f"m2@{mlvu_prompt}"]      # in the order of the texts
+
+
+def test_starter_starts_every_prefix_before_any_decoding():
+    """``overlap_budgets``: ``start_texts`` launches each template group's prefix at once; decoding happens only in
+    the returned ``finish`` (answers in the order of the texts). Sequential mode answers at start."""
+    from lightning_modules.budgeted_qa import BudgetedQA
+
+    events = []
+
+    class FakeVLM:
+        def with_chat(self, prompt, system, prefix, pre):
+            return prompt + "+chat"
+
+        def start_batched(self, p, texts, n, decode=None):
+            events.append(("start", p, tuple(texts), decode))
+            return lambda: events.append(("finish", p)) or [f"{t}@{p}" for t in texts]
+
+        def answer_all(self, p, texts, n):
+            events.append(("all", p))
+            return [f"{t}!" for t in texts]
+
+    m = BudgetedQA(decode="static")
+    m.vlm = FakeVLM()
+    start = m.starter()
+    f1 = m.start_texts(start, "P1", ["m1", "v1"], ["mlvu", "videollama3_mlvu"])
+    f2 = m.start_texts(start, "P2", ["v2"], ["videollama3_mlvu"])
+    assert [e[0] for e in events] == ["start", "start", "start"]          # nothing decoded yet
+    assert events[0] == ("start", "P1+chat", ("m1",), "static") and events[2] == ("start", "P2", ("v2",), "static")
+    assert f2() == ["v2@P2"] and f1() == ["m1@P1+chat", "v1@P1"]
+    assert [e[0] for e in events[3:]] == ["finish", "finish", "finish"]
+    seq = BudgetedQA(answer_mode="sequential")
+    seq.vlm = FakeVLM()
+    events.clear()
+    fin = seq.start_texts(seq.starter(), "P", ["a"], ["videollama3_mlvu"])
+    assert events == [("all", "P")] and fin() == ["a!"]
+
+
+def test_cudnn_attention_is_recorded_only_when_on_and_set_process_wide(tiny_vl3_dir, monkeypatch):
+    """``cudnn_attention`` changes kernels (bf16 rounding), so a folder records it; off (the default) it is left out,
+    so folders written before the setting existed still resume. ``on_predict_start`` applies it process-wide."""
+    from lightning_modules.budgeted_qa import BudgetedQA
+    from models import vision_attention
+
+    assert "cudnn_attention" not in BudgetedQA(model_path=str(tiny_vl3_dir)).record_settings()
+    on = BudgetedQA(model_path=str(tiny_vl3_dir), cudnn_attention=True)
+    assert on.record_settings()["cudnn_attention"] is True
+    monkeypatch.setattr(BudgetedQA, "load_model", lambda self: None)
+    try:
+        on.on_predict_start()
+        assert vision_attention._CUDNN_ALLOWED == [True]
+        BudgetedQA(model_path=str(tiny_vl3_dir)).on_predict_start()
+        assert vision_attention._CUDNN_ALLOWED == [False]
+    finally:
+        vision_attention.allow_cudnn_sdpa(False)

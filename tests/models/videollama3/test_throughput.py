@@ -428,3 +428,51 @@ def test_an_annotation_without_questions_is_an_error(tmp_path):
     (tmp_path / "worldsense_qa.json").write_text(_json.dumps({}))
     with pytest.raises(AnnotationError, match=rf"^worldsense at {tmp_path}: the annotation holds no questions$"):
         OmniQADataModule(root=str(tmp_path), num_workers=0).setup("predict")
+
+
+def test_started_prefixes_finish_in_any_order_with_the_sequential_tokens(tiny_vlm):
+    """``start_batched`` for two budgets' prefixes before finishing either (what ``BudgetedQA`` does with
+    ``overlap_budgets``): each finish decodes against its own prefix (the shared-prefix backend is re-entered with
+    that prefix's cache) and gives the one-by-one path's tokens."""
+    from datamodules.decoding import decode_video
+    from models.videollama3 import prepare_budgets
+
+    dec = decode_video(MEDIA / "cockatoo.mp4", 1024)
+    qs = ["What animal is shown?\nA. A dog.\nB. A cockatoo.", "Colour?\nA. White.\nB. Green.", "x"]
+    inputs = prepare_budgets(tiny_vlm, dec.frames, dec.times_s, [128, 1024], raw_mode="orig")
+    seq = [[a.token_ids for a in tiny_vlm.answer_all(bi.prompt, qs, max_new_tokens=8)] for bi in inputs]
+    assert seq[0] != seq[1]                      # the two prefixes answer differently: a mix-up would show
+    for decode in ("dynamic", "static"):
+        finishes = [tiny_vlm.start_batched(bi.prompt, qs, 8, decode=decode) for bi in inputs]
+        late = [a.token_ids for a in finishes[1]()]     # the later prefix first
+        early = [a.token_ids for a in finishes[0]()]
+        assert [early, late] == seq, decode
+
+
+def test_greedy_end_check_lags_one_step_and_keeps_the_tokens():
+    """Rows 0/1, end token 0: step 0 gives [3, 0] (row 1 ends), step 1 gives [0, 2] (row 0 ends: all ended), so the
+    tokens are [[3, 0], [0, 2]] as when checking before each launch; step 2 was launched before the check saw
+    the end (one extra step, dropped)."""
+    from models.videollama3.answering import SharedPrefixAnswering
+
+    def logits_for(tokens):
+        out = torch.zeros(len(tokens), 1, 5)
+        for r, t in enumerate(tokens):
+            out[r, 0, t] = 1.0
+        return out
+
+    by_step = {1: [0, 2], 2: [4, 4], 3: [1, 1]}
+    calls = []
+
+    def step_fn(nxt, step):
+        calls.append((step, nxt.tolist()))
+        return logits_for(by_step[step])
+
+    eos = torch.tensor([0])
+    got = SharedPrefixAnswering._greedy(logits_for([3, 0]), step_fn, 2, 16, False, eos)
+    assert got == [[3, 0], [0, 2]]
+    assert calls == [(1, [3, 0]), (2, [0, 2])]
+    # ignore_eos: exactly max_new_tokens steps, no extra launch after the last
+    calls.clear()
+    assert SharedPrefixAnswering._greedy(logits_for([3, 0]), step_fn, 2, 3, True, eos) == [[3, 0, 4], [0, 2, 4]]
+    assert [c[0] for c in calls] == [1, 2]
