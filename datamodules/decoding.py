@@ -148,6 +148,11 @@ class EncoderFrames:
     def to(self, *args, **kwargs) -> "EncoderFrames":
         return EncoderFrames(self.shape, {g: (t.to(*args, **kwargs), pos) for g, (t, pos) in self.held.items()})
 
+    def pin_memory(self) -> "EncoderFrames":
+        """The frames in page-locked host memory (called by the DataLoader's pin-memory thread when the loader pins):
+        the copy to the GPU can then run without blocking the host (``to(device, non_blocking=True)``)."""
+        return EncoderFrames(self.shape, {g: (t.pin_memory(), pos) for g, (t, pos) in self.held.items()})
+
     def at_grid(self, idx: list[int], grid: tuple[int, int]) -> torch.Tensor:
         """``(len(idx), 28 gh, 28 gw, 3)`` frames at positions ``idx`` resized for ``grid``.
 

@@ -232,6 +232,10 @@ class VideoQADataModule(LightningDataModule):
         sizing = sizing_of() if self.hold_encoder_sizes and sizing_of is not None else None
         ds = VideoQADataset(tasks, max_budget, self.decode_max_side, threads,
                             self.native_decode_bytes, self.short_clip_first_frame, self.max_replaced_frac, sizing)
+        # frames pinned (in the loader's pin-memory thread, off the GPU's path) when the run is on CUDA: the
+        # module's copy to the device then does not block the host
+        strategy = getattr(self.trainer, "strategy", None)
+        pin = strategy is not None and strategy.root_device.type == "cuda"
         return DataLoader(ds, batch_size=None, sampler=sampler, num_workers=self.num_workers,
                           prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
-                          persistent_workers=False)
+                          persistent_workers=False, pin_memory=pin)

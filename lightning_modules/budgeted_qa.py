@@ -291,7 +291,8 @@ class BudgetedQA(LightningModule):
         needed = sorted({jobs[j] for js in item["jobs"].values() for j in js})
         frames = item["frames"]
         t0 = time.perf_counter()
-        cache = EncodeCache(self.vlm, frames.to(self.device), hp.encode_chunk_frames)
+        # non-blocking from pinned frames (the loader pins them on CUDA); a pageable copy is a blocking one
+        cache = EncodeCache(self.vlm, frames.to(self.device, non_blocking=True), hp.encode_chunk_frames)
         inputs = prepare_budgets(self.vlm, cache.frames, item["times_s"], needed, hp.raw_mode, hp.raw_max_tokens,
                                  hp.max_tokens_per_frame, hp.encode_chunk_frames, cache=cache,
                                  subtitle_slots=interleaved_subtitles(item["questions"]))

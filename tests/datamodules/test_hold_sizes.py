@@ -71,6 +71,21 @@ def test_encoder_frames_reads_only_what_it_holds():
         ef[0]
 
 
+def test_encoder_frames_pin_memory_pins_every_held_grid(monkeypatch):
+    """The DataLoader's pin-memory thread calls ``pin_memory()`` on an item's objects that have it: every held
+    grid is pinned, positions and shape kept (pinning itself needs CUDA: recorded here instead)."""
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    pinned = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a: pinned.append(self) or self.clone())
+    a, b = torch.zeros(2, 28, 28, 3, dtype=torch.uint8), torch.ones(1, 56, 28, 3, dtype=torch.uint8)
+    ef = EncoderFrames((4, 90, 160, 3), {(1, 1): (a, [0, 3]), (2, 1): (b, [1])})
+    got = pin_memory({"frames": ef, "times_s": [0.0, 1.0]})["frames"]
+    assert isinstance(got, EncoderFrames) and got.shape == ef.shape and len(pinned) == 2
+    assert {g: p for g, (_, p) in got.held.items()} == {(1, 1): [0, 3], (2, 1): [1]}
+    assert torch.equal(got.at_grid([1], (2, 1)), b)
+
+
 # ------------------------------------------------------------------ equality with the decode-size path
 @pytest.mark.parametrize("budgets,mtpf,raw_mode,raw_max", [
     ((64, 256), 256, "phase3", 256),
