@@ -181,6 +181,8 @@ def main(argv=None) -> None:
     print("\n".join(f"{k:<{w}}  {v}" for k, v in rows))
     print("steps (s):", " ".join(f"{s:.2f}" for s in steps))
     print("stages (s):", json.dumps(timing["stages_s"]))
+    if timing.get("warmup"):   # the first step's wait for the early compilation, and graphs it still compiled
+        print("warm-up:", json.dumps(timing["warmup"]))
 
 
 if __name__ == "__main__":

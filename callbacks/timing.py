@@ -83,6 +83,8 @@ class StageTimer(Callback):
 
     def on_predict_end(self, trainer, pl_module) -> None:
         s = self.summary()
+        if getattr(pl_module, "warmup_report", None):   # BudgetedQA: the first step's compile wait and graphs
+            s["warmup"] = pl_module.warmup_report
         out = self.out_dir
         if out is None:
             for cb in trainer.callbacks:

@@ -33,6 +33,13 @@ def _done(value):
     return lambda: value
 
 
+def _graphs_compiled() -> int:
+    """Graphs ``torch.compile`` has made in this process so far (``torch._dynamo`` counters)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"].get("unique_graphs", 0))
+
+
 def job_name(budget: int, variant: str | None = None) -> str:
     """Output folder / job key: ``b<B>`` or ``<variant>_b<B>``."""
     return f"b{budget}" if variant is None else f"{variant}_b{budget}"
@@ -158,6 +165,7 @@ class BudgetedQA(LightningModule):
         self.vlm: BudgetedVideoLlama3 | None = None
         self.last_stage_seconds: dict[str, float] = {}  # read by callbacks.timing.StageTimer
         self.load_seconds = 0.0                         # model load (on_predict_start), read by StageTimer
+        self.warmup_report: dict = {}   # the first step's wait for the early compilation, graphs it still made
 
     @property
     def jobs(self) -> dict[str, int]:
@@ -276,14 +284,21 @@ class BudgetedQA(LightningModule):
 
     def predict_step(self, item: dict, batch_idx: int = 0) -> list[dict]:
         thread, self._compiling = getattr(self, "_compiling", None), None
-        if thread is not None:          # the early compilation (on_predict_start) ends before the first forward
+        first = thread is not None
+        if first:                       # the early compilation (on_predict_start) ends before the first forward
+            t0 = time.perf_counter()
             thread.join()
+            self.warmup_report = {"compile_wait_s": round(time.perf_counter() - t0, 3),
+                                  "early_compile": getattr(thread, "timings", {})}
+            graphs = _graphs_compiled()
         jobs = self.jobs
         if item.get("error"):
             log.warning("video %s: %s", item["video_id"], item["error"])
             return error_records(item, jobs, item["error"])
-        return run_or_error_records(item, lambda: self._answer_video(item),
-                                    lambda msg: error_records(item, jobs, msg))
+        out = run_or_error_records(item, lambda: self._answer_video(item), lambda msg: error_records(item, jobs, msg))
+        if first:   # graphs the first step still compiled (the early compilation's guards missed, or new kernels)
+            self.warmup_report["graphs_compiled_in_first_step"] = _graphs_compiled() - graphs
+        return out
 
     def _answer_video(self, item: dict) -> list[dict]:
         hp = self.hparams
