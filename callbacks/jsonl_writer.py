@@ -114,20 +114,28 @@ class OutputSettingsError(ValueError):
 RUN_FILE = "run.json"
 
 
-def check_run_settings(out_dir: Path, settings: dict, write: bool) -> None:
+def check_run_settings(out_dir: Path, settings: dict, write: bool, defaults: dict | None = None) -> None:
     """Compare the settings that determine a record with ``<out_dir>/run.json`` (written on the first run).
 
     Records are resumed by qid, so a folder must never mix records made with another model, benchmark or answer
     setting: that would silently skip the new questions and score the old answers. A ``run.json`` whose run wrote
     no record (it stopped before the first video, e.g. on a wrong ``model_path``) is replaced instead.
 
+    A setting missing from an older ``run.json`` is not compared (folders written before the setting existed still
+    resume), except the ones in ``defaults``: settings recorded only when they differ from their default (the
+    objects' ``RECORD_DEFAULTS``), whose absence on either side means that default.
+
     Raises:
         OutputSettingsError: naming every differing setting and the file.
     """
     path = out_dir / RUN_FILE
+    defaults = defaults or {}
     if path.is_file():
         old = json.loads(path.read_text(encoding="utf-8"))
-        diffs = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in settings.items() if old.get(k, v) != v]
+        diffs = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in settings.items()
+                 if k not in defaults and old.get(k, v) != v]
+        diffs += [f"{k}: {old.get(k, d)!r} there, {settings.get(k, d)!r} now" for k, d in defaults.items()
+                  if old.get(k, d) != settings.get(k, d)]
         if not diffs:
             return
         if any(f.stat().st_size for f in out_dir.glob("*/*/*.jsonl")):
@@ -219,11 +227,12 @@ class JsonlPredictionWriter(BasePredictionWriter):
             self._unlock()
             raise PermissionError(f"{self.out_dir}: the output folder is not writable ({e.strerror}); choose "
                                   "another out_dir") from e
-        settings = {}
+        settings, defaults = {}, {}
         for obj in (pl_module, getattr(trainer, "datamodule", None)):
             if hasattr(obj, "record_settings"):
                 settings.update(obj.record_settings())
-        check_run_settings(self.out_dir, settings, write=trainer.is_global_zero)
+                defaults.update(getattr(obj, "RECORD_DEFAULTS", {}))
+        check_run_settings(self.out_dir, settings, write=trainer.is_global_zero, defaults=defaults)
         self._done = None
         self.done_qids()
         if trainer.world_size > 1:

@@ -151,6 +151,9 @@ class VideoQADataModule(LightningDataModule):
         self.max_replaced_frac = float(max_replaced_frac)
         self.questions: list[Question] | None = None
 
+    # settings recorded in run.json only when they differ from these defaults (absent there = the default, compared)
+    RECORD_DEFAULTS = {"max_replaced_frac": MAX_REPLACED_FRAC}
+
     def record_settings(self) -> dict:
         """Settings that determine a record (kept in the output folder's ``run.json``)."""
         return {"benchmark": self.benchmark, "root": str(Path(self.root).resolve()),

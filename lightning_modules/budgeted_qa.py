@@ -140,6 +140,9 @@ class BudgetedQA(LightningModule):
             change from video to video); its kernels are faster once a plan exists.
     """
 
+    # settings recorded in run.json only when they differ from these defaults (absent there = the default, compared)
+    RECORD_DEFAULTS = {"original_projector": None, "cudnn_attention": False}
+
     def __init__(self, model_path: str = "checkpoints/tiny-videollama3", budgets: list[int] = (128, 256, 1024),
                  raw_mode: str = "phase3", raw_max_tokens: int = 256, max_tokens_per_frame: int = 256,
                  max_new_tokens: int = 16, prompt_template: str | None = None, dtype: str = "float32",
@@ -181,15 +184,16 @@ class BudgetedQA(LightningModule):
         """
         hp = self.hparams
         BudgetedVideoLlama3.checkpoint_dir(hp.model_path)
-        extra = {"original_projector": str(Path(hp.original_projector).resolve())} if hp.get("original_projector") \
-            else {}   # only when set: folders written before the setting existed still resume
+        # only when not at their default (RECORD_DEFAULTS): folders written before these settings existed still resume
+        optional = {"original_projector": str(Path(hp.original_projector).resolve())
+                    if hp.get("original_projector") else None, "cudnn_attention": bool(hp.get("cudnn_attention"))}
+        extra = {k: v for k, v in optional.items() if v != self.RECORD_DEFAULTS[k]}
         return {"model_path": str(Path(hp.model_path).resolve()), "raw_mode": hp.raw_mode, **extra,
                 "raw_max_tokens": hp.raw_max_tokens, "max_tokens_per_frame": hp.max_tokens_per_frame,
                 "max_new_tokens": hp.max_new_tokens, "prompt_template": recorded_template(hp.prompt_template), "dtype": hp.dtype,
                 # the kernels: token-identical in fp32, but in bf16 they round differently and can pick other tokens
                 "attn_implementation": hp.attn_implementation, "answer_mode": hp.answer_mode, "decode": hp.decode,
-                "vision_attn_implementation": hp.vision_attn_implementation,
-                **({"cudnn_attention": True} if hp.get("cudnn_attention") else {})}
+                "vision_attn_implementation": hp.vision_attn_implementation}
 
     def answerer(self):
         """``answer(prefix_prompt, question_texts, max_new_tokens) -> list[Answer]`` for this run's

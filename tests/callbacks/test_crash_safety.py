@@ -265,3 +265,41 @@ def test_feature_file_written_atomically(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="mid-write"):
         features.save_features(path, {**tensors, "states": torch.ones(n, 3)}, meta)
     assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_run_settings_recorded_only_off_default_are_compared_both_ways(tmp_path):
+    """A setting kept in run.json only when it is not its default (``RECORD_DEFAULTS``: ``cudnn_attention``,
+    ``original_projector``, ``max_replaced_frac``) is compared with its default standing in for an absent key, in
+    both directions; another key missing from an older run.json is still not compared (older folders resume)."""
+    from callbacks.jsonl_writer import OutputSettingsError, check_run_settings
+
+    defaults = {"cudnn_attention": False, "max_replaced_frac": 0.2}
+    out = tmp_path / "folder"
+    check_run_settings(out, {"dtype": "bfloat16"}, write=True, defaults=defaults)       # made with both defaults
+    (out / "b128" / "videomme").mkdir(parents=True)
+    (out / "b128" / "videomme" / "rank0.jsonl").write_text('{"qid": "1"}\n')
+    with pytest.raises(OutputSettingsError, match="cudnn_attention: False there, True now"):
+        check_run_settings(out, {"dtype": "bfloat16", "cudnn_attention": True}, write=True, defaults=defaults)
+    check_run_settings(out, {"dtype": "bfloat16", "new_setting": 1}, write=False, defaults=defaults)  # resumes
+    check_run_settings(out, {"dtype": "bfloat16"}, write=False, defaults=defaults)
+    on = tmp_path / "on"
+    check_run_settings(on, {"dtype": "bfloat16", "max_replaced_frac": 0.5}, write=True, defaults=defaults)
+    (on / "b128" / "videomme").mkdir(parents=True)
+    (on / "b128" / "videomme" / "rank0.jsonl").write_text('{"qid": "1"}\n')
+    with pytest.raises(OutputSettingsError, match="max_replaced_frac: 0.5 there, 0.2 now"):
+        check_run_settings(on, {"dtype": "bfloat16"}, write=True, defaults=defaults)
+
+
+def test_modules_record_defaults_match_their_record_settings(tiny_vl3_dir):
+    """Each optional key's default is what ``record_settings`` leaves out: off, the key is absent; on, present."""
+    from datamodules.videoqa import VideoQADataModule
+    from lightning_modules.budgeted_qa import BudgetedQA
+
+    assert BudgetedQA.RECORD_DEFAULTS == {"original_projector": None, "cudnn_attention": False}
+    off = BudgetedQA(model_path=str(tiny_vl3_dir)).record_settings()
+    assert not set(off) & set(BudgetedQA.RECORD_DEFAULTS)
+    on = BudgetedQA(model_path=str(tiny_vl3_dir), cudnn_attention=True, original_projector="/x/p.pt").record_settings()
+    assert on["cudnn_attention"] is True and on["original_projector"] == "/x/p.pt"
+    assert "max_replaced_frac" not in VideoQADataModule().record_settings()
+    assert VideoQADataModule(max_replaced_frac=0.5).record_settings()["max_replaced_frac"] == 0.5
+    assert VideoQADataModule.RECORD_DEFAULTS == {"max_replaced_frac": VideoQADataModule().max_replaced_frac}
