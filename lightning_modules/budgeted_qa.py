@@ -162,6 +162,9 @@ class BudgetedQA(LightningModule):
             raise SettingError(f"answer_mode must be 'batched' or 'sequential', got {answer_mode!r}")
         if decode not in DECODE_MODES:
             raise SettingError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
+        for name, value in (("overlap_budgets", overlap_budgets), ("cudnn_attention", cudnn_attention)):
+            if not isinstance(value, bool):   # (the CLI lets null through for a bool)
+                raise SettingError(f"model.{name} must be true or false, got {value!r}")
         check_template(prompt_template)
         self.save_hyperparameters()
         self.budgets = [int(b) for b in budgets]

@@ -336,6 +336,10 @@ def test_prompt_template_default_is_videollama3s_own():
         BudgetedQA(prompt_template="vmme")
     with pytest.raises(SettingError, match="decode must be one of"):
         BudgetedQA(decode="cuda_graph")
+    with pytest.raises(SettingError, match="model.overlap_budgets must be true or false, got None"):
+        BudgetedQA(overlap_budgets=None)
+    with pytest.raises(SettingError, match="model.cudnn_attention must be true or false, got 'yes'"):
+        BudgetedQA(cudnn_attention="yes")
 
 
 def test_answer_texts_puts_each_templates_system_prompt_and_answer_prefix():
