@@ -202,11 +202,14 @@ class BudgetedQA(LightningModule):
         """``answer(prefix_prompt, question_texts, max_new_tokens) -> list[Answer]`` for this run's
         ``answer_mode`` and ``decode`` (``auto``: ``graph`` on CUDA, ``dynamic`` on the CPU). Plain predict and the
         layout ablation both answer through it, so an ablation's ``base`` job decodes exactly as plain predict."""
-        hp = self.hparams
-        if hp.answer_mode == "sequential":
+        if self.hparams.answer_mode == "sequential":
             return self.vlm.answer_all
-        mode = hp.decode if hp.decode != "auto" else ("graph" if self.device.type == "cuda" else "dynamic")
-        return functools.partial(self.vlm.answer_batched, decode=mode)
+        return functools.partial(self.vlm.answer_batched, decode=self.decode_mode())
+
+    def decode_mode(self) -> str:
+        """The batched decode step of this run: ``decode``, with ``auto`` = ``graph`` on CUDA, ``dynamic`` elsewhere."""
+        hp = self.hparams
+        return hp.decode if hp.decode != "auto" else ("graph" if self.device.type == "cuda" else "dynamic")
 
     def prompts(self, questions: list[Question], frame_times_s: list[float] | None = None
                 ) -> tuple[list[str], list[str]]:
@@ -219,11 +222,9 @@ class BudgetedQA(LightningModule):
         """:meth:`answerer` in two halves: ``start(prefix_prompt, question_texts, max_new_tokens) -> finish`` with
         ``finish() -> list[Answer]`` (batched: ``BudgetedVideoLlama3.start_batched``, which launches the prefills
         and the decode-graph capture and returns before decoding; sequential: answered at ``start``)."""
-        hp = self.hparams
-        if hp.answer_mode == "sequential":
+        if self.hparams.answer_mode == "sequential":
             return lambda *a: _done(self.vlm.answer_all(*a))
-        mode = hp.decode if hp.decode != "auto" else ("graph" if self.device.type == "cuda" else "dynamic")
-        return functools.partial(self.vlm.start_batched, decode=mode)
+        return functools.partial(self.vlm.start_batched, decode=self.decode_mode())
 
     def answer_texts(self, answer, prompt, texts: list[str], names: list[str]) -> list:
         """``answer`` (from :meth:`answerer`) for question ``texts`` of one prefix ``prompt``, each under its
