@@ -28,12 +28,12 @@ log = logging.getLogger(__name__)
 
 
 def _flag_later(value: torch.Tensor, flag: torch.Tensor | None):
-    """Start copying the 0-d bool ``value`` to the host without blocking; returns ``(read, flag, event)`` where
-    ``read()`` waits for that copy only (not for work queued after it) and returns the bool. ``flag``: a host
-    buffer to reuse (pinned on CUDA) or ``None``."""
+    """Start copying the 0-d bool ``value`` to the host without blocking; returns ``(read, flag)`` where ``read()``
+    waits for that copy only (not for work queued after it) and returns the bool. ``flag``: a host buffer to reuse
+    (pinned on CUDA) or ``None``."""
     if value.device.type != "cuda":
         v = bool(value)
-        return (lambda: v), flag, None
+        return (lambda: v), flag
     if flag is None:
         flag = torch.empty((), dtype=torch.bool, pin_memory=True)
     flag.copy_(value, non_blocking=True)
@@ -44,7 +44,7 @@ def _flag_later(value: torch.Tensor, flag: torch.Tensor | None):
         event.synchronize()
         return bool(flag)
 
-    return read, flag, event
+    return read, flag
 
 
 @dataclass
@@ -171,10 +171,9 @@ class SharedPrefixAnswering:
         returns the answers (in the order of ``question_texts``; call it once).
 
         Starting every budget's prefix of a video before finishing any keeps work queued on the GPU while the host
-        records the next budget's graph and builds its inputs (on the H200 the capture and the prefill's host work
-        left the GPU idle ~0.2-0.4 s per video when each budget was answered to the end before the next began,
-        ``bench/qa_step_profile.py``); the price is that every started prefix's cache is held until its
-        ``finish``. The tokens are those of :meth:`answer_batched` (same kernels, same shapes).
+        records the next budget's graph and builds its inputs (``BudgetedQA(overlap_budgets=True)``: 1.524 -> 1.446 s
+        per video for 4k + 16k on the H200, ``bench/cli_throughput.py``, same machine); the price is that every
+        started prefix's cache is held until its ``finish``. The tokens are those of :meth:`answer_batched` (same kernels, same shapes).
         Fallback questions (DESIGN §3.7) are answered from scratch here, before returning.
         """
         if decode not in ("dynamic", "static", "graph"):
@@ -265,14 +264,14 @@ class SharedPrefixAnswering:
         """
         tokens = []
         done = torch.zeros(q, dtype=torch.bool, device=logits.device)
-        flag = event = None
+        flag = None
         for step in range(max_new_tokens):
             nxt = logits[:, -1].argmax(-1)                                      # (Q,)
             tokens.append(nxt)
             ended = None
             if not ignore_eos:
                 done = done | torch.isin(nxt, eos)   # a new tensor: the flag read later is this step's
-                ended, flag, event = _flag_later(done.all(), flag)
+                ended, flag = _flag_later(done.all(), flag)
             if step == max_new_tokens - 1:
                 break
             logits = step_fn(nxt, step + 1)                                     # launched before the check
