@@ -7,12 +7,11 @@ import errno
 import os
 import re
 import signal
-import subprocess
-import sys
+import time
 
 import pytest
 
-from tests.conftest import REPO, run_predict
+from tests.conftest import run_predict
 
 
 class _DiskFull:
@@ -90,61 +89,77 @@ def test_other_os_errors_while_writing_keep_their_type(tmp_path, monkeypatch):
     assert e.value.errno == errno.EIO and not isinstance(e.value, jw.OutputWriteError)
 
 
-_HOLDER = """
-import multiprocessing as mp, sys, time
-from callbacks.jsonl_writer import JsonlPredictionWriter
-w = JsonlPredictionWriter(out_dir=sys.argv[1])
-w._lock(0)
-worker = mp.get_context("fork").Process(target=time.sleep, args=(60,))   # as a DataLoader worker is started
-worker.start()
-print(worker.pid, flush=True)
-time.sleep(60)
-"""
+def _child(body) -> int:
+    """Fork; the child runs ``body()`` and exits without running the parent's cleanup (``os._exit``)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = body() or 0
+        finally:
+            os._exit(code)
+    return pid
 
 
 def test_the_lock_goes_with_a_killed_main_process_while_its_forked_workers_live(tmp_path):
     from callbacks.jsonl_writer import JsonlPredictionWriter, OutputLockedError
 
     out = tmp_path / "out"
-    main = subprocess.Popen([sys.executable, "-c", _HOLDER, str(out)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    read, write = os.pipe()
+
+    def main_process():   # takes the lock, starts a "DataLoader worker" by fork, then waits to be killed
+        os.close(read)
+        writer = JsonlPredictionWriter(out_dir=str(out))
+        writer._lock(0)
+        worker = _child(lambda: time.sleep(30))
+        os.write(write, f"{worker}\n".encode())
+        time.sleep(30)
+        return writer is None
+
+    main = _child(main_process)
+    os.close(write)
     worker = None
     try:
-        worker = int(main.stdout.readline())
+        worker = int(os.read(read, 64).decode())
         w = JsonlPredictionWriter(out_dir=str(out))
         with pytest.raises(OutputLockedError):      # held while the main process lives
             w._lock(0)
-        main.send_signal(signal.SIGKILL)
-        main.wait(10)
+        os.kill(main, signal.SIGKILL)
+        os.waitpid(main, 0)
+        main = None
         os.kill(worker, 0)                          # the orphaned worker still runs...
         w._lock(0)                                  # ...and the restart gets the lock at once
         w._unlock()
     finally:
-        if main.poll() is None:
-            main.kill()
-            main.wait(10)
-        if worker is not None:
-            try:
-                os.kill(worker, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        os.close(read)
+        for pid in (main, worker):
+            if pid is not None:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        if main is not None:
+            os.waitpid(main, 0)
 
 
 def test_a_forked_child_of_a_live_writer_does_not_release_its_lock(tmp_path):
     """The child closes its copy of the descriptor; the parent's flock stays (it belongs to the open file)."""
-    from callbacks.jsonl_writer import JsonlPredictionWriter, OutputLockedError
+    import fcntl
+
+    from callbacks.jsonl_writer import JsonlPredictionWriter
 
     out = tmp_path / "out"
     w = JsonlPredictionWriter(out_dir=str(out))
     w._lock(0)
     try:
-        pid = os.fork()
-        if pid == 0:   # the child: its writer no longer holds a descriptor
-            os._exit(0 if w._lock_fd is None else 1)
+        pid = _child(lambda: 0 if w._lock_fd is None else 3)   # the child's writer holds no descriptor
         assert os.waitpid(pid, 0)[1] == 0
         assert w._lock_fd is not None
-        probe = subprocess.run([sys.executable, "-c", "import sys; from callbacks.jsonl_writer import "
-                                "JsonlPredictionWriter as W; W(out_dir=sys.argv[1])._lock(0)", str(out)], cwd=REPO,
-                               capture_output=True, text=True)
-        assert probe.returncode != 0 and OutputLockedError.__name__ in probe.stderr
+        fd = os.open(out / ".rank0.lock", os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):    # still locked by this process's descriptor
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
     finally:
         w._unlock()
