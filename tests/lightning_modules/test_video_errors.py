@@ -82,3 +82,19 @@ def test_which_exceptions_are_records_and_which_stop_the_run(exc, fatal):
     else:
         first = str(exc).splitlines()[0]
         assert run_or_error_records(item, run, lambda msg: [msg]) == [f"/data/v.mp4: {type(exc).__name__}: {first}"]
+
+
+def test_an_unanswered_question_in_the_layout_ablation_is_its_error_record():
+    from types import SimpleNamespace
+
+    from datamodules.benchmarks import Question
+    from lightning_modules.layout_ablation import LayoutAblationQA
+    from models.videollama3 import Answer
+
+    m = LayoutAblationQA(jobs="rho32:256")
+    lj = SimpleNamespace(layout=SimpleNamespace(stats=lambda: {}), frame_idx=[0, 1], budget=256, variant="rho32")
+    item = {"video_id": "v", "video_path": "/data/v.mp4", "benchmark": "videomme"}
+    q = Question(qid="q1", video_id="v", video_path="/data/v.mp4", question="?", options=["x", "y"], answer="A")
+    rec = m._record(item, q, Answer([], "", 9, error="prompt too long"), lj, "t")
+    assert rec == {"qid": "q1", "video": "v", "benchmark": "videomme", "job": "rho32_b256", "budget": 256,
+                   "variant": "rho32", "answer": "A", "meta": {}, "error": "/data/v.mp4: question q1: prompt too long"}
