@@ -133,7 +133,7 @@ def check_checkpoint_file(path: str | None) -> None:
 
 
 USER_ERROR_TYPES = ("SettingError", "FeatureFileError", "OutputSettingsError", "OutputLockedError",
-                    "AnnotationError", "EasyComFormatError", "DecodeError", "CheckpointError",
+                    "OutputWriteError", "AnnotationError", "EasyComFormatError", "DecodeError", "CheckpointError",
                     "MisconfigurationException")   # Lightning's own: conflicting trainer settings
 USER_OS_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
@@ -143,10 +143,11 @@ def user_error(exc: BaseException) -> BaseException | None:
 
     A user error is a bad setting, file or folder: one of the project's input-error types (``USER_ERROR_TYPES``:
     ``SettingError`` for configuration values, the data-format errors) or a missing / unreadable path
-    (``USER_OS_ERRORS``). Everything else (a ``ValueError`` of an internal check, a library error, a full disk)
-    keeps its traceback. LightningCLI/jsonargparse wrap errors raised while building the model or data, so the chain
-    (``__cause__``, and ``__context__`` unless suppressed) is followed; the outermost match wins, so a project error
-    that wraps a ``FileNotFoundError`` is the one shown.
+    (``USER_OS_ERRORS``), or a full disk met while appending records (``OutputWriteError``). Everything else (a
+    ``ValueError`` of an internal check, a library error, another full-disk ``OSError``) keeps its traceback.
+    LightningCLI/jsonargparse wrap errors raised while building the model or data, so the chain (``__cause__``,
+    and ``__context__`` unless suppressed) is followed; the outermost match wins, so a project error that wraps a
+    ``FileNotFoundError`` is the one shown.
     """
     seen = set()
     while exc is not None and id(exc) not in seen:

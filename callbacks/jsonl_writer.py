@@ -15,7 +15,12 @@ points and restarts it until done, then checks that the records equal an uninter
   produce, e.g. a file edited by hand) is reported with its file and line number and its record recomputed;
 * one run at a time per output folder and rank: a second ``predict`` on the same ``out_dir`` fails at once with a
   message naming the lock file, instead of interleaving duplicate records (the lock is ``flock``-based, so a
-  killed run never leaves a stale lock behind).
+  killed run never leaves a stale lock behind). Only the main process holds it: a process forked from it
+  (DataLoader workers) closes its copy of the lock's descriptor at once (``os.register_at_fork``), so after a
+  ``kill -9`` the lock goes with the main process, not seconds later with its orphaned workers;
+* a full disk (``ENOSPC`` / ``EDQUOT``) while appending a video's records: the part of that video's write that
+  reached the file is cut off again, and the run stops with one line (:class:`OutputWriteError`) naming the file;
+  every record written before is intact, and a rerun resumes at that video.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import json
 import logging
 import os
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +111,67 @@ def _fsync_dir(path: Path) -> None:
 
 class OutputLockedError(RuntimeError):
     """Another process is writing the same output folder and rank (the lock file is named)."""
+
+
+class OutputWriteError(OSError):
+    """The disk (or quota) is full: a video's records could not be appended (the file is named; the records written
+    before it are intact)."""
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+_LOCK_HOLDERS: "weakref.WeakSet[JsonlPredictionWriter]" = weakref.WeakSet()   # writers holding an output lock
+
+
+def _drop_locks_in_child() -> None:
+    """After a fork, in the child: close its copies of the output locks' descriptors. An ``flock`` belongs to the
+    open file description, which the parent still holds, so the parent keeps its lock; but the child no longer
+    keeps it alive once the parent is gone (``kill -9`` of the main process with DataLoader workers running)."""
+    for writer in list(_LOCK_HOLDERS):
+        fd, writer._lock_fd = writer._lock_fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:  # pragma: no cover
+                pass
+    _LOCK_HOLDERS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_locks_in_child)
+
+
+def append_synced(path: Path, data: bytes) -> None:
+    """Append ``data`` to ``path``, flush and fsync it (a new file's folder too). On a full disk the bytes of this
+    write that reached the file are truncated away again, so the file ends with its last complete record.
+
+    Raises:
+        OutputWriteError: no space left (``ENOSPC``) or quota exceeded (``EDQUOT``), naming ``path``.
+    """
+    new = not path.exists()
+    if new:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    size = path.stat().st_size if not new else 0
+    try:
+        with open(path, "ab") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        if e.errno not in DISK_FULL:
+            raise
+        try:   # truncating needs no space; the next run would repair a torn line anyway (repair_jsonl)
+            with open(path, "r+b") as f:
+                f.truncate(size)
+                os.fsync(f.fileno())
+        except OSError:  # pragma: no cover - the restart's repair_jsonl cuts the torn line instead
+            pass
+        err = OutputWriteError(f"{path}: {os.strerror(e.errno)} while appending {len(data)} bytes of records; the "
+                               "records written before are intact. Free space and run again: it resumes at this video")
+        err.errno = e.errno
+        raise err from e
+    if new:
+        _fsync_dir(path.parent)
 
 
 class OutputSettingsError(ValueError):
@@ -211,11 +278,13 @@ class JsonlPredictionWriter(BasePredictionWriter):
                                         "wait for it or choose another out_dir") from e
             raise
         self._lock_fd = fd
+        _LOCK_HOLDERS.add(self)   # forked children close their copy (_drop_locks_in_child)
 
     def _unlock(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # closing the descriptor releases the flock
             self._lock_fd = None
+        _LOCK_HOLDERS.discard(self)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         # every rank reads before any rank writes; then ranks only ever append to their own file
@@ -266,12 +335,4 @@ class JsonlPredictionWriter(BasePredictionWriter):
             path = self.out_dir / job / rec.get("benchmark", "benchmark") / f"rank{trainer.global_rank}.jsonl"
             by_file.setdefault(path, []).append(json.dumps(rec, ensure_ascii=False, sort_keys=True) + "\n")
         for path, lines in by_file.items():
-            new = not path.exists()
-            if new:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a", encoding="utf-8") as f:
-                f.write("".join(lines))
-                f.flush()
-                os.fsync(f.fileno())
-            if new:
-                _fsync_dir(path.parent)
+            append_synced(path, "".join(lines).encode("utf-8"))

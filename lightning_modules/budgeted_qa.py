@@ -1,7 +1,33 @@
 """BudgetedQA: thin LightningModule around :class:`models.videollama3.BudgetedVideoLlama3`.
 
 ``predict_step`` takes one video (all its questions) and returns one record per (question, budget) still to do;
-the prediction writer appends them to jsonl. Decode failures and CUDA out-of-memory become error records.
+the prediction writer appends them to jsonl.
+
+What becomes an error record, and what stops the run (:func:`run_or_error_records`):
+
+=====================================================  ============================================================
+raised for one video                                   result
+=====================================================  ============================================================
+decode failure (the data module's ``item["error"]``)    that video's error records
+``torch.cuda.OutOfMemoryError``                         that video's error records, after its memory is released
+a question longer than the model's context             that question's error records (:class:`ContextLengthError`)
+any other ``Exception`` of an input-dependent check     that video's error records ``"<video path>: <type>: <cause>"``
+(``ValueError`` such as transformers' ``smart_resize``  (traceback in the log); the run goes on, a rerun retries them
+"absolute aspect ratio must be smaller than 200",
+``RuntimeError``, ``OSError``, ``ArithmeticError``...)
+a programming error (``PROGRAMMING_ERRORS``:            :class:`VideoStepError` naming the video, the run stops; the
+``AssertionError``, ``TypeError``, ``NameError``,       records of the videos before it are already on disk (written
+``AttributeError``, ``ImportError``, ``KeyError``,      and fsynced per video by the writer)
+``IndexError``, ``NotImplementedError``,
+``RecursionError``) or a CUDA error
+(``torch.AcceleratorError``: the CUDA context is
+lost for every later video too)
+=====================================================  ============================================================
+
+The line between the two is drawn by exception class: the library and our own input checks raise ``ValueError`` /
+``RuntimeError`` (bad shapes, aspect ratios, lengths) for a bad input; a wrong name, attribute, type, index or
+assertion is a bug in our code, which would fail every video the same way, so it stops the run instead of writing a
+benchmark full of error records.
 """
 from __future__ import annotations
 
@@ -45,15 +71,17 @@ def job_name(budget: int, variant: str | None = None) -> str:
     return f"b{budget}" if variant is None else f"{variant}_b{budget}"
 
 
+def error_record(item: dict, qid: str, answer: str, meta: dict, job: str, budget: int | None, message: str,
+                 variant: str | None = None) -> dict:
+    """The error record of one (question, job): the fields that key and score it, and ``error`` (the cause)."""
+    return {"qid": qid, "video": item["video_id"], "benchmark": item["benchmark"], "job": job, "budget": budget,
+            "variant": variant, "answer": answer, "meta": meta, "error": message}
+
+
 def error_records(item: dict, jobs: dict[str, int], message: str) -> list[dict]:
     """One error record per (question, job) still to do on a video."""
-    out = []
-    for q in item["questions"]:
-        for job in item["jobs"].get(q["qid"], []):
-            out.append({"qid": q["qid"], "video": item["video_id"], "benchmark": item["benchmark"], "job": job,
-                        "budget": jobs[job], "variant": None, "answer": q["answer"], "meta": q["meta"],
-                        "error": message})
-    return out
+    return [error_record(item, q["qid"], q["answer"], q["meta"], job, jobs[job], message)
+            for q in item["questions"] for job in item["jobs"].get(q["qid"], [])]
 
 
 def qa_record(item: dict, q: Question, answer, stats: dict, n_frames_used: int, job: str, budget: int | None,
@@ -65,8 +93,15 @@ def qa_record(item: dict, q: Question, answer, stats: dict, n_frames_used: int, 
         answer: a :class:`models.videollama3.Answer`.
         stats: the plan's :meth:`~algorithms.budget.Plan.stats` (or a layout's, with the same keys).
         n_frames_used: frames the job used (``capped`` when fewer than the video's 1 fps frames).
+
+    An answer with ``error`` set (the question's prompt did not fit the model's context) gives that question's
+    error record instead, naming the video file and the question.
     """
     from algorithms.choice import official_rule, parse, parse_robust
+
+    if getattr(answer, "error", None):
+        return error_record(item, q.qid, q.answer, q.meta, job, budget,
+                            f"{item.get('video_path', item['video_id'])}: question {q.qid}: {answer.error}", variant)
 
     info = item["video_info"]
     video_info = {"duration_s": info["duration_s"], "native_hw": info["native_hw"], "n_frames": n_frames_used,
@@ -88,18 +123,50 @@ def qa_record(item: dict, q: Question, answer, stats: dict, n_frames_used: int, 
     }
 
 
+# exceptions that mean a bug in our code (or a lost CUDA context), not a bad video: they stop the run
+PROGRAMMING_ERRORS = (AssertionError, TypeError, NameError, AttributeError, ImportError, KeyError, IndexError,
+                      NotImplementedError, RecursionError, getattr(torch, "AcceleratorError", ()))
+
+
+class VideoStepError(RuntimeError):
+    """A programming error (``PROGRAMMING_ERRORS``) raised while answering one video; names the video. The run
+    stops on it; the records written before it are safe (the writer fsyncs each video's records)."""
+
+
+def _cause(e: BaseException) -> str:
+    """``<type>: <first line of the message>`` (at most 300 characters)."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {first[:300]}"
+
+
 def run_or_error_records(item: dict, run, make_errors) -> list[dict]:
-    """``run()`` for one video; a CUDA out-of-memory becomes ``make_errors(message)`` after the failed step's
-    memory is released (``gc`` + ``empty_cache``), so the next video runs."""
+    """``run()`` for one video, with every failure of that video turned into ``make_errors(message)`` (the module
+    docstring's table): ``message`` names the video file and the cause.
+
+    A CUDA out-of-memory first releases the failed step's memory (``gc`` + ``empty_cache``), so the next video runs.
+
+    Raises:
+        VideoStepError: ``run()`` raised one of ``PROGRAMMING_ERRORS`` (the original is its ``__cause__``).
+    """
+    path = item.get("video_path", item.get("video_id"))
     try:
         return run()
     except torch.cuda.OutOfMemoryError as e:
-        msg = f"{item['video_path']}: CUDA out of memory ({str(e).splitlines()[0][:160]})"
+        msg = f"{path}: CUDA out of memory ({str(e).splitlines()[0][:160]})"
         log.warning(msg)
         del e
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+        return make_errors(msg)
+    except PROGRAMMING_ERRORS as e:
+        raise VideoStepError(f"{path}: {_cause(e)} (a bug, not a bad input: the run stops here; the records "
+                             "written before this video are safe, a rerun resumes at it)") from e
+    except Exception as e:  # noqa: BLE001 - an input-dependent failure of this video only
+        msg = f"{path}: {_cause(e)}"
+        log.warning("video failed, recorded as an error: %s", msg, exc_info=True)
+        del e
+        gc.collect()   # the failed step's tensors (held by the traceback's frames) go now
         return make_errors(msg)
 
 

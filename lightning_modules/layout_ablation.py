@@ -157,8 +157,12 @@ class LayoutAblationQA(BudgetedQA):
         return records
 
     def _record(self, item: dict, q: Question, a, lj: LayoutJob, template: str) -> dict:
-        """One record, with the plain-predict fields computed exactly as :class:`BudgetedQA` does."""
+        """One record, with the plain-predict fields computed exactly as :class:`BudgetedQA` does (an unanswered
+        question's error record as :func:`~lightning_modules.budgeted_qa.qa_record` gives it)."""
         stats = lj.layout.stats()
+        if getattr(a, "error", None):
+            return qa_record(item, q, a, stats, len(lj.frame_idx), job_name(lj.budget, lj.variant), lj.budget,
+                             lj.variant, template)
         return {
             **qa_record(item, q, a, stats, len(lj.frame_idx), job_name(lj.budget, lj.variant), lj.budget, lj.variant,
                         template),

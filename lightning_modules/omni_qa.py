@@ -14,7 +14,8 @@ reached, next to the nominal ``retention``; DyCoke's count differs from the nomi
 ``prefill_flops`` (:func:`models.omni.qa.prefill_flop_fields`, plus ``measured`` from ``FlopCounterMode`` when
 ``measure_flops``, else ``None``), ``prefill_time_s, peak_memory_bytes, peak_memory_kind, encode_time_s,
 prune_time_s``, ``video_info`` and ``audio_info``; or ``error`` instead of the answer fields when the video could
-not be read or CUDA ran out of memory.
+not be read, CUDA ran out of memory or answering it raised an input-dependent error (the table of
+:mod:`lightning_modules.budgeted_qa`; a programming error stops the run naming the video).
 """
 from __future__ import annotations
 

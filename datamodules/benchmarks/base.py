@@ -27,7 +27,12 @@ option or subtitle                      ``split_special_tokens=True``, so it can
                                         nor end the user turn (``models.videollama3.layout``)
 malformed subtitles                     error naming the subtitle file and cue / item (``subtitles.py``); an
                                         ``.srt`` with no timed cue at all gives no subtitles
-media path escaping the root            error (``..``, absolute paths, symlinks out of the root)
+media path escaping the root            error for the annotation text: an absolute path or a ``..`` component.
+                                        Symbolic links under the root are followed, also out of it (the user's
+                                        own layout, e.g. ``videos/`` linked to other storage)
+invalid UTF-8 text                      error naming the file, row and field (a Video-MME parquet ``string``
+                                        cell); a JSON annotation file that is not UTF-8: error naming the file
+                                        and the byte offset
 media file missing or unreadable        not an annotation error: one error record per question at decode time
 ======================================  ==========================================================================
 """

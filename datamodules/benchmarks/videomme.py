@@ -32,6 +32,30 @@ def find_parquets(root: Path) -> list[Path]:
     return files
 
 
+def _rows(table, f: Path) -> list[dict]:
+    """``table.to_pylist()``, with an invalid UTF-8 ``string`` cell (pyarrow's ``UnicodeDecodeError``, which names
+    neither row nor column) reported as an :class:`AnnotationError` naming the file, row and field."""
+    try:
+        return table.to_pylist()
+    except UnicodeDecodeError as e:
+        for name in table.column_names:   # find the first bad cell: only on this error path, cell by cell
+            start = 0
+            for chunk in table.column(name).chunks:
+                for j in range(len(chunk)):
+                    try:
+                        chunk[j].as_py()
+                    except UnicodeDecodeError as cell:
+                        i = start + j
+                        try:
+                            qid = table.column("question_id")[i].as_py()
+                        except UnicodeDecodeError:
+                            qid = "<not UTF-8>"
+                        raise AnnotationError(f"{f} row {i} (question_id={qid!r}): {name} is not valid UTF-8 text "
+                                              f"({cell.reason} at byte {cell.start})") from e
+                start += len(chunk)
+        raise AnnotationError(f"{f}: a text cell is not valid UTF-8 ({e})") from e
+
+
 def load_videomme(root: Path, parquet: str | None = None, video_dir: str = "videos",
                   subtitles: bool = False, subtitle_dir: str = "subtitles") -> list[Question]:
     """Read Video-MME questions.
@@ -47,8 +71,8 @@ def load_videomme(root: Path, parquet: str | None = None, video_dir: str = "vide
     Raises:
         AnnotationError: an unreadable parquet, a missing column, a row with a mistyped or empty question,
             options or answer, fewer than 2 or more than 10 options, an answer outside the options, a duplicate
-            question_id, or a videoID whose path escapes ``root`` (file and row named); a malformed ``.srt`` (file
-            and cue named). See :mod:`datamodules.benchmarks.base` for the per-case table.
+            question_id, a text cell that is not valid UTF-8, or a videoID whose path escapes ``root`` (file and row
+            named; the field too for UTF-8); a malformed ``.srt`` (file and cue named). See :mod:`datamodules.benchmarks.base` for the per-case table.
     """
     root = Path(root)
     files = [Path(parquet)] if parquet else find_parquets(root)
@@ -63,7 +87,7 @@ def load_videomme(root: Path, parquet: str | None = None, video_dir: str = "vide
         missing = [c for c in COLUMNS if c not in table.column_names]
         if missing:
             raise AnnotationError(f"{f}: missing column(s) {missing}")
-        for i, row in enumerate(table.to_pylist()):
+        for i, row in enumerate(_rows(table, f)):
             where = f"{f} row {i} (question_id={row.get('question_id')!r})"
             qid = text_field(row["question_id"], "question_id", where, numbers_ok=True)
             question = text_field(row["question"], "question", where)

@@ -47,15 +47,22 @@ def _flag_later(value: torch.Tensor, flag: torch.Tensor | None):
     return read, flag
 
 
+class ContextLengthError(ValueError):
+    """A prompt (plus the answer's ``max_new_tokens``) longer than the language model's context."""
+
+
 @dataclass
 class Answer:
-    """One greedy answer: generated token ids (without the prompt), decoded text, prompt length, fallback flag."""
+    """One greedy answer: generated token ids (without the prompt), decoded text, prompt length, fallback flag.
+
+    ``error``: set (and no tokens) when the question was not answered: its prompt of ``seq_len`` tokens plus
+    ``max_new_tokens`` does not fit the model's context (:meth:`SharedPrefixAnswering.context_error`)."""
 
     token_ids: list[int]
     text: str
     seq_len: int
     fallback: bool = False
-
+    error: str | None = None
 
 
 class SharedPrefixAnswering:
@@ -84,6 +91,40 @@ class SharedPrefixAnswering:
             new = new[:-1]
         return new
 
+    def context_limit(self) -> int:
+        """Positions the language model was built for: the text config's ``max_position_embeddings``."""
+        return int(self.model.config.get_text_config().max_position_embeddings)
+
+    def context_error(self, seq_len: int, max_new_tokens: int) -> str | None:
+        """Why a prompt of ``seq_len`` tokens answered with up to ``max_new_tokens`` tokens does not fit the model's
+        context (:meth:`context_limit`), or ``None`` when it fits. Checked before any prefill, so a too-long
+        question costs nothing (a 25k-token question asked for 45.7 GB of activations, issue 35)."""
+        limit = self.context_limit()
+        if seq_len + max_new_tokens > limit:
+            return (f"prompt of {seq_len} tokens + {max_new_tokens} answer tokens is longer than the model's context "
+                    f"({limit} positions, max_position_embeddings)")
+        return None
+
+    def _check_prefix(self, prompt: VideoPrompt, max_new_tokens: int) -> None:
+        """Raise :class:`ContextLengthError` when the prefix alone (+ ``max_new_tokens``) does not fit the context."""
+        error = self.context_error(prompt.ids.numel(), max_new_tokens)
+        if error:
+            raise ContextLengthError(f"video prefix: {error}")
+
+    def _skipped(self, seq_len: int, fallback: bool, error: str) -> Answer:
+        log.warning("question not answered: %s", error)
+        return Answer(token_ids=[], text="", seq_len=seq_len, fallback=fallback, error=error)
+
+    def _last_logits(self, **inputs) -> torch.Tensor:
+        """Logits of the last position only, (Q, 1, V): the decoder's hidden states sliced before ``lm_head``.
+
+        ``VideoLlama3ForConditionalGeneration.forward`` applies ``lm_head`` to every position and drops
+        ``logits_to_keep`` (transformers 5.23 ``modeling_video_llama_3.py``: ``logits = self.lm_head(hidden_states)``),
+        so a suffix prefill through it made Q x n x V logits. The rows are left-padded to end in the same column, so
+        the last column is each question's last token, the only logits greedy decoding reads."""
+        hidden = self.model.model(**inputs).last_hidden_state                   # (Q, n, hidden)
+        return self.model.lm_head(hidden[:, -1:])
+
     def _answer(self, tokens: list[int], seq_len: int, fallback: bool) -> Answer:
         return Answer(token_ids=tokens, text=self.tokenizer.decode(tokens, skip_special_tokens=True),
                       seq_len=seq_len, fallback=fallback)
@@ -96,6 +137,9 @@ class SharedPrefixAnswering:
         q_ids, fallback = self.question_ids(prompt, question_text)
         base = prompt.ids if not fallback else prompt.ids[: len(prompt.ids) - prompt.last_text_len]
         full = torch.cat([base, torch.tensor(q_ids, dtype=torch.long)])
+        error = self.context_error(full.numel(), max_new_tokens)
+        if error:
+            return self._skipped(full.numel(), fallback, error)
         emb = self.embed(full, prompt.vision_embeds)
         return self._answer(self._generate(full, max_new_tokens, inputs_embeds=emb, ignore_eos=ignore_eos), full.numel(),
                             fallback)
@@ -108,14 +152,22 @@ class SharedPrefixAnswering:
         The prefix is prefilled once into a ``DynamicCache``; each question then runs ``generate`` on the full
         ids, which only feeds the uncached question tokens, and the cache is cropped back to the prefix.
         A question whose text merges with the prefix's last piece falls back to :meth:`answer_from_scratch`.
+        A question too long for the model's context gets an :class:`Answer` with ``error`` set.
+
+        Raises:
+            ContextLengthError: the prefix alone does not fit the context (see :meth:`prefill`).
         """
-        cache = self.prefill(prompt)
+        cache = self.prefill(prompt, max_new_tokens)
         prefix_len = prompt.ids.numel()
         answers = []
         for text in question_texts:
             q_ids, fallback = self.question_ids(prompt, text)
             if fallback:
                 answers.append(self.answer_from_scratch(prompt, text, max_new_tokens, ignore_eos))
+                continue
+            error = self.context_error(prefix_len + len(q_ids), max_new_tokens)
+            if error:
+                answers.append(self._skipped(prefix_len + len(q_ids), False, error))
                 continue
             full = torch.cat([prompt.ids, torch.tensor(q_ids, dtype=torch.long)])
             tokens = self._generate(full, max_new_tokens, cache=cache, ignore_eos=ignore_eos)
@@ -125,9 +177,16 @@ class SharedPrefixAnswering:
 
 
     @torch.no_grad()
-    def prefill(self, prompt: VideoPrompt):
-        """Prefill the shared prefix once; returns the ``DynamicCache`` holding its keys/values (batch 1)."""
+    def prefill(self, prompt: VideoPrompt, max_new_tokens: int = 1):
+        """Prefill the shared prefix once; returns the ``DynamicCache`` holding its keys/values (batch 1).
+
+        Raises:
+            ContextLengthError: the prefix's L tokens + ``max_new_tokens`` do not fit the model's context (checked
+                before any work; the video's questions all become error records).
+        """
         from transformers import DynamicCache
+
+        self._check_prefix(prompt, max_new_tokens)
 
         cache = DynamicCache(config=self.model.config.get_text_config())
         # the base model only: no lm_head (VideoLlama3ForConditionalGeneration ignores logits_to_keep and would
@@ -174,18 +233,29 @@ class SharedPrefixAnswering:
         records the next budget's graph and builds its inputs (``BudgetedQA(overlap_budgets=True)``: 1.524 -> 1.446 s
         per video for 4k + 16k on the H200, ``bench/cli_throughput.py``, same machine); the price is that every
         started prefix's cache is held until its ``finish``. The tokens are those of :meth:`answer_batched` (same kernels, same shapes).
-        Fallback questions (DESIGN §3.7) are answered from scratch here, before returning.
+        Fallback questions (DESIGN §3.7) are answered from scratch here, before returning. A question whose prompt
+        does not fit the model's context (:meth:`context_error`) is left out of the batch (no prefill, no logits) and
+        gets an :class:`Answer` with ``error`` set; the suffix prefill computes logits for each row's last position
+        only (:meth:`_last_logits`).
+
+        Raises:
+            ContextLengthError: the prefix alone does not fit the context.
         """
         if decode not in ("dynamic", "static", "graph"):
             raise SettingError(f"decode must be 'dynamic', 'static' or 'graph', got {decode!r}")
         if decode == "graph" and self.device.type != "cuda" and max_new_tokens > 1:
             raise ValueError("decode='graph' needs a CUDA device")
+        self._check_prefix(prompt, max_new_tokens)
         answers: list[Answer | None] = [None] * len(question_texts)
         batch, rows = [], []
         for i, text in enumerate(question_texts):
             ids, fallback = self.question_ids(prompt, text)
             if fallback:
                 answers[i] = self.answer_from_scratch(prompt, text, max_new_tokens, ignore_eos)
+                continue
+            error = self.context_error(prompt.ids.numel() + len(ids), max_new_tokens)
+            if error:
+                answers[i] = self._skipped(prompt.ids.numel() + len(ids), False, error)
             else:
                 batch.append(ids)
                 rows.append(i)
@@ -212,13 +282,13 @@ class SharedPrefixAnswering:
         static = None
         if decode != "dynamic":
             static = self._suffix_cache(q, longest + max_new_tokens)
-        cache = self.prefill(prompt)                                            # batch 1
+        cache = self.prefill(prompt, max_new_tokens)                            # batch 1
         if decode == "dynamic":
             if q > 1:
                 cache.batch_repeat_interleave(q)
             mask = valid.long()
-            out = self.model(input_ids=inp, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                             use_cache=True, logits_to_keep=1)
+            logits = self._last_logits(input_ids=inp, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                                       use_cache=True)                          # (Q, 1, V)
 
             def step_fn(nxt: torch.Tensor, step: int) -> torch.Tensor:
                 nonlocal mask
@@ -227,15 +297,15 @@ class SharedPrefixAnswering:
                                   past_key_values=cache, use_cache=True).logits
 
             def decode_all() -> list[list[int]]:
-                return self._greedy(out.logits, step_fn, q, max_new_tokens, ignore_eos, eos)
+                return self._greedy(logits, step_fn, q, max_new_tokens, ignore_eos, eos)
         else:
             with self._shared_prefix_attention(cache):
-                out, step_fn = self._static_decoder(static, inp, valid, pos, max_new_tokens,
-                                                    graph=decode == "graph")
+                logits, step_fn = self._static_decoder(static, inp, valid, pos, max_new_tokens,
+                                                       graph=decode == "graph")
 
             def decode_all() -> list[list[int]]:
                 with self._shared_prefix_attention(cache):   # eager steps attend to this prefix (a graph has it)
-                    return self._greedy(out.logits, step_fn, q, max_new_tokens, ignore_eos, eos)
+                    return self._greedy(logits, step_fn, q, max_new_tokens, ignore_eos, eos)
 
         def finish() -> list[Answer]:
             gen = decode_all()
@@ -320,7 +390,8 @@ class SharedPrefixAnswering:
         fixed shapes and addresses (what a CUDA graph needs).
 
         Returns:
-            ``(suffix output, step_fn)`` with ``step_fn(next_tokens (Q,), step) -> logits (Q, 1, V)``.
+            ``(suffix logits (Q, 1, V) of each row's last position, step_fn)`` with
+            ``step_fn(next_tokens (Q,), step) -> logits (Q, 1, V)``.
         """
         q, longest = inp.shape
         prefix_len = valid.shape[1] - longest
@@ -388,8 +459,8 @@ class SharedPrefixAnswering:
         # prefill on the GPU, while the ~1,000 launches of an eager suffix prefill fill the driver's command queue and
         # would block the host until the GPU drains it (measured: the capture then added ~40 ms per (video, budget)).
         # The graph reads the cache write position on the device, so it does not matter that it was recorded first.
-        out = self.model(input_ids=inp, attention_mask={"full_attention": mask}, position_ids=pos,
-                         past_key_values=sc, use_cache=True, logits_to_keep=1)
+        logits = self._last_logits(input_ids=inp, attention_mask={"full_attention": mask}, position_ids=pos,
+                                   past_key_values=sc, use_cache=True)
 
         def step_fn(nxt: torch.Tensor, step: int) -> torch.Tensor:
             tok_buf.copy_(nxt[:, None])
@@ -398,5 +469,5 @@ class SharedPrefixAnswering:
             mask_buf[..., s0 + step - 1] = 0                                   # the step's own key
             return run()
 
-        return out, step_fn
+        return logits, step_fn
 
