@@ -346,7 +346,7 @@ def split_runs(indices: list[int], sessions: int, min_frames: int = MIN_SEGMENT_
     runs when there are fewer frames), as equal in length as possible."""
     n = len(indices)
     k = max(1, min(int(sessions), n // max(int(min_frames), 1)))
-    bounds = [round(i * n / k) for i in range(k + 1)]
+    bounds = [i * n // k for i in range(k + 1)]
     return [indices[bounds[i]: bounds[i + 1]] for i in range(k) if bounds[i + 1] > bounds[i]]
 
 
