@@ -8,6 +8,7 @@ comparing the RGB with decord's ``get_batch`` (the CPU path's reader), byte for 
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,11 @@ EXACT = ["h264_642x362.mp4", "h264_320x180_bt709.mp4", "h264_jpeg_256x144.mp4", 
 
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory) -> dict[str, Path]:
+    """The clips, made with ffmpeg; or, where there is no ffmpeg (the GPU machine), those of a folder made here
+    before (``NVDEC_TEST_CLIPS``, the files this fixture wrote)."""
+    given = os.environ.get("NVDEC_TEST_CLIPS")
+    if given:
+        return {name: Path(given) / name for name in CLIPS}
     out = tmp_path_factory.mktemp("nvdec_clips")
     made = {}
     for name, (src, args) in CLIPS.items():
