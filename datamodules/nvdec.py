@@ -23,7 +23,8 @@ yuv420p at 642x362 / 1280x720 (BT.709-tagged) / 320x240, full-range yuvj420p, VP
 sizes), with the planes taken from PyAV's software decoder on the CPU, and from NVDEC on the GPU (``gpu`` cases;
 on the H200 on 2026-12-02: H.264 642x362 / 1280x720 BT.709 / 1920x1080 / yuvj420p 320x240 and HEVC 854x480, 60
 frames each, native and 0.6x sizes, 1 and 3 sessions: NVDEC's planes equal FFmpeg's and the RGB equals decord's,
-0 pixels differ).
+0 pixels differ). The same frames come out of the ffmpeg binary (imageio-ffmpeg's 9.0.2) with ``-vf scale=W:H
+-sws_flags bilinear -pix_fmt rgb24``, an independent check of the conversion.
 
 What falls back to the CPU (:func:`nvdec_unsupported` says why, per file): codecs NVDEC lacks (AV1 on the H200,
 anything but H.264 / HEVC / VP9 / MPEG-4), MPEG-4 Part 2 (NVDEC decodes it, but that standard's IDCT is not
