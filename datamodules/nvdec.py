@@ -41,6 +41,11 @@ sessions over the GPU's engines (the H200 has 7). DataLoader workers that each c
 worker that uses CUDA must be started with ``multiprocessing_context="spawn"`` (CUDA does not survive ``fork``
 after the parent initialised it).
 
+Frame identity. ``SimpleDecoder`` indexes frames in presentation order as decord does; its count is checked
+against the container's per file (a mismatch is an :class:`NvdecError`, so a CPU fallback), and the frames of every
+test clip and workload video are equal to decord's at the same indices. Variable-frame-rate files are not tested
+on this path: until they are, the caller should give NVDEC only constant-rate files (``info["vfr"]`` False).
+
 Interface for ``datamodules.decoding.READERS`` (the lead wires it): :func:`nvdec_unsupported` and
 :func:`read_nvdec`; :func:`read_with_fallback` is the per-file fallback with the decoder used and why.
 """
@@ -360,6 +365,8 @@ def _decode_run(path: str, run: list[int], gpu_id: int, p: StreamProbe, convert:
     dec = nvc.SimpleDecoder(path, gpu_id=gpu_id, use_device_memory=True,
                             output_color_type=nvc.OutputColorType.NATIVE)
     total = len(dec)
+    if p.frames and total != p.frames:   # its index would not be the CPU path's (decord counts the container's)
+        raise NvdecError(f"{path}: NVDEC counts {total} frames, the container {p.frames}")
     if run and run[-1] >= total:
         raise NvdecError(f"{path}: NVDEC counts {total} frames, index {run[-1]} asked")
     frames = dec.get_batch_frames_by_index(run)
