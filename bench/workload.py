@@ -1,0 +1,426 @@
+"""The Video-MME-shaped workload, measured per decode path (issue 31 §1, §3).
+
+1. **The set**, made on the machine where it runs: short / medium / long videos at Video-MME lengths, mixed
+   640x360 / 1280x720 / 1920x1080, 25 / 29.97 / 30 fps, H.264 High yuv420p with 3 B-frames and GOPs of 60 and 250,
+   one HEVC and one VP9. Moving content (a scrolling gradient with moving blocks and noise, so the encoder and the
+   decoder do real work). A 60 s base segment per look is encoded (imageio-ffmpeg's ffmpeg where it exists, else
+   the libx264 / libx265 / libvpx inside PyAV's wheel: the GPU machine has no ffmpeg binary), then looped to the
+   full length by copying its packets with shifted timestamps (closed GOPs, identical parameter sets: a valid
+   stream; the content repeats every 60 s, the decoding cost per frame does not change).
+2. **Decode paths**, each in a pool of ``--workers`` spawned processes (the DataLoader's shape: 8 workers, the CPU
+   path with ``auto_decode_threads`` threads each): the frames seed 001's sampling keeps at the run's largest
+   budget (``algorithms.budget.sample_frames``, 16,384 tokens; decode size ``decode_frame_size``), read by decord
+   (``cpu``, today's reader: ``VideoReader.get_batch``) or by :func:`datamodules.nvdec.read_nvdec` (``nvdec``;
+   per-file CPU fallback with the reason). Each video's frames are hashed, so the paths are compared frame for
+   frame. ``--window-s`` decodes only the sampled frames of the first N seconds of each video (both paths alike)
+   and scales the seconds to the whole video by its source-frame count (the decode cost is linear in the frames
+   decoded); the table says when it did.
+3. **GPU step** per video: the user's ``evaluate.py predict --config configs/predict/videomme.yaml`` on the set
+   (``--cli``; the figures from its ``timing_rank0.json`` via ``bench/cli_throughput.py``), else ``--gpu-step-s``
+   (default: the H200 figures of issues 31/33 with the 7B-size random checkpoint at 4k+16k: 1.53 s for a short
+   video, 2.36 s for a 10-minute one and longer, whose frame count the budget caps).
+4. **Table** per duration class and path: GPU step, decode seconds per video, GPU wait share and videos per hour
+   with ``--workers`` decoding in parallel (per-video wall = max(step, decode / workers)), and the extrapolated
+   full Video-MME (900 videos: 300 short of 80.7 s mean, 300 medium of 520 s, 300 long of 2466 s; decode scaled by
+   duration from the measured seconds per source frame) on one GPU, side by side.
+
+    python bench/workload.py --make /tmp/workload            # the set only
+    python bench/workload.py --videos /tmp/workload --paths cpu nvdec --window-s 240
+    python bench/workload.py --tiny                          # CPU smoke run: tiny clips, tiny model, the CLI
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from datamodules import nvdec  # noqa: E402  (before anything imports decord: datamodules.nvdec._import_nvc)
+
+T0 = time.perf_counter()
+VIDEO_MME = {"short": (300, 80.7), "medium": (300, 520.0), "long": (300, 2466.0)}   # (videos, mean seconds)
+DEFAULT_STEP_S = {"short": 1.53, "medium": 2.36, "long": 2.36}
+BASE_S = 60
+
+# name: (class, seconds, width, height, fps (num, den), codec, gop)
+FULL_SET = [
+    ("s1_h264_360p25_g60", "short", 90, 640, 360, (25, 1), "h264", 60),
+    ("s2_h264_720p2997_g250", "short", 90, 1280, 720, (30000, 1001), "h264", 250),
+    ("s3_vp9_360p30", "short", 90, 640, 360, (30, 1), "vp9", 120),
+    ("m1_h264_720p30_g250", "medium", 480, 1280, 720, (30, 1), "h264", 250),
+    ("m2_hevc_720p25_g60", "medium", 480, 1280, 720, (25, 1), "hevc", 60),
+    ("l1_h264_1080p2997_g250", "long", 1800, 1920, 1080, (30000, 1001), "h264", 250),
+]
+TINY_SET = [
+    ("s1_h264_160x90", "short", 4, 160, 90, (25, 1), "h264", 60),
+    ("m1_h264_192x108", "medium", 8, 192, 108, (30000, 1001), "h264", 250),
+    ("l1_hevc_160x90", "long", 12, 160, 90, (30, 1), "hevc", 60),
+]
+
+
+# ------------------------------------------------------------------------------------------------ making the set
+
+def _frames(width: int, height: int, n: int, seed: int):
+    """``n`` moving RGB frames: a gradient scrolling 7 px a frame, blocks moving on their own paths, noise."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:height, 0: 2 * width]
+    base = np.stack([(xx * 255 // (2 * width)), (yy * 255 // height), ((xx + yy) * 3 % 256)], -1).astype(np.uint8)
+    noise = rng.integers(0, 24, (8, height, width, 3), dtype=np.uint8)
+    for i in range(n):
+        off = (7 * i) % width
+        f = base[:, off: off + width].copy()
+        for b in range(4):
+            bw, bh = width // 6, height // 5
+            x = int((width - bw) * (0.5 + 0.5 * math.sin(0.05 * i + b)))
+            y = int((height - bh) * (0.5 + 0.5 * math.cos(0.037 * i * (b + 1))))
+            f[y: y + bh, x: x + bw] = (60 * b + 3 * i) % 256
+        f += noise[i % 8]
+        yield f
+
+
+def _encode_base(out: Path, width: int, height: int, rate: tuple[int, int], codec: str, gop: int,
+                 seconds: int, seed: int) -> None:
+    """A ``seconds`` segment: H.264 High (3 B-frames, closed GOPs of ``gop``), HEVC or VP9, yuv420p."""
+    from fractions import Fraction
+
+    import av
+
+    n = round(seconds * rate[0] / rate[1])
+    ffmpeg = shutil.which("ffmpeg")
+    try:
+        import imageio_ffmpeg
+
+        ffmpeg = imageio_ffmpeg.get_ffmpeg_exe()
+    except Exception:  # noqa: BLE001 - no imageio-ffmpeg binary here (the GPU machine): PyAV's encoders
+        pass
+    if os.environ.get("WORKLOAD_ENCODER") == "pyav":
+        ffmpeg = None
+    opts = {"h264": ("libx264", {"preset": "veryfast", "profile": "high", "bf": "3", "g": str(gop),
+                                 "keyint_min": str(gop), "sc_threshold": "0", "crf": "26"}),
+            "hevc": ("libx265", {"preset": "ultrafast", "x265-params": f"keyint={gop}:min-keyint={gop}:bframes=3:"
+                                 "log-level=error:no-open-gop=1", "crf": "28"}),
+            "vp9": ("libvpx-vp9", {"deadline": "realtime", "cpu-used": "8", "g": str(gop), "crf": "36",
+                                   "b": "0", "row-mt": "1"})}[codec]
+    if ffmpeg:
+        cmd = [ffmpeg, "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{width}x{height}",
+               "-r", f"{rate[0]}/{rate[1]}", "-i", "-", "-c:v", opts[0], "-pix_fmt", "yuv420p"]
+        for k, v in opts[1].items():
+            cmd += ([f"-{k}", v] if k != "g" else ["-g", v])
+        proc = subprocess.Popen([*cmd, str(out)], stdin=subprocess.PIPE)
+        for f in _frames(width, height, n, seed):
+            proc.stdin.write(f.tobytes())
+        proc.stdin.close()
+        if proc.wait():
+            raise RuntimeError(f"ffmpeg failed making {out}")
+        return
+    with av.open(str(out), "w") as c:
+        s = c.add_stream(opts[0], rate=Fraction(*rate))
+        s.width, s.height, s.pix_fmt = width, height, "yuv420p"
+        o = dict(opts[1])
+        if codec == "h264":
+            o = {"preset": o["preset"], "profile": "high", "crf": o["crf"],
+                 "x264-params": f"bframes=3:keyint={gop}:min-keyint={gop}:scenecut=0"}
+        s.options = o
+        for f in _frames(width, height, n, seed):
+            for pkt in s.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
+                c.mux(pkt)
+        for pkt in s.encode():
+            c.mux(pkt)
+
+
+def _loop(base: Path, out: Path, seconds: int) -> None:
+    """``out``: ``base``'s packets repeated (timestamps shifted by its length) until ``seconds`` are covered."""
+    import av
+
+    with av.open(str(base)) as src:
+        s = src.streams.video[0]
+        pkts = [p for p in src.demux(s) if p.size]
+        step = max(p.pts + p.duration for p in pkts) - min(p.pts for p in pkts)
+        seg_s = float(step * s.time_base)
+        with av.open(str(out), "w") as dst:
+            d = dst.add_stream_from_template(s)
+            for k in range(math.ceil(seconds / seg_s)):
+                for p in pkts:
+                    q = av.Packet(bytes(p))
+                    q.pts, q.dts, q.duration = p.pts + k * step, p.dts + k * step, p.duration
+                    q.is_keyframe, q.time_base, q.stream = p.is_keyframe, p.time_base, d
+                    dst.mux(q)
+
+
+def _make_one(job) -> Path:
+    out_dir, (name, _cls, seconds, w, h, rate, codec, gop), seed = job
+    ext = "webm" if codec == "vp9" else "mp4"
+    out = out_dir / f"{name}_{seconds}s.{ext}"
+    if out.is_file():
+        return out
+    base = out_dir / f".base_{name}.{ext}"
+    _encode_base(base, w, h, rate, codec, gop, min(BASE_S, seconds), seed)
+    if seconds <= BASE_S:
+        base.rename(out)
+    else:
+        _loop(base, out.with_suffix(".tmp" + out.suffix), seconds)
+        out.with_suffix(".tmp" + out.suffix).rename(out)
+        base.unlink()
+    return out
+
+
+def make_set(out_dir: Path, spec: list[tuple], processes: int | None = None) -> list[Path]:
+    """Write the set (one process per video; existing files are kept)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jobs = [(out_dir, row, i) for i, row in enumerate(spec)]
+    with ProcessPoolExecutor(min(len(jobs), processes or os.cpu_count() or 1), mp_context=get_context("spawn")) as p:
+        return list(p.map(_make_one, jobs))
+
+
+# ------------------------------------------------------------------------------------------------ decode paths
+
+def plan(path: Path, budget: int = 16384, native_decode_bytes: float = 2e9, max_side: int = 896) -> dict:
+    """Seed 001's frame choice for a constant-rate file (``sample_frames`` on ``index / fps``) and decode size."""
+    from algorithms.budget import max_frames, sample_frames
+    from datamodules.decoding import decode_frame_size
+
+    import av
+
+    with av.open(str(path)) as c:
+        s = c.streams.video[0]
+        rate = float(s.average_rate)
+        n = s.frames or sum(1 for p in c.demux(s) if p.size)
+        h, w = s.codec_context.height, s.codec_context.width
+    end = n / rate
+    fps, idx, _ = sample_frames([k / rate for k in range(n)], end, end, budget, 0.0, 1.0)
+    n_est = min(int(end * fps) + 1, max_frames(budget))
+    return {"n": n, "fps": rate, "duration_s": end, "hw": (h, w), "idx": sorted(set(idx)),
+            "decode_hw": decode_frame_size(h, w, n_est, native_decode_bytes, max_side)}
+
+
+def _decode_task(job) -> dict:
+    """One video on one path, in a pool worker: seconds, frames, a hash of the frames, the decoder used."""
+    path, decoder, threads, sessions, window_s = job
+    p = plan(Path(path))
+    idx = p["idx"]
+    covered = p["n"]
+    if window_s:
+        cut = int(window_s * p["fps"])
+        if cut < p["n"]:
+            idx, covered = [i for i in idx if i < cut], cut
+    dh, dw = p["decode_hw"]
+    h, w = p["hw"]
+
+    def cpu(path_, idx_, hw):
+        import decord
+
+        same = tuple(hw) == (h, w)
+        vr = decord.VideoReader(str(path_), num_threads=threads, width=-1 if same else hw[1],
+                                height=-1 if same else hw[0])
+        return vr.get_batch(list(idx_)).asnumpy()
+
+    t0 = time.perf_counter()
+    if decoder == "nvdec":
+        frames, used, why = nvdec.read_with_fallback(path, idx, (dh, dw), cpu, sessions=sessions)
+    else:
+        frames, used, why = cpu(path, idx, (dh, dw)), "cpu", None
+    dt = time.perf_counter() - t0
+    return {"path": str(path), "path_kind": decoder, "decoder": used, "why": why, "decode_s": dt,
+            "frames": len(idx), "covered": covered, "n": p["n"], "duration_s": p["duration_s"],
+            "decode_hw": [dh, dw], "sha1": hashlib.sha1(frames.tobytes()).hexdigest()}
+
+
+def run_path(videos: list[Path], decoder: str, workers: int, threads: int, sessions: int,
+             window_s: float | None) -> tuple[list[dict], float]:
+    """Decode every video on ``decoder`` in a pool of ``workers`` spawned processes; ``(rows, pool wall s)``."""
+    jobs = [(str(v), decoder, threads, sessions, window_s) for v in
+            sorted(videos, key=lambda v: -v.stat().st_size)]   # the longest first, as the sampler would not
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
+        rows = list(pool.map(_decode_task, jobs))
+    return rows, time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------------------------------------ the table
+
+def class_of(path: str) -> str:
+    return {"s": "short", "m": "medium", "l": "long"}[Path(path).name[0]]
+
+
+def summarize(rows_by_path: dict[str, list[dict]], steps: dict[str, float], workers: int,
+              pool_wall_s: dict[str, float] | None = None) -> dict:
+    """Per path and class: step, decode s per video (whole video), wait share, videos/hour; full Video-MME hours.
+
+    Two estimates of the full run: ``videomme_h`` takes each video's own decode rate as it ran in the pool, with
+    ``workers`` such decodes in flight at once (optimistic where the engines or cores are shared by more decodes
+    than they serve at that rate); ``videomme_h_pool`` is the decode-bound time at the pool's measured aggregate
+    rate (source frames of all videos / pool wall, start-up and the tail where one long video decodes alone
+    included: pessimistic). The truth lies between them."""
+    out = {}
+    for kind, rows in rows_by_path.items():
+        per = {}
+        full_s = 0.0
+        frames_full = 0.0
+        for cls, (count, mean_s) in VIDEO_MME.items():
+            mine = [r for r in rows if class_of(r["path"]) == cls]
+            if not mine:
+                continue
+            dec = statistics.mean(r["decode_s"] * r["n"] / r["covered"] for r in mine)   # whole video
+            per_frame = statistics.mean(r["decode_s"] / r["covered"] for r in mine)
+            step = steps[cls]
+            wall = max(step, dec / workers)
+            per[cls] = {"step_s": step, "decode_s": dec, "wait_share": 1 - step / wall, "videos_per_h": 3600 / wall,
+                        "decoders": sorted({r["decoder"] for r in mine})}
+            fps = statistics.mean(r["n"] / r["duration_s"] for r in mine)
+            full_s += count * max(step, per_frame * mean_s * fps / workers)
+            frames_full += count * mean_s * fps
+        out[kind] = {"classes": per, "videomme_h": full_s / 3600}
+        if pool_wall_s and pool_wall_s.get(kind):
+            rate = sum(r["covered"] for r in rows) / pool_wall_s[kind]
+            gpu_s = sum(count * steps[c] for c, (count, _) in VIDEO_MME.items())
+            out[kind].update(pool_fps=rate, videomme_h_pool=max(frames_full / rate, gpu_s) / 3600)
+    return out
+
+
+def print_table(summary: dict, windowed: bool, step_source: str) -> None:
+    kinds = list(summary)
+    print(f"\nGPU step per video from: {step_source}" + ("; decode seconds scaled from --window-s" if windowed
+                                                             else ""))
+    head = f"{'class':<7} {'path':<6} {'GPU step s':>10} {'decode s/video':>15} {'GPU wait':>9} {'videos/h':>9}"
+    print(head)
+    for cls in VIDEO_MME:
+        for kind in kinds:
+            c = summary[kind]["classes"].get(cls)
+            if c:
+                print(f"{cls:<7} {kind:<6} {c['step_s']:>10.2f} {c['decode_s']:>15.2f} {c['wait_share']:>9.1%} "
+                      f"{c['videos_per_h']:>9.0f}")
+    print("full Video-MME (900 videos, 4k+16k, one GPU), per-video rates x workers: " +
+          "  ".join(f"{k} {summary[k]['videomme_h']:.2f} h" for k in kinds))
+    if all("videomme_h_pool" in summary[k] for k in kinds):
+        print("full Video-MME at the pool's aggregate decode rate: " + "  ".join(
+            f"{k} {summary[k]['videomme_h_pool']:.2f} h ({summary[k]['pool_fps']:.0f} source frames/s)"
+            for k in kinds))
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--make", default=None, help="only write the set to this folder")
+    ap.add_argument("--videos", default="/tmp/workload")
+    ap.add_argument("--paths", nargs="+", default=["cpu", "nvdec"], choices=["cpu", "nvdec"])
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=None, help="decoder threads per CPU worker (auto from cores)")
+    ap.add_argument("--sessions", type=int, default=nvdec.DEFAULT_SESSIONS)
+    ap.add_argument("--window-s", type=float, default=None)
+    ap.add_argument("--cli", action="store_true", help="run evaluate.py predict on the set for the GPU step")
+    ap.add_argument("--gpu-step-s", type=json.loads, default=None, help='e.g. {"short": 1.5, ...}')
+    ap.add_argument("--sweep", action="store_true", help="NVDEC frames/s of the largest video per session count")
+    ap.add_argument("--json", default=None, help="write the rows and the summary here")
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny clips, the tiny model, the CLI")
+    ap.add_argument("--table-from", default=None, help="print the table of an earlier --json file and stop")
+    args = ap.parse_args(argv)
+    if args.table_from:
+        saved = json.loads(Path(args.table_from).read_text())
+        summary = summarize(saved["rows"], saved["steps"], args.workers, saved.get("pool_wall_s"))
+        print_table(summary, any(r["covered"] < r["n"] for rows in saved["rows"].values() for r in rows),
+                    "the saved run's steps")
+        return {"summary": summary}
+    spec = TINY_SET if args.tiny else FULL_SET
+    videos_dir = Path(args.make or args.videos)
+    t = time.perf_counter()
+    videos = make_set(videos_dir, spec, processes=2 if args.tiny else None)
+    print(f"set: {len(videos)} videos in {time.perf_counter() - t:.1f} s -> {videos_dir}", flush=True)
+    if args.make:
+        return {}
+    from datamodules.decoding import auto_decode_threads
+
+    threads = args.threads or auto_decode_threads(args.workers)
+    workers = 1 if args.tiny else args.workers
+    rows_by_path, walls = {}, {}
+    for kind in args.paths:
+        rows_by_path[kind], walls[kind] = run_path(videos, kind, workers, threads, args.sessions, args.window_s)
+        print(f"{kind}: pool of {workers} ({threads} threads / {args.sessions} sessions) decoded "
+              f"{sum(r['frames'] for r in rows_by_path[kind])} sampled frames of "
+              f"{sum(r['covered'] for r in rows_by_path[kind])} source frames in {walls[kind]:.1f} s", flush=True)
+        for r in rows_by_path[kind]:
+            print(f"  {Path(r['path']).name}: {r['decoder']} {r['decode_s']:.2f} s, {r['frames']} frames "
+                  f"{r['decode_hw']}, {r['covered']}/{r['n']} source frames" + (f" ({r['why']})" if r["why"] else ""))
+    if args.sweep and "nvdec" in args.paths:
+        sweep_sessions(max(videos, key=lambda v: v.stat().st_size), args.window_s)
+    if len(rows_by_path) > 1:
+        ref = {r["path"]: r["sha1"] for r in rows_by_path[args.paths[0]]}
+        for kind in args.paths[1:]:
+            same = sum(ref[r["path"]] == r["sha1"] for r in rows_by_path[kind])
+            print(f"frames identical {args.paths[0]} vs {kind}: {same} of {len(ref)} videos")
+    step_source, steps, timing = "issues 31/33 (H200, 7B-size random checkpoint, 4k+16k)", dict(DEFAULT_STEP_S), None
+    if args.gpu_step_s:
+        steps.update(args.gpu_step_s)
+        step_source = "--gpu-step-s"
+    if args.cli or args.tiny:
+        timing = run_cli(videos, tiny=args.tiny)
+        rest = timing["step_s"][1:] or timing["step_s"]
+        steps = dict.fromkeys(VIDEO_MME, statistics.mean(rest))
+        step_source = (f"the CLI's timing_rank0.json (mean steady step of {len(rest)} videos; first answer "
+                       f"{timing['first_answer_s']:.1f} s after process start)")
+    summary = summarize(rows_by_path, steps, workers, walls)
+    print_table(summary, bool(args.window_s), step_source)
+    result = {"rows": rows_by_path, "pool_wall_s": walls, "summary": summary, "steps": steps, "timing": timing}
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
+def sweep_sessions(path: Path, window_s: float | None, counts=(1, 2, 4, 7)) -> dict[int, float]:
+    """Source frames/s of :func:`datamodules.nvdec.read_nvdec` on one video (its sampled frames in the window),
+    per NVDEC session count, in this process."""
+    p = plan(path)
+    cut = int(window_s * p["fps"]) if window_s else p["n"]
+    idx = [i for i in p["idx"] if i < cut]
+    covered = min(cut, p["n"])
+    out = {}
+    for k in counts:
+        t0 = time.perf_counter()
+        nvdec.read_nvdec(path, idx, p["decode_hw"], sessions=k)
+        out[k] = covered / (time.perf_counter() - t0)
+        print(f"sweep {path.name}: {k} sessions: {out[k]:.0f} source frames/s ({len(idx)} sampled)", flush=True)
+    return out
+
+
+def run_cli(videos: list[Path], tiny: bool, work: Path = Path("/tmp/workload_cli")) -> dict:
+    """The user's command on the set (``bench/cli_throughput.py``'s root and runner); adds ``first_answer_s``:
+    process start to the end of the first predict step (load + first wait + first step, from the timing json,
+    plus the CLI's start-up before the run begins, measured as wall minus the json's own wall)."""
+    import cli_throughput as ct
+
+    if tiny:
+        from models.videollama3.tiny import build_tiny_videollama3
+
+        ckpt, config = build_tiny_videollama3(work / "tiny"), "configs/predict/demo.yaml"
+        extra = ["--trainer.accelerator=cpu", "--data.init_args.num_workers=1", "--data.init_args.loader_kwargs={}"]
+    else:
+        ckpt = work / "videollama3-7b-random"
+        if not (ckpt / "config.json").is_file():
+            ct.write_checkpoint(ckpt)
+        config, extra = "configs/predict/videomme.yaml", []
+    root = work / "root"
+    if root.exists():
+        shutil.rmtree(root)
+    ct.write_benchmark(root, videos)
+    out = work / f"out_{int(time.time() * 1000)}"
+    timing, total_s = ct.run_predict(ckpt, root, out, config, extra)
+    startup = max(total_s - timing["wall_s"], 0.0)
+    timing["first_answer_s"] = startup + timing["stages_s"]["load"] + timing["first_wait_s"] + timing["step_s"][0]
+    return timing
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,462 @@
+"""NVDEC decoding of the sampled frames with the CPU path's exact RGB (issue 31 §2).
+
+What is exact, and why. H.264 / HEVC / VP9 / MPEG-4 decoding is bit-exact by the standards, so NVDEC's decoded
+4:2:0 planes are the planes FFmpeg's software decoder gives (``tests/datamodules/test_nvdec.py`` checks that on
+the GPU). Only the YUV -> RGB conversion (and the reduced-size scaling) could differ, and it is not re-implemented
+here: the planes go through the *same* libswscale the CPU path runs, the copy bundled in decord 0.6.0's wheel
+(FFmpeg 4.1, ``decord.libs/libswscale-*.so.5``), called through ``ctypes`` with the parameters decord's filter
+graph gives it. decord converts with an ``avfilter`` graph ``buffer -> scale=W:H -> buffersink(rgb24)``
+(dmlc/decord@d2e5619:src/video/ffmpeg/threaded_decoder.cc:FFMPEGThreadedDecoder::SetCodecContext and
+src/video/ffmpeg/filter_graph.cc:FFMPEGFilterGraph::Init), so its one ``SwsContext`` is the one FFmpeg 4.1's
+``vf_scale`` builds:
+
+- ``config_props``: ``srcw/srch/src_format`` = the decoder's size and ``yuv420p`` (``yuvj420p`` for full-range
+  JPEG-style streams), ``dstw/dsth/dst_format`` = the decode size and ``rgb24``, ``sws_flags`` = the filter's
+  default ``flags="bilinear"``, ``src_v_chr_pos = 128`` ("MPEG-2 chroma positions are used by convention" for a
+  ``yuv420p`` input);
+- ``filter_frame``: with the filter's default ``in_color_matrix="auto"``, ``sws_setColorspaceDetails`` with
+  ``sws_getCoefficients(frame colorspace)`` as both tables (a colorspace outside 1..10, or 8, is BT.470BG) and the
+  source range from the frame's ``color_range`` when it is specified (else swscale's own default).
+
+The frames are equal to decord's, byte for byte, on every clip tried (``tests/datamodules/test_nvdec.py``:
+yuv420p at 642x362 / 1280x720 (BT.709-tagged) / 320x240, full-range yuvj420p, VP9; native and reduced decode
+sizes), with the planes taken from PyAV's software decoder on the CPU, and from NVDEC on the GPU (``gpu`` cases;
+on the H200 on 2026-12-02: H.264 642x362 / 1280x720 BT.709 / 1920x1080 / yuvj420p 320x240 and HEVC 854x480, 60
+frames each, native and 0.6x sizes, 1 and 3 sessions: NVDEC's planes equal FFmpeg's and the RGB equals decord's,
+0 pixels differ). The same frames come out of the ffmpeg binary (imageio-ffmpeg's 9.0.2) with ``-vf scale=W:H
+-sws_flags bilinear -pix_fmt rgb24``, an independent check of the conversion.
+
+What falls back to the CPU (:func:`nvdec_unsupported` says why, per file): codecs NVDEC lacks (AV1 on the H200,
+anything but H.264 / HEVC / VP9 / MPEG-4), MPEG-4 Part 2 (NVDEC decodes it, but that standard's IDCT is not
+bit-exact: measured RGB mean 0.12 / max 8 from the CPU path's), pixel formats other than 8-bit 4:2:0 (4:4:4,
+4:2:2, 10-bit: exact here only for ``yuv420p`` / ``yuvj420p``), odd sizes (PyNvVideoCodec 2.2.4's NV12 surface of
+a 321x241 VP9 clip is 361 rows: the last chroma row is cut), display rotation (decord transposes before it
+scales), sizes outside ``PyNvVideoCodec.GetDecoderCaps``' limits, no CUDA device, PyNvVideoCodec not importable,
+or decord imported before it in the process (their FFmpeg libraries clash: import this module first).
+
+Several engines at once. :func:`read_nvdec` splits a video's sampled indices into contiguous runs and decodes each
+run in its own NVDEC session (one ``PyNvVideoCodec.SimpleDecoder`` per thread; each seeks to the key frame at or
+before its first index, so a run costs at most one GOP more than its own frames), and the driver spreads the
+sessions over the GPU's engines (the H200 has 7). DataLoader workers that each call it add more sessions; a
+worker that uses CUDA must be started with ``multiprocessing_context="spawn"`` (CUDA does not survive ``fork``
+after the parent initialised it).
+
+Frame identity. ``SimpleDecoder`` indexes frames in presentation order as decord does; its count is checked
+against the container's per file (a mismatch is an :class:`NvdecError`, so a CPU fallback), and the frames of every
+test clip and workload video are equal to decord's at the same indices. Variable-frame-rate files are not tested
+on this path: until they are, the caller should give NVDEC only constant-rate files (``info["vfr"]`` False).
+
+Interface for ``datamodules.decoding.READERS`` (the lead wires it): :func:`nvdec_unsupported` and
+:func:`read_nvdec`; :func:`read_with_fallback` is the per-file fallback with the decoder used and why.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+
+def _import_nvc():
+    """PyNvVideoCodec, or why it cannot be used in this process. It must be imported before decord: decord loads
+    its FFmpeg 4.1 libraries ``RTLD_GLOBAL``, and PyNvVideoCodec's demuxer then binds to them and segfaults (seen
+    on the H200 with PyNvVideoCodec 2.2.4 whichever way ``LD_BIND_NOW`` is set); imported first, both work."""
+    try:
+        import PyNvVideoCodec as nvc  # noqa: N813
+        return nvc
+    except Exception as e:  # noqa: BLE001 - no driver, no libnvcuvid, wrong wheel: all mean "not here"
+        text = str(e).splitlines()[0] if str(e) else ""
+        return f"PyNvVideoCodec import failed: {type(e).__name__}: {text}"
+
+
+_DECORD_FIRST = "decord" in sys.modules
+_NVC = "decord was imported before PyNvVideoCodec in this process (their FFmpeg libraries clash)" \
+    if _DECORD_FIRST else _import_nvc()
+
+NVDEC_CODECS = ("h264", "hevc", "vp9", "mpeg4")   # FFmpeg codec names NVDEC decodes on the H200 (no AV1)
+# of those, the ones whose decoding is bit-exact by the standard (MPEG-4 Part 2 allows any IEEE 1180-accurate IDCT:
+# NVDEC's planes differ from FFmpeg's, RGB mean 0.12 / max 8 on a 640x360 clip, measured on the H200)
+EXACT_CODECS = ("h264", "hevc", "vp9")
+# AVPixelFormat values of decord's FFmpeg 4.1 (libavutil/pixfmt.h; stable since FFmpeg 1.x)
+AV_PIX_FMT = {"yuv420p": 0, "rgb24": 2, "yuvj420p": 12}
+SWS_BILINEAR = 2                                  # libswscale/swscale.h
+AVCOL_RANGE_UNSPECIFIED, AVCOL_RANGE_JPEG = 0, 2  # libavutil/pixfmt.h AVColorRange
+DEFAULT_SESSIONS = 4                              # NVDEC sessions per video (bench/workload.py measures 1..7)
+MIN_SEGMENT_FRAMES = 16                           # sampled frames per session below which a video is not split
+
+
+class NvdecError(RuntimeError):
+    """NVDEC could not decode this file (the message names it); the caller decodes it on the CPU instead."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# decord's own libswscale, through ctypes
+# ----------------------------------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def _libs():
+    """``(libswscale, libavutil)`` of decord's wheel (the very copies ``import decord`` loads)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("decord")   # not imported here: see _import_nvc
+    if spec is None or not spec.origin:
+        raise NvdecError("decord is not installed: its libswscale is the CPU path's conversion")
+    libdir = Path(spec.origin).resolve().parent.parent / "decord.libs"
+    found = {name: sorted(glob.glob(str(libdir / f"{name}-*.so*"))) for name in ("libswscale", "libavutil")}
+    if not all(found.values()):
+        raise NvdecError(f"decord's bundled libswscale / libavutil not found in {libdir}")
+    avutil = ctypes.CDLL(found["libavutil"][0])
+    sws = ctypes.CDLL(found["libswscale"][0])
+    ip = ctypes.POINTER(ctypes.c_int)
+    vp4, ip4 = ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int)
+    sws.sws_alloc_context.restype = ctypes.c_void_p
+    sws.sws_init_context.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    sws.sws_getCoefficients.restype = ip
+    sws.sws_getCoefficients.argtypes = [ctypes.c_int]
+    sws.sws_getColorspaceDetails.argtypes = [ctypes.c_void_p, ctypes.POINTER(ip), ip, ctypes.POINTER(ip), ip, ip,
+                                             ip, ip]
+    sws.sws_setColorspaceDetails.argtypes = [ctypes.c_void_p, ip, ctypes.c_int, ip, ctypes.c_int, ctypes.c_int,
+                                             ctypes.c_int, ctypes.c_int]
+    sws.sws_scale.argtypes = [ctypes.c_void_p, vp4, ip4, ctypes.c_int, ctypes.c_int, vp4, ip4]
+    sws.sws_freeContext.argtypes = [ctypes.c_void_p]
+    avutil.av_opt_set_int.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int]
+    return sws, avutil
+
+
+class Yuv420ToRgb:
+    """decord's YUV 4:2:0 -> RGB24 conversion (and bilinear scaling), run by decord's own libswscale with the
+    parameters FFmpeg 4.1's ``vf_scale`` gives it (see the module docstring).
+
+    Args:
+        width, height: the decoded planes' size (luma; chroma is ``ceil(w / 2) x ceil(h / 2)``).
+        pix_fmt: ``"yuv420p"`` or ``"yuvj420p"`` (the software decoder's format for the stream).
+        out_hw: ``(dh, dw)`` decode size (``(height, width)``: native).
+        colorspace, color_range: the frame's ``AVColorSpace`` / ``AVColorRange`` values (as PyAV's
+            ``VideoFrame.colorspace`` / ``color_range`` report them).
+
+    Raises:
+        NvdecError: another pixel format, or swscale refuses the sizes.
+    """
+
+    def __init__(self, width: int, height: int, pix_fmt: str, out_hw: tuple[int, int], colorspace: int,
+                 color_range: int):
+        if pix_fmt not in ("yuv420p", "yuvj420p"):
+            raise NvdecError(f"pixel format {pix_fmt}: only 8-bit 4:2:0 (yuv420p / yuvj420p) is converted exactly")
+        sws, avutil = _libs()
+        self.width, self.height = int(width), int(height)
+        self.dh, self.dw = int(out_hw[0]), int(out_hw[1])
+        self._lock = threading.Lock()   # one SwsContext is not safe to run from two threads at once
+        ctx = sws.sws_alloc_context()
+        opts = [("srcw", self.width), ("srch", self.height), ("src_format", AV_PIX_FMT[pix_fmt]),
+                ("dstw", self.dw), ("dsth", self.dh), ("dst_format", AV_PIX_FMT["rgb24"]),
+                ("sws_flags", SWS_BILINEAR), ("src_v_chr_pos", 128)]
+        for key, value in opts:
+            if avutil.av_opt_set_int(ctypes.c_void_p(ctx), key.encode(), value, 0) < 0:
+                sws.sws_freeContext(ctx)
+                raise NvdecError(f"swscale option {key}={value} refused")
+        if sws.sws_init_context(ctx, None, None) < 0:
+            sws.sws_freeContext(ctx)
+            raise NvdecError(f"swscale refuses {pix_fmt} {width}x{height} -> rgb24 {self.dw}x{self.dh}")
+        ip = ctypes.POINTER(ctypes.c_int)
+        inv, table = ip(), ip()
+        src_full, dst_full, bright, contrast, sat = (ctypes.c_int() for _ in range(5))
+        sws.sws_getColorspaceDetails(ctx, ctypes.byref(inv), ctypes.byref(src_full), ctypes.byref(table),
+                                     ctypes.byref(dst_full), ctypes.byref(bright), ctypes.byref(contrast),
+                                     ctypes.byref(sat))
+        cs = int(colorspace)
+        coeffs = sws.sws_getCoefficients(cs if 1 <= cs <= 10 and cs != 8 else 5)   # vf_scale parse_yuv_type
+        full = (int(color_range) == AVCOL_RANGE_JPEG) if int(color_range) != AVCOL_RANGE_UNSPECIFIED \
+            else src_full.value
+        sws.sws_setColorspaceDetails(ctx, coeffs, int(full), coeffs, dst_full.value, bright.value, contrast.value,
+                                     sat.value)
+        self._ctx = ctx
+
+    def __call__(self, y: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """``(height, >= width)``, 2 x ``(ceil(h/2), >= ceil(w/2))`` uint8 planes (any row stride) ->
+        ``(dh, dw, 3)`` uint8 RGB."""
+        planes = [np.ascontiguousarray(p) if p.strides[-1] != 1 else p for p in (y, u, v)]
+        ch, cw = (self.height + 1) // 2, (self.width + 1) // 2
+        for p, (h, w) in zip(planes, ((self.height, self.width), (ch, cw), (ch, cw))):
+            if p.dtype != np.uint8 or p.ndim != 2 or p.shape[0] < h or p.shape[1] < w:
+                raise ValueError(f"plane {p.shape} {p.dtype}: expected uint8 of at least {h} x {w}")
+        # rows padded to 64 bytes + 64 slack: swscale's SIMD reads whole vectors past the last pixel of a row
+        padded = []
+        for p, w in zip(planes, (self.width, cw, cw)):
+            stride = (w + 63) // 64 * 64 + 64
+            buf = np.zeros((p.shape[0] + 1, stride), np.uint8)
+            buf[: p.shape[0], :w] = p[:, :w]
+            padded.append(buf)
+        out_stride = (self.dw * 3 + 63) // 64 * 64 + 64
+        out = np.empty((self.dh + 1, out_stride), np.uint8)
+        src = (ctypes.c_void_p * 4)(*[b.ctypes.data for b in padded], None)
+        src_stride = (ctypes.c_int * 4)(*[b.strides[0] for b in padded], 0)
+        dst = (ctypes.c_void_p * 4)(out.ctypes.data, None, None, None)
+        dst_stride = (ctypes.c_int * 4)(out_stride, 0, 0, 0)
+        sws, _ = _libs()
+        with self._lock:
+            if self._ctx is None:
+                raise RuntimeError("Yuv420ToRgb is closed")
+            rows = sws.sws_scale(self._ctx, src, src_stride, 0, self.height, dst, dst_stride)
+        if rows != self.dh:
+            raise NvdecError(f"swscale wrote {rows} of {self.dh} rows")
+        return np.ascontiguousarray(out[: self.dh, : self.dw * 3].reshape(self.dh, self.dw, 3))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._ctx is not None:
+                _libs()[0].sws_freeContext(self._ctx)
+                self._ctx = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def nv12_planes(nv12: np.ndarray, height: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split an NV12 surface ``(height + ceil(height/2), >= width)`` uint8 (luma rows, then interleaved UV rows)
+    into ``(Y, U, V)`` planes of ``height x width`` and ``ceil(h/2) x ceil(w/2)``."""
+    a = np.asarray(nv12)
+    if a.ndim == 3 and a.shape[-1] == 1:
+        a = a[..., 0]
+    ch, cw = (height + 1) // 2, (width + 1) // 2
+    if a.ndim != 2 or a.shape[0] < height + ch or a.shape[1] < 2 * cw:
+        raise NvdecError(f"NV12 surface of shape {a.shape} does not hold {height} x {width}")
+    y = a[:height, :width]
+    uv = a[height: height + ch, : 2 * cw]
+    return y, uv[:, 0::2], uv[:, 1::2]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# probing: what the software decoder reports for the stream (what decord's filter graph sees)
+# ----------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StreamProbe:
+    """The first video stream as FFmpeg's software decoder reports it (PyAV, one frame decoded).
+
+    Attributes:
+        codec: FFmpeg codec name (``h264``, ``hevc``, ``vp9``, ``mpeg4``, ``av1`` ...).
+        pix_fmt: the decoded frames' pixel format (``yuv420p``, ``yuvj420p``, ``yuv444p``, ``yuv420p10le`` ...).
+        width, height: coded display size in pixels (before any rotation).
+        rotation: display rotation in degrees (0 when none).
+        colorspace, color_range: the first frame's ``AVColorSpace`` / ``AVColorRange``.
+        frames: the container's frame count (0 when unknown).
+    """
+
+    codec: str
+    pix_fmt: str
+    width: int
+    height: int
+    rotation: int
+    colorspace: int
+    color_range: int
+    frames: int
+
+
+def probe(path: str | Path) -> StreamProbe:
+    """Probe ``path``'s first video stream. Raises :class:`NvdecError` (naming the file) when PyAV cannot read
+    it or it has no video stream or no frame."""
+    import av
+
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                raise NvdecError(f"{path}: has no video stream")
+            stream = container.streams.video[0]
+            frame = next(container.decode(stream), None)
+            if frame is None:
+                raise NvdecError(f"{path}: no frame decodes")
+            rotation = int(round(getattr(frame, "rotation", 0) or 0)) % 360
+            return StreamProbe(stream.codec_context.name, frame.format.name, frame.width, frame.height, rotation,
+                               int(frame.colorspace), int(frame.color_range), int(stream.frames or 0))
+    except NvdecError:
+        raise
+    except Exception as e:  # noqa: BLE001 - PyAV's errors for unreadable files
+        raise NvdecError(f"{path}: cannot probe ({type(e).__name__}: {e})") from e
+
+
+def _reason_from_probe(p: StreamProbe) -> str | None:
+    if p.codec not in NVDEC_CODECS:
+        return f"codec {p.codec} (NVDEC here: {', '.join(NVDEC_CODECS)})"
+    if p.codec not in EXACT_CODECS:
+        return f"codec {p.codec}: its decoding is not bit-exact across decoders (IDCT tolerance), so NVDEC's frames " \
+               "would differ from the CPU path's"
+    if p.width % 2 or p.height % 2:
+        return f"odd size {p.width}x{p.height} (PyNvVideoCodec's NV12 surface drops the last chroma row)"
+    if p.pix_fmt not in ("yuv420p", "yuvj420p"):
+        return f"pixel format {p.pix_fmt} (exact only for 8-bit 4:2:0)"
+    if p.rotation:
+        return f"display rotation {p.rotation} degrees (the CPU path transposes before it scales)"
+    return None
+
+
+def _nvc():
+    """PyNvVideoCodec (imported when this module was), or why it is not usable here."""
+    return _NVC
+
+
+def nvdec_unsupported(path: str | Path, gpu_id: int = 0) -> str | None:
+    """Why NVDEC cannot decode ``path`` with the CPU path's exact frames, or ``None`` when it can.
+
+    Checks, in order: the stream (PyAV probe: codec among ``NVDEC_CODECS``, 8-bit 4:2:0, no display rotation),
+    PyNvVideoCodec's import, a CUDA device, and ``PyNvVideoCodec.GetDecoderCaps(gpu, codec, chroma, bit depth)``
+    (supported, ``width_min..width_max``, ``height_min..height_max``, ``mb_num_max`` macroblocks).
+
+    Returns:
+        a one-line reason (no file name: the caller records it next to the file), or ``None``.
+    """
+    try:
+        p = probe(path)
+    except NvdecError as e:
+        return str(e)
+    reason = _reason_from_probe(p)
+    if reason:
+        return reason
+    nvc = _nvc()
+    if isinstance(nvc, str):
+        return nvc
+    try:
+        import torch
+
+        if not torch.cuda.is_available() or gpu_id >= torch.cuda.device_count():
+            return f"no CUDA device {gpu_id}"
+        dmx = nvc.CreateDemuxer(str(path))
+        caps = nvc.GetDecoderCaps(gpu_id, dmx.GetNvCodecId(), dmx.ChromaFormat(), dmx.BitDepth())
+        w, h = int(dmx.Width()), int(dmx.Height())
+    except Exception as e:  # noqa: BLE001
+        return f"NVDEC capability query failed: {type(e).__name__}: {e}"
+    if not caps.get("supported"):
+        return f"GetDecoderCaps: {p.codec} {p.pix_fmt} not supported on GPU {gpu_id}"
+    mbs = ((w + 15) // 16) * ((h + 15) // 16)
+    if not (caps["width_min"] <= w <= caps["width_max"] and caps["height_min"] <= h <= caps["height_max"]) \
+            or mbs > caps["mb_num_max"]:
+        return (f"size {w}x{h} outside NVDEC's {caps['width_min']}..{caps['width_max']} x "
+                f"{caps['height_min']}..{caps['height_max']} (<= {caps['mb_num_max']} macroblocks)")
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# reading
+# ----------------------------------------------------------------------------------------------------------------
+
+def split_runs(indices: list[int], sessions: int, min_frames: int = MIN_SEGMENT_FRAMES) -> list[list[int]]:
+    """Ascending ``indices`` cut into at most ``sessions`` contiguous runs of at least ``min_frames`` each (fewer
+    runs when there are fewer frames), as equal in length as possible."""
+    n = len(indices)
+    k = max(1, min(int(sessions), n // max(int(min_frames), 1)))
+    bounds = [i * n // k for i in range(k + 1)]
+    return [indices[bounds[i]: bounds[i + 1]] for i in range(k) if bounds[i + 1] > bounds[i]]
+
+
+def _decode_run(path: str, run: list[int], gpu_id: int, p: StreamProbe, convert: Yuv420ToRgb,
+                out: np.ndarray, offset: int) -> dict:
+    """Decode ``run`` (ascending native indices) in one NVDEC session into ``out[offset: offset + len(run)]``."""
+    import torch
+
+    nvc = _nvc()
+    dec = nvc.SimpleDecoder(path, gpu_id=gpu_id, use_device_memory=True,
+                            output_color_type=nvc.OutputColorType.NATIVE)
+    total = len(dec)
+    if p.frames and total != p.frames:   # its index would not be the CPU path's (decord counts the container's)
+        raise NvdecError(f"{path}: NVDEC counts {total} frames, the container {p.frames}")
+    if run and run[-1] >= total:
+        raise NvdecError(f"{path}: NVDEC counts {total} frames, index {run[-1]} asked")
+    frames = dec.get_batch_frames_by_index(run)
+    if len(frames) != len(run):
+        raise NvdecError(f"{path}: NVDEC returned {len(frames)} of {len(run)} frames")
+    info: dict = {"frames": len(run)}
+    with torch.cuda.device(gpu_id):
+        for k, frame in enumerate(frames):
+            surface = torch.from_dlpack(frame)
+            if k == 0:
+                info["surface_shape"] = tuple(surface.shape)
+            host = surface.cpu().numpy()
+            y, u, v = nv12_planes(host, p.height, p.width)
+            out[offset + k] = convert(y, u, v)
+    del frames, dec
+    return info
+
+
+def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int], gpu_id: int = 0,
+               sessions: int = DEFAULT_SESSIONS, probed: StreamProbe | None = None,
+               stats: dict | None = None) -> np.ndarray:
+    """``(len(indices), dh, dw, 3)`` uint8 RGB frames at ascending native presentation-order ``indices``, decoded
+    by NVDEC and converted by decord's own swscale (equal to the CPU path's frames, see the module docstring).
+
+    Args:
+        path: the video file.
+        indices: ascending native frame indices (presentation order, as decord counts them).
+        decode_hw: ``(dh, dw)`` decode size; the native size or a reduced one (bilinear, as decord).
+        gpu_id: CUDA device whose NVDEC engines decode.
+        sessions: NVDEC sessions (threads) the indices are split over (:func:`split_runs`).
+        probed: a :func:`probe` of ``path`` already made (else probed here).
+        stats: filled with ``runs`` (per session: frames, surface shape) when given.
+
+    Raises:
+        NvdecError: the file is not one NVDEC decodes exactly (:func:`nvdec_unsupported`'s reasons, checked from
+            the probe) or decoding failed; the message names the file. The caller then uses the CPU path.
+    """
+    path = str(path)
+    idx = [int(i) for i in indices]
+    if any(b <= a for a, b in zip(idx, idx[1:])) or (idx and idx[0] < 0):
+        raise ValueError(f"{path}: indices must be ascending and >= 0")
+    p = probed or probe(path)
+    reason = _reason_from_probe(p)
+    if reason:
+        raise NvdecError(f"{path}: {reason}")
+    if isinstance(_nvc(), str):
+        raise NvdecError(f"{path}: {_nvc()}")
+    dh, dw = int(decode_hw[0]), int(decode_hw[1])
+    out = np.empty((len(idx), dh, dw, 3), np.uint8)
+    if not idx:
+        return out
+    runs = split_runs(idx, sessions)
+    converters = [Yuv420ToRgb(p.width, p.height, p.pix_fmt, (dh, dw), p.colorspace, p.color_range) for _ in runs]
+    offsets = np.cumsum([0] + [len(r) for r in runs[:-1]]).tolist()
+    try:
+        if len(runs) == 1:
+            infos = [_decode_run(path, runs[0], gpu_id, p, converters[0], out, 0)]
+        else:
+            with ThreadPoolExecutor(len(runs)) as pool:
+                futures = [pool.submit(_decode_run, path, r, gpu_id, p, c, out, o)
+                           for r, c, o in zip(runs, converters, offsets)]
+                infos = [f.result() for f in futures]
+    except NvdecError:
+        raise
+    except Exception as e:  # noqa: BLE001 - PyNvVideoCodec raises its own exception types
+        raise NvdecError(f"{path}: NVDEC decoding failed ({type(e).__name__}: {e})") from e
+    finally:
+        for c in converters:
+            c.close()
+    if stats is not None:
+        stats["runs"] = infos
+    return out
+
+
+def read_with_fallback(path: str | Path, indices: list[int], decode_hw: tuple[int, int], cpu_read,
+                       gpu_id: int = 0, sessions: int = DEFAULT_SESSIONS) -> tuple[np.ndarray, str, str | None]:
+    """NVDEC where it decodes ``path`` exactly, else ``cpu_read(path, indices, decode_hw)``.
+
+    Returns:
+        ``(frames, decoder, why)``: ``decoder`` is ``"nvdec"`` or ``"cpu"``; ``why`` is ``None`` for NVDEC, else
+        the reason the file went to the CPU (recorded as ``info["decoder"]`` / the fallback reason).
+    """
+    why = nvdec_unsupported(path, gpu_id)
+    if why is None:
+        try:
+            return read_nvdec(path, indices, decode_hw, gpu_id, sessions), "nvdec", None
+        except NvdecError as e:
+            why = str(e)
+    return cpu_read(path, indices, decode_hw), "cpu", why
+
+
+__all__ = ["NVDEC_CODECS", "NvdecError", "StreamProbe", "Yuv420ToRgb", "nv12_planes", "nvdec_unsupported",
+           "probe", "read_nvdec", "read_with_fallback", "split_runs"]

@@ -1,0 +1,96 @@
+"""bench/workload.py: the looped set, the frame plan, the decode tasks and the table's arithmetic (fast); the whole
+``--tiny`` run with the CLI (slow)."""
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from datamodules import nvdec  # noqa: F401  (before decord, as the bench does)
+from tests.media_factory import ffmpeg_exe
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "workload.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("workload", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("workload") / "s1_base.mp4"
+    subprocess.run([ffmpeg_exe(), "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=size=160x90:rate=25", "-t",
+                    "2", "-c:v", "libx264", "-bf", "3", "-g", "25", "-pix_fmt", "yuv420p", str(out)], check=True)
+    return out
+
+
+def test_loop_repeats_the_segment_exactly(base):
+    """A 2 s segment looped to 5 s: ceil(5 / 2) = 3 copies, 150 frames, each copy decoding to the same pixels."""
+    import decord
+
+    bench = _bench()
+    out = base.with_name("s1_looped.mp4")
+    bench._loop(base, out, 5)
+    vr = decord.VideoReader(str(out))
+    assert len(vr) == 150
+    frames = vr.get_batch(list(range(150))).asnumpy()
+    assert np.array_equal(frames[:50], frames[50:100]) and np.array_equal(frames[:50], frames[100:])
+    assert vr.get_frame_timestamp(149)[0] == pytest.approx(149 / 25, abs=1e-3)
+
+
+def test_plan_is_seed_sampling(base):
+    """6 s at 25 fps under 16,384 tokens: 1 fps; the fps filter (round=down) emits for grid time j the last frame
+    shown before the next grid time (j + 1) s, frame 25 (j + 1) - 1: 24, 49, ..., 149."""
+    bench = _bench()
+    out = base.with_name("s1_6s.mp4")
+    bench._loop(base, out, 6)
+    p = bench.plan(out)
+    assert p["n"] == 150 and p["idx"] == [24, 49, 74, 99, 124, 149] and p["decode_hw"] == (90, 160)
+
+
+def test_decode_tasks_agree_and_record_the_decoder(base):
+    """The cpu task and the nvdec task (which, without a GPU, falls back to the CPU with the reason) hash the same
+    frames (24 and 49 of the 2 s clip); a 1 s window keeps the sampled frames before frame 25 (only 24) and counts
+    25 source frames."""
+    bench = _bench()
+    cpu = bench._decode_task((str(base), "cpu", 1, 4, None))
+    nv = bench._decode_task((str(base), "nvdec", 1, 4, None))
+    assert cpu["frames"] == nv["frames"] == 2 and cpu["sha1"] == nv["sha1"]
+    assert cpu["decoder"] == "cpu" and cpu["why"] is None
+    assert nv["decoder"] in ("nvdec", "cpu") and (nv["decoder"] == "nvdec") == (nv["why"] is None)
+    win = bench._decode_task((str(base), "cpu", 1, 4, 1.0))
+    assert (win["frames"], win["covered"], win["n"]) == (1, 25, 50)
+
+
+def test_summary_arithmetic():
+    """One long video, decoded in 10 s over 1,000 of its 10,000 frames at 25 fps (400 s), step 2 s, 4 workers:
+    100 s per whole video, wall max(2, 100 / 4) = 25 s, wait 1 - 2 / 25 = 92 %, 144 videos/h; full Video-MME long
+    class: 300 x max(2, 0.01 s/frame x 2466 s x 25 fps / 4) = 300 x 154.125 s = 12.84 h."""
+    bench = _bench()
+    rows = {"cpu": [{"path": "/x/l1_a.mp4", "decode_s": 10.0, "covered": 1000, "n": 10000, "duration_s": 400.0,
+                     "decoder": "cpu"}]}
+    s = bench.summarize(rows, {"short": 1.0, "medium": 2.0, "long": 2.0}, workers=4, pool_wall_s={"cpu": 20.0})
+    c = s["cpu"]["classes"]["long"]
+    assert c["decode_s"] == pytest.approx(100.0) and c["wait_share"] == pytest.approx(0.92)
+    assert c["videos_per_h"] == pytest.approx(144.0)
+    assert s["cpu"]["videomme_h"] == pytest.approx(300 * 154.125 / 3600)
+    # pool: 1,000 frames / 20 s = 50 frames/s; 300 x 2466 x 25 frames / 50 = 369,900 s
+    assert s["cpu"]["pool_fps"] == pytest.approx(50.0)
+    assert s["cpu"]["videomme_h_pool"] == pytest.approx(369900 / 3600)
+
+
+@pytest.mark.slow
+def test_tiny_run(tmp_path):
+    """The whole CPU smoke run: the tiny set, both paths in pools, the CLI on the tiny model, the table."""
+    out = subprocess.run([sys.executable, str(BENCH), "--tiny", "--videos", str(tmp_path / "set")],
+                         capture_output=True, text=True, check=True, cwd=BENCH.parent.parent).stdout
+    assert "frames identical cpu vs nvdec: 3 of 3 videos" in out
+    assert "GPU step per video from: the CLI's timing_rank0.json" in out
+    assert "full Video-MME (900 videos, 4k+16k, one GPU)" in out
+    for cls in ("short", "medium", "long"):
+        assert f"\n{cls:<7} cpu " in out and f"\n{cls:<7} nvdec " in out

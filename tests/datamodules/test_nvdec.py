@@ -1,0 +1,210 @@
+"""NVDEC reader (``datamodules/nvdec.py``): decord's own swscale conversion, the per-file fallback reasons, and the
+split over sessions.
+
+CPU cases: the conversion is proven on the CPU by feeding it the 4:2:0 planes of FFmpeg's software decoder (PyAV),
+which are the planes NVDEC returns for H.264 / HEVC / VP9 (bit-exact decoding; the ``gpu`` cases check that), and
+comparing the RGB with decord's ``get_batch`` (the CPU path's reader), byte for byte. ``gpu`` cases (opt-in
+``-m gpu``, need PyNvVideoCodec and an NVDEC GPU): :func:`read_nvdec` against decord on the same clips.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from datamodules import nvdec  # before decord (see datamodules.nvdec._import_nvc)
+from tests.media_factory import ffmpeg_exe
+
+REPO = Path(__file__).resolve().parents[2]
+
+# name: (ffmpeg arguments after the lavfi input, expected probe fields)
+CLIPS = {
+    "h264_642x362.mp4": ("testsrc2=size=642x362:rate=30", ["-c:v", "libx264", "-pix_fmt", "yuv420p", "-bf", "3",
+                                                          "-g", "12"]),
+    "h264_320x180_bt709.mp4": ("testsrc2=size=320x180:rate=25", ["-c:v", "libx264", "-pix_fmt", "yuv420p",
+                                                                 "-colorspace", "bt709", "-color_primaries", "bt709",
+                                                                 "-color_trc", "bt709"]),
+    "h264_jpeg_256x144.mp4": ("testsrc2=size=256x144:rate=25", ["-c:v", "libx264", "-pix_fmt", "yuvj420p"]),
+    "hevc_320x240.mp4": ("testsrc2=size=320x240:rate=25", ["-c:v", "libx265", "-x265-params", "log-level=error",
+                                                           "-pix_fmt", "yuv420p"]),
+    "vp9_320x240.webm": ("testsrc2=size=320x240:rate=25", ["-c:v", "libvpx-vp9", "-pix_fmt", "yuv420p"]),
+    "mpeg4_320x240.mp4": ("testsrc2=size=320x240:rate=25", ["-c:v", "mpeg4", "-q:v", "5"]),
+    "h264_yuv444_160x120.mp4": ("testsrc2=size=160x120:rate=25", ["-c:v", "libx264", "-pix_fmt", "yuv444p"]),
+    "vp9_161x121.webm": ("testsrc2=size=162x122:rate=25", ["-vf", "scale=161:121", "-c:v", "libvpx-vp9",
+                                                          "-pix_fmt", "yuv420p"]),
+}
+EXACT = ["h264_642x362.mp4", "h264_320x180_bt709.mp4", "h264_jpeg_256x144.mp4", "hevc_320x240.mp4",
+         "vp9_320x240.webm"]
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> dict[str, Path]:
+    """The clips, made with ffmpeg; or, where there is no ffmpeg (the GPU machine), those of a folder made here
+    before (``NVDEC_TEST_CLIPS``, the files this fixture wrote)."""
+    given = os.environ.get("NVDEC_TEST_CLIPS")
+    if given:
+        return {name: Path(given) / name for name in CLIPS}
+    out = tmp_path_factory.mktemp("nvdec_clips")
+    made = {}
+    for name, (src, args) in CLIPS.items():
+        path = out / name
+        subprocess.run([ffmpeg_exe(), "-v", "error", "-y", "-f", "lavfi", "-i", src, "-t", "1", *args, str(path)],
+                       check=True)
+        made[name] = path
+    return made
+
+
+def _planes(path: Path, n: int) -> tuple[list[list[np.ndarray]], object]:
+    """The first ``n`` frames' (Y, U, V) planes from FFmpeg's software decoder (PyAV), and the first frame."""
+    import av
+
+    out, first = [], None
+    with av.open(str(path)) as c:
+        for f in c.decode(c.streams.video[0]):
+            first = first or f
+            out.append([np.frombuffer(bytes(p), np.uint8).reshape(p.height, p.line_size)[:, : p.width].copy()
+                        for p in f.planes])
+            if len(out) == n:
+                break
+    return out, first
+
+
+def _decord(path: Path, idx: list[int], dh: int, dw: int, h: int, w: int) -> np.ndarray:
+    import decord
+
+    same = (dh, dw) == (h, w)
+    vr = decord.VideoReader(str(path), num_threads=1, width=-1 if same else dw, height=-1 if same else dh)
+    return vr.get_batch(idx).asnumpy()
+
+
+@pytest.mark.parametrize("name", EXACT)
+@pytest.mark.parametrize("scale", [1.0, 0.6])
+def test_conversion_equals_decord(clips, name, scale):
+    """Software-decoded planes -> Yuv420ToRgb == decord's RGB, byte for byte, native and reduced (bilinear) sizes,
+    for BT.601 untagged, BT.709-tagged and full-range (yuvj420p) streams."""
+    planes, first = _planes(clips[name], 12)
+    h, w = first.height, first.width
+    dh, dw = (h, w) if scale == 1.0 else (2 * round(h * scale / 2), 2 * round(w * scale / 2))
+    conv = nvdec.Yuv420ToRgb(w, h, first.format.name, (dh, dw), first.colorspace, first.color_range)
+    got = np.stack([conv(*p) for p in planes])
+    ref = _decord(clips[name], list(range(len(planes))), dh, dw, h, w)
+    assert got.shape == ref.shape == (len(planes), dh, dw, 3)
+    assert np.array_equal(got, ref), f"{name} {scale}: max |diff| {np.abs(got.astype(int) - ref).max()}"
+
+
+@pytest.mark.parametrize("name", EXACT)
+@pytest.mark.parametrize("scale", [1.0, 0.6])
+def test_conversion_equals_ffmpeg_cli(clips, name, scale):
+    """The same frames as the ffmpeg binary's ``scale=W:H`` with ``-sws_flags bilinear`` (vf_scale's default flags
+    in decord's FFmpeg 4.1) and ``-pix_fmt rgb24``: an independent reference (FFmpeg 9's swscale) for the
+    conversion. (Its own default, bicubic, differs at reduced sizes: mean 0.6-1.3, max 49-56 on these clips.)"""
+    planes, first = _planes(clips[name], 6)
+    h, w = first.height, first.width
+    dh, dw = (h, w) if scale == 1.0 else (2 * round(h * scale / 2), 2 * round(w * scale / 2))
+    raw = subprocess.run([ffmpeg_exe(), "-v", "error", "-i", str(clips[name]), "-sws_flags", "bilinear", "-vf",
+                          f"scale={dw}:{dh}", "-frames:v", "6", "-f", "rawvideo", "-pix_fmt", "rgb24", "-"],
+                         capture_output=True, check=True).stdout
+    cli = np.frombuffer(raw, np.uint8).reshape(-1, dh, dw, 3)
+    conv = nvdec.Yuv420ToRgb(w, h, first.format.name, (dh, dw), first.colorspace, first.color_range)
+    assert np.array_equal(np.stack([conv(*p) for p in planes]), cli)
+
+
+def test_colour_tags_matter(clips):
+    """The BT.709 tag changes the conversion (so the test above would catch a converter ignoring it): converting
+    the BT.709 clip's planes as untagged (BT.601) differs from decord."""
+    planes, first = _planes(clips["h264_320x180_bt709.mp4"], 2)
+    assert first.colorspace == 1   # AVCOL_SPC_BT709
+    conv = nvdec.Yuv420ToRgb(first.width, first.height, "yuv420p", (first.height, first.width), 2, 0)
+    ref = _decord(clips["h264_320x180_bt709.mp4"], [0, 1], first.height, first.width, first.height, first.width)
+    assert not np.array_equal(np.stack([conv(*p) for p in planes]), ref)
+
+
+def test_nv12_planes_split():
+    """An NV12 surface of a 4x6 frame: 4 luma rows, then 2 rows of interleaved U, V (padded to 8 columns)."""
+    surf = np.zeros((6, 8), np.uint8)
+    surf[:4, :6] = np.arange(24).reshape(4, 6)
+    surf[4:, :6] = [[100, 200, 101, 201, 102, 202], [103, 203, 104, 204, 105, 205]]
+    y, u, v = nvdec.nv12_planes(surf, 4, 6)
+    assert np.array_equal(y, np.arange(24).reshape(4, 6))
+    assert np.array_equal(u, [[100, 101, 102], [103, 104, 105]])
+    assert np.array_equal(v, [[200, 201, 202], [203, 204, 205]])
+    with pytest.raises(nvdec.NvdecError, match="does not hold"):
+        nvdec.nv12_planes(surf[:5], 4, 6)
+
+
+def test_split_runs():
+    idx = list(range(0, 100, 2))   # 50 frames
+    assert nvdec.split_runs(idx, 1) == [idx]
+    runs = nvdec.split_runs(idx, 4, min_frames=10)
+    assert [len(r) for r in runs] == [12, 13, 12, 13] and sum(runs, []) == idx
+    assert nvdec.split_runs(idx, 7, min_frames=16) == [idx[:16], idx[16:33], idx[33:]]   # 50 // 16 = 3 runs: 0, 16, 33, 50
+    assert nvdec.split_runs(idx[:5], 4) == [idx[:5]]
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("mpeg4_320x240.mp4", "codec mpeg4: its decoding is not bit-exact"),
+    ("h264_yuv444_160x120.mp4", "pixel format yuv444p"),
+    ("vp9_161x121.webm", "odd size 161x121"),
+])
+def test_unsupported_reasons(clips, name, reason):
+    """Files NVDEC must not decode (they would not give the CPU path's frames) are named with the reason, before
+    any GPU is asked, and read_nvdec refuses them naming the file."""
+    assert nvdec.nvdec_unsupported(clips[name]).startswith(reason)
+    with pytest.raises(nvdec.NvdecError, match=name):
+        nvdec.read_nvdec(clips[name], [0], (120, 160))
+
+
+def test_unreadable_file_reason(tmp_path):
+    bad = tmp_path / "garbage.mp4"
+    bad.write_bytes(b"\x00not a video" * 100)
+    assert "cannot probe" in nvdec.nvdec_unsupported(bad)
+
+
+def test_decord_first_is_refused():
+    """decord imported before PyNvVideoCodec makes PyNvVideoCodec's demuxer segfault (H200, 2.2.4): the module
+    then refuses NVDEC for the process (a reason, not a crash)."""
+    code = ("import sys; sys.path.insert(0, '.'); import decord; from datamodules import nvdec; "
+            "print(nvdec.nvdec_unsupported('x.mp4') or '', nvdec._nvc())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert "decord was imported before PyNvVideoCodec" in out
+
+
+def test_fallback_records_why(clips):
+    """read_with_fallback sends what NVDEC cannot decode exactly to the CPU reader, with the reason."""
+    calls = []
+
+    def cpu(path, idx, hw):
+        calls.append((path, idx, hw))
+        return np.zeros((len(idx), *hw, 3), np.uint8)
+
+    frames, used, why = nvdec.read_with_fallback(clips["mpeg4_320x240.mp4"], [0, 3], (240, 320), cpu)
+    assert used == "cpu" and why.startswith("codec mpeg4") and frames.shape == (2, 240, 320, 3)
+    assert calls == [(clips["mpeg4_320x240.mp4"], [0, 3], (240, 320))]
+
+
+# ---------------------------------------------------------------------------------------------- GPU (opt-in)
+
+def _nvdec_ready() -> bool:
+    return not isinstance(nvdec._nvc(), str) and __import__("torch").cuda.is_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", EXACT)
+@pytest.mark.parametrize("scale, sessions", [(1.0, 1), (0.6, 3)])
+def test_read_nvdec_equals_decord(clips, name, scale, sessions):
+    """NVDEC + decord's swscale == decord, byte for byte, on every sampled frame (native and reduced sizes, one
+    and several sessions)."""
+    if not _nvdec_ready():
+        pytest.skip(f"NVDEC not usable here: {nvdec._nvc()}")
+    assert nvdec.nvdec_unsupported(clips[name]) is None
+    p = nvdec.probe(clips[name])
+    h, w = p.height, p.width
+    dh, dw = (h, w) if scale == 1.0 else (2 * round(h * scale / 2), 2 * round(w * scale / 2))
+    idx = list(range(0, 24, 1))
+    got = nvdec.read_nvdec(clips[name], idx, (dh, dw), sessions=sessions)
+    ref = _decord(clips[name], idx, dh, dw, h, w)
+    assert np.array_equal(got, ref), f"{name}: max |diff| {np.abs(got.astype(int) - ref).max()}"
