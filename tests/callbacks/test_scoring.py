@@ -264,7 +264,7 @@ def test_cli_refuses_a_folder_without_records_and_counts_missing_from_run_json(t
 
 
 def test_a_read_only_folder_is_still_scored(out_root, monkeypatch, capsys):
-    import callbacks.scoring as sc
+    import callbacks.scoring.output as sc
 
     def refuse(path, data):
         raise PermissionError(13, "Permission denied", str(path))
