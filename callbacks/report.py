@@ -16,7 +16,7 @@ from pathlib import Path
 
 from callbacks.scoring.release import HEADLINES
 from callbacks.scoring.summary import (by_benchmark, flops_label, format_p, headline_rows, is_matrix, is_pruning,
-                                       matrix, pruning_rows)
+                                       matrix, pruning_rows, variant_name)
 
 from datamodules.features import atomic_write_bytes
 
@@ -85,10 +85,10 @@ def _answer(scores: dict) -> str:
         name = HEADLINES.get(bench, ("accuracy",))[0]
         if is_matrix(groups):
             m = matrix(scores, groups)
-            ref = "-" if m["reference"] is None else m["reference"]
+            ref = variant_name(m["reference"])
             rows = []
             for r in m["rows"]:
-                row = [r["variant"] or "-"]
+                row = [variant_name(r["variant"])]
                 for b in m["budgets"]:
                     c = r["cells"].get(b)
                     if c is None:

@@ -7,8 +7,6 @@ from pathlib import Path
 
 from lightning.pytorch import Callback
 
-from callbacks.report import REPORT_FILE
-
 from .console import format_table
 from .output import SCORES_FILE, write_scores
 
@@ -85,6 +83,8 @@ class ScoreOnPredictEnd(Callback):
         self.last_scores = scores
         print(format_table(scores))
         print(f"scores: {root / SCORES_FILE}")
+        from callbacks.report import REPORT_FILE   # here: callbacks.report imports this package
+
         report = root / REPORT_FILE
         if report.is_file():
             print(f"report: {report}  (open it in a browser: the result first, then every table, plot and error)")

@@ -8,8 +8,6 @@ from pathlib import Path
 
 from algorithms.choice import RULES
 
-from callbacks.report import REPORT_FILE
-
 from .console import format_table
 from .output import SCORES_FILE, compute_scores, save_scores
 
@@ -80,6 +78,8 @@ def main(argv: list[str] | None = None) -> dict:
         return scores
     print(format_table(scores))
     print(f"scores: {Path(args.out_root) / SCORES_FILE}", file=sys.stderr)
+    from callbacks.report import REPORT_FILE   # here: callbacks.report imports this package
+
     print(f"report: {Path(args.out_root) / REPORT_FILE}", file=sys.stderr)
     return scores
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .release import HEADLINES
 from .scores import DURATION_KEY
 from .summary import (by_benchmark, duration_sort, flops_label, format_p, headline_rows, is_matrix, is_pruning,
-                      matrix, pruning_rows)
+                      matrix, pruning_rows, variant_name)
 
 MAX_DETAIL_GROUPS = 12      # more groups than this: the per-group table is left to report.html / scores.json
 MAX_TASKS_SHOWN = 14
@@ -43,7 +43,7 @@ def _grid(rows: list[tuple], indent: str = "  ") -> list[str]:
 
 
 def _name(v) -> str:
-    return "-" if v is None else str(v)
+    return variant_name(v)
 
 
 def _summary(scores: dict) -> list[str]:
@@ -136,7 +136,8 @@ def format_table(scores: dict) -> str:
     for a pruning run one row per variant (accuracy, Δ vs ``full``, retention reached, kept tokens, prefill TFLOPs
     and % of ``full``). Then the per-group table (one row per group and parser: n, accuracy (%), errors,
     unparseable, missing, duplicates, the benchmark's other release numbers), left out above
-    ``MAX_DETAIL_GROUPS`` groups; the rules that appear; the differences of budgeted runs without variants."""
+    ``MAX_DETAIL_GROUPS`` groups; the rules that appear; the differences not already in a matrix or pruning
+    table (the reference variant's budgets against each other)."""
     lines = _summary(scores)
     if lines:
         lines.append("")
@@ -168,9 +169,10 @@ def format_table(scores: dict) -> str:
     for rule in used:
         lines.append(f"  {rule}: {RULE_DESCRIPTIONS.get(rule, rule)}")
     n_res = (scores.get("bootstrap") or {}).get("n_resamples")
-    matrix_benches = {b for b, gs in by_benchmark(scores).items() if is_matrix(gs) or is_pruning(gs)}
+    # variants against the reference are in the matrix / pruning table above: listed here, the budget pairs
+    in_tables = {b for b, gs in by_benchmark(scores).items() if is_matrix(gs) or is_pruning(gs)}
     diffs = [d for d in scores.get("differences", []) if d["parser"] == "official"
-             and d["benchmark"] not in matrix_benches]
+             and not (d["benchmark"] in in_tables and d["compared"] == "variant")]
     if diffs:
         lines.append("differences (official parser, a - b over the questions scored in both, 95 % paired bootstrap):")
         for d in diffs:

@@ -22,6 +22,12 @@ def duration_sort(v: str) -> tuple:
         return (0, _DURATION_ORDER.get(v, 99), v)
 
 
+def variant_name(v) -> str:
+    """A variant as shown: ``None`` (the groups of a plain budgeted run, jobs ``b<B>``) is the base layout,
+    ``base``."""
+    return "base" if v is None else str(v)
+
+
 def format_p(p: float | None, n_resamples: int | None) -> str:
     """A bootstrap p-value as text: never ``0.000``; a p of 0 (no resample crossed zero) reads ``< 1/n_resamples``
     (``< 0.001`` with 1000 resamples), the test's resolution."""
@@ -70,8 +76,8 @@ def headline_rows(groups: list[dict]) -> list[dict]:
         h = headline(g["benchmark"], p)
         name, value, tasks = h if h else (HEADLINES.get(g["benchmark"], ("accuracy",))[0], p.get("accuracy"), {})
         rows.append({"job": g["job"], "variant": g["variant"], "budget": g["budget"], "name": name, "value": value,
-                     "n": g["n_scored"], "accuracy": p.get("accuracy"), "ci": p.get("accuracy_ci95"),
-                     "n_errors": g["n_errors"], "n_missing": g["n_missing"], "n_reused": g.get("n_reused", 0),
+                     "n": g.get("n_scored"), "accuracy": p.get("accuracy"), "ci": p.get("accuracy_ci95"),
+                     "n_errors": g.get("n_errors"), "n_missing": g.get("n_missing"), "n_reused": g.get("n_reused", 0),
                      "unparseable": p.get("unparseable"), "tasks": tasks,
                      "answered": (p.get("release") or {}).get("answered")})
     return rows
@@ -95,7 +101,7 @@ def matrix(scores: dict, groups: list[dict]) -> dict:
         p = _official(g) or {}
         d = diffs.get((g["benchmark"], g["job"], ref_job.get(g["budget"])))
         row = rows.setdefault(g["variant"], {"variant": g["variant"], "cells": {}})
-        row["cells"][g["budget"]] = {"accuracy": p.get("accuracy"), "ci": p.get("accuracy_ci95"), "n": g["n_scored"],
+        row["cells"][g["budget"]] = {"accuracy": p.get("accuracy"), "ci": p.get("accuracy_ci95"), "n": g.get("n_scored"),
                                      "n_reused": g.get("n_reused", 0),
                                      "difference": d["difference"] if d else None,
                                      "diff_ci": d["ci95"] if d else None, "p": d["p_two_sided"] if d else None}
@@ -139,7 +145,7 @@ def pruning_rows(scores: dict, groups: list[dict]) -> dict:
         d = diffs.get((g["benchmark"], g["job"], ref_g["job"])) if ref_g is not None and g is not ref_g else None
         tf = c.get(fk) if fk else None
         kept = (c.get("num_video_tokens") or 0.0) + (c.get("num_audio_tokens") or 0.0) if c else None
-        rows.append({"variant": g["variant"] or g["job"], "job": g["job"], "n": g["n_scored"],
+        rows.append({"variant": g["variant"] or g["job"], "job": g["job"], "n": g.get("n_scored"),
                      "accuracy": p.get("accuracy"), "ci": p.get("accuracy_ci95"),
                      "difference": d["difference"] if d else None, "diff_ci": d["ci95"] if d else None,
                      "p": d["p_two_sided"] if d else None, "video_retention": c.get("video_retention_reached"),
