@@ -110,6 +110,12 @@ def simplify_cli_error(message: str) -> str:
         key = _PARSER_KEY.search(message)
         where = f"{key.group(1)}.init_args.{nested.group(2)}" if key else nested.group(2)
         reason = nested.group(3).strip()
+        if reason.startswith("Does not validate against any of the Union subtypes"):   # e.g. an Optional[int]
+            block = message[nested.end(3):]
+            given = re.search(r"Given value: (.*)", block)
+            block = block[:given.start()] if given else block
+            kinds = list(dict.fromkeys(re.findall(r"Expected a <class '([^']+)'>", block)))
+            reason = f"expected {' or '.join(kinds) or 'another type'}" + (f", got {given.group(1)}" if given else "")
         reason = re.sub(r"<class '([^']+)'>", r"\1", reason)
         return f"{where}: {reason[:MAX_ERROR_LINE]} ({nested.group(1).rpartition('.')[2]})"
     lines = [ln for ln in message.splitlines() if not ln.strip().startswith(("Given value:", "Given value type:"))]
