@@ -238,7 +238,7 @@ class VideoQADataModule(LightningDataModule):
         if not tasks:           # a resumed run with nothing left: say so (the progress bar shows no step)
             msg += ": nothing to run"
         else:
-            msg += f"; {len(tasks)} videos left to run, {n_this_rank} on this rank"
+            msg += f"; {len(tasks)} video{'s' * (len(tasks) != 1)} left to run, {n_this_rank} on this rank"
         print(msg, flush=True)
         return msg
 
