@@ -9,15 +9,16 @@ unreadable ``--ckpt_path``.
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 
-from algorithms.errors import CheckpointError
+from algorithms.errors import CheckpointError, SettingError
 from callbacks.run_folder import RunFolderCSVLogger, run_info_of
 
 # records are keyed by the benchmark's qid, never by batch index, so Lightning's batch-index inference is not needed
@@ -33,7 +34,7 @@ def build_cli(args: list[str] | None, run: bool, **kwargs) -> LightningCLI:
     """The project's LightningCLI (subclass mode for model and data, seed 0); ``kwargs`` add entry-specific options
     (config callback, default config files). Shared by ``evaluate.py`` and ``train.py``."""
     kwargs.setdefault("save_config_callback", None)
-    cli_class = kwargs.pop("cli_class", LightningCLI)
+    cli_class = kwargs.pop("cli_class", ProjectCLI)
     # a bad option or value prints the error after a one-line usage, not the ~60-line list of every option
     # (argparse's usage on error); ``--help`` still lists them all
     parser_kwargs = kwargs.setdefault("parser_kwargs", {})
@@ -46,6 +47,114 @@ def build_cli(args: list[str] | None, run: bool, **kwargs) -> LightningCLI:
     quiet_console()
     return cli_class(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                      args=args, run=run, seed_everything_default=0, **kwargs)
+
+
+_NOT_ACCEPTED = re.compile(r"Option '([^']+)' is not accepted")
+_CLASS_PATH = re.compile(r"Problem with given class_path '([^']+)'")
+_PARSER_KEY = re.compile(r'^Parser key "([^"]+)"')
+MAX_ERROR_LINE = 200
+
+
+def _init_arg_names(class_path: str) -> list[str]:
+    """The keyword arguments ``class_path``'s class accepts (its ``__init__`` and its bases' when it passes
+    ``**kwargs`` on), or ``[]`` when it cannot be imported."""
+    import importlib
+    import inspect
+
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return []
+    names: list[str] = []
+    for klass in getattr(cls, "__mro__", [cls]):
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        names += [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                  and p.name not in names]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names
+
+
+def simplify_cli_error(message: str) -> str:
+    """A jsonargparse error as a user should read it.
+
+    * An unknown key of a class given by ``class_path`` (jsonargparse's multi-line "Does not validate against any
+      of the Union subtypes ... Option 'budget' is not accepted ... Given value: ...") becomes one line: ``model.
+      init_args.budget: BudgetedQA has no setting 'budget'; did you mean 'budgets'?`` (closest names by
+      :func:`difflib.get_close_matches`, else the list of its settings).
+    * A bad value of one such key becomes ``model.init_args.max_new_tokens: Expected a int. Got value: lots
+      (BudgetedQA)``.
+    * Any other message keeps its lines without the ``Given value:`` dumps (a YAML section's whole init_args), each
+      line cut to ``MAX_ERROR_LINE`` characters.
+    """
+    import difflib
+
+    bad, cls = _NOT_ACCEPTED.search(message), _CLASS_PATH.search(message)
+    if bad and cls:
+        key = _PARSER_KEY.search(message)
+        names = _init_arg_names(cls.group(1))
+        where = f"{key.group(1)}.init_args.{bad.group(1)}" if key else bad.group(1)
+        close = difflib.get_close_matches(bad.group(1), names, n=3, cutoff=0.6)
+        short = cls.group(1).rpartition(".")[2]
+        if close:
+            hint = "did you mean " + " or ".join(repr(c) for c in close) + "?"
+        else:
+            hint = f"its settings: {', '.join(names)}" if names else f"see --help for {cls.group(1)}"
+        return f"{where}: {short} has no setting {bad.group(1)!r}; {hint}"
+    nested = re.search(r"Problem with given class_path '([^']+)':\s*\n\s*Parser key \"([^\"]+)\":\s*\n\s*(.+)", message)
+    if nested:                                   # a bad value of one init arg: that key and jsonargparse's reason
+        key = _PARSER_KEY.search(message)
+        where = f"{key.group(1)}.init_args.{nested.group(2)}" if key else nested.group(2)
+        reason = nested.group(3).strip()
+        if reason.startswith("Does not validate against any of the Union subtypes"):   # e.g. an Optional[int]
+            block = message[nested.end(3):]
+            given = re.search(r"Given value: (.*)", block)
+            block = block[:given.start()] if given else block
+            kinds = list(dict.fromkeys(re.findall(r"Expected a <class '([^']+)'>", block)))
+            reason = f"expected {' or '.join(kinds) or 'another type'}" + (f", got {given.group(1)}" if given else "")
+        reason = re.sub(r"<class '([^']+)'>", r"\1", reason)
+        return f"{where}: {reason[:MAX_ERROR_LINE]} ({nested.group(1).rpartition('.')[2]})"
+    lines = [ln for ln in message.splitlines() if not ln.strip().startswith(("Given value:", "Given value type:"))]
+    return "\n".join(ln if len(ln) <= MAX_ERROR_LINE else ln[:MAX_ERROR_LINE] + " ..." for ln in lines)
+
+
+class ProjectArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser whose final error message is :func:`simplify_cli_error`'s (errors raised inside a
+    nested parse, which jsonargparse combines, are left as they are)."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        if self.exit_on_error:
+            message = simplify_cli_error(message)
+        return super().error(message, ex)
+
+
+DEFAULT_PRECISIONS = (None, 32, "32", "32-true")
+
+
+class ProjectCLI(LightningCLI):
+    """The project's LightningCLI: :class:`ProjectArgumentParser` for the main and subcommand parsers, and
+    ``trainer.precision`` refused for ``predict`` (the prediction modules load their model in their own
+    ``dtype``, so Lightning's precision setting would be silently ignored; ``model.init_args.dtype`` is the one that
+    is applied and recorded in the output folder's ``run.json``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("parser_class", ProjectArgumentParser)
+        super().__init__(*args, **kwargs)
+
+    def before_instantiate_classes(self) -> None:
+        cfg = self.config.get(self.subcommand) if self.subcommand else None
+        if self.subcommand != "predict" or cfg is None:
+            return
+        precision = (cfg.get("trainer") or {}).get("precision")
+        if precision not in DEFAULT_PRECISIONS:
+            raise SettingError(
+                f"--trainer.precision={precision} is not applied by predict: the model runs in "
+                "model.init_args.dtype (recorded in run.json); set --model.init_args.dtype=bfloat16 (or float16) "
+                "instead and leave trainer.precision unset")
 
 
 class _DropAdvert(logging.Filter):
@@ -69,7 +178,7 @@ def quiet_console() -> None:
         pass
 
 
-class TrainCLI(LightningCLI):
+class TrainCLI(ProjectCLI):
     """LightningCLI that adds :class:`RunFolderCSVLogger` beside the configured loggers and, for a checkpoint of a
     run folder, resumes (``fit``) or joins (``test`` / ``validate``) that run's W&B id / group."""
 
@@ -133,7 +242,7 @@ def check_checkpoint_file(path: str | None) -> None:
 
 
 USER_ERROR_TYPES = ("SettingError", "FeatureFileError", "OutputSettingsError", "OutputLockedError",
-                    "OutputWriteError", "AnnotationError", "EasyComFormatError", "DecodeError", "CheckpointError",
+                    "OutputWriteError", "AnnotationError", "MediaMissingError", "EasyComFormatError", "DecodeError", "CheckpointError",
                     "MisconfigurationException")   # Lightning's own: conflicting trainer settings
 USER_OS_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 

@@ -181,12 +181,34 @@ class OutputSettingsError(ValueError):
 RUN_FILE = "run.json"
 
 
+MISSING_MEDIA = ": video file not found"   # the decoder's error for a missing file (datamodules.decoding)
+
+
+def _holds_results(out_dir: Path) -> bool:
+    """Whether the folder's records hold anything but missing-video errors: a run whose every record says
+    "video file not found" (a wrong root or video folder) made nothing to protect, so its settings can be
+    replaced."""
+    for f in out_dir.glob("*/*/*.jsonl"):
+        with open(f, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    if line.strip():
+                        return True   # a torn line: a record was being written
+                    continue
+                if not isinstance(rec, dict) or not str(rec.get("error") or "").endswith(MISSING_MEDIA):
+                    return True
+    return False
+
+
 def check_run_settings(out_dir: Path, settings: dict, write: bool, defaults: dict | None = None) -> None:
     """Compare the settings that determine a record with ``<out_dir>/run.json`` (written on the first run).
 
     Records are resumed by qid, so a folder must never mix records made with another model, benchmark or answer
     setting: that would silently skip the new questions and score the old answers. A ``run.json`` whose run wrote
-    no record (it stopped before the first video, e.g. on a wrong ``model_path``) is replaced instead.
+    no record (it stopped before the first video, e.g. on a wrong ``model_path``), or only "video file not found"
+    error records (a wrong video folder), is replaced instead.
 
     A setting missing from an older ``run.json`` is not compared (folders written before the setting existed still
     resume), except the ones in ``defaults``: settings recorded only when they differ from their default (the
@@ -205,7 +227,7 @@ def check_run_settings(out_dir: Path, settings: dict, write: bool, defaults: dic
                   if old.get(k, d) != settings.get(k, d)]
         if not diffs:
             return
-        if any(f.stat().st_size for f in out_dir.glob("*/*/*.jsonl")):
+        if _holds_results(out_dir):
             raise OutputSettingsError(
                 f"{out_dir} holds records made with other settings ({'; '.join(diffs)}). Use another output folder "
                 f"(--trainer.callbacks.init_args.out_dir=DIR with the shipped configs, where the writer is the last "

@@ -1,5 +1,7 @@
-"""One self-contained ``report.html`` per output folder: settings, score tables with intervals, plots, errors,
-unparsed answers and stage timing.
+"""One self-contained ``report.html`` per output folder: the answer first (each benchmark's released figure by its
+release's name with the task breakdown; the layout ablation's variant x budget matrix against ``base``; the
+pruning table against ``full``), then every group's scores with intervals, the differences, plots, errors,
+unparsed answers, stage timing and settings; a banner when the model is a tiny random test model.
 
 Written beside ``scores.json`` at the end of a run and by ``python -m callbacks.scoring <out_dir>``
 (:func:`callbacks.scoring.save_scores`). Everything is inline (CSS, PNGs as base64 data URIs), so the file can be
@@ -12,6 +14,10 @@ import html
 import json
 from pathlib import Path
 
+from callbacks.scoring.release import HEADLINES
+from callbacks.scoring.summary import (by_benchmark, flops_label, format_p, headline_rows, is_matrix, is_pruning,
+                                       matrix, pruning_rows, variant_name)
+
 from datamodules.features import atomic_write_bytes
 
 REPORT_FILE = "report.html"
@@ -21,7 +27,10 @@ MAX_RESPONSE_CHARS = 300
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}
 th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}img{max-width:100%;margin:.5em 0}
-code,pre{background:#f7f7f7;padding:1px 4px}h2{margin-top:1.6em;border-bottom:1px solid #ddd}"""
+code,pre{background:#f7f7f7;padding:1px 4px}h2{margin-top:1.6em;border-bottom:1px solid #ddd}
+.banner{background:#fff3cd;border:2px solid #c9a100;padding:.8em 1em;font-size:16px;margin:1em 0}
+td.up{background:#e3f4e3}td.down{background:#fbe3e3}td.ref{background:#eef}details{margin:.5em 0 1.5em}
+.wide{overflow-x:auto}"""
 
 
 def _e(x) -> str:
@@ -37,6 +46,144 @@ def _table(header: list[str], rows: list[list], numeric: set[int] = frozenset())
     body = "".join("<tr>" + "".join(f'<td class="num">{_e(c)}</td>' if i in numeric else f"<td>{_e(c)}</td>"
                                     for i, c in enumerate(r)) + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _cell(c) -> str:
+    """A cell: plain text, ``(text, css class)`` (a number) or ``(text, css class, second line, tooltip)``."""
+    if isinstance(c, tuple):
+        sub = f"<br><small>{_e(c[2])}</small>" if len(c) > 2 and c[2] else ""
+        tip = f' title="{_e(c[3])}"' if len(c) > 3 and c[3] else ""
+        return f'<td class="num {c[1]}"{tip}>{_e(c[0])}{sub}</td>'
+    return f"<td>{_e(c)}</td>"
+
+
+def _ctable(header: list[str], rows: list[list]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(_cell(c) for c in r) + "</tr>" for r in rows)
+    return f'<div class="wide"><table><tr>{head}</tr>{body}</table></div>'
+
+
+def _ci(ci) -> str:
+    return f"[{_pct(ci[0])}, {_pct(ci[1])}]" if ci else ""
+
+
+def _signed(x) -> str:
+    return "" if x is None else f"{100 * float(x):+.1f}"
+
+
+def _sign_class(d, ci) -> str:
+    if d is None or not ci:
+        return ""
+    return "up" if ci[0] > 0 else "down" if ci[1] < 0 else ""
+
+
+def _answer(scores: dict) -> str:
+    """The top of the page: per benchmark, the matrix / pruning table / released figures (module docstring)."""
+    n_res = (scores.get("bootstrap") or {}).get("n_resamples")
+    parts = []
+    for bench, groups in by_benchmark(scores).items():
+        name = HEADLINES.get(bench, ("accuracy",))[0]
+        if is_matrix(groups):
+            m = matrix(scores, groups)
+            ref = variant_name(m["reference"])
+            rows = []
+            for r in m["rows"]:
+                row = [variant_name(r["variant"])]
+                for b in m["budgets"]:
+                    c = r["cells"].get(b)
+                    if c is None:
+                        row.append("")
+                        continue
+                    txt = f"{_pct(c['accuracy'])} {_ci(c['ci'])}"
+                    if r["variant"] == m["reference"]:
+                        row.append((txt, "ref"))
+                    else:
+                        sub = f"Δ {_signed(c['difference'])} [{_signed((c['diff_ci'] or [None])[0])}, " \
+                              f"{_signed((c['diff_ci'] or [None, None])[1])}]" if c["difference"] is not None else ""
+                        row.append((txt, _sign_class(c["difference"], c["diff_ci"]), sub,
+                                    f"p {format_p(c['p'], n_res)} (paired bootstrap, two-sided)"))
+                row.append(("ref" if r["variant"] == m["reference"] else _signed(r["mean_difference"]), ""))
+                row.append((sum(c["n_reused"] for c in r["cells"].values()), ""))
+                rows.append(row)
+            reused = sum(g.get("n_reused", 0) for g in groups)
+            n_rec = sum(g["n_records"] for g in groups)
+            parts.append(
+                f"<h3>{_e(bench)}: layout ablation, accuracy % [95 % CI] and Δ vs {_e(ref)} at the same budget</h3>"
+                f"<p>Official rule, unparsed answers count as wrong. Δ = paired difference from {_e(ref)} at the same "
+                f"budget over the questions both answered (points, 95 % paired-bootstrap CI; green / red: the CI "
+                f"excludes 0; hover a cell for its p-value). Rows sorted by the mean Δ over budgets. Records reused from {_e(ref)} (the same LLM "
+                f"input, copied, not recomputed): <b>{reused} of {n_rec}</b>.</p>"
+                + _ctable(["variant", *[f"b{b}" for b in m["budgets"]], "mean Δ", "reused"], rows))
+            groups = [g for g in groups if g["variant"] == m["reference"]]
+        elif is_pruning(groups):
+            t = pruning_rows(scores, groups)
+            ref = "-" if t["reference"] is None else t["reference"]
+            rows = [[r["variant"], (r["n"], ""), (_pct(r["accuracy"]), "ref" if r["is_reference"] else ""),
+                     (_ci(r["ci"]), ""),
+                     ("ref" if r["is_reference"] else f"{_signed(r['difference'])} {_ci(r['diff_ci'])}",
+                      _sign_class(r["difference"], r["diff_ci"])),
+                     ("" if r["is_reference"] else format_p(r["p"], n_res), ""),
+                     (_pct(r["video_retention"]), ""), (_pct(r["audio_retention"]), ""),
+                     ("" if r["kept_tokens"] is None else f"{r['kept_tokens']:.0f}", ""),
+                     ("" if r["tflops"] is None else f"{r['tflops']:.4g}", ""),
+                     ("" if r["tflops_pct_of_full"] is None else f"{r['tflops_pct_of_full']:.1f}", "")]
+                    for r in t["rows"]]
+            parts.append(
+                f"<h3>{_e(bench)}: token pruning, one row per variant</h3><p>Accuracy = {_e(name)}. Δ vs {_e(ref)}: "
+                "paired difference over the questions both answered (points, 95 % CI). Retention reached = kept / "
+                "unpruned tokens of the modality (%); kept tokens = video + audio per question (mean); prefill "
+                f"TFLOPs per question (mean; {_e(flops_label(t['flops_key']))}).</p>"
+                + _ctable(["variant", "n", "accuracy %", "95 % CI", f"Δ vs {ref} (pts)", "p", "video retention %",
+                           "audio retention %", "kept tokens", "prefill TFLOPs", f"% of {ref}"], rows))
+            continue
+        heads = headline_rows(groups)
+        rows = [[h["job"], (_pct(h["value"]), "ref"),
+                 (f"{h['answered']} of {h['n']}" if h.get("answered") is not None else h["n"], ""),
+                 (f"{_pct(h['accuracy'])} {_ci(h['ci'])}", ""), (h["n_errors"], ""), (h["n_missing"], "")]
+                for h in heads]
+        parts.append(f"<h3>{_e(bench)}: {_e(name)}</h3>" + _ctable(
+            ["job", "released figure %", "answered" if bench == "videomme" else "n",
+             "accuracy % [95 % CI] (unparsed = wrong)", "errors", "missing"], rows))
+        tasks = sorted({t for h in heads for t in h["tasks"]})
+        if tasks:
+            parts.append("<p>By task (released figure %):</p>" + _ctable(
+                ["task", *[h["job"] for h in heads]], [[t, *[(_pct(h["tasks"].get(t)), "") for h in heads]]
+                                                       for t in tasks]))
+    return "".join(parts)
+
+
+def tiny_model_banner(out_dir: Path) -> str:
+    """A banner when ``run.json``'s ``model_path`` is a tiny random test model (its ``TINY_RANDOM_MODEL.json``
+    marker, written by ``models.videollama3.tiny``, or a config whose largest ``hidden_size`` is below 256, as
+    the tiny omni model's); empty otherwise."""
+    try:
+        run = json.loads((out_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    path = run.get("model_path") or (run.get("model") or {}).get("model_path") if isinstance(run, dict) else None
+    if not path:
+        return ""
+    root = Path(path)
+    tiny = (root / "TINY_RANDOM_MODEL.json").is_file()
+    if not tiny:
+        try:
+            cfg = json.loads((root / "config.json").read_text())
+        except (OSError, ValueError):
+            return ""
+        sizes = []
+
+        def walk(x):
+            if isinstance(x, dict):
+                for k, v in x.items():
+                    if k == "hidden_size" and isinstance(v, int):
+                        sizes.append(v)
+                    walk(v)
+        walk(cfg)
+        tiny = bool(sizes) and max(sizes) < 256
+    if not tiny:
+        return ""
+    return (f'<div class="banner"><b>Tiny random model.</b> {_e(path)} is a test model with random weights: its '
+            "answers are noise, and these accuracies say nothing about the method.</div>")
 
 
 def score_rows(scores: dict) -> list[list]:
@@ -60,11 +207,13 @@ def _differences(scores: dict) -> str:
         a, b = ((x.get("job") if isinstance(x, dict) else x) for x in (d.get("a"), d.get("b")))
         rows.append([d.get("benchmark"), d.get("parser"), a, b, d.get("n_common"),
                      _pct(d.get("difference")), f"[{_pct(ci[0])}, {_pct(ci[1])}]" if ci else "",
-                     d.get("p_two_sided")])
+                     format_p(d.get("p_two_sided"), (scores.get("bootstrap") or {}).get("n_resamples"))])
     if not rows:
         return "<p>No pairs of groups that differ only in budget or variant.</p>"
-    return _table(["benchmark", "parser", "a", "b", "n common", "a - b (pts)", "95 % interval", "p (two-sided)"],
-                  rows, {4, 5, 7})
+    return ("<p>Each variant against the reference variant at the same budget, and the reference's budgets "
+            "against each other.</p><details><summary>" + f"{len(rows)} differences" + "</summary>"
+            + _table(["benchmark", "parser", "a", "b", "n common", "a - b (pts)", "95 % interval", "p (two-sided)"],
+                     rows, {4, 5, 7}) + "</details>")
 
 
 def _costs(scores: dict) -> str:
@@ -74,8 +223,9 @@ def _costs(scores: dict) -> str:
     keys = sorted({k for g in groups for k in g["cost"]})
     rows = [[g.get("benchmark"), g.get("job"), g.get("variant") or "-"] + [f"{g['cost'][k]:.4g}" if k in g["cost"]
                                                                              else "" for k in keys] for g in groups]
-    return ("<h2>Kept tokens, retention reached and prefill cost (means per group)</h2>"
-            + _table(["benchmark", "job", "variant", *keys], rows, set(range(3, 3 + len(keys)))))
+    return ("<h2>Kept tokens, retention reached and prefill cost (means per group)</h2><details><summary>every "
+            "cost field</summary><div class='wide'>"
+            + _table(["benchmark", "job", "variant", *keys], rows, set(range(3, 3 + len(keys)))) + "</div></details>")
 
 
 def _images(scores: dict, out_dir: Path) -> str:
@@ -124,11 +274,13 @@ def render_report(scores: dict, out_dir: str | Path, records: list[dict]) -> str
     header = ["benchmark", "job", "variant", "budget", "parser", "rule", "n", "acc %", "95 % interval", "acc_all %",
               "err", "unparse", "miss"]
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(out_dir.name)} report</title>"
-            f"<style>{_CSS}</style></head><body><h1>Run report: {_e(out_dir)}</h1>"
+            f"<style>{_CSS}</style></head><body><h1>Run report: {_e(out_dir)}</h1>{tiny_model_banner(out_dir)}"
+            f"<h2>Result</h2>{_answer(scores)}"
             "<p>acc % = correct / scored questions (unparsed answers count as wrong); acc_all % also counts error "
             "records and missing questions as wrong; intervals are percentile-bootstrap 95 % intervals "
             "(scores.json: bootstrap).</p>"
-            f"<h2>Scores</h2>{_table(header, score_rows(scores), {3, 6, 7, 9, 10, 11, 12})}"
+            f"<h2>Scores</h2><details{' open' if len(scores.get('groups', [])) <= 12 else ''}><summary>every group "
+            f"and parser</summary>{_table(header, score_rows(scores), {3, 6, 7, 9, 10, 11, 12})}</details>"
             f"{_costs(scores)}<h2>Differences between budgets and variants</h2>{_differences(scores)}"
             f"<h2>Plots</h2>{_images(scores, out_dir)}"
             f"<h2>Errors</h2>{err}<h2>Unparsed answers</h2>{un}"

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 from algorithms.errors import SettingError, check_int
 
 from .benchmarks import AnnotationError, Question, load_benchmark
+from .benchmarks.base import check_media_present
 from .decoding import (MAX_REPLACED_FRAC, NATIVE_DECODE_BYTES, DecodeError, EncoderSizing, auto_decode_threads,
                        decode_video)
 from .sharding import CostBalancedSampler, estimate_cost
@@ -162,7 +163,18 @@ class VideoQADataModule(LightningDataModule):
                 **({"max_replaced_frac": self.max_replaced_frac} if self.max_replaced_frac != MAX_REPLACED_FRAC else {})}
 
     def setup(self, stage: str | None = None) -> None:
+        """Load the questions (once) and check, before any record is written, that the benchmark root exists
+        and that most videos are there (:func:`datamodules.benchmarks.base.check_media_present`).
+
+        Raises:
+            SettingError: ``root`` does not exist or is not a folder.
+            AnnotationError: the annotation is malformed, empty or has duplicate qids; ``MediaMissingError`` (one)
+                when more than half of the videos are missing, naming the folder looked in.
+        """
         if self.questions is None:
+            if not Path(self.root).is_dir():
+                raise SettingError(f"data.init_args.root={self.root}: the benchmark root does not exist"
+                                   + ("" if not Path(self.root).exists() else " as a folder"))
             qs = load_benchmark(self.benchmark, self.root, **self.loader_kwargs)
             if not qs:
                 raise AnnotationError(f"{self.benchmark} at {self.root}: the annotation holds no questions"
@@ -170,6 +182,11 @@ class VideoQADataModule(LightningDataModule):
             dup = [q for q, n in Counter(q.qid for q in qs).items() if n > 1]
             if dup:
                 raise AnnotationError(f"{self.benchmark} at {self.root}: duplicate qid(s) {dup[:10]}")
+            kw = f" with loader_kwargs {self.loader_kwargs}" if self.loader_kwargs else ""
+            missing = check_media_present(qs, f"{self.benchmark} at {self.root}{kw}")
+            if missing:
+                log.warning("%s: %d of %d videos are missing (each gives error records), e.g. %s", self.benchmark,
+                            len(missing), len({q.video_path for q in qs}), missing[0])
             self.questions = qs
 
     def tasks(self, jobs: list[str], done: dict[str, set[str]] | None = None) -> list[VideoTask]:
@@ -204,6 +221,27 @@ class VideoQADataModule(LightningDataModule):
         decode_budget = getattr(module, "decode_budget", None) or max(jobs.values())
         return list(jobs), decode_budget, done
 
+    def report_resume(self, jobs: list[str], done: dict[str, set[str]], tasks: list[VideoTask], n_this_rank: int
+                      ) -> str | None:
+        """Print (and return) how much of the run is already written, when anything is: ``N of M (job, question)
+        records already written`` with M = this annotation's questions x the run's jobs (``limit_videos``
+        applied), then what is left to run; ``None`` (silence) on a fresh run."""
+        rank, world = self.trainer.global_rank, self.trainer.world_size
+        questions = [q for t in self.tasks(jobs) for q in t.questions]   # the run's questions, nothing skipped
+        total = len(questions) * len(jobs)
+        n_done = sum(q.qid in done.get(j, ()) for q in questions for j in jobs)
+        if not n_done and tasks:
+            log.info("%s: rank %d/%d takes %d of %d videos to process", self.benchmark, rank, world, n_this_rank,
+                     len(tasks))
+            return None
+        msg = f"[rank {rank}] {self.benchmark}: {n_done} of {total} (job, question) records already written"
+        if not tasks:           # a resumed run with nothing left: say so (the progress bar shows no step)
+            msg += ": nothing to run"
+        else:
+            msg += f"; {len(tasks)} video{'s' * (len(tasks) != 1)} left to run, {n_this_rank} on this rank"
+        print(msg, flush=True)
+        return msg
+
     def predict_dataloader(self) -> DataLoader:
         """This rank's videos: done (job, qid) pairs removed first, then whole videos assigned to ranks by
         :class:`datamodules.sharding.CostBalancedSampler` (needs ``trainer.use_distributed_sampler: false`` when
@@ -218,16 +256,7 @@ class VideoQADataModule(LightningDataModule):
             raise RuntimeError("VideoQADataModule shards whole videos itself: set `trainer.use_distributed_sampler: "
                                "false` (Lightning would otherwise split this rank's share again)")
         sampler = CostBalancedSampler(costs, world, rank)
-        n_done = sum(len(v) for v in done.values())
-        msg = (f"{self.benchmark}: rank {rank}/{world} takes {len(sampler)} of {len(tasks)} videos to process "
-               f"({n_done} (job, qid) records already written)")
-        if not tasks:           # a resumed run with nothing left: say so (the progress bar shows no step)
-            print(f"[rank {rank}] {self.benchmark}: all {n_done} (job, qid) records are already written: nothing "
-                  "to run", flush=True)
-        elif len(sampler) == 0:
-            print(f"[rank {rank}] {msg}: nothing to run on this rank", flush=True)
-        else:
-            log.info(msg)
+        self.report_resume(jobs, done, tasks, len(sampler))
         threads = self.decode_threads
         if threads is None:
             threads = auto_decode_threads(self.num_workers, self.trainer.num_devices)

@@ -33,7 +33,10 @@ media path escaping the root            error for the annotation text: an absolu
 invalid UTF-8 text                      error naming the file, row and field (a Video-MME parquet ``string``
                                         cell); a JSON annotation file that is not UTF-8: error naming the file
                                         and the byte offset
-media file missing or unreadable        not an annotation error: one error record per question at decode time
+media file missing or unreadable        not an annotation error: one error record per question at decode time;
+                                        but when more than half of the videos are missing (a wrong root or
+                                        video folder) the run stops before it writes anything
+                                        (:func:`check_media_present`, called by the datamodule's setup)
 ======================================  ==========================================================================
 """
 from __future__ import annotations
@@ -77,6 +80,44 @@ class Question:
     meta: dict[str, Any] = field(default_factory=dict)
     subtitles: str | None = None
     subtitle_lines: list[tuple[float, float, str]] | None = None
+
+
+class MediaMissingError(AnnotationError):
+    """Most of a benchmark's video files are not where the annotation and the settings put them."""
+
+
+MAX_MISSING_MEDIA_FRAC = 0.5
+
+
+def check_media_present(questions: list["Question"], where: str, max_missing_frac: float = MAX_MISSING_MEDIA_FRAC
+                        ) -> list[str]:
+    """Check that the questions' video files exist before a run writes anything.
+
+    A few missing files are the run's business (one error record per question, the run goes on); none or most
+    present is a wrong root or video folder (e.g. a new ``root`` that kept another layout's ``video_dir``), which
+    would otherwise "succeed" with nothing but error records.
+
+    Args:
+        questions: a loader's questions.
+        where: what to name in the error (the benchmark and its settings).
+        max_missing_frac: the share of distinct videos that may be missing.
+
+    Returns:
+        The missing video paths (at most ``max_missing_frac`` of them).
+
+    Raises:
+        MediaMissingError: more than ``max_missing_frac`` of the distinct videos are missing; one line naming the
+            folder(s) they were looked for in, how many are missing and one example.
+    """
+    videos = list(dict.fromkeys(q.video_path for q in questions))
+    missing = [v for v in videos if not Path(v).exists()]
+    if videos and len(missing) > max_missing_frac * len(videos):
+        folders = sorted({str(Path(v).parent) for v in missing})
+        folder = folders[0] if len(folders) == 1 else f"{folders[0]} (and {len(folders) - 1} other folders)"
+        raise MediaMissingError(
+            f"{where}: {len(missing)} of {len(videos)} videos are missing from {folder} (e.g. "
+            f"{Path(missing[0]).name}); check data.init_args.root and data.init_args.loader_kwargs (video_dir)")
+    return missing
 
 
 def resolve_media_path(root: str | Path, relative: str | Path, where: str) -> Path:

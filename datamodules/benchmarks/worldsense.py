@@ -46,7 +46,8 @@ def load_worldsense(root: Path, annotation: str = "worldsense_qa.json", video_di
 
     Returns:
         Questions (videos in file order, tasks in ``task0, task1...`` order); ``meta = {benchmark, domain,
-        sub_category, task_domain, task_type, duration}``.
+        sub_category, task_domain, task_type, duration[, audio_class]}`` (``audio_class`` from the question, else
+        the video, when the annotation has it).
 
     Raises:
         AnnotationError: invalid JSON, an unknown shape, a question without 4 options or with an answer outside
@@ -100,6 +101,9 @@ def load_worldsense(root: Path, annotation: str = "worldsense_qa.json", video_di
             answer=_answer(q.get("answer"), where),
             meta={"benchmark": "worldsense", "domain": video.get("domain"),
                   "sub_category": video.get("sub_category"), "task_domain": q.get("task_domain"),
-                  "task_type": q["task_type"], "duration": video.get("duration")},
+                  "task_type": q["task_type"], "duration": video.get("duration"),
+                  # VLMEvalKit's get_dimension_rating rates by audio class (a list per question), when released
+                  **({"audio_class": q.get("audio_class", video.get("audio_class"))}
+                     if q.get("audio_class", video.get("audio_class")) is not None else {})},
         ))
     return check_questions(questions, [w for _, w, _, _ in items])

@@ -112,7 +112,7 @@ def test_plots_have_one_panel_per_parser_distinct_series_and_labelled_zero_bars(
                 r["pred_robust"] = r["pred"]
                 recs.append(r)
     figs = build_figures(score_records(recs, n_resamples=50))
-    assert set(figs) == {"acc_vs_budget_videomme.png", "duration_videomme.png"}
+    assert set(figs) == {"acc_vs_budget_videomme.png", "duration_videomme.png", "diff_vs_base_videomme.png"}
     acc = figs["acc_vs_budget_videomme.png"]
     axes = [ax for ax in acc.axes if ax.get_visible()]
     assert [ax.get_title() for ax in axes] == ["official parser, rule videomme", "robust parser, rule robust"]

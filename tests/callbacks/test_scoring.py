@@ -129,7 +129,8 @@ def test_read_and_write_scores(out_root):
     rho = _group(on_disk, "videomme", "rho32_b1024")
     assert rho["parsers"]["robust"]["accuracy"] == 0.5 and rho["n_missing"] == 4
     assert sorted(on_disk["plots"]) == ["acc_vs_budget_lvb.png", "acc_vs_budget_mlvu.png",
-                                        "acc_vs_budget_videomme.png", "duration_lvb.png", "duration_videomme.png"]
+                                        "acc_vs_budget_videomme.png", "diff_vs_base_videomme.png", "duration_lvb.png",
+                                        "duration_videomme.png"]
     for name in on_disk["plots"]:
         data = (out_root / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
@@ -140,7 +141,11 @@ def test_table_and_cli(out_root, capsys):
     main([str(out_root), "--no-plots"])
     table = capsys.readouterr().out
     lines = table.splitlines()
-    assert lines[0].split()[:7] == ["benchmark", "job", "variant", "budget", "parser", "rule", "n"]
+    (head,) = [k for k, ln in enumerate(lines) if ln.startswith("benchmark ")]
+    assert lines[head].split()[:7] == ["benchmark", "job", "variant", "budget", "parser", "rule", "n"]
+    # the summary above it: each release's headline by its name, first
+    assert lines[0] == "lvb: LongVideoBench Overall (lmms-eval: random option when unparsed)"
+    assert "mlvu: MLVU M-Avg (choice_bench.py: mean of task accuracies)" in lines[:head]
     (mlvu_off,) = [ln for ln in lines if ln.startswith("mlvu") and " official " in ln]
     assert "50.0" in mlvu_off and "M-Avg 33.3  pooled 50.0" in mlvu_off
     (vm_off,) = [ln for ln in lines if ln.startswith("videomme") and "b1024" in ln and "rho32" not in ln
@@ -155,6 +160,10 @@ def test_table_and_cli(out_root, capsys):
     assert "A-D" not in table
     assert not (out_root / "acc_vs_budget_videomme.png").exists()
     assert format_table({"groups": []}).startswith("benchmark")
+    # Video-MME: the released figure is correct / answered (q1, q3 right of q1, q3, q4 answered: 66.7), beside
+    # acc% = 2 of 4 scored
+    (vm_head,) = [ln for ln in lines[:head] if ln.strip().startswith("b1024 ") and "answered of" in ln]
+    assert vm_head.split()[:6] == ["b1024", "66.7", "3", "answered", "of", "4"]
 
 
 def test_callback_fake_trainer(out_root, capsys):
@@ -169,7 +178,9 @@ def test_callback_fake_trainer(out_root, capsys):
     trainer.datamodule = SimpleNamespace(expected_qids=lambda: {"lvb": ["a_0", "b_0", "c_0", "d_0"]})
     cb.on_predict_end(trainer, None)
     assert _group(cb.last_scores, "lvb", "b1024")["n_missing"] == 1
-    assert "lvb" in capsys.readouterr().out and (out_root / "scores.json").exists()
+    out = capsys.readouterr().out
+    assert "lvb" in out and (out_root / "scores.json").exists()
+    assert out.rstrip().splitlines()[-1].startswith(f"report: {out_root / 'report.html'}")   # predict ends naming it
 
 
 def test_callback_in_real_predict(out_root):
@@ -213,8 +224,8 @@ def test_wandb_table_and_images(out_root):
     mlvu_official = [r for r in data if r[0] == "mlvu" and r[4] == "official"][0]
     assert mlvu_official[columns.index("accuracy")] == 0.5
     assert {c[1] for c in lg.calls[1:]} == {"scores/acc_vs_budget_lvb", "scores/acc_vs_budget_mlvu",
-                                             "scores/acc_vs_budget_videomme", "scores/duration_lvb",
-                                             "scores/duration_videomme"}
+                                             "scores/acc_vs_budget_videomme", "scores/diff_vs_base_videomme",
+                                             "scores/duration_lvb", "scores/duration_videomme"}
     assert not log_to_wandb(SimpleNamespace(loggers=[]), scores, out_root)
 
 
@@ -264,7 +275,7 @@ def test_cli_refuses_a_folder_without_records_and_counts_missing_from_run_json(t
 
 
 def test_a_read_only_folder_is_still_scored(out_root, monkeypatch, capsys):
-    import callbacks.scoring as sc
+    import callbacks.scoring.output as sc
 
     def refuse(path, data):
         raise PermissionError(13, "Permission denied", str(path))
@@ -272,7 +283,7 @@ def test_a_read_only_folder_is_still_scored(out_root, monkeypatch, capsys):
     monkeypatch.setattr(sc, "atomic_write_bytes", refuse)
     scores = main([str(out_root), "--no-plots"])
     out, err = capsys.readouterr()
-    assert out.startswith("benchmark") and "videomme" in out           # the table is printed
+    assert "\nbenchmark " in out and "videomme" in out                  # the table is printed
     assert f"warning: {out_root}: scores.json and plots not written (PermissionError" in err
     assert _group(scores, "videomme", "b1024")["n_errors"] == 1 and not (out_root / "scores.json").exists()
 
@@ -395,5 +406,10 @@ def test_pruning_cost_figure(tmp_path):
     assert pts == [(50.0, 50.0), (60.0, 50.0), (110.0, 100.0)]
     pts = sorted((c.lines[0].get_xdata()[0], c.lines[0].get_ydata()[0]) for c in flops_ax.containers)
     assert pts == [(3.0, 50.0), (4.0, 50.0), (8.0, 100.0)]
-    assert sorted(t.get_text() for t in fig.legends[0].get_texts()) == ["baseline_r0.5", "full", "v4_r0.5"]
+    assert sorted(t.get_text() for t in fig.legends[0].get_texts()) == ["baseline_r0.5", "full", "full (reference)",
+                                                                         "v4_r0.5"]
     assert "qwen2.5-omni-7b" in flops_ax.get_xlabel()
+    # full's accuracy as the reference line, on both panels
+    for ax in (tokens_ax, flops_ax):
+        (ref_line,) = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
+        assert list(ref_line.get_ydata()) == [100.0, 100.0]

@@ -72,9 +72,10 @@ def test_bad_settings_print_one_line_not_a_traceback(tmp_path):
     # a value of the wrong type: jsonargparse's error after a one-line usage (not the list of every option)
     r = subprocess.run([sys.executable, str(REPO / "evaluate.py"), "predict", "--data.init_args.decode_threads=1.5"],
                        capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
-    assert r.returncode == 2 and 'Parser key "decode_threads"' in r.stderr
+    assert r.returncode == 2
+    assert "error: data.init_args.decode_threads: expected int or NoneType, got 1.5 (VideoQADataModule)" in r.stderr
     assert r.stderr.startswith("usage: evaluate.py [options] predict [-c CONFIG] [--section.key VALUE ...]")
-    assert "--trainer.max_epochs" not in r.stderr and len(r.stderr.splitlines()) < 30
+    assert "--trainer.max_epochs" not in r.stderr and len(r.stderr.splitlines()) == 3
 
 
 def test_user_error_picks_the_projects_own_error_from_the_chain():

@@ -178,7 +178,7 @@ def test_restart_writes_nothing_and_deleted_lines_rerun(first_run, tiny_vl3_dir,
     capsys.readouterr()
     again = run_predict(tiny_vl3_dir, root, out)
     assert {f: f.read_text() for f in files} == before and len(again) == len(recs)
-    assert f"videomme: all {len(recs)} (job, qid) records are already written: nothing to run" in \
+    assert f"videomme: {len(recs)} of {len(recs)} (job, question) records already written: nothing to run" in \
         capsys.readouterr().out
     # delete two lines of one budget file and a truncated half line at the end of another
     f = out / "b256" / "videomme" / "rank0.jsonl"
@@ -189,8 +189,11 @@ def test_restart_writes_nothing_and_deleted_lines_rerun(first_run, tiny_vl3_dir,
     glines = g.read_text().splitlines(keepends=True)
     g.write_text("".join(glines[:-1]) + glines[-1][: len(glines[-1]) // 2])  # torn last record
     torn = json.loads(glines[-1])
+    capsys.readouterr()
     recs2 = run_predict(tiny_vl3_dir, root, out)
     assert len(recs2) == len(recs)
+    assert f"videomme: {len(recs) - 3} of {len(recs)} (job, question) records already written; " in \
+        capsys.readouterr().out                                          # a resumed run says how far it got
     assert len({(r["job"], r["qid"]) for r in recs2}) == len(recs2)  # no duplicates
     by_key = {(r["job"], r["qid"]): r for r in recs}
     for r in removed + [torn]:

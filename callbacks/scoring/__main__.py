@@ -1,0 +1,4 @@
+"""``python -m callbacks.scoring <out_root> ...``: :func:`callbacks.scoring.command.main`."""
+from .command import main
+
+main()

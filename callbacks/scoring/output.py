@@ -1,0 +1,60 @@
+"""Writing ``scores.json``, the plots and ``report.html`` of an output folder."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable
+
+from datamodules.features import atomic_write_bytes
+
+from .plots import plot_scores
+from .scores import read_records, score_records
+
+SCORES_FILE = "scores.json"
+
+def write_scores(out_dir: str | Path, expected_qids: dict[str, Iterable[str]] | None = None,
+                 plots: bool = True, rules: Iterable[str] | None = None) -> dict:
+    """Read every record under ``out_dir``, score it and write ``<out_dir>/scores.json`` (+ PNG plots beside it).
+
+    ``scores.json`` is written atomically (temp file in the same folder + ``os.replace``), so a reader never sees a
+    partial file. It holds :func:`score_records`'s result plus ``n_files``, ``n_bad_lines`` and ``plots`` (file
+    names).
+
+    Args:
+        out_dir: the prediction output root (``<out_dir>/<job>/<benchmark>/*.jsonl``).
+        expected_qids: per benchmark, the annotation's qids (for missing counts); optional.
+        plots: also render :func:`plot_scores`.
+        rules: extra rules (:func:`score_records`).
+
+    Returns:
+        The scores dict that was written.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records, stats = read_records(out_dir)
+    scores = {**score_records(records, expected_qids, rules), **stats, "plots": []}
+    return save_scores(scores, out_dir, plots, records)
+
+
+def compute_scores(out_dir: str | Path, expected_qids: dict[str, Iterable[str]] | None = None,
+                   rules: Iterable[str] | None = None) -> dict:
+    """:func:`score_records` of every record under ``out_dir`` plus the reading stats (``n_files``,
+    ``n_bad_lines``); ``plots`` empty until :func:`save_scores`. Reads only."""
+    records, stats = read_records(out_dir)
+    return {**score_records(records, expected_qids, rules), **stats, "plots": []}
+
+
+def save_scores(scores: dict, out_dir: Path, plots: bool = True, records: list[dict] | None = None) -> dict:
+    """Render the plots (when ``plots``), write ``scores.json`` atomically into ``out_dir`` and the folder's
+    ``report.html`` (:mod:`callbacks.report`; its error and unparsed lists come from ``records``, read from
+    ``out_dir`` when not given); ``scores`` with ``plots`` filled in. Raises ``OSError`` when the folder cannot take
+    the files."""
+    from callbacks.report import write_report
+
+    out_dir = Path(out_dir)
+    scores["plots"] = [p.name for p in plot_scores(scores, out_dir)] if plots else []
+    data = json.dumps(scores, indent=1, sort_keys=False, default=str).encode("utf-8")
+    atomic_write_bytes(out_dir / SCORES_FILE, data)
+    write_report(scores, out_dir, records if records is not None else read_records(out_dir)[0])
+    return scores
+

@@ -1,0 +1,127 @@
+"""What a user meets on a bad command line or a wrong folder (issue 34 items 2 and 8): one line naming the key or
+the folder, a close key suggested, nothing written before a run that can do nothing stops."""
+import json
+import shutil
+import sys
+
+import pytest
+
+from tests.conftest import DEMO_PARQUET, MEDIA
+
+
+@pytest.fixture(autouse=True)
+def _argv(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["evaluate.py"])     # LightningCLI must see only the arguments a test passes
+
+
+def _cli_error(capsys, *args):
+    import evaluate
+
+    with pytest.raises(SystemExit) as info:
+        evaluate.cli_main(["predict", *args])
+    assert info.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()
+
+
+def test_a_mistyped_key_suggests_the_right_one(capsys, tmp_path):
+    err = _cli_error(capsys, "--model.init_args.budget=[128]")
+    assert err[-1] == "error: model.init_args.budget: BudgetedQA has no setting 'budget'; did you mean 'budgets'?"
+    assert len(err) == 3                                                   # usage, tip, the error
+    typo = tmp_path / "typo.yaml"                                          # the same typo in a YAML file
+    typo.write_text("data:\n  init_args:\n    num_worker: 1\n")
+    err = _cli_error(capsys, f"--config={typo}")
+    assert err[-1] == ("error: data.init_args.num_worker: VideoQADataModule has no setting 'num_worker'; did you "
+                       "mean 'num_workers'?")
+    err = _cli_error(capsys, "--model.init_args.zzz=1")                    # nothing close: the settings listed
+    assert err[-1].startswith("error: model.init_args.zzz: BudgetedQA has no setting 'zzz'; its settings: "
+                              "model_path, budgets,")
+
+
+def test_a_bad_value_in_a_yaml_names_the_key_without_dumping_init_args(capsys, tmp_path):
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("model:\n  init_args:\n    max_new_tokens: lots\n    budgets: [64]\n")
+    err = _cli_error(capsys, f"--config={typo}")
+    assert err[-1] == "error: model.init_args.max_new_tokens: Expected a int. Got value: lots (BudgetedQA)"
+    assert not any("Given value" in ln or "init_args" in ln and "budgets" in ln for ln in err)
+
+
+def test_predict_refuses_a_trainer_precision_it_would_ignore(capsys):
+    import evaluate
+    from algorithms.errors import SettingError
+
+    with pytest.raises(SettingError, match=r"^--trainer.precision=bf16-true is not applied by predict: the model "
+                                           r"runs in model.init_args.dtype"):
+        evaluate.cli_main(["predict", "--trainer.precision=bf16-true"], run=True)
+
+
+def test_the_simplifier_leaves_other_messages_alone_but_drops_value_dumps():
+    from cli import simplify_cli_error
+
+    assert simplify_cli_error("unrecognized arguments: --x=1") == "unrecognized arguments: --x=1"
+    msg = "Parser key \"a\":\n  Expected x\n  Given value type: dict\n  Given value: {" + "'k': 1, " * 200 + "}"
+    assert simplify_cli_error(msg) == "Parser key \"a\":\n  Expected x"
+
+
+# ------------------------------------------------------------------------------------------ wrong folders
+def _bench(tmp_path, videos=("cockatoo.mp4", "realshort.mp4")):
+    root = tmp_path / "bench"
+    (root / "videomme").mkdir(parents=True)
+    (root / "videos").mkdir()
+    shutil.copy(DEMO_PARQUET, root / "videomme" / DEMO_PARQUET.name)
+    for v in videos:
+        shutil.copy(MEDIA / v, root / "videos" / v)
+    return root
+
+
+def test_a_missing_root_says_so(tmp_path):
+    from algorithms.errors import SettingError
+    from datamodules.videoqa import VideoQADataModule
+
+    with pytest.raises(SettingError, match=rf"^data.init_args.root={tmp_path / 'nope'}: the benchmark root does "
+                                           "not exist$"):
+        VideoQADataModule(root=str(tmp_path / "nope"), num_workers=0).setup("predict")
+
+
+def test_most_videos_missing_stops_with_one_line_naming_the_folder(tmp_path, caplog):
+    from datamodules.benchmarks.base import MediaMissingError
+    from datamodules.videoqa import VideoQADataModule
+
+    root = _bench(tmp_path)
+    dm = VideoQADataModule(root=str(root), loader_kwargs={"video_dir": "media"}, num_workers=0)   # the demo's
+    with pytest.raises(MediaMissingError) as info:
+        dm.setup("predict")
+    msg = str(info.value)
+    assert msg.startswith(f"videomme at {root} with loader_kwargs {{'video_dir': 'media'}}: 2 of 2 videos are "
+                          f"missing from {root / 'media'} (e.g. ") and "\n" not in msg
+    one_left = _bench(tmp_path / "half", videos=("cockatoo.mp4",))       # 1 of 2 missing: not most; error records
+    dm = VideoQADataModule(root=str(one_left), num_workers=0)
+    dm.setup("predict")
+    assert len(dm.questions) == 7 and "1 of 2 videos are missing" in caplog.text
+
+
+def test_a_folder_of_only_missing_video_errors_is_not_locked(tmp_path):
+    from callbacks.jsonl_writer import OutputSettingsError, check_run_settings
+
+    out = tmp_path / "out"
+    (out / "b128" / "videomme").mkdir(parents=True)
+    (out / "run.json").write_text(json.dumps({"root": "/wrong"}))
+    errors = [{"qid": f"q{i}", "job": "b128", "error": f"/wrong/media/v{i}.mp4: video file not found"}
+              for i in range(3)]
+    (out / "b128" / "videomme" / "rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in errors))
+    check_run_settings(out, {"root": "/right"}, write=True)                # replaced: nothing to protect
+    assert json.loads((out / "run.json").read_text()) == {"root": "/right"}
+    with open(out / "b128" / "videomme" / "rank0.jsonl", "a") as fh:       # one real answer: locked again
+        fh.write(json.dumps({"qid": "q9", "job": "b128", "answer": "A", "pred": "A"}) + "\n")
+    with pytest.raises(OutputSettingsError, match="holds records made with other settings"):
+        check_run_settings(out, {"root": "/elsewhere"}, write=True)
+
+
+def test_predict_with_a_wrong_video_folder_writes_nothing(tiny_vl3_dir, tmp_path):
+    from datamodules.benchmarks.base import MediaMissingError
+    from tests.conftest import run_predict
+
+    root = _bench(tmp_path, videos=())
+    out = tmp_path / "out"
+    with pytest.raises(MediaMissingError, match=f"missing from {root / 'videos'}"):
+        run_predict(tiny_vl3_dir, root, out, budgets=(128,))
+    assert not out.exists()
