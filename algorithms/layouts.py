@@ -25,8 +25,9 @@ Flow for the caller (one video, one budget, one variant)::
                           capped=capped)                  # hw: the encode grid of len(frames) frames at B
     same_llm_input(layout, base_layout)                   # the job copies the baseline record when True
 
-Where seed 000 calls a helper it does not define (``bd.subsample``, ``raw_frame_grid``) the project's rule is kept
-(:func:`algorithms.budget.subsample`; the caller's ``raw_grid_for``).
+Where seed 000 calls a helper it does not define (``bd.subsample``, ``raw_frame_grid``): ``bd.subsample`` thins with
+the seeds' own ``np.linspace(..., dtype=int)`` (:func:`algorithms.budget.subsample`); ``raw_frame_grid`` is the
+caller's ``raw_grid_for``.
 
 Pure python/torch; no lightning, no transformers, no I/O.
 """

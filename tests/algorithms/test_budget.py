@@ -1,12 +1,13 @@
 """Rules of DESIGN §3.1-3.4: hand-computed cases and hypothesis properties of the plan invariants."""
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
 from algorithms.budget import (
-    compression_order, evenly_spaced, frame_grid, frame_token_cap, frame_tokens, max_frames,
+    compression_order, frame_grid, frame_token_cap, frame_tokens, max_frames,
     plan_groups, sample_frames, sample_rate, subsample, fps_filter_frames, thin_linspace,
 )
 from algorithms.segmentation import (
@@ -54,7 +55,6 @@ def test_fps_filter_round_down_takes_the_last_frame_of_each_step():
 
 def test_thin_linspace_truncates():
     assert thin_linspace(9, 8) == [0, 1, 2, 3, 4, 5, 6, 8]          # np.linspace(0, 8, 8, dtype=int)
-    assert evenly_spaced(9, 8) == [0, 1, 2, 3, 5, 6, 7, 8]          # the rounding rule (subsample) differs
     assert thin_linspace(65, 64) == [*range(63), 64]
     assert thin_linspace(5, 8) == [0, 1, 2, 3, 4]
 
@@ -73,10 +73,16 @@ def test_sample_frames_seed_cases():
     assert len(src) == 10 and ts == [0.5 + j for j in range(10)]
 
 
-def test_subsample():
-    assert subsample(10, 256) == list(range(10))
-    assert subsample(40, 256) == evenly_spaced(40, 32)
-    assert subsample(40, 256)[0] == 0 and subsample(40, 256)[-1] == 39 and len(set(subsample(40, 256))) == 32
+def test_subsample_is_the_seeds_linspace_truncation():
+    # seeds 001/000 thin with np.linspace(0, N - 1, M, dtype=int): step 39/31 = 1.258..., truncated
+    assert subsample(10, 256) == list(range(10))                                  # 10 <= max_frames(256) = 32
+    assert subsample(40, 256) == [math.floor(i * 39 / 31) for i in range(32)]
+    assert subsample(40, 256)[:6] == [0, 1, 2, 3, 5, 6]                            # round() would give 0, 1, 3, 4, 5, 6
+    assert subsample(9, 64) == [0, 1, 2, 3, 4, 5, 6, 8]                           # round() would give ..., 3, 5, 6, 7, 8
+    assert subsample(9, 64) == np.linspace(0, 8, 8, dtype=int).tolist()
+    assert subsample(1000, 1024) == np.linspace(0, 999, 128, dtype=int).tolist()
+    with pytest.raises(ValueError, match="smaller than one compressed group"):
+        subsample(10, 63)
 
 
 def test_frame_grid_matches_transformers_smart_resize():

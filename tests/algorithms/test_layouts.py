@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from algorithms.budget import K_ROWS, compression_order, evenly_spaced, frame_grid, make_plan, max_frames, plan_groups, subsample
+from algorithms.budget import K_ROWS, compression_order, frame_grid, make_plan, max_frames, plan_groups, subsample
 from algorithms.layouts import (
     VARIANTS, fill, fill_order, fill_v2, frame_cap, layout_video, parse_jobs, plan_variant, raw_rows_limit,
     same_llm_input, segment, substitute_frame, substitute_grid, training_change, variant_frames,
@@ -82,7 +82,7 @@ def test_capped_frame_choice_is_linspace_of_the_decoded_frames():
     got, capped = variant_frames("rho32", 100, 1024)           # cap 32 < 100
     assert capped and got == [math.floor(i * 99 / 31) for i in range(32)]
     assert got[:4] == [0, 3, 6, 9] and got[-1] == 99            # rounding would give 0, 3, 6, 10
-    assert evenly_spaced(100, 32)[3] == 10
+    assert subsample(100, 256) == got                           # the baseline (32 of 100) thins by the same rule
     # the cap compares with the decoded frames, not the budget's: 100 decoded at B = 256 (subsample: 32), rho32's
     # cap 8 < 100 -> 8 of the 100; base keeps subsample(100, 256)
     assert variant_frames("rho32", 100, 256) == ([math.floor(i * 99 / 7) for i in range(8)], True)
