@@ -49,7 +49,8 @@ def _flag_later(value: torch.Tensor, flag: torch.Tensor | None):
 
 @dataclass
 class Answer:
-    """One greedy answer: generated token ids (without the prompt), decoded text, prompt length, fallback flag."""
+    """One greedy answer: generated token ids (without the prompt), decoded text (``.strip()``-ed, as seed 001's
+    ``decode(new, skip_special_tokens=True).strip()``), prompt length, fallback flag."""
 
     token_ids: list[int]
     text: str
@@ -85,7 +86,8 @@ class SharedPrefixAnswering:
         return new
 
     def _answer(self, tokens: list[int], seq_len: int, fallback: bool) -> Answer:
-        return Answer(token_ids=tokens, text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+        # seed 001 answer(): ``self.tok.decode(new, skip_special_tokens=True).strip()``
+        return Answer(token_ids=tokens, text=self.tokenizer.decode(tokens, skip_special_tokens=True).strip(),
                       seq_len=seq_len, fallback=fallback)
 
     @torch.no_grad()
