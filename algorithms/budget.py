@@ -33,6 +33,10 @@ CELL_PIXELS = PATCH_SIZE * MERGE_SIZE  # 28: side of one merged token, pixels
 MAX_TOKENS_PER_FRAME = 256
 MIN_TOKENS_PER_FRAME = 16
 BASE_FPS = 1.0
+# seed 001/000 record ``fps_ok=fps >= bd.MIN_FPS - 1e-6``; ``bd.MIN_FPS`` is not in the seeds. 0.5: the lowest rate a
+# video decoded at the full 1 fps reaches (``floor(d) / d >= 1/2`` for d >= 1 s), so ``fps_ok`` is False exactly when
+# a budget's frames are thinned below one per 2 s (README, deviations table)
+MIN_FPS = 0.5
 
 PlanMode = Literal["raw", "hybrid", "forced8", "all_compressed", "qbase"]
 
@@ -157,6 +161,23 @@ def subsample(num_frames: int, budget_tokens: int, k: int = K_ROWS) -> list[int]
         ValueError: ``B < K``.
     """
     return thin_linspace(num_frames, max_frames(budget_tokens, k))
+
+
+def budget_fps(num_frames: int, duration_s: float, base_fps: float = BASE_FPS, min_fps: float = MIN_FPS,
+               ) -> tuple[float, bool]:
+    """A budget's frame rate and its ``fps_ok`` flag, as seed 001 records them per budget::
+
+        fps = min(bd.FPS, len(idx) / max(info["duration"], 1e-6))
+        binfo = dict(info, n_frames=len(idx), fps=round(fps, 4), fps_ok=fps >= bd.MIN_FPS - 1e-6)
+
+    Args:
+        num_frames: the budget's frames (``len(idx)``); duration_s: the video's duration (s).
+
+    Returns:
+        ``(round(fps, 4), fps >= min_fps - 1e-6)`` (the flag from the unrounded rate, as the seed).
+    """
+    fps = min(base_fps, num_frames / max(duration_s, 1e-6))
+    return round(fps, 4), fps >= min_fps - 1e-6
 
 
 def frame_grid(height: int, width: int, max_tokens: int, min_tokens: int = MIN_TOKENS_PER_FRAME) -> tuple[int, int]:

@@ -65,12 +65,19 @@ def qa_record(item: dict, q: Question, answer, stats: dict, n_frames_used: int, 
         answer: a :class:`models.videollama3.Answer`.
         stats: the plan's :meth:`~algorithms.budget.Plan.stats` (or a layout's, with the same keys).
         n_frames_used: frames the job used (``capped`` when fewer than the video's 1 fps frames).
+
+    ``video_info.fps`` / ``fps_ok`` are seed 001's per budget (:func:`algorithms.budget.budget_fps`:
+    ``fps = min(bd.FPS, len(idx) / max(info["duration"], 1e-6))``, ``fps_ok=fps >= bd.MIN_FPS - 1e-6``); the
+    container's rate is ``native_fps`` (``native_fps_ok``: the container gave a usable rate).
     """
+    from algorithms.budget import budget_fps
     from algorithms.choice import official_rule, parse, parse_robust
 
     info = item["video_info"]
+    fps, fps_ok = budget_fps(n_frames_used, info["duration_s"])  # seed 001's per-budget fps / fps_ok
     video_info = {"duration_s": info["duration_s"], "native_hw": info["native_hw"], "n_frames": n_frames_used,
-                  "fps": info["fps"], "fps_ok": info["fps_ok"], "sample_fps": info["sample_fps"],
+                  "fps": fps, "fps_ok": fps_ok, "native_fps": info["fps"], "native_fps_ok": info["fps_ok"],
+                  "sample_fps": info["sample_fps"],
                   "decode_hw": info["decode_hw"], "vfr": info["vfr"],
                   "capped": n_frames_used < round(info["duration_s"]) or info["sample_fps"] < 1.0 or
                   n_frames_used < info["n_frames"]}

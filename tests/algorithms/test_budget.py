@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from algorithms.budget import (
     compression_order, frame_grid, frame_token_cap, frame_tokens, max_frames,
-    plan_groups, sample_frames, sample_rate, subsample, fps_filter_frames, thin_linspace,
+    budget_fps, plan_groups, sample_frames, sample_rate, subsample, fps_filter_frames, thin_linspace,
 )
 from algorithms.segmentation import (
     adaptive_segment_count, adaptive_segment_lengths, frame_changes, group_variation, uniform_segment_lengths,
@@ -193,3 +193,14 @@ def test_adaptive_cuts_tile_with_forced_eights(t, seed, ties):
     assert len(lens) == adaptive_segment_count(t) and sum(lens) == t and max(lens) <= 8
     cuts = set(torch.cumsum(torch.tensor(lens[:-1]), 0).tolist())
     assert set(range(8, t, 8)) <= cuts            # every forced cut is there
+
+
+def test_budget_fps_is_the_seeds_record():
+    # seed 001: fps = min(bd.FPS, len(idx) / max(info["duration"], 1e-6)); fps_ok = fps >= bd.MIN_FPS - 1e-6
+    assert budget_fps(14, 14.0) == (1.0, True)
+    assert budget_fps(1, 1.1992) == (round(1 / 1.1992, 4), True) == (0.8339, True)
+    assert budget_fps(1, 1.999) == (0.5003, True)           # the lowest rate of an uncapped 1 fps decode
+    assert budget_fps(32, 3600.0) == (0.0089, False)
+    assert budget_fps(1, 2.0) == (0.5, True) and budget_fps(1, 2.0 + 4e-6) == (0.5, True)  # the seed's 1e-6 slack
+    assert budget_fps(1, 2.1) == (0.4762, False)
+    assert budget_fps(3, 0.0) == (1.0, True)                 # max(duration, 1e-6)
