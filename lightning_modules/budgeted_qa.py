@@ -145,10 +145,13 @@ class BudgetedQA(LightningModule):
             prefix prefill (process-wide, :func:`models.vision_attention.allow_cudnn_sdpa`). Off by default:
             cuDNN builds an execution plan on the host for every new shape (frame counts, grids, prefix lengths
             change from video to video); its kernels are faster once a plan exists.
+        add_system_prompt: render the chat template with ``add_system_prompt=True`` as seed 001 does (VideoLLaMA3's
+            system turn before the user turn; default); ``False`` as VideoLLaMA3's own ``evaluation/`` renders it
+            (no system turn). README, deviations table.
     """
 
     # settings recorded in run.json only when they differ from these defaults (absent there = the default, compared)
-    RECORD_DEFAULTS = {"original_projector": None, "cudnn_attention": False}
+    RECORD_DEFAULTS = {"original_projector": None, "cudnn_attention": False, "add_system_prompt": True}
 
     def __init__(self, model_path: str = "checkpoints/tiny-videollama3", budgets: list[int] = (128, 256, 1024),
                  raw_mode: str = "phase3", raw_max_tokens: int = 256, max_tokens_per_frame: int = 256,
@@ -156,7 +159,7 @@ class BudgetedQA(LightningModule):
                  attn_implementation: str = "sdpa", encode_chunk_frames: int = 64, answer_mode: str = "batched",
                  vision_attn_implementation: str | None = "frame_batched", decode: str = "auto",
                  original_projector: str | None = None, vision_config_dir: str | None = None,
-                 overlap_budgets: bool = True, cudnn_attention: bool = False):
+                 overlap_budgets: bool = True, cudnn_attention: bool = False, add_system_prompt: bool = True):
         super().__init__()
         if not budgets:
             raise SettingError("budgets must not be empty")
@@ -169,7 +172,8 @@ class BudgetedQA(LightningModule):
             raise SettingError(f"answer_mode must be 'batched' or 'sequential', got {answer_mode!r}")
         if decode not in DECODE_MODES:
             raise SettingError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
-        for name, value in (("overlap_budgets", overlap_budgets), ("cudnn_attention", cudnn_attention)):
+        for name, value in (("overlap_budgets", overlap_budgets), ("cudnn_attention", cudnn_attention),
+                            ("add_system_prompt", add_system_prompt)):
             if not isinstance(value, bool):   # (the CLI lets null through for a bool)
                 raise SettingError(f"model.{name} must be true or false, got {value!r}")
         check_template(prompt_template)
@@ -196,7 +200,8 @@ class BudgetedQA(LightningModule):
         BudgetedVideoLlama3.checkpoint_dir(hp.model_path)
         # only when not at their default (RECORD_DEFAULTS): folders written before these settings existed still resume
         optional = {"original_projector": str(Path(hp.original_projector).resolve())
-                    if hp.get("original_projector") else None, "cudnn_attention": bool(hp.get("cudnn_attention"))}
+                    if hp.get("original_projector") else None, "cudnn_attention": bool(hp.get("cudnn_attention")),
+                    "add_system_prompt": bool(hp.get("add_system_prompt", True))}
         extra = {k: v for k, v in optional.items() if v != self.RECORD_DEFAULTS[k]}
         return {"model_path": str(Path(hp.model_path).resolve()), "raw_mode": hp.raw_mode, **extra,
                 "raw_max_tokens": hp.raw_max_tokens, "max_tokens_per_frame": hp.max_tokens_per_frame,
@@ -294,7 +299,7 @@ class BudgetedQA(LightningModule):
                                                       vision_attn_implementation=hp.vision_attn_implementation,
                                                       original_projector=hp.get("original_projector"),
                                                       vision_config_dir=hp.get("vision_config_dir"))
-            self.vlm = vlm.to(self.device)
+            self.vlm = vlm.set_system_prompt(bool(hp.get("add_system_prompt", True))).to(self.device)
             self.load_seconds = time.perf_counter() - t0
 
     def predict_step(self, item: dict, batch_idx: int = 0) -> list[dict]:

@@ -295,11 +295,14 @@ def test_modules_record_defaults_match_their_record_settings(tiny_vl3_dir):
     from datamodules.videoqa import VideoQADataModule
     from lightning_modules.budgeted_qa import BudgetedQA
 
-    assert BudgetedQA.RECORD_DEFAULTS == {"original_projector": None, "cudnn_attention": False}
+    assert BudgetedQA.RECORD_DEFAULTS == {"original_projector": None, "cudnn_attention": False,
+                                          "add_system_prompt": True}
     off = BudgetedQA(model_path=str(tiny_vl3_dir)).record_settings()
     assert not set(off) & set(BudgetedQA.RECORD_DEFAULTS)
     on = BudgetedQA(model_path=str(tiny_vl3_dir), cudnn_attention=True, original_projector="/x/p.pt").record_settings()
     assert on["cudnn_attention"] is True and on["original_projector"] == "/x/p.pt"
+    assert BudgetedQA(model_path=str(tiny_vl3_dir), add_system_prompt=False).record_settings()["add_system_prompt"] \
+        is False
     assert "max_replaced_frac" not in VideoQADataModule().record_settings()
     assert VideoQADataModule(max_replaced_frac=0.5).record_settings()["max_replaced_frac"] == 0.5
     assert VideoQADataModule.RECORD_DEFAULTS == {"max_replaced_frac": VideoQADataModule().max_replaced_frac}

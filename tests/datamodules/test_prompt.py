@@ -119,8 +119,12 @@ def test_chat_template_rendered_with_add_system_prompt(tiny_vlm):
         listed = [{"role": "user", "content": [{"type": "text", "text": "x"}]}]
         assert tok.apply_chat_template(listed, tokenize=False, add_generation_prompt=True, add_system_prompt=True) \
             == VL3_SYSTEM + "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
+        # add_system_prompt=False: as VideoLLaMA3@05cee23d evaluation/benchmarks/base.py renders (no flag, no turn)
+        tiny_vlm.set_system_prompt(False)
+        assert tiny_vlm._template == ("<|im_start|>user\n", "", "<|im_end|>\n<|im_start|>assistant\n")
     finally:
         tok.chat_template = saved
+        tiny_vlm.set_system_prompt(True)
     assert (head, mid, tail) == (VL3_SYSTEM + "<|im_start|>user\n", "", "<|im_end|>\n<|im_start|>assistant\n")
     assert tiny_vlm._split_chat_template() == (HEAD, "", TAIL)   # ChatML (tiny model) ignores the flag
 
