@@ -92,8 +92,9 @@ def parse_lvb_subtitles(items: list, starting_timestamp_s: float = 0.0, duration
     * ``{"start": "HH:MM:SS.mmm", "end": "HH:MM:SS.mmm", "line": "..."}``.
 
     Times are shifted by ``-starting_timestamp_s`` (the clip's offset inside the subtitled source video). Lines
-    that end before 0 after the shift are dropped, starts are clamped to 0, times are rounded to 1 ms. Markup is
-    stripped; empty lines are dropped.
+    that end before 0 after the shift are dropped, starts are clamped to 0, times are rounded to 1 ms. The text is
+    kept as released (markup, whitespace and empty lines included, as ``insert_subtitles_into_frames`` appends
+    ``subtitle["text"]`` / ``subtitle["line"]``).
 
     Raises:
         AnnotationError: an item in neither form, or with unreadable times (``where`` and the item index named).
@@ -120,9 +121,10 @@ def parse_lvb_subtitles(items: list, starting_timestamp_s: float = 0.0, duration
         end -= starting_timestamp_s
         if end < 0:
             continue
-        body = strip_markup(str(text or ""))
-        if body:
-            out.append((round(max(start, 0.0), 3), round(end, 3), body))
+        # the text as released: VideoLLaMA3@05cee23d longvideobench.py insert_subtitles_into_frames appends
+        # ``subtitle["text"]`` / ``subtitle["line"]`` unchanged (no markup or whitespace normalisation)
+        body = "" if text is None else str(text)
+        out.append((round(max(start, 0.0), 3), round(end, 3), body))
     return sorted(out, key=lambda x: (x[0], x[1]))
 
 
@@ -142,10 +144,10 @@ def load_lvb_subtitles(path: str | Path, starting_timestamp_s: float = 0.0,
 
 
 def subtitles_text(lines: list[TimedLine]) -> str:
-    """Subtitle lines as one text ordered by time, one line per cue, consecutive duplicates removed."""
+    """Subtitle lines as one text ordered by time, one line per cue, blank cues and consecutive duplicates removed."""
     out: list[str] = []
     for _, _, text in sorted(lines, key=lambda x: (x[0], x[1])):
-        if not out or out[-1] != text:
+        if text.strip() and (not out or out[-1] != text):
             out.append(text)
     return "\n".join(out)
 

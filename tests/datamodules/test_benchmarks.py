@@ -52,7 +52,8 @@ def test_lvb_subtitles_timestamp_form_shifted():
         {"timestamp": [20.0, None], "text": "open end"},          # lasts to the duration
     ]
     lines = parse_lvb_subtitles(items, starting_timestamp_s=10.0, duration_s=30.0)
-    assert lines == [(0.0, 0.2, "straddles"), (0.5, 1.0, "first"), (2.0, 4.5, "later"), (10.0, 30.0, "open end")]
+    # text as released (VideoLLaMA3@05cee23d longvideobench.py appends subtitle["text"] unchanged): " later " kept
+    assert lines == [(0.0, 0.2, "straddles"), (0.5, 1.0, "first"), (2.0, 4.5, " later "), (10.0, 30.0, "open end")]
 
 
 def test_lvb_subtitles_start_end_form_shifted():
@@ -61,7 +62,7 @@ def test_lvb_subtitles_start_end_form_shifted():
         {"start": "00:01:02.250", "end": "00:01:03.000", "line": "one"},
     ]
     lines = parse_lvb_subtitles(items, starting_timestamp_s=60.0)
-    assert lines == [(2.25, 3.0, "one"), (5.5, 7.0, "two")]
+    assert lines == [(2.25, 3.0, "one"), (5.5, 7.0, "<i>two</i>")]          # subtitle["line"] unchanged
     assert hms_to_seconds("01:02:03.5") == 3723.5
     with pytest.raises(AnnotationError, match="subs.json: item 0"):
         parse_lvb_subtitles([{"begin": 1}], where="subs.json")
@@ -183,8 +184,9 @@ def test_lvb(tmp_path):
                           "level": "L1-Perception", "duration": 420.5, "subtitles": True}
     assert qs[0].subtitle_lines == [(1.0, 3.0, "first"), (5.0, 7.0, "second")]
     assert qs[0].subtitles == "first\nsecond"
-    assert qs[1].subtitle_lines == [(3.0, 4.0, "hi")]
-    assert load_benchmark("lvb", tmp_path)[0].subtitles is None
+    assert qs[1].subtitle_lines == [(3.0, 4.0, "<font color=red>hi</font>")]
+    assert load_benchmark("lvb", tmp_path)[0].subtitles == "first\nsecond"     # on by default (VideoLLaMA3's eval)
+    assert load_benchmark("lvb", tmp_path, subtitles=False)[0].subtitles is None
 
 
 def test_lvb_bad_rows(tmp_path):
@@ -332,7 +334,7 @@ def test_prompt_templates_full_text(tmp_path, name):
     assert set(TEMPLATES) == set(_EXPECTED)
     _lvb(tmp_path)
     with_subs = load_benchmark("lvb", tmp_path, subtitles=True)[0]
-    without = load_benchmark("lvb", tmp_path)[0]
+    without = load_benchmark("lvb", tmp_path, subtitles=False)[0]
     if name == "lmms_eval_videomme":   # videomme_doc_to_text_subtitle: its own header (with a space) and ending
         assert build_prompt(with_subs, name) == (
             "This video's subtitles are listed below: \nfirst\nsecond\nSelect the best answer to the following "
@@ -346,7 +348,7 @@ def test_prompt_templates_full_text(tmp_path, name):
     else:
         assert build_prompt(with_subs, name) == _SUBS + _EXPECTED[name]
     assert build_prompt(without, name) == _EXPECTED[name]
-    q3 = load_benchmark("lvb", tmp_path)[1]          # 3 options: only A-C lines, nothing left over
+    q3 = load_benchmark("lvb", tmp_path, subtitles=False)[1]          # 3 options: only A-C lines, nothing left over
     three = (_EXPECTED[name].replace(_Q, "Then?").replace(_OPTS, "A. yes\nB. no\nC. maybe")
              .replace(_OPTS_PAREN, "(A) yes\n(B) no\n(C) maybe").replace("(A, B, C, D, or E)", "(A, B, or C)"))
     assert build_prompt(q3, name) == three
