@@ -120,6 +120,13 @@ PRE_MEDIA_TEXTS = {"worldsense": _VLMEVALKIT_WORLDSENSE_SYS, "worldsense_noaudio
 ANSWER_PREFIXES = {  # MLVU choice_bench.py main: conv.append_message(conv.roles[1], "Best Option: (")
     "mlvu": "Best Option: (",
 }
+# templates whose release prints the options as the annotation holds them (``Question.option_lines``): VideoLLaMA3
+# videomme.py ``instruction += f"{option}\n"`` and lmms-eval videomme/utils.py ``"\n".join([f"{opt}" ...])``
+VERBATIM_OPTIONS = ("videollama3_videomme", "lmms_eval_videomme")
+# what a template's release shows, in a subtitle setting, for a video that has no subtitle file: VideoLLaMA3
+# videomme.py ``subtitle_string = ""`` under its header; lmms-eval videomme_doc_to_text_subtitle
+# ``subtitle = "No subtitles available"``; templates not listed show no subtitle block
+NO_SUBTITLE_FILE_TEXT = {"videollama3_videomme": "", "lmms_eval_videomme": "No subtitles available"}
 # a family name resolved per benchmark (``<family>_<benchmark>``)
 FAMILIES = ("videollama3", "lmms_eval")
 
@@ -241,16 +248,22 @@ def build_prompt(q: Question, template: str | None = None, frame_times_s: list[f
             resolved for ``q.meta["benchmark"]`` (:func:`resolve_template`).
         frame_times_s: times (s) of the frames the model sees; Video-MME then shows only their subtitle lines
             (:func:`subtitle_text`). A subtitled question always gets the header, even when no line is left, as
-            VideoLLaMA3's ``videomme.py`` writes it for a video with a subtitle file.
+            VideoLLaMA3's ``videomme.py`` writes it for a video with a subtitle file; in a subtitle setting a video
+            without a file gets :data:`NO_SUBTITLE_FILE_TEXT` (``meta["subtitles"] is False``). Templates of
+            :data:`VERBATIM_OPTIONS` print ``q.option_lines`` (the release's strings) instead of ``A. text`` lines.
 
     Raises:
         KeyError: unknown template name.
     """
     name = resolve_template(template, q.meta.get("benchmark"))
     lines = subtitle_text(q, frame_times_s) if q.subtitles else None
+    if lines is None and q.meta.get("subtitles") is False and name in NO_SUBTITLE_FILE_TEXT:
+        lines = NO_SUBTITLE_FILE_TEXT[name]   # subtitle setting, no file: as the template's release
     subs = f"This video's subtitles are listed below:\n{lines}\n" if lines is not None else ""
     text = SUBTITLE_TEMPLATES[name] if lines is not None and name in SUBTITLE_TEMPLATES else TEMPLATES[name]
-    return text.format(subtitles=subs, subtitle_text=lines or "", question=q.question, options=format_options(q.options),
+    options = ("\n".join(q.option_lines) if q.option_lines and name in VERBATIM_OPTIONS
+               else format_options(q.options))
+    return text.format(subtitles=subs, subtitle_text=lines or "", question=q.question, options=options,
                                   options_paren=format_options_paren(q.options),
                                   mlvu_question=mlvu_question(q.question, q.options),
                                   letters=letters_phrase(len(q.options)))

@@ -66,6 +66,27 @@ def load_srt(path: str | Path) -> list[TimedLine]:
     return parse_srt(path.read_text(encoding="utf-8-sig", errors="replace"), where=str(path))
 
 
+def load_srt_as_videollama3(path: str | Path) -> list[TimedLine]:
+    """A Video-MME ``.srt`` as VideoLLaMA3's evaluation reads it: ``pysubs2.load(subtitle_path, encoding="utf-8")``
+    and, per cue, ``subtitle.text.replace("\\N", " ")`` (DAMO-NLP-SG/VideoLLaMA3@05cee23d:
+    evaluation/benchmarks/videomme.py:VideoMMEDataset.load_data / generate_instruction).
+
+    pysubs2 does the markup handling (``<i>`` -> ``{\\i1}``, other HTML tags removed, newlines -> ``\\N``); times are
+    its integer milliseconds; cues stay in pysubs2's order (file order) and blank ones are kept, since the release
+    takes the *first* cue covering a frame and only then skips a blank text (:func:`lines_at_frames`).
+
+    Raises:
+        AnnotationError: the file cannot be read or parsed (file named).
+    """
+    import pysubs2
+
+    try:
+        subs = pysubs2.load(str(path), encoding="utf-8")
+    except (OSError, UnicodeDecodeError, ValueError, pysubs2.Pysubs2Error) as e:
+        raise AnnotationError(f"{path}: unreadable subtitle file ({type(e).__name__}: {e})") from e
+    return [(ev.start / 1000.0, ev.end / 1000.0, ev.text.replace("\\N", " ")) for ev in subs]
+
+
 def hms_to_seconds(stamp: str) -> float:
     """``"HH:MM:SS.mmm"`` (or ``"MM:SS.mmm"``, or ``"SS.mmm"``; ``,`` accepted for ``.``) to seconds.
 
@@ -162,7 +183,7 @@ def lines_at_frames(lines: list[TimedLine], frame_times_s: list[float]) -> str:
     covering three frames appears three times).
 
     Args:
-        lines: timed lines (:func:`parse_srt`; seconds, in file order sorted by time).
+        lines: timed lines (:func:`load_srt_as_videollama3`; seconds of integer ms, in the file's order).
         frame_times_s: the times (s) of the frames the model sees.
 
     Returns:

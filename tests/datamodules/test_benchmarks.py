@@ -93,8 +93,13 @@ def test_videomme_with_subtitles(tmp_path):
     q = qs[0]
     assert q.options == ["one", "two", "three", "four"] and q.answer == "B"
     assert q.video_path == str(tmp_path / "videos" / "fFjv93ACGo8.mp4")
-    assert q.subtitles == "first\nHello there\nsecond line continues"
-    assert q.subtitle_lines[0] == (0.2, 0.9, "first")
+    # as VideoLLaMA3@05cee23d videomme.py reads them: pysubs2.load (SubripFormat: <b>/<i> -> {\b1}/{\i1}, other
+    # tags removed, newline -> \N), then subtitle.text.replace("\\N", " "); file order, blank cue kept
+    assert q.subtitle_lines == [(1.0, 2.5, "Hello {\\b1}there{\\b0}"),
+                                (3.0, 4.0, "{\\an8}second {\\i1}line{\\i0} continues"), (0.2, 0.9, "first"),
+                                (5.0, 6.0, "")]
+    assert q.subtitles == "first\nHello {\\b1}there{\\b0}\n{\\an8}second {\\i1}line{\\i0} continues"
+    assert q.option_lines == ["A. one", "B. two", "C. three", "D. four"]       # the parquet's strings
     assert q.meta == {"benchmark": "videomme", "duration": "short", "domain": "Knowledge",
                       "sub_category": "Humanity & History", "task_type": "Counting Problem", "subtitles": True}
     assert qs[1].subtitles is None and qs[1].meta["subtitles"] is False and qs[1].answer == "D"
@@ -443,3 +448,26 @@ def test_interleaved_subtitles_reads_batch_item_dicts():
     qd = {"qid": "q", "meta": {"benchmark": "lvb"}, "subtitle_lines": [[0.2, 0.6, "a"], [6.0, 6.5, "e"]]}
     assert interleaved_subtitles([qd])([0.0, 2.0, 4.0, 6.0]) == [[], ["a"], [], [], ["e"]]
     assert interleaved_subtitles([{"qid": "q", "meta": {}}]) is None
+
+
+def test_videomme_release_options_and_missing_subtitle_file(tmp_path):
+    """VideoLLaMA3@05cee23d videomme.py ``instruction += f"{option}\\n"`` and lmms-eval@75571cfe videomme/utils.py
+    ``"\\n".join([f"{opt}" ...])`` print the parquet's option strings as they are; in the subtitle setting a video
+    without ``.srt`` gets VideoLLaMA3's header over ``subtitle_string = ""`` and lmms-eval's
+    ``"No subtitles available"``."""
+    _videomme(tmp_path, [_vm_row("001-1", "nosrt", options=["A.one", "B)  two", "C. three", "D. four "])])
+    q = load_benchmark("videomme", tmp_path, subtitles=True)[0]
+    assert q.options == ["one", "two", "three", "four "] and q.meta["subtitles"] is False
+    vl3 = build_prompt(q, "videollama3_videomme")
+    assert vl3 == ("This video's subtitles are listed below:\n\nSelect the best answer to the following "
+                   "multiple-choice question based on the video. Respond with only the letter (A, B, C, or D) of the "
+                   "correct option.\nHow many dogs?\nA.one\nB)  two\nC. three\nD. four \nAnswer with the option's "
+                   "letter from the given choices directly and only give the best option. The best answer is:")
+    assert build_prompt(q, "lmms_eval_videomme") == (
+        "This video's subtitles are listed below: \nNo subtitles available\nSelect the best answer to the following "
+        "multiple-choice question based on the video and the subtitles. Respond with only the letter (A, B, C, or D) "
+        "of the correct option.\nHow many dogs?\nA.one\nB)  two\nC. three\nD. four \nThe best answer is:")
+    plain = load_benchmark("videomme", tmp_path)[0]                     # no subtitle setting: no block at all
+    assert build_prompt(plain, "videollama3_videomme") == vl3.split("\n", 2)[2]
+    assert build_prompt(q, "mcq_letter") == build_prompt(plain, "mcq_letter")   # not listed: no block
+    assert "A. one\nB. two" in build_prompt(q, "videomme")                       # the README prompt: A. text lines
