@@ -75,14 +75,24 @@ def load_srt_as_videollama3(path: str | Path) -> list[TimedLine]:
     its integer milliseconds; cues stay in pysubs2's order (file order) and blank ones are kept, since the release
     takes the *first* cue covering a frame and only then skips a blank text (:func:`lines_at_frames`).
 
+    Where the release would stop the whole evaluation, one file does not: bytes that are not UTF-8 are replaced
+    (``errors="replace"``, the retry after the strict read), and a file with no cue pysubs2 recognises
+    (``FormatAutodetectionError``) has no lines. A cue ending before it starts is kept, as pysubs2 keeps it (it
+    covers no frame).
+
     Raises:
-        AnnotationError: the file cannot be read or parsed (file named).
+        AnnotationError: the file cannot be read (file named).
     """
     import pysubs2
 
     try:
-        subs = pysubs2.load(str(path), encoding="utf-8")
-    except (OSError, UnicodeDecodeError, ValueError, pysubs2.Pysubs2Error) as e:
+        try:
+            subs = pysubs2.load(str(path), encoding="utf-8")
+        except UnicodeDecodeError:
+            subs = pysubs2.load(str(path), encoding="utf-8", errors="replace")
+    except pysubs2.exceptions.FormatAutodetectionError:
+        return []
+    except (OSError, ValueError, pysubs2.Pysubs2Error) as e:
         raise AnnotationError(f"{path}: unreadable subtitle file ({type(e).__name__}: {e})") from e
     return [(ev.start / 1000.0, ev.end / 1000.0, ev.text.replace("\\N", " ")) for ev in subs]
 

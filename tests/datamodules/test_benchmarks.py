@@ -242,9 +242,14 @@ def test_worldsense_flat_shape_and_errors(tmp_path):
     (tmp_path / "ws.json").write_text(json.dumps(rows))
     qs = load_benchmark("worldsense", tmp_path, annotation="ws.json")
     assert qs[0].qid == "v1_0" and qs[0].answer == "D" and qs[0].meta["domain"] == "Games"
-    rows.append(dict(rows[0], options=["x", "y", "z"]))
+    # lmms-eval@75571cfe worldsense_process_results scores 3-candidate rows (A-C): one odd row is accepted
+    rows.append(dict(rows[0], options=["x", "y", "z"], answer="C"))
     (tmp_path / "ws.json").write_text(json.dumps(rows))
-    with pytest.raises(AnnotationError, match="ws.json row 1: expected 4 options"):
+    qs = load_benchmark("worldsense", tmp_path, annotation="ws.json")
+    assert [len(q.options) for q in qs] == [4, 3] and qs[1].answer == "C"
+    rows[1]["answer"] = "D"
+    (tmp_path / "ws.json").write_text(json.dumps(rows))
+    with pytest.raises(AnnotationError, match="ws.json row 1: answer 'D' is not a letter A-C"):
         load_benchmark("worldsense", tmp_path, annotation="ws.json")
     bad = _ws_release()
     bad["vid_b"]["task0"]["answer"] = "F"
