@@ -179,6 +179,13 @@ def test_mlvu_bad_row(tmp_path, change, message):
     assert str(e.value).startswith(f"{f} row 1")
 
 
+def test_mlvu_repeated_candidate_gold_is_the_last_match(tmp_path):
+    # MLVU@fd060c10 choice_bench.py qa_template: answer_idx is overwritten on every match -> the last one
+    _mlvu(tmp_path, [_mlvu_row(candidates=["red", "blue", "red", "green"], answer="red")], "4_count.json")
+    (q,) = load_benchmark("mlvu", tmp_path)
+    assert q.answer == "C"
+
+
 def test_mlvu_numeric_candidates_are_text(tmp_path):
     _mlvu(tmp_path, [_mlvu_row(candidates=[1, 2, 3], answer=3)], "4_count.json")
     (q,) = load_benchmark("mlvu", tmp_path)
