@@ -18,7 +18,7 @@ from algorithms.errors import SettingError
 from datamodules.benchmarks import Question
 from datamodules.decoding import EncoderSizing
 from datamodules.benchmarks.prompts import (chat_parts, recorded_template, check_template, interleaved_subtitles, pre_media_text,
-                                            prompt_and_template)
+                                            prompt_and_template, resolve_template)
 from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets
 from models.videollama3 import warm
 from models.videollama3.frame_sizes import load_video_processor
@@ -198,6 +198,9 @@ class BudgetedQA(LightningModule):
         """
         hp = self.hparams
         BudgetedVideoLlama3.checkpoint_dir(hp.model_path)
+        bench = getattr(getattr(self._trainer, "datamodule", None), "benchmark", None)
+        if bench is not None:   # a family without a prompt for the benchmark stops before the folder is written
+            resolve_template(hp.prompt_template, bench)
         # only when not at their default (RECORD_DEFAULTS): folders written before these settings existed still resume
         optional = {"original_projector": str(Path(hp.original_projector).resolve())
                     if hp.get("original_projector") else None, "cudnn_attention": bool(hp.get("cudnn_attention")),

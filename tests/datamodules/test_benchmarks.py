@@ -6,6 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from algorithms.errors import SettingError
 from datamodules.benchmarks import AnnotationError, load_benchmark
 from datamodules.benchmarks.prompts import TEMPLATES, build_prompt, prompt_and_template, template_for
 from datamodules.benchmarks.subtitles import (hms_to_seconds, parse_lvb_subtitles, parse_srt, strip_markup,
@@ -276,6 +277,10 @@ def test_prompts_per_benchmark(tmp_path):
         assert prompt_and_template(q)[1] == f"videollama3_{bench}"
     q.meta["benchmark"] = "worldsense"          # no VideoLLaMA3 prompt: the benchmark's own
     assert prompt_and_template(q)[1] == "worldsense"
+    assert prompt_and_template(q, "lmms_eval")[1] == "lmms_eval_worldsense"
+    q.meta["benchmark"] = "mlvu"                # lmms-eval's MLVU prompt is not reproducible: refused, not filled in
+    with pytest.raises(SettingError, match="'lmms_eval' has no prompt for 'mlvu'"):
+        prompt_and_template(q, "lmms_eval")
     q.meta["benchmark"] = "lvb"
     # the generic template is Video-MME's without its letter list; Video-MME's names the question's own letters
     assert build_prompt(q, "videomme") == build_prompt(q, "mcq_letter").replace(
@@ -326,6 +331,13 @@ _EXPECTED = {
                            "option.\n" + _Q + "\n" + _OPTS + "\n\nAnswer with the option's letter from the given "
                            "choices directly."),
     "mlvu": "Question: " + _Q + "\nOptions:\n" + _OPTS_PAREN + "Only give the best option.",
+    # lmms-eval@75571cfe worldsense/utils.py worldsense_doc_to_text: "".join([SYS, FRAMES_TMPL_AUDIO,
+    # question + "\n", *(op + "\n" for op in candidates)]); FRAMES_TMPL_AUDIO triple-quoted (leading/trailing "\n")
+    "lmms_eval_worldsense": ("Carefully watch this video and pay attention to every detail. Based on your "
+                             "observations, select the best option that accurately addresses the question.\nThese "
+                             "are the frames of a video and the corresponding audio. Select the best answer to the "
+                             "following multiple-choice question based on the video. Respond with only the letter "
+                             "(A, B, C, D, or E) of the correct option.\n" + _Q + "\n" + _OPTS + "\n"),
     "lvb": "Question: " + _Q + "\n" + _OPTS + "\nAnswer with the option's letter from the given choices directly.",
     # VLMEvalKit@e8e78f05 vlmeval/dataset/worldsense.py WorldSense.FRAMES_TMPL_AUDIO / _NOSUB (triple-quoted: a
     # leading and a trailing newline, backslash-continued lines) + 'Question: {}\nAnswer: ' (SYS goes before the media)
@@ -350,6 +362,13 @@ def test_prompt_templates_full_text(tmp_path, name):
             "This video's subtitles are listed below: \nfirst\nsecond\nSelect the best answer to the following "
             "multiple-choice question based on the video and the subtitles. Respond with only the letter "
             "(A, B, C, D, or E) of the correct option.\n" + _Q + "\n" + _OPTS + "\nThe best answer is:")
+    elif name == "lmms_eval_worldsense":   # worldsense_doc_to_text_subtitle: FRAMES_TMPL_SUB, '"{}"' quoted
+        assert build_prompt(with_subs, name) == (
+            "Carefully watch this video and pay attention to every detail. Based on your observations, select the "
+            "best option that accurately addresses the question.\nThese are the frames of a video. This video's "
+            "subtitles are listed below:\n\"first\nsecond\"\nSelect the best answer to the following multiple-choice "
+            "question based on the video. Respond with only the letter (A, B, C, D, or E) of the correct option.\n"
+            + _Q + "\n" + _OPTS + "\n")
     elif name.startswith("worldsense"):   # FRAMES_TMPL_SUB (used whenever subtitles are, audio or not)
         assert build_prompt(with_subs, name) == (
             "\nThese are the frames of a video. This video's subtitles are listed below:\nfirst\nsecond\nSelect the "
