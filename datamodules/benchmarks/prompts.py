@@ -107,6 +107,12 @@ TEMPLATES = {
         "audio. Select the best answer to the following multiple-choice question based on the video. Respond with "
         "only the letter ({letters}) of the correct option.\n{question}\n{options}\n"
     ),
+    # OmniZip's WorldSense evaluation, the configuration seed 003 follows (003:7 "遵循 omnizip 中在 WorldSense 数据集上
+    # 测试的配置参数"): KD-TAO/OmniZip@906029177bb3dc1b6e727d8182d9e832f89ccc54:eval/eval.py:evaluate_sample,
+    # prompt = f"{question}\nOptions:\n{candidates_text}\nAnswer with the option's letter from the given choices
+    # directly." with candidates_text = "\n".join(candidates) (verbatim, VERBATIM_OPTIONS), after the video in one
+    # user turn; its system turn is SYSTEM_PROMPTS["omnizip_worldsense"]. The omni job's default.
+    "omnizip_worldsense": "{question}\nOptions:\n{options}\nAnswer with the option's letter from the given choices directly.",
 }
 # a template's own text for a question with subtitles (its ``{subtitle_text}`` is the lines, without a header)
 _VLMEVALKIT_WORLDSENSE_SUB = (   # FRAMES_TMPL_SUB (chosen before FRAMES_TMPL_AUDIO when subtitles are used)
@@ -128,7 +134,16 @@ SUBTITLE_TEMPLATES = {"lmms_eval_videomme": _LMMS_EVAL_VIDEOMME_SUBTITLE, "world
 SYSTEM_PROMPTS = {   # MLVU choice_bench.py main: conv.system = "..."
     "mlvu": ("Carefully watch this video and pay attention to every detail. Based on your observations, select the "
              "best option that accurately addresses the question."),
+    # OmniZip@9060291 eval/eval.py evaluate_sample: conversation[0] = {"role": "system", "content": [{"type": "text",
+    # "text": ...}]}: Qwen2.5-Omni's own system prompt plus one sentence (VLMEvalKit's WorldSense keeps the model's
+    # default system turn and puts its SYS text in the user turn before the media instead)
+    "omnizip_worldsense": ("You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of "
+                           "perceiving auditory and visual inputs, as well as generating text and speech. Please "
+                           "analyze the video carefully and select the most appropriate answer from the given "
+                           "options."),
 }
+# the omni job's default template (prompt_template=None): the configuration seed 003 follows
+OMNI_DEFAULT_TEMPLATE = "omnizip_worldsense"
 # text before the media in the user turn (VLMEvalKit WorldSense: the first message item, WorldSense.SYS)
 _VLMEVALKIT_WORLDSENSE_SYS = ("Carefully watch this video and pay attention to every detail. Based on your "
                               "observations, select the best option that accurately addresses the question.")
@@ -138,7 +153,7 @@ ANSWER_PREFIXES = {  # MLVU choice_bench.py main: conv.append_message(conv.roles
 }
 # templates whose release prints the options as the annotation holds them (``Question.option_lines``): VideoLLaMA3
 # videomme.py ``instruction += f"{option}\n"`` and lmms-eval videomme/utils.py ``"\n".join([f"{opt}" ...])``
-VERBATIM_OPTIONS = ("videollama3_videomme", "lmms_eval_videomme", "lmms_eval_worldsense")
+VERBATIM_OPTIONS = ("videollama3_videomme", "lmms_eval_videomme", "lmms_eval_worldsense", "omnizip_worldsense")
 # what a template's release shows, in a subtitle setting, for a video that has no subtitle file: VideoLLaMA3
 # videomme.py ``subtitle_string = ""`` under its header; lmms-eval videomme_doc_to_text_subtitle
 # ``subtitle = "No subtitles available"``; templates not listed show no subtitle block

@@ -331,6 +331,10 @@ _EXPECTED = {
                            "option.\n" + _Q + "\n" + _OPTS + "\n\nAnswer with the option's letter from the given "
                            "choices directly."),
     "mlvu": "Question: " + _Q + "\nOptions:\n" + _OPTS_PAREN + "Only give the best option.",
+    # OmniZip@9060291 eval/eval.py evaluate_sample: f"{question}\nOptions:\n{candidates_text}\nAnswer with the
+    # option's letter from the given choices directly.", candidates_text = "\n".join(candidates)
+    "omnizip_worldsense": (_Q + "\nOptions:\n" + _OPTS + "\nAnswer with the option's letter from the given "
+                           "choices directly."),
     # lmms-eval@75571cfe worldsense/utils.py worldsense_doc_to_text: "".join([SYS, FRAMES_TMPL_AUDIO,
     # question + "\n", *(op + "\n" for op in candidates)]); FRAMES_TMPL_AUDIO triple-quoted (leading/trailing "\n")
     "lmms_eval_worldsense": ("Carefully watch this video and pay attention to every detail. Based on your "
@@ -369,6 +373,8 @@ def test_prompt_templates_full_text(tmp_path, name):
             "subtitles are listed below:\n\"first\nsecond\"\nSelect the best answer to the following multiple-choice "
             "question based on the video. Respond with only the letter (A, B, C, D, or E) of the correct option.\n"
             + _Q + "\n" + _OPTS + "\n")
+    elif name == "omnizip_worldsense":     # OmniZip's eval has no subtitle setting: the prompt is the same
+        assert build_prompt(with_subs, name) == _EXPECTED[name]
     elif name.startswith("worldsense"):   # FRAMES_TMPL_SUB (used whenever subtitles are, audio or not)
         assert build_prompt(with_subs, name) == (
             "\nThese are the frames of a video. This video's subtitles are listed below:\nfirst\nsecond\nSelect the "
