@@ -117,7 +117,9 @@ class BudgetedQA(LightningModule):
         model_path: local checkpoint directory (transformers VideoLLaMA3 + ``qbase/``).
         budgets: vision-token budgets B evaluated for every video from one decode.
         raw_mode: ``phase3`` (raw frames capped at ``raw_max_tokens`` rows, checkpoint projector) or ``orig``
-            (raw frames at the group grid through the original projector).
+            (raw frames at the group grid through the original projector). Default ``phase3``, as seed 000's
+            ablation runner (``BudgetedVideoLLM(..., "phase3", args.raw_max_tokens)``), so plain predict and the
+            ablation share it; seed 001's CLI defaults to ``orig`` (README, deviations table).
         raw_max_tokens: row cap of a raw frame in ``phase3``.
         max_tokens_per_frame: encode cap per frame (merged tokens).
         max_new_tokens: greedy answer length.
