@@ -384,3 +384,9 @@ def test_registry_is_declarative():
     assert [n for n, v in VARIANTS.items() if v.fill_rule == "v2"] == ["rho32fv2", "rho64fv2", "rho128fv2"]
     assert VARIANTS["qtf2"].compress_group_frames == 2 and VARIANTS["uni16"].cap == VARIANTS["rho16"].cap
     assert max_frames(1024) == 128 and compression_order([1.0], [2]) == [0]
+
+
+def test_hivar_one_frame_video_scores_zero_where_the_seed_raises():
+    # seed 000 training_change: diff = [] for one frame, and ``diff[0]`` raises IndexError; here 0.0 (README row)
+    assert training_change(torch.empty(0), [1]) == [0.0]
+    assert training_change(torch.tensor([0.25, 0.5]), [1, 2]) == [0.25, 0.5]   # first frame: its step to the next
