@@ -161,6 +161,10 @@ def test_turn_head_yaml_is_the_runbook_recipe(demo):
     assert not any(isinstance(c, EarlyStopping) for c in cli.trainer.callbacks)
     hp = cli.datamodule.hparams
     assert (hp.batch_size, hp.chunk_rows, hp.warmup_rows) == (512, 1, 10)
+    # seed 002:58: excluding initialization rows is a sensitivity analysis, a config of its own; the recipe keeps them
+    assert hp.initialization_rows == "keep"
+    ex = cli_main(["--config", BASE, "--config", str(ROOT / "configs/fit/turn_head_exclude_init.yaml")], run=False)
+    assert ex.datamodule.hparams.initialization_rows == "exclude_any_mode"
     cli.datamodule.setup("fit")
     batch = next(iter(cli.datamodule.train_dataloader()))
     assert batch["states"].shape[0] == 512 and batch["states"].shape[1] <= 11
