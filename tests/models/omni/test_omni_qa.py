@@ -212,7 +212,7 @@ def test_predict_job_records_and_scores(omni_dir, demo_root, tmp_path, qa, clip)
         for key in ("num_video_tokens", "num_audio_tokens", "num_text_tokens", "prefill_time_s",
                     "peak_memory_bytes", "pred", "pred_robust", "response"):
             assert key in r, key
-        assert set(r["prefill_flops"]) == {"paper", "accurate", "measured"} and r["prefill_flops"]["measured"] is None
+        assert set(r["prefill_flops"]) == {"paper", "accurate", "no_attention", "measured"} and r["prefill_flops"]["measured"] is None
         assert r["prefill_flops"]["accurate"]["qwen2.5-omni-7b"] == prefill_flops(
             get_shape("qwen2.5-omni-7b"), r["num_prefill_tokens"], 1)
         assert r["meta"]["template"] == "omnizip_worldsense"   # the omni default: OmniZip's WorldSense eval
