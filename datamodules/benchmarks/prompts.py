@@ -111,7 +111,8 @@ TEMPLATES = {
     # 测试的配置参数"): KD-TAO/OmniZip@906029177bb3dc1b6e727d8182d9e832f89ccc54:eval/eval.py:evaluate_sample,
     # prompt = f"{question}\nOptions:\n{candidates_text}\nAnswer with the option's letter from the given choices
     # directly." with candidates_text = "\n".join(candidates) (verbatim, VERBATIM_OPTIONS), after the video in one
-    # user turn; its system turn is SYSTEM_PROMPTS["omnizip_worldsense"]. The omni job's default.
+    # user turn; its system turn is SYSTEM_PROMPTS["omnizip_worldsense"]. The omni job's default. (OmniZip's README
+    # @11b628c also names an lmms-eval run, eval.sh, for WorldSense; that script is not in its released tree.)
     "omnizip_worldsense": "{question}\nOptions:\n{options}\nAnswer with the option's letter from the given choices directly.",
 }
 # a template's own text for a question with subtitles (its ``{subtitle_text}`` is the lines, without a header)
