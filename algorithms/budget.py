@@ -33,6 +33,10 @@ CELL_PIXELS = PATCH_SIZE * MERGE_SIZE  # 28: side of one merged token, pixels
 MAX_TOKENS_PER_FRAME = 256
 MIN_TOKENS_PER_FRAME = 16
 BASE_FPS = 1.0
+# seed 001/000 record ``fps_ok=fps >= bd.MIN_FPS - 1e-6``; ``bd.MIN_FPS`` is not in the seeds. 0.5: the lowest rate a
+# video decoded at the full 1 fps reaches (``floor(d) / d >= 1/2`` for d >= 1 s), so ``fps_ok`` is False exactly when
+# a budget's frames are thinned below one per 2 s (README, deviations table)
+MIN_FPS = 0.5
 
 PlanMode = Literal["raw", "hybrid", "forced8", "all_compressed", "qbase"]
 
@@ -51,18 +55,6 @@ def check_budget(budget_tokens: int, k: int = K_ROWS) -> None:
     """Raise ``ValueError`` when the budget cannot hold even one compressed group of K rows."""
     if budget_tokens < k:
         raise ValueError(f"budget of {budget_tokens} vision tokens is smaller than one compressed group ({k} rows)")
-
-
-def evenly_spaced(n_total: int, n_keep: int) -> list[int]:
-    """``n_keep`` distinct indices of ``range(n_total)`` spread evenly, first and last included.
-
-    ``round(i * (n_total - 1) / (n_keep - 1))``; distinct because the step is at least 1.
-    """
-    if not 1 <= n_keep <= n_total:
-        raise ValueError(f"cannot keep {n_keep} of {n_total} items")
-    if n_keep == 1:
-        return [0]
-    return [int(round(i * (n_total - 1) / (n_keep - 1))) for i in range(n_keep)]
 
 
 def sample_rate(duration_s: float, budget_tokens: int, base_fps: float = BASE_FPS, k: int = K_ROWS) -> float:
@@ -154,9 +146,38 @@ def sample_frames(frame_times_s: list[float], end_s: float, duration_s: float, b
 
 
 def subsample(num_frames: int, budget_tokens: int, k: int = K_ROWS) -> list[int]:
-    """Frames a budget uses out of the T decoded ones: all if ``T <= max_frames(B)``, else that many evenly spaced."""
-    cap = max_frames(budget_tokens, k)
-    return list(range(num_frames)) if num_frames <= cap else evenly_spaced(num_frames, cap)
+    """Frames a budget uses out of the T decoded ones (seed 001 ``idx = bd.subsample(len(ts), b)``).
+
+    The helper is not in the seeds; both seeds thin with ``np.linspace(0, N - 1, M, dtype=int)`` wherever they show
+    code (001 ``decode_video``: ``idx = np.linspace(0, len(frames) - 1, max_frames, dtype=int)``; 000
+    ``frame_indices``: ``np.linspace(0, n_decoded - 1, cap, dtype=int)``), so the same rule is used here
+    (:func:`thin_linspace`): all T when ``T <= max_frames(B)``, else ``max_frames(B)`` indices, truncated toward zero,
+    first and last included.
+
+    Returns:
+        ``min(T, max_frames(B))`` increasing, distinct indices into ``range(T)``.
+
+    Raises:
+        ValueError: ``B < K``.
+    """
+    return thin_linspace(num_frames, max_frames(budget_tokens, k))
+
+
+def budget_fps(num_frames: int, duration_s: float, base_fps: float = BASE_FPS, min_fps: float = MIN_FPS,
+               ) -> tuple[float, bool]:
+    """A budget's frame rate and its ``fps_ok`` flag, as seed 001 records them per budget::
+
+        fps = min(bd.FPS, len(idx) / max(info["duration"], 1e-6))
+        binfo = dict(info, n_frames=len(idx), fps=round(fps, 4), fps_ok=fps >= bd.MIN_FPS - 1e-6)
+
+    Args:
+        num_frames: the budget's frames (``len(idx)``); duration_s: the video's duration (s).
+
+    Returns:
+        ``(round(fps, 4), fps >= min_fps - 1e-6)`` (the flag from the unrounded rate, as the seed).
+    """
+    fps = min(base_fps, num_frames / max(duration_s, 1e-6))
+    return round(fps, 4), fps >= min_fps - 1e-6
 
 
 def frame_grid(height: int, width: int, max_tokens: int, min_tokens: int = MIN_TOKENS_PER_FRAME) -> tuple[int, int]:

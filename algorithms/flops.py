@@ -71,6 +71,7 @@ __all__ = [
     "paper_total_flops",
     "prefill_flops",
     "decode_flops",
+    "NO_ATTENTION",
 ]
 
 
@@ -155,16 +156,25 @@ def paper_total_flops(shape: ModelShape, num_tokens: int, num_decode: int = 100)
 
 
 # ---------------------------------------------------------------------------- accurate convention
-def _layer_flops(shape: ModelShape, num_new: int, context: int) -> int:
-    """FLOPs (2 x MACs) of one layer for ``num_new`` query tokens attending ``context`` keys."""
+def _layer_flops(shape: ModelShape, num_new: int, context: int, attention: bool = True) -> int:
+    """FLOPs (2 x MACs) of one layer for ``num_new`` query tokens attending ``context`` keys (``attention=False``:
+    the weight matmuls only, :data:`NO_ATTENTION`)."""
     d, h, hq, hkv, m = shape.hidden_size, shape.head_dim, shape.num_heads, shape.num_kv_heads, shape.intermediate_size
     proj = 2 * num_new * d * (hq + 2 * hkv) * h + 2 * num_new * hq * h * d
-    attn = 4 * hq * num_new * context * h
+    attn = 4 * hq * num_new * context * h if attention else 0
     mlp = 6 * num_new * d * m
     return proj + attn + mlp
 
 
-def prefill_flops(shape: ModelShape, num_tokens: int, num_logit_positions: int | None = None) -> int:
+# The counting convention seed 003's log evidently used for its decode (module docstring): the accurate convention
+# without the attention products ``Q K^T`` and ``P V`` (weight matmuls and lm_head only). Its decode figure,
+# 12,344,973,730 FLOPs, is 2.0004 one-token forwards of the 3B thinker counted so (6,171,394,048 each); with
+# attention over a ~6,000-token cache each step would add ~1.8e9. Pass ``attention=False`` to the accurate functions.
+NO_ATTENTION = "no_attention"
+
+
+def prefill_flops(shape: ModelShape, num_tokens: int, num_logit_positions: int | None = None,
+                  attention: bool = True) -> int:
     """Accurate prefill FLOPs (2 x multiply-adds) over every matmul of the forward pass.
 
     Args:
@@ -172,6 +182,7 @@ def prefill_flops(shape: ModelShape, num_tokens: int, num_logit_positions: int |
         num_tokens: n, prefill tokens (all of them: text, video, audio).
         num_logit_positions: positions that go through lm_head; ``None`` = all ``n`` (a plain
             ``model(input_ids)`` forward), 1 for ``generate``'s prefill, 0 to leave lm_head out.
+        attention: count the attention products; ``False``: the :data:`NO_ATTENTION` convention.
 
     Returns:
         ``L * layer(n, n) + 2 * p * d * V``.
@@ -182,15 +193,17 @@ def prefill_flops(shape: ModelShape, num_tokens: int, num_logit_positions: int |
     _check(num_tokens)
     p = num_tokens if num_logit_positions is None else num_logit_positions
     _check(p, "num_logit_positions")
-    layers = shape.num_layers * _layer_flops(shape, num_tokens, num_tokens)
+    layers = shape.num_layers * _layer_flops(shape, num_tokens, num_tokens, attention)
     return layers + 2 * p * shape.hidden_size * shape.vocab_size
 
 
-def decode_flops(shape: ModelShape, num_tokens: int, num_decode: int, with_lm_head: bool = True) -> int:
+def decode_flops(shape: ModelShape, num_tokens: int, num_decode: int, with_lm_head: bool = True,
+                 attention: bool = True) -> int:
     """Accurate FLOPs of ``num_decode`` single-token steps after an ``num_tokens`` prefill (KV cache).
 
     Step ``i = 1..R`` runs one token against ``n + i`` keys (the cache plus itself) and, if
-    ``with_lm_head``, one lm_head row.
+    ``with_lm_head``, one lm_head row. ``attention=False``: the :data:`NO_ATTENTION` convention (each step then
+    costs the same whatever the cache).
 
     Raises:
         ValueError: negative counts.
@@ -200,5 +213,5 @@ def decode_flops(shape: ModelShape, num_tokens: int, num_decode: int, with_lm_he
     total = 0
     per_step = 2 * shape.hidden_size * shape.vocab_size if with_lm_head else 0
     for i in range(1, num_decode + 1):
-        total += shape.num_layers * _layer_flops(shape, 1, num_tokens + i) + per_step
+        total += shape.num_layers * _layer_flops(shape, 1, num_tokens + i, attention) + per_step
     return total

@@ -25,8 +25,9 @@ Flow for the caller (one video, one budget, one variant)::
                           capped=capped)                  # hw: the encode grid of len(frames) frames at B
     same_llm_input(layout, base_layout)                   # the job copies the baseline record when True
 
-Where seed 000 calls a helper it does not define (``bd.subsample``, ``raw_frame_grid``) the project's rule is kept
-(:func:`algorithms.budget.subsample`; the caller's ``raw_grid_for``).
+Where seed 000 calls a helper it does not define (``bd.subsample``, ``raw_frame_grid``): ``bd.subsample`` thins with
+the seeds' own ``np.linspace(..., dtype=int)`` (:func:`algorithms.budget.subsample`); ``raw_frame_grid`` is the
+caller's ``raw_grid_for``.
 
 Pure python/torch; no lightning, no transformers, no I/O.
 """
@@ -326,7 +327,10 @@ def training_change(changes: torch.Tensor, seg_lens: list[int] | tuple[int, ...]
 
         change.append(sum(diff[s:s + L - 1]) / (L - 1) if L >= 2 else (diff[s - 1] if s >= 1 else diff[0]))
 
-    A 1-frame group scores its step from the previous frame (the first frame: its step to the next).
+    A 1-frame group scores its step from the previous frame (the first frame: its step to the next). A video of one
+    frame has no step at all: the seed's ``diff[0]`` of an empty list raises ``IndexError`` (``hivar`` of a 1-frame
+    video that does not fit raw, e.g. a 256-row frame at B = 64, crashes the seed's run); here it scores 0.0, the
+    only group is compressed and the job is answered (README, deviations table).
     """
     vals = changes.detach().to(device="cpu", dtype=torch.float64).tolist()
     out, s = [], 0

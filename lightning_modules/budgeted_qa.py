@@ -44,7 +44,7 @@ from algorithms.errors import SettingError
 from datamodules.benchmarks import Question
 from datamodules.decoding import EncoderSizing
 from datamodules.benchmarks.prompts import (chat_parts, recorded_template, check_template, interleaved_subtitles, pre_media_text,
-                                            prompt_and_template)
+                                            prompt_and_template, resolve_template)
 from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets
 from models.videollama3 import warm
 from models.videollama3.frame_sizes import load_video_processor
@@ -96,7 +96,12 @@ def qa_record(item: dict, q: Question, answer, stats: dict, n_frames_used: int, 
 
     An answer with ``error`` set (the question's prompt did not fit the model's context) gives that question's
     error record instead, naming the video file and the question.
+
+    ``video_info.fps`` / ``fps_ok`` are seed 001's per budget (:func:`algorithms.budget.budget_fps`:
+    ``fps = min(bd.FPS, len(idx) / max(info["duration"], 1e-6))``, ``fps_ok=fps >= bd.MIN_FPS - 1e-6``); the
+    container's rate is ``native_fps`` (``native_fps_ok``: the container gave a usable rate).
     """
+    from algorithms.budget import budget_fps
     from algorithms.choice import official_rule, parse, parse_robust
 
     if getattr(answer, "error", None):
@@ -104,8 +109,10 @@ def qa_record(item: dict, q: Question, answer, stats: dict, n_frames_used: int, 
                             f"{item.get('video_path', item['video_id'])}: question {q.qid}: {answer.error}", variant)
 
     info = item["video_info"]
+    fps, fps_ok = budget_fps(n_frames_used, info["duration_s"])  # seed 001's per-budget fps / fps_ok
     video_info = {"duration_s": info["duration_s"], "native_hw": info["native_hw"], "n_frames": n_frames_used,
-                  "fps": info["fps"], "fps_ok": info["fps_ok"], "sample_fps": info["sample_fps"],
+                  "fps": fps, "fps_ok": fps_ok, "native_fps": info["fps"], "native_fps_ok": info["fps_ok"],
+                  "sample_fps": info["sample_fps"],
                   "decode_hw": info["decode_hw"], "vfr": info["vfr"],
                   "capped": n_frames_used < round(info["duration_s"]) or info["sample_fps"] < 1.0 or
                   n_frames_used < info["n_frames"]}
@@ -177,7 +184,9 @@ class BudgetedQA(LightningModule):
         model_path: local checkpoint directory (transformers VideoLLaMA3 + ``qbase/``).
         budgets: vision-token budgets B evaluated for every video from one decode.
         raw_mode: ``phase3`` (raw frames capped at ``raw_max_tokens`` rows, checkpoint projector) or ``orig``
-            (raw frames at the group grid through the original projector).
+            (raw frames at the group grid through the original projector). Default ``phase3``, as seed 000's
+            ablation runner (``BudgetedVideoLLM(..., "phase3", args.raw_max_tokens)``), so plain predict and the
+            ablation share it; seed 001's CLI defaults to ``orig`` (README, deviations table).
         raw_max_tokens: row cap of a raw frame in ``phase3``.
         max_tokens_per_frame: encode cap per frame (merged tokens).
         max_new_tokens: greedy answer length.
@@ -205,10 +214,13 @@ class BudgetedQA(LightningModule):
             prefix prefill (process-wide, :func:`models.vision_attention.allow_cudnn_sdpa`). Off by default:
             cuDNN builds an execution plan on the host for every new shape (frame counts, grids, prefix lengths
             change from video to video); its kernels are faster once a plan exists.
+        add_system_prompt: render the chat template with ``add_system_prompt=True`` as seed 001 does (VideoLLaMA3's
+            system turn before the user turn; default); ``False`` as VideoLLaMA3's own ``evaluation/`` renders it
+            (no system turn). README, deviations table.
     """
 
     # settings recorded in run.json only when they differ from these defaults (absent there = the default, compared)
-    RECORD_DEFAULTS = {"original_projector": None, "cudnn_attention": False}
+    RECORD_DEFAULTS = {"original_projector": None, "cudnn_attention": False, "add_system_prompt": True}
 
     def __init__(self, model_path: str = "checkpoints/tiny-videollama3", budgets: list[int] = (128, 256, 1024),
                  raw_mode: str = "phase3", raw_max_tokens: int = 256, max_tokens_per_frame: int = 256,
@@ -216,7 +228,7 @@ class BudgetedQA(LightningModule):
                  attn_implementation: str = "sdpa", encode_chunk_frames: int = 64, answer_mode: str = "batched",
                  vision_attn_implementation: str | None = "frame_batched", decode: str = "auto",
                  original_projector: str | None = None, vision_config_dir: str | None = None,
-                 overlap_budgets: bool = True, cudnn_attention: bool = False):
+                 overlap_budgets: bool = True, cudnn_attention: bool = False, add_system_prompt: bool = True):
         super().__init__()
         if not budgets:
             raise SettingError("budgets must not be empty")
@@ -229,7 +241,8 @@ class BudgetedQA(LightningModule):
             raise SettingError(f"answer_mode must be 'batched' or 'sequential', got {answer_mode!r}")
         if decode not in DECODE_MODES:
             raise SettingError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
-        for name, value in (("overlap_budgets", overlap_budgets), ("cudnn_attention", cudnn_attention)):
+        for name, value in (("overlap_budgets", overlap_budgets), ("cudnn_attention", cudnn_attention),
+                            ("add_system_prompt", add_system_prompt)):
             if not isinstance(value, bool):   # (the CLI lets null through for a bool)
                 raise SettingError(f"model.{name} must be true or false, got {value!r}")
         check_template(prompt_template)
@@ -254,9 +267,13 @@ class BudgetedQA(LightningModule):
         """
         hp = self.hparams
         BudgetedVideoLlama3.checkpoint_dir(hp.model_path)
+        bench = getattr(getattr(self._trainer, "datamodule", None), "benchmark", None)
+        if bench is not None:   # a family without a prompt for the benchmark stops before the folder is written
+            resolve_template(hp.prompt_template, bench)
         # only when not at their default (RECORD_DEFAULTS): folders written before these settings existed still resume
         optional = {"original_projector": str(Path(hp.original_projector).resolve())
-                    if hp.get("original_projector") else None, "cudnn_attention": bool(hp.get("cudnn_attention"))}
+                    if hp.get("original_projector") else None, "cudnn_attention": bool(hp.get("cudnn_attention")),
+                    "add_system_prompt": bool(hp.get("add_system_prompt", True))}
         extra = {k: v for k, v in optional.items() if v != self.RECORD_DEFAULTS[k]}
         return {"model_path": str(Path(hp.model_path).resolve()), "raw_mode": hp.raw_mode, **extra,
                 "raw_max_tokens": hp.raw_max_tokens, "max_tokens_per_frame": hp.max_tokens_per_frame,
@@ -354,7 +371,7 @@ class BudgetedQA(LightningModule):
                                                       vision_attn_implementation=hp.vision_attn_implementation,
                                                       original_projector=hp.get("original_projector"),
                                                       vision_config_dir=hp.get("vision_config_dir"))
-            self.vlm = vlm.to(self.device)
+            self.vlm = vlm.set_system_prompt(bool(hp.get("add_system_prompt", True))).to(self.device)
             self.load_seconds = time.perf_counter() - t0
 
     def predict_step(self, item: dict, batch_idx: int = 0) -> list[dict]:

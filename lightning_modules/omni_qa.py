@@ -29,7 +29,8 @@ from algorithms.choice import official_rule, parse, parse_robust
 from algorithms.pruning import VARIANTS, retention_floor
 from algorithms.errors import SettingError
 from datamodules.benchmarks import Question
-from datamodules.benchmarks.prompts import check_template, pre_media_text, prompt_and_template
+from datamodules.benchmarks.prompts import (OMNI_DEFAULT_TEMPLATE, chat_parts, check_template, pre_media_text,
+                                            prompt_and_template)
 from models.omni import FULL, OmniQA, prefill_flop_fields
 
 from .budgeted_qa import run_or_error_records
@@ -51,8 +52,9 @@ class OmniPruningQA(LightningModule):
         retention: kept fraction of each modality's tokens (both modalities).
         audio_retention: a different audio retention (``None``: ``retention``).
         max_new_tokens: greedy answer length.
-        prompt_template: template name (``None``: the benchmark's own, ``worldsense``: VLMEvalKit's WorldSense
-            prompt with audio, its SYS text before the media).
+        prompt_template: template name (``None``: ``omnizip_worldsense``, OmniZip's WorldSense evaluation, the
+            configuration seed 003 follows, with its system turn; ``worldsense``: VLMEvalKit's WorldSense prompt with
+            audio, its SYS text before the media; ``lmms_eval_worldsense``: lmms-eval's).
         dtype: model dtype.
         attn_implementation: ``sdpa`` or ``eager`` (eager for measured FLOPs on CPU).
         measure_flops: count the prefill with ``FlopCounterMode`` (slower).
@@ -108,7 +110,10 @@ class OmniPruningQA(LightningModule):
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"model_path {hp.model_path}: no config.json (not a checkpoint directory)")
         return {"model_path": str(path.resolve()), "retention": hp.retention, "audio_retention": hp.audio_retention,
-                "max_new_tokens": hp.max_new_tokens, "prompt_template": hp.prompt_template, "dtype": hp.dtype,
+                "max_new_tokens": hp.max_new_tokens, "dtype": hp.dtype,
+                # None meant VLMEvalKit's WorldSense prompt in folders written before; it now means OmniZip's
+                "prompt_template": hp.prompt_template if hp.prompt_template is not None
+                else f"default:{OMNI_DEFAULT_TEMPLATE}",
                 "attn_implementation": hp.attn_implementation}
 
     def setup(self, stage: str) -> None:
@@ -157,9 +162,9 @@ class OmniPruningQA(LightningModule):
             t_prune = time.perf_counter() - t0
             prune_s += t_prune
             for q in todo:
-                text, template = prompt_and_template(q, hp.prompt_template)
+                text, template = prompt_and_template(q, hp.prompt_template or OMNI_DEFAULT_TEMPLATE)
                 t1 = time.perf_counter()
-                inputs = qa.build_inputs(clip, pruned, text, pre_media_text(template))
+                inputs = qa.build_inputs(clip, pruned, text, pre_media_text(template), chat_parts(template)[0])
                 ans = qa.answer(inputs, measure_flops=hp.measure_flops)
                 answer_s += time.perf_counter() - t1
                 flops = prefill_flop_fields(inputs.num_prefill, inputs.num_video + inputs.num_audio, qa.shape)

@@ -69,6 +69,8 @@ class Question:
         subtitles: subtitle text to show with the question, or ``None``.
         subtitle_lines: the same subtitles as timed lines ``[(start_s, end_s, text), ...]`` on the video's
             timeline, sorted by time (for interleaving with frames), or ``None``.
+        option_lines: the options exactly as the release writes them (Video-MME's ``"A. text"`` strings of the
+            parquet), for the prompts that print them verbatim; ``None`` when the release has only the texts.
     """
 
     qid: str
@@ -80,6 +82,7 @@ class Question:
     meta: dict[str, Any] = field(default_factory=dict)
     subtitles: str | None = None
     subtitle_lines: list[tuple[float, float, str]] | None = None
+    option_lines: list[str] | None = None
 
 
 class MediaMissingError(AnnotationError):

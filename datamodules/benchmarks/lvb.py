@@ -19,7 +19,7 @@ MAX_CANDIDATES = 5
 
 
 def load_lvb(root: Path, annotation: str = "lvb_val.json", video_dir: str = "videos",
-             subtitle_dir: str = "subtitles", subtitles: bool = False) -> list[Question]:
+             subtitle_dir: str = "subtitles", subtitles: bool = True) -> list[Question]:
     """Read LongVideoBench questions.
 
     Args:
@@ -30,7 +30,8 @@ def load_lvb(root: Path, annotation: str = "lvb_val.json", video_dir: str = "vid
         subtitle_dir: folder the rows' ``subtitle_path`` is relative to.
         subtitles: attach subtitles (shifted by ``starting_timestamp_for_subtitles``, seconds) as
             ``Question.subtitles`` (text ordered by time) and ``Question.subtitle_lines`` (timed lines); a row whose
-            subtitle file is absent gets none.
+            subtitle file is absent gets none. On by default: VideoLLaMA3's evaluation
+            (``DAMO-NLP-SG/VideoLLaMA3@05cee23d:evaluation/benchmarks/longvideobench.py``) always interleaves them.
 
     Returns:
         Questions in file order; ``meta = {benchmark, duration_group, question_category, level, duration (s),

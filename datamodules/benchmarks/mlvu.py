@@ -78,9 +78,12 @@ def load_mlvu(root: Path, json_dir: str = "json", video_dir: str = "video",
             answer_text = text_field(row["answer"], "answer", where, numbers_ok=True)
             if answer_text not in options:
                 raise AnnotationError(f"{where}: answer {answer_text!r} is not one of the candidates {options}")
-            if options.count(answer_text) > 1:  # the official evaluation takes the first; so do we, but say so
-                log.warning("%s: answer %r appears more than once among the candidates; using the first", where,
-                            answer_text)
+            # MLVU@fd060c10 choice_bench.py MLVU.qa_template: ``for idx, c in enumerate(data['candidates']): ...
+            # if c == answer: answer_idx = idx``, so a repeated candidate gives the gold letter of its LAST match
+            gold = max(j for j, c in enumerate(options) if c == answer_text)
+            if options.count(answer_text) > 1:
+                log.warning("%s: answer %r appears more than once among the candidates; using the last (%s), as "
+                            "MLVU's evaluation does", where, answer_text, LETTERS[gold])
             video = text_field(row["video"], "video", where, numbers_ok=True)
             video_path = resolve_media_path(root, Path(video_dir) / f.stem / video, where)
             questions.append(Question(
@@ -89,7 +92,7 @@ def load_mlvu(root: Path, json_dir: str = "json", video_dir: str = "video",
                 video_path=str(video_path),
                 question=question,
                 options=options,
-                answer=LETTERS[options.index(answer_text)],
+                answer=LETTERS[gold],
                 meta={"benchmark": "mlvu", "task": task, "duration": row.get("duration"),
                       "question_type": row.get("question_type", task)},
             ))

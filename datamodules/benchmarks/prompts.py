@@ -98,6 +98,22 @@ TEMPLATES = {
     "videollama3_lvb": _VL3_LVB,
     "lmms_eval_lvb": _LMMS_EVAL_LVB,
     "lmms_eval_videomme": _LMMS_EVAL_VIDEOMME,
+    # lmms-eval@75571cfe lmms_eval/tasks/worldsense/utils.py:worldsense_doc_to_text (worldsense.yaml, video + audio):
+    # "".join([SYS, FRAMES_TMPL_AUDIO, doc["question"] + "\n"] + [op + "\n" for op in doc["candidates"]]), one user
+    # text; the candidates verbatim (VERBATIM_OPTIONS)
+    "lmms_eval_worldsense": (
+        "Carefully watch this video and pay attention to every detail. Based on your observations, select the best "
+        "option that accurately addresses the question.\nThese are the frames of a video and the corresponding "
+        "audio. Select the best answer to the following multiple-choice question based on the video. Respond with "
+        "only the letter ({letters}) of the correct option.\n{question}\n{options}\n"
+    ),
+    # OmniZip's WorldSense evaluation, the configuration seed 003 follows (003:7 "遵循 omnizip 中在 WorldSense 数据集上
+    # 测试的配置参数"): KD-TAO/OmniZip@906029177bb3dc1b6e727d8182d9e832f89ccc54:eval/eval.py:evaluate_sample,
+    # prompt = f"{question}\nOptions:\n{candidates_text}\nAnswer with the option's letter from the given choices
+    # directly." with candidates_text = "\n".join(candidates) (verbatim, VERBATIM_OPTIONS), after the video in one
+    # user turn; its system turn is SYSTEM_PROMPTS["omnizip_worldsense"]. The omni job's default. (OmniZip's README
+    # @11b628c also names an lmms-eval run, eval.sh, for WorldSense; that script is not in its released tree.)
+    "omnizip_worldsense": "{question}\nOptions:\n{options}\nAnswer with the option's letter from the given choices directly.",
 }
 # a template's own text for a question with subtitles (its ``{subtitle_text}`` is the lines, without a header)
 _VLMEVALKIT_WORLDSENSE_SUB = (   # FRAMES_TMPL_SUB (chosen before FRAMES_TMPL_AUDIO when subtitles are used)
@@ -105,14 +121,30 @@ _VLMEVALKIT_WORLDSENSE_SUB = (   # FRAMES_TMPL_SUB (chosen before FRAMES_TMPL_AU
     "Select the best answer to the following multiple-choice question based on the video. "
     "Respond with only the letter ({letters}) of the correct option.\nQuestion: {question}\n{options}\nAnswer: "
 )
+_LMMS_EVAL_WORLDSENSE_SUB = (   # lmms-eval@75571cfe worldsense_doc_to_text_subtitle: SYS + FRAMES_TMPL_SUB.format(...)
+    "Carefully watch this video and pay attention to every detail. Based on your observations, select the best "
+    "option that accurately addresses the question.\nThese are the frames of a video. This video's subtitles are "
+    "listed below:\n\"{subtitle_text}\"\nSelect the best answer to the following multiple-choice question based on "
+    "the video. Respond with only the letter ({letters}) of the correct option.\n{question}\n{options}\n"
+)
 SUBTITLE_TEMPLATES = {"lmms_eval_videomme": _LMMS_EVAL_VIDEOMME_SUBTITLE, "worldsense": _VLMEVALKIT_WORLDSENSE_SUB,
+                      "lmms_eval_worldsense": _LMMS_EVAL_WORLDSENSE_SUB,
                       "worldsense_noaudio": _VLMEVALKIT_WORLDSENSE_SUB}
 # system messages and answer prefixes (text after the assistant header) of the templates that have them; the model
 # puts them into its chat template (models.videollama3.layout.PromptLayout.with_chat)
 SYSTEM_PROMPTS = {   # MLVU choice_bench.py main: conv.system = "..."
     "mlvu": ("Carefully watch this video and pay attention to every detail. Based on your observations, select the "
              "best option that accurately addresses the question."),
+    # OmniZip@9060291 eval/eval.py evaluate_sample: conversation[0] = {"role": "system", "content": [{"type": "text",
+    # "text": ...}]}: Qwen2.5-Omni's own system prompt plus one sentence (VLMEvalKit's WorldSense keeps the model's
+    # default system turn and puts its SYS text in the user turn before the media instead)
+    "omnizip_worldsense": ("You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of "
+                           "perceiving auditory and visual inputs, as well as generating text and speech. Please "
+                           "analyze the video carefully and select the most appropriate answer from the given "
+                           "options."),
 }
+# the omni job's default template (prompt_template=None): the configuration seed 003 follows
+OMNI_DEFAULT_TEMPLATE = "omnizip_worldsense"
 # text before the media in the user turn (VLMEvalKit WorldSense: the first message item, WorldSense.SYS)
 _VLMEVALKIT_WORLDSENSE_SYS = ("Carefully watch this video and pay attention to every detail. Based on your "
                               "observations, select the best option that accurately addresses the question.")
@@ -120,8 +152,19 @@ PRE_MEDIA_TEXTS = {"worldsense": _VLMEVALKIT_WORLDSENSE_SYS, "worldsense_noaudio
 ANSWER_PREFIXES = {  # MLVU choice_bench.py main: conv.append_message(conv.roles[1], "Best Option: (")
     "mlvu": "Best Option: (",
 }
+# templates whose release prints the options as the annotation holds them (``Question.option_lines``): VideoLLaMA3
+# videomme.py ``instruction += f"{option}\n"`` and lmms-eval videomme/utils.py ``"\n".join([f"{opt}" ...])``
+VERBATIM_OPTIONS = ("videollama3_videomme", "lmms_eval_videomme", "lmms_eval_worldsense", "omnizip_worldsense")
+# what a template's release shows, in a subtitle setting, for a video that has no subtitle file: VideoLLaMA3
+# videomme.py ``subtitle_string = ""`` under its header; lmms-eval videomme_doc_to_text_subtitle
+# ``subtitle = "No subtitles available"``; templates not listed show no subtitle block
+NO_SUBTITLE_FILE_TEXT = {"videollama3_videomme": "", "lmms_eval_videomme": "No subtitles available"}
 # a family name resolved per benchmark (``<family>_<benchmark>``)
 FAMILIES = ("videollama3", "lmms_eval")
+# (family, benchmark) pairs a family has no prompt for and that are refused rather than filled in: lmms-eval's MLVU
+# prompt is ``pre_prompt + doc["question"] + post_prompt`` (mlvu/utils.py:mlvu_doc_to_text) over the question text of
+# its own Hub copy (sy1998/MLVU_dev), whose composition with the options is not in the release's code
+REFUSED = {("lmms_eval", "mlvu")}
 
 BENCHMARK_TEMPLATES = {"videomme": "videomme", "mlvu": "mlvu", "lvb": "lvb", "worldsense": "worldsense"}
 DEFAULT_TEMPLATE = "mcq_letter"
@@ -191,13 +234,27 @@ def letters_phrase(n: int) -> str:
 
 def resolve_template(template: str | None, benchmark: str | None) -> str:
     """The template name used for a question of ``benchmark``: a family of :data:`FAMILIES` ->
-    ``<family>_<benchmark>`` when that template exists, else the benchmark's own (:func:`template_for`); ``None``
-    -> the :data:`DEFAULT_FAMILY` (``videollama3``) resolved so."""
+    ``<family>_<benchmark>``; ``None`` -> the :data:`DEFAULT_FAMILY` (``videollama3``) resolved so, which for a
+    benchmark VideoLLaMA3 never evaluated (WorldSense) is the benchmark's own (:func:`template_for`).
+
+    Raises:
+        SettingError: another family without a template for ``benchmark`` (never filled in silently), or a pair of
+            :data:`REFUSED`.
+    """
     if template is None:
         template = DEFAULT_FAMILY
     if template in FAMILIES:
         name = f"{template}_{benchmark}"
-        return name if name in TEMPLATES else template_for(benchmark)
+        if (template, benchmark) in REFUSED:
+            raise SettingError(f"prompt_template {template!r} has no prompt for {benchmark!r} (its release builds it "
+                               f"from a question text this package cannot reproduce); pick a template by name, e.g. "
+                               f"{template_for(benchmark)!r}")
+        if name in TEMPLATES:
+            return name
+        if template != DEFAULT_FAMILY:
+            raise SettingError(f"prompt_template {template!r} has no prompt for {benchmark!r}; known: "
+                               f"{sorted(t for t in TEMPLATES if t.startswith(template + '_'))}")
+        return template_for(benchmark)   # VideoLLaMA3 has no WorldSense evaluation: the benchmark's own (README)
     return template
 
 
@@ -241,16 +298,22 @@ def build_prompt(q: Question, template: str | None = None, frame_times_s: list[f
             resolved for ``q.meta["benchmark"]`` (:func:`resolve_template`).
         frame_times_s: times (s) of the frames the model sees; Video-MME then shows only their subtitle lines
             (:func:`subtitle_text`). A subtitled question always gets the header, even when no line is left, as
-            VideoLLaMA3's ``videomme.py`` writes it for a video with a subtitle file.
+            VideoLLaMA3's ``videomme.py`` writes it for a video with a subtitle file; in a subtitle setting a video
+            without a file gets :data:`NO_SUBTITLE_FILE_TEXT` (``meta["subtitles"] is False``). Templates of
+            :data:`VERBATIM_OPTIONS` print ``q.option_lines`` (the release's strings) instead of ``A. text`` lines.
 
     Raises:
         KeyError: unknown template name.
     """
     name = resolve_template(template, q.meta.get("benchmark"))
     lines = subtitle_text(q, frame_times_s) if q.subtitles else None
+    if lines is None and q.meta.get("subtitles") is False and name in NO_SUBTITLE_FILE_TEXT:
+        lines = NO_SUBTITLE_FILE_TEXT[name]   # subtitle setting, no file: as the template's release
     subs = f"This video's subtitles are listed below:\n{lines}\n" if lines is not None else ""
     text = SUBTITLE_TEMPLATES[name] if lines is not None and name in SUBTITLE_TEMPLATES else TEMPLATES[name]
-    return text.format(subtitles=subs, subtitle_text=lines or "", question=q.question, options=format_options(q.options),
+    options = ("\n".join(q.option_lines) if q.option_lines and name in VERBATIM_OPTIONS
+               else format_options(q.options))
+    return text.format(subtitles=subs, subtitle_text=lines or "", question=q.question, options=options,
                                   options_paren=format_options_paren(q.options),
                                   mlvu_question=mlvu_question(q.question, q.options),
                                   letters=letters_phrase(len(q.options)))

@@ -66,6 +66,37 @@ def load_srt(path: str | Path) -> list[TimedLine]:
     return parse_srt(path.read_text(encoding="utf-8-sig", errors="replace"), where=str(path))
 
 
+def load_srt_as_videollama3(path: str | Path) -> list[TimedLine]:
+    """A Video-MME ``.srt`` as VideoLLaMA3's evaluation reads it: ``pysubs2.load(subtitle_path, encoding="utf-8")``
+    and, per cue, ``subtitle.text.replace("\\N", " ")`` (DAMO-NLP-SG/VideoLLaMA3@05cee23d:
+    evaluation/benchmarks/videomme.py:VideoMMEDataset.load_data / generate_instruction).
+
+    pysubs2 does the markup handling (``<i>`` -> ``{\\i1}``, other HTML tags removed, newlines -> ``\\N``); times are
+    its integer milliseconds; cues stay in pysubs2's order (file order) and blank ones are kept, since the release
+    takes the *first* cue covering a frame and only then skips a blank text (:func:`lines_at_frames`).
+
+    Where the release would stop the whole evaluation, one file does not: bytes that are not UTF-8 are replaced
+    (``errors="replace"``, the retry after the strict read), and a file with no cue pysubs2 recognises
+    (``FormatAutodetectionError``) has no lines. A cue ending before it starts is kept, as pysubs2 keeps it (it
+    covers no frame).
+
+    Raises:
+        AnnotationError: the file cannot be read (file named).
+    """
+    import pysubs2
+
+    try:
+        try:
+            subs = pysubs2.load(str(path), encoding="utf-8")
+        except UnicodeDecodeError:
+            subs = pysubs2.load(str(path), encoding="utf-8", errors="replace")
+    except pysubs2.exceptions.FormatAutodetectionError:
+        return []
+    except (OSError, ValueError, pysubs2.Pysubs2Error) as e:
+        raise AnnotationError(f"{path}: unreadable subtitle file ({type(e).__name__}: {e})") from e
+    return [(ev.start / 1000.0, ev.end / 1000.0, ev.text.replace("\\N", " ")) for ev in subs]
+
+
 def hms_to_seconds(stamp: str) -> float:
     """``"HH:MM:SS.mmm"`` (or ``"MM:SS.mmm"``, or ``"SS.mmm"``; ``,`` accepted for ``.``) to seconds.
 
@@ -92,8 +123,9 @@ def parse_lvb_subtitles(items: list, starting_timestamp_s: float = 0.0, duration
     * ``{"start": "HH:MM:SS.mmm", "end": "HH:MM:SS.mmm", "line": "..."}``.
 
     Times are shifted by ``-starting_timestamp_s`` (the clip's offset inside the subtitled source video). Lines
-    that end before 0 after the shift are dropped, starts are clamped to 0, times are rounded to 1 ms. Markup is
-    stripped; empty lines are dropped.
+    that end before 0 after the shift are dropped, starts are clamped to 0, times are rounded to 1 ms. The text is
+    kept as released (markup, whitespace and empty lines included, as ``insert_subtitles_into_frames`` appends
+    ``subtitle["text"]`` / ``subtitle["line"]``).
 
     Raises:
         AnnotationError: an item in neither form, or with unreadable times (``where`` and the item index named).
@@ -120,9 +152,10 @@ def parse_lvb_subtitles(items: list, starting_timestamp_s: float = 0.0, duration
         end -= starting_timestamp_s
         if end < 0:
             continue
-        body = strip_markup(str(text or ""))
-        if body:
-            out.append((round(max(start, 0.0), 3), round(end, 3), body))
+        # the text as released: VideoLLaMA3@05cee23d longvideobench.py insert_subtitles_into_frames appends
+        # ``subtitle["text"]`` / ``subtitle["line"]`` unchanged (no markup or whitespace normalisation)
+        body = "" if text is None else str(text)
+        out.append((round(max(start, 0.0), 3), round(end, 3), body))
     return sorted(out, key=lambda x: (x[0], x[1]))
 
 
@@ -142,10 +175,10 @@ def load_lvb_subtitles(path: str | Path, starting_timestamp_s: float = 0.0,
 
 
 def subtitles_text(lines: list[TimedLine]) -> str:
-    """Subtitle lines as one text ordered by time, one line per cue, consecutive duplicates removed."""
+    """Subtitle lines as one text ordered by time, one line per cue, blank cues and consecutive duplicates removed."""
     out: list[str] = []
     for _, _, text in sorted(lines, key=lambda x: (x[0], x[1])):
-        if not out or out[-1] != text:
+        if text.strip() and (not out or out[-1] != text):
             out.append(text)
     return "\n".join(out)
 
@@ -160,7 +193,7 @@ def lines_at_frames(lines: list[TimedLine], frame_times_s: list[float]) -> str:
     covering three frames appears three times).
 
     Args:
-        lines: timed lines (:func:`parse_srt`; seconds, in file order sorted by time).
+        lines: timed lines (:func:`load_srt_as_videollama3`; seconds of integer ms, in the file's order).
         frame_times_s: the times (s) of the frames the model sees.
 
     Returns:

@@ -3,8 +3,10 @@
 Columns: ``video_id, duration, domain, sub_category, url, videoID, question_id, task_type, question, options,
 answer``; ``options`` holds strings ``"A. text"``; ``answer`` is a letter.
 
-Optional subtitles: ``<root>/subtitles/<videoID>.srt`` (markup such as ``<font ...>`` stripped). Whether they were
-used is recorded in each question's ``meta["subtitles"]``, since published Video-MME numbers come in both settings.
+Optional subtitles: ``<root>/subtitles/<videoID>.srt``, read as VideoLLaMA3's evaluation reads them (pysubs2,
+:func:`~datamodules.benchmarks.subtitles.load_srt_as_videollama3`). Whether they were used is recorded in each
+question's ``meta["subtitles"]`` (``False``: the setting is on but the video has no file), since published Video-MME
+numbers come in both settings. The option strings are also kept verbatim (``Question.option_lines``).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import pyarrow.parquet as pq
 
 from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, resolve_media_path,
                    strip_option_letters, text_field)
-from .subtitles import load_srt, subtitles_text
+from .subtitles import load_srt_as_videollama3, subtitles_text
 
 COLUMNS = ("video_id", "duration", "domain", "sub_category", "videoID", "question_id", "task_type", "question",
            "options", "answer")
@@ -91,7 +93,8 @@ def load_videomme(root: Path, parquet: str | None = None, video_dir: str = "vide
             where = f"{f} row {i} (question_id={row.get('question_id')!r})"
             qid = text_field(row["question_id"], "question_id", where, numbers_ok=True)
             question = text_field(row["question"], "question", where)
-            options = strip_option_letters(options_field(row["options"], "options", where), where, _LETTER_PREFIX)
+            released_options = options_field(row["options"], "options", where)
+            options = strip_option_letters(released_options, where, _LETTER_PREFIX)
             raw_answer = row["answer"]
             if raw_answer is not None and not isinstance(raw_answer, str):
                 raise AnnotationError(f"{where}: answer must be a letter, got {type(raw_answer).__name__} "
@@ -105,7 +108,7 @@ def load_videomme(root: Path, parquet: str | None = None, video_dir: str = "vide
             if subtitles:
                 if vid not in subs_cache:
                     srt = resolve_media_path(root, Path(subtitle_dir) / f"{vid}.srt", where)
-                    subs_cache[vid] = load_srt(srt) if srt.is_file() else None
+                    subs_cache[vid] = load_srt_as_videollama3(srt) if srt.is_file() else None
                 lines = subs_cache[vid]
             questions.append(Question(
                 qid=qid,
@@ -119,6 +122,7 @@ def load_videomme(root: Path, parquet: str | None = None, video_dir: str = "vide
                       **({"subtitles": bool(lines)} if subtitles else {})},
                 subtitles=subtitles_text(lines) if lines else None,
                 subtitle_lines=list(lines) if lines else None,
+                option_lines=list(released_options),
             ))
             wheres.append(where)
     check_questions(questions, wheres)

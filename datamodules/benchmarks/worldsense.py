@@ -10,7 +10,8 @@ Accepted annotation shapes:
    "qid"? | "question_id"?, "task_domain"?, "sub_category"?, "duration"?}``; qid defaults to
    ``<video_id>_<index>``.
 
-Options may carry ``"A. "`` letters (checked against their position) or not; exactly 4 are required.
+Options may carry ``"A. "`` letters (checked against their position) or not; the release has 4, and any count
+of 2..10 is accepted (as lmms-eval's scorer takes 3-option rows), the answer being one of the row's letters.
 """
 from __future__ import annotations
 
@@ -22,22 +23,25 @@ from .base import (LETTERS, AnnotationError, Question, check_questions, options_
                    strip_option_letters, text_field)
 
 _LETTER_PREFIX = re.compile(r"^\s*\(?([A-J])[.):]\s*")
-NUM_OPTIONS = 4
+NUM_OPTIONS = 4   # the release's count; others are accepted (lmms-eval's scorer takes 3-option rows too)
 
 
-def _options(raw, where: str) -> list[str]:
-    if not isinstance(raw, list) or len(raw) != NUM_OPTIONS:
-        raise AnnotationError(f"{where}: expected {NUM_OPTIONS} options, got {raw!r:.200}")
-    return strip_option_letters(options_field(raw, "options", where, NUM_OPTIONS, NUM_OPTIONS), where,
-                                _LETTER_PREFIX)
+def _options(raw, where: str) -> tuple[list[str], list[str]]:
+    """(option texts without letters, the release's strings). Any count of 2..10 is accepted: lmms-eval@75571cfe
+    worldsense/utils.py:worldsense_process_results scores a row by its own candidates (``if len(options) == 3``),
+    so one odd row does not refuse the file."""
+    released = options_field(raw, "options", where)
+    return strip_option_letters(released, where, _LETTER_PREFIX), released
 
 
-def _answer(raw, where: str) -> str:
+def _answer(raw, where: str, n_options: int) -> str:
+    letters = LETTERS[:n_options]
     if not isinstance(raw, str):
-        raise AnnotationError(f"{where}: answer must be a letter A-D, got {type(raw).__name__} {raw!r:.80}")
+        raise AnnotationError(f"{where}: answer must be a letter A-{letters[-1]}, got {type(raw).__name__} "
+                              f"{raw!r:.80}")
     a = raw.strip().strip("().").upper()
-    if a not in LETTERS[:NUM_OPTIONS]:
-        raise AnnotationError(f"{where}: answer {raw!r} is not a letter A-D")
+    if a not in letters:
+        raise AnnotationError(f"{where}: answer {raw!r} is not a letter A-{letters[-1]}")
     return a
 
 
@@ -50,8 +54,8 @@ def load_worldsense(root: Path, annotation: str = "worldsense_qa.json", video_di
         the video, when the annotation has it).
 
     Raises:
-        AnnotationError: invalid JSON, an unknown shape, a question without 4 options or with an answer outside
-            A-D, a missing, mistyped or empty question/task_type/option, a duplicate qid, or a video path escaping
+        AnnotationError: invalid JSON, an unknown shape, a question with fewer than 2 or more than 10 options or
+            with an answer outside its letters, a missing, mistyped or empty question/task_type/option, a duplicate qid, or a video path escaping
             ``root`` (file and row named).
     """
     root = Path(root)
@@ -92,18 +96,20 @@ def load_worldsense(root: Path, annotation: str = "worldsense_qa.json", video_di
         question = text_field(q["question"], "question", where)
         vid = text_field(video["video_id"], "video_id", where, numbers_ok=True)
         video_path = resolve_media_path(root, Path(video_dir) / f"{vid}.mp4", where)
+        options, released = _options(q.get("candidates", q.get("options")), where)
         questions.append(Question(
             qid=qid,
             video_id=vid,
             video_path=str(video_path),
             question=question,
-            options=_options(q.get("candidates", q.get("options")), where),
-            answer=_answer(q.get("answer"), where),
+            options=options,
+            answer=_answer(q.get("answer"), where, len(options)),
             meta={"benchmark": "worldsense", "domain": video.get("domain"),
                   "sub_category": video.get("sub_category"), "task_domain": q.get("task_domain"),
                   "task_type": q["task_type"], "duration": video.get("duration"),
                   # VLMEvalKit's get_dimension_rating rates by audio class (a list per question), when released
                   **({"audio_class": q.get("audio_class", video.get("audio_class"))}
                      if q.get("audio_class", video.get("audio_class")) is not None else {})},
+            option_lines=list(released),
         ))
     return check_questions(questions, [w for _, w, _, _ in items])

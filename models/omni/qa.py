@@ -232,18 +232,22 @@ class OmniQA(nn.Module):
             return []
         return self.tokenizer(text, add_special_tokens=False, split_special_tokens=untrusted)["input_ids"]
 
-    def text_ids(self, question_text: str, pre_media_text: str = "") -> tuple[list[int], list[int]]:
+    def text_ids(self, question_text: str, pre_media_text: str = "",
+                 system_prompt: str | None = None) -> tuple[list[int], list[int]]:
         """Ids before and after the media: ``(system + user header [+ pre_media_text], question + assistant
-        header)``; ``pre_media_text`` is a prompt's text before the media (VLMEvalKit WorldSense's SYS item)."""
-        head = self._ids(f"<|im_start|>system\n{self.system_prompt}<|im_end|>\n<|im_start|>user\n{pre_media_text}")
+        header)``; ``pre_media_text`` is a prompt's text before the media (VLMEvalKit WorldSense's SYS item);
+        ``system_prompt``: the system turn's text (``None``: :attr:`system_prompt`; OmniZip's WorldSense
+        evaluation sends its own)."""
+        system = self.system_prompt if system_prompt is None else system_prompt
+        head = self._ids(f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{pre_media_text}")
         tail = self._ids(question_text, untrusted=True) + self._ids("<|im_end|>\n<|im_start|>assistant\n")
         return head, tail
 
     @torch.no_grad()
     def build_inputs(self, clip: EncodedClip, prune: PruneResult | None, question_text: str,
-                     pre_media_text: str = "") -> PromptInputs:
+                     pre_media_text: str = "", system_prompt: str | None = None) -> PromptInputs:
         """The query's LLM input: unpruned ids and positions, then the kept tokens gathered (module step 3).
-        ``pre_media_text``: the prompt's text before the media (:meth:`text_ids`)."""
+        ``pre_media_text``, ``system_prompt``: see :meth:`text_ids`."""
         cfg = self.config
         t, n, _ = clip.video_tokens.shape
         n_a = clip.audio_tokens.shape[0]
@@ -251,7 +255,7 @@ class OmniQA(nn.Module):
                                      self.thinker.model.visual.spatial_merge_size, n_a, clip.second_per_grid,
                                      float(cfg.position_id_per_seconds), float(cfg.seconds_per_chunk),
                                      cfg.video_token_id, cfg.audio_token_id)
-        head, tail = self.text_ids(question_text, pre_media_text)
+        head, tail = self.text_ids(question_text, pre_media_text, system_prompt)
         ids = torch.tensor(head + [cfg.vision_start_token_id, cfg.audio_start_token_id] + media
                            + [cfg.audio_end_token_id, cfg.vision_end_token_id] + tail, dtype=torch.long)
         pos, _ = self.thinker.model.get_rope_index(

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from torch import Tensor
 
-from algorithms.flops import ModelShape, get_shape, paper_prefill_flops, prefill_flops
+from algorithms.flops import NO_ATTENTION, ModelShape, get_shape, paper_prefill_flops, prefill_flops
 
 __all__ = ["FLOP_SHAPES", "EncodedClip", "PromptInputs", "interleave_media_ids", "model_shape", "prefill_flop_fields"]
 
@@ -33,12 +33,16 @@ def prefill_flop_fields(num_prefill_tokens: int, num_multimodal_tokens: int,
 
     Returns:
         ``{"paper": {shape: multiply-adds with n = multimodal tokens}, "accurate": {shape: FLOPs with n = all
-        prompt tokens and lm_head on 1 position, "model": the same for ``own_shape`` when given}}``.
+        prompt tokens and lm_head on 1 position, "model": the same for ``own_shape`` when given},
+        "no_attention": the same without the attention products (``algorithms.flops.NO_ATTENTION``, the
+        convention of seed 003's decode figure)}``.
     """
     out = {"paper": {s: paper_prefill_flops(get_shape(s), num_multimodal_tokens) for s in FLOP_SHAPES},
-           "accurate": {s: prefill_flops(get_shape(s), num_prefill_tokens, 1) for s in FLOP_SHAPES}}
+           "accurate": {s: prefill_flops(get_shape(s), num_prefill_tokens, 1) for s in FLOP_SHAPES},
+           NO_ATTENTION: {s: prefill_flops(get_shape(s), num_prefill_tokens, 1, attention=False) for s in FLOP_SHAPES}}
     if own_shape is not None:
         out["accurate"]["model"] = prefill_flops(own_shape, num_prefill_tokens, 1)
+        out[NO_ATTENTION]["model"] = prefill_flops(own_shape, num_prefill_tokens, 1, attention=False)
     return out
 
 

@@ -240,6 +240,20 @@ def area_pool_rows(rows: torch.Tensor, grid: tuple[int, int], out_grid: tuple[in
     return y.permute(1, 2, 0).reshape(out_grid[0] * out_grid[1], -1).to(rows.dtype)
 
 
+def mean_merge_rows(rows: torch.Tensor, grid: tuple[int, int], out_grid: tuple[int, int]) -> torch.Tensor:
+    """One ``mean_merge`` substitute: a group's frames averaged and area-pooled in fp32, cast once (seed 000
+    ``build``: ``x = torch.stack([grid[s:s + L].float().mean(0) ...])``, ``F.adaptive_avg_pool2d(...)``,
+    ``x.reshape(-1, C).to(feats.dtype)``).
+
+    Args:
+        rows: (L, gh * gw, C), the group's frames at the encode grid.
+
+    Returns:
+        (gh' * gw', C) in ``rows.dtype``.
+    """
+    return area_pool_rows(rows.float().mean(0), grid, out_grid).to(rows.dtype)
+
+
 @torch.no_grad()
 def build_layout_prompt(vlm: BudgetedVideoLlama3, cache: EncodeCache, job: LayoutJob, times_s: list[float],
                         raw_mode: str = "phase3", subtitle_slots=None) -> VideoPrompt:
@@ -278,8 +292,8 @@ def build_layout_prompt(vlm: BudgetedVideoLlama3, cache: EncodeCache, job: Layou
         elif lay.group_substitute == "sel_merge":
             sub = torch.stack([area_pool_rows(rows[a], g.grid, lay.group_grid) for a in mids])
         elif lay.group_substitute == "mean_merge":
-            sub = torch.stack([area_pool_rows(rows[bounds[c][0]:bounds[c][1]].float().mean(0).to(rows.dtype),
-                                              g.grid, lay.group_grid) for c in plan.compressed])
+            sub = torch.stack([mean_merge_rows(rows[bounds[c][0]:bounds[c][1]], g.grid, lay.group_grid)
+                               for c in plan.compressed])
         else:
             raise ValueError(f"unknown group substitute {lay.group_substitute!r}")
         group_llm = vlm.project(sub, original=orig)                            # (G_c, K', D)

@@ -53,7 +53,8 @@ class ContextLengthError(ValueError):
 
 @dataclass
 class Answer:
-    """One greedy answer: generated token ids (without the prompt), decoded text, prompt length, fallback flag.
+    """One greedy answer: generated token ids (without the prompt), decoded text (``.strip()``-ed, as seed 001's
+    ``decode(new, skip_special_tokens=True).strip()``), prompt length, fallback flag.
 
     ``error``: set (and no tokens) when the question was not answered: its prompt of ``seq_len`` tokens plus
     ``max_new_tokens`` does not fit the model's context (:meth:`SharedPrefixAnswering.context_error`)."""
@@ -126,7 +127,8 @@ class SharedPrefixAnswering:
         return self.model.lm_head(hidden[:, -1:])
 
     def _answer(self, tokens: list[int], seq_len: int, fallback: bool) -> Answer:
-        return Answer(token_ids=tokens, text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+        # seed 001 answer(): ``self.tok.decode(new, skip_special_tokens=True).strip()``
+        return Answer(token_ids=tokens, text=self.tokenizer.decode(tokens, skip_special_tokens=True).strip(),
                       seq_len=seq_len, fallback=fallback)
 
     @torch.no_grad()

@@ -65,6 +65,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from .chat_template import processor_chat_template
 from .weight_files import ORIGINAL_PROJECTOR_DIR, QBASE_DIR
 from .original_config import Translated, is_original_layout, translate_config, translate_video_processor
 from .original_weights import find_original_projector, map_state_dict, projector_state_from
@@ -106,6 +107,7 @@ def read_original(original_dir: str | Path, original_projector: str | Path | Non
     with warnings.catch_warnings():  # AutoTokenizer parses the original config.json, whose rope_scaling is legacy
         warnings.filterwarnings("ignore", message=".*rope_scaling.*", category=FutureWarning)
         tokenizer = AutoTokenizer.from_pretrained(src)
+    tokenizer.chat_template = processor_chat_template(src)  # seed 001: Videollama3Processor's template (saved on)
     state = read_safetensors_dir(src)
     translated = translate_config(orig, tokenizer, state, vision_config_dir)
     model_state, qbase_state = map_state_dict(state, translated)

@@ -19,6 +19,7 @@ import torch
 from algorithms.budget import CELL_PIXELS, MIN_TOKENS_PER_FRAME, Plan, frame_grid
 from algorithms.errors import CheckpointError, SettingError
 from ..loading import local_checkpoint, reading_checkpoint
+from .chat_template import processor_chat_template
 from .qbase import TransformerDecoderFlatCompressor, load_state_dict_strict
 from .weight_files import ORIGINAL_PROJECTOR_DIR, QBASE_DIR
 from .. import vision_attention
@@ -44,6 +45,10 @@ class VisionEncoding:
                         fused_kernels: bool = True, original_projector: str | Path | None = None,
                         vision_config_dir: str | Path | None = None) -> "BudgetedVideoLlama3":
         """Load a transformers-format VideoLLaMA3 directory plus ``qbase/`` (and ``original_projector/``).
+
+        The tokenizer renders with the template seed 001's ``Videollama3Processor`` gives it: the processor's saved
+        one, VideoLLaMA3's ``DEFAULT_CHAT_TEMPLATE`` when the directory saves none
+        (:func:`models.videollama3.chat_template.processor_chat_template`).
 
         A directory in the original VideoLLaMA3 layout (``config.json`` with ``vision_encoder_config``, weights named
         as in the original repository, ``model.token_compressor.*``) is also accepted and mapped in memory by
@@ -79,6 +84,7 @@ class VisionEncoding:
                 raise CheckpointError(f"{path}: checkpoint weights do not match VideoLlama3ForConditionalGeneration: "
                                       f"{bad}")
             tokenizer = AutoTokenizer.from_pretrained(path)
+            tokenizer.chat_template = processor_chat_template(path)  # seed 001: Videollama3Processor's template
             video_processor = AutoVideoProcessor.from_pretrained(path)
         compressor = TransformerDecoderFlatCompressor.from_pretrained(path / QBASE_DIR).to(dtype)
         orig = None

@@ -61,7 +61,7 @@ class PromptLayout:
 
     A part of :class:`~models.videollama3.model.BudgetedVideoLlama3`, which sets the attributes read here:
     ``model``, ``tokenizer``, ``placeholder_id`` (the ``<|video_pad|>`` id), ``_template`` (this class's
-    :meth:`_split_chat_template` of the default system message) and ``device``.
+    :meth:`_split_chat_template` of the default system message), ``add_system_prompt`` and ``device``.
     """
 
     # ------------------------------------------------------------------ text
@@ -74,12 +74,17 @@ class PromptLayout:
         (chicheng567/OnlineLong@0b046341:videollama3/model/processor.py:DEFAULT_CHAT_TEMPLATE) writes its system
         turn ``<|im_start|>system\nYou are VideoLLaMA3 created by Alibaba DAMO Academy, a helpful assistant to help
         people understand images and videos.<|im_end|>\n`` only when ``add_system_prompt`` is set; templates that
-        do not read the flag (plain ChatML) render unchanged."""
+        do not read the flag (plain ChatML) render unchanged.
+
+        ``add_system_prompt`` (attribute, :meth:`set_system_prompt`) ``False`` renders as VideoLLaMA3's own
+        evaluation does (DAMO-NLP-SG/VideoLLaMA3@05cee23d:evaluation/benchmarks/base.py:BaseVideoEvalDataset.__getitem__:
+        ``self.processor.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)``, no flag:
+        no system turn)."""
         msgs = [{"role": "user", "content": _VIDEO_MARK + _TEXT_MARK}]
         if system is not None:
             msgs.insert(0, {"role": "system", "content": system})
         text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True,
-                                                  add_system_prompt=True)
+                                                  add_system_prompt=self.add_system_prompt)
         if _VIDEO_MARK not in text or _TEXT_MARK not in text:
             raise ValueError("the tokenizer's chat template does not place string user content verbatim")
         if system is not None and system not in text.split(_VIDEO_MARK)[0]:
@@ -87,6 +92,16 @@ class PromptLayout:
         head, rest = text.split(_VIDEO_MARK)
         mid, tail = rest.split(_TEXT_MARK)
         return head, mid, tail
+
+    def set_system_prompt(self, on: bool) -> "PromptLayout":
+        """Render the chat template with ``add_system_prompt=on``: ``True`` (default) as seed 001
+        ``prompt_embeds`` (VideoLLaMA3's system turn), ``False`` as VideoLLaMA3's ``evaluation/`` (none); prompts
+        built afterwards use it."""
+        if not isinstance(on, bool):
+            raise TypeError(f"add_system_prompt must be a bool, got {on!r}")
+        self.add_system_prompt = on
+        self._template = self._split_chat_template()
+        return self
 
     def with_chat(self, prompt: VideoPrompt, system: str | None = None, answer_prefix: str = "",
                   pre_media_text: str = "") -> VideoPrompt:

@@ -61,6 +61,7 @@ class BudgetedVideoLlama3(VisionEncoding, PromptLayout, SharedPrefixAnswering, n
         for tok in (COMPRESSION_START, COMPRESSION_END):
             if tokenizer.convert_tokens_to_ids(tok) in (None, tokenizer.unk_token_id):
                 raise ValueError(f"tokenizer has no special token {tok!r}")
+        self.add_system_prompt = True   # seed 001 prompt_embeds: apply_chat_template(..., add_system_prompt=True)
         self._template = self._split_chat_template()
         self._fused = False      # fused kernels bound, LLM and vision encoder (set_fused_kernels)
 

@@ -1,13 +1,14 @@
 """Rules of DESIGN §3.1-3.4: hand-computed cases and hypothesis properties of the plan invariants."""
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
 from algorithms.budget import (
-    compression_order, evenly_spaced, frame_grid, frame_token_cap, frame_tokens, max_frames,
-    plan_groups, sample_frames, sample_rate, subsample, fps_filter_frames, thin_linspace,
+    compression_order, frame_grid, frame_token_cap, frame_tokens, max_frames,
+    budget_fps, plan_groups, sample_frames, sample_rate, subsample, fps_filter_frames, thin_linspace,
 )
 from algorithms.segmentation import (
     adaptive_segment_count, adaptive_segment_lengths, frame_changes, group_variation, uniform_segment_lengths,
@@ -54,7 +55,6 @@ def test_fps_filter_round_down_takes_the_last_frame_of_each_step():
 
 def test_thin_linspace_truncates():
     assert thin_linspace(9, 8) == [0, 1, 2, 3, 4, 5, 6, 8]          # np.linspace(0, 8, 8, dtype=int)
-    assert evenly_spaced(9, 8) == [0, 1, 2, 3, 5, 6, 7, 8]          # the rounding rule (subsample) differs
     assert thin_linspace(65, 64) == [*range(63), 64]
     assert thin_linspace(5, 8) == [0, 1, 2, 3, 4]
 
@@ -73,10 +73,16 @@ def test_sample_frames_seed_cases():
     assert len(src) == 10 and ts == [0.5 + j for j in range(10)]
 
 
-def test_subsample():
-    assert subsample(10, 256) == list(range(10))
-    assert subsample(40, 256) == evenly_spaced(40, 32)
-    assert subsample(40, 256)[0] == 0 and subsample(40, 256)[-1] == 39 and len(set(subsample(40, 256))) == 32
+def test_subsample_is_the_seeds_linspace_truncation():
+    # seeds 001/000 thin with np.linspace(0, N - 1, M, dtype=int): step 39/31 = 1.258..., truncated
+    assert subsample(10, 256) == list(range(10))                                  # 10 <= max_frames(256) = 32
+    assert subsample(40, 256) == [math.floor(i * 39 / 31) for i in range(32)]
+    assert subsample(40, 256)[:6] == [0, 1, 2, 3, 5, 6]                            # round() would give 0, 1, 3, 4, 5, 6
+    assert subsample(9, 64) == [0, 1, 2, 3, 4, 5, 6, 8]                           # round() would give ..., 3, 5, 6, 7, 8
+    assert subsample(9, 64) == np.linspace(0, 8, 8, dtype=int).tolist()
+    assert subsample(1000, 1024) == np.linspace(0, 999, 128, dtype=int).tolist()
+    with pytest.raises(ValueError, match="smaller than one compressed group"):
+        subsample(10, 63)
 
 
 def test_frame_grid_matches_transformers_smart_resize():
@@ -187,3 +193,14 @@ def test_adaptive_cuts_tile_with_forced_eights(t, seed, ties):
     assert len(lens) == adaptive_segment_count(t) and sum(lens) == t and max(lens) <= 8
     cuts = set(torch.cumsum(torch.tensor(lens[:-1]), 0).tolist())
     assert set(range(8, t, 8)) <= cuts            # every forced cut is there
+
+
+def test_budget_fps_is_the_seeds_record():
+    # seed 001: fps = min(bd.FPS, len(idx) / max(info["duration"], 1e-6)); fps_ok = fps >= bd.MIN_FPS - 1e-6
+    assert budget_fps(14, 14.0) == (1.0, True)
+    assert budget_fps(1, 1.1992) == (round(1 / 1.1992, 4), True) == (0.8339, True)
+    assert budget_fps(1, 1.999) == (0.5003, True)           # the lowest rate of an uncapped 1 fps decode
+    assert budget_fps(32, 3600.0) == (0.0089, False)
+    assert budget_fps(1, 2.0) == (0.5, True) and budget_fps(1, 2.0 + 4e-6) == (0.5, True)  # the seed's 1e-6 slack
+    assert budget_fps(1, 2.1) == (0.4762, False)
+    assert budget_fps(3, 0.0) == (1.0, True)                 # max(duration, 1e-6)

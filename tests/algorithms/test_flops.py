@@ -129,3 +129,20 @@ def test_accurate_matches_flop_counter_omni_thinker():
     measured, _ = _measure(model, input_ids=ids)
     expected = prefill_flops(ModelShape("tiny-omni", 2, 64, 176, 4, 2, 16, 512, rope_rows=3), 41)
     assert abs(measured - expected) / measured < 0.01
+
+
+def test_no_attention_convention_matches_the_seed_logs_decode():
+    """Seed 003's log: "Decode dvOkwKAs.mp4: tflops=0.01234497373" (12,344,973,730 FLOPs). Without the attention
+    products one token of the 3B thinker costs, by hand: per layer 2*2048*(16+2*2)*128 + 2*16*128*2048 (q/k/v/o)
+    + 6*2048*11008 (SwiGLU) = 10,485,760 + 8,388,608 + 135,266,304 = 154,140,672; x 36 layers = 5,549,064,192;
+    lm_head 2*2048*151936 = 622,329,856; total 6,171,394,048. The log is 2.0004 of those; attention over a
+    6,000-key cache would add 2 * 36 * 4*16*128*6000 = 3.5e9 to two steps."""
+    from algorithms.flops import NO_ATTENTION
+
+    s = get_shape("qwen2.5-omni-3b")
+    one = prefill_flops(s, 1, 1, attention=False)
+    assert one == 6_171_394_048 and NO_ATTENTION == "no_attention"
+    assert decode_flops(s, 6000, 2, attention=False) == 2 * one == decode_flops(s, 0, 2, attention=False)
+    assert abs(12_344_973_730 / one - 2.0) < 4e-4
+    assert decode_flops(s, 6000, 2) - decode_flops(s, 6000, 2, attention=False) == 2 * 36 * 4 * 16 * 128 * 6000 + 36 * 4 * 16 * 128 * 3
+    assert prefill_flops(s, 10, 1) - prefill_flops(s, 10, 1, attention=False) == 36 * 4 * 16 * 10 * 10 * 128

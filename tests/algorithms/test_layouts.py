@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from algorithms.budget import K_ROWS, compression_order, evenly_spaced, frame_grid, make_plan, max_frames, plan_groups, subsample
+from algorithms.budget import K_ROWS, compression_order, frame_grid, make_plan, max_frames, plan_groups, subsample
 from algorithms.layouts import (
     VARIANTS, fill, fill_order, fill_v2, frame_cap, layout_video, parse_jobs, plan_variant, raw_rows_limit,
     same_llm_input, segment, substitute_frame, substitute_grid, training_change, variant_frames,
@@ -82,7 +82,7 @@ def test_capped_frame_choice_is_linspace_of_the_decoded_frames():
     got, capped = variant_frames("rho32", 100, 1024)           # cap 32 < 100
     assert capped and got == [math.floor(i * 99 / 31) for i in range(32)]
     assert got[:4] == [0, 3, 6, 9] and got[-1] == 99            # rounding would give 0, 3, 6, 10
-    assert evenly_spaced(100, 32)[3] == 10
+    assert subsample(100, 256) == got                           # the baseline (32 of 100) thins by the same rule
     # the cap compares with the decoded frames, not the budget's: 100 decoded at B = 256 (subsample: 32), rho32's
     # cap 8 < 100 -> 8 of the 100; base keeps subsample(100, 256)
     assert variant_frames("rho32", 100, 256) == ([math.floor(i * 99 / 7) for i in range(8)], True)
@@ -384,3 +384,9 @@ def test_registry_is_declarative():
     assert [n for n, v in VARIANTS.items() if v.fill_rule == "v2"] == ["rho32fv2", "rho64fv2", "rho128fv2"]
     assert VARIANTS["qtf2"].compress_group_frames == 2 and VARIANTS["uni16"].cap == VARIANTS["rho16"].cap
     assert max_frames(1024) == 128 and compression_order([1.0], [2]) == [0]
+
+
+def test_hivar_one_frame_video_scores_zero_where_the_seed_raises():
+    # seed 000 training_change: diff = [] for one frame, and ``diff[0]`` raises IndexError; here 0.0 (README row)
+    assert training_change(torch.empty(0), [1]) == [0.0]
+    assert training_change(torch.tensor([0.25, 0.5]), [1, 2]) == [0.25, 0.5]   # first frame: its step to the next

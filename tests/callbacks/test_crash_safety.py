@@ -295,11 +295,30 @@ def test_modules_record_defaults_match_their_record_settings(tiny_vl3_dir):
     from datamodules.videoqa import VideoQADataModule
     from lightning_modules.budgeted_qa import BudgetedQA
 
-    assert BudgetedQA.RECORD_DEFAULTS == {"original_projector": None, "cudnn_attention": False}
+    assert BudgetedQA.RECORD_DEFAULTS == {"original_projector": None, "cudnn_attention": False,
+                                          "add_system_prompt": True}
     off = BudgetedQA(model_path=str(tiny_vl3_dir)).record_settings()
     assert not set(off) & set(BudgetedQA.RECORD_DEFAULTS)
     on = BudgetedQA(model_path=str(tiny_vl3_dir), cudnn_attention=True, original_projector="/x/p.pt").record_settings()
     assert on["cudnn_attention"] is True and on["original_projector"] == "/x/p.pt"
+    assert BudgetedQA(model_path=str(tiny_vl3_dir), add_system_prompt=False).record_settings()["add_system_prompt"] \
+        is False
     assert "max_replaced_frac" not in VideoQADataModule().record_settings()
     assert VideoQADataModule(max_replaced_frac=0.5).record_settings()["max_replaced_frac"] == 0.5
     assert VideoQADataModule.RECORD_DEFAULTS == {"max_replaced_frac": VideoQADataModule().max_replaced_frac}
+
+
+def test_a_family_without_the_benchmarks_prompt_stops_before_run_json(tiny_vl3_dir):
+    """``prompt_template=lmms_eval`` on MLVU (no reproducible lmms-eval MLVU prompt) is refused by
+    ``record_settings``, which the JSONL writer calls before it writes the folder's ``run.json``."""
+    from types import SimpleNamespace
+
+    from algorithms.errors import SettingError
+    from lightning_modules.budgeted_qa import BudgetedQA
+
+    m = BudgetedQA(model_path=str(tiny_vl3_dir), prompt_template="lmms_eval")
+    m._trainer = SimpleNamespace(datamodule=SimpleNamespace(benchmark="mlvu"))
+    with pytest.raises(SettingError, match="'lmms_eval' has no prompt for 'mlvu'"):
+        m.record_settings()
+    m._trainer = SimpleNamespace(datamodule=SimpleNamespace(benchmark="worldsense"))
+    assert m.record_settings()["prompt_template"] == "lmms_eval"

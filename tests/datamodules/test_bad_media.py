@@ -340,3 +340,11 @@ def test_replaced_frames_reach_the_records_meta():
         item = {"video_id": "v", "benchmark": "lvb", "video_info": {**info, **extra}}
         rec = qa_record(item, q, Answer([], "A", 10), stats, 4, "b128", 128, None, "t")
         assert rec["meta"].get("frames_replaced") == want
+    # seed 001: fps = min(bd.FPS, len(idx) / max(duration, 1e-6)) per budget, not the container's 8 fps
+    assert {k: rec["video_info"][k] for k in ("fps", "fps_ok", "native_fps", "native_fps_ok")} == \
+        {"fps": 1.0, "fps_ok": True, "native_fps": 8.0, "native_fps_ok": True}
+    rec = qa_record(item, q, Answer([], "A", 10), stats, 3, "b128", 128, None, "t")   # 3 frames over 4 s
+    assert (rec["video_info"]["fps"], rec["video_info"]["fps_ok"]) == (0.75, True)
+    long_item = {**item, "video_info": {**info, "duration_s": 3600.0}}                 # 8 frames over an hour
+    rec = qa_record(long_item, q, Answer([], "A", 10), stats, 8, "b64", 64, None, "t")
+    assert (rec["video_info"]["fps"], rec["video_info"]["fps_ok"]) == (0.0022, False)  # 8 / 3600 = 0.00222

@@ -6,6 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from algorithms.errors import SettingError
 from datamodules.benchmarks import AnnotationError, load_benchmark
 from datamodules.benchmarks.prompts import TEMPLATES, build_prompt, prompt_and_template, template_for
 from datamodules.benchmarks.subtitles import (hms_to_seconds, parse_lvb_subtitles, parse_srt, strip_markup,
@@ -52,7 +53,8 @@ def test_lvb_subtitles_timestamp_form_shifted():
         {"timestamp": [20.0, None], "text": "open end"},          # lasts to the duration
     ]
     lines = parse_lvb_subtitles(items, starting_timestamp_s=10.0, duration_s=30.0)
-    assert lines == [(0.0, 0.2, "straddles"), (0.5, 1.0, "first"), (2.0, 4.5, "later"), (10.0, 30.0, "open end")]
+    # text as released (VideoLLaMA3@05cee23d longvideobench.py appends subtitle["text"] unchanged): " later " kept
+    assert lines == [(0.0, 0.2, "straddles"), (0.5, 1.0, "first"), (2.0, 4.5, " later "), (10.0, 30.0, "open end")]
 
 
 def test_lvb_subtitles_start_end_form_shifted():
@@ -61,7 +63,7 @@ def test_lvb_subtitles_start_end_form_shifted():
         {"start": "00:01:02.250", "end": "00:01:03.000", "line": "one"},
     ]
     lines = parse_lvb_subtitles(items, starting_timestamp_s=60.0)
-    assert lines == [(2.25, 3.0, "one"), (5.5, 7.0, "two")]
+    assert lines == [(2.25, 3.0, "one"), (5.5, 7.0, "<i>two</i>")]          # subtitle["line"] unchanged
     assert hms_to_seconds("01:02:03.5") == 3723.5
     with pytest.raises(AnnotationError, match="subs.json: item 0"):
         parse_lvb_subtitles([{"begin": 1}], where="subs.json")
@@ -92,8 +94,13 @@ def test_videomme_with_subtitles(tmp_path):
     q = qs[0]
     assert q.options == ["one", "two", "three", "four"] and q.answer == "B"
     assert q.video_path == str(tmp_path / "videos" / "fFjv93ACGo8.mp4")
-    assert q.subtitles == "first\nHello there\nsecond line continues"
-    assert q.subtitle_lines[0] == (0.2, 0.9, "first")
+    # as VideoLLaMA3@05cee23d videomme.py reads them: pysubs2.load (SubripFormat: <b>/<i> -> {\b1}/{\i1}, other
+    # tags removed, newline -> \N), then subtitle.text.replace("\\N", " "); file order, blank cue kept
+    assert q.subtitle_lines == [(1.0, 2.5, "Hello {\\b1}there{\\b0}"),
+                                (3.0, 4.0, "{\\an8}second {\\i1}line{\\i0} continues"), (0.2, 0.9, "first"),
+                                (5.0, 6.0, "")]
+    assert q.subtitles == "first\nHello {\\b1}there{\\b0}\n{\\an8}second {\\i1}line{\\i0} continues"
+    assert q.option_lines == ["A. one", "B. two", "C. three", "D. four"]       # the parquet's strings
     assert q.meta == {"benchmark": "videomme", "duration": "short", "domain": "Knowledge",
                       "sub_category": "Humanity & History", "task_type": "Counting Problem", "subtitles": True}
     assert qs[1].subtitles is None and qs[1].meta["subtitles"] is False and qs[1].answer == "D"
@@ -183,8 +190,9 @@ def test_lvb(tmp_path):
                           "level": "L1-Perception", "duration": 420.5, "subtitles": True}
     assert qs[0].subtitle_lines == [(1.0, 3.0, "first"), (5.0, 7.0, "second")]
     assert qs[0].subtitles == "first\nsecond"
-    assert qs[1].subtitle_lines == [(3.0, 4.0, "hi")]
-    assert load_benchmark("lvb", tmp_path)[0].subtitles is None
+    assert qs[1].subtitle_lines == [(3.0, 4.0, "<font color=red>hi</font>")]
+    assert load_benchmark("lvb", tmp_path)[0].subtitles == "first\nsecond"     # on by default (VideoLLaMA3's eval)
+    assert load_benchmark("lvb", tmp_path, subtitles=False)[0].subtitles is None
 
 
 def test_lvb_bad_rows(tmp_path):
@@ -235,9 +243,14 @@ def test_worldsense_flat_shape_and_errors(tmp_path):
     (tmp_path / "ws.json").write_text(json.dumps(rows))
     qs = load_benchmark("worldsense", tmp_path, annotation="ws.json")
     assert qs[0].qid == "v1_0" and qs[0].answer == "D" and qs[0].meta["domain"] == "Games"
-    rows.append(dict(rows[0], options=["x", "y", "z"]))
+    # lmms-eval@75571cfe worldsense_process_results scores 3-candidate rows (A-C): one odd row is accepted
+    rows.append(dict(rows[0], options=["x", "y", "z"], answer="C"))
     (tmp_path / "ws.json").write_text(json.dumps(rows))
-    with pytest.raises(AnnotationError, match="ws.json row 1: expected 4 options"):
+    qs = load_benchmark("worldsense", tmp_path, annotation="ws.json")
+    assert [len(q.options) for q in qs] == [4, 3] and qs[1].answer == "C"
+    rows[1]["answer"] = "D"
+    (tmp_path / "ws.json").write_text(json.dumps(rows))
+    with pytest.raises(AnnotationError, match="ws.json row 1: answer 'D' is not a letter A-C"):
         load_benchmark("worldsense", tmp_path, annotation="ws.json")
     bad = _ws_release()
     bad["vid_b"]["task0"]["answer"] = "F"
@@ -264,6 +277,10 @@ def test_prompts_per_benchmark(tmp_path):
         assert prompt_and_template(q)[1] == f"videollama3_{bench}"
     q.meta["benchmark"] = "worldsense"          # no VideoLLaMA3 prompt: the benchmark's own
     assert prompt_and_template(q)[1] == "worldsense"
+    assert prompt_and_template(q, "lmms_eval")[1] == "lmms_eval_worldsense"
+    q.meta["benchmark"] = "mlvu"                # lmms-eval's MLVU prompt is not reproducible: refused, not filled in
+    with pytest.raises(SettingError, match="'lmms_eval' has no prompt for 'mlvu'"):
+        prompt_and_template(q, "lmms_eval")
     q.meta["benchmark"] = "lvb"
     # the generic template is Video-MME's without its letter list; Video-MME's names the question's own letters
     assert build_prompt(q, "videomme") == build_prompt(q, "mcq_letter").replace(
@@ -314,6 +331,17 @@ _EXPECTED = {
                            "option.\n" + _Q + "\n" + _OPTS + "\n\nAnswer with the option's letter from the given "
                            "choices directly."),
     "mlvu": "Question: " + _Q + "\nOptions:\n" + _OPTS_PAREN + "Only give the best option.",
+    # OmniZip@9060291 eval/eval.py evaluate_sample: f"{question}\nOptions:\n{candidates_text}\nAnswer with the
+    # option's letter from the given choices directly.", candidates_text = "\n".join(candidates)
+    "omnizip_worldsense": (_Q + "\nOptions:\n" + _OPTS + "\nAnswer with the option's letter from the given "
+                           "choices directly."),
+    # lmms-eval@75571cfe worldsense/utils.py worldsense_doc_to_text: "".join([SYS, FRAMES_TMPL_AUDIO,
+    # question + "\n", *(op + "\n" for op in candidates)]); FRAMES_TMPL_AUDIO triple-quoted (leading/trailing "\n")
+    "lmms_eval_worldsense": ("Carefully watch this video and pay attention to every detail. Based on your "
+                             "observations, select the best option that accurately addresses the question.\nThese "
+                             "are the frames of a video and the corresponding audio. Select the best answer to the "
+                             "following multiple-choice question based on the video. Respond with only the letter "
+                             "(A, B, C, D, or E) of the correct option.\n" + _Q + "\n" + _OPTS + "\n"),
     "lvb": "Question: " + _Q + "\n" + _OPTS + "\nAnswer with the option's letter from the given choices directly.",
     # VLMEvalKit@e8e78f05 vlmeval/dataset/worldsense.py WorldSense.FRAMES_TMPL_AUDIO / _NOSUB (triple-quoted: a
     # leading and a trailing newline, backslash-continued lines) + 'Question: {}\nAnswer: ' (SYS goes before the media)
@@ -332,12 +360,21 @@ def test_prompt_templates_full_text(tmp_path, name):
     assert set(TEMPLATES) == set(_EXPECTED)
     _lvb(tmp_path)
     with_subs = load_benchmark("lvb", tmp_path, subtitles=True)[0]
-    without = load_benchmark("lvb", tmp_path)[0]
+    without = load_benchmark("lvb", tmp_path, subtitles=False)[0]
     if name == "lmms_eval_videomme":   # videomme_doc_to_text_subtitle: its own header (with a space) and ending
         assert build_prompt(with_subs, name) == (
             "This video's subtitles are listed below: \nfirst\nsecond\nSelect the best answer to the following "
             "multiple-choice question based on the video and the subtitles. Respond with only the letter "
             "(A, B, C, D, or E) of the correct option.\n" + _Q + "\n" + _OPTS + "\nThe best answer is:")
+    elif name == "lmms_eval_worldsense":   # worldsense_doc_to_text_subtitle: FRAMES_TMPL_SUB, '"{}"' quoted
+        assert build_prompt(with_subs, name) == (
+            "Carefully watch this video and pay attention to every detail. Based on your observations, select the "
+            "best option that accurately addresses the question.\nThese are the frames of a video. This video's "
+            "subtitles are listed below:\n\"first\nsecond\"\nSelect the best answer to the following multiple-choice "
+            "question based on the video. Respond with only the letter (A, B, C, D, or E) of the correct option.\n"
+            + _Q + "\n" + _OPTS + "\n")
+    elif name == "omnizip_worldsense":     # OmniZip's eval has no subtitle setting: the prompt is the same
+        assert build_prompt(with_subs, name) == _EXPECTED[name]
     elif name.startswith("worldsense"):   # FRAMES_TMPL_SUB (used whenever subtitles are, audio or not)
         assert build_prompt(with_subs, name) == (
             "\nThese are the frames of a video. This video's subtitles are listed below:\nfirst\nsecond\nSelect the "
@@ -346,7 +383,7 @@ def test_prompt_templates_full_text(tmp_path, name):
     else:
         assert build_prompt(with_subs, name) == _SUBS + _EXPECTED[name]
     assert build_prompt(without, name) == _EXPECTED[name]
-    q3 = load_benchmark("lvb", tmp_path)[1]          # 3 options: only A-C lines, nothing left over
+    q3 = load_benchmark("lvb", tmp_path, subtitles=False)[1]          # 3 options: only A-C lines, nothing left over
     three = (_EXPECTED[name].replace(_Q, "Then?").replace(_OPTS, "A. yes\nB. no\nC. maybe")
              .replace(_OPTS_PAREN, "(A) yes\n(B) no\n(C) maybe").replace("(A, B, C, D, or E)", "(A, B, or C)"))
     assert build_prompt(q3, name) == three
@@ -441,3 +478,26 @@ def test_interleaved_subtitles_reads_batch_item_dicts():
     qd = {"qid": "q", "meta": {"benchmark": "lvb"}, "subtitle_lines": [[0.2, 0.6, "a"], [6.0, 6.5, "e"]]}
     assert interleaved_subtitles([qd])([0.0, 2.0, 4.0, 6.0]) == [[], ["a"], [], [], ["e"]]
     assert interleaved_subtitles([{"qid": "q", "meta": {}}]) is None
+
+
+def test_videomme_release_options_and_missing_subtitle_file(tmp_path):
+    """VideoLLaMA3@05cee23d videomme.py ``instruction += f"{option}\\n"`` and lmms-eval@75571cfe videomme/utils.py
+    ``"\\n".join([f"{opt}" ...])`` print the parquet's option strings as they are; in the subtitle setting a video
+    without ``.srt`` gets VideoLLaMA3's header over ``subtitle_string = ""`` and lmms-eval's
+    ``"No subtitles available"``."""
+    _videomme(tmp_path, [_vm_row("001-1", "nosrt", options=["A.one", "B)  two", "C. three", "D. four "])])
+    q = load_benchmark("videomme", tmp_path, subtitles=True)[0]
+    assert q.options == ["one", "two", "three", "four "] and q.meta["subtitles"] is False
+    vl3 = build_prompt(q, "videollama3_videomme")
+    assert vl3 == ("This video's subtitles are listed below:\n\nSelect the best answer to the following "
+                   "multiple-choice question based on the video. Respond with only the letter (A, B, C, or D) of the "
+                   "correct option.\nHow many dogs?\nA.one\nB)  two\nC. three\nD. four \nAnswer with the option's "
+                   "letter from the given choices directly and only give the best option. The best answer is:")
+    assert build_prompt(q, "lmms_eval_videomme") == (
+        "This video's subtitles are listed below: \nNo subtitles available\nSelect the best answer to the following "
+        "multiple-choice question based on the video and the subtitles. Respond with only the letter (A, B, C, or D) "
+        "of the correct option.\nHow many dogs?\nA.one\nB)  two\nC. three\nD. four \nThe best answer is:")
+    plain = load_benchmark("videomme", tmp_path)[0]                     # no subtitle setting: no block at all
+    assert build_prompt(plain, "videollama3_videomme") == vl3.split("\n", 2)[2]
+    assert build_prompt(q, "mcq_letter") == build_prompt(plain, "mcq_letter")   # not listed: no block
+    assert "A. one\nB. two" in build_prompt(q, "videomme")                       # the README prompt: A. text lines

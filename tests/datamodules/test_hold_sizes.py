@@ -48,8 +48,8 @@ def test_encoder_grids_lists_the_raw_grid_and_the_union_of_frames():
     # beta = sqrt(57600 / 18816) -> floor(102.9 / 28) = 3, floor(182.9 / 28) = 6
     g = encoder_grids(180, 320, 20, [64, 128], 256, "phase3", 24)
     assert frame_grid(180, 320, 64) == (6, 10) and frame_grid(180, 320, 24) == (3, 6)
-    b64 = [int(round(i * 19 / 7)) for i in range(8)]
-    b128 = [int(round(i * 19 / 15)) for i in range(16)]
+    b64 = [i * 19 // 7 for i in range(8)]             # np.linspace(0, 19, 8, dtype=int): truncation (seeds' rule)
+    b128 = [i * 19 // 15 for i in range(16)]
     union = sorted(set(b64) | set(b128))
     assert g == {(6, 10): (union, 64), (3, 6): (union, 24)}
     assert encoder_grids(180, 320, 20, [64, 128], 256, "orig", 24) == {(6, 10): (union, 64)}

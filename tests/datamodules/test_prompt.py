@@ -99,28 +99,72 @@ def test_prompt_text_all_raw_and_forced8(tiny_vlm):
 
 
 # VideoLLaMA3's template gates its system turn on ``add_system_prompt``
-# (chicheng567/OnlineLong@0b046341:videollama3/model/processor.py:DEFAULT_CHAT_TEMPLATE, reduced to string content)
+# (chicheng567/OnlineLong@0b046341:videollama3/model/processor.py:DEFAULT_CHAT_TEMPLATE)
 VL3_SYSTEM = ("<|im_start|>system\nYou are VideoLLaMA3 created by Alibaba DAMO Academy, a helpful assistant to help "
               "people understand images and videos.<|im_end|>\n")
-VL3_TEMPLATE = ("{% for message in messages %}{% if add_system_prompt and loop.first and message['role'] != 'system' %}"
-                "{{- '" + VL3_SYSTEM.replace("\n", "\\n") + "' -}}{% endif %}"
-                "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}{% endfor %}"
-                "{% if add_generation_prompt %}{{- '<|im_start|>assistant\\n' -}}{% endif %}")
 
 
 def test_chat_template_rendered_with_add_system_prompt(tiny_vlm):
     """Seed 001 renders the template with ``add_system_prompt=True``: VideoLLaMA3's system turn is in the head."""
+    from models.videollama3.chat_template import VIDEOLLAMA3_CHAT_TEMPLATE
+
     tok = tiny_vlm.tokenizer
     saved = tok.chat_template
     try:
-        tok.chat_template = VL3_TEMPLATE
+        tok.chat_template = VIDEOLLAMA3_CHAT_TEMPLATE
         head, mid, tail = tiny_vlm._split_chat_template()
         assert tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False) == \
             "<|im_start|>user\nx<|im_end|>\n"   # without the flag the template writes no system turn
+        # the seed's list content (one text item) renders as a string does
+        listed = [{"role": "user", "content": [{"type": "text", "text": "x"}]}]
+        assert tok.apply_chat_template(listed, tokenize=False, add_generation_prompt=True, add_system_prompt=True) \
+            == VL3_SYSTEM + "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
+        # add_system_prompt=False: as VideoLLaMA3@05cee23d evaluation/benchmarks/base.py renders (no flag, no turn)
+        tiny_vlm.set_system_prompt(False)
+        assert tiny_vlm._template == ("<|im_start|>user\n", "", "<|im_end|>\n<|im_start|>assistant\n")
     finally:
         tok.chat_template = saved
+        tiny_vlm.set_system_prompt(True)
     assert (head, mid, tail) == (VL3_SYSTEM + "<|im_start|>user\n", "", "<|im_end|>\n<|im_start|>assistant\n")
     assert tiny_vlm._split_chat_template() == (HEAD, "", TAIL)   # ChatML (tiny model) ignores the flag
+
+
+def test_chat_template_is_the_processors_with_videollama3s_default(tmp_path):
+    """Seed 001 renders with ``Videollama3Processor.from_pretrained(model_path).tokenizer``'s template: the
+    processor's saved one (``processor_config.json``'s key, else ``chat_template.json``, else
+    ``chat_template.jinja``: transformers ``ProcessorMixin.get_processor_dict``), the fork's
+    ``DEFAULT_CHAT_TEMPLATE`` when none is saved; ``tokenizer_config.json``'s own template is never used."""
+    import json
+
+    from models.tokenizer import build_qwen_tokenizer
+    from models.videollama3.chat_template import VIDEOLLAMA3_CHAT_TEMPLATE, processor_chat_template
+
+    tok = build_qwen_tokenizer()
+    tok.save_pretrained(tmp_path)
+    assert processor_chat_template(tmp_path) == tok.chat_template          # chat_template.jinja
+    (tmp_path / "chat_template.jinja").unlink()
+    cfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{{ 'tokenizer_config' }}"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    assert processor_chat_template(tmp_path) == VIDEOLLAMA3_CHAT_TEMPLATE  # nothing the processor reads
+    (tmp_path / "chat_template.jinja").write_text("{{ 'jinja' }}")
+    (tmp_path / "chat_template.json").write_text(json.dumps({"chat_template": "{{ 'legacy json' }}"}))
+    assert processor_chat_template(tmp_path) == "{{ 'legacy json' }}"
+    (tmp_path / "processor_config.json").write_text(json.dumps({"chat_template": "{{ 'processor config' }}"}))
+    assert processor_chat_template(tmp_path) == "{{ 'processor config' }}"
+
+
+def test_loaded_model_renders_with_the_fallback_template(tiny_vl3_dir, tmp_path):
+    """A checkpoint that saves no template: the loaded model's head carries VideoLLaMA3's system turn."""
+    import shutil
+
+    from models.videollama3 import BudgetedVideoLlama3
+
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_vl3_dir, ck)
+    (ck / "chat_template.jinja").unlink()
+    vlm = BudgetedVideoLlama3.from_pretrained(ck, raw_mode="phase3")
+    assert vlm._split_chat_template() == (VL3_SYSTEM + "<|im_start|>user\n", "", TAIL)
 
 
 def test_prompt_text_interleaved_subtitles(tiny_vlm):
@@ -163,3 +207,13 @@ def test_run_json_names_the_default_prompt(tiny_vl3_dir):
 
     assert recorded_template(None) == "default:videollama3" and recorded_template("mlvu") == "mlvu"
     assert BudgetedQA(model_path=str(tiny_vl3_dir)).record_settings()["prompt_template"] == "default:videollama3"
+
+
+def test_answer_text_is_stripped(tiny_vlm):
+    """Seed 001 ``answer``: ``self.tok.decode(new, skip_special_tokens=True).strip()`` -- the MLVU rule then sees
+    ``"A"``, not ``" A"``; the token ids are kept as generated."""
+    tok = tiny_vlm.tokenizer
+    ids = tok(" A\n", add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == " A\n"
+    a = tiny_vlm._answer(ids + [tok.convert_tokens_to_ids("<|im_end|>")], 7, False)
+    assert a.text == "A" and a.seq_len == 7

@@ -154,7 +154,9 @@ def test_demo_plans_and_scores_pinned(first_run, tiny_vlm):
             assert (info["sample_fps"], info["vfr"]) == (1.0, False)
             assert info["decode_hw"] == ([720, 1280] if key[0] == "cockatoo" else [240, 320])
             # README: 20 fps / "29.97 fps" (the container's average is 36 frames / 1.1992 s = 30.02 fps)
-            assert info["fps"] == 20.0 if key[0] == "cockatoo" else abs(info["fps"] - 29.97) < 0.1
+            assert info["native_fps"] == 20.0 if key[0] == "cockatoo" else abs(info["native_fps"] - 29.97) < 0.1
+            # seed 001 per budget: min(1, len(idx) / duration): 14 / 14 s, 1 / 1.2 s
+            assert info["fps"] == 1.0 if key[0] == "cockatoo" else info["fps"] == round(1 / info["duration_s"], 4)
             assert info["duration_s"] == 14.0 if key[0] == "cockatoo" else abs(info["duration_s"] - 1.2) < 0.01
     # scores: one group per budget, 7 answered questions each; official accuracy = mean(pred == answer)
     scores = json.loads((out / "scores.json").read_text())

@@ -161,6 +161,10 @@ def test_turn_head_yaml_is_the_runbook_recipe(demo):
     assert not any(isinstance(c, EarlyStopping) for c in cli.trainer.callbacks)
     hp = cli.datamodule.hparams
     assert (hp.batch_size, hp.chunk_rows, hp.warmup_rows) == (512, 1, 10)
+    # seed 002:58: excluding initialization rows is a sensitivity analysis, a config of its own; the recipe keeps them
+    assert hp.initialization_rows == "keep"
+    ex = cli_main(["--config", BASE, "--config", str(ROOT / "configs/fit/turn_head_exclude_init.yaml")], run=False)
+    assert ex.datamodule.hparams.initialization_rows == "exclude_any_mode"
     cli.datamodule.setup("fit")
     batch = next(iter(cli.datamodule.train_dataloader()))
     assert batch["states"].shape[0] == 512 and batch["states"].shape[1] <= 11
@@ -326,7 +330,9 @@ def test_extracted_features_train_with_the_shipped_fit_config(tmp_path):
                       "--data.init_args.num_workers=0", "--data.init_args.frame_height=56",
                       "--data.init_args.frame_width=96", f"--trainer.callbacks.init_args.out_dir={feats}"])
     assert len(list(feats.glob("Session_*.safetensors"))) == 9
-    common = ["--config", BASE, f"--data.init_args.features_dir={feats}", f"--data.init_args.utterances_root={root}",
+    # the sensitivity config (initialization rows excluded in any mode) on top of the recipe: reads all three modes
+    common = ["--config", BASE, "--config", str(ROOT / "configs/fit/turn_head_exclude_init.yaml"),
+              f"--data.init_args.features_dir={feats}", f"--data.init_args.utterances_root={root}",
               "--data.init_args.expected_mode=completed-block-hold", "--data.init_args.train_sessions=[1]",
               "--data.init_args.val_sessions=[2]", "--data.init_args.test_sessions=[3]",
               f"--trainer.default_root_dir={tmp_path / 'runs'}", "--trainer.logger=false",

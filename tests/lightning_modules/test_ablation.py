@@ -247,6 +247,23 @@ def test_area_pool_rows():
     assert area_pool_rows(rows, (4, 6), (4, 6)) is rows
 
 
+def test_mean_merge_pools_in_fp32_and_casts_once():
+    """Seed 000 build: ``grid[s:s + L].float().mean(0)``, ``adaptive_avg_pool2d`` on the fp32 stack, then
+    ``.to(feats.dtype)``: one rounding to bf16, not two."""
+    import torch.nn.functional as F
+
+    from models.videollama3.ablation import mean_merge_rows
+
+    g = torch.Generator().manual_seed(0)
+    rows = (torch.randn(3, 4 * 6, 5, generator=g) * 3).to(torch.bfloat16)       # (L, gh*gw, C) group of 3 frames
+    x = rows.view(3, 4, 6, 5).float().mean(0, keepdim=True)                     # the seed's code, written out
+    ref = F.adaptive_avg_pool2d(x.permute(0, 3, 1, 2), (2, 3)).permute(0, 2, 3, 1).reshape(-1, 5).to(torch.bfloat16)
+    out = mean_merge_rows(rows, (4, 6), (2, 3))
+    assert out.dtype == torch.bfloat16 and torch.equal(out, ref)
+    twice = mean_merge_rows(rows.float().mean(0).to(torch.bfloat16).unsqueeze(0), (4, 6), (2, 3))
+    assert not torch.equal(twice, ref)                                           # the old double rounding differs
+
+
 # ----------------------------------------------------------------------------------------- module and config
 
 

@@ -212,10 +212,10 @@ def test_predict_job_records_and_scores(omni_dir, demo_root, tmp_path, qa, clip)
         for key in ("num_video_tokens", "num_audio_tokens", "num_text_tokens", "prefill_time_s",
                     "peak_memory_bytes", "pred", "pred_robust", "response"):
             assert key in r, key
-        assert set(r["prefill_flops"]) == {"paper", "accurate", "measured"} and r["prefill_flops"]["measured"] is None
+        assert set(r["prefill_flops"]) == {"paper", "accurate", "no_attention", "measured"} and r["prefill_flops"]["measured"] is None
         assert r["prefill_flops"]["accurate"]["qwen2.5-omni-7b"] == prefill_flops(
             get_shape("qwen2.5-omni-7b"), r["num_prefill_tokens"], 1)
-        assert r["meta"]["template"] == "worldsense"
+        assert r["meta"]["template"] == "omnizip_worldsense"   # the omni default: OmniZip's WorldSense eval
     by = {(r["qid"], r["variant"]): r for r in recs}
     for variant in ("baseline", "v4"):  # same decode, same towers: the counts of the direct computation
         ref = _direct(clip, variant)
@@ -239,7 +239,7 @@ def test_predict_job_records_and_scores(omni_dir, demo_root, tmp_path, qa, clip)
     assert {k: settings[k] for k in ("fps", "max_frames", "max_audio_s", "retention", "audio_retention",
                                      "max_new_tokens", "prompt_template", "dtype")} == {
         "fps": 1.0, "max_frames": 128, "max_audio_s": None, "retention": 0.5, "audio_retention": None,
-        "max_new_tokens": 4, "prompt_template": None, "dtype": "float32"}
+        "max_new_tokens": 4, "prompt_template": "default:omnizip_worldsense", "dtype": "float32"}
     assert settings["model_path"] == str(omni_dir.resolve())
     before = sorted((p, p.stat().st_size) for p in out.glob("*/*/*.jsonl"))
     for extra, field in (("--data.init_args.fps=0.5", "fps: 1.0 there, 0.5 now"),
@@ -322,3 +322,28 @@ def test_worldsense_prompt_puts_vlmevalkits_sys_text_before_the_media(qa, clip):
     rest = plain.input_ids.tolist()
     assert ids[len(head)] == vbos and ids[len(head):] == rest[rest.index(vbos):]   # media and question unchanged
     assert inputs.num_video == plain.num_video and inputs.num_audio == plain.num_audio
+
+
+def test_omnizip_worldsense_prompt_and_system_turn(qa, clip):
+    """KD-TAO/OmniZip@9060291 eval/eval.py evaluate_sample (the configuration seed 003 follows): its own system turn,
+    the video, then f"{question}\\nOptions:\\n{candidates_text}\\nAnswer with the option's letter from the given
+    choices directly." with the candidates verbatim."""
+    from datamodules.benchmarks import Question
+    from datamodules.benchmarks.prompts import OMNI_DEFAULT_TEMPLATE, chat_parts, pre_media_text, prompt_and_template
+
+    q = Question(qid="q", video_id="v", video_path="/v.mp4", question="Q?", options=["a", "b", "c", "d"],
+                 answer="A", meta={"benchmark": "worldsense"}, option_lines=["A. a", "B. b", "C. c", "D.d"])
+    text, name = prompt_and_template(q, OMNI_DEFAULT_TEMPLATE)
+    assert name == "omnizip_worldsense" and pre_media_text(name) == ""
+    assert text == "Q?\nOptions:\nA. a\nB. b\nC. c\nD.d\nAnswer with the option's letter from the given choices directly."
+    system = ("You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving auditory "
+              "and visual inputs, as well as generating text and speech. Please analyze the video carefully and select "
+              "the most appropriate answer from the given options.")
+    assert chat_parts(name)[0] == system
+    inputs = qa.build_inputs(clip, None, text, "", system)
+    plain = qa.build_inputs(clip, None, text)
+    head = qa.tokenizer(f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n",
+                        add_special_tokens=False)["input_ids"]
+    ids, rest = inputs.input_ids.tolist(), plain.input_ids.tolist()
+    vbos = qa.config.vision_start_token_id
+    assert ids[:len(head)] == head and ids[len(head):] == rest[rest.index(vbos):]
