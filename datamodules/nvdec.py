@@ -561,18 +561,19 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
 
 
 def read_with_fallback(path: str | Path, indices: list[int], decode_hw: tuple[int, int], cpu_read,
-                       gpu_id: int = 0, sessions: int = DEFAULT_SESSIONS, nvdec_skip_nonref: bool = True
-                       ) -> tuple[np.ndarray, str, str | None]:
+                       gpu_id: int = 0, sessions: int = DEFAULT_SESSIONS, nvdec_skip_nonref: bool = True,
+                       stats: dict | None = None) -> tuple[np.ndarray, str, str | None]:
     """NVDEC where it decodes ``path`` exactly, else ``cpu_read(path, indices, decode_hw)``.
 
     Returns:
         ``(frames, decoder, why)``: ``decoder`` is ``"nvdec"`` or ``"cpu"``; ``why`` is ``None`` for NVDEC, else
-        the reason the file went to the CPU (recorded as ``info["decoder"]`` / the fallback reason).
+        the reason the file went to the CPU (recorded as ``info["decoder"]`` / the fallback reason). ``stats``
+        and ``nvdec_skip_nonref`` are :func:`read_nvdec`'s.
     """
     why = nvdec_unsupported(path, gpu_id)
     if why is None:
         try:
-            return read_nvdec(path, indices, decode_hw, gpu_id, sessions,
+            return read_nvdec(path, indices, decode_hw, gpu_id, sessions, stats=stats,
                               nvdec_skip_nonref=nvdec_skip_nonref), "nvdec", None
         except NvdecError as e:
             why = str(e)
