@@ -208,3 +208,29 @@ def test_read_nvdec_equals_decord(clips, name, scale, sessions):
     got = nvdec.read_nvdec(clips[name], idx, (dh, dw), sessions=sessions)
     ref = _decord(clips[name], idx, dh, dw, h, w)
     assert np.array_equal(got, ref), f"{name}: max |diff| {np.abs(got.astype(int) - ref).max()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["h264_642x362.mp4", "h264_320x180_bt709.mp4", "h264_jpeg_256x144.mp4",
+                                  "hevc_320x240.mp4"])
+@pytest.mark.parametrize("scale", [1.0, 0.6])
+def test_read_nvdec_packet_filter_equals_decord(clips, name, scale):
+    """NVDEC fed only the packets the sampled frames need (``nvdec_skip_nonref``, the default) == decord, byte
+    for byte; the session is the packet-fed one (no SimpleDecoder fallback) and frames were skipped; with the
+    filter off, SimpleDecoder gives the same frames."""
+    if not _nvdec_ready():
+        pytest.skip(f"NVDEC not usable here: {nvdec._nvc()}")
+    p = nvdec.probe(clips[name])
+    h, w = p.height, p.width
+    dh, dw = (h, w) if scale == 1.0 else (2 * round(h * scale / 2), 2 * round(w * scale / 2))
+    idx = [1, 5, 11, 14, 23]
+    stats: dict = {}
+    got = nvdec.read_nvdec(clips[name], idx, (dh, dw), sessions=1, stats=stats)
+    ref = _decord(clips[name], idx, dh, dw, h, w)
+    assert stats["skip"] is None, stats
+    assert [r["path"] for r in stats["runs"]] == ["packets"], stats["runs"]
+    assert np.array_equal(got, ref), f"{name}: max |diff| {np.abs(got.astype(int) - ref).max()}"
+    assert 0 < stats["frames_skipped"] < stats["packets"]
+    off: dict = {}
+    full = nvdec.read_nvdec(clips[name], idx, (dh, dw), sessions=1, stats=off, nvdec_skip_nonref=False)
+    assert np.array_equal(full, ref) and [r["path"] for r in off["runs"]] == ["simple"]
