@@ -234,3 +234,26 @@ def test_read_nvdec_packet_filter_equals_decord(clips, name, scale):
     off: dict = {}
     full = nvdec.read_nvdec(clips[name], idx, (dh, dw), sessions=1, stats=off, nvdec_skip_nonref=False)
     assert np.array_equal(full, ref) and [r["path"] for r in off["runs"]] == ["simple"]
+
+
+@pytest.mark.parametrize("name", ["h264_642x362.mp4", "h264_320x180_bt709.mp4", "h264_jpeg_256x144.mp4",
+                                  "hevc_320x240.mp4"])
+def test_packet_filter_cpu_twin(clips, name):
+    """The CPU twin of the GPU case above: on the same clips and indices, FFmpeg's software decoder fed only the
+    kept packets gives the full decode's planes, and frames are skipped (so the GPU case's count is not empty)."""
+    from datamodules import packet_filter as pf
+
+    idx = [1, 5, 11, 14, 23]
+    stats: dict = {}
+    assert pf.decode_planes_pyav(str(clips[name]), idx, stats=stats) == \
+        pf.decode_planes_pyav(str(clips[name]), idx, skip=False)
+    assert 0 < stats["skipped"] < stats["packets"]
+
+
+if __name__ == "__main__":   # write the clips for a machine without ffmpeg: python -m tests.datamodules.test_nvdec DIR
+    dest = Path(sys.argv[1])
+    dest.mkdir(parents=True, exist_ok=True)
+    for clip, (source, arguments) in CLIPS.items():
+        subprocess.run([ffmpeg_exe(), "-v", "error", "-y", "-f", "lavfi", "-i", source, "-t", "1", *arguments,
+                        str(dest / clip)], check=True)
+    print(f"{len(CLIPS)} clips -> {dest}")
