@@ -10,8 +10,12 @@
 2. **Decode paths**, each in a pool of ``--workers`` spawned processes (the DataLoader's shape: 8 workers, the CPU
    path with ``auto_decode_threads`` threads each): the frames seed 001's sampling keeps at the run's largest
    budget (``algorithms.budget.sample_frames``, 16,384 tokens; decode size ``decode_frame_size``), read by decord
-   (``cpu``, today's reader: ``VideoReader.get_batch``) or by :func:`datamodules.nvdec.read_nvdec` (``nvdec``;
-   per-file CPU fallback with the reason). Each video's frames are hashed, so the paths are compared frame for
+   (``cpu``, today's reader: ``VideoReader.get_batch``), by :func:`datamodules.nvdec.read_nvdec` fed only the
+   packets the sampled frames need (``nvdec``: ``nvdec_skip_nonref=True``, the default; per-file CPU fallback
+   with the reason) or decoding every frame of the runs' GOPs (``nvdec_full``: what ``nvdec`` was in
+   ``bench/results/workload_h200_2026-12-02.*``), or by FFmpeg's software decoder (PyAV) fed only the needed
+   packets and converted by decord's swscale (``cpu_skip``: the CPU proof on the workload; its hashes must equal
+   ``cpu``'s). Each packet-filtered video prints how many of its covered source frames were never decoded. Each video's frames are hashed, so the paths are compared frame for
    frame. ``--window-s`` decodes only the sampled frames of the first N seconds of each video (both paths alike)
    and scales the seconds to the whole video by its source-frame count (the decode cost is linear in the frames
    decoded); the table says when it did.
@@ -27,6 +31,9 @@
     python bench/workload.py --make /tmp/workload            # the set only
     python bench/workload.py --videos /tmp/workload --paths cpu nvdec --window-s 240
     python bench/workload.py --tiny                          # CPU smoke run: tiny clips, tiny model, the CLI
+
+On the H200 (device tool; no ffmpeg there, so the set is encoded with PyAV's encoders on the machine):
+``python bench/workload.py --videos /tmp/wl --paths cpu nvdec_full nvdec --workers 8 --window-s 180 --sweep``.
 """
 from __future__ import annotations
 
