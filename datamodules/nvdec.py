@@ -403,7 +403,10 @@ def _packet_decoder(nvc, gpu_id: int, codec_id):
     kwargs = dict(gpuid=gpu_id, codec=codec_id, cudacontext=0, cudastream=0, usedevicememory=True,
                   outputColorType=nvc.OutputColorType.NATIVE)
     factory = getattr(nvc, "CreateDecoder", None) or nvc.PyNvDecoder
-    return factory(**kwargs)
+    try:
+        return factory(**kwargs)
+    except TypeError:   # keyword names differ between wheels: the docstring's order (gpu, codec, ctx, stream, ...)
+        return factory(gpu_id, codec_id, 0, 0, True)
 
 
 def _frame_pts(frame) -> int:

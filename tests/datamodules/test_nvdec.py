@@ -250,6 +250,98 @@ def test_packet_filter_cpu_twin(clips, name):
     assert 0 < stats["skipped"] < stats["packets"]
 
 
+class _FakeNvc:
+    """PyNvVideoCodec's packet API played by FFmpeg's software decoder (PyAV), to run the packet-fed session's
+    control flow on the CPU: ``CreateDemuxer`` yields the container's packets (``pts``, ``bsl``) then an empty
+    end-of-stream packet; ``PyNvDecoder(...).Decode`` decodes one and returns NV12 surfaces with ``getPTS``."""
+
+    class OutputColorType:
+        NATIVE = 0
+
+    def __init__(self, pts_shift: int = 0):
+        self.fed, self.pts_shift = 0, pts_shift
+
+    def CreateDemuxer(self, path):  # noqa: N802 - PyNvVideoCodec's names
+        import av
+        from types import SimpleNamespace
+
+        fake = self
+        container = av.open(str(path))
+        stream = container.streams.video[0]
+
+        class Demuxer:
+            def GetNvCodecId(self):  # noqa: N802
+                return stream.codec_context
+
+            def __iter__(self):
+                for pk in container.demux(stream):
+                    if pk.size:
+                        yield SimpleNamespace(pts=pk.pts + fake.pts_shift, bsl=pk.size, av=pk)
+                yield SimpleNamespace(pts=0, bsl=0, av=None)
+
+        return Demuxer()
+
+    def PacketData(self):  # noqa: N802
+        from types import SimpleNamespace
+
+        return SimpleNamespace(pts=0, bsl=0, av=None)
+
+    def PyNvDecoder(self, gpuid, codec, cudacontext, cudastream, usedevicememory, outputColorType):  # noqa: N802, N803
+        import torch
+
+        fake = self
+
+        class Surface:
+            def __init__(self, f):
+                y, u, v = (np.frombuffer(memoryview(pl).cast("B"), np.uint8).reshape(pl.height, pl.line_size)
+                           [:, : pl.width] for pl in f.planes)
+                uv = np.stack([u, v], axis=-1).reshape(u.shape[0], -1)
+                self.t, self.pts = torch.from_numpy(np.ascontiguousarray(np.concatenate([y, uv]))), f.pts
+
+            def __dlpack__(self, **kw):
+                return self.t.__dlpack__(**kw)
+
+            def __dlpack_device__(self):
+                return self.t.__dlpack_device__()
+
+            def getPTS(self):  # noqa: N802
+                return self.pts
+
+        class Decoder:
+            def Decode(self, packet):  # noqa: N802
+                fake.fed += packet.bsl > 0
+                return [Surface(f) for f in codec.decode(packet.av)]
+
+        return Decoder()
+
+
+@pytest.mark.parametrize("name", ["h264_642x362.mp4", "hevc_320x240.mp4"])
+def test_packet_session_control_flow_on_cpu(clips, name, monkeypatch):
+    """The packet-fed session (``_decode_run_packets``) with PyNvVideoCodec played by PyAV: the frames equal
+    decord's, exactly the kept packets are fed, and a demuxer whose packets' pts differ from the scan's is an
+    NvdecError (the run then falls back to SimpleDecoder), not a wrong frame."""
+    import contextlib
+
+    import torch
+
+    from datamodules import packet_filter as pf
+
+    monkeypatch.setattr(torch.cuda, "device", lambda _gpu: contextlib.nullcontext())
+    fake = _FakeNvc()
+    monkeypatch.setattr(nvdec, "_nvc", lambda: fake)
+    p = nvdec.probe(clips[name])
+    run = [1, 5, 11, 14, 23]
+    conv = nvdec.Yuv420ToRgb(p.width, p.height, p.pix_fmt, (p.height, p.width), p.colorspace, p.color_range)
+    out = np.zeros((len(run), p.height, p.width, 3), np.uint8)
+    scan = pf.scan(str(clips[name]))
+    info = nvdec._decode_run_packets(str(clips[name]), run, 0, p, conv, out, 0, scan)
+    assert np.array_equal(out, _decord(clips[name], run, p.height, p.width, p.height, p.width))
+    assert info["path"] == "packets" and fake.fed == info["kept"] < info["packets"] == len(scan.pts)
+    monkeypatch.setattr(nvdec, "_nvc", lambda: _FakeNvc(pts_shift=1))
+    with pytest.raises(nvdec.NvdecError, match="demuxer packet 0 has pts"):
+        nvdec._decode_run_packets(str(clips[name]), run, 0, p, conv, out, 0, scan)
+
+
 if __name__ == "__main__":   # write the clips for a machine without ffmpeg: python -m tests.datamodules.test_nvdec DIR
     dest = Path(sys.argv[1])
     dest.mkdir(parents=True, exist_ok=True)
