@@ -368,6 +368,29 @@ def split_runs(indices: list[int], sessions: int, min_frames: int = MIN_SEGMENT_
     return [indices[bounds[i]: bounds[i + 1]] for i in range(k) if bounds[i + 1] > bounds[i]]
 
 
+def split_runs_at_periods(indices: list[int], period: list[int], sessions: int,
+                          min_frames: int = MIN_SEGMENT_FRAMES) -> list[list[int]]:
+    """:func:`split_runs`, with each cut moved to the nearest start of an IDR period, so that no two runs need the
+    same reference pictures (a packet-fed session decodes from its period's IDR): ``period[k]`` is the period of
+    ``indices[k]``. Cuts that meet are merged (one period: one run). Where the periods are not non-decreasing
+    along ``indices`` (not a closed-GOP stream), the plain :func:`split_runs` cuts."""
+    if len(period) != len(indices):
+        raise ValueError(f"{len(period)} periods for {len(indices)} indices")
+    if any(b < a for a, b in zip(period, period[1:])):
+        return split_runs(indices, sessions, min_frames)
+    base = split_runs(indices, sessions, min_frames)
+    starts = [k for k in range(1, len(indices)) if period[k] != period[k - 1]]
+    if not starts:
+        return [list(indices)] if indices else []
+    cuts: list[int] = []
+    for c in np.cumsum([len(r) for r in base[:-1]]).tolist():
+        best = min(starts, key=lambda b: (abs(b - c), b))
+        if not cuts or best > cuts[-1]:
+            cuts.append(best)
+    bounds = [0, *cuts, len(indices)]
+    return [list(indices[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
 def _decode_run(path: str, run: list[int], gpu_id: int, p: StreamProbe, convert: Yuv420ToRgb,
                 out: np.ndarray, offset: int) -> dict:
     """Decode ``run`` (ascending native indices) in one NVDEC session into ``out[offset: offset + len(run)]``."""
@@ -533,7 +556,11 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
                     raise NvdecError(f"{path}: {len(scanned.pts)} frames, index {idx[-1]} asked")
             except pf.PacketFilterError as e:
                 scanned, skip_why = None, str(e)
-    runs = split_runs(idx, sessions)
+    if scanned is not None:   # cut at IDR periods: no reference picture is decoded by two sessions
+        period = scanned.periods()
+        runs = split_runs_at_periods(idx, [period[i] for i in idx], sessions)
+    else:
+        runs = split_runs(idx, sessions)
     converters = [Yuv420ToRgb(p.width, p.height, p.pix_fmt, (dh, dw), p.colorspace, p.color_range) for _ in runs]
     offsets = np.cumsum([0] + [len(r) for r in runs[:-1]]).tolist()
     try:
@@ -584,4 +611,4 @@ def read_with_fallback(path: str | Path, indices: list[int], decode_hw: tuple[in
 
 
 __all__ = ["NVDEC_CODECS", "NvdecError", "StreamProbe", "Yuv420ToRgb", "nv12_planes", "nvdec_unsupported",
-           "probe", "read_nvdec", "read_with_fallback", "split_runs"]
+           "probe", "read_nvdec", "read_with_fallback", "split_runs", "split_runs_at_periods"]

@@ -241,6 +241,15 @@ class StreamScan:
     reference: list[bool]
     idr: list[bool]
 
+    def periods(self) -> list[int]:
+        """Per presentation-order frame, the IDR period (0, 1, ...) its packet lies in (decode order)."""
+        period, k = [0] * len(self.pts), -1
+        for j, is_idr in enumerate(self.idr):
+            k += bool(is_idr) or j == 0
+            period[j] = k
+        order = sorted(range(len(self.pts)), key=self.pts.__getitem__)
+        return [period[j] for j in order]
+
     def plan(self, sampled: list[int]) -> tuple[list[bool], dict]:
         """``(keep, counts)`` for ``sampled`` (see :func:`plan`)."""
         span = [False] * len(self.pts)

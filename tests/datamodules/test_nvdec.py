@@ -145,6 +145,26 @@ def test_split_runs():
     assert nvdec.split_runs(idx[:5], 4) == [idx[:5]]
 
 
+def test_split_runs_at_periods():
+    """50 sampled frames, 5 per IDR period (periods 0..9): split_runs' cuts 12 / 25 / 37 move to the nearest period
+    starts 10 / 25 / 35; one period gives one run; cuts that meet merge; out-of-order periods keep the plain
+    cuts."""
+    idx = list(range(0, 100, 2))
+    period = [k // 5 for k in range(50)]
+    runs = nvdec.split_runs_at_periods(idx, period, 4, min_frames=10)
+    assert [len(r) for r in runs] == [10, 15, 10, 15] and sum(runs, []) == idx
+    assert all(len({period[idx.index(i)] for i in r} & {period[idx.index(i)] for i in s}) == 0
+               for r, s in zip(runs, runs[1:]))
+    assert nvdec.split_runs_at_periods(idx, [0] * 50, 4, min_frames=10) == [idx]
+    two = [0] * 40 + [1] * 10                                     # every cut snaps to 40: two runs
+    assert [len(r) for r in nvdec.split_runs_at_periods(idx, two, 4, min_frames=10)] == [40, 10]
+    shuffled = period[:]
+    shuffled[3], shuffled[7] = shuffled[7], shuffled[3]
+    assert nvdec.split_runs_at_periods(idx, shuffled, 4, min_frames=10) == nvdec.split_runs(idx, 4, min_frames=10)
+    with pytest.raises(ValueError, match="3 periods for 50"):
+        nvdec.split_runs_at_periods(idx, [0, 0, 0], 4)
+
+
 @pytest.mark.parametrize("name, reason", [
     ("mpeg4_320x240.mp4", "codec mpeg4: its decoding is not bit-exact"),
     ("h264_yuv444_160x120.mp4", "pixel format yuv444p"),
@@ -340,6 +360,26 @@ def test_packet_session_control_flow_on_cpu(clips, name, monkeypatch):
     monkeypatch.setattr(nvdec, "_nvc", lambda: _FakeNvc(pts_shift=1))
     with pytest.raises(nvdec.NvdecError, match="demuxer packet 0 has pts"):
         nvdec._decode_run_packets(str(clips[name]), run, 0, p, conv, out, 0, scan)
+
+
+def test_read_nvdec_stats_with_packet_sessions_on_cpu(clips, monkeypatch):
+    """read_nvdec with the packet filter on (the default), PyNvVideoCodec played by PyAV: decord's frames at a
+    reduced size, one packet-fed run, and the skipped-frame count = the stream's packets - the packets fed."""
+    import contextlib
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device", lambda _gpu: contextlib.nullcontext())
+    fake = _FakeNvc()
+    monkeypatch.setattr(nvdec, "_nvc", lambda: fake)
+    name = "h264_642x362.mp4"
+    idx = [0, 7, 12, 13, 29]
+    stats: dict = {}
+    got = nvdec.read_nvdec(clips[name], idx, (218, 386), stats=stats)
+    assert np.array_equal(got, _decord(clips[name], idx, 218, 386, 362, 642))
+    assert stats["skip"] is None and [r["path"] for r in stats["runs"]] == ["packets"]
+    assert stats["packets"] == 30 and stats["frames_fed"] == fake.fed
+    assert stats["frames_skipped"] == 30 - fake.fed > 0
 
 
 if __name__ == "__main__":   # write the clips for a machine without ffmpeg: python -m tests.datamodules.test_nvdec DIR

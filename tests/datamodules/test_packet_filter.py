@@ -202,6 +202,15 @@ def test_closed_gops_are_cut_at_idr(clips):
     assert [j for j, x in enumerate(pf.scan(str(clips["hevc_g60_open.mp4"])).idr) if x] == [0]
 
 
+def test_periods_in_presentation_order(clips):
+    """Closed GOPs of 60 (250): frame k lies in IDR period k // 60 (k // 250), in presentation order too (the
+    B-frames shown just before an IDR are decoded before it); an open-GOP stream is one period."""
+    for name, gop in (("h264_g60_closed.mp4", 60), ("h264_g250_closed.mp4", 250), ("hevc_g60_closed.mp4", 60)):
+        periods = pf.scan(str(clips[name])).periods()
+        assert periods == [k // gop for k in range(len(periods))], name
+    assert set(pf.scan(str(clips["hevc_g60_open.mp4"])).periods()) == {0}
+
+
 def test_dropping_a_needed_reference_changes_the_frame(clips):
     """The equality above can fail: feed the kept packets minus one reference picture that a sampled frame
     predicts from (the P picture right after the IDR) and that frame's planes differ from the full decode's."""
