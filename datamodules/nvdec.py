@@ -48,7 +48,8 @@ pictures before them back to their IDR; non-reference pictures that are not samp
 frame and the packets after a period's last sampled frame are never sent (the module says why that is exact;
 ``tests/datamodules/test_packet_filter.py`` proves it with FFmpeg's software decoder fed the same packets). The
 session is a packet-fed ``PyNvDecoder`` on ``PyNvVideoCodec.CreateDemuxer``'s packets (checked against PyAV's
-pts, one by one); frames are taken by pts. Where anything in that fails (or the stream is VP9), the run is decoded
+pts, one by one); frames are taken by pts. The runs are then cut at IDR periods (:func:`split_runs_at_periods`),
+so no reference picture is decoded by two sessions (an open-GOP stream, one period, is one session). Where anything in that fails (or the stream is VP9), the run is decoded
 by ``SimpleDecoder`` as before and ``stats`` says why.
 
 Frame identity. ``SimpleDecoder`` indexes frames in presentation order as decord does; its count is checked
