@@ -10,8 +10,12 @@
 2. **Decode paths**, each in a pool of ``--workers`` spawned processes (the DataLoader's shape: 8 workers, the CPU
    path with ``auto_decode_threads`` threads each): the frames seed 001's sampling keeps at the run's largest
    budget (``algorithms.budget.sample_frames``, 16,384 tokens; decode size ``decode_frame_size``), read by decord
-   (``cpu``, today's reader: ``VideoReader.get_batch``) or by :func:`datamodules.nvdec.read_nvdec` (``nvdec``;
-   per-file CPU fallback with the reason). Each video's frames are hashed, so the paths are compared frame for
+   (``cpu``, today's reader: ``VideoReader.get_batch``), by :func:`datamodules.nvdec.read_nvdec` fed only the
+   packets the sampled frames need (``nvdec``: ``nvdec_skip_nonref=True``, the default; per-file CPU fallback
+   with the reason) or decoding every frame of the runs' GOPs (``nvdec_full``: what ``nvdec`` was in
+   ``bench/results/workload_h200_2026-12-02.*``), or by FFmpeg's software decoder (PyAV) fed only the needed
+   packets and converted by decord's swscale (``cpu_skip``: the CPU proof on the workload; its hashes must equal
+   ``cpu``'s). Each packet-filtered video prints how many of its covered source frames were never decoded. Each video's frames are hashed, so the paths are compared frame for
    frame. ``--window-s`` decodes only the sampled frames of the first N seconds of each video (both paths alike)
    and scales the seconds to the whole video by its source-frame count (the decode cost is linear in the frames
    decoded); the table says when it did.
@@ -27,6 +31,9 @@
     python bench/workload.py --make /tmp/workload            # the set only
     python bench/workload.py --videos /tmp/workload --paths cpu nvdec --window-s 240
     python bench/workload.py --tiny                          # CPU smoke run: tiny clips, tiny model, the CLI
+
+On the H200 (device tool; no ffmpeg there, so the set is encoded with PyAV's encoders on the machine):
+``python bench/workload.py --videos /tmp/wl --paths cpu nvdec_full nvdec --workers 8 --window-s 180 --sweep``.
 """
 from __future__ import annotations
 
@@ -230,14 +237,46 @@ def _decode_task(job) -> dict:
         return vr.get_batch(list(idx_)).asnumpy()
 
     t0 = time.perf_counter()
-    if decoder == "nvdec":
-        frames, used, why = nvdec.read_with_fallback(path, idx, (dh, dw), cpu, sessions=sessions)
+    st: dict = {}
+    if decoder in ("nvdec", "nvdec_full"):
+        frames, used, why = nvdec.read_with_fallback(path, idx, (dh, dw), cpu, sessions=sessions, stats=st,
+                                                     nvdec_skip_nonref=decoder == "nvdec")
+    elif decoder == "cpu_skip":
+        frames, used, why = _cpu_skip(path, idx, (dh, dw), cpu, st)
     else:
         frames, used, why = cpu(path, idx, (dh, dw)), "cpu", None
     dt = time.perf_counter() - t0
-    return {"path": str(path), "path_kind": decoder, "decoder": used, "why": why, "decode_s": dt,
+    # packets fed to a decoder (all sessions); the rest of the covered source frames were never decoded
+    fed = st.get("frames_fed", st.get("kept")) if st.get("frames_skipped", st.get("skipped")) is not None else None
+    return {"path": str(path), "path_kind": decoder, "decoder": used, "why": why or st.get("skip"), "decode_s": dt,
+            "frames_skipped": None if fed is None else covered - fed, "packets": None if fed is None else covered,
+            "sessions_path": sorted({r.get("path", "") for r in st.get("runs", [])}) or None,
+            "skip_fallback": [r["skip_fallback"] for r in st.get("runs", []) if r.get("skip_fallback")] or None,
             "frames": len(idx), "covered": covered, "n": p["n"], "duration_s": p["duration_s"],
             "decode_hw": [dh, dw], "sha1": hashlib.sha1(frames.tobytes()).hexdigest()}
+
+
+def _cpu_skip(path: str, idx: list[int], hw: tuple[int, int], cpu, st: dict):
+    """The CPU proof on the workload: FFmpeg's software decoder (PyAV) fed only the packets the sampled frames
+    need (:func:`datamodules.packet_filter.decode_planes_pyav`), converted by decord's swscale
+    (:class:`datamodules.nvdec.Yuv420ToRgb`); its frames' hash must equal the ``cpu`` path's. H.264 / HEVC only
+    (else decord)."""
+    import numpy as np
+
+    from datamodules import packet_filter as pf
+
+    p = nvdec.probe(path)
+    if p.codec not in pf.FILTERED_CODECS or nvdec._reason_from_probe(p):
+        return cpu(path, idx, hw), "cpu", f"{p.codec} {p.pix_fmt}: not filtered"
+    planes = pf.decode_planes_pyav(path, idx, stats=st)
+    conv = nvdec.Yuv420ToRgb(p.width, p.height, p.pix_fmt, hw, p.colorspace, p.color_range)
+    ch, cw = (p.height + 1) // 2, (p.width + 1) // 2
+    out = np.empty((len(idx), *hw, 3), np.uint8)
+    for k, (y, u, v) in enumerate(planes):
+        out[k] = conv(np.frombuffer(y, np.uint8).reshape(p.height, p.width),
+                      np.frombuffer(u, np.uint8).reshape(ch, cw), np.frombuffer(v, np.uint8).reshape(ch, cw))
+    conv.close()
+    return out, "cpu_skip", None
 
 
 def run_path(videos: list[Path], decoder: str, workers: int, threads: int, sessions: int,
@@ -296,13 +335,13 @@ def print_table(summary: dict, windowed: bool, step_source: str) -> None:
     kinds = list(summary)
     print(f"\nGPU step per video from: {step_source}" + ("; decode seconds scaled from --window-s" if windowed
                                                              else ""))
-    head = f"{'class':<7} {'path':<6} {'GPU step s':>10} {'decode s/video':>15} {'GPU wait':>9} {'videos/h':>9}"
+    head = f"{'class':<7} {'path':<10} {'GPU step s':>10} {'decode s/video':>15} {'GPU wait':>9} {'videos/h':>9}"
     print(head)
     for cls in VIDEO_MME:
         for kind in kinds:
             c = summary[kind]["classes"].get(cls)
             if c:
-                print(f"{cls:<7} {kind:<6} {c['step_s']:>10.2f} {c['decode_s']:>15.2f} {c['wait_share']:>9.1%} "
+                print(f"{cls:<7} {kind:<10} {c['step_s']:>10.2f} {c['decode_s']:>15.2f} {c['wait_share']:>9.1%} "
                       f"{c['videos_per_h']:>9.0f}")
     print("full Video-MME (900 videos, 4k+16k, one GPU), per-video rates x workers: " +
           "  ".join(f"{k} {summary[k]['videomme_h']:.2f} h" for k in kinds))
@@ -316,7 +355,9 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--make", default=None, help="only write the set to this folder")
     ap.add_argument("--videos", default="/tmp/workload")
-    ap.add_argument("--paths", nargs="+", default=["cpu", "nvdec"], choices=["cpu", "nvdec"])
+    ap.add_argument("--paths", nargs="+", default=["cpu", "nvdec"], choices=["cpu", "cpu_skip", "nvdec", "nvdec_full"],
+                    help="cpu: decord; cpu_skip: PyAV fed only the needed packets; nvdec: NVDEC fed only the "
+                         "needed packets (nvdec_skip_nonref, the default); nvdec_full: NVDEC decoding every frame")
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--threads", type=int, default=None, help="decoder threads per CPU worker (auto from cores)")
     ap.add_argument("--sessions", type=int, default=nvdec.DEFAULT_SESSIONS)
@@ -352,8 +393,17 @@ def main(argv=None) -> dict:
               f"{sum(r['frames'] for r in rows_by_path[kind])} sampled frames of "
               f"{sum(r['covered'] for r in rows_by_path[kind])} source frames in {walls[kind]:.1f} s", flush=True)
         for r in rows_by_path[kind]:
+            skip = "" if r.get("frames_skipped") is None else \
+                f", {r['frames_skipped']} of {r['packets']} covered frames not decoded"
             print(f"  {Path(r['path']).name}: {r['decoder']} {r['decode_s']:.2f} s, {r['frames']} frames "
-                  f"{r['decode_hw']}, {r['covered']}/{r['n']} source frames" + (f" ({r['why']})" if r["why"] else ""))
+                  f"{r['decode_hw']}, {r['covered']}/{r['n']} source frames{skip}"
+                  + (f" ({r['why']})" if r["why"] else "")
+                  + (f" [packet-fed session fell back: {r['skip_fallback'][0]}]" if r.get("skip_fallback") else ""))
+        fed = [r for r in rows_by_path[kind] if r.get("frames_skipped") is not None]
+        if fed:
+            print(f"{kind}: {sum(r['frames_skipped'] for r in fed)} of {sum(r['packets'] for r in fed)} covered "
+                  f"source frames not decoded ({len(fed)} of {len(rows_by_path[kind])} videos packet-filtered)",
+                  flush=True)
     if args.sweep and "nvdec" in args.paths:
         sweep_sessions(max(videos, key=lambda v: v.stat().st_size), args.window_s)
     if len(rows_by_path) > 1:

@@ -41,6 +41,17 @@ sessions over the GPU's engines (the H200 has 7). DataLoader workers that each c
 worker that uses CUDA must be started with ``multiprocessing_context="spawn"`` (CUDA does not survive ``fork``
 after the parent initialised it).
 
+Decoding only what the sampled frames need (``read_nvdec(..., nvdec_skip_nonref=True)``, the default). For H.264
+and HEVC, one PyAV demux pass (no decoding) classifies every packet from its NAL headers, and each session is fed
+only the packets :func:`datamodules.packet_filter.needed_packets` keeps: the sampled frames, and the reference
+pictures before them back to their IDR; non-reference pictures that are not sampled, IDR periods without a sampled
+frame and the packets after a period's last sampled frame are never sent (the module says why that is exact;
+``tests/datamodules/test_packet_filter.py`` proves it with FFmpeg's software decoder fed the same packets). The
+session is a packet-fed ``PyNvDecoder`` on ``PyNvVideoCodec.CreateDemuxer``'s packets (checked against PyAV's
+pts, one by one); frames are taken by pts. The runs are then cut at IDR periods (:func:`split_runs_at_periods`),
+so no reference picture is decoded by two sessions (an open-GOP stream, one period, is one session). Where anything in that fails (or the stream is VP9), the run is decoded
+by ``SimpleDecoder`` as before and ``stats`` says why.
+
 Frame identity. ``SimpleDecoder`` indexes frames in presentation order as decord does; its count is checked
 against the container's per file (a mismatch is an :class:`NvdecError`, so a CPU fallback), and the frames of every
 test clip and workload video are equal to decord's at the same indices. Variable-frame-rate files are not tested
@@ -61,6 +72,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+
+from datamodules import packet_filter as pf
 
 
 def _import_nvc():
@@ -356,6 +369,29 @@ def split_runs(indices: list[int], sessions: int, min_frames: int = MIN_SEGMENT_
     return [indices[bounds[i]: bounds[i + 1]] for i in range(k) if bounds[i + 1] > bounds[i]]
 
 
+def split_runs_at_periods(indices: list[int], period: list[int], sessions: int,
+                          min_frames: int = MIN_SEGMENT_FRAMES) -> list[list[int]]:
+    """:func:`split_runs`, with each cut moved to the nearest start of an IDR period, so that no two runs need the
+    same reference pictures (a packet-fed session decodes from its period's IDR): ``period[k]`` is the period of
+    ``indices[k]``. Cuts that meet are merged (one period: one run). Where the periods are not non-decreasing
+    along ``indices`` (not a closed-GOP stream), the plain :func:`split_runs` cuts."""
+    if len(period) != len(indices):
+        raise ValueError(f"{len(period)} periods for {len(indices)} indices")
+    if any(b < a for a, b in zip(period, period[1:])):
+        return split_runs(indices, sessions, min_frames)
+    base = split_runs(indices, sessions, min_frames)
+    starts = [k for k in range(1, len(indices)) if period[k] != period[k - 1]]
+    if not starts:
+        return [list(indices)] if indices else []
+    cuts: list[int] = []
+    for c in np.cumsum([len(r) for r in base[:-1]]).tolist():
+        best = min(starts, key=lambda b: (abs(b - c), b))
+        if not cuts or best > cuts[-1]:
+            cuts.append(best)
+    bounds = [0, *cuts, len(indices)]
+    return [list(indices[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
 def _decode_run(path: str, run: list[int], gpu_id: int, p: StreamProbe, convert: Yuv420ToRgb,
                 out: np.ndarray, offset: int) -> dict:
     """Decode ``run`` (ascending native indices) in one NVDEC session into ``out[offset: offset + len(run)]``."""
@@ -385,9 +421,90 @@ def _decode_run(path: str, run: list[int], gpu_id: int, p: StreamProbe, convert:
     return info
 
 
+def _packet_decoder(nvc, gpu_id: int, codec_id):
+    """A packet-fed NVDEC session: ``PyNvVideoCodec.CreateDecoder`` where the wheel has it (1.x / 2.0), else the
+    ``PyNvDecoder`` class it wraps (2.2.4 binds only the class; same keyword names in its docstring)."""
+    kwargs = dict(gpuid=gpu_id, codec=codec_id, cudacontext=0, cudastream=0, usedevicememory=True,
+                  outputColorType=nvc.OutputColorType.NATIVE)
+    factory = getattr(nvc, "CreateDecoder", None) or nvc.PyNvDecoder
+    try:
+        return factory(**kwargs)
+    except TypeError:   # keyword names differ between wheels: the docstring's order (gpu, codec, ctx, stream, ...)
+        return factory(gpu_id, codec_id, 0, 0, True)
+
+
+def _frame_pts(frame) -> int:
+    get = getattr(frame, "getPTS", None)
+    return int(get() if callable(get) else frame.timestamp)
+
+
+def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, convert: Yuv420ToRgb,
+                        out: np.ndarray, offset: int, scanned: pf.StreamScan) -> dict:
+    """Decode ``run`` in one NVDEC session fed only the packets :func:`datamodules.packet_filter.needed_packets`
+    keeps (``PyNvVideoCodec.CreateDemuxer`` packets, Annex-B, in the order PyAV demuxed them: checked by pts).
+    Frames are identified by pts (frame ``i`` = the ``i``-th smallest packet pts), so a frame that does not come
+    out, or a packet order that differs from the scan's, is an :class:`NvdecError`, never a wrong frame."""
+    import torch
+
+    keep, counts = scanned.plan(run)
+    ordered = sorted(scanned.pts)
+    want = {ordered[i]: k for k, i in enumerate(run)}
+    last = max(j for j, k in enumerate(keep) if k)
+    nvc = _nvc()
+    dmx = nvc.CreateDemuxer(path)
+    dec = _packet_decoder(nvc, gpu_id, dmx.GetNvCodecId())
+    done = [False] * len(run)
+    info: dict = {"frames": len(run), "path": "packets", **counts}
+
+    def take(frames) -> None:
+        for frame in frames:
+            k = want.get(_frame_pts(frame))
+            if k is None or done[k]:
+                continue
+            surface = torch.from_dlpack(frame)
+            info.setdefault("surface_shape", tuple(surface.shape))
+            y, u, v = nv12_planes(surface.cpu().numpy(), p.height, p.width)
+            out[offset + k] = convert(y, u, v)
+            done[k] = True
+
+    with torch.cuda.device(gpu_id):
+        j = 0
+        for packet in dmx:
+            if int(packet.bsl) == 0:                    # end of stream: flush what the decoder holds
+                take(dec.Decode(packet))
+                break
+            if j >= len(scanned.pts) or int(packet.pts) != scanned.pts[j]:
+                raise NvdecError(f"{path}: NVDEC's demuxer packet {j} has pts {packet.pts}, PyAV's "
+                                 f"{scanned.pts[j] if j < len(scanned.pts) else 'none'}")
+            if keep[j]:
+                take(dec.Decode(packet))
+            j += 1
+            if j > last and all(done):
+                break
+        if not all(done):
+            take(dec.Decode(nvc.PacketData()))          # an empty packet is the end-of-stream flush
+    if not all(done):
+        missing = [run[k] for k, d in enumerate(done) if not d]
+        raise NvdecError(f"{path}: frames {missing[:5]} did not come out of the packet-fed NVDEC session")
+    del dec, dmx
+    return info
+
+
+def _decode_run_any(path, run, gpu_id, p, convert, out, offset, scanned) -> dict:
+    """The packet-fed session where the stream was scanned, falling back (per run, recorded) to SimpleDecoder."""
+    if scanned is not None:
+        try:
+            return _decode_run_packets(path, run, gpu_id, p, convert, out, offset, scanned)
+        except Exception as e:  # noqa: BLE001 - PyNvVideoCodec raises its own types; SimpleDecoder is the fallback
+            why = f"{type(e).__name__}: {e}".splitlines()[0]
+            info = _decode_run(path, run, gpu_id, p, convert, out, offset)
+            return {**info, "path": "simple", "skip_fallback": why}
+    return {**_decode_run(path, run, gpu_id, p, convert, out, offset), "path": "simple"}
+
+
 def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int], gpu_id: int = 0,
                sessions: int = DEFAULT_SESSIONS, probed: StreamProbe | None = None,
-               stats: dict | None = None) -> np.ndarray:
+               stats: dict | None = None, nvdec_skip_nonref: bool = True) -> np.ndarray:
     """``(len(indices), dh, dw, 3)`` uint8 RGB frames at ascending native presentation-order ``indices``, decoded
     by NVDEC and converted by decord's own swscale (equal to the CPU path's frames, see the module docstring).
 
@@ -398,7 +515,15 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
         gpu_id: CUDA device whose NVDEC engines decode.
         sessions: NVDEC sessions (threads) the indices are split over (:func:`split_runs`).
         probed: a :func:`probe` of ``path`` already made (else probed here).
-        stats: filled with ``runs`` (per session: frames, surface shape) when given.
+        stats: filled with ``runs`` (per session: frames, surface shape, ``path`` ``"packets"`` or ``"simple"``,
+            its packet counts, ``skip_fallback``: why a packet-fed session fell back), ``skip`` (why the packets
+            were not filtered, or ``None``), ``packets`` (the stream's), ``frames_fed`` (packets fed to NVDEC, all
+            sessions) and ``frames_skipped`` (``packets - frames_fed``; below the SimpleDecoder path's true saving
+            when several sessions re-decode a shared stretch) when given.
+        nvdec_skip_nonref: feed NVDEC only the packets the sampled frames need
+            (:mod:`datamodules.packet_filter`: non-reference pictures that are not sampled, IDR periods without a
+            sampled frame, and period tails are dropped; exact, so on by default) for H.264 / HEVC; else, and where
+            the scan or a packet-fed session fails, ``SimpleDecoder`` decodes every frame of the run's GOPs.
 
     Raises:
         NvdecError: the file is not one NVDEC decodes exactly (:func:`nvdec_unsupported`'s reasons, checked from
@@ -418,15 +543,33 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
     out = np.empty((len(idx), dh, dw, 3), np.uint8)
     if not idx:
         return out
-    runs = split_runs(idx, sessions)
+    scanned, skip_why = None, "off (nvdec_skip_nonref=False)"
+    if nvdec_skip_nonref:
+        if p.codec not in pf.FILTERED_CODECS:
+            skip_why = f"codec {p.codec}: packets not filtered (only {', '.join(pf.FILTERED_CODECS)})"
+        else:
+            try:
+                scanned = pf.scan(path)
+                skip_why = None
+                if p.frames and len(scanned.pts) != p.frames:
+                    scanned, skip_why = None, f"{len(scanned.pts)} packets, the container counts {p.frames} frames"
+                elif idx[-1] >= len(scanned.pts):
+                    raise NvdecError(f"{path}: {len(scanned.pts)} frames, index {idx[-1]} asked")
+            except pf.PacketFilterError as e:
+                scanned, skip_why = None, str(e)
+    if scanned is not None:   # cut at IDR periods: no reference picture is decoded by two sessions
+        period = scanned.periods()
+        runs = split_runs_at_periods(idx, [period[i] for i in idx], sessions)
+    else:
+        runs = split_runs(idx, sessions)
     converters = [Yuv420ToRgb(p.width, p.height, p.pix_fmt, (dh, dw), p.colorspace, p.color_range) for _ in runs]
     offsets = np.cumsum([0] + [len(r) for r in runs[:-1]]).tolist()
     try:
         if len(runs) == 1:
-            infos = [_decode_run(path, runs[0], gpu_id, p, converters[0], out, 0)]
+            infos = [_decode_run_any(path, runs[0], gpu_id, p, converters[0], out, 0, scanned)]
         else:
             with ThreadPoolExecutor(len(runs)) as pool:
-                futures = [pool.submit(_decode_run, path, r, gpu_id, p, c, out, o)
+                futures = [pool.submit(_decode_run_any, path, r, gpu_id, p, c, out, o, scanned)
                            for r, c, o in zip(runs, converters, offsets)]
                 infos = [f.result() for f in futures]
     except NvdecError:
@@ -438,25 +581,35 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
             c.close()
     if stats is not None:
         stats["runs"] = infos
+        stats["skip"] = skip_why
+        if scanned is not None:
+            fed = sum(i.get("kept", 0) if i.get("path") == "packets" else 0 for i in infos)
+            stats["packets"] = len(scanned.pts)
+            stats["frames_fed"] = fed
+            stats["frames_skipped"] = len(scanned.pts) - fed if all(i.get("path") == "packets" for i in infos) \
+                else None
     return out
 
 
 def read_with_fallback(path: str | Path, indices: list[int], decode_hw: tuple[int, int], cpu_read,
-                       gpu_id: int = 0, sessions: int = DEFAULT_SESSIONS) -> tuple[np.ndarray, str, str | None]:
+                       gpu_id: int = 0, sessions: int = DEFAULT_SESSIONS, nvdec_skip_nonref: bool = True,
+                       stats: dict | None = None) -> tuple[np.ndarray, str, str | None]:
     """NVDEC where it decodes ``path`` exactly, else ``cpu_read(path, indices, decode_hw)``.
 
     Returns:
         ``(frames, decoder, why)``: ``decoder`` is ``"nvdec"`` or ``"cpu"``; ``why`` is ``None`` for NVDEC, else
-        the reason the file went to the CPU (recorded as ``info["decoder"]`` / the fallback reason).
+        the reason the file went to the CPU (recorded as ``info["decoder"]`` / the fallback reason). ``stats``
+        and ``nvdec_skip_nonref`` are :func:`read_nvdec`'s.
     """
     why = nvdec_unsupported(path, gpu_id)
     if why is None:
         try:
-            return read_nvdec(path, indices, decode_hw, gpu_id, sessions), "nvdec", None
+            return read_nvdec(path, indices, decode_hw, gpu_id, sessions, stats=stats,
+                              nvdec_skip_nonref=nvdec_skip_nonref), "nvdec", None
         except NvdecError as e:
             why = str(e)
     return cpu_read(path, indices, decode_hw), "cpu", why
 
 
 __all__ = ["NVDEC_CODECS", "NvdecError", "StreamProbe", "Yuv420ToRgb", "nv12_planes", "nvdec_unsupported",
-           "probe", "read_nvdec", "read_with_fallback", "split_runs"]
+           "probe", "read_nvdec", "read_with_fallback", "split_runs", "split_runs_at_periods"]

@@ -67,6 +67,21 @@ def test_decode_tasks_agree_and_record_the_decoder(base):
     assert (win["frames"], win["covered"], win["n"]) == (1, 25, 50)
 
 
+def test_cpu_skip_task_equals_cpu_and_counts_skipped(base):
+    """The packet-filtered CPU decode (PyAV fed only the needed packets, decord's swscale) hashes the same frames
+    as decord; of the 50 frames (GOP 25, 3 B-frames), frames 24 and 49 need neither the non-reference B-frames
+    before them nor anything after 49, so some are never decoded; with a 1 s window the count is of the first 25
+    frames only."""
+    bench = _bench()
+    cpu = bench._decode_task((str(base), "cpu", 1, 4, None))
+    skip = bench._decode_task((str(base), "cpu_skip", 1, 4, None))
+    assert skip["decoder"] == "cpu_skip" and skip["sha1"] == cpu["sha1"]
+    assert skip["packets"] == 50 and 0 < skip["frames_skipped"] < 50
+    win = bench._decode_task((str(base), "cpu_skip", 1, 4, 1.0))
+    assert win["packets"] == 25 and 0 < win["frames_skipped"] < 25
+    assert cpu["frames_skipped"] is None
+
+
 def test_summary_arithmetic():
     """One long video, decoded in 10 s over 1,000 of its 10,000 frames at 25 fps (400 s), step 2 s, 4 workers:
     100 s per whole video, wall max(2, 100 / 4) = 25 s, wait 1 - 2 / 25 = 92 %, 144 videos/h; full Video-MME long

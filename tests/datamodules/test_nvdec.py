@@ -145,6 +145,26 @@ def test_split_runs():
     assert nvdec.split_runs(idx[:5], 4) == [idx[:5]]
 
 
+def test_split_runs_at_periods():
+    """50 sampled frames, 5 per IDR period (periods 0..9): split_runs' cuts 12 / 25 / 37 move to the nearest period
+    starts 10 / 25 / 35; one period gives one run; cuts that meet merge; out-of-order periods keep the plain
+    cuts."""
+    idx = list(range(0, 100, 2))
+    period = [k // 5 for k in range(50)]
+    runs = nvdec.split_runs_at_periods(idx, period, 4, min_frames=10)
+    assert [len(r) for r in runs] == [10, 15, 10, 15] and sum(runs, []) == idx
+    assert all(len({period[idx.index(i)] for i in r} & {period[idx.index(i)] for i in s}) == 0
+               for r, s in zip(runs, runs[1:]))
+    assert nvdec.split_runs_at_periods(idx, [0] * 50, 4, min_frames=10) == [idx]
+    two = [0] * 40 + [1] * 10                                     # every cut snaps to 40: two runs
+    assert [len(r) for r in nvdec.split_runs_at_periods(idx, two, 4, min_frames=10)] == [40, 10]
+    shuffled = period[:]
+    shuffled[3], shuffled[7] = shuffled[7], shuffled[3]
+    assert nvdec.split_runs_at_periods(idx, shuffled, 4, min_frames=10) == nvdec.split_runs(idx, 4, min_frames=10)
+    with pytest.raises(ValueError, match="3 periods for 50"):
+        nvdec.split_runs_at_periods(idx, [0, 0, 0], 4)
+
+
 @pytest.mark.parametrize("name, reason", [
     ("mpeg4_320x240.mp4", "codec mpeg4: its decoding is not bit-exact"),
     ("h264_yuv444_160x120.mp4", "pixel format yuv444p"),
@@ -208,3 +228,164 @@ def test_read_nvdec_equals_decord(clips, name, scale, sessions):
     got = nvdec.read_nvdec(clips[name], idx, (dh, dw), sessions=sessions)
     ref = _decord(clips[name], idx, dh, dw, h, w)
     assert np.array_equal(got, ref), f"{name}: max |diff| {np.abs(got.astype(int) - ref).max()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["h264_642x362.mp4", "h264_320x180_bt709.mp4", "h264_jpeg_256x144.mp4",
+                                  "hevc_320x240.mp4"])
+@pytest.mark.parametrize("scale", [1.0, 0.6])
+def test_read_nvdec_packet_filter_equals_decord(clips, name, scale):
+    """NVDEC fed only the packets the sampled frames need (``nvdec_skip_nonref``, the default) == decord, byte
+    for byte; the session is the packet-fed one (no SimpleDecoder fallback) and frames were skipped; with the
+    filter off, SimpleDecoder gives the same frames."""
+    if not _nvdec_ready():
+        pytest.skip(f"NVDEC not usable here: {nvdec._nvc()}")
+    p = nvdec.probe(clips[name])
+    h, w = p.height, p.width
+    dh, dw = (h, w) if scale == 1.0 else (2 * round(h * scale / 2), 2 * round(w * scale / 2))
+    idx = [1, 5, 11, 14, 23]
+    stats: dict = {}
+    got = nvdec.read_nvdec(clips[name], idx, (dh, dw), sessions=1, stats=stats)
+    ref = _decord(clips[name], idx, dh, dw, h, w)
+    assert stats["skip"] is None, stats
+    assert [r["path"] for r in stats["runs"]] == ["packets"], stats["runs"]
+    assert np.array_equal(got, ref), f"{name}: max |diff| {np.abs(got.astype(int) - ref).max()}"
+    assert 0 < stats["frames_skipped"] < stats["packets"]
+    off: dict = {}
+    full = nvdec.read_nvdec(clips[name], idx, (dh, dw), sessions=1, stats=off, nvdec_skip_nonref=False)
+    assert np.array_equal(full, ref) and [r["path"] for r in off["runs"]] == ["simple"]
+
+
+@pytest.mark.parametrize("name", ["h264_642x362.mp4", "h264_320x180_bt709.mp4", "h264_jpeg_256x144.mp4",
+                                  "hevc_320x240.mp4"])
+def test_packet_filter_cpu_twin(clips, name):
+    """The CPU twin of the GPU case above: on the same clips and indices, FFmpeg's software decoder fed only the
+    kept packets gives the full decode's planes, and frames are skipped (so the GPU case's count is not empty)."""
+    from datamodules import packet_filter as pf
+
+    idx = [1, 5, 11, 14, 23]
+    stats: dict = {}
+    assert pf.decode_planes_pyav(str(clips[name]), idx, stats=stats) == \
+        pf.decode_planes_pyav(str(clips[name]), idx, skip=False)
+    assert 0 < stats["skipped"] < stats["packets"]
+
+
+class _FakeNvc:
+    """PyNvVideoCodec's packet API played by FFmpeg's software decoder (PyAV), to run the packet-fed session's
+    control flow on the CPU: ``CreateDemuxer`` yields the container's packets (``pts``, ``bsl``) then an empty
+    end-of-stream packet; ``PyNvDecoder(...).Decode`` decodes one and returns NV12 surfaces with ``getPTS``."""
+
+    class OutputColorType:
+        NATIVE = 0
+
+    def __init__(self, pts_shift: int = 0):
+        self.fed, self.pts_shift = 0, pts_shift
+
+    def CreateDemuxer(self, path):  # noqa: N802 - PyNvVideoCodec's names
+        import av
+        from types import SimpleNamespace
+
+        fake = self
+        container = av.open(str(path))
+        stream = container.streams.video[0]
+
+        class Demuxer:
+            def GetNvCodecId(self):  # noqa: N802
+                return stream.codec_context
+
+            def __iter__(self):
+                for pk in container.demux(stream):
+                    if pk.size:
+                        yield SimpleNamespace(pts=pk.pts + fake.pts_shift, bsl=pk.size, av=pk)
+                yield SimpleNamespace(pts=0, bsl=0, av=None)
+
+        return Demuxer()
+
+    def PacketData(self):  # noqa: N802
+        from types import SimpleNamespace
+
+        return SimpleNamespace(pts=0, bsl=0, av=None)
+
+    def PyNvDecoder(self, gpuid, codec, cudacontext, cudastream, usedevicememory, outputColorType):  # noqa: N802, N803
+        import torch
+
+        fake = self
+
+        class Surface:
+            def __init__(self, f):
+                y, u, v = (np.frombuffer(memoryview(pl).cast("B"), np.uint8).reshape(pl.height, pl.line_size)
+                           [:, : pl.width] for pl in f.planes)
+                uv = np.stack([u, v], axis=-1).reshape(u.shape[0], -1)
+                self.t, self.pts = torch.from_numpy(np.ascontiguousarray(np.concatenate([y, uv]))), f.pts
+
+            def __dlpack__(self, **kw):
+                return self.t.__dlpack__(**kw)
+
+            def __dlpack_device__(self):
+                return self.t.__dlpack_device__()
+
+            def getPTS(self):  # noqa: N802
+                return self.pts
+
+        class Decoder:
+            def Decode(self, packet):  # noqa: N802
+                fake.fed += packet.bsl > 0
+                return [Surface(f) for f in codec.decode(packet.av)]
+
+        return Decoder()
+
+
+@pytest.mark.parametrize("name", ["h264_642x362.mp4", "hevc_320x240.mp4"])
+def test_packet_session_control_flow_on_cpu(clips, name, monkeypatch):
+    """The packet-fed session (``_decode_run_packets``) with PyNvVideoCodec played by PyAV: the frames equal
+    decord's, exactly the kept packets are fed, and a demuxer whose packets' pts differ from the scan's is an
+    NvdecError (the run then falls back to SimpleDecoder), not a wrong frame."""
+    import contextlib
+
+    import torch
+
+    from datamodules import packet_filter as pf
+
+    monkeypatch.setattr(torch.cuda, "device", lambda _gpu: contextlib.nullcontext())
+    fake = _FakeNvc()
+    monkeypatch.setattr(nvdec, "_nvc", lambda: fake)
+    p = nvdec.probe(clips[name])
+    run = [1, 5, 11, 14, 23]
+    conv = nvdec.Yuv420ToRgb(p.width, p.height, p.pix_fmt, (p.height, p.width), p.colorspace, p.color_range)
+    out = np.zeros((len(run), p.height, p.width, 3), np.uint8)
+    scan = pf.scan(str(clips[name]))
+    info = nvdec._decode_run_packets(str(clips[name]), run, 0, p, conv, out, 0, scan)
+    assert np.array_equal(out, _decord(clips[name], run, p.height, p.width, p.height, p.width))
+    assert info["path"] == "packets" and fake.fed == info["kept"] < info["packets"] == len(scan.pts)
+    monkeypatch.setattr(nvdec, "_nvc", lambda: _FakeNvc(pts_shift=1))
+    with pytest.raises(nvdec.NvdecError, match="demuxer packet 0 has pts"):
+        nvdec._decode_run_packets(str(clips[name]), run, 0, p, conv, out, 0, scan)
+
+
+def test_read_nvdec_stats_with_packet_sessions_on_cpu(clips, monkeypatch):
+    """read_nvdec with the packet filter on (the default), PyNvVideoCodec played by PyAV: decord's frames at a
+    reduced size, one packet-fed run, and the skipped-frame count = the stream's packets - the packets fed."""
+    import contextlib
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device", lambda _gpu: contextlib.nullcontext())
+    fake = _FakeNvc()
+    monkeypatch.setattr(nvdec, "_nvc", lambda: fake)
+    name = "h264_642x362.mp4"
+    idx = [0, 7, 12, 13, 29]
+    stats: dict = {}
+    got = nvdec.read_nvdec(clips[name], idx, (218, 386), stats=stats)
+    assert np.array_equal(got, _decord(clips[name], idx, 218, 386, 362, 642))
+    assert stats["skip"] is None and [r["path"] for r in stats["runs"]] == ["packets"]
+    assert stats["packets"] == 30 and stats["frames_fed"] == fake.fed
+    assert stats["frames_skipped"] == 30 - fake.fed > 0
+
+
+if __name__ == "__main__":   # write the clips for a machine without ffmpeg: python -m tests.datamodules.test_nvdec DIR
+    dest = Path(sys.argv[1])
+    dest.mkdir(parents=True, exist_ok=True)
+    for clip, (source, arguments) in CLIPS.items():
+        subprocess.run([ffmpeg_exe(), "-v", "error", "-y", "-f", "lavfi", "-i", source, "-t", "1", *arguments,
+                        str(dest / clip)], check=True)
+    print(f"{len(CLIPS)} clips -> {dest}")
