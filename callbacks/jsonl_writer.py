@@ -179,6 +179,10 @@ class OutputSettingsError(ValueError):
 
 
 RUN_FILE = "run.json"
+# The layout and meaning of a record. Bumped when the same settings make other records: 2 (2026-12-02) = seed 001's
+# per-budget fps / fps_ok, stripped answers, the seeds' linspace thinning of the smaller budgets, FFmpeg's exact frame
+# choice, max_replaced_frac 0 by default. A folder without it (written before) is format 1 and is refused.
+RECORD_FORMAT = 2
 
 
 MISSING_MEDIA = ": video file not found"   # the decoder's error for a missing file (datamodules.decoding)
@@ -318,7 +322,7 @@ class JsonlPredictionWriter(BasePredictionWriter):
             self._unlock()
             raise PermissionError(f"{self.out_dir}: the output folder is not writable ({e.strerror}); choose "
                                   "another out_dir") from e
-        settings, defaults = {}, {}
+        settings, defaults = {"record_format": RECORD_FORMAT}, {"record_format": 1}
         for obj in (pl_module, getattr(trainer, "datamodule", None)):
             if hasattr(obj, "record_settings"):
                 settings.update(obj.record_settings())

@@ -322,3 +322,18 @@ def test_a_family_without_the_benchmarks_prompt_stops_before_run_json(tiny_vl3_d
         m.record_settings()
     m._trainer = SimpleNamespace(datamodule=SimpleNamespace(benchmark="worldsense"))
     assert m.record_settings()["prompt_template"] == "lmms_eval"
+
+
+def test_a_folder_of_an_older_record_format_is_refused(tmp_path):
+    """``record_format`` is compared with 1 standing in for an older run.json without it: records of the earlier
+    format (other fps fields, unstripped answers, other thinning) are never mixed with new ones."""
+    from callbacks.jsonl_writer import RECORD_FORMAT, OutputSettingsError, check_run_settings
+
+    out = tmp_path / "old"
+    out.mkdir()
+    (out / "run.json").write_text('{"dtype": "float32"}')
+    (out / "b128" / "videomme").mkdir(parents=True)
+    (out / "b128" / "videomme" / "rank0.jsonl").write_text('{"qid": "1"}\n')
+    with pytest.raises(OutputSettingsError, match=f"record_format: 1 there, {RECORD_FORMAT} now"):
+        check_run_settings(out, {"dtype": "float32", "record_format": RECORD_FORMAT}, write=True,
+                           defaults={"record_format": 1})

@@ -234,7 +234,8 @@ def test_worldsense_release_shape(tmp_path):
     assert qs[0].options == ["piano", "violin", "drums", "flute"]
     assert qs[0].video_path == str(tmp_path / "videos" / "vid_a.mp4")
     assert qs[0].meta == {"benchmark": "worldsense", "domain": "Music", "sub_category": "Concert",
-                          "task_domain": "Recognition", "task_type": "Audio Recognition", "duration": "<1min"}
+                          "task_domain": "Recognition", "task_type": "Audio Recognition", "duration": "<1min",
+                          "audio_class": ["Music"]}
 
 
 def test_worldsense_flat_shape_and_errors(tmp_path):
