@@ -526,10 +526,84 @@ def test_compare_turn_modes_keeps_results_and_removes_checkpoints(demo, tmp_path
     table = compare_turn_modes.main([
         "--config", BASE, "--config", DEMO, "--modes", "completed-block-hold", "--seeds", "0", "1", "--out", str(out),
         "--extra", f"--data.init_args.features_dir={demo / 'features'}",
-        f"--data.init_args.utterances_root={demo / 'transcripts'}", "--trainer.max_epochs=1"])
+        f"--data.init_args.utterances_root={demo / 'transcripts'}", "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"])
     assert (out / "results.md").read_text().strip() == table
     rows = _csv_rows(out / "results.csv")
     assert [(r["mode"], r["seed"]) for r in rows] == [("completed-block-hold", "0"), ("completed-block-hold", "1")]
     res = json.loads((out / "results.json").read_text())
     assert [float(r["auroc_mean"]) for r in rows] == [r["auroc_mean"] for r in res["completed-block-hold"]]
     assert not list(out.rglob("*.ckpt")) and len(list(out.rglob("metrics.csv"))) == 2
+
+
+# ---------------------------------------------------------------- issue 34.1: test is not killed out of memory
+def test_binned_pr_curve_counts_equal_torchmetrics_and_ignore_the_deterministic_flag():
+    """The PR-curve counters equal torchmetrics' own multilabel update (its ``torch.bincount`` path) on probabilities
+    and on logits, with ignored entries and over several updates, and are the same with deterministic algorithms on
+    (where torchmetrics' update would build an (N L T) x (4 L T) matrix)."""
+    from torchmetrics.classification import MultilabelPrecisionRecallCurve
+
+    from lightning_modules.turn_head import BinnedMultilabelPrecisionRecallCurve
+
+    torch.manual_seed(3)
+    for scale in (1.0, 6.0):                                  # 6.0: logits outside [0, 1] -> sigmoid first
+        preds = torch.rand(2, 257, 10) if scale == 1.0 else torch.randn(2, 257, 10) * scale
+        tgt = (torch.rand(2, 257, 10) > 0.6).long()
+        tgt[torch.rand(2, 257, 10) > 0.8] = -1
+        ref = MultilabelPrecisionRecallCurve(10, thresholds=101, ignore_index=-1)
+        ours = BinnedMultilabelPrecisionRecallCurve(10, thresholds=101, ignore_index=-1)
+        ours.chunk_rows = 100                                 # several chunks per update
+        for k in range(2):
+            ref.update(preds[k], tgt[k])
+            ours.update(preds[k], tgt[k])
+        assert torch.equal(ours.confmat, ref.confmat)
+        assert int(ours.confmat[0].sum()) == int((tgt >= 0).sum())   # each counted entry once per threshold
+        det = BinnedMultilabelPrecisionRecallCurve(10, thresholds=101, ignore_index=-1)
+        prev = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True)
+        try:
+            for k in range(2):
+                det.update(preds[k], tgt[k])
+        finally:
+            torch.use_deterministic_algorithms(prev)
+        assert torch.equal(det.confmat, ref.confmat)
+        for a, b in zip(det.compute(), ref.compute()):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+_FIT_THEN_TEST = """
+import resource, sys
+from pathlib import Path
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+from train import cli_main
+base, demo, out = sys.argv[2], Path(sys.argv[3]), sys.argv[4]
+data = [f"--data.init_args.features_dir={demo / 'features'}", f"--data.init_args.utterances_root={demo / 'transcripts'}",
+        "--data.init_args.utterances_loader=datamodules.turn_features.load_utterances_json",
+        f"--trainer.default_root_dir={out}", f"--trainer.logger.init_args.save_dir={out}",
+        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+cli = cli_main(["fit", "--config", base, *data, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"])
+best = cli.trainer.checkpoint_callback.best_model_path
+cli = cli_main(["test", "--config", base, *data, f"--ckpt_path={best}"])
+print("TEST", float(cli.trainer.callback_metrics["test/auroc_mean"]))
+print("PEAK_MB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def test_fit_then_test_under_the_shipped_recipe_stays_in_bounded_memory(demo, tmp_path):
+    """``train.py fit`` then ``train.py test`` with ``configs/fit/turn_head.yaml`` as shipped (``deterministic: true``,
+    batches of 512 rows) in a process whose data segment is limited to 3 GiB: torchmetrics' deterministic bincount
+    needed ~17 GB per 512-row test batch and was killed (issue 34.1). W&B disabled (its own process is not measured)."""
+    import os
+    import subprocess
+    import sys as _sys
+
+    env = {**os.environ, "WANDB_MODE": "disabled", "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    env.pop("WANDB_API_KEY", None)
+    with open(BASE) as f:
+        assert yaml.safe_load(f)["trainer"]["deterministic"] is True          # the case of the issue is the shipped one
+    res = subprocess.run([_sys.executable, "-c", _FIT_THEN_TEST, str(3 << 30), BASE, str(demo), str(tmp_path / "runs")],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    peak = int(res.stdout.split("PEAK_MB")[1].split()[0])
+    assert peak < 2048, peak
+    assert 0.0 <= float(res.stdout.split("TEST")[1].split()[0]) <= 1.0
