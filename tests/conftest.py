@@ -1,4 +1,5 @@
-"""Shared fixtures: the tiny random VideoLLaMA3 checkpoint (built once per session) and a demo benchmark copy."""
+"""Shared fixtures: the tiny random VideoLLaMA3 checkpoint (built once per session) and a demo benchmark copy;
+every test runs with ``sys.argv`` holding only the program and with deterministic algorithms as it found them."""
 from __future__ import annotations
 
 import shutil
@@ -6,6 +7,25 @@ import sys
 from pathlib import Path
 
 import pytest
+
+# The entry points' console filters (Lightning warnings the CLI silences on purpose, ``cli.py``): set once here, before
+# pytest's per-test warning capture copies the filters, so they hold in every test as they do on the command line
+# (set during a test, they would be dropped when that test's capture ends).
+import cli  # noqa: E402,F401
+
+
+@pytest.fixture(autouse=True)
+def _isolated_process_state(monkeypatch):
+    """``sys.argv`` = the program only (LightningCLI given ``args=`` warns when it also sees pytest's own arguments,
+    and must read only what a test passes), and ``torch.use_deterministic_algorithms`` restored after the test (a
+    trainer with ``deterministic: true`` turns it on for the whole process; left on, later tests would run the
+    deterministic fallbacks of other libraries, e.g. torchmetrics' quadratic-memory bincount)."""
+    import torch
+
+    monkeypatch.setattr(sys, "argv", [sys.argv[0]])
+    det, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    yield
+    torch.use_deterministic_algorithms(det, warn_only=warn_only)
 
 REPO = Path(__file__).resolve().parent.parent
 MEDIA = REPO / "assets" / "media"
