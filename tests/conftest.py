@@ -8,10 +8,7 @@ from pathlib import Path
 
 import pytest
 
-# The entry points' console filters (Lightning warnings the CLI silences on purpose, ``cli.py``): set once here, before
-# pytest's per-test warning capture copies the filters, so they hold in every test as they do on the command line
-# (set during a test, they would be dropped when that test's capture ends).
-import cli  # noqa: E402,F401
+import cli
 
 
 @pytest.fixture(autouse=True)
@@ -19,8 +16,11 @@ def _isolated_process_state(monkeypatch):
     """``sys.argv`` = the program only (LightningCLI given ``args=`` warns when it also sees pytest's own arguments,
     and must read only what a test passes), and ``torch.use_deterministic_algorithms`` restored after the test (a
     trainer with ``deterministic: true`` turns it on for the whole process; left on, later tests would run the
-    deterministic fallbacks of other libraries, e.g. torchmetrics' quadratic-memory bincount)."""
+    deterministic fallbacks of other libraries, e.g. torchmetrics' quadratic-memory bincount). The entry points'
+    warning filters (``cli.quiet_warnings``) are set inside the test's warning capture, as on the command line."""
     import torch
+
+    cli.quiet_warnings()
 
     monkeypatch.setattr(sys, "argv", [sys.argv[0]])
     det, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
