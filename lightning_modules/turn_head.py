@@ -145,6 +145,8 @@ class TurnHead(LightningModule):
 
     def _build(self, in_dim: int) -> torch.nn.Module:
         hp = self.hparams
+        # one scored row with its causal context: the model summary's FLOPs column counts this forward
+        self.example_input_array = torch.zeros(1, hp.context_rows + 1, in_dim)
         return build_head(hp.head_type, in_dim, NUM_TARGETS + 1, hp.hidden_dim, hp.num_layers, hp.context_rows,
                           hp.dropout, hp.num_heads)
 

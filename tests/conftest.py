@@ -89,10 +89,14 @@ def run_predict(model_dir: Path, bench_root: Path, out_dir: Path, budgets=(128, 
 def train_env(monkeypatch, tmp_path):
     """For ``train.py`` in-process: W&B offline with no API key (``HOME`` in ``tmp_path``, so no ``~/.netrc``), the
     working directory in ``tmp_path`` (the fit configs' relative run folders land there), no traceback override, and
-    ``sys.argv`` holding only the program (LightningCLI must see only the arguments a test passes)."""
+    ``sys.argv`` holding only the program (LightningCLI must see only the arguments a test passes); a W&B run the
+    test left open is finished."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("TOKENBUDGET_TRACEBACK", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["train.py"])
+    yield
+    if "wandb" in sys.modules and sys.modules["wandb"].run is not None:   # the next test's logger starts its own run
+        sys.modules["wandb"].finish()

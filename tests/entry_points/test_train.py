@@ -9,7 +9,7 @@ import yaml
 from datamodules.features import FeatureFileError, feature_path, load_features, save_features
 from datamodules.synthetic_turns import MODES, write_synthetic_dataset
 from datamodules.turn_features import TurnFeatureDataModule
-from train import cli_main
+from train import cli_main, command_for_test
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = str(ROOT / "configs/fit/turn_head.yaml")
@@ -32,7 +32,18 @@ def fit_args(demo, tmp_path, *extra):
 
 def test_fit_learns_logs_offline_and_tests_best_checkpoint(demo, tmp_path, capsys):
     cli = cli_main(fit_args(demo, tmp_path, "--trainer.max_epochs=3", f"--trainer.logger.init_args.save_dir={tmp_path}"))
-    assert f"best checkpoint: {cli.trainer.checkpoint_callback.best_model_path}" in capsys.readouterr().out
+    assert "anonymous" not in cli.trainer.logger._wandb_init       # wandb warns on every run when it is passed
+    out = capsys.readouterr().out
+    best = cli.trainer.checkpoint_callback
+    epochs = [ln for ln in out.splitlines() if ln.startswith("epoch ")]
+    assert len(epochs) == 3 and epochs[0].startswith("epoch 0/2: val/auroc_mean ")
+    score = float(best.best_model_score)
+    at = [int(ln.split("(best ")[1].split(" at epoch ")[1].rstrip(")").split(")")[0]) for ln in epochs][-1]
+    assert f"(best {score:.4f} at epoch {at})" in epochs[-1]
+    assert f"epoch {at}/2: val/auroc_mean {score:.4f}" in out                # the best epoch's own line
+    assert f"best checkpoint (val/auroc_mean {score:.4f} at epoch {at}): {best.best_model_path}" in out
+    args = fit_args(demo, tmp_path, "--trainer.max_epochs=3", f"--trainer.logger.init_args.save_dir={tmp_path}")
+    assert f"test it: {command_for_test(args, best.best_model_path)}" in out
     m = cli.trainer.callback_metrics
     assert float(m["val/auroc_mean"]) > 0.9
     assert float(m["train/rows_per_s"]) > 0 and "val/sh_bacc" in m and "val/ap_va_wearer" in m
@@ -573,7 +584,7 @@ import resource, sys
 from pathlib import Path
 limit = int(sys.argv[1])
 resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-from train import cli_main
+from train import cli_main, command_for_test
 base, demo, out = sys.argv[2], Path(sys.argv[3]), sys.argv[4]
 data = [f"--data.init_args.features_dir={demo / 'features'}", f"--data.init_args.utterances_root={demo / 'transcripts'}",
         "--data.init_args.utterances_loader=datamodules.turn_features.load_utterances_json",
@@ -606,3 +617,30 @@ def test_fit_then_test_under_the_shipped_recipe_stays_in_bounded_memory(demo, tm
     peak = int(res.stdout.split("PEAK_MB")[1].split()[0])
     assert peak < 2048, peak
     assert 0.0 <= float(res.stdout.split("TEST")[1].split()[0]) <= 1.0
+
+
+# ---------------------------------------------------------------- issue 34.4: the training console
+def test_test_command_keeps_the_fit_arguments():
+    assert command_for_test(["fit", "--config", "a b.yaml", "--ckpt_path", "old.ckpt", "--trainer.max_epochs=3"],
+                            "r/best.ckpt") == ("python train.py test --config 'a b.yaml' --trainer.max_epochs=3 "
+                                               "--ckpt_path=r/best.ckpt")
+    assert command_for_test(["fit", "--ckpt_path=x.ckpt"], "y.ckpt") == "python train.py test --ckpt_path=y.ckpt"
+
+
+def test_a_failing_fit_leaves_no_wandb_run_and_no_run_folder(demo, tmp_path):
+    """Missing features (stopped before the run starts) and a head of the wrong size (stopped at fit start, after the
+    W&B run exists) leave neither the W&B offline run nor the run folder; the save_dir that existed stays."""
+    runs = tmp_path / "runs"
+    wandb_on = [f"--trainer.logger.init_args.save_dir={runs}"]
+    with pytest.raises(FeatureFileError):
+        cli_main(fit_args(demo, tmp_path, *wandb_on, f"--data.init_args.features_dir={tmp_path / 'nowhere'}"))
+    assert not runs.exists()
+    runs.mkdir()
+    (runs / "keep.txt").write_text("x")
+    with pytest.raises(Exception, match="the head takes features of size D=5"):
+        cli_main(fit_args(demo, tmp_path, *wandb_on, "--model.init_args.in_dim=5"))
+    assert sorted(p.name for p in runs.iterdir()) == ["keep.txt"]
+    # a fit that trains keeps its run folder and W&B files
+    cli = cli_main(fit_args(demo, tmp_path, *wandb_on, "--trainer.max_epochs=1"))
+    run_dir = runs / cli.trainer.logger.name / cli.trainer.logger.version
+    assert (run_dir / "checkpoints" / "best.ckpt").is_file() and list((runs / "wandb").glob("offline-run-*"))
