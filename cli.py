@@ -20,20 +20,13 @@ from lightning.pytorch.loggers import CSVLogger
 from algorithms.errors import CheckpointError
 from callbacks.run_folder import RunFolderCSVLogger, discard_failed_run, run_info_of, run_paths
 
-
-def quiet_warnings() -> None:
-    """Drop the Lightning warnings that do not apply to these entry points (called at import; tests call it again
-    inside pytest's per-test warning capture, which starts from the filters of before the import)."""
-    # records are keyed by the benchmark's qid, never by batch index, so Lightning's batch-index inference is not needed
-    warnings.filterwarnings("ignore", message="Couldn't infer the batch indices")
-    warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)")
-    # a resumed run whose questions are all answered has nothing left to load: expected, the table is still printed
-    warnings.filterwarnings("ignore", message=".*Total length of .* across ranks is zero")
-    # the extractor moves only what its step needs to the device, on purpose
-    warnings.filterwarnings("ignore", message=".*overridden `transfer_batch_to_device` in `LightningModule`")
-
-
-quiet_warnings()
+# records are keyed by the benchmark's qid, never by batch index, so Lightning's batch-index inference is not needed
+warnings.filterwarnings("ignore", message="Couldn't infer the batch indices")
+warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)")
+# a resumed run whose questions are all answered has nothing left to load: expected, the table is still printed
+warnings.filterwarnings("ignore", message=".*Total length of .* across ranks is zero")
+# the extractor moves only what its step needs to the device, on purpose
+warnings.filterwarnings("ignore", message=".*overridden `transfer_batch_to_device` in `LightningModule`")
 
 
 def build_cli(args: list[str] | None, run: bool, **kwargs) -> LightningCLI:

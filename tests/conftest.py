@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-import cli
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _program_only_argv():
+    """``sys.argv`` = the program only for the whole session, so module- and session-scoped fixtures that run an
+    entry point see it too (set up before any function-scoped fixture)."""
+    saved = sys.argv
+    sys.argv = [saved[0]]
+    yield
+    sys.argv = saved
 
 
 @pytest.fixture(autouse=True)
@@ -16,11 +25,8 @@ def _isolated_process_state(monkeypatch):
     """``sys.argv`` = the program only (LightningCLI given ``args=`` warns when it also sees pytest's own arguments,
     and must read only what a test passes), and ``torch.use_deterministic_algorithms`` restored after the test (a
     trainer with ``deterministic: true`` turns it on for the whole process; left on, later tests would run the
-    deterministic fallbacks of other libraries, e.g. torchmetrics' quadratic-memory bincount). The entry points'
-    warning filters (``cli.quiet_warnings``) are set inside the test's warning capture, as on the command line."""
+    deterministic fallbacks of other libraries, e.g. torchmetrics' quadratic-memory bincount)."""
     import torch
-
-    cli.quiet_warnings()
 
     monkeypatch.setattr(sys, "argv", [sys.argv[0]])
     det, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
