@@ -19,7 +19,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 
 from algorithms.errors import CheckpointError, SettingError
-from callbacks.run_folder import RunFolderCSVLogger, run_info_of
+from callbacks.run_folder import RunFolderCSVLogger, discard_failed_run, run_info_of, run_paths
 
 # records are keyed by the benchmark's qid, never by batch index, so Lightning's batch-index inference is not needed
 warnings.filterwarnings("ignore", message="Couldn't infer the batch indices")
@@ -202,6 +202,20 @@ class TrainCLI(ProjectCLI):
             args["job_type"] = self.subcommand
             if args.get("name") is None:
                 args["name"] = f"{info.get('name') or info['id']}-{self.subcommand}"
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Check the data before the run starts (so missing or mismatching features stop it before a W&B run or a run
+        folder exists), then run; a run that fails before its first training step leaves no W&B run and no run
+        folder (:func:`callbacks.run_folder.discard_failed_run`)."""
+        setup = getattr(self.datamodule, "setup", None)
+        if subcommand in ("fit", "validate", "test") and callable(setup):
+            setup(subcommand)          # TurnFeatureDataModule: reads and checks every file once (idempotent)
+        created = [d for d in run_paths(self.trainer) if not d.exists()]
+        try:
+            super()._run_subcommand(subcommand)
+        except BaseException:
+            discard_failed_run(self.trainer, created)
+            raise
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         trainer = super().instantiate_trainer(**kwargs)

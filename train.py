@@ -23,9 +23,12 @@ checkpoint file is named in a one-line error before anything runs.
 """
 from __future__ import annotations
 
+import sys
+
 from lightning.pytorch.cli import LightningCLI
 
 from callbacks.run_folder import RequireCheckpoint, RunInfo, WandbConfigCallback, WandbSummaryMetric
+from callbacks.train_console import EpochScores
 from cli import TrainCLI, build_cli, check_checkpoint_file, ckpt_path_arg, main
 
 
@@ -34,18 +37,37 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
 
     Fails closed, one line, on ``--ckpt_path`` that is not a readable checkpoint (:func:`check_checkpoint_file`)
     and on ``validate`` / ``test`` without a checkpoint (:class:`RequireCheckpoint`)."""
-    import sys
-
-    check_checkpoint_file(ckpt_path_arg(sys.argv[1:] if args is None else list(args)))
+    argv = sys.argv[1:] if args is None else list(args)
+    check_checkpoint_file(ckpt_path_arg(argv))
     cli = build_cli(args, run, cli_class=TrainCLI, save_config_callback=WandbConfigCallback,
                     save_config_kwargs={"save_to_log_dir": False, "overwrite": True},
-                    trainer_defaults={"callbacks": [RequireCheckpoint(), WandbSummaryMetric(), RunInfo()]})
+                    trainer_defaults={"callbacks": [RequireCheckpoint(), WandbSummaryMetric(), RunInfo(),
+                                                    EpochScores()]})
     ckpt = cli.trainer.checkpoint_callback if run and cli.subcommand == "fit" else None
     if ckpt is not None and ckpt.best_model_path and cli.trainer.is_global_zero:
-        print(f"best checkpoint: {ckpt.best_model_path}  (test: python train.py test --config ... "
-              f"--ckpt_path={ckpt.best_model_path})", flush=True)
+        scores = next((c for c in cli.trainer.callbacks if isinstance(c, EpochScores)), None)
+        best = scores.summary() if scores is not None else None
+        print(f"best checkpoint{f' ({best})' if best else ''}: {ckpt.best_model_path}\n"
+              f"test it: {command_for_test(argv, ckpt.best_model_path)}", flush=True)
     return cli
 
+
+def command_for_test(fit_args: list[str], ckpt_path: str) -> str:
+    """The ``python train.py test ...`` command line of a fit's arguments: the same configs and options, ``fit``
+    replaced by ``test`` and ``--ckpt_path`` set to ``ckpt_path`` (shell-quoted)."""
+    import shlex
+
+    out, skip = [], False
+    for a in fit_args:
+        if skip:
+            skip = False
+        elif a == "--ckpt_path":
+            skip = True
+        elif not a.startswith("--ckpt_path="):
+            out.append(a)
+    if "fit" in out:
+        out[out.index("fit")] = "test"
+    return shlex.join(["python", "train.py", *out, f"--ckpt_path={ckpt_path}"])
 
 if __name__ == "__main__":
     main(cli_main)

@@ -11,6 +11,7 @@ failure.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,11 @@ class FeatureWriter(BasePredictionWriter):
         self.kept: list[dict[str, Any]] = []  # session + meta of the files written in this run (summary; no tensors)
         self.skipped: list[Path] = []         # existing files left alone (overwrite=False)
         self.errors: list[dict[str, Any]] = []  # error records of this run
+        self._t0: float | None = None           # perf_counter at the predict setup (before the model's own setup)
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage == "predict":
+            self._t0 = time.perf_counter()
 
     def write_on_batch_end(self, trainer, pl_module, prediction: dict[str, Any] | list[dict[str, Any]],
                            batch_indices, batch, batch_idx, dataloader_idx) -> None:
@@ -66,11 +72,17 @@ class FeatureWriter(BasePredictionWriter):
 
     def on_predict_start(self, trainer, pl_module) -> None:
         self.kept, self.skipped, self.errors = [], [], []
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
 
     def on_predict_end(self, trainer, pl_module) -> None:
-        """A summary per rank: files written, timeline seconds, wall time, the cache_replay checks, files kept
-        (``overwrite=False``) and the sessions that failed, with their messages."""
+        """A summary per rank: files written, timeline seconds, the run's wall time (from the predict setup to its
+        end: decoding, the model's steps, writing; the model's own per-session step seconds, ``wall_time_s`` of the
+        feature files, beside it), the cache_replay checks, files kept (``overwrite=False``) and the sessions that
+        failed, with their messages."""
         kept, skipped, errors, rank = self.kept, self.skipped, self.errors, trainer.global_rank
+        run_s = time.perf_counter() - self._t0 if self._t0 is not None else float("nan")
+        self._t0 = None
         if not kept:
             print(f"[rank {rank}] no feature file written to {self.out_dir}"
                   + (f" ({len(skipped)} already there, kept: overwrite=False)" if skipped else ""))
@@ -86,7 +98,8 @@ class FeatureWriter(BasePredictionWriter):
             verdict = ("FAILED for " + ", ".join(failed) if failed else f"passed ({n_checked} rows checked)"
                        if n_checked else "not checked (verify_rows = 0)" if asked == 0 else "no row to check")
             print(f"[rank {rank}] wrote {len(kept)} feature file(s) to {self.out_dir} ({rows} rows = "
-                  f"{rows / 5:.1f} s of session timeline, {wall:.1f} s extraction wall; cache_replay {verdict})"
+                  f"{rows / 5:.1f} s of session timeline in {run_s:.1f} s, of which model steps {wall:.1f} s; "
+                  f"cache_replay {verdict})"
                   + (f"; {len(skipped)} already there, kept (overwrite=False)" if skipped else ""))
         if errors:
             print(f"[rank {rank}] {len(errors)} session(s) FAILED (see *.error.json in {self.out_dir}; a re-run "

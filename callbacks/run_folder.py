@@ -66,6 +66,8 @@ class AutoWandbLogger(WandbLogger):
             kwargs["tags"] = tags
         super().__init__(name=name, save_dir=save_dir, version=version, offline=offline, project=project,
                          log_model=log_model, **kwargs)
+        if self._wandb_init.get("anonymous") is None:   # wandb warns on every run that the setting has no effect
+            self._wandb_init.pop("anonymous", None)
 
     @property
     def experiment(self) -> Any:
@@ -178,3 +180,36 @@ class RequireCheckpoint(Callback):
 
     def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._check(trainer)
+
+
+def run_paths(trainer: Trainer) -> list[Path]:
+    """The folders a training run may create: each W&B logger's ``save_dir`` / ``save_dir/project`` / run folder
+    ``save_dir/project/<id>`` and ``save_dir/wandb`` (read without starting the W&B run), outermost first."""
+    out: list[Path] = []
+    for lg in trainer.loggers:
+        if isinstance(lg, WandbLogger) and lg.save_dir:
+            root = Path(lg.save_dir)
+            out += [root, root / str(lg.name), root / str(lg.name) / str(lg.version), root / "wandb"]
+    return out
+
+
+def discard_failed_run(trainer: Trainer, created: list[Path]) -> None:
+    """After a fit / validate / test that failed before any training step: finish its W&B run, delete its offline
+    run files (``wandb/offline-run-*-<id>``) and the folders of ``created`` (folders that did not exist before the
+    run, from :func:`run_paths`: all they hold is this run's), so a failed run leaves no run and no run folder. A
+    run that trained a step keeps everything (its checkpoints may be resumed)."""
+    import shutil
+
+    if trainer.global_step > 0:
+        return
+    for lg in trainer.loggers:
+        if isinstance(lg, WandbLogger) and lg._experiment is not None:
+            run = lg._experiment
+            files = Path(run.dir).parent if getattr(run, "dir", None) else None
+            offline = getattr(getattr(run, "settings", None), "mode", None) in ("offline", "dryrun")
+            run.finish(exit_code=1)
+            lg._experiment = None
+            if offline and files is not None and files.name.startswith("offline-run-"):
+                shutil.rmtree(files, ignore_errors=True)
+    for d in sorted(created, key=lambda q: -len(q.parts)):          # innermost first
+        shutil.rmtree(d, ignore_errors=True)                       # made by this run: nothing else is inside

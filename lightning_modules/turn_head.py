@@ -12,8 +12,9 @@ VAP, Interspeech 2022) with the shift probability thresholded at 0.5, and ``sh_a
 step loss, once per epoch), ``train/loss_step`` (every ``log_every_n_steps``, progress bar),
 ``train/epoch_time_s`` and ``train/rows_per_s`` (counted rows per second of the epoch's training steps, forward + backward +
 optimizer, validation excluded). At test end, PR curves of
-every target go to W&B when a ``WandbLogger`` is attached (``MultilabelPrecisionRecallCurve`` with 101 fixed
-thresholds, updated per step: memory bounded by 10 x 101 x 4 counters whatever the test set's size).
+every target go to W&B when a ``WandbLogger`` is attached (:class:`BinnedMultilabelPrecisionRecallCurve`: 101 fixed
+thresholds, updated per step: state of 10 x 101 x 4 counters whatever the test set's size, and an update's memory
+bounded by ``chunk_rows`` x 10 x 101 booleans whether ``trainer.deterministic`` is on or off).
 
 The head is built from ``head_type`` etc. (flat arguments, so W&B sweeps can vary them); ``in_dim`` (D) defaults to
 the datamodule's ``feature_dim`` at ``setup`` and is then stored in the hyperparameters, so checkpoints reload; a
@@ -33,6 +34,8 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import (BinaryAUROC, MulticlassF1Score, MulticlassRecall, MultilabelAUROC,
                                          MultilabelAveragePrecision, MultilabelPrecisionRecallCurve)
 from torchmetrics.functional.classification import binary_auroc, binary_average_precision
+from torchmetrics.functional.classification.precision_recall_curve import (
+    _multilabel_precision_recall_curve_format, _multilabel_precision_recall_curve_tensor_validation)
 from torchmetrics.utilities.data import dim_zero_cat
 
 from algorithms.errors import SettingError, check_int
@@ -73,6 +76,42 @@ class CountedMultilabelAveragePrecision(_CountedLabels, MultilabelAveragePrecisi
     _binary_fn = staticmethod(binary_average_precision)
 
 
+class BinnedMultilabelPrecisionRecallCurve(MultilabelPrecisionRecallCurve):
+    """``MultilabelPrecisionRecallCurve(thresholds=T)`` whose update counts without ``torch.bincount``.
+
+    Same state and result as torchmetrics' (``confmat`` of shape (T, L, 2, 2), indexed [threshold, label, target,
+    prediction], prediction = ``prob >= threshold``, entries whose target is ``ignore_index`` not counted; tested
+    equal to it). torchmetrics' update maps every (row, label, threshold) to one of 4 L T bins and calls its
+    ``_bincount``, which under ``torch.use_deterministic_algorithms(True)`` (Lightning's ``deterministic: true``)
+    builds an (N L T) x (4 L T) matrix: 16.7 GB at N = 512 rows, L = 10, T = 101. Here the true/false positives per
+    (label, threshold) are integer sums of comparisons (exact and deterministic on any device), ``chunk_rows`` rows
+    at a time: memory of an update is ``chunk_rows`` x L x T booleans (4 MB) whatever N or the deterministic flag.
+    """
+
+    chunk_rows = 4096
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        """preds (N, L) probabilities or logits, target (N, L) in {0, 1, ignore_index}."""
+        if self.thresholds is None:
+            return super().update(preds, target)
+        if self.validate_args:
+            _multilabel_precision_recall_curve_tensor_validation(preds, target, self.num_labels, self.ignore_index)
+        preds, target, thr = _multilabel_precision_recall_curve_format(preds, target, self.num_labels,
+                                                                        self.thresholds, self.ignore_index)
+        L, T = self.num_labels, len(thr)
+        tp = torch.zeros(L, T, dtype=torch.long, device=preds.device)
+        fp = torch.zeros_like(tp)
+        for s in range(0, len(preds), self.chunk_rows):
+            p, y = preds[s:s + self.chunk_rows], target[s:s + self.chunk_rows]        # (n, L)
+            above = p.unsqueeze(-1) >= thr                                              # (n, L, T)
+            tp += (above & (y == 1).unsqueeze(-1)).sum(0)
+            fp += (above & (y == 0).unsqueeze(-1)).sum(0)
+        pos = (target == 1).sum(0).unsqueeze(-1)                                        # (L, 1)
+        neg = (target == 0).sum(0).unsqueeze(-1)
+        state = torch.stack([torch.stack([neg - fp, fp], -1), torch.stack([pos - tp, tp], -1)], -2)  # (L, T, 2, 2)
+        self.confmat += state.transpose(0, 1).to(self.confmat.dtype)
+
+
 class TurnHead(LightningModule):
     """Turn-taking head on frozen features (see module docstring).
 
@@ -100,11 +139,14 @@ class TurnHead(LightningModule):
         self.metrics = torch.nn.ModuleDict({stage: self._stage_metrics() for stage in ("val", "test")})
         self._sh_count = {"val": 0, "test": 0}
         self._label_count = {st: torch.zeros(NUM_TARGETS, dtype=torch.long) for st in ("val", "test")}
-        self.pr_curve = MultilabelPrecisionRecallCurve(NUM_TARGETS, thresholds=PR_THRESHOLDS, ignore_index=-1)
+        self.pr_curve = BinnedMultilabelPrecisionRecallCurve(NUM_TARGETS, thresholds=PR_THRESHOLDS,
+                                                             ignore_index=-1)
         self._epoch_rows, self._epoch_t0, self._epoch_t1 = 0, 0.0, 0.0
 
     def _build(self, in_dim: int) -> torch.nn.Module:
         hp = self.hparams
+        # one scored row with its causal context: the model summary's FLOPs column counts this forward
+        self.example_input_array = torch.zeros(1, hp.context_rows + 1, in_dim)
         return build_head(hp.head_type, in_dim, NUM_TARGETS + 1, hp.hidden_dim, hp.num_layers, hp.context_rows,
                           hp.dropout, hp.num_heads)
 
@@ -248,7 +290,7 @@ class TurnHead(LightningModule):
 
     def pr_curve_rows(self) -> list[list]:
         """``[target, recall, precision]`` rows of the test PR curves (``PR_THRESHOLDS`` + 1 points per target, from
-        the bounded-memory ``MultilabelPrecisionRecallCurve``); targets without both classes among their counted
+        the bounded-memory :class:`BinnedMultilabelPrecisionRecallCurve`); targets without both classes among their counted
         rows are left out (their curve is undefined)."""
         cm = self.pr_curve.confmat[0]                                   # (10, 2, 2) at the first threshold (0.0)
         pos, neg = cm[:, 1, :].sum(-1), cm[:, 0, :].sum(-1)            # counted positives / negatives per target

@@ -1,4 +1,5 @@
-"""Shared fixtures: the tiny random VideoLLaMA3 checkpoint (built once per session) and a demo benchmark copy."""
+"""Shared fixtures: the tiny random VideoLLaMA3 checkpoint (built once per session) and a demo benchmark copy;
+every test runs with ``sys.argv`` holding only the program and with deterministic algorithms as it found them."""
 from __future__ import annotations
 
 import shutil
@@ -6,6 +7,31 @@ import sys
 from pathlib import Path
 
 import pytest
+
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _program_only_argv():
+    """``sys.argv`` = the program only for the whole session, so module- and session-scoped fixtures that run an
+    entry point see it too (set up before any function-scoped fixture)."""
+    saved = sys.argv
+    sys.argv = [saved[0]]
+    yield
+    sys.argv = saved
+
+
+@pytest.fixture(autouse=True)
+def _isolated_process_state(monkeypatch):
+    """``sys.argv`` = the program only (LightningCLI given ``args=`` warns when it also sees pytest's own arguments,
+    and must read only what a test passes), and ``torch.use_deterministic_algorithms`` restored after the test (a
+    trainer with ``deterministic: true`` turns it on for the whole process; left on, later tests would run the
+    deterministic fallbacks of other libraries, e.g. torchmetrics' quadratic-memory bincount)."""
+    import torch
+
+    monkeypatch.setattr(sys, "argv", [sys.argv[0]])
+    det, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    yield
+    torch.use_deterministic_algorithms(det, warn_only=warn_only)
 
 REPO = Path(__file__).resolve().parent.parent
 MEDIA = REPO / "assets" / "media"
@@ -69,10 +95,14 @@ def run_predict(model_dir: Path, bench_root: Path, out_dir: Path, budgets=(128, 
 def train_env(monkeypatch, tmp_path):
     """For ``train.py`` in-process: W&B offline with no API key (``HOME`` in ``tmp_path``, so no ``~/.netrc``), the
     working directory in ``tmp_path`` (the fit configs' relative run folders land there), no traceback override, and
-    ``sys.argv`` holding only the program (LightningCLI must see only the arguments a test passes)."""
+    ``sys.argv`` holding only the program (LightningCLI must see only the arguments a test passes); a W&B run the
+    test left open is finished."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("TOKENBUDGET_TRACEBACK", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["train.py"])
+    yield
+    if "wandb" in sys.modules and sys.modules["wandb"].run is not None:   # the next test's logger starts its own run
+        sys.modules["wandb"].finish()

@@ -1,6 +1,6 @@
 """A tiny random Qwen2.5-Omni thinker (+ its feature extractor and video processor) for tests and the demo.
 
-``python -m models.omni.tiny <out_dir>`` writes, with ``save_pretrained``:
+``python -m models.omni.tiny [out_dir, default checkpoints/tiny-omni]`` writes, with ``save_pretrained``:
     config.json + model.safetensors   Qwen2_5OmniThinkerForConditionalGeneration (random, ~10 M parameters,
                                       mostly the real-size 151 936-token vocabulary so a real Qwen tokenizer fits)
     preprocessor_config.json          WhisperFeatureExtractor (128 mel bins, 16 kHz, hop 160: the official settings)
@@ -59,5 +59,5 @@ def build_tiny_omni(out_dir: str | Path, seed: int = 0, hidden: int = 32, num_la
 
 
 if __name__ == "__main__":
-    target = sys.argv[1] if len(sys.argv) > 1 else "artifacts/tiny_omni"
+    target = sys.argv[1] if len(sys.argv) > 1 else "checkpoints/tiny-omni"
     print(build_tiny_omni(target))

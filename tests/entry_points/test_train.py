@@ -9,7 +9,7 @@ import yaml
 from datamodules.features import FeatureFileError, feature_path, load_features, save_features
 from datamodules.synthetic_turns import MODES, write_synthetic_dataset
 from datamodules.turn_features import TurnFeatureDataModule
-from train import cli_main
+from train import cli_main, command_for_test
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = str(ROOT / "configs/fit/turn_head.yaml")
@@ -32,7 +32,18 @@ def fit_args(demo, tmp_path, *extra):
 
 def test_fit_learns_logs_offline_and_tests_best_checkpoint(demo, tmp_path, capsys):
     cli = cli_main(fit_args(demo, tmp_path, "--trainer.max_epochs=3", f"--trainer.logger.init_args.save_dir={tmp_path}"))
-    assert f"best checkpoint: {cli.trainer.checkpoint_callback.best_model_path}" in capsys.readouterr().out
+    assert "anonymous" not in cli.trainer.logger._wandb_init       # wandb warns on every run when it is passed
+    out = capsys.readouterr().out
+    best = cli.trainer.checkpoint_callback
+    epochs = [ln for ln in out.splitlines() if ln.startswith("epoch ")]
+    assert len(epochs) == 3 and epochs[0].startswith("epoch 0/2: val/auroc_mean ")
+    score = float(best.best_model_score)
+    at = [int(ln.split("(best ")[1].split(" at epoch ")[1].rstrip(")").split(")")[0]) for ln in epochs][-1]
+    assert f"(best {score:.4f} at epoch {at})" in epochs[-1]
+    assert f"epoch {at}/2: val/auroc_mean {score:.4f}" in out                # the best epoch's own line
+    assert f"best checkpoint (val/auroc_mean {score:.4f} at epoch {at}): {best.best_model_path}" in out
+    args = fit_args(demo, tmp_path, "--trainer.max_epochs=3", f"--trainer.logger.init_args.save_dir={tmp_path}")
+    assert f"test it: {command_for_test(args, best.best_model_path)}" in out
     m = cli.trainer.callback_metrics
     assert float(m["val/auroc_mean"]) > 0.9
     assert float(m["train/rows_per_s"]) > 0 and "val/sh_bacc" in m and "val/ap_va_wearer" in m
@@ -532,10 +543,110 @@ def test_compare_turn_modes_keeps_results_and_removes_checkpoints(demo, tmp_path
     table = compare_turn_modes.main([
         "--config", BASE, "--config", DEMO, "--modes", "completed-block-hold", "--seeds", "0", "1", "--out", str(out),
         "--extra", f"--data.init_args.features_dir={demo / 'features'}",
-        f"--data.init_args.utterances_root={demo / 'transcripts'}", "--trainer.max_epochs=1"])
+        f"--data.init_args.utterances_root={demo / 'transcripts'}", "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"])
     assert (out / "results.md").read_text().strip() == table
     rows = _csv_rows(out / "results.csv")
     assert [(r["mode"], r["seed"]) for r in rows] == [("completed-block-hold", "0"), ("completed-block-hold", "1")]
     res = json.loads((out / "results.json").read_text())
     assert [float(r["auroc_mean"]) for r in rows] == [r["auroc_mean"] for r in res["completed-block-hold"]]
     assert not list(out.rglob("*.ckpt")) and len(list(out.rglob("metrics.csv"))) == 2
+
+
+# ---------------------------------------------------------------- issue 34.1: test is not killed out of memory
+def test_binned_pr_curve_counts_equal_torchmetrics_and_ignore_the_deterministic_flag():
+    """The PR-curve counters equal torchmetrics' own multilabel update (its ``torch.bincount`` path) on probabilities
+    and on logits, with ignored entries and over several updates, and are the same with deterministic algorithms on
+    (where torchmetrics' update would build an (N L T) x (4 L T) matrix)."""
+    from torchmetrics.classification import MultilabelPrecisionRecallCurve
+
+    from lightning_modules.turn_head import BinnedMultilabelPrecisionRecallCurve
+
+    torch.manual_seed(3)
+    for scale in (1.0, 6.0):                                  # 6.0: logits outside [0, 1] -> sigmoid first
+        preds = torch.rand(2, 257, 10) if scale == 1.0 else torch.randn(2, 257, 10) * scale
+        tgt = (torch.rand(2, 257, 10) > 0.6).long()
+        tgt[torch.rand(2, 257, 10) > 0.8] = -1
+        ref = MultilabelPrecisionRecallCurve(10, thresholds=101, ignore_index=-1)   # torch.bincount path
+        ours = BinnedMultilabelPrecisionRecallCurve(10, thresholds=101, ignore_index=-1)
+        ours.chunk_rows = 100                                 # several chunks per update
+        torch.use_deterministic_algorithms(False)     # (the conftest fixture restores the flag)
+        for k in range(2):
+            ref.update(preds[k], tgt[k])
+            ours.update(preds[k], tgt[k])
+        assert torch.equal(ours.confmat, ref.confmat)
+        assert int(ours.confmat[0].sum()) == int((tgt >= 0).sum())   # each counted entry once per threshold
+        det = BinnedMultilabelPrecisionRecallCurve(10, thresholds=101, ignore_index=-1)
+        torch.use_deterministic_algorithms(True)
+        for k in range(2):
+            det.update(preds[k], tgt[k])
+        torch.use_deterministic_algorithms(False)
+        assert torch.equal(det.confmat, ref.confmat)
+        for a, b in zip(det.compute(), ref.compute()):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+_FIT_THEN_TEST = """
+import resource, sys
+from pathlib import Path
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+from train import cli_main, command_for_test
+base, demo, out = sys.argv[2], Path(sys.argv[3]), sys.argv[4]
+data = [f"--data.init_args.features_dir={demo / 'features'}", f"--data.init_args.utterances_root={demo / 'transcripts'}",
+        "--data.init_args.utterances_loader=datamodules.turn_features.load_utterances_json",
+        f"--trainer.default_root_dir={out}", f"--trainer.logger.init_args.save_dir={out}",
+        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+cli = cli_main(["fit", "--config", base, *data, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"])
+best = cli.trainer.checkpoint_callback.best_model_path
+cli = cli_main(["test", "--config", base, *data, f"--ckpt_path={best}"])
+print("TEST", float(cli.trainer.callback_metrics["test/auroc_mean"]))
+hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")][0]   # this process's peak RSS (kB)
+print("PEAK_MB", int(hwm.split()[1]) // 1024)
+"""
+
+
+def test_fit_then_test_under_the_shipped_recipe_stays_in_bounded_memory(demo, tmp_path):
+    """``train.py fit`` then ``train.py test`` with ``configs/fit/turn_head.yaml`` as shipped (``deterministic: true``,
+    batches of 512 rows) in a process whose data segment is limited to 3 GiB (peak RSS under 2 GiB): torchmetrics' deterministic bincount
+    needed ~17 GB per 512-row test batch and was killed (issue 34.1). W&B disabled (its own process is not measured)."""
+    import os
+    import subprocess
+    import sys as _sys
+
+    env = {**os.environ, "WANDB_MODE": "disabled", "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    env.pop("WANDB_API_KEY", None)
+    with open(BASE) as f:
+        assert yaml.safe_load(f)["trainer"]["deterministic"] is True          # the case of the issue is the shipped one
+    res = subprocess.run([_sys.executable, "-c", _FIT_THEN_TEST, str(3 << 30), BASE, str(demo), str(tmp_path / "runs")],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    peak = int(res.stdout.split("PEAK_MB")[1].split()[0])
+    assert peak < 2048, peak
+    assert 0.0 <= float(res.stdout.split("TEST")[1].split()[0]) <= 1.0
+
+
+# ---------------------------------------------------------------- issue 34.4: the training console
+def test_test_command_keeps_the_fit_arguments():
+    assert command_for_test(["fit", "--config", "a b.yaml", "--ckpt_path", "old.ckpt", "--trainer.max_epochs=3"],
+                            "r/best.ckpt") == ("python train.py test --config 'a b.yaml' --trainer.max_epochs=3 "
+                                               "--ckpt_path=r/best.ckpt")
+    assert command_for_test(["fit", "--ckpt_path=x.ckpt"], "y.ckpt") == "python train.py test --ckpt_path=y.ckpt"
+
+
+def test_a_failing_fit_leaves_no_wandb_run_and_no_run_folder(demo, tmp_path):
+    """Missing features (stopped before the run starts) and a head of the wrong size (stopped at fit start, after the
+    W&B run exists) leave neither the W&B offline run nor the run folder; the save_dir that existed stays."""
+    runs = tmp_path / "runs"
+    wandb_on = [f"--trainer.logger.init_args.save_dir={runs}"]
+    with pytest.raises(FeatureFileError):
+        cli_main(fit_args(demo, tmp_path, *wandb_on, f"--data.init_args.features_dir={tmp_path / 'nowhere'}"))
+    assert not runs.exists()
+    runs.mkdir()
+    (runs / "keep.txt").write_text("x")
+    with pytest.raises(Exception, match="the head takes features of size D=5"):
+        cli_main(fit_args(demo, tmp_path, *wandb_on, "--model.init_args.in_dim=5"))
+    assert sorted(p.name for p in runs.iterdir()) == ["keep.txt"]
+    # a fit that trains keeps its run folder and W&B files
+    cli = cli_main(fit_args(demo, tmp_path, *wandb_on, "--trainer.max_epochs=1"))
+    run_dir = runs / cli.trainer.logger.name / cli.trainer.logger.version
+    assert (run_dir / "checkpoints" / "best.ckpt").is_file() and list((runs / "wandb").glob("offline-run-*"))

@@ -628,7 +628,8 @@ def test_extract_sessions_records_match_and_lightning_list_batch(runner, model_d
     recs = module.predict_step(sessions)
     assert [r["session"] for r in recs] == ["Session_1", "Session_2"]
     assert recs[0]["meta"]["production_processor_calls"] == 2 and recs[0]["meta"]["computed_vision_patches"] == 4
-    one = module.predict_step(sessions[0])
+    with pytest.warns(UserWarning, match="hands over one session at a time"):
+        one = module.predict_step(sessions[0])
     assert torch.equal(one["tensors"]["states"], recs[0]["tensors"]["states"])
     with pytest.raises(ValueError, match="sessions_per_batch"):
         OmniFeatureExtractor(str(model_dir), sessions_per_batch=0)

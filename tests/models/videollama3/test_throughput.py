@@ -117,17 +117,18 @@ def _predict(cfg):
     return r
 
 
-def test_ddp_two_processes_equal_one_process(tiny_vl3_dir, tmp_path):
+@pytest.mark.parametrize("n_videos", [2, pytest.param(5, marks=pytest.mark.slow)])   # 2: the default run's twin
+def test_ddp_two_processes_equal_one_process(tiny_vl3_dir, tmp_path, n_videos):
     from callbacks.jsonl_writer import read_records
 
-    make_bench(tmp_path / "bench", 5)
+    make_bench(tmp_path / "bench", n_videos)
     one = tmp_path / "one"
     two = tmp_path / "two"
     _predict(_config(tmp_path / "one.yaml", tiny_vl3_dir, tmp_path / "bench", one))
     _predict(_config(tmp_path / "two.yaml", tiny_vl3_dir, tmp_path / "bench", two,
                      {"strategy": "ddp", "accelerator": "cpu", "devices": 2}))
     r1, r2 = read_records(one), read_records(two)
-    assert len(r1) == len(r2) == 5 * 2 * 2
+    assert len(r1) == len(r2) == n_videos * 2 * 2
     keys2 = [(r["job"], r["qid"]) for r in r2]
     assert len(set(keys2)) == len(keys2)  # no qid twice
     assert sorted(r1, key=lambda r: (r["job"], r["qid"])) == sorted(r2, key=lambda r: (r["job"], r["qid"]))

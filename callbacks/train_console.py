@@ -1,0 +1,58 @@
+"""The training console: one line per validation epoch with the monitored score and the best one so far."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+
+class EpochScores(Callback):
+    """After each fit validation epoch (not the sanity check) print, on rank 0,
+    ``epoch 3/49: val/auroc_mean 0.9125 (best 0.9310 at epoch 2)  val/loss 0.4012``.
+
+    The score is the checkpoint callback's ``monitor`` (``mode`` max / min decides "best"; a NaN score is never
+    best), so the best epoch printed is the one whose checkpoint ``best.ckpt`` holds. ``best`` / ``best_epoch``
+    (epochs counted from 0, as in ``metrics.csv``) are kept in the checkpoint, so a resumed fit continues them.
+    Nothing is printed without a monitored checkpoint callback.
+    """
+
+    def __init__(self) -> None:
+        self.best: float | None = None
+        self.best_epoch: int | None = None
+        self.monitor: str | None = None
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        ckpt = trainer.checkpoint_callback
+        if trainer.sanity_checking or trainer.state.fn != "fit" or ckpt is None or not getattr(ckpt, "monitor", None):
+            return
+        self.monitor = ckpt.monitor
+        metrics = trainer.callback_metrics
+        if ckpt.monitor not in metrics:
+            return
+        value = float(metrics[ckpt.monitor])
+        better = not math.isnan(value) and (self.best is None or (value > self.best if ckpt.mode == "max"
+                                                                  else value < self.best))
+        if better:
+            self.best, self.best_epoch = value, trainer.current_epoch
+        if not trainer.is_global_zero:
+            return
+        best = "none yet" if self.best is None else f"{self.best:.4f} at epoch {self.best_epoch}"
+        line = f"epoch {trainer.current_epoch}/{trainer.max_epochs - 1}: {ckpt.monitor} {value:.4f} (best {best})"
+        if "val/loss" in metrics and ckpt.monitor != "val/loss":
+            line += f"  val/loss {float(metrics['val/loss']):.4f}"
+        bar = trainer.progress_bar_callback
+        (bar.print if bar is not None else print)(line)
+
+    def summary(self) -> str | None:
+        """``val/auroc_mean 0.9310 at epoch 2`` (the best so far), or None before a scored epoch."""
+        if self.best is None:
+            return None
+        return f"{self.monitor} {self.best:.4f} at epoch {self.best_epoch}"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "best_epoch": self.best_epoch, "monitor": self.monitor}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best, self.best_epoch = state_dict.get("best"), state_dict.get("best_epoch")
+        self.monitor = state_dict.get("monitor")
