@@ -65,7 +65,9 @@ import math
 import re
 import os
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -249,23 +251,171 @@ def _open_error(path: Path, e: BaseException) -> DecodeError:
                        f"{short_error(e)})")
 
 
-def frame_timestamps(vr, num_frames: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """Per-frame presentation ``(starts, ends)`` in seconds relative to the first frame, or ``None`` when the
-    container's timestamps are unusable (non-finite or decreasing)."""
+class VideoProbe(NamedTuple):
+    """What the frame choice needs, read from the container without decoding more than one frame (PyAV demuxes
+    every packet of the video stream: integer pts, durations, key flags).
+
+    Attributes:
+        height, width: the displayed size (the display rotation applied, as decord and the ffmpeg CLI output it).
+        time_base: the video stream's time base (s per pts unit), the fps filter's input time base.
+        pts: presentation timestamps in presentation order (one per frame, native index ``k`` = ``pts[k]``), offset
+            as the ffmpeg CLI offsets them (minus the file's ``start_time``); ``index`` when the timestamps are
+            unusable (then ``time_base`` is ``1 / average rate``).
+        end_pts: the end of stream the CLI signals to the filter: last pts plus the last frame's duration.
+        duration_s: ``format.duration`` (the container's duration, what seed 001 reads from ``ffmpeg.probe``).
+        start_s: the video stream's ``start_time`` in seconds (seed 001's ``start``).
+        fps: the stream's average frame rate (``avg_frame_rate``; 0 when unknown).
+        keyframes: native indices of the key frames (ascending).
+        timestamps_unusable: the pts are missing, repeated or run backwards: frame index and the average rate
+            stand in for them.
+    """
+
+    height: int
+    width: int
+    time_base: Fraction
+    pts: list[int]
+    end_pts: int
+    duration_s: float
+    start_s: float
+    fps: float
+    keyframes: list[int]
+    timestamps_unusable: bool
+    codec: str
+    pix_fmt: str
+
+
+_MAX_REORDER = 16   # H.264/HEVC reorder depth at most 16 frames: pts further out of decode order run backwards
+
+
+def _ffmpeg_float(x: float) -> float:
+    """A time as ffprobe prints it (``%f``: six decimals) and the seed's ``float(...)`` reads it back."""
+    return float(f"{x:f}")
+
+
+def _log_cause(logs) -> str:
+    """The FFmpeg log lines of a failed open/demux (``moov atom not found``, ``partial file``, ...), one line."""
+    seen: list[str] = []
+    for _, _, msg in logs:
+        m = " ".join(str(msg).split())
+        if m and m not in seen:
+            seen.append(m)
+    return "; ".join(seen[-3:])
+
+
+def probe_video(path: Path) -> VideoProbe:
+    """The container's timing of the first video stream, as the ffmpeg CLI sees it (PyAV, no full decode).
+
+    ``duration_s`` is ``format.duration`` and ``start_s`` the stream's ``start_time`` (seed 001 reads both from
+    ``ffmpeg.probe``); the pts are offset by the file's start time, as the CLI offsets its input
+    (``ts_offset = -ic->start_time``), and ``end_pts`` is the last frame's pts plus its packet duration (the
+    decoder's ``last_frame_pts + last_frame_duration_est``, which the CLI sends to the filter as end of stream),
+    else the last pts step, else one average frame period.
+
+    Raises:
+        DecodeError: the container cannot be opened (its FFmpeg log cause named: ``moov atom not found``, a truncated
+            atom, ...), has no video stream or no video packet, or its data ends before its index (``partial
+            file``: truncated).
+    """
+    import av
+    import av.logging
+
+    av.logging.set_level(av.logging.WARNING)
     try:
-        ts = np.asarray(vr.get_frame_timestamp(np.arange(num_frames)), dtype=np.float64).reshape(num_frames, 2)
-    except Exception:  # noqa: BLE001 - no timestamps: fall back to the average fps
-        return None
-    starts, ends = ts[:, 0] - ts[0, 0], ts[:, 1] - ts[0, 0]
-    if not (np.isfinite(ts).all() and (np.diff(starts) >= 0).all()):
-        return None
-    return starts, ends
+        with av.logging.Capture() as logs:
+            try:
+                container = av.open(str(path))
+            except av.error.FFmpegError as e:
+                cause = _log_cause(logs) or short_error(e)
+                raise DecodeError(f"{path}: cannot read the container (truncated, corrupted or not a video file; "
+                                  f"{cause})") from e
+            with container:
+                if not container.streams.video:
+                    raise DecodeError(f"{path}: has no video stream (audio-only or not a video file)")
+                stream = container.streams.video[0]
+                packets, head = [], []
+                try:
+                    for p in container.demux(stream):
+                        if p.size and not p.is_discard:
+                            packets.append((p.pts, p.dts, p.duration or 0, bool(p.is_keyframe)))
+                            if len(head) < 32:
+                                head.append(p)   # decoded below for the display rotation
+                except av.error.FFmpegError as e:
+                    cause = _log_cause(logs) or short_error(e)
+                    raise DecodeError(f"{path}: cannot read the container (truncated or corrupted; {cause})") from e
+                partial = [m for _, _, m in logs if "partial file" in str(m)]
+                if partial:
+                    raise DecodeError(f"{path}: cannot read the container (truncated: the data ends before the "
+                                      f"packets its index lists; {_log_cause(logs)})")
+                rotation = 0
+                try:   # the rotation is on the decoded frame (display matrix side data)
+                    for p in [*head, None]:
+                        frames = stream.codec_context.decode(p)
+                        if frames:
+                            rotation = int(getattr(frames[0], "rotation", 0) or 0)
+                            break
+                except av.error.FFmpegError:
+                    pass   # a bad frame is the reader's to report
+                tb = stream.time_base
+                cw, ch = stream.codec_context.width, stream.codec_context.height
+                duration = container.duration
+                file_start = container.start_time
+                start = stream.start_time
+                rate = stream.average_rate or stream.guessed_rate
+                codec, pix_fmt = stream.codec_context.name, stream.codec_context.pix_fmt or ""
+    except DecodeError:
+        raise
+    except av.error.FFmpegError as e:
+        raise DecodeError(f"{path}: cannot read the container (truncated, corrupted or not a video file; "
+                          f"{short_error(e)})") from e
+    if not packets:
+        raise DecodeError(f"{path}: video has no frames")
+    h, w = (cw, ch) if rotation % 180 else (ch, cw)
+    fps = float(rate) if rate else 0.0
+    time_base = Fraction(tb.numerator, tb.denominator) if tb else Fraction(0)
+    raw = [p[0] for p in packets]
+    order = sorted(range(len(raw)), key=lambda k: raw[k]) if None not in raw else []
+    usable = bool(order) and time_base > 0 and (
+        len(raw) == 1 or (len(set(raw)) == len(raw) and max(abs(r - k) for k, r in enumerate(order)) <= _MAX_REORDER))
+    keyframes = sorted(r for r, k in enumerate(order) if packets[k][3]) if usable else \
+        [k for k, p in enumerate(packets) if p[3]]
+    if usable:
+        off = 0 if file_start is None else _rescale_near(-file_start, Fraction(1, 1_000_000), time_base)
+        pts = [raw[k] + off for k in order]
+        last = order[-1]
+        dur = packets[last][2]
+        step = pts[-1] - pts[-2] if len(pts) > 1 else 0
+        if not dur > 0 or (dur == 1 and step > 2):
+            dur = step if step > 0 else (_rescale_near(1, 1 / Fraction(rate), time_base) if rate else 0)
+        end_pts = pts[-1] + max(dur, 1)
+    else:   # index / average rate
+        if not fps > 0:
+            fps = 0.0
+        time_base = 1 / Fraction(rate) if fps > 0 else Fraction(1)
+        pts = list(range(len(packets)))
+        end_pts = len(packets)
+    if duration is not None and duration > 0:
+        duration_s = _ffmpeg_float(duration / 1_000_000)
+    else:   # no container duration: the stream's end
+        duration_s = _ffmpeg_float(float(end_pts * time_base))
+    start_s = _ffmpeg_float(float(start * tb)) if (start is not None and tb) else 0.0
+    return VideoProbe(int(h), int(w), time_base, pts, int(end_pts), duration_s, start_s, fps, keyframes,
+                      not usable, codec, pix_fmt)
 
 
-def is_variable_frame_rate(starts: np.ndarray, fps: float, tolerance_frames: float = 0.5) -> bool:
-    """Whether the frame times deviate from ``index / fps`` by more than ``tolerance_frames`` frame periods."""
-    expected = np.arange(len(starts)) / fps
-    return bool(np.abs(starts - expected).max(initial=0.0) > tolerance_frames / fps + 1e-3)
+def _rescale_near(ts: int, src: Fraction, dst: Fraction) -> int:
+    """``av_rescale_q(ts, src, dst)`` (``AV_ROUND_NEAR_INF``: halves away from zero)."""
+    x = Fraction(ts) * src / dst
+    n = math.floor(abs(x) + Fraction(1, 2))
+    return n if x >= 0 else -n
+
+
+def is_variable_frame_rate(pts: list[int], time_base: Fraction, fps: float, tolerance_frames: float = 0.5) -> bool:
+    """Whether the frame times ``pts * time_base`` (s, from the first) deviate from ``index / fps`` by more than
+    ``tolerance_frames`` frame periods (1 ms slack)."""
+    if len(pts) < 2 or not fps > 0:
+        return len(pts) >= 2
+    t = (np.asarray(pts, dtype=np.float64) - pts[0]) * float(time_base)
+    return bool(np.abs(t - np.arange(len(t)) / fps).max(initial=0.0) > tolerance_frames / fps + 1e-3)
 
 
 def _resize(frames: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -323,14 +473,14 @@ def _read_frames(path: Path, idx: list[int], h: int, w: int, dh: int, dw: int, n
 
 HOLD_CHUNK_BYTES = 64e6    # decode-size bytes per chunk when frames are held at the encoder's sizes
 NATIVE_DECODE_BYTES = 2e9  # seed 001: "decode at native size (processor resizes, as in training) below this"
-MAX_REPLACED_FRAC = 0.2    # unreadable sampled frames a video may have replaced before it is an error
+MAX_REPLACED_FRAC = 0.0    # seed 001: any decode error is an error record (above 0: the replacement rule)
 
 
 _PACKET_RETRIES = 3
 
 
-def _read_each(path: Path, idx: list[int], h: int, w: int, dh: int, dw: int, attempts: int = _PACKET_RETRIES
-               ) -> list[np.ndarray | None]:
+def _read_each(path: Path, idx: list[int], h: int, w: int, dh: int, dw: int, attempts: int = _PACKET_RETRIES,
+               opener=None) -> list[np.ndarray | None]:
     """Each frame of ``idx`` read alone (one thread, a fresh reader each time); ``None`` where the decoder fails on
     it ``attempts`` times (decord's decoder thread sometimes reports an earlier packet's error on a later read)."""
     out: list[np.ndarray | None] = []
@@ -338,7 +488,7 @@ def _read_each(path: Path, idx: list[int], h: int, w: int, dh: int, dw: int, att
         frame = None
         for _ in range(attempts):
             try:
-                frame = _read_frames(path, [i], h, w, dh, dw, 1)[0]
+                frame = (opener(1)([i]) if opener is not None else _read_frames(path, [i], h, w, dh, dw, 1))[0]
                 break
             except Exception:  # noqa: BLE001 - a corrupt packet: this frame only
                 continue
@@ -366,19 +516,98 @@ def replace_unreadable(frames: list[np.ndarray | None], idx: list[int]) -> tuple
     return filled, replaced
 
 
+class DecodePlan(NamedTuple):
+    """Which native frames a decode reads and at what size (:func:`plan_decode`).
+
+    Attributes:
+        idx: native indices (presentation order) of the T returned frames, non-decreasing (the fps filter repeats
+            the last frame when the stream ends before the grid does).
+        unique: ``sorted(set(idx))``, the frames a reader decodes.
+        times_s: T labels, seed 001's ``ts = start + arange(N) / fps`` (thinned like the frames).
+        sample_fps: the fps filter's rate (the float of :func:`algorithms.budget.sample_rate`).
+        decode_hw: ``(dh, dw)``.
+    """
+
+    idx: list[int]
+    unique: list[int]
+    times_s: list[float]
+    sample_fps: float
+    decode_hw: tuple[int, int]
+
+
+def plan_decode(path: Path, probe: VideoProbe, budget_tokens: int, base_fps: float = 1.0,
+                native_decode_bytes: float = NATIVE_DECODE_BYTES, decode_max_side: int = 896,
+                short_clip_first_frame: bool = False) -> DecodePlan:
+    """Seed 001's frame choice and decode size on a probe (:func:`algorithms.budget.sample_frames`,
+    :func:`decode_frame_size`).
+
+    Raises:
+        DecodeError: no frame at the sampling rate (the clip ends before the first step; seed 001's
+            ``assert T > 0``) unless ``short_clip_first_frame``.
+    """
+    sample_fps, idx, times = sample_frames(probe.pts, probe.time_base, probe.end_pts, probe.duration_s,
+                                           budget_tokens, probe.start_s, base_fps)
+    if not idx:
+        if not short_clip_first_frame:
+            raise DecodeError(f"{path}: no frame at {sample_fps:g} fps: the clip ({probe.duration_s:.3f} s) ends "
+                              f"before the first sampling step (set data.short_clip_first_frame to keep its first "
+                              f"frame)")
+        idx, times = [0], [probe.start_s]
+    n_est = min(int(probe.duration_s * sample_fps) + 1, max_frames(budget_tokens))
+    dh, dw = decode_frame_size(probe.height, probe.width, n_est, native_decode_bytes, decode_max_side)
+    return DecodePlan(idx, sorted(set(idx)), times, sample_fps, (dh, dw))
+
+
+# A reader: ``factory(path, probe, dh, dw, num_threads) -> read``, ``read(native indices ascending) -> (n, dh, dw, 3)``
+# uint8 RGB, upright. ``datamodules/nvdec.py`` adds ``"nvdec"``; a factory may carry ``supports(probe) -> bool``
+# (``auto`` then falls back to ``cpu`` per file for what it cannot decode).
+ReaderFactory = Callable[[Path, VideoProbe, int, int, int], Callable[[list[int]], np.ndarray]]
+READERS: dict[str, ReaderFactory] = {}
+DECODERS = ("cpu", "nvdec", "auto")
+
+
+def resolve_decoder(decoder: str, probe: VideoProbe | None = None) -> str:
+    """The reader a ``decoder`` setting decodes a video with: ``cpu``; ``nvdec`` (an error when no NVDEC reader is
+    registered); ``auto``: ``nvdec`` when registered and it ``supports`` the video, else ``cpu``.
+
+    Raises:
+        ValueError: an unknown setting, or ``nvdec`` with no NVDEC reader registered.
+    """
+    if decoder not in DECODERS:
+        raise ValueError(f"data.decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
+    if decoder == "cpu":
+        return "cpu"
+    nv = READERS.get("nvdec")
+    if decoder == "nvdec":
+        if nv is None:
+            raise ValueError("data.decoder=nvdec: no NVDEC reader is registered (datamodules.nvdec not available: "
+                             "needs PyNvVideoCodec and an NVIDIA GPU); use cpu or auto")
+        return "nvdec"
+    supports = getattr(nv, "supports", None)
+    return "nvdec" if nv is not None and (probe is None or supports is None or supports(probe)) else "cpu"
+
+
+def _cpu_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threads: int):
+    return _frame_reader(path, probe.height, probe.width, dh, dw, num_threads)
+
+
+READERS["cpu"] = _cpu_reader
+
+
 def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 896, base_fps: float = 1.0,
                  num_threads: int = 1, native_decode_bytes: float = NATIVE_DECODE_BYTES,
                  short_clip_first_frame: bool = False,
                  max_replaced_frac: float = MAX_REPLACED_FRAC, sizing: EncoderSizing | None = None,
-                 hold_chunk_bytes: float = HOLD_CHUNK_BYTES) -> DecodedVideo:
+                 hold_chunk_bytes: float = HOLD_CHUNK_BYTES, decoder: str = "cpu") -> DecodedVideo:
     """Decode the frames the largest budget of a run needs, as seed 001's ``decode_video`` chooses them.
 
-    Frames: :func:`algorithms.budget.sample_frames` on the container's frame times (the rate
-    ``fps = bd.FPS if int(duration * bd.FPS) + 1 <= max_frames else (max_frames + 1) / duration``, the frames
-    FFmpeg's ``fps`` filter with ``round=down`` emits at it, ``np.linspace(0, len(frames) - 1, max_frames,
-    dtype=int)`` thinning), labelled ``ts = (start + np.arange(len(frames)) / fps)``. The duration is the video
-    stream's end (last frame time plus its duration); ``start`` is 0 (decord reports times from the first frame;
-    the seed adds the stream's ``start_time``, 0 for the usual mp4).
+    Three steps: (a) the plan, :func:`probe_video` and :func:`plan_decode`: seed 001's ``duration =
+    float(probe["format"]["duration"])`` picks the rate ``fps = bd.FPS if int(duration * bd.FPS) + 1 <=
+    max_frames else (max_frames + 1) / duration``; the frames are those FFmpeg's ``fps=fps:round=down`` emits
+    (:func:`algorithms.budget.fps_filter_frames` on the stream's integer pts, the rate ``av_d2q(fps, INT_MAX)``),
+    thinned by ``np.linspace(0, len(frames) - 1, max_frames, dtype=int)`` and labelled ``ts = (start +
+    np.arange(len(frames)) / fps)``; (b) a reader (:data:`READERS`) decodes those native frames; (c) the retries,
+    replacement rule and encoder-size holding below work on any reader.
 
     Size (seed 001: ``if n_est * h * w * 3 <= NATIVE_DECODE_BYTES: dw, dh = w, h else: dh, dw =
     bd.frame_size(h, w, tok)``, with ``n_est = min(int(duration * fps) + 1, max_frames)``): native size when the
@@ -397,11 +626,11 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
         native_decode_bytes: largest ``n_est * h * w * 3`` decoded at native size (seed: 2e9).
         short_clip_first_frame: a clip that ends before the first sampling step gives no frame in the seed (an
             error here, as there); ``True`` keeps its frame at 0 s instead (deviation, off by default).
-        max_replaced_frac: when the batch read fails (corrupt packets), every sampled frame is re-read alone and
+        max_replaced_frac: 0 (default, seed 001: any decode error makes the video an error record). Above 0
+            (deviation): when the batch read fails (corrupt packets), every sampled frame is re-read alone and
             each unreadable one is replaced by the nearest readable sampled frame (native index distance, the
             earlier on a tie), listed in ``info["frames_replaced"]`` (positions in the returned frames); the video
-            is an error only when more than this fraction of its sampled frames is unreadable (0: any unreadable
-            frame is an error, as seed 001's ``decode_video``).
+            is an error only when more than this fraction of its sampled frames is unreadable.
         sizing: ``None``: ``frames`` is the ``(T, H, W, 3)`` decode. Else the video is decoded in chunks of about
             ``hold_chunk_bytes`` (decode-size bytes) and each chunk is at once resized, by the processor's own
             resize, to every grid :meth:`EncoderSizing.grids` lists for its frames; ``frames`` is then an
@@ -411,88 +640,68 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
             exactly as without it (same decoder calls per frame, same fallbacks), so the encoder's inputs are the
             same: bit-identical on the CPU (``tests/datamodules/test_hold_sizes.py``).
         hold_chunk_bytes: decode-size bytes per chunk with ``sizing``.
+        decoder: ``cpu`` (decord), ``nvdec`` or ``auto`` (:func:`resolve_decoder`); ``info["decoder"]`` records
+            the reader that decoded the video.
 
     Raises:
         DecodeError: missing, empty, truncated, corrupted or unreadable file, no video stream, no frame at the
             sampling rate, or no decodable frame; the message starts with the file path.
+        ValueError: a bad ``max_replaced_frac`` or ``decoder``.
     """
     if not 0.0 <= max_replaced_frac < 1.0:
         raise ValueError(f"max_replaced_frac must be in [0, 1), got {max_replaced_frac!r}")
+    resolve_decoder(decoder)   # a bad setting fails before any file is read
     return _decode_video(Path(path), budget_tokens, decode_max_side, base_fps, num_threads, native_decode_bytes,
-                         short_clip_first_frame, max_replaced_frac, sizing, hold_chunk_bytes)
+                         short_clip_first_frame, max_replaced_frac, sizing, hold_chunk_bytes, decoder)
 
 
-def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps: float, num_threads: int,
-                  native_decode_bytes: float, short_clip_first_frame: bool,
-                  max_replaced_frac: float = 0.0, sizing: EncoderSizing | None = None,
-                  hold_chunk_bytes: float = HOLD_CHUNK_BYTES) -> DecodedVideo:
-    import decord
-
+def _check_file(path: Path) -> None:
     if not path.exists():
         raise DecodeError(f"{path}: video file not found")
     if not path.is_file():
         raise DecodeError(f"{path}: is not a regular file")
     if path.stat().st_size == 0:
         raise DecodeError(f"{path}: video file is empty (0 bytes)")
-    for attempt in range(_PACKET_RETRIES):   # decord's decoder thread can report a stale packet error on a new reader
-        try:
-            probe = decord.VideoReader(str(path), num_threads=1)   # one frame: nothing for threads to gain
-            num_native = len(probe)
-            native_fps = float(probe.get_avg_fps())
-            stamps = frame_timestamps(probe, num_native) if num_native > 0 else None
-            h, w = probe[0].shape[:2]  # the displayed size (decord applies the rotation metadata)
-            del probe
-            break
-        except Exception as e:  # decord raises DECORDError / RuntimeError for bad streams
-            if attempt == _PACKET_RETRIES - 1 or "Error sending packet" not in str(e):
-                raise _open_error(path, e) from e
-    if num_native < 1:
-        raise DecodeError(f"{path}: video has no frames")
-    fps_ok = math.isfinite(native_fps) and native_fps > 0
-    if stamps is not None and num_native > 1 and float(max(stamps[1][-1], stamps[0][-1])) <= 0:
-        stamps = None
-    if stamps is not None:
-        starts, ends = stamps
-        end_s = float(max(ends[-1], starts[-1]))
-        if end_s <= 0:   # one frame without a duration: one frame period
-            end_s = 1.0 / native_fps if fps_ok else 1.0
-        vfr = num_native > 1 and (not fps_ok or is_variable_frame_rate(starts, native_fps))
-        frame_times = [float(t) for t in starts]
-    else:
-        if not fps_ok:
-            native_fps = 1.0  # recorded as fps_ok = False
-        end_s = num_native / native_fps
-        vfr = False
-        frame_times = [k / native_fps for k in range(num_native)]
-    duration_s = end_s
-    if vfr or not fps_ok:
-        native_fps = num_native / duration_s  # average, for the record
-    sample_fps, idx, real_times = sample_frames(frame_times, end_s, duration_s, budget_tokens, 0.0, base_fps)
-    if not idx:
-        if not short_clip_first_frame:
-            raise DecodeError(f"{path}: no frame at {sample_fps:g} fps: the clip ({duration_s:.3f} s) ends before "
-                              f"the first sampling step (set data.short_clip_first_frame to keep its first frame)")
-        idx, real_times = [0], [0.0]
-    n_est = min(int(duration_s * sample_fps) + 1, max_frames(budget_tokens))
-    dh, dw = decode_frame_size(h, w, n_est, native_decode_bytes, decode_max_side)
-    unique = sorted(set(idx))   # the filter repeats the last frame when the stream ends early: decode it once
+
+
+def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps: float, num_threads: int,
+                  native_decode_bytes: float, short_clip_first_frame: bool,
+                  max_replaced_frac: float = 0.0, sizing: EncoderSizing | None = None,
+                  hold_chunk_bytes: float = HOLD_CHUNK_BYTES, decoder: str = "cpu") -> DecodedVideo:
+    _check_file(path)
+    probe = probe_video(path)
+    plan = plan_decode(path, probe, budget_tokens, base_fps, native_decode_bytes, decode_max_side,
+                       short_clip_first_frame)
+    name = resolve_decoder(decoder, probe)
+    factory = READERS[name]
+    h, w = probe.height, probe.width
+    (dh, dw), idx, unique = plan.decode_hw, plan.idx, plan.unique
+    opener = (lambda threads: lambda ix: _read_frames(path, ix, h, w, dh, dw, threads)) if name == "cpu" else \
+        (lambda threads: factory(path, probe, dh, dw, threads))
     grids = sizing.grids(len(idx), dh, dw) if sizing is not None else None
     if grids is None or held_bytes(grids) >= len(idx) * dh * dw * 3:   # holding would not save memory
-        frames, replaced = _decode_unique(path, unique, h, w, dh, dw, num_threads, max_replaced_frac)
+        frames, replaced = _decode_unique(path, unique, h, w, dh, dw, num_threads, max_replaced_frac,
+                                          opener=opener)
         if len(unique) != len(idx):
             pos = {k: i for i, k in enumerate(unique)}
             frames = np.ascontiguousarray(frames[[pos[k] for k in idx]])
         frames = torch.from_numpy(frames)
     else:
         frames, replaced = _decode_held(path, unique, idx, h, w, dh, dw, num_threads, max_replaced_frac, sizing,
-                                        grids, hold_chunk_bytes)
-    info = {"duration_s": round(duration_s, 3), "native_hw": [int(h), int(w)], "decode_hw": [int(dh), int(dw)],
-            "n_frames": len(idx), "fps": round(native_fps, 4), "sample_fps": round(sample_fps, 4), "fps_ok": fps_ok,
-            "vfr": bool(vfr)}
+                                        grids, hold_chunk_bytes, opener=opener,
+                                        chunk_opener=None if name == "cpu" else opener)
+    fps_ok = probe.fps > 0 and not probe.timestamps_unusable
+    vfr = (not probe.timestamps_unusable) and is_variable_frame_rate(probe.pts, probe.time_base, probe.fps)
+    native_fps = probe.fps if (fps_ok and not vfr) else len(probe.pts) / probe.duration_s
+    info = {"duration_s": round(probe.duration_s, 3), "native_hw": [int(h), int(w)], "decode_hw": [int(dh), int(dw)],
+            "n_frames": len(idx), "fps": round(native_fps, 4), "sample_fps": round(plan.sample_fps, 4),
+            "fps_ok": bool(fps_ok), "vfr": bool(vfr), "decoder": name}
+    if probe.timestamps_unusable:
+        info["timestamps_unusable"] = True
     if replaced:   # positions in the returned frames whose native frame could not be read
         bad_native = {unique[k] for k in replaced}
         info["frames_replaced"] = [j for j, k in enumerate(idx) if k in bad_native]
-    return DecodedVideo(frames=frames, times_s=real_times, info=info)
+    return DecodedVideo(frames=frames, times_s=plan.times_s, info=info)
 
 
 def _check_shape(path: Path, frames: np.ndarray, n: int) -> np.ndarray:
@@ -502,10 +711,13 @@ def _check_shape(path: Path, frames: np.ndarray, n: int) -> np.ndarray:
 
 
 def _decode_unique(path: Path, unique: list[int], h: int, w: int, dh: int, dw: int, num_threads: int,
-                   max_replaced_frac: float, read=None) -> tuple[np.ndarray, list[int]]:
+                   max_replaced_frac: float, read=None, opener=None) -> tuple[np.ndarray, list[int]]:
     """``(frames (len(unique), dh, dw, 3), replaced positions)``: one batch read (``read(threads)`` gives the
-    frames, default one decord call), retried with one thread, then frame by frame with replacement."""
-    read = read or (lambda threads: _read_frames(path, unique, h, w, dh, dw, threads))
+    frames, default ``opener(threads)(unique)``, one reader call; without ``opener`` one decord call), retried
+    with one thread, then (``max_replaced_frac > 0``) frame by frame with replacement."""
+    if read is None:
+        read = (lambda threads: opener(threads)(unique)) if opener is not None else \
+            (lambda threads: _read_frames(path, unique, h, w, dh, dw, threads))
     replaced: list[int] = []
     try:
         try:
@@ -519,7 +731,7 @@ def _decode_unique(path: Path, unique: list[int], h: int, w: int, dh: int, dw: i
     except DecodeError:
         raise
     except Exception as e:
-        each = _read_each(path, unique, h, w, dh, dw) if max_replaced_frac > 0 else []
+        each = _read_each(path, unique, h, w, dh, dw, opener=opener) if max_replaced_frac > 0 else []
         bad = sum(f is None for f in each)
         if not each or bad == len(each) or bad > max_replaced_frac * len(each):
             detail = f"; {bad} of {len(each)} frames unreadable alone, more than data.max_replaced_frac=" \
@@ -542,8 +754,8 @@ def hold_chunk_frames(height: int, width: int, hold_chunk_bytes: float) -> int:
 
 
 def _decode_held(path: Path, unique: list[int], idx: list[int], h: int, w: int, dh: int, dw: int, num_threads: int,
-                 max_replaced_frac: float, sizing: EncoderSizing, grids: dict, hold_chunk_bytes: float
-                 ) -> tuple[EncoderFrames, list[int]]:
+                 max_replaced_frac: float, sizing: EncoderSizing, grids: dict, hold_chunk_bytes: float,
+                 opener=None, chunk_opener=None) -> tuple[EncoderFrames, list[int]]:
     """The frames of :func:`_decode_unique`, decoded ``hold_chunk_frames`` at a time and each chunk resized to the
     grids that need its frames at once. A failing chunk falls back to :func:`_decode_unique` on the whole video
     (the same retries and replacements as without ``sizing``; the decode size is then held for all frames)."""
@@ -561,12 +773,13 @@ def _decode_held(path: Path, unique: list[int], idx: list[int], h: int, w: int, 
 
     def chunked(threads: int) -> np.ndarray:
         parts.clear()
-        read = _frame_reader(path, h, w, dh, dw, threads)
+        read = chunk_opener(threads) if chunk_opener is not None else _frame_reader(path, h, w, dh, dw, threads)
         for lo in range(0, len(unique), step):
             take(_check_shape(path, read(unique[lo:lo + step]), len(unique[lo:lo + step])), lo)
         return np.empty((len(unique), 0, 0, 3), np.uint8)   # done: nothing left to resize
 
-    frames, replaced = _decode_unique(path, unique, h, w, dh, dw, num_threads, max_replaced_frac, read=chunked)
+    frames, replaced = _decode_unique(path, unique, h, w, dh, dw, num_threads, max_replaced_frac, read=chunked,
+                                      opener=opener)
     if frames.shape[1] != 0:   # the frame-by-frame fallback returned the whole decode: resize it in chunks
         parts.clear()
         for lo in range(0, len(unique), step):
