@@ -387,12 +387,13 @@ def probe_video(path: Path) -> VideoProbe:
         if not dur > 0 or (dur == 1 and step > 2):
             dur = step if step > 0 else (_rescale_near(1, 1 / Fraction(rate), time_base) if rate else 0)
         end_pts = pts[-1] + max(dur, 1)
-    else:   # index / average rate
+    else:   # index / average rate (1 fps when unknown); the container's times derive from the broken pts
         if not fps > 0:
             fps = 0.0
         time_base = 1 / Fraction(rate) if fps > 0 else Fraction(1)
         pts = list(range(len(packets)))
         end_pts = len(packets)
+        duration, start = None, None
     if duration is not None and duration > 0:
         duration_s = _ffmpeg_float(duration / 1_000_000)
     else:   # no container duration: the stream's end
@@ -594,6 +595,46 @@ def _cpu_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threads: in
 READERS["cpu"] = _cpu_reader
 
 
+def _pyav_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threads: int):
+    """``read(idx)`` with PyAV, decoding the stream in decode order from the start (the ffmpeg CLI's order; no
+    seeking): the reader of files whose timestamps are unusable (``probe.timestamps_unusable``: native index =
+    the decoder's output count), where decord's pts-based seeking returns wrong frames. RGB by
+    ``to_ndarray(format="rgb24")`` at native size (swscale's yuv->rgb, equal to decord's and the CLI's
+    ``-pix_fmt rgb24`` on the test clips); a reduced size goes through :func:`_resize` of the native frame (not
+    decord's in-decoder scaler); the display rotation is applied (``frame.rotation``, counter-clockwise)."""
+    import av
+
+    def read(idx: list[int]) -> np.ndarray:
+        want = {k: [] for k in idx}
+        out: dict[int, np.ndarray] = {}
+        last = max(idx)
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"
+            stream.thread_count = max(1, num_threads)
+            n = 0
+            for frame in container.decode(stream):
+                if n in want:
+                    x = frame.to_ndarray(format="rgb24")
+                    rot = int(getattr(frame, "rotation", 0) or 0) % 360
+                    if rot:
+                        x = np.ascontiguousarray(np.rot90(x, k=rot // 90))
+                    out[n] = x
+                n += 1
+                if n > last:
+                    break
+        missing = [k for k in idx if k not in out]
+        if missing:
+            raise DecodeError(f"{path}: the decoder gave {n} frames, not frames {missing[:5]}")
+        frames = np.stack([out[k] for k in idx])
+        return frames if frames.shape[1:3] == (dh, dw) else _resize(frames, dh, dw)
+
+    return read
+
+
+READERS["pyav"] = _pyav_reader
+
+
 def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 896, base_fps: float = 1.0,
                  num_threads: int = 1, native_decode_bytes: float = NATIVE_DECODE_BYTES,
                  short_clip_first_frame: bool = False,
@@ -673,6 +714,8 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
     plan = plan_decode(path, probe, budget_tokens, base_fps, native_decode_bytes, decode_max_side,
                        short_clip_first_frame)
     name = resolve_decoder(decoder, probe)
+    if name == "cpu" and probe.timestamps_unusable:   # decord seeks by pts: decode in order with PyAV instead
+        name = "pyav"
     factory = READERS[name]
     h, w = probe.height, probe.width
     (dh, dw), idx, unique = plan.decode_hw, plan.idx, plan.unique
@@ -690,7 +733,7 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
         frames, replaced = _decode_held(path, unique, idx, h, w, dh, dw, num_threads, max_replaced_frac, sizing,
                                         grids, hold_chunk_bytes, opener=opener,
                                         chunk_opener=None if name == "cpu" else opener)
-    fps_ok = probe.fps > 0 and not probe.timestamps_unusable
+    fps_ok = probe.fps > 0
     vfr = (not probe.timestamps_unusable) and is_variable_frame_rate(probe.pts, probe.time_base, probe.fps)
     native_fps = probe.fps if (fps_ok and not vfr) else len(probe.pts) / probe.duration_s
     info = {"duration_s": round(probe.duration_s, 3), "native_hw": [int(h), int(w)], "decode_hw": [int(dh), int(dw)],

@@ -15,6 +15,8 @@ Kinds (``MediaFactory.get(kind)`` returns the path):
 ``truncated_tail``   ``good`` (moov at the front) cut to 55%: the index lists frames whose bytes are gone
 ``corrupt_middle``   ``good`` with 2 kB of random bytes written over the middle of the file
 ``garbage``          4 kB of random bytes named ``.mp4``
+``pts_equal``        ``intra_mkv`` (3 s, 8 fps, MJPEG in mkv) with every pts 0 (``setts`` bitstream filter)
+``pts_backwards``    ``intra_mkv`` with pts running backwards (frame n at (23 - n) / 8 s)
 ``audio_only``       an AAC mp4 with no video stream
 ``single_frame``     one frame
 ``sub_step``         0.4 s (4 frames at 10 fps), shorter than one 1 fps sampling step
@@ -248,6 +250,21 @@ class MediaFactory:
         data[mid: mid + 2048] = bytes(rng.randrange(256) for _ in range(2048))
         p = self.root / "corrupt_middle.mp4"
         p.write_bytes(bytes(data))
+        return p
+
+    def _make_intra_mkv(self) -> Path:
+        p = self.root / "intra.mkv"
+        run_ffmpeg(*_src(3, 8), "-c:v", "mjpeg", "-q:v", "3", str(p))
+        return p
+
+    def _make_pts_equal(self) -> Path:
+        p = self.root / "pts_equal.mkv"
+        run_ffmpeg("-i", str(self.get("intra_mkv")), "-c", "copy", "-bsf:v", "setts=ts=0", str(p))
+        return p
+
+    def _make_pts_backwards(self) -> Path:
+        p = self.root / "pts_backwards.mkv"
+        run_ffmpeg("-i", str(self.get("intra_mkv")), "-c", "copy", "-bsf:v", "setts=pts=(23-N)*125:dts=0", str(p))
         return p
 
     def _make_garbage(self) -> Path:
