@@ -1,6 +1,18 @@
-"""Video decoding with decord, once per video, at the frame times the largest budget needs (DESIGN §3.1).
+"""Video decoding, once per video, of the frames the largest budget needs (DESIGN §3.1).
 
-Frame choice and labels follow seed 001's ``decode_video`` (see :func:`decode_video`). Videos are decoded at
+Three parts (:func:`decode_video`): (a) the plan: :func:`probe_video` demuxes the video stream with PyAV (integer
+pts and time base, packet durations, ``format.duration``, ``start_time``; no decode beyond one frame) and
+:func:`plan_decode` makes seed 001's frame choice from them exactly as FFmpeg's ``fps=fps:round=down`` does
+(:func:`algorithms.budget.fps_filter_frames`, checked index by index against imageio-ffmpeg's binary in
+``tests/datamodules/test_frame_identity.py``) and the decode size; (b) a reader from :data:`READERS` returns
+``(n, dh, dw, 3)`` uint8 RGB for ascending native (presentation-order) indices: ``cpu`` is decord (kept as the CPU
+reader: it gives these frames with the same pixels as the ffmpeg CLI's ``-pix_fmt rgb24`` at native size, and
+its decoder-side resize at reduced size), ``pyav`` decodes in decode order (files with unusable timestamps, where
+decord's pts seeking returns wrong frames), ``nvdec`` is registered by ``datamodules/nvdec.py``; ``decoder=auto``
+takes it per file where its ``supports(probe)`` allows; (c) retries, the replacement rule and the encoder-size
+holding below work on any reader; ``info["decoder"]`` names the reader used. PyAV (``av==18.1.0``) is used where
+decord cannot do the job: integer pts, packet durations and the container duration (decord exposes float32
+times only), the FFmpeg log that names why a file cannot be read, and decoding in decode order. Videos are decoded at
 native size (the processor resizes, as in training) while the seed's estimate ``n_est * h * w * 3`` stays within
 ``native_decode_bytes`` (2e9 bytes, seed 001's ``NATIVE_DECODE_BYTES``); larger ones at a reduced size *inside the
 decoder* (decord's ``width``/``height``), at most ``decode_max_side`` pixels on the long side (default 896 = 32
@@ -27,12 +39,14 @@ case                             behaviour
 ===============================  ==================================================================================
 missing file / a directory       error ``video file not found`` / ``is not a regular file``
 zero bytes                       error ``video file is empty (0 bytes)``
-not a video / truncated before   error ``cannot read the container (truncated, corrupted or not a video file)``
-the index (mp4 ``moov`` lost)
-truncated after the index        error ``cannot read the container ...`` (decord checks the packets on open)
+not a video / truncated before   error ``cannot read the container (truncated, corrupted or not a video file;
+the index (mp4 ``moov`` lost)    <FFmpeg's cause>)``, e.g. ``moov atom not found``, ``STSZ atom truncated``
+truncated after the index        error ``cannot read the container (truncated: the data ends before the packets
+                                 its index lists; ... partial file)``
 corrupted bytes mid-stream       error ``decoding N frames failed (corrupted or truncated stream)`` (or ``cannot
-                                 read the container`` when decord already trips over the packet on open):
-                                 frames are never silently replaced by neighbours
+                                 read the container``); seed 001: any decode error is an error record
+                                 (``max_replaced_frac=0``, the default); above 0 unreadable sampled frames are
+                                 replaced by the nearest readable one and listed (``frames_replaced``)
 no video stream (audio only)     error ``has no video stream``
 a single frame                   error ``no frame at 1 fps: the clip ... ends before the first sampling step``
                                  when it lasts less than one step (seed 001: no frame decoded, an error);
@@ -41,10 +55,15 @@ shorter than one 1 fps step      the same (duration < 1 s: FFmpeg's fps filter e
 very long, tiny frames           decoded: capped at ``max_frames(B)`` frames (``np.linspace(..., dtype=int)`` of the
                                  grid frames; only those are decoded)
 any frame rate (CFR or VFR)      frames as FFmpeg's ``fps`` filter with ``round=down`` picks them from the
-                                 container's per-frame timestamps (the last frame shown before the next grid time,
-                                 :func:`algorithms.budget.fps_filter_frames`); labels are grid times ``j / fps``;
-                                 ``info["vfr"]`` records whether the timestamps deviate from ``index / avg fps``
-missing / zero fps               timestamps if usable, else ``index / 1 fps`` assumed; ``fps_ok = False``
+                                 stream's integer pts (offset by the file's start time as the CLI does) at
+                                 ``av_d2q(fps, INT_MAX)``, the end of stream at the last pts plus its packet
+                                 duration (:func:`algorithms.budget.fps_filter_frames`); the rate from
+                                 ``format.duration``; labels ``start_time + j / fps``; ``info["vfr"]`` records
+                                 whether the timestamps deviate from ``index / avg fps``
+pts all equal / run backwards    ``index / average rate`` (1 fps when unknown, ``fps_ok = False``), duration
+                                 ``N / rate``, decoded in decode order (``pyav`` reader);
+                                 ``info["timestamps_unusable"] = True``
+missing / zero fps               timestamps if usable; ``fps_ok = False``
 rotation metadata                decord applies the display rotation (frames upright, ``native_hw`` is the
                                  displayed size). decord 0.6 mis-sizes its output buffer for some small 90/270-
                                  rotated sizes; then the batch is decoded at a nearby width and resized back
@@ -57,7 +76,10 @@ non-ASCII, spaces in the path    decoded (paths passed as UTF-8 strings)
 ===============================  ==================================================================================
 
 Not covered: a decoder that crashes the process (segfault) on a file takes the DataLoader worker down with it; an
-external ffmpeg fallback is not used (decord handles every case above).
+external ffmpeg fallback is not used. Frames the decoder conceals (a corrupt IDR decoded without an error
+return) are not flagged yet: decord reports no per-frame error flags (issue 35 item 4, open). A video stream that
+starts a whole output step after the file's start (audio first): the CLI's ``-f rawvideo`` output sync may add
+frames at the start that the filter rule alone does not (not tested).
 """
 from __future__ import annotations
 
