@@ -83,6 +83,7 @@ frames at the start that the filter rule alone does not (not tested).
 """
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import os
@@ -281,8 +282,9 @@ class VideoProbe(NamedTuple):
         height, width: the displayed size (the display rotation applied, as decord and the ffmpeg CLI output it).
         time_base: the video stream's time base (s per pts unit), the fps filter's input time base.
         pts: presentation timestamps in presentation order (one per frame, native index ``k`` = ``pts[k]``), offset
-            as the ffmpeg CLI offsets them (minus the file's ``start_time``); ``index`` when the timestamps are
-            unusable (then ``time_base`` is ``1 / average rate``).
+            as the ffmpeg CLI offsets them (minus the file's ``start_time``: ``pts_offset`` added to the
+            container's pts); ``index`` when the timestamps are unusable (then ``time_base`` is ``1 / average
+            rate``).
         end_pts: the end of stream the CLI signals to the filter: last pts plus the last frame's duration.
         duration_s: ``format.duration`` (the container's duration, what seed 001 reads from ``ffmpeg.probe``).
         start_s: the video stream's ``start_time`` in seconds (seed 001's ``start``).
@@ -304,6 +306,7 @@ class VideoProbe(NamedTuple):
     timestamps_unusable: bool
     codec: str
     pix_fmt: str
+    pts_offset: int = 0
 
 
 _MAX_REORDER = 16   # H.264/HEVC reorder depth at most 16 frames: pts further out of decode order run backwards
@@ -422,7 +425,7 @@ def probe_video(path: Path) -> VideoProbe:
         duration_s = _ffmpeg_float(float(end_pts * time_base))
     start_s = _ffmpeg_float(float(start * tb)) if (start is not None and tb) else 0.0
     return VideoProbe(int(h), int(w), time_base, pts, int(end_pts), duration_s, start_s, fps, keyframes,
-                      not usable, codec, pix_fmt)
+                      not usable, codec, pix_fmt, off if usable else 0)
 
 
 def _rescale_near(ts: int, src: Fraction, dst: Fraction) -> int:
@@ -611,10 +614,31 @@ def resolve_decoder(decoder: str, probe: VideoProbe | None = None) -> str:
 
 
 def _cpu_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threads: int):
+    """decord (:func:`_frame_reader`)."""
     return _frame_reader(path, probe.height, probe.width, dh, dw, num_threads)
 
 
-READERS["cpu"] = _cpu_reader
+READERS["decord"] = _cpu_reader
+_cpu_reader.supports = lambda probe: True
+
+# where PyAV's skipping reader gives decord's very pixels (measured: bench/decode_paths.py, the equal column, and
+# tests/datamodules/test_decode_paths.py): H.264 / HEVC (skip_frame=NONREF drops only unreferenced pictures),
+# 8-bit 4:2:0 (swscale's rgb24 at native size equals decord's and the CLI's), at native size (a reduced size is
+# decord's in-decoder scaler, which PyAV's reformat does not reproduce: mean 1.6/255 apart)
+PYAV_SKIP_CODECS = ("h264", "hevc")
+PYAV_SKIP_PIX_FMTS = ("yuv420p", "yuvj420p")
+
+
+def cpu_reader_for(probe: VideoProbe, decode_hw: tuple[int, int]) -> str:
+    """The CPU reader of a video: ``pyav`` (in decode order) when its timestamps are unusable; ``pyav_skip`` for
+    H.264/HEVC 8-bit 4:2:0 at native size (exact, faster: it skips what no sampled frame needs); else
+    ``decord``."""
+    if probe.timestamps_unusable:
+        return "pyav"
+    if (probe.codec in PYAV_SKIP_CODECS and probe.pix_fmt in PYAV_SKIP_PIX_FMTS
+            and tuple(decode_hw) == (probe.height, probe.width)):
+        return "pyav_skip"
+    return "decord"
 
 
 def _pyav_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threads: int):
@@ -655,6 +679,115 @@ def _pyav_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threads: i
 
 
 READERS["pyav"] = _pyav_reader
+
+
+def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threads: int,
+                      skip_nonref: bool = True, seek: bool = True):
+    """``read(idx)`` with PyAV that decodes only what the sampled frames need (issue 31 §2), at native size.
+
+    * ``seek``: where a key frame lies between the last frame decoded and the next sampled frame, the demuxer
+      seeks to the key frame at or before that frame (``probe.keyframes``; the decoder is flushed) instead of
+      decoding through;
+    * ``skip_nonref``: every packet whose pts is not a sampled frame's is decoded with ``skip_frame = "NONREF"``
+      (FFmpeg then drops the non-reference pictures no other frame predicts from; a sampled frame that is itself
+      non-reference is decoded, with ``DEFAULT``);
+    * frames are matched to native indices by their pts (``probe.pts`` minus ``probe.pts_offset``).
+
+    H.264/HEVC decoding is exact whatever is skipped (the skipped pictures are not referenced), so the frames are
+    the full decode's; RGB by ``to_ndarray(format="rgb24")`` (the same swscale conversion as decord and the ffmpeg
+    CLI at native size); the display rotation applied. Raises ``DecodeError`` naming the frames it could not get.
+    """
+    import av
+    import av.logging
+
+    keyframes = probe.keyframes
+
+    def read(idx: list[int]) -> np.ndarray:
+        off = probe.pts_offset
+        raw = {probe.pts[k] - off: k for k in idx}
+        out: dict[int, np.ndarray] = {}
+        todo = sorted(set(idx))
+        t = 0                                   # todo[t]: the next sampled frame not yet decoded
+
+        def take(frame) -> None:
+            n = raw.get(frame.pts)
+            if n is not None and n not in out:
+                x = frame.to_ndarray(format="rgb24")
+                rot = int(getattr(frame, "rotation", 0) or 0) % 360
+                out[n] = np.ascontiguousarray(np.rot90(x, k=rot // 90)) if rot else x
+
+        tainted: set[int] = set()              # key frames of the GOPs whose decode logged an error
+        causes: list[str] = []
+        with av.logging.Capture() as logs, av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            cc = stream.codec_context
+            stream.thread_type = "AUTO"
+            stream.thread_count = max(1, num_threads)
+            seen = len(logs)                    # what opening logged (stream probing) is not a sampled frame's
+
+            def check(at: int) -> None:   # decoder errors logged since the last packet: that packet's GOP
+                nonlocal seen
+                for _, _, msg in logs[seen:]:
+                    if _CONCEALED.search(str(msg)):
+                        tainted.add(_next_key(keyframes, at) if keyframes else 0)
+                        causes.append(" ".join(str(msg).split()))
+                seen = len(logs)
+            fed = -1                            # highest native index of a packet sent to the decoder
+            while t < len(todo):
+                kf = _next_key(keyframes, todo[t]) if keyframes else 0
+                if seek and kf > fed + 1:       # a whole span no sampled frame needs: seek over it
+                    container.seek(probe.pts[kf] - off, stream=stream, backward=True, any_frame=False)
+                    cc.flush_buffers()
+                    fed = kf - 1
+                ended = True
+                for packet in container.demux(stream):
+                    if not packet.size:         # the demuxer's final empty packet: drained below
+                        continue
+                    if packet.pts is not None:
+                        fed = max(fed, bisect.bisect_left(probe.pts, packet.pts + off))
+                    if skip_nonref:
+                        cc.skip_frame = "DEFAULT" if packet.pts in raw else "NONREF"
+                    for frame in cc.decode(packet):
+                        take(frame)
+                    check(fed)
+                    while t < len(todo) and todo[t] in out:
+                        t += 1
+                    if t >= len(todo) or (seek and keyframes and _next_key(keyframes, todo[t]) > fed + 1):
+                        ended = False
+                        break
+                if ended:                       # end of stream: drain the decoder
+                    cc.skip_frame = "DEFAULT"
+                    for frame in cc.decode(None):
+                        take(frame)
+                    while t < len(todo) and todo[t] in out:
+                        t += 1
+                    break
+        missing = [k for k in todo if k not in out]
+        if missing:   # not a DecodeError: the caller's retries and replacement rule apply
+            raise RuntimeError(f"the decoder gave no frame for native frames {missing[:5]}")
+        concealed = [k for k in todo if keyframes and _next_key(keyframes, k) in tainted]
+        if concealed:   # issue 35 item 4: frames decoded from a GOP the decoder reported errors in
+            raise RuntimeError(f"the decoder reported errors (concealed) in the GOP of native frames "
+                               f"{concealed[:5]}: {'; '.join(dict.fromkeys(causes))[:200]}")
+        frames = np.stack([out[k] for k in idx])
+        return frames if frames.shape[1:3] == (dh, dw) else _resize(frames, dh, dw)
+
+    return read
+
+
+# FFmpeg decoder messages that mean a picture was decoded from damaged data (h264: "concealing N DC, N AC, N MV
+# errors in I frame", "error while decoding MB", "Invalid NAL unit size", "corrupted macroblock", ...)
+_CONCEALED = re.compile(r"conceal|error while decoding|corrupt|Invalid NAL|decode_slice_header error|"
+                        r"no frame!|Invalid data|illegal", re.IGNORECASE)
+
+
+def _next_key(keyframes: list[int], k: int) -> int:
+    """The key frame at or before native frame ``k`` (0, the stream's start, when none is)."""
+    j = bisect.bisect_right(keyframes, k) - 1
+    return keyframes[j] if j >= 0 else 0
+
+
+READERS["pyav_skip"] = _pyav_skip_reader
 
 
 def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 896, base_fps: float = 1.0,
@@ -736,12 +869,12 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
     plan = plan_decode(path, probe, budget_tokens, base_fps, native_decode_bytes, decode_max_side,
                        short_clip_first_frame)
     name = resolve_decoder(decoder, probe)
-    if name == "cpu" and probe.timestamps_unusable:   # decord seeks by pts: decode in order with PyAV instead
-        name = "pyav"
+    if name == "cpu":
+        name = cpu_reader_for(probe, plan.decode_hw)
     factory = READERS[name]
     h, w = probe.height, probe.width
     (dh, dw), idx, unique = plan.decode_hw, plan.idx, plan.unique
-    opener = (lambda threads: lambda ix: _read_frames(path, ix, h, w, dh, dw, threads)) if name == "cpu" else \
+    opener = (lambda threads: lambda ix: _read_frames(path, ix, h, w, dh, dw, threads)) if name == "decord" else \
         (lambda threads: factory(path, probe, dh, dw, threads))
     grids = sizing.grids(len(idx), dh, dw) if sizing is not None else None
     if grids is None or held_bytes(grids) >= len(idx) * dh * dw * 3:   # holding would not save memory
@@ -754,7 +887,7 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
     else:
         frames, replaced = _decode_held(path, unique, idx, h, w, dh, dw, num_threads, max_replaced_frac, sizing,
                                         grids, hold_chunk_bytes, opener=opener,
-                                        chunk_opener=None if name == "cpu" else opener)
+                                        chunk_opener=None if name == "decord" else opener)
     fps_ok = probe.fps > 0
     vfr = (not probe.timestamps_unusable) and is_variable_frame_rate(probe.pts, probe.time_base, probe.fps)
     native_fps = probe.fps if (fps_ok and not vfr) else len(probe.pts) / probe.duration_s

@@ -238,7 +238,7 @@ def test_seed_rule_for_decode_errors_is_the_default(media):
 def test_decoder_setting(media):
     from datamodules import decoding
 
-    assert decode_video(media.get("good"), 1024, decoder="auto").info["decoder"] == "cpu"   # no NVDEC reader
+    assert decode_video(media.get("good"), 1024, decoder="auto").info["decoder"] == "pyav_skip"   # no NVDEC: cpu
     with pytest.raises(ValueError, match="no NVDEC reader is registered"):
         decode_video(media.get("good"), 1024, decoder="nvdec")
     with pytest.raises(ValueError, match="data.decoder must be one of cpu, nvdec, auto"):
@@ -247,7 +247,7 @@ def test_decoder_setting(media):
 
     def nvdec(path, probe, dh, dw, threads):   # a registered reader decodes through the same plan
         calls.append((dh, dw))
-        return decoding._cpu_reader(path, probe, dh, dw, threads)
+        return decoding._pyav_skip_reader(path, probe, dh, dw, threads)
 
     nvdec.supports = lambda probe: probe.codec == "h264"
     try:
@@ -255,7 +255,7 @@ def test_decoder_setting(media):
         dec = decode_video(media.get("good"), 1024, decoder="auto")
         assert dec.info["decoder"] == "nvdec" and calls == [(48, 64)]
         assert torch.equal(dec.frames, decode_video(media.get("good"), 1024).frames)
-        assert decode_video(media.get("webm"), 1024, decoder="auto").info["decoder"] == "cpu"   # VP9: per file
+        assert decode_video(media.get("webm"), 1024, decoder="auto").info["decoder"] == "decord"   # VP9: per file
     finally:
         decoding.READERS.pop("nvdec")
 
