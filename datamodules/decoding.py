@@ -5,14 +5,20 @@ pts and time base, packet durations, ``format.duration``, ``start_time``; no dec
 :func:`plan_decode` makes seed 001's frame choice from them exactly as FFmpeg's ``fps=fps:round=down`` does
 (:func:`algorithms.budget.fps_filter_frames`, checked index by index against imageio-ffmpeg's binary in
 ``tests/datamodules/test_frame_identity.py``) and the decode size; (b) a reader from :data:`READERS` returns
-``(n, dh, dw, 3)`` uint8 RGB for ascending native (presentation-order) indices: ``cpu`` is decord (kept as the CPU
-reader: it gives these frames with the same pixels as the ffmpeg CLI's ``-pix_fmt rgb24`` at native size, and
-its decoder-side resize at reduced size), ``pyav`` decodes in decode order (files with unusable timestamps, where
-decord's pts seeking returns wrong frames), ``nvdec`` is registered by ``datamodules/nvdec.py``; ``decoder=auto``
-takes it per file where its ``supports(probe)`` allows; (c) retries, the replacement rule and the encoder-size
-holding below work on any reader; ``info["decoder"]`` names the reader used. PyAV (``av==18.1.0``) is used where
-decord cannot do the job: integer pts, packet durations and the container duration (decord exposes float32
-times only), the FFmpeg log that names why a file cannot be read, and decoding in decode order. Videos are decoded at
+``(n, dh, dw, 3)`` uint8 RGB for ascending native (presentation-order) indices. ``decoder=cpu`` picks one per file
+(:func:`cpu_reader_for`): ``pyav_skip`` (PyAV, :func:`_pyav_skip_reader`: ``skip_frame=NONREF`` on packets that
+are no sampled frame, seeking over spans that hold a key frame and no sampled frame) for H.264/HEVC 8-bit 4:2:0 at
+native size, where its frames equal decord's bit for bit (``tests/datamodules/test_decode_paths.py``; 1.4-2.2x
+faster on 720p/1080p H.264 High with B-frames, ``bench/decode_paths.py``; rotated videos come out exactly as the
+CLI's, where decord resizes a mis-sized buffer); ``decord`` everywhere else (reduced sizes: its in-decoder scaler,
+which PyAV's reformat does not reproduce, 1.6/255 mean apart; other codecs and pixel formats); ``pyav`` (decode
+order) for files with unusable timestamps, where decord's pts seeking returns wrong frames. ``nvdec`` is
+registered by ``datamodules/nvdec.py``; ``decoder=auto`` takes it per file where its ``supports(probe)`` allows;
+(c) retries, the replacement rule and the encoder-size
+holding below work on any reader; ``info["decoder"]`` names the reader used (``decord``, ``pyav_skip``, ``pyav``,
+``nvdec``). PyAV (``av==18.1.0``) is used where decord cannot do the job: integer pts, packet durations and the
+container duration (decord exposes float32 times only), the FFmpeg log that names why a file cannot be read and
+which pictures the decoder concealed, ``skip_frame`` and seeking, and decoding in decode order. Videos are decoded at
 native size (the processor resizes, as in training) while the seed's estimate ``n_est * h * w * 3`` stays within
 ``native_decode_bytes`` (2e9 bytes, seed 001's ``NATIVE_DECODE_BYTES``); larger ones at a reduced size *inside the
 decoder* (decord's ``width``/``height``), at most ``decode_max_side`` pixels on the long side (default 896 = 32
@@ -43,8 +49,10 @@ not a video / truncated before   error ``cannot read the container (truncated, c
 the index (mp4 ``moov`` lost)    <FFmpeg's cause>)``, e.g. ``moov atom not found``, ``STSZ atom truncated``
 truncated after the index        error ``cannot read the container (truncated: the data ends before the packets
                                  its index lists; ... partial file)``
-corrupted bytes mid-stream       error ``decoding N frames failed (corrupted or truncated stream)`` (or ``cannot
-                                 read the container``); seed 001: any decode error is an error record
+corrupted bytes mid-stream,      error ``decoding N frames failed (corrupted or truncated stream; ...)``, or
+a concealed (damaged) IDR        ``cannot read the container``; a concealed picture: ``the decoder reported
+                                 errors (concealed)`` (``pyav_skip``; decord's pass unflagged); seed 001: any
+                                 decode error is an error record
                                  (``max_replaced_frac=0``, the default); above 0 unreadable sampled frames are
                                  replaced by the nearest readable one and listed (``frames_replaced``)
 no video stream (audio only)     error ``has no video stream``
@@ -77,7 +85,8 @@ non-ASCII, spaces in the path    decoded (paths passed as UTF-8 strings)
 
 Not covered: a decoder that crashes the process (segfault) on a file takes the DataLoader worker down with it; an
 external ffmpeg fallback is not used. Frames the decoder conceals (a corrupt IDR decoded without an error
-return) are not flagged yet: decord reports no per-frame error flags (issue 35 item 4, open). A video stream that
+return) are flagged on the ``pyav_skip`` reader (every sampled frame of a GOP whose decode logged an error fails
+the read, then the replacement rule); decord reports no per-frame error, so on its files they pass. A video stream that
 starts a whole output step after the file's start (audio first): the CLI's ``-f rawvideo`` output sync may add
 frames at the start that the filter rule alone does not (not tested).
 """

@@ -350,7 +350,8 @@ def test_corrupt_packets_keep_the_readable_frames(media):
     assert re.search(r"of 32 frames unreadable alone, more than data.max_replaced_frac=0\.1", out["0.1"])
     assert "unreadable alone" not in out["0.0"]
     # the cause survives: decord's log prefixes gone, FFmpeg's code named, nothing cut mid-expression
-    assert "avcodec_send_packet" in out["0.0"] and "AVERROR_INVALIDDATA" in out["0.0"]
+    assert "avcodec_send_packet" in out["0.0"]   # PyAV's reader (H.264 4:2:0) or decord's names the same cause
+    assert "AVERROR_INVALIDDATA" in out["0.0"] or "Invalid data found when processing input" in out["0.0"]
     assert "threaded_decoder.cc" not in out["0.0"]
 
 
