@@ -353,8 +353,8 @@ def probe_video(path: Path) -> VideoProbe:
     import av
     import av.logging
 
-    av.logging.set_level(av.logging.WARNING)
-    try:
+    av.logging.set_level(av.logging.WARNING)   # FFmpeg's log, for the causes below (restored to off at the end:
+    try:                                        # a Python log callback from decoder threads can deadlock)
         with av.logging.Capture() as logs:
             try:
                 container = av.open(str(path))
@@ -381,6 +381,7 @@ def probe_video(path: Path) -> VideoProbe:
                     raise DecodeError(f"{path}: cannot read the container (truncated: the data ends before the "
                                       f"packets its index lists; {_log_cause(logs)})")
                 rotation = 0
+                stream.thread_count = 1   # one frame: no decoder threads (the log callback is on)
                 try:   # the rotation is on the decoded frame (display matrix side data)
                     for p in [*head, None]:
                         frames = stream.codec_context.decode(p)
@@ -401,6 +402,8 @@ def probe_video(path: Path) -> VideoProbe:
     except av.error.FFmpegError as e:
         raise DecodeError(f"{path}: cannot read the container (truncated, corrupted or not a video file; "
                           f"{short_error(e)})") from e
+    finally:
+        av.logging.set_level(None)
     if not packets:
         raise DecodeError(f"{path}: video has no frames")
     h, w = (cw, ch) if rotation % 180 else (ch, cw)
@@ -711,7 +714,7 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
 
     keyframes = probe.keyframes
 
-    def read(idx: list[int]) -> np.ndarray:
+    def _read(idx: list[int]) -> np.ndarray:
         off = probe.pts_offset
         raw = {probe.pts[k] - off: k for k in idx}
         out: dict[int, np.ndarray] = {}
@@ -727,12 +730,17 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
 
         tainted: set[int] = set()              # key frames of the GOPs whose decode logged an error
         causes: list[str] = []
-        with av.logging.Capture() as logs, av.open(str(path)) as container:
+        # the decoder's log is read with one decoder thread only: PyAV's Python log callback called from FFmpeg's
+        # frame threads can deadlock, so with threads the log stays off (and concealment unflagged)
+        watch = num_threads <= 1
+        with av.open(str(path)) as container, av.logging.Capture() as logs:
             stream = container.streams.video[0]
             cc = stream.codec_context
             stream.thread_type = "AUTO"
             stream.thread_count = max(1, num_threads)
-            seen = len(logs)                    # what opening logged (stream probing) is not a sampled frame's
+            if watch:
+                av.logging.set_level(av.logging.WARNING)
+            seen = len(logs)
 
             def check(at: int) -> None:   # decoder errors logged since the last packet: that packet's GOP
                 nonlocal seen
@@ -771,6 +779,7 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
                     while t < len(todo) and todo[t] in out:
                         t += 1
                     break
+        av.logging.set_level(None)
         missing = [k for k in todo if k not in out]
         if missing:   # not a DecodeError: the caller's retries and replacement rule apply
             raise RuntimeError(f"the decoder gave no frame for native frames {missing[:5]}")
@@ -780,6 +789,12 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
                                f"{concealed[:5]}: {'; '.join(dict.fromkeys(causes))[:200]}")
         frames = np.stack([out[k] for k in idx])
         return frames if frames.shape[1:3] == (dh, dw) else _resize(frames, dh, dw)
+
+    def read(idx: list[int]) -> np.ndarray:
+        try:
+            return _read(idx)
+        finally:
+            av.logging.set_level(None)
 
     return read
 
