@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Literal
 
 import numpy as np
@@ -61,14 +62,16 @@ def sample_rate(duration_s: float, budget_tokens: int, base_fps: float = BASE_FP
     """Decode sampling rate for the largest budget (seed 001, ``decode_video``).
 
     Follows ``fps = bd.FPS if int(duration * bd.FPS) + 1 <= max_frames else (max_frames + 1) / duration``
-    with ``max_frames = (B // K) * 8`` (:func:`max_frames`).
+    with ``max_frames = (B // K) * 8`` (:func:`max_frames`) and ``duration = float(probe["format"]["duration"])``
+    (the container's duration, which is what ffprobe prints as ``format.duration``; not the video stream's end).
 
     Args:
-        duration_s: video duration in seconds.
+        duration_s: the container's duration in seconds (``format.duration``).
         budget_tokens: the largest budget of the run.
 
     Returns:
-        Frames per second (``base_fps``, or ``(M + 1) / duration`` when ``base_fps`` would give more than M frames).
+        Frames per second (``base_fps``, or ``(M + 1) / duration`` when ``base_fps`` would give more than M frames):
+        the Python float the seed passes to ``ffmpeg.filter(stream, "fps", fps=fps, round="down")``.
     """
     cap = max_frames(budget_tokens, k)
     if int(duration_s * base_fps) + 1 <= cap:
@@ -76,38 +79,114 @@ def sample_rate(duration_s: float, budget_tokens: int, base_fps: float = BASE_FP
     return (cap + 1) / float(duration_s)
 
 
-def fps_filter_frames(frame_times_s: list[float], end_s: float, fps: float) -> list[int]:
-    """Source frame shown by each output frame of FFmpeg's ``fps=fps:round=down`` filter.
+INT_MAX = 2**31 - 1
 
-    FFmpeg libavfilter/vf_fps.c (``read_frame`` / ``write_frame`` / ``update_eof_pts``): every input time is
-    rescaled to the output time base rounding down, ``q = floor(t * fps)``; output frame ``n`` (from ``q`` of the
-    first frame up to, excluding, ``floor(end * fps)``, the rescaled end of stream) is the last input frame with
-    ``q <= n`` (later frames with the same ``q`` replace earlier ones, the last one is repeated up to the end).
 
-    Args:
-        frame_times_s: presentation times of the source frames (s, increasing, relative to the stream start).
-        end_s: end of the stream (s): the last frame's time plus its duration.
-        fps: the filter's rate (FFmpeg runs at ``av_d2q(fps, INT_MAX)``, a rational within 1e-9 of the float; the
-            comparison below allows 1e-6 of a step, so an exact multiple of the step is not lost to float error).
+def _int64(v: int) -> int:
+    """``v`` wrapped to a signed 64-bit integer (C's ``int64_t`` overflow)."""
+    v &= (1 << 64) - 1
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def av_reduce(num: int, den: int, max_value: int) -> tuple[int, int]:
+    """FFmpeg's ``av_reduce`` (libavutil/rational.c): ``num / den`` as the best rational approximation with
+    numerator and denominator at most ``max_value`` (continued fractions; the last convergent or, when it passes
+    ``max_value``, the semiconvergent that is closer than the previous convergent).
 
     Returns:
-        N source indices (non-decreasing), one per output frame; empty when the clip ends before the first output
-        time step (``floor(end * fps) <= floor(t_0 * fps)``).
+        ``(num, den)``, reduced; the sign on the numerator.
     """
-    eps = 1e-6  # the times are floats of integer pts: an exact multiple of the step must not fall just below it
-    rate = float(fps)
+    sign = (num < 0) != (den < 0)
+    num, den = abs(num), abs(den)
+    g = math.gcd(num, den)
+    if g:
+        num, den = num // g, den // g
+    a0n, a0d, a1n, a1d = 0, 1, 1, 0
+    if num <= max_value and den <= max_value:
+        a1n, a1d, den = num, den, 0
+    while den:
+        x = num // den
+        next_den = num - den * x
+        # C's int64 arithmetic (x is uint64_t there): the products wrap as in libavutil
+        a2n, a2d = _int64(x * a1n + a0n), _int64(x * a1d + a0d)
+        if a2n > max_value or a2d > max_value:
+            if a1n:
+                x = (max_value - a0n) // a1n
+            if a1d:
+                x = min(x, (max_value - a0d) // a1d)
+            if (den * (2 * x * a1d + a0d)) % 2**64 > (num * a1d) % 2**64:   # uint64_t comparison
+                a1n, a1d = x * a1n + a0n, x * a1d + a0d
+            break
+        a0n, a0d, a1n, a1d = a1n, a1d, a2n, a2d
+        num, den = den, next_den
+    return (-a1n if sign else a1n), a1d
 
-    def q(t: float) -> int:
-        return math.floor(t * rate + eps)
 
-    if not frame_times_s:
+def av_d2q(d: float, max_value: int = INT_MAX) -> Fraction:
+    """FFmpeg's ``av_d2q`` (libavutil/rational.c): a double as a rational, ``av_reduce(floor(d * 2^(62 - e) + 0.5),
+    2^(62 - e), max)`` with ``e = max(exponent(d) - 1, 0)`` (``frexp``); the fps filter's rate is
+    ``av_d2q(fps, INT_MAX)`` (vf_fps.c ``config_props``: ``outlink->frame_rate = av_d2q(res, INT_MAX)``).
+
+    Raises:
+        ValueError: ``d`` is not a positive finite number (no frame rate).
+    """
+    if not (math.isfinite(d) and d > 0) or d > INT_MAX + 3:
+        raise ValueError(f"a frame rate must be a positive finite number, got {d!r}")
+    exponent = max(math.frexp(d)[1] - 1, 0)
+    den = 1 << (62 - exponent)
+    scaled = int(math.floor(d * den + 0.5))
+    num, den_out = av_reduce(scaled, den, max_value)
+    if (not num or not den_out) and 0 < max_value < INT_MAX:
+        num, den_out = av_reduce(scaled, den, INT_MAX)
+    return Fraction(num, den_out)
+
+
+def rescale_down(ts: int, time_base: Fraction, rate: Fraction) -> int:
+    """``av_rescale_q_rnd(ts, time_base, 1 / rate, AV_ROUND_DOWN)``: a timestamp in ``time_base`` units as the
+    number of whole ``1 / rate`` steps at or before it (floor, exact integer arithmetic, also for negative ``ts``)."""
+    return (ts * time_base.numerator * rate.numerator) // (time_base.denominator * rate.denominator)
+
+
+def fps_filter_frames(pts: list[int], time_base: Fraction, end_pts: int, rate: Fraction) -> list[int]:
+    """Source frame shown by each output frame of FFmpeg's ``fps=fps:round=down`` filter, from integer timestamps.
+
+    Follows FFmpeg libavfilter/vf_fps.c (FFmpeg/FFmpeg@01440e258827f77990d918bfeb77cb613bc3733a, the filter of the
+    n9 binary imageio-ffmpeg bundles; ``tests/datamodules/test_frame_identity.py`` checks the binary itself):
+
+    * ``read_frame``: ``frame->pts = av_rescale_q_rnd(in_pts, inlink->time_base, outlink->time_base, rounding)``,
+      the output time base being ``1 / rate`` and the rounding ``AV_ROUND_DOWN`` (:func:`rescale_down`);
+    * ``write_frame``: the first output pts is the first frame's (``s->next_pts = s->frames[0]->pts``); the first of
+      two buffered frames is dropped when ``s->frames[1]->pts <= s->next_pts``, else it is output at
+      ``s->next_pts++`` (so output ``n`` is the last frame whose rescaled pts is ``<= n``);
+    * ``update_eof_pts``: at end of stream the status pts is rescaled the same way (``eof_action=round``), and the
+      last frame is repeated while ``s->status_pts > s->next_pts``.
+
+    Args:
+        pts: the frames' presentation timestamps in ``time_base`` units, in the order the decoder outputs them
+            (presentation order), already offset as the ffmpeg CLI offsets them (minus the file's start time).
+        time_base: the stream's time base (the filter's input time base in the ffmpeg CLI).
+        end_pts: the end-of-stream timestamp the CLI signals (``last pts + last frame duration``, same units).
+        rate: the filter's rate, ``av_d2q(fps, INT_MAX)`` (:func:`av_d2q`).
+
+    Returns:
+        N positions into ``pts`` (non-decreasing), one per output frame; empty when the rescaled end is not past
+        the rescaled first pts (``floor(end * fps) <= floor(t_0 * fps)``: the clip ends before one output step).
+    """
+    if not pts:
         return []
-    qs = [q(t) for t in frame_times_s]
-    out, src = [], 0
-    for n in range(qs[0], q(end_s)):
-        while src + 1 < len(qs) and qs[src + 1] <= n:
-            src += 1
-        out.append(src)
+    q = [rescale_down(p, time_base, rate) for p in pts]
+    eof = rescale_down(end_pts, time_base, rate)
+    out: list[int] = []
+    i, n, last = 0, q[0], len(q) - 1
+    while True:
+        if i < last:
+            if q[i + 1] <= n:
+                i += 1
+                continue
+        elif eof <= n:
+            break
+        out.append(i)
+        n += 1
     return out
 
 
@@ -119,27 +198,33 @@ def thin_linspace(num_frames: int, num_keep: int) -> list[int]:
     return [int(i) for i in np.linspace(0, num_frames - 1, num_keep, dtype=int)]
 
 
-def sample_frames(frame_times_s: list[float], end_s: float, duration_s: float, budget_tokens: int,
-                  start_s: float = 0.0, base_fps: float = BASE_FPS, k: int = K_ROWS) -> tuple[float, list[int], list[float]]:
+def sample_frames(pts: list[int], time_base: Fraction, end_pts: int, duration_s: float, budget_tokens: int,
+                  start_s: float = 0.0, base_fps: float = BASE_FPS, k: int = K_ROWS
+                  ) -> tuple[float, list[int], list[float]]:
     """Which source frames the decode keeps and the time each is labelled with (seed 001, ``decode_video``).
 
-    The rate of :func:`sample_rate`; the frames FFmpeg's ``fps`` filter with ``round=down`` emits at that rate
-    (:func:`fps_filter_frames`); their times ``ts = (start + np.arange(len(frames)) / fps)`` (the sampling grid,
-    not the source frames' own times); then, when more than M frames came out,
-    ``idx = np.linspace(0, len(frames) - 1, max_frames, dtype=int)`` (:func:`thin_linspace`).
+    The rate of :func:`sample_rate` (``duration = format.duration``); the frames FFmpeg's ``fps`` filter with
+    ``round=down`` emits at ``av_d2q(fps, INT_MAX)`` (:func:`fps_filter_frames`); their labels
+    ``ts = (start + np.arange(len(frames)) / fps)`` (the sampling grid, not the source frames' own times); then,
+    when more than M frames came out, ``idx = np.linspace(0, len(frames) - 1, max_frames, dtype=int)``
+    (:func:`thin_linspace`).
 
     Args:
-        frame_times_s: source frame times relative to the stream start (s, increasing).
-        end_s: end of the stream relative to its start (s).
-        duration_s: the video's duration (s), which picks the rate.
+        pts, time_base, end_pts: the source frames' timestamps as :func:`fps_filter_frames` takes them.
+        duration_s: the container's duration (s, ``format.duration``), which picks the rate.
         budget_tokens: the largest budget of the run.
-        start_s: the stream's start time (added to the labels, ``start`` in the seed).
+        start_s: the video stream's ``start_time`` (s; added to the labels, ``start`` in the seed).
 
     Returns:
-        ``(fps, source indices, times_s)``; the lists are empty when the clip is too short for one output frame.
+        ``(fps, positions into pts, times_s)``; the lists are empty when the clip is too short for one output frame.
+
+    Raises:
+        ValueError: ``duration_s`` is not positive (no rate).
     """
+    if not duration_s > 0:
+        raise ValueError(f"the duration must be positive, got {duration_s!r}")
     fps = sample_rate(duration_s, budget_tokens, base_fps, k)
-    src = fps_filter_frames(frame_times_s, end_s, fps)
+    src = fps_filter_frames(pts, time_base, end_pts, av_d2q(fps))
     times = (start_s + np.arange(len(src)) / fps).tolist()
     keep = thin_linspace(len(src), max_frames(budget_tokens, k))
     return fps, [src[i] for i in keep], [float(times[i]) for i in keep]

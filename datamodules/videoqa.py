@@ -19,7 +19,7 @@ from algorithms.errors import SettingError, check_int
 
 from .benchmarks import AnnotationError, Question, load_benchmark
 from .benchmarks.base import check_media_present
-from .decoding import (MAX_REPLACED_FRAC, NATIVE_DECODE_BYTES, DecodeError, EncoderSizing, auto_decode_threads,
+from .decoding import (DECODERS, MAX_REPLACED_FRAC, NATIVE_DECODE_BYTES, DecodeError, EncoderSizing, auto_decode_threads,
                        decode_video)
 from .sharding import CostBalancedSampler, estimate_cost
 
@@ -49,8 +49,10 @@ class VideoQADataset(Dataset):
 
     def __init__(self, tasks: list[VideoTask], max_budget: int, decode_max_side: int = 896, decode_threads: int = 1,
                  native_decode_bytes: float = NATIVE_DECODE_BYTES, short_clip_first_frame: bool = False,
-                 max_replaced_frac: float = MAX_REPLACED_FRAC, sizing: EncoderSizing | None = None):
+                 max_replaced_frac: float = MAX_REPLACED_FRAC, sizing: EncoderSizing | None = None,
+                 decoder: str = "cpu"):
         self.tasks, self.max_budget, self.decode_max_side = tasks, max_budget, decode_max_side
+        self.decoder = decoder
         self.sizing = sizing   # None: frames at the decode size; else held at the encoder's sizes only
         self.max_replaced_frac = max_replaced_frac
         self.decode_threads = decode_threads
@@ -68,7 +70,7 @@ class VideoQADataset(Dataset):
             dec = decode_video(task.video_path, self.max_budget, self.decode_max_side,
                                num_threads=self.decode_threads, native_decode_bytes=self.native_decode_bytes,
                                short_clip_first_frame=self.short_clip_first_frame,
-                               max_replaced_frac=self.max_replaced_frac, sizing=self.sizing)
+                               max_replaced_frac=self.max_replaced_frac, sizing=self.sizing, decoder=self.decoder)
             item.update(frames=dec.frames, times_s=dec.times_s, video_info=dec.info)
         except DecodeError as e:
             item["error"] = str(e)
@@ -105,10 +107,12 @@ class VideoQADataModule(LightningDataModule):
             its native size (seed 001's ``NATIVE_DECODE_BYTES = 2e9``); larger ones at ``decode_max_side``.
         short_clip_first_frame: keep the frame at 0 s of a clip shorter than one sampling step (seed 001 decodes
             none: an error record; deviation, off by default).
-        max_replaced_frac: a video whose batch decode fails (corrupt packets) keeps its readable frames, each
-            unreadable sampled frame replaced by the nearest readable one (``meta.frames_replaced`` in its records),
-            unless more than this fraction is unreadable (then an error record); 0 = seed 001's behaviour (any
-            unreadable frame makes the video an error).
+        max_replaced_frac: 0 (default) = seed 001's behaviour (any unreadable frame makes the video an error
+            record). Above 0 (deviation): a video whose batch decode fails (corrupt packets) keeps its readable
+            frames, each unreadable sampled frame replaced by the nearest readable one (``meta.frames_replaced`` in
+            its records), unless more than this fraction is unreadable (then an error record).
+        decoder: ``cpu`` (default), ``nvdec`` or ``auto``: the reader that decodes the planned frames
+            (:func:`datamodules.decoding.resolve_decoder`; records carry ``video_info.decoder``).
         decode_threads: decoder threads per worker; ``None``: this host's CPUs shared among all decoders
             (:func:`datamodules.decoding.auto_decode_threads`, workers x this host's ranks, at most 2 each).
         limit_videos: use only the first N videos (quick runs).
@@ -124,8 +128,12 @@ class VideoQADataModule(LightningDataModule):
                  loader_kwargs: dict | None = None, num_workers: int = 2, prefetch_factor: int = 2,
                  decode_max_side: int = 896, decode_threads: int | None = None, limit_videos: int | None = None,
                  native_decode_bytes: float = NATIVE_DECODE_BYTES, short_clip_first_frame: bool = False,
-                 max_replaced_frac: float = MAX_REPLACED_FRAC, hold_encoder_sizes: bool = True):
+                 max_replaced_frac: float = MAX_REPLACED_FRAC, hold_encoder_sizes: bool = True,
+                 decoder: str = "cpu"):
         super().__init__()
+        if decoder not in DECODERS:
+            raise SettingError(f"data.decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
+        self.decoder = decoder
         if not isinstance(hold_encoder_sizes, bool):
             raise SettingError(f"data.hold_encoder_sizes must be true or false, got {hold_encoder_sizes!r}")
         self.hold_encoder_sizes = hold_encoder_sizes
@@ -263,7 +271,8 @@ class VideoQADataModule(LightningDataModule):
         sizing_of = getattr(self.trainer.lightning_module, "frame_sizing", None)
         sizing = sizing_of() if self.hold_encoder_sizes and sizing_of is not None else None
         ds = VideoQADataset(tasks, max_budget, self.decode_max_side, threads,
-                            self.native_decode_bytes, self.short_clip_first_frame, self.max_replaced_frac, sizing)
+                            self.native_decode_bytes, self.short_clip_first_frame, self.max_replaced_frac, sizing,
+                            self.decoder)
         # frames pinned (in the loader's pin-memory thread, off the GPU's path) when the run is on CUDA: the
         # module's copy to the device then does not block the host
         strategy = getattr(self.trainer, "strategy", None)

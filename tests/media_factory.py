@@ -15,6 +15,8 @@ Kinds (``MediaFactory.get(kind)`` returns the path):
 ``truncated_tail``   ``good`` (moov at the front) cut to 55%: the index lists frames whose bytes are gone
 ``corrupt_middle``   ``good`` with 2 kB of random bytes written over the middle of the file
 ``garbage``          4 kB of random bytes named ``.mp4``
+``pts_equal``        ``intra_mkv`` (3 s, 8 fps, MJPEG in mkv) with every pts 0 (``setts`` bitstream filter)
+``pts_backwards``    ``intra_mkv`` with pts running backwards (frame n at (23 - n) / 8 s)
 ``audio_only``       an AAC mp4 with no video stream
 ``single_frame``     one frame
 ``sub_step``         0.4 s (4 frames at 10 fps), shorter than one 1 fps sampling step
@@ -203,6 +205,23 @@ class MediaFactory:
                        str(p))
         return p
 
+    def digits(self, duration: float, rate: str, codec: str = "x264", audio_s: float | None = None) -> Path:
+        """A lossless 80x16 clip whose frame ``n`` shows ``n`` in base 16: block ``k`` (16 px wide) has luma
+        ``16 + 13 * (n // 16**k % 16)`` (:func:`digit_indices` reads it back; 16**5 frames). ``rate`` as ffmpeg
+        takes it (``30000/1001``); ``codec``: ``x264`` (mp4, ``-qp 0``, B-frames: pts out of decode order) or
+        ``ffv1`` (mkv, time base 1/1000: rounded NTSC pts); ``audio_s``: add a silent AAC track this long."""
+        name = f"digits_{duration:g}s_{rate.replace('/', '_')}_{codec}{'' if audio_s is None else f'_a{audio_s:g}'}"
+        p = self.root / (name + (".mkv" if codec == "ffv1" else ".mp4"))
+        if not p.exists():
+            geq = "geq=lum='16+13*mod(floor(N/pow(16\\,floor(X/16)))\\,16)':cb=128:cr=128"
+            src = ["-f", "lavfi", "-i", f"color=black:s=80x16:r={rate}:d={duration},format=yuv444p,{geq}"]
+            if audio_s is not None:
+                src += ["-f", "lavfi", "-i", f"anullsrc=r=8000:cl=mono:d={audio_s}", "-c:a", "aac", "-b:a", "8k"]
+            enc = ["-c:v", "ffv1"] if codec == "ffv1" else ["-c:v", "libx264", "-qp", "0", "-preset", "veryfast",
+                                                            "-bf", "3", "-threads", "1"]
+            run_ffmpeg(*src, *enc, "-pix_fmt", "yuv444p", str(p))
+        return p
+
     # ------------------------------------------------------------------------------------------ broken
     def _make_missing(self) -> Path:
         return self.root / "does_not_exist.mp4"
@@ -231,6 +250,21 @@ class MediaFactory:
         data[mid: mid + 2048] = bytes(rng.randrange(256) for _ in range(2048))
         p = self.root / "corrupt_middle.mp4"
         p.write_bytes(bytes(data))
+        return p
+
+    def _make_intra_mkv(self) -> Path:
+        p = self.root / "intra.mkv"
+        run_ffmpeg(*_src(3, 8), "-c:v", "mjpeg", "-q:v", "3", str(p))
+        return p
+
+    def _make_pts_equal(self) -> Path:
+        p = self.root / "pts_equal.mkv"
+        run_ffmpeg("-i", str(self.get("intra_mkv")), "-c", "copy", "-bsf:v", "setts=ts=0", str(p))
+        return p
+
+    def _make_pts_backwards(self) -> Path:
+        p = self.root / "pts_backwards.mkv"
+        run_ffmpeg("-i", str(self.get("intra_mkv")), "-c", "copy", "-bsf:v", "setts=pts=(23-N)*125:dts=0", str(p))
         return p
 
     def _make_garbage(self) -> Path:
@@ -263,6 +297,32 @@ def ffmpeg_fps_filter(path: Path, fps: float, width: int, height: int) -> "np.nd
                         "-vf", f"fps=fps={fps!r}:round=down", "-f", "rawvideo", "-pix_fmt", "rgb24", "-"],
                        capture_output=True, check=True)
     return np.frombuffer(p.stdout, np.uint8).reshape(-1, height, width, 3)
+
+
+def seed_ffmpeg_command(path: Path, fps: float) -> list[str]:
+    """Seed 001's ``decode_video`` pipeline as ffmpeg-python compiles it at native size: ``ffmpeg.input(path)``,
+    ``ffmpeg.filter(stream, "fps", fps=fps, round="down")``, ``ffmpeg.output(stream, "pipe:", format="rawvideo",
+    pix_fmt="rgb24")`` (ffmpeg-python writes the float with ``str``)."""
+    return [ffmpeg_exe(), "-i", str(path), "-filter_complex", f"[0]fps=fps={fps}:round=down[s0]", "-map", "[s0]",
+            "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:"]
+
+
+def digit_indices(frames: "np.ndarray") -> list[int]:  # noqa: F821
+    """The source frame number each (T, 16, 80, 3) RGB frame of a :meth:`MediaFactory.digits` clip shows (the
+    limited-range luma ``16 + 13 d`` is ``255 / 219 * 13 d`` in full-range RGB)."""
+    import numpy as np
+
+    blocks = frames[:, 4:12, :, 1].astype(np.float64).reshape(len(frames), 8, 5, 16)[:, :, :, 4:12].mean(axis=(1, 3))
+    d = np.rint(blocks / (13 * 255 / 219)).astype(np.int64)
+    return [int(sum(int(v) << (4 * k) for k, v in enumerate(row))) for row in d]
+
+
+def seed_ffmpeg_indices(path: Path, fps: float) -> list[int]:
+    """The source frame numbers seed 001's ffmpeg command (:func:`seed_ffmpeg_command`) emits for a digits clip."""
+    import numpy as np
+
+    p = subprocess.run(seed_ffmpeg_command(path, fps), capture_output=True, check=True)
+    return digit_indices(np.frombuffer(p.stdout, np.uint8).reshape(-1, 16, 80, 3))
 
 
 def frame_numbers(frames: "np.ndarray", reference: "np.ndarray") -> list[int]:  # noqa: F821

@@ -1,0 +1,91 @@
+"""The CPU readers give the same frames (issue 31 §2): PyAV's skipping reader (``skip_frame=NONREF`` on packets no
+sampled frame is, seeking over spans with a key frame) equals decord bit for bit where the CPU path uses it, and
+frames decoded from damaged data are flagged (issue 35 item 4)."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from datamodules import decoding as D
+from tests.conftest import REPO
+from tests.media_factory import MediaFactory, decode_with_ffmpeg, run_ffmpeg
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory) -> MediaFactory:
+    return MediaFactory(tmp_path_factory.mktemp("paths"))
+
+
+def _both(path: Path, budget: int, **kw):
+    probe = D.probe_video(path)
+    plan = D.plan_decode(path, probe, budget)
+    dh, dw = plan.decode_hw
+    ref = D._read_frames(path, plan.unique, probe.height, probe.width, dh, dw, 1)
+    return ref, D._pyav_skip_reader(path, probe, dh, dw, 2, **kw)(plan.unique)
+
+
+@pytest.mark.parametrize("kw", [{}, {"seek": False}, {"skip_nonref": False}])
+@pytest.mark.parametrize("budget", [64, 16384])   # 8 frames of 61.7 s (seeks over key frames) / 1 fps
+def test_skipping_reader_equals_decord(media, budget, kw):
+    path = media.digits(61.7, "30000/1001", "x264")            # B-frames, GOP 250
+    ref, got = _both(path, budget, **kw)
+    assert np.array_equal(got, ref)
+
+
+def test_skipping_reader_on_real_and_gop_clips(media, tmp_path):
+    path = tmp_path / "g12.mp4"   # moving content, GOP 12 with B-frames: every sampled frame's GOP is sought
+    run_ffmpeg("-f", "lavfi", "-i", "testsrc2=size=160x90:rate=25,hue=H=t", "-t", "20", "-c:v", "libx264",
+               "-preset", "faster", "-bf", "3", "-g", "12", "-pix_fmt", "yuv420p", str(path))
+    for p, b in ((path, 64), (path, 16384), (REPO / "assets/media/realshort.mp4", 16384)):
+        ref, got = _both(p, b)
+        assert np.array_equal(got, ref), p
+
+
+def test_cpu_reader_choice(media):
+    good = D.probe_video(media.get("good"))
+    assert D.cpu_reader_for(good, (48, 64)) == "pyav_skip"
+    assert D.cpu_reader_for(good, (24, 32)) == "decord"                              # reduced size: decord's scaler
+    assert D.cpu_reader_for(D.probe_video(media.get("yuv420p10")), (48, 64)) == "decord"
+    assert D.cpu_reader_for(D.probe_video(media.get("webm")), (48, 64)) == "decord"   # VP9
+    assert D.cpu_reader_for(D.probe_video(media.get("pts_equal")), (48, 64)) == "pyav"
+    assert D.decode_video(media.get("good"), 1024).info["decoder"] == "pyav_skip"
+
+
+def test_rotated_frames_equal_the_cli(media):
+    """decord mis-sizes 90-degree rotated buffers and resizes back; PyAV's frame rotated equals the CLI exactly."""
+    path = media.root / "good_rot90.mp4"   # 4 s at 8 fps, yuv420p
+    run_ffmpeg("-display_rotation:v:0", "90", "-i", str(media.get("good")), "-c", "copy", str(path))
+    dec = D.decode_video(path, 1024)
+    ref = decode_with_ffmpeg(path, 48, 64)
+    assert dec.info["decoder"] == "pyav_skip" and dec.frames.shape[1:] == (64, 48, 3)
+    assert np.array_equal(dec.frames.numpy(), ref[[7, 15, 23, 31]])   # round=down at 1 fps: frames 8 j + 7
+
+
+def _damaged_idr(media, offset: int, name: str) -> Path:
+    import av
+
+    good = media.get("good")
+    data = bytearray(good.read_bytes())
+    with av.open(str(good)) as c:
+        first = next(iter(c.demux(video=0)))
+    rng = random.Random(3)
+    for i in range(first.pos + offset, first.pos + first.size):
+        data[i] = rng.randrange(256)
+    p = media.root / name
+    p.write_bytes(bytes(data))
+    return p
+
+
+@pytest.mark.parametrize("offset, cause", [(800, "concealed"), (40, "Invalid data|Error splitting")])
+def test_damaged_first_idr_is_flagged(media, offset, cause):
+    """The first IDR's slice data overwritten: the decoder conceals (decord returns those frames unflagged) or
+    fails; seed 001's rule (default) makes the video an error, the replacement rule replaces frame 0 (GOP 0)."""
+    path = _damaged_idr(media, offset, f"idr_{offset}.mp4")
+    with pytest.raises(D.DecodeError, match=cause) as e:
+        D.decode_video(path, 1024)
+    assert str(e.value).startswith(str(path))
+    dec = D.decode_video(path, 1024, max_replaced_frac=0.5)
+    assert dec.info["frames_replaced"] == [0] and dec.frames.shape[0] == 4
