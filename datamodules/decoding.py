@@ -604,9 +604,17 @@ READERS: dict[str, ReaderFactory] = {}
 DECODERS = ("cpu", "nvdec", "auto")
 
 
-def resolve_decoder(decoder: str, probe: VideoProbe | None = None) -> str:
-    """The reader a ``decoder`` setting decodes a video with: ``cpu``; ``nvdec`` (an error when no NVDEC reader is
-    registered); ``auto``: ``nvdec`` when registered and it ``supports`` the video, else ``cpu``.
+def resolve_decoder(decoder: str, probe: VideoProbe | None = None, path: Path | None = None
+                    ) -> tuple[str, str | None]:
+    """The reader a ``decoder`` setting decodes a video with, and why it is not the one asked for.
+
+    ``cpu``: the CPU reader; ``nvdec``: the NVDEC reader (an error when none is registered); ``auto``: ``nvdec``
+    when registered, else ``cpu``. For ``nvdec`` and ``auto`` a video the NVDEC reader cannot decode exactly
+    (its ``supports(probe, path)`` gives a reason: codec, 4:4:4 / 10-bit, odd size, rotation, decoder limits, no
+    GPU) goes to the CPU, per file, with that reason.
+
+    Returns:
+        ``("cpu" | "nvdec", reason or None)``; the reason is recorded as ``video_info.decoder_fallback``.
 
     Raises:
         ValueError: an unknown setting, or ``nvdec`` with no NVDEC reader registered.
@@ -614,15 +622,16 @@ def resolve_decoder(decoder: str, probe: VideoProbe | None = None) -> str:
     if decoder not in DECODERS:
         raise ValueError(f"data.decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
     if decoder == "cpu":
-        return "cpu"
+        return "cpu", None
     nv = READERS.get("nvdec")
-    if decoder == "nvdec":
-        if nv is None:
+    if nv is None:
+        if decoder == "nvdec":
             raise ValueError("data.decoder=nvdec: no NVDEC reader is registered (datamodules.nvdec not available: "
                              "needs PyNvVideoCodec and an NVIDIA GPU); use cpu or auto")
-        return "nvdec"
+        return "cpu", None
     supports = getattr(nv, "supports", None)
-    return "nvdec" if nv is not None and (probe is None or supports is None or supports(probe)) else "cpu"
+    why = supports(probe, path) if (probe is not None and supports is not None) else None
+    return ("cpu", why) if why else ("nvdec", None)
 
 
 def _cpu_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threads: int):
@@ -631,7 +640,6 @@ def _cpu_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threads: in
 
 
 READERS["decord"] = _cpu_reader
-_cpu_reader.supports = lambda probe: True
 
 # where PyAV's skipping reader gives decord's very pixels (measured: bench/decode_paths.py, the equal column, and
 # tests/datamodules/test_decode_paths.py): H.264 / HEVC (skip_frame=NONREF drops only unreferenced pictures),
@@ -892,14 +900,22 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
     probe = probe_video(path)
     plan = plan_decode(path, probe, budget_tokens, base_fps, native_decode_bytes, decode_max_side,
                        short_clip_first_frame)
-    name = resolve_decoder(decoder, probe)
+    name, fallback = resolve_decoder(decoder, probe, path)
     if name == "cpu":
         name = cpu_reader_for(probe, plan.decode_hw)
     factory = READERS[name]
     h, w = probe.height, probe.width
     (dh, dw), idx, unique = plan.decode_hw, plan.idx, plan.unique
+    made: list = []   # the readers opened (a reader may fall back to the CPU mid-file: ``read.fallback``)
+
+    def open_reader(threads: int):
+        made.append(factory(path, probe, dh, dw, threads))
+        return made[-1]
+
     opener = (lambda threads: lambda ix: _read_frames(path, ix, h, w, dh, dw, threads)) if name == "decord" else \
-        (lambda threads: factory(path, probe, dh, dw, threads))
+        open_reader
+    if getattr(factory, "whole_video", False):   # one read of every planned frame (NVDEC decodes the stream once)
+        hold_chunk_bytes = max(hold_chunk_bytes, float(len(unique) * dh * dw * 3))
     grids = sizing.grids(len(idx), dh, dw) if sizing is not None else None
     if grids is None or held_bytes(grids) >= len(idx) * dh * dw * 3:   # holding would not save memory
         frames, replaced = _decode_unique(path, unique, h, w, dh, dw, num_threads, max_replaced_frac,
@@ -918,6 +934,11 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
     info = {"duration_s": round(probe.duration_s, 3), "native_hw": [int(h), int(w)], "decode_hw": [int(dh), int(dw)],
             "n_frames": len(idx), "fps": round(native_fps, 4), "sample_fps": round(plan.sample_fps, 4),
             "fps_ok": bool(fps_ok), "vfr": bool(vfr), "decoder": name}
+    late = next((r.fallback for r in reversed(made) if getattr(r, "fallback", None)), None)
+    if late:   # the NVDEC reader failed on this file and read it on the CPU
+        info["decoder"], fallback = late
+    if fallback:
+        info["decoder_fallback"] = fallback
     if probe.timestamps_unusable:
         info["timestamps_unusable"] = True
     if replaced:   # positions in the returned frames whose native frame could not be read

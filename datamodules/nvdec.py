@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import os
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -611,5 +612,67 @@ def read_with_fallback(path: str | Path, indices: list[int], decode_hw: tuple[in
     return cpu_read(path, indices, decode_hw), "cpu", why
 
 
-__all__ = ["NVDEC_CODECS", "NvdecError", "StreamProbe", "Yuv420ToRgb", "nv12_planes", "nvdec_unsupported",
+def available(gpu_id: int = 0) -> str | None:
+    """Why this process cannot decode with NVDEC at all (PyNvVideoCodec's import, decord imported first, no CUDA
+    device ``gpu_id``), or ``None``: ``data.decoder=nvdec`` stops with it before a run writes anything."""
+    nvc = _nvc()
+    if isinstance(nvc, str):
+        return nvc
+    import torch
+
+    if not torch.cuda.is_available() or gpu_id >= torch.cuda.device_count():
+        return f"no CUDA device {gpu_id}"
+    return None
+
+
+def _gpu_id() -> int:
+    """The GPU of this process's rank (``LOCAL_RANK``, which Lightning's DDP sets and DataLoader workers inherit)."""
+    return int(os.environ.get("LOCAL_RANK", "0") or 0)
+
+
+def reader(path, probe, dh: int, dw: int, num_threads: int):
+    """``datamodules.decoding.READERS["nvdec"]``: ``read(ascending native indices) -> (n, dh, dw, 3)`` uint8 RGB by
+    :func:`read_nvdec` on this rank's GPU.
+
+    ``whole_video``: ``decode_video`` reads every planned frame in one call (the sessions decode the stream once;
+    the decode-size frames of one video, at most ``native_decode_bytes`` or ``max_frames x 896-side`` frames, are
+    held until they are resized). A file NVDEC fails on at run time is read by the CPU reader instead
+    (``read.fallback = (cpu reader name, reason)``, recorded as ``video_info.decoder`` / ``decoder_fallback``)."""
+    from datamodules import decoding
+
+    def read(idx: list[int]) -> np.ndarray:
+        if read.fallback is None:
+            try:
+                return read_nvdec(path, idx, (dh, dw), gpu_id=_gpu_id())
+            except NvdecError as e:
+                name = decoding.cpu_reader_for(probe, (dh, dw))
+                read.fallback = (name, str(e))
+                read.cpu = decoding.READERS[name](path, probe, dh, dw, num_threads)
+        return read.cpu(idx)
+
+    read.fallback, read.cpu = None, None
+    return read
+
+
+def _supports(probe, path) -> str | None:
+    """``None`` when NVDEC decodes ``path`` with the CPU path's exact frames, else the reason it goes to the CPU
+    (:func:`nvdec_unsupported`; also variable frame rate, whose frames this reader does not index by pts)."""
+    return nvdec_unsupported(path, _gpu_id()) if path is not None else None
+
+
+reader.supports = _supports
+reader.whole_video = True
+
+
+def register() -> None:
+    """Make ``data.decoder: nvdec | auto`` use this module (``datamodules.decoding.READERS["nvdec"]``)."""
+    from datamodules import decoding
+
+    decoding.READERS["nvdec"] = reader
+
+
+register()
+
+
+__all__ = ["available", "register", "reader", "NVDEC_CODECS", "NvdecError", "StreamProbe", "Yuv420ToRgb", "nv12_planes", "nvdec_unsupported",
            "probe", "read_nvdec", "read_with_fallback", "split_runs", "split_runs_at_periods"]

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lightning.pytorch import LightningDataModule
+import torch
 from torch.utils.data import DataLoader, Dataset
 
 from algorithms.errors import SettingError, check_int
@@ -66,6 +67,8 @@ class VideoQADataset(Dataset):
         item = {"video_id": task.video_id, "video_path": task.video_path, "benchmark": task.benchmark,
                 "questions": [asdict(q) for q in task.questions], "jobs": task.jobs, "error": None}
         start = time.perf_counter()
+        if self.decoder != "cpu":   # registers READERS["nvdec"] in this process (a spawned worker starts without it)
+            import datamodules.nvdec  # noqa: F401
         try:
             dec = decode_video(task.video_path, self.max_budget, self.decode_max_side,
                                num_threads=self.decode_threads, native_decode_bytes=self.native_decode_bytes,
@@ -175,10 +178,17 @@ class VideoQADataModule(LightningDataModule):
         and that most videos are there (:func:`datamodules.benchmarks.base.check_media_present`).
 
         Raises:
-            SettingError: ``root`` does not exist or is not a folder.
+            SettingError: ``root`` does not exist or is not a folder; ``decoder=nvdec`` where NVDEC cannot run.
             AnnotationError: the annotation is malformed, empty or has duplicate qids; ``MediaMissingError`` (one)
                 when more than half of the videos are missing, naming the folder looked in.
         """
+        if self.decoder == "nvdec":   # every video on NVDEC: this process must be able to use it at all
+            from datamodules import nvdec
+
+            why = nvdec.available()
+            if why:
+                raise SettingError(f"data.init_args.decoder=nvdec: {why}; use decoder cpu (or auto, which falls "
+                                   "back to the CPU per file)")
         if self.questions is None:
             if not Path(self.root).is_dir():
                 raise SettingError(f"data.init_args.root={self.root}: the benchmark root does not exist"
@@ -277,6 +287,9 @@ class VideoQADataModule(LightningDataModule):
         # module's copy to the device then does not block the host
         strategy = getattr(self.trainer, "strategy", None)
         pin = strategy is not None and strategy.root_device.type == "cuda"
+        # NVDEC in a worker needs a CUDA context of its own: a forked child of a process that holds one cannot make
+        # it, so those workers are spawned (they import PyNvVideoCodec before decord, which datamodules.nvdec needs)
+        context = "spawn" if self.decoder != "cpu" and self.num_workers > 0 and torch.cuda.is_available() else None
         return DataLoader(ds, batch_size=None, sampler=sampler, num_workers=self.num_workers,
                           prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
-                          persistent_workers=False, pin_memory=pin)
+                          persistent_workers=False, pin_memory=pin, multiprocessing_context=context)

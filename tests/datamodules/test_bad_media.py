@@ -235,9 +235,10 @@ def test_seed_rule_for_decode_errors_is_the_default(media):
     assert VideoQADataModule().max_replaced_frac == 0.0
 
 
-def test_decoder_setting(media):
+def test_decoder_setting(media, monkeypatch):
     from datamodules import decoding
 
+    monkeypatch.delitem(decoding.READERS, "nvdec", raising=False)   # datamodules.nvdec registers it when imported
     assert decode_video(media.get("good"), 1024, decoder="auto").info["decoder"] == "pyav_skip"   # no NVDEC: cpu
     with pytest.raises(ValueError, match="no NVDEC reader is registered"):
         decode_video(media.get("good"), 1024, decoder="nvdec")
@@ -249,15 +250,14 @@ def test_decoder_setting(media):
         calls.append((dh, dw))
         return decoding._pyav_skip_reader(path, probe, dh, dw, threads)
 
-    nvdec.supports = lambda probe: probe.codec == "h264"
-    try:
-        decoding.READERS["nvdec"] = nvdec
-        dec = decode_video(media.get("good"), 1024, decoder="auto")
-        assert dec.info["decoder"] == "nvdec" and calls == [(48, 64)]
-        assert torch.equal(dec.frames, decode_video(media.get("good"), 1024).frames)
-        assert decode_video(media.get("webm"), 1024, decoder="auto").info["decoder"] == "decord"   # VP9: per file
-    finally:
-        decoding.READERS.pop("nvdec")
+    nvdec.supports = lambda probe, path: None if probe.codec == "h264" else f"codec {probe.codec}"
+    monkeypatch.setitem(decoding.READERS, "nvdec", nvdec)
+    dec = decode_video(media.get("good"), 1024, decoder="auto")
+    assert dec.info["decoder"] == "nvdec" and calls == [(48, 64)]
+    assert torch.equal(dec.frames, decode_video(media.get("good"), 1024).frames)
+    webm = decode_video(media.get("webm"), 1024, decoder="auto").info   # VP9: to the CPU, per file, with why
+    assert webm["decoder"] == "decord" and webm["decoder_fallback"] == "codec vp9"
+    assert "decoder_fallback" not in dec.info
 
 
 # ------------------------------------------------------------------------------------------ the run goes on
