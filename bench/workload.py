@@ -197,22 +197,14 @@ def make_set(out_dir: Path, spec: list[tuple], processes: int | None = None) -> 
 # ------------------------------------------------------------------------------------------------ decode paths
 
 def plan(path: Path, budget: int = 16384, native_decode_bytes: float = 2e9, max_side: int = 896) -> dict:
-    """Seed 001's frame choice for a constant-rate file (``sample_frames`` on ``index / fps``) and decode size."""
-    from algorithms.budget import max_frames, sample_frames
-    from datamodules.decoding import decode_frame_size
+    """Seed 001's frame choice and decode size, as ``decode_video`` makes them (``probe_video`` + ``plan_decode``:
+    FFmpeg's fps filter on the stream's integer pts)."""
+    from datamodules.decoding import plan_decode, probe_video
 
-    import av
-
-    with av.open(str(path)) as c:
-        s = c.streams.video[0]
-        rate = float(s.average_rate)
-        n = s.frames or sum(1 for p in c.demux(s) if p.size)
-        h, w = s.codec_context.height, s.codec_context.width
-    end = n / rate
-    fps, idx, _ = sample_frames([k / rate for k in range(n)], end, end, budget, 0.0, 1.0)
-    n_est = min(int(end * fps) + 1, max_frames(budget))
-    return {"n": n, "fps": rate, "duration_s": end, "hw": (h, w), "idx": sorted(set(idx)),
-            "decode_hw": decode_frame_size(h, w, n_est, native_decode_bytes, max_side)}
+    probe = probe_video(path)
+    p = plan_decode(path, probe, budget, 1.0, native_decode_bytes, max_side)
+    return {"n": len(probe.pts), "fps": probe.fps, "duration_s": probe.duration_s,
+            "hw": (probe.height, probe.width), "idx": p.unique, "decode_hw": p.decode_hw}
 
 
 def _decode_task(job) -> dict:
@@ -363,6 +355,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--sessions", type=int, default=nvdec.DEFAULT_SESSIONS)
     ap.add_argument("--window-s", type=float, default=None)
     ap.add_argument("--cli", action="store_true", help="run evaluate.py predict on the set for the GPU step")
+    ap.add_argument("--cli-decoders", nargs="+", default=["cpu"], choices=["cpu", "nvdec", "auto"],
+                    help="data.decoder of each CLI run (--cli); the records of the runs are compared")
+    ap.add_argument("--cli-max-s", type=float, default=None, help="only videos up to this length go to the CLI")
     ap.add_argument("--gpu-step-s", type=json.loads, default=None, help='e.g. {"short": 1.5, ...}')
     ap.add_argument("--sweep", action="store_true", help="NVDEC frames/s of the largest video per session count")
     ap.add_argument("--json", default=None, help="write the rows and the summary here")
@@ -416,7 +411,20 @@ def main(argv=None) -> dict:
         steps.update(args.gpu_step_s)
         step_source = "--gpu-step-s"
     if args.cli or args.tiny:
-        timing = run_cli(videos, tiny=args.tiny)
+        cli_videos = [v for v in videos if args.cli_max_s is None or duration_s(v) <= args.cli_max_s]
+        timings = {d: run_cli(cli_videos, tiny=args.tiny, decoder=d) for d in args.cli_decoders}
+        for d, t in timings.items():
+            rest = t["step_s"][1:] or t["step_s"]
+            print(f"CLI decoder={d}: {len(cli_videos)} videos, first answer {t['first_answer_s']:.1f} s after "
+                  f"process start, steady step {statistics.mean(rest):.2f} s, wait share "
+                  f"{t.get('wait_share', float('nan')):.1%}, decoders used {t['decoders']}", flush=True)
+        if len(timings) > 1:
+            first, *others = timings
+            for d in others:
+                same, total = compare_records(timings[first]["out"], timings[d]["out"])
+                print(f"records identical decoder={first} vs decoder={d} (video_info.decoder* left out): "
+                      f"{same} of {total}", flush=True)
+        timing = timings[args.cli_decoders[-1]]
         rest = timing["step_s"][1:] or timing["step_s"]
         steps = dict.fromkeys(VIDEO_MME, statistics.mean(rest))
         step_source = (f"the CLI's timing_rank0.json (mean steady step of {len(rest)} videos; first answer "
@@ -445,7 +453,35 @@ def sweep_sessions(path: Path, window_s: float | None, counts=(1, 2, 4, 7)) -> d
     return out
 
 
-def run_cli(videos: list[Path], tiny: bool, work: Path = Path("/tmp/workload_cli")) -> dict:
+def duration_s(path: Path) -> float:
+    """The container's duration (s)."""
+    import av
+
+    with av.open(str(path)) as c:
+        return float(c.duration or 0) / 1e6
+
+
+def _records(out: Path) -> dict[tuple, str]:
+    """``{(file, qid, budget, variant): record}`` of a predict folder, each record without ``video_info.decoder`` /
+    ``decoder_fallback`` (which reader decoded it) as canonical JSON."""
+    recs = {}
+    for f in sorted(out.glob("*/*/rank*.jsonl")):
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            for k in ("decoder", "decoder_fallback"):
+                (r.get("video_info") or {}).pop(k, None)
+            recs[(f.parent.parent.name, r.get("qid"), r.get("budget"), r.get("variant"))] = \
+                json.dumps(r, sort_keys=True)
+    return recs
+
+
+def compare_records(a: Path, b: Path) -> tuple[int, int]:
+    """(records equal byte for byte, records of ``a``) between two predict folders."""
+    ra, rb = _records(a), _records(b)
+    return sum(rb.get(k) == v for k, v in ra.items()), len(ra)
+
+
+def run_cli(videos: list[Path], tiny: bool, work: Path = Path("/tmp/workload_cli"), decoder: str = "cpu") -> dict:
     """The user's command on the set (``bench/cli_throughput.py``'s root and runner); adds ``first_answer_s``:
     process start to the end of the first predict step (load + first wait + first step, from the timing json,
     plus the CLI's start-up before the run begins, measured as wall minus the json's own wall)."""
@@ -465,8 +501,15 @@ def run_cli(videos: list[Path], tiny: bool, work: Path = Path("/tmp/workload_cli
     if root.exists():
         shutil.rmtree(root)
     ct.write_benchmark(root, videos)
-    out = work / f"out_{int(time.time() * 1000)}"
-    timing, total_s = ct.run_predict(ckpt, root, out, config, extra)
+    out = work / f"out_{decoder}_{int(time.time() * 1000)}"
+    timing, total_s = ct.run_predict(ckpt, root, out, config, extra + [f"--data.init_args.decoder={decoder}"])
+    timing["out"] = out
+    used: dict = {}
+    for f in out.glob("*/*/rank*.jsonl"):
+        for line in f.read_text().splitlines():
+            d = (json.loads(line).get("video_info") or {}).get("decoder", "error")
+            used[d] = used.get(d, 0) + 1
+    timing["decoders"] = used
     startup = max(total_s - timing["wall_s"], 0.0)
     timing["first_answer_s"] = startup + timing["stages_s"]["load"] + timing["first_wait_s"] + timing["step_s"][0]
     return timing
