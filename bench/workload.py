@@ -412,6 +412,9 @@ def main(argv=None) -> dict:
         step_source = "--gpu-step-s"
     if args.cli or args.tiny:
         cli_videos = [v for v in videos if args.cli_max_s is None or duration_s(v) <= args.cli_max_s]
+        if not cli_videos:
+            raise SystemExit(f"--cli-max-s {args.cli_max_s}: no video that short (durations "
+                             f"{[round(duration_s(v), 1) for v in videos]})")
         timings = {d: run_cli(cli_videos, tiny=args.tiny, decoder=d) for d in args.cli_decoders}
         for d, t in timings.items():
             rest = t["step_s"][1:] or t["step_s"]

@@ -41,7 +41,7 @@ def test_imports_point_one_way(package):
 # what algorithms/ may import: the standard library's pure parts and torch / numpy (no file, process or network
 # modules, no frameworks); anything else is a layering decision to make here, visibly
 PURE_IMPORTS = {"__future__", "math", "bisect", "heapq", "re", "dataclasses", "typing", "collections", "functools",
-                "itertools", "operator", "enum", "statistics", "torch", "numpy", "algorithms"}
+                "itertools", "operator", "enum", "statistics", "fractions", "torch", "numpy", "algorithms"}
 # calls that do I/O or console output, by name or as methods (torch.load, np.save, Path.read_text, ...)
 IO_CALLS = {"open", "print", "input", "load", "save", "savez", "savetxt", "loadtxt", "fromfile", "tofile", "memmap",
             "read_text", "write_text", "read_bytes", "write_bytes", "system", "popen"}

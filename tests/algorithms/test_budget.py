@@ -1,12 +1,13 @@
 """Rules of DESIGN §3.1-3.4: hand-computed cases and hypothesis properties of the plan invariants."""
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from algorithms.budget import (
+from algorithms.budget import (av_d2q, 
     compression_order, frame_grid, frame_token_cap, frame_tokens, max_frames,
     budget_fps, plan_groups, sample_frames, sample_rate, subsample, fps_filter_frames, thin_linspace,
 )
@@ -42,15 +43,16 @@ def test_sample_rate_seed_rule():
 
 
 def test_fps_filter_round_down_takes_the_last_frame_of_each_step():
-    # 25 fps source, 10.52 s (263 frames): q = floor(k / 25); output n is the last k with q <= n, i.e. 25 n + 24,
-    # for n < floor(10.52) = 10
-    times = [k / 25 for k in range(263)]
-    assert fps_filter_frames(times, 10.52, 1.0) == [25 * n + 24 for n in range(10)]
+    # 25 fps source, 10.52 s (263 frames, time base 1/25): q = floor(k / 25); output n is the last k with q <= n,
+    # i.e. 25 n + 24, for n < floor(263 / 25) = 10
+    one = Fraction(1)
+    assert fps_filter_frames(list(range(263)), Fraction(1, 25), 263, one) == [25 * n + 24 for n in range(10)]
     # a step without a source frame repeats the previous one; the last frame is repeated up to the end
-    assert fps_filter_frames([0.0, 0.5, 2.2], 4.0, 1.0) == [1, 1, 2, 2]
-    assert fps_filter_frames([0.0, 0.1, 0.2, 0.3], 0.4, 1.0) == []       # shorter than one step: no frame
-    # exact multiples of the step count as reached (FFmpeg rescales integer pts): 1.5 s at 2/3 fps is step 1
-    assert fps_filter_frames([0.0, 1.5], 3.0, 65 / 97.5) == [0, 1]
+    assert fps_filter_frames([0, 5, 22], Fraction(1, 10), 40, one) == [1, 1, 2, 2]
+    assert fps_filter_frames([0, 1, 2, 3], Fraction(1, 10), 4, one) == []       # shorter than one step: no frame
+    # integer pts: 1.5 s at 2/3 fps (av_d2q(65 / 97.5) = 2/3) is exactly step 1, reached
+    assert av_d2q(65 / 97.5) == Fraction(2, 3)
+    assert fps_filter_frames([0, 15], Fraction(1, 10), 30, av_d2q(65 / 97.5)) == [0, 1]
 
 
 def test_thin_linspace_truncates():
@@ -61,15 +63,15 @@ def test_thin_linspace_truncates():
 
 def test_sample_frames_seed_cases():
     # 30 s at 8 fps, B=64: 0.3 fps, 9 grid frames; output n = last k with floor(0.3 k / 8) <= n = ceil(80 (n+1) / 3) - 1
-    fps, src, ts = sample_frames([k / 8 for k in range(240)], 30.0, 30.0, 64)
+    fps, src, ts = sample_frames(list(range(240)), Fraction(1, 8), 240, 30.0, 64)
     assert fps == 0.3 and src == [26, 53, 79, 106, 133, 159, 186, 239]
     assert ts == [j / 0.3 for j in [0, 1, 2, 3, 4, 5, 6, 8]]
     # 97.5 s at 2 fps, B=512: labels on the 2/3 fps grid (0, 1.5, 3.0, 4.5 ...), not the source frames' times
-    fps, src, ts = sample_frames([k / 2 for k in range(195)], 97.5, 97.5, 512)
+    fps, src, ts = sample_frames(list(range(195)), Fraction(1, 2), 195, 97.5, 512)
     assert ts[:4] == [0.0, 1.5, 3.0, 4.5] and len(ts) == 64 and ts[-2:] == [93.0, 96.0]
     assert src[:4] == [2, 5, 8, 11]
     # 10.52 s, B=4096: 10 frames (floor), labelled 0..9; ``start`` shifts the labels
-    fps, src, ts = sample_frames([k / 25 for k in range(263)], 10.52, 10.52, 4096, start_s=0.5)
+    fps, src, ts = sample_frames(list(range(263)), Fraction(1, 25), 263, 10.52, 4096, start_s=0.5)
     assert len(src) == 10 and ts == [0.5 + j for j in range(10)]
 
 
