@@ -51,7 +51,8 @@ truncated after the index        error ``cannot read the container (truncated: t
                                  its index lists; ... partial file)``
 corrupted bytes mid-stream,      error ``decoding N frames failed (corrupted or truncated stream; ...)``, or
 a concealed (damaged) IDR        ``cannot read the container``; a concealed picture: ``the decoder reported
-                                 errors (concealed)`` (``pyav_skip``; decord's pass unflagged); seed 001: any
+                                 errors (concealed)`` (``pyav_skip``, from the log with one thread and from
+                                 FFmpeg's corrupt-frame flag with any; decord's pass unflagged); seed 001: any
                                  decode error is an error record
                                  (``max_replaced_frac=0``, the default); above 0 unreadable sampled frames are
                                  replaced by the nearest readable one and listed (``frames_replaced``)
@@ -731,6 +732,10 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
 
         def take(frame) -> None:
             n = raw.get(frame.pts)
+            if frame.is_corrupt and frame.pts is not None:   # FFmpeg's AV_FRAME_FLAG_CORRUPT / decode_error_flags:
+                at = bisect.bisect_left(probe.pts, frame.pts + off)   # seen with any decoder threads
+                tainted.add(_next_key(keyframes, at) if keyframes else 0)
+                causes.append(f"native frame {at} marked corrupt by the decoder")
             if n is not None and n not in out:
                 x = frame.to_ndarray(format="rgb24")
                 rot = int(getattr(frame, "rotation", 0) or 0) % 360
@@ -739,7 +744,8 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
         tainted: set[int] = set()              # key frames of the GOPs whose decode logged an error
         causes: list[str] = []
         # the decoder's log is read with one decoder thread only: PyAV's Python log callback called from FFmpeg's
-        # frame threads can deadlock, so with threads the log stays off (and concealment unflagged)
+        # frame threads can deadlock, so with threads the log stays off; frames FFmpeg marks corrupt
+        # (``Frame.is_corrupt``) taint their GOP with any thread count (take)
         watch = num_threads <= 1
         with av.open(str(path)) as container, av.logging.Capture() as logs:
             stream = container.streams.video[0]

@@ -89,3 +89,14 @@ def test_damaged_first_idr_is_flagged(media, offset, cause):
     assert str(e.value).startswith(str(path))
     dec = D.decode_video(path, 1024, max_replaced_frac=0.5)
     assert dec.info["frames_replaced"] == [0] and dec.frames.shape[0] == 4
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_damaged_first_idr_is_flagged_with_decoder_threads(media, threads):
+    """With frame threads the decoder's log is not read; the frames FFmpeg marks corrupt
+    (``AV_FRAME_FLAG_CORRUPT`` / ``decode_error_flags``, PyAV's ``Frame.is_corrupt``) still make it an error."""
+    path = _damaged_idr(media, 800, f"idr_t{threads}.mp4")
+    with pytest.raises(D.DecodeError, match="concealed|corrupt"):
+        D.decode_video(path, 1024, num_threads=threads)
+    dec = D.decode_video(path, 1024, num_threads=threads, max_replaced_frac=0.5)
+    assert dec.info["frames_replaced"] == [0]
