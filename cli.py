@@ -216,6 +216,10 @@ class TrainCLI(ProjectCLI):
         except BaseException:
             discard_failed_run(self.trainer, created)
             raise
+        if subcommand in ("validate", "test") and self.trainer.is_global_zero:
+            folders = run_paths(self.trainer)[2::4]   # save_dir/project/<run id> of each W&B logger
+            if folders:   # the metrics of this evaluation: a run folder of its own, beside the fit's
+                print(f"{subcommand} results: {folders[0]} (metrics.csv, run_info.json)", flush=True)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         trainer = super().instantiate_trainer(**kwargs)

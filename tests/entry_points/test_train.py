@@ -470,9 +470,9 @@ def test_disabled_wandb_fit_keeps_metrics_csv_and_resume_keeps_run_and_best(demo
     assert float(ckpt2.best_model_score) == pytest.approx(max(val2.values()), abs=1e-6)
 
 
-def test_test_run_joins_the_fit_group(demo, tmp_path):
+def test_test_run_joins_the_fit_group(demo, tmp_path, capsys):
     """``train.py test`` of a run folder's checkpoint: a new W&B run (offline here) in the fit's group, job type
-    ``test``; the fit is its own group when none is given."""
+    ``test``; the fit is its own group when none is given; the console names the test's own run folder."""
     import json
 
     import wandb
@@ -490,6 +490,9 @@ def test_test_run_joins_the_fit_group(demo, tmp_path):
     assert lg._wandb_init["group"] == info["id"] and lg._wandb_init["job_type"] == "test"
     assert lg.experiment.group == info["id"] and lg.experiment.job_type == "test"
     assert "test/auroc_mean" in test.trainer.callback_metrics
+    folder = tmp_path / str(lg.name) / str(lg.version)
+    assert f"test results: {folder} (metrics.csv, run_info.json)" in capsys.readouterr().out
+    assert (folder / "metrics.csv").is_file()
 
 
 def test_monitored_metric_summary_is_its_best():
