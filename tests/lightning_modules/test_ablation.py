@@ -309,7 +309,7 @@ def test_ablate_config_instantiates(tmp_path):
 @pytest.mark.parametrize("decode,expect", [("auto", "dynamic"), ("static", "static"), ("graph", "graph")])
 def test_ablation_answers_through_plain_predicts_decode_path(decode, expect):
     """DESIGN §4: base with reuse off is bit-identical to plain predict, so both answer through the same decode
-    step (on a GPU ``auto`` is ``graph``; the ablation used to take ``dynamic`` whatever ``decode`` said)."""
+    step (on a GPU ``auto`` is ``static``; the ablation used to take ``dynamic`` whatever ``decode`` said)."""
     import functools
     from types import SimpleNamespace
 
