@@ -200,8 +200,8 @@ class BudgetedQA(LightningModule):
         encode_chunk_frames: frames per vision-encoder call.
         vision_attn_implementation: vision-encoder attention (``frame_batched``: one SDPA call per layer over
             all frames of an encode; or a transformers backend name).
-        decode: batched decode step: ``dynamic``, ``static`` or ``graph`` (CUDA graph); ``auto`` = ``graph`` on
-            CUDA, ``dynamic`` on the CPU.
+        decode: batched decode step: ``dynamic``, ``static`` or ``graph`` (CUDA graph); ``auto`` = ``static`` on
+            CUDA (``graph`` asserts on the H200, see :meth:`decode_mode`), ``dynamic`` on the CPU.
         answer_mode: ``batched`` (all questions of a (video, budget) decode together from one prefix) or
             ``sequential`` (one question after another from the cropped prefix cache); token-identical.
         original_projector: ``raw_mode="orig"``: the original projector file (safetensors, or seed 001's ``.pt``
@@ -286,7 +286,7 @@ class BudgetedQA(LightningModule):
 
     def answerer(self):
         """``answer(prefix_prompt, question_texts, max_new_tokens) -> list[Answer]`` for this run's
-        ``answer_mode`` and ``decode`` (``auto``: ``graph`` on CUDA, ``dynamic`` on the CPU). Plain predict and the
+        ``answer_mode`` and ``decode`` (``auto``: ``static`` on CUDA, ``dynamic`` on the CPU). Plain predict and the
         layout ablation both answer through it, so an ablation's ``base`` job decodes exactly as plain predict."""
         if self.hparams.answer_mode == "sequential":
             return self.vlm.answer_all
