@@ -173,6 +173,7 @@ def main(argv=None) -> None:
     rows = [("videos", f"{timing['videos']}"), ("records (errors)", f"{len(records)} ({len(errors)})"), ("checkpoint written (s)", f"{ckpt_s:.1f}"),
             ("model load (s)", f"{load:.1f}"), ("first-video wait (s)", f"{timing['first_wait_s']:.2f}"),
             ("first video = warm-up (s)", f"{steps[0]:.2f}"),
+            ("first answer after process start (s)", f"{timing.get('timeline_s', {}).get('first_answer', float('nan')):.1f}"),
             ("steady step per video, mean (s)", f"{statistics.mean(rest):.3f}" if rest else "-"),
             ("steady step per video, median (s)", f"{statistics.median(rest):.3f}" if rest else "-"),
             ("steady wall per video after the first (s)", f"{steady_wall:.3f}"),
@@ -181,6 +182,8 @@ def main(argv=None) -> None:
     print("\n".join(f"{k:<{w}}  {v}" for k, v in rows))
     print("steps (s):", " ".join(f"{s:.2f}" for s in steps))
     print("stages (s):", json.dumps(timing["stages_s"]))
+    if timing.get("timeline_s"):   # seconds after the process started: imports, set-up, load, first video, answer
+        print("timeline (s after process start):", json.dumps(timing["timeline_s"]))
     if timing.get("warmup"):   # the first step's wait for the early compilation, and graphs it still compiled
         print("warm-up:", json.dumps(timing["warmup"]))
 

@@ -6,6 +6,11 @@ had not decoded the next video yet), plus the first batch's wait after the model
 videos). The module's stage times come from
 ``pl_module.last_stage_seconds`` (set by :class:`lightning_modules.budgeted_qa.BudgetedQA`). Shown on the tqdm
 progress bar as a postfix, printed as a table and written to ``<out_dir>/timing_rank<r>.json`` at the end.
+
+``timeline_s`` in that file gives milestones in seconds after the process started (:func:`process_age_s`:
+interpreter start, so imports and the CLI's set-up count): ``predict_start``, ``model_loaded``, ``first_video``
+(the first decoded video reached the step), ``first_answer`` (the first video's step ended: its records are
+written next), ``predict_end``. ``first_answer`` is the cold-start figure a user waits for.
 """
 from __future__ import annotations
 
@@ -16,6 +21,20 @@ import time
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (the interpreter's start, so imports and the CLI's set-up count), from
+    ``/proc/self/stat``'s ``starttime`` (clock ticks after boot) against ``CLOCK_BOOTTIME``; ``None`` where that is
+    not available (not Linux, or a ``/proc`` without it)."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        start = int(fields[19]) / os.sysconf("SC_CLK_TCK")      # field 22 of proc(5), counted after the ")"
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - start
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return age if 0.0 <= age < 1e7 else None
 
 
 class StageTimer(Callback):
@@ -40,10 +59,19 @@ class StageTimer(Callback):
         self.step_s: list[float] = []   # per video, in order: seconds of its predict step (encode + plan + answer)
         self._step_start: float | None = None
         self._start = 0.0
+        self.timeline: dict[str, float] = {}   # seconds after the process started (process_age_s), milestones
+        self._t0: float | None = None          # perf_counter() at the process start
+
+    def _stamp(self, name: str) -> None:
+        if self._t0 is not None and name not in self.timeline:
+            self.timeline[name] = round(time.perf_counter() - self._t0, 3)
 
     def on_predict_start(self, trainer, pl_module) -> None:
         self._reset()
         self._start = self._mark = time.perf_counter()
+        age = process_age_s()
+        self._t0 = None if age is None else self._start - age
+        self._stamp("predict_start")
 
     def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
         now = time.perf_counter()
@@ -53,6 +81,9 @@ class StageTimer(Callback):
                 load = float(getattr(pl_module, "load_seconds", 0.0) or 0.0)
                 self.totals["load"] += load
                 self.first_wait_s = max(now - self._mark - load, 0.0)
+                if self._t0 is not None:
+                    self.timeline["model_loaded"] = round(self._mark + load - self._t0, 3)
+                self._stamp("first_video")
             self.totals["wait"] += max(now - self._mark - load, 0.0)
         self._step_start = now
 
@@ -64,6 +95,7 @@ class StageTimer(Callback):
         self.videos += 1
         if self._step_start is not None:
             self.step_s.append(round(time.perf_counter() - self._step_start, 4))
+        self._stamp("first_answer")
         if isinstance(batch, dict):
             self.decode_worker_s += float(batch.get("decode_s") or 0.0)
         pb = trainer.progress_bar_callback
@@ -79,9 +111,10 @@ class StageTimer(Callback):
                 "stages_s": {k: round(v, 4) for k, v in self.totals.items()},
                 "stages_share": {k: round(v / wall, 4) for k, v in self.totals.items()},
                 "decode_worker_s": round(self.decode_worker_s, 4), "first_wait_s": round(self.first_wait_s, 4),
-                "step_s": list(self.step_s)}
+                "step_s": list(self.step_s), "timeline_s": dict(self.timeline)}
 
     def on_predict_end(self, trainer, pl_module) -> None:
+        self._stamp("predict_end")
         s = self.summary()
         if getattr(pl_module, "warmup_report", None):   # BudgetedQA: the first step's compile wait and graphs
             s["warmup"] = pl_module.warmup_report

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -46,6 +47,20 @@ def test_balanced_assignment_hand_case():
     assert balanced_assignment([], 3) == [[], [], []]
     with pytest.raises(ValueError):
         balanced_assignment([1.0], 0)
+
+
+def test_run_order_cheapest_first_then_dearest_and_cheapest_in_turn():
+    from datamodules.sharding import run_order
+
+    costs = [5, 10, 1, 7, 8, 3]
+    # by cost: 2 (1), 5 (3), 0 (5), 3 (7), 4 (8), 1 (10) -> 2, 1, 5, 4, 0, 3
+    assert run_order(range(6), costs) == [2, 1, 5, 4, 0, 3]
+    assert run_order([4, 0, 3], costs) == [0, 4, 3]          # a rank's share: 0 (5), 3 (7), 4 (8)
+    assert run_order([3, 1], [2, 2, 2, 2]) == [1, 3]          # ties by index
+    assert run_order([], costs) == []
+    # the sampler runs its LPT share in that order: rank 0 of [[1, 0, 2], [4, 3]] (hand case above)
+    assert list(CostBalancedSampler([5, 10, 1, 7, 8], 2, 0)) == [2, 1, 0]
+    assert list(CostBalancedSampler([5, 10, 1, 7, 8], 2, 1)) == [3, 4]
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 8])
@@ -143,6 +158,13 @@ def test_ddp_two_processes_equal_one_process(tiny_vl3_dir, tmp_path, n_videos):
         assert timing["decode_worker_s"] > 0        # worker-side decoding, reported beside the stages
         # one step time per video, in order (the bench reads the first as the warm-up and the rest as steady)
         assert len(timing["step_s"]) == timing["videos"] and all(s > 0 for s in timing["step_s"])
+        # milestones after the process start, in the order they happen; the first answer comes after the model
+        # load and the first step (the imports and the CLI's set-up before predict_start count too)
+        tl = timing["timeline_s"]
+        order = ["predict_start", "model_loaded", "first_video", "first_answer", "predict_end"]
+        assert set(tl) == set(order) and sorted(tl, key=tl.get) == order
+        assert tl["first_answer"] - tl["first_video"] >= timing["step_s"][0] - 0.01
+        assert tl["model_loaded"] - tl["predict_start"] >= timing["stages_s"]["load"] - 0.01
 
 
 def test_decode_threads_change_speed_not_frames():
@@ -219,6 +241,18 @@ def test_loader_integers_are_checked_when_the_datamodule_is_built(field, bad):
     with pytest.raises(SettingError, match=rf"^data\.{field}={bad!r}: expected an integer >= "):
         VideoQADataModule(**{field: bad})
     assert VideoQADataModule(limit_videos=None, num_workers=0).limit_videos is None
+
+
+def test_process_age_counts_from_the_interpreter_start():
+    """process_age_s is the time since the process started, the imports before it included: a child that sleeps
+    1 s before importing the module reads at least 1 s, and no more than the child's whole life."""
+    code = "import time; time.sleep(1.0); from callbacks.timing import process_age_s; print(process_age_s())"
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    wall = time.perf_counter() - t0
+    age = float(r.stdout.strip().splitlines()[-1])
+    assert 1.0 <= age <= wall + 0.05
 
 
 def test_wait_hint_names_the_remedy_only_when_decoding_is_the_bottleneck():
