@@ -193,3 +193,22 @@ def test_fused_vision_encoder_on_cuda_equal_library(dtype, tol):
     for g, wnt in [(got_mlp, want_mlp), *zip(got_ln, want_ln), (got, want)]:
         assert g.shape == wnt.shape
         assert torch.allclose(g.float(), wnt.float(), atol=tol, rtol=tol), (g.float() - wnt.float()).abs().max()
+
+
+def test_early_compilation_covers_the_decode_merge(tiny_vl3_dir):
+    """After warm.compile_fused_kernels (what runs while the weights load), a video's first batched answer with
+    3 questions compiles no graph: the decode step's shared-prefix merge was compiled on the stand-ins."""
+    from datamodules.decoding import decode_video
+    from lightning_modules.budgeted_qa import _graphs_compiled
+    from models.videollama3 import BudgetedVideoLlama3, prepare_budgets, warm
+
+    vlm = BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir, dtype=torch.bfloat16).to("cuda")
+    dec = decode_video(MEDIA / "cockatoo.mp4", 1024)
+    qs = ["What animal is shown?\nA. A dog.\nB. A cockatoo.", "Colour?\nA. White.\nB. Green.", "Where?\nA. Here."]
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        warm.compile_fused_kernels(vlm.model.config, "cuda", torch.bfloat16, inference=True)
+        bi = next(iter(prepare_budgets(vlm, dec.frames.cuda(), dec.times_s, [128])))
+        before = _graphs_compiled()
+        vlm.answer_batched(bi.prompt, qs, 4, decode="static")
+    assert _graphs_compiled() == before

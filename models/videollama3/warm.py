@@ -10,7 +10,8 @@ one the model calls, the same guards).
 
 Measured on the H200 (``bench/cli_throughput.py``, cold compile caches, 2026-12-02): the thread compiles the 5
 graphs of :data:`KERNELS` in 20.6 s while the 7B weights load in 11.9 s and 8 DataLoader workers decode; the first
-step then waits 8.7 s for it and compiles the decode step's shared-prefix merge itself. Compiling each kernel in a
+step then waited 8.7 s for it and compiled the decode step's shared-prefix merge itself (since 2026-12-03 the
+merge is compiled here too). Compiling each kernel in a
 subprocess that fills PyTorch's on-disk caches first was tried (the in-process pass then hit the FX graph and
 AOTAutograd caches for all 4 cacheable graphs) and did not shorten the warm-up: 16.8 s against 16.5 s for the
 first video, the subprocesses taking 19-22 s each on a machine busy with the load and the decoding; it was removed.
@@ -35,7 +36,11 @@ import torch
 log = logging.getLogger(__name__)
 
 # The fused kernels, by their Fusable names (what compile_fused_kernels takes and returns), in call order.
-KERNELS = ("RMSNorm", "SiLU*up", "rotary (rows)", "add+LayerNorm", "vision rotary")
+KERNELS = ("RMSNorm", "SiLU*up", "rotary (rows)", "add+LayerNorm", "vision rotary", "shared-prefix suffix+merge")
+
+# stand-in question rows of the decode step's merge: > 1 (a size-1 row count is its own graph, PyTorch specializes
+# sizes 0 and 1); every count above 1 shares the graph (the rows are marked dynamic). Video-MME asks 3 per video.
+MERGE_ROWS = 3
 
 
 def compile_fused_kernels(config, device: torch.device | str, dtype: torch.dtype, inference: bool = False,
@@ -58,8 +63,10 @@ def compile_fused_kernels(config, device: torch.device | str, dtype: torch.dtype
             kernel's call is independent of the others', so one can be compiled alone and give the same graph.
 
     Returns:
-        The names of the kernels called (the shared-prefix merge of the decode step is left to its first call: its
-        shapes come from the questions).
+        The names of the kernels called. The decode step's shared-prefix merge
+        (:data:`models.videollama3.shared_prefix._suffix_and_merge`) is called with :data:`MERGE_ROWS` question rows,
+        one query token and a suffix region of 19 keys: its rows and suffix length are dynamic, so the decode step
+        of any video with 2 or more questions calls this graph; one question compiles its own at the first call.
 
     Raises:
         ValueError: a name in ``kernels`` that is not in :data:`KERNELS` (named in the message; nothing is called).
@@ -72,6 +79,7 @@ def compile_fused_kernels(config, device: torch.device | str, dtype: torch.dtype
         return []
     from ..kernels import add_layer_norm, rms_norm, rope_rows, silu_mul
     from ..vision_attention import fused_rotary_qk
+    from . import shared_prefix
 
     device = torch.device(device)
     text, vision = config.get_text_config(), config.vision_config
@@ -81,6 +89,9 @@ def compile_fused_kernels(config, device: torch.device | str, dtype: torch.dtype
     c, v_heads = vision.hidden_size, vision.num_attention_heads
     v_dim = c // v_heads
     rows, frames, patches = 19, 3, 40   # > 1: sizes 0 and 1 would be specialized
+    g = heads // kv_heads
+    q_rows, keys = MERGE_ROWS, 19
+    scale = float(head_dim ** -0.5)     # the attention module's scaling (Qwen2: head_dim ** -0.5), a graph constant
 
     def randn(*shape, dt=dtype):      # dtypes always explicit: the default dtype is process-wide (transformers
         return torch.randn(*shape, device=device, dtype=dt)   # sets it while it builds a model in another thread)
@@ -103,6 +114,13 @@ def compile_fused_kernels(config, device: torch.device | str, dtype: torch.dtype
                                                  randn(frames, patches, v_heads, v_dim),
                                                  randn(patches, 1, v_dim, dt=torch.float32),
                                                  randn(patches, 1, v_dim, dt=torch.float32)),
+        # the decode step: query (Q, H, 1, d), the suffix region's keys / values (Q, Hkv, S, d), its additive mask
+        # (Q, 1, 1, S), the prefix part over the folded queries (1, Hkv, Q G, d) and its log-sum-exp, in float32
+        "shared-prefix suffix+merge": lambda: shared_prefix._suffix_and_merge(
+            randn(q_rows, heads, 1, head_dim), randn(q_rows, kv_heads, keys, head_dim),
+            randn(q_rows, kv_heads, keys, head_dim), torch.zeros(q_rows, 1, 1, keys, device=device, dtype=dtype),
+            randn(1, kv_heads, q_rows * g, head_dim, dt=torch.float32),
+            randn(1, kv_heads, q_rows * g, dt=torch.float32), scale),
     }
     with torch.inference_mode() if inference else torch.no_grad():
         for name in selected:

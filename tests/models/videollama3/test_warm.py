@@ -8,10 +8,11 @@ import torch
 
 from models import kernels as fused
 from models import vision_attention
-from models.videollama3 import warm
+from models.videollama3 import shared_prefix, warm
 
 FUSABLE_ATTRS = {"RMSNorm": (fused, "rms_norm"), "SiLU*up": (fused, "silu_mul"), "rotary (rows)": (fused, "rope_rows"),
-                 "add+LayerNorm": (fused, "add_layer_norm"), "vision rotary": (vision_attention, "fused_rotary_qk")}
+                 "add+LayerNorm": (fused, "add_layer_norm"), "vision rotary": (vision_attention, "fused_rotary_qk"),
+                 "shared-prefix suffix+merge": (shared_prefix, "_suffix_and_merge")}
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,7 @@ def tiny_config_dir(tmp_path_factory):
 
 @pytest.fixture
 def recorded(monkeypatch):
-    """The five fused kernels replaced by recorders: the list of kernel names called, in order."""
+    """The six fused kernels replaced by recorders: the list of kernel names called, in order."""
     calls = []
     for name, (module, attr) in FUSABLE_ATTRS.items():
         monkeypatch.setattr(module, attr, lambda *args, _name=name: calls.append((_name, args)))
@@ -54,6 +55,15 @@ def test_one_kernel_is_called_alone_and_unknown_names_raise(tiny_config_dir, rec
     assert all(t.is_inference() for t in args["vision rotary"])              # activations in inference mode
     assert [t.dtype for t in args["vision rotary"]] == [torch.bfloat16] * 2 + [torch.float32] * 2
     assert args["RMSNorm"][1].is_inference()                                 # weights: inference_weights=inference
+    # the decode step's merge as shared_prefix_sdpa calls it: tiny config 4 heads / 2 KV heads / head dim 16
+    text = config.text_config
+    h, hkv = text.num_attention_heads, text.num_key_value_heads
+    d = getattr(text, "head_dim", None) or text.hidden_size // h
+    q, k, v, mask, out_p, lse_p, scale = args["shared-prefix suffix+merge"]
+    assert q.shape == (3, h, 1, d) and k.shape == v.shape == (3, hkv, 19, d) and mask.shape == (3, 1, 1, 19)
+    assert out_p.shape == (1, hkv, 3 * (h // hkv), d) and lse_p.shape == (1, hkv, 3 * (h // hkv))
+    assert out_p.dtype == lse_p.dtype == torch.float32 and q.dtype == mask.dtype == torch.bfloat16
+    assert scale == d ** -0.5
     recorded.clear()
     with pytest.raises(ValueError, match="'nope'"):
         warm.compile_fused_kernels(config, "cpu", torch.float32, kernels=["RMSNorm", "nope"])
@@ -87,3 +97,11 @@ def test_the_thread_compiles_for_the_callers_mode_and_reports_its_time(tiny_conf
         thread = warm.start(tiny_config_dir, "cuda", torch.bfloat16, inference=False)
         thread.join()
     assert "inductor broke" in caplog.text and "seconds" in thread.timings
+
+
+def test_the_stand_ins_run_through_the_real_kernels(tiny_config_dir):
+    """The stand-in shapes fit the kernels themselves (eager off CUDA): every kernel is called, none raises."""
+    from transformers import VideoLlama3Config
+
+    config = VideoLlama3Config.from_pretrained(tiny_config_dir)
+    assert warm.compile_fused_kernels(config, "cpu", torch.float32) == list(warm.KERNELS)
