@@ -207,7 +207,7 @@ def test_early_compilation_covers_the_decode_merge(tiny_vl3_dir):
     qs = ["What animal is shown?\nA. A dog.\nB. A cockatoo.", "Colour?\nA. White.\nB. Green.", "Where?\nA. Here."]
     torch._dynamo.reset()
     with torch.inference_mode():
-        warm.compile_fused_kernels(vlm.model.config, "cuda", torch.bfloat16, inference=True)
+        warm.compile_fused_kernels(vlm.model.config, "cuda", torch.bfloat16, inference=True, inference_weights=False)
         bi = next(iter(prepare_budgets(vlm, dec.frames.cuda(), dec.times_s, [128])))
         before = _graphs_compiled()
         vlm.answer_batched(bi.prompt, qs, 4, decode="static")
