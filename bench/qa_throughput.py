@@ -155,6 +155,26 @@ def llm_shape(text_config) -> ModelShape:
                       int(t.vocab_size))
 
 
+def step_fields(vlm: BudgetedVideoLlama3, bi, questions: list[str]) -> dict:
+    """What one (video, budget)'s step computes, for its floor: ``frames`` encoded at ``hw`` merged tokens,
+    ``raw_reencoded`` raw frames encoded again at ``raw_hw`` (``prepare_budgets``: when the raw grid differs),
+    ``compressor_windows`` (encoder rows of each window of the qbase call: every group with ``match_encoder_scale``,
+    else the compressed ones, as ``vlm.compress``), ``vision_tokens`` (the projector's rows), ``prefix_len``,
+    ``suffix_lens`` (the questions answered in the batch) and ``suffix_fallbacks`` (questions answered from scratch,
+    DESIGN §3.7: not in the floor), plus the plan's ``mode``."""
+    plan = bi.plan
+    groups = plan.group_bounds()
+    windows = range(len(groups)) if vlm.compressor.match_encoder_scale else plan.compressed
+    suffixes = [vlm.question_ids(bi.prompt, q) for q in questions]
+    return dict(prefix_len=bi.prompt.ids.numel(), vision_tokens=plan.vision_tokens, frames=len(bi.frame_idx),
+                hw=plan.hw, mode=plan.mode, raw_hw=plan.raw_hw,
+                raw_reencoded=plan.n_raw_frames if tuple(bi.raw_grid) != tuple(bi.grid) else 0,
+                compressor_windows=[(groups[g][1] - groups[g][0]) * plan.hw for g in windows] if plan.compressed
+                else [],
+                suffix_lens=[len(ids) for ids, fallback in suffixes if not fallback],
+                suffix_fallbacks=sum(fallback for _, fallback in suffixes))
+
+
 def floor_parts(vlm: BudgetedVideoLlama3, row: dict, new_tokens: int, dtype_bytes: int | None = None,
                 causal: bool = True):
     """:func:`algorithms.qa_floor.qa_floor_parts` of one bench row (the fields :func:`run_methods` records) with the
@@ -220,18 +240,8 @@ def run_methods(vlm: BudgetedVideoLlama3, frames, times, budget: int, new_tokens
     cache = EncodeCache(vlm, frames, chunk)
     (bi,), prep = timed(lambda: prepare_budgets(vlm, frames, times, [budget], cache=cache, chunk_frames=chunk))
     _, pre = timed(lambda: vlm.prefill(bi.prompt))
-    plan = bi.plan
-    groups = plan.group_bounds()
-    windows = range(len(groups)) if vlm.compressor.match_encoder_scale else plan.compressed  # as vlm.compress
-    suffixes = [vlm.question_ids(bi.prompt, q) for q in QUESTIONS]
     res.update(encode=cache.encode_seconds, plan_build=prep - cache.encode_seconds, prefill=pre,
-               prefix_len=bi.prompt.ids.numel(), vision_tokens=plan.vision_tokens, frames=len(bi.frame_idx),
-               hw=plan.hw, mode=plan.mode, raw_hw=plan.raw_hw,
-               raw_reencoded=plan.n_raw_frames if tuple(bi.raw_grid) != tuple(bi.grid) else 0,
-               compressor_windows=[(groups[g][1] - groups[g][0]) * plan.hw for g in windows] if plan.compressed
-               else [],
-               suffix_lens=[len(ids) for ids, fallback in suffixes if not fallback],
-               suffix_fallbacks=sum(fallback for _, fallback in suffixes),
+               **step_fields(vlm, bi, QUESTIONS),
                same_tokens_ab=tokens["a"] == tokens["b"], same_tokens_bc=tokens["b"] == tokens["c"],
                same_tokens_cd=tokens["c"] == tokens["d"] if "d" in tokens else "-")
     res.setdefault("d", float("nan"))

@@ -66,3 +66,40 @@ def test_floor_fields_of_a_row_on_the_tiny_model(tiny_vlm):
     # the vision tower: 4 frames of 4*6 = 24 patches (tiny tower: C 32, I 64, 2 layers):
     # 2 * (8*24*32^2 + 4*24^2*32 + 4*24*32*64) = 2 * (196608 + 73728 + 196608) = 933,888 a frame
     assert parts["vision"]["flops"] == 4 * 933_888
+
+
+@pytest.mark.parametrize("budget", [128, 1024])
+def test_floor_parts_match_a_counted_step(tiny_vlm, budget):
+    """The whole step of (d) on the tiny model (encode, plan, compress, project, prefix, 3 suffixes, 3 decode steps,
+    the static decode path on the CPU) under FlopCounterMode with the math SDPA backend (every attention a matmul,
+    full squares) against the floor's parts with ``causal=False``: equal but for the patch embedding, which the
+    floor leaves out (added here: ``2 * patches * 3 * 14^2 * C``), and padding, which the step computes and the
+    floor does not (the compressor's windows padded to the longest, the suffixes left-padded, the static cache's
+    decode region): measured - analytic is >= 0 and under 2 %."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from datamodules.decoding import decode_video
+    from models.videollama3 import EncodeCache, prepare_budgets
+
+    bench = _bench()
+    dec = decode_video(str(Path(__file__).resolve().parents[2] / "assets" / "media" / "cockatoo.mp4"), budget)
+    with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), FlopCounterMode(display=False) as fc:
+        (bi,) = prepare_budgets(tiny_vlm, dec.frames, dec.times_s, [budget],
+                                cache=EncodeCache(tiny_vlm, dec.frames, 256), chunk_frames=256)
+        encode = fc.get_total_flops()
+        answers = tiny_vlm.answer_batched(bi.prompt, bench.QUESTIONS, 4, ignore_eos=True, decode="static")
+    answer = fc.get_total_flops() - encode
+    assert all(len(a.token_ids) == 4 for a in answers)
+    row = bench.step_fields(tiny_vlm, bi, bench.QUESTIONS)
+    assert len(row["suffix_lens"]) == 3 and row["compressor_windows"]
+    parts = {p.name: p.flops for p in bench.floor_parts(tiny_vlm, row, 4, causal=False)}
+    c = tiny_vlm.model.config.vision_config.hidden_size
+    embed = 2 * 4 * (row["frames"] * row["hw"] + row["raw_reencoded"] * row["raw_hw"]) * 3 * 14 ** 2 * c
+    front = parts["vision"] + parts["compress"] + parts["project"] + embed
+    back = parts["prefix"] + parts["suffix"] + parts["decode"]
+    assert 0 <= encode - front < 0.02 * front
+    assert 0 <= answer - back < 0.02 * back
+    causal = {p.name: p.flops for p in bench.floor_parts(tiny_vlm, row, 4)}
+    assert causal["prefix"] < parts["prefix"] and causal["decode"] == parts["decode"]
