@@ -71,6 +71,11 @@ __all__ = [
     "paper_total_flops",
     "prefill_flops",
     "decode_flops",
+    "extend_flops",
+    "decode_token_flops",
+    "weight_bytes",
+    "kv_cache_bytes",
+    "decode_token_bytes",
     "NO_ATTENTION",
 ]
 
@@ -215,3 +220,88 @@ def decode_flops(shape: ModelShape, num_tokens: int, num_decode: int, with_lm_he
     for i in range(1, num_decode + 1):
         total += shape.num_layers * _layer_flops(shape, 1, num_tokens + i, attention) + per_step
     return total
+
+
+# ------------------------------------------------------------------------------ cached extension and decode costs
+def extend_flops(shape: ModelShape, num_new: int, context: int, num_logit_positions: int | None = None,
+                 causal: bool = False, attention: bool = True) -> int:
+    """FLOPs (2 x multiply-adds) of prefilling ``num_new`` tokens on top of ``context`` cached tokens (a question
+    suffix after a prefilled video prefix), one sequence.
+
+    Each new token attends the cache and the new tokens: with ``causal=False`` the full ``num_new x (context +
+    num_new)`` rectangle (a dense kernel, ``FlopCounterMode``'s count), with ``causal=True`` only the keys up to
+    itself, ``num_new * context + num_new (num_new + 1) / 2`` query-key pairs in all (what a flash kernel computes;
+    the floor's count). Weight matmuls per layer as :func:`_layer_flops`.
+
+    Args:
+        shape: model shape.
+        num_new: n, tokens prefilled now.
+        context: c, tokens already in the KV cache.
+        num_logit_positions: positions that go through lm_head; ``None`` = all ``n``, 1 = the last one only.
+        causal: count the causal triangle of the new tokens (see above).
+        attention: count the attention products (``False``: the :data:`NO_ATTENTION` convention).
+
+    Returns:
+        ``L * layer(n, c + n) + 2 p d V`` (``causal``: the attention term over the pairs above).
+        ``extend_flops(s, n, 0) == prefill_flops(s, n)`` and ``extend_flops(s, 1, c, 1) ==
+        decode_token_flops(s, c + 1)``.
+
+    Raises:
+        ValueError: negative counts.
+    """
+    _check(num_new, "num_new")
+    _check(context, "context")
+    p = num_new if num_logit_positions is None else num_logit_positions
+    _check(p, "num_logit_positions")
+    if causal and attention:
+        pairs = num_new * context + num_new * (num_new + 1) // 2
+        layer = _layer_flops(shape, num_new, 0) + 4 * shape.num_heads * shape.head_dim * pairs
+    else:
+        layer = _layer_flops(shape, num_new, context + num_new, attention)
+    return shape.num_layers * layer + 2 * p * shape.hidden_size * shape.vocab_size
+
+
+def decode_token_flops(shape: ModelShape, context: int, with_lm_head: bool = True) -> int:
+    """FLOPs of one single-token forward attending ``context`` keys (the KV cache plus the token itself), with one
+    lm_head row (``with_lm_head``): ``L * layer(1, context) + 2 d V``. The ``i``-th step of
+    :func:`decode_flops` after an ``n``-token prefill is ``decode_token_flops(shape, n + i)``.
+
+    Raises:
+        ValueError: ``context < 1``.
+    """
+    if context < 1:
+        raise ValueError(f"context must be >= 1 (the token itself), got {context}")
+    lm = 2 * shape.hidden_size * shape.vocab_size if with_lm_head else 0
+    return shape.num_layers * _layer_flops(shape, 1, context) + lm
+
+
+def weight_bytes(shape: ModelShape, dtype_bytes: int = 2, with_lm_head: bool = True) -> int:
+    """Bytes of the weight matrices one forward reads: per layer q/k/v/o (``d (H + 2 H_kv) h + H h d``) and the
+    SwiGLU gate, up, down (``3 d m``), plus lm_head (``V d``) when ``with_lm_head``; times ``dtype_bytes`` (2 for
+    bf16). Not counted: the embedding table (a forward reads one row per token), norms and the q/k/v biases
+    (``(H + 2 H_kv) h + 2 d`` per layer: under 0.01 % of a 7B layer)."""
+    d, h, hq, hkv, m = shape.hidden_size, shape.head_dim, shape.num_heads, shape.num_kv_heads, shape.intermediate_size
+    per_layer = d * (hq + 2 * hkv) * h + hq * h * d + 3 * d * m
+    return dtype_bytes * (shape.num_layers * per_layer + (shape.vocab_size * d if with_lm_head else 0))
+
+
+def kv_cache_bytes(shape: ModelShape, tokens: int, dtype_bytes: int = 2) -> int:
+    """Bytes of the keys and values of ``tokens`` positions over all layers: ``2 L H_kv h tokens dtype_bytes``.
+
+    Raises:
+        ValueError: ``tokens < 0``.
+    """
+    _check(tokens, "tokens")
+    return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * tokens * dtype_bytes
+
+
+def decode_token_bytes(shape: ModelShape, context: int, dtype_bytes: int = 2, with_lm_head: bool = True) -> int:
+    """Bytes one single-token forward must read from memory: the weights once (:func:`weight_bytes`) and the KV
+    cache of all ``context`` keys it attends (:func:`kv_cache_bytes`). Decoding is bandwidth-bound (a few FLOPs per
+    byte), so its floor time is ``bytes / bandwidth``. Activations, and the one new key/value row written, are left
+    out (a few kB).
+
+    Raises:
+        ValueError: ``context < 0``.
+    """
+    return weight_bytes(shape, dtype_bytes, with_lm_head) + kv_cache_bytes(shape, context, dtype_bytes)

@@ -10,8 +10,12 @@ Per video and budget (3 questions, answers forced to ``--new-tokens`` tokens, gr
   (d) ours       as (c), but the questions attend the shared prefix once per layer (``models/videollama3/shared_prefix.py``),
                  only their suffixes live in a small StaticCache and the decode step is a CUDA graph (GPU only;
                  ``nan`` on the CPU, and its ratios are not computed there)
-plus the analytic floor (vision encoder + prefill FLOPs at the measured bf16 GEMM rate, decode at the weight-read
-memory floor), peak GPU memory, and the share of wall time the GPU waits for DataLoader workers in the real
+plus the analytic floor of (d)'s work (``algorithms/qa_floor.py``), part by part: the vision tower, the qbase
+compressor, the projector, the prefix prefill, the question-suffix prefill of every question and the decode steps,
+each part's time ``max(FLOPs / measured bf16 GEMM rate, bytes / HBM bandwidth)`` and the floor their sum, so that
+(d) / floor measures overhead only; ``floor_prefill`` is the floor this bench printed before (vision tower + prefix
+prefill FLOPs at the GEMM rate + one weight read per answer token), kept for comparison with earlier results. Also
+peak GPU memory, and the share of wall time the GPU waits for DataLoader workers in the real
 ``BudgetedQA.predict_step`` loop.
 
 GPU (VideoLLaMA3-7B shapes, random bf16 weights, no download; ``bench/make_media.py`` writes the long videos):
@@ -36,7 +40,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # the other bench scripts
 
-from algorithms.flops import get_shape, prefill_flops  # noqa: E402
+from algorithms.flops import ModelShape, get_shape, prefill_flops  # noqa: E402
+from algorithms.qa_floor import PART_NAMES, CompressorShape, VisionShape, floor_seconds, qa_floor_parts  # noqa: E402
 from datamodules.decoding import decode_video  # noqa: E402
 from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets  # noqa: E402
 
@@ -138,6 +143,67 @@ def vision_flops(num_frames: int, hw: int, cfg) -> float:
     return num_frames * layers * (8 * p * c * c + 4 * p * p * c + 4 * p * c * i)
 
 
+HBM_BYTES_PER_S = 4.8e12   # H200 HBM3e bandwidth, the memory floor's rate
+
+
+def llm_shape(text_config) -> ModelShape:
+    """The LLM's :class:`~algorithms.flops.ModelShape` from its text config (the bench's 7B: ``qwen2-7b``)."""
+    t = text_config
+    heads = int(t.num_attention_heads)
+    return ModelShape("bench-llm", int(t.num_hidden_layers), int(t.hidden_size), int(t.intermediate_size), heads,
+                      int(t.num_key_value_heads), int(getattr(t, "head_dim", None) or t.hidden_size // heads),
+                      int(t.vocab_size))
+
+
+def step_fields(vlm: BudgetedVideoLlama3, bi, questions: list[str]) -> dict:
+    """What one (video, budget)'s step computes, for its floor: ``frames`` encoded at ``hw`` merged tokens,
+    ``raw_reencoded`` raw frames encoded again at ``raw_hw`` (``prepare_budgets``: when the raw grid differs),
+    ``compressor_windows`` (encoder rows of each window of the qbase call: every group with ``match_encoder_scale``,
+    else the compressed ones, as ``vlm.compress``), ``vision_tokens`` (the projector's rows), ``prefix_len``,
+    ``suffix_lens`` (the questions answered in the batch) and ``suffix_fallbacks`` (questions answered from scratch,
+    DESIGN §3.7: not in the floor), plus the plan's ``mode``."""
+    plan = bi.plan
+    groups = plan.group_bounds()
+    windows = range(len(groups)) if vlm.compressor.match_encoder_scale else plan.compressed
+    suffixes = [vlm.question_ids(bi.prompt, q) for q in questions]
+    return dict(prefix_len=bi.prompt.ids.numel(), vision_tokens=plan.vision_tokens, frames=len(bi.frame_idx),
+                hw=plan.hw, mode=plan.mode, raw_hw=plan.raw_hw,
+                raw_reencoded=plan.n_raw_frames if tuple(bi.raw_grid) != tuple(bi.grid) else 0,
+                compressor_windows=[(groups[g][1] - groups[g][0]) * plan.hw for g in windows] if plan.compressed
+                else [],
+                suffix_lens=[len(ids) for ids, fallback in suffixes if not fallback],
+                suffix_fallbacks=sum(fallback for _, fallback in suffixes))
+
+
+def floor_parts(vlm: BudgetedVideoLlama3, row: dict, new_tokens: int, dtype_bytes: int | None = None,
+                causal: bool = True):
+    """:func:`algorithms.qa_floor.qa_floor_parts` of one bench row (the fields :func:`run_methods` records) with the
+    model's shapes (``dtype_bytes``: the model's element size unless given; ``causal``: the LLM's own attention
+    counted as the causal triangle, else the full square)."""
+    v, qb = vlm.model.config.vision_config, vlm.compressor.config
+    return qa_floor_parts(
+        llm_shape(vlm.model.config.text_config),
+        VisionShape(int(v.hidden_size), int(v.intermediate_size), int(v.num_hidden_layers)),
+        CompressorShape(qb.hidden_size, qb.intermediate_size, qb.num_layers, qb.num_queries),
+        num_frames=row["frames"], hw=row["hw"], raw_frames_reencoded=row["raw_reencoded"], raw_hw=row["raw_hw"],
+        compressor_windows=row["compressor_windows"], vision_rows=row["vision_tokens"],
+        prefix_len=row["prefix_len"], suffix_lens=row["suffix_lens"], new_tokens=new_tokens,
+        dtype_bytes=dtype_bytes or vlm.dtype.itemsize, causal=causal)
+
+
+def floor_fields(vlm: BudgetedVideoLlama3, row: dict, new_tokens: int, tflops: float,
+                 bytes_per_s: float = HBM_BYTES_PER_S, causal: bool = True) -> dict:
+    """The row's floor at ``tflops`` TFLOP/s and ``bytes_per_s``: ``floor_<part>_s`` per part
+    (:data:`algorithms.qa_floor.PART_NAMES`), ``floor_s`` their sum, and ``floor_parts`` (each part's FLOPs and
+    bytes)."""
+    parts = floor_parts(vlm, row, new_tokens, causal=causal)
+    secs = floor_seconds(parts, tflops * 1e12, bytes_per_s)
+    out = {f"floor_{p.name}_s": secs[p.name] for p in parts}
+    out["floor_s"] = secs["total"]
+    out["floor_parts"] = {p.name: {"flops": p.flops, "bytes": p.bytes} for p in parts}
+    return out
+
+
 def timed(fn):
     sync()
     t = time.perf_counter()
@@ -175,8 +241,7 @@ def run_methods(vlm: BudgetedVideoLlama3, frames, times, budget: int, new_tokens
     (bi,), prep = timed(lambda: prepare_budgets(vlm, frames, times, [budget], cache=cache, chunk_frames=chunk))
     _, pre = timed(lambda: vlm.prefill(bi.prompt))
     res.update(encode=cache.encode_seconds, plan_build=prep - cache.encode_seconds, prefill=pre,
-               prefix_len=bi.prompt.ids.numel(), vision_tokens=bi.plan.vision_tokens, frames=len(bi.frame_idx),
-               hw=bi.plan.hw, mode=bi.plan.mode,
+               **step_fields(vlm, bi, QUESTIONS),
                same_tokens_ab=tokens["a"] == tokens["b"], same_tokens_bc=tokens["b"] == tokens["c"],
                same_tokens_cd=tokens["c"] == tokens["d"] if "d" in tokens else "-")
     res.setdefault("d", float("nan"))
@@ -468,6 +533,11 @@ def main(argv=None) -> None:
     ap.add_argument("--vision-attn", default="frame_batched", help="frame_batched | sdpa | flash_attention_2 ...")
     ap.add_argument("--repeats", type=int, default=2, help="runs per (video, budget): the first is warm-up, each time is the median of the others")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--hbm-tbps", type=float, default=HBM_BYTES_PER_S / 1e12,
+                    help="memory bandwidth of the floor's bytes / bandwidth term, TB/s (default: the H200's 4.8)")
+    ap.add_argument("--floor-attention", choices=("causal", "full"), default="causal",
+                    help="the floor counts the LLM's prefix / suffix attention as the causal triangle (what flash "
+                         "computes; default) or the full square (as floor_prefill counts the prefix)")
     ap.add_argument("--no-cudnn-sdp", action="store_true", help="disable the cuDNN SDPA backend (flash instead)")
     ap.add_argument("--probe-memory", action="store_true", help="only print per-stage peak memory (GPU)")
     ap.add_argument("--probe-prefill", action="store_true", help="only diagnose the prefill's peak memory (GPU)")
@@ -528,15 +598,20 @@ def main(argv=None) -> None:
             runs = [run_methods(vlm, frames, dec.times_s, b, args.new_tokens, args.chunk_frames, args.vision_attn)
                     for _ in range(max(args.repeats, 1))]
             r = median_of_timed(runs)
-            floor_s = (vision_flops(r["frames"], r["hw"], vcfg) + prefill_flops(shape, r["prefix_len"], 1)) / (
+            # the floor printed before (vision tower + prefix prefill at the GEMM rate, one weight read per answer
+            # token, 7B shapes), kept as floor_prefill for comparison with earlier results
+            floor_prefill_s = (vision_flops(r["frames"], r["hw"], vcfg) + prefill_flops(shape, r["prefix_len"], 1)) / (
                 ceiling * 1e12) + args.new_tokens * weight_bytes / 4.8e12
             rows.append({"video": Path(v).name, "duration_s": dec.info["duration_s"], "budget": b, **r,
-                         "floor_s": floor_s})
+                         **floor_fields(vlm, r, args.new_tokens, ceiling, args.hbm_tbps * 1e12,
+                                        args.floor_attention == "causal"),
+                         "floor_prefill_s": floor_prefill_s})
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
     ws = wait_share(vlm, videos * args.wait_repeat, budgets, args.workers, args.chunk_frames,
                     decode_threads=args.decode_threads)
     hdr = (f"{'video':<16}{'budget':>7}{'frames':>7}{'prefix':>8}{'mode':>9}{'(a) s':>8}{'(b) s':>8}{'(c) s':>8}"
-           f"{'(d) s':>8}{'a/d':>6}{'b/d':>6}{'enc':>7}{'prefill':>8}{'floor':>7}  same a=b/b=c/c=d")
+           f"{'(d) s':>8}{'a/d':>6}{'b/d':>6}{'enc':>7}{'prefill':>8}{'floor':>7}{'d/fl':>6}{'fl_pre':>7}"
+           f"{'d/fl_pre':>9}  same a=b/b=c/c=d")
     print(f"\nGEMM ceiling {ceiling:.0f} TFLOP/s; peak GPU memory {peak:.1f} GiB; wait share "
           f"{100 * ws['wait_share']:.1f}% ({ws['wait_s']:.2f} of {ws['wall_s']:.2f} s after a {ws['load_s']:.2f} s "
           f"weight load, {ws['videos']} videos, {args.workers} workers x {ws['decode_threads']} decoder threads; first video {ws['first_wait_s']:.2f} s, "
@@ -547,10 +622,20 @@ def main(argv=None) -> None:
     for r in rows:
         print(f"{r['video'][:15]:<16}{r['budget']:>7}{r['frames']:>7}{r['prefix_len']:>8}{r['mode']:>9}{r['a']:>8.3f}"
               f"{r['b']:>8.3f}{r['c']:>8.3f}{r['d']:>8.3f}{r['a'] / r['d']:>6.2f}{r['b'] / r['d']:>6.2f}"
-              f"{r['encode']:>7.3f}{r['prefill']:>8.3f}{r['floor_s']:>7.3f}  {r['same_tokens_ab']}/"
+              f"{r['encode']:>7.3f}{r['prefill']:>8.3f}{r['floor_s']:>7.3f}{r['d'] / r['floor_s']:>6.2f}"
+              f"{r['floor_prefill_s']:>7.3f}{r['d'] / r['floor_prefill_s']:>9.2f}  {r['same_tokens_ab']}/"
               f"{r['same_tokens_bc']}/{r['same_tokens_cd']}")
+    print(f"\nfloor of (d), part by part: max(FLOPs / {ceiling:.4g} TFLOP/s, bytes / {args.hbm_tbps:g} TB/s), seconds "
+          f"(LLM attention {args.floor_attention}; suffix: {len(QUESTIONS)} questions; decode: new tokens - 1 steps, "
+          f"the questions' rows together)")
+    print(f"{'video':<16}{'budget':>7}" + "".join(f"{name:>10}" for name in PART_NAMES) + f"{'floor':>10}"
+          f"{'floor_prefill':>15}")
+    for r in rows:
+        print(f"{r['video'][:15]:<16}{r['budget']:>7}" + "".join(f"{r[f'floor_{n}_s']:>10.4f}" for n in PART_NAMES)
+              + f"{r['floor_s']:>10.4f}{r['floor_prefill_s']:>15.4f}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "wait": ws, "peak_gib": peak, "gemm_tflops": ceiling},
+        Path(args.json).write_text(json.dumps({"rows": rows, "wait": ws, "peak_gib": peak, "gemm_tflops": ceiling,
+                                               "hbm_tbps": args.hbm_tbps, "floor_attention": args.floor_attention},
                                               indent=2, default=str))
 
 

@@ -146,3 +146,82 @@ def test_no_attention_convention_matches_the_seed_logs_decode():
     assert abs(12_344_973_730 / one - 2.0) < 4e-4
     assert decode_flops(s, 6000, 2) - decode_flops(s, 6000, 2, attention=False) == 2 * 36 * 4 * 16 * 128 * 6000 + 36 * 4 * 16 * 128 * 3
     assert prefill_flops(s, 10, 1) - prefill_flops(s, 10, 1, attention=False) == 36 * 4 * 16 * 10 * 10 * 128
+
+
+# ------------------------------------------------------------------ extension, one decode token, weights and KV bytes
+HAND = ModelShape("hand", num_layers=1, hidden_size=4, intermediate_size=6, num_heads=2, num_kv_heads=1, head_dim=2,
+                  vocab_size=10)
+
+
+def test_extend_by_hand():
+    from algorithms.flops import extend_flops
+
+    # n = 3 new tokens on c = 5 cached: q/k/v 2*3*4*(2+2*1)*2 = 192, o 2*3*2*2*4 = 96, MLP 6*3*4*6 = 432;
+    # attention over the full rectangle 4*H*n*(c+n)*h = 4*2*3*8*2 = 384; causal: pairs 3*5 + 3*4/2 = 21 -> 4*2*2*21
+    # = 336; lm_head on the last position 2*4*10 = 80
+    assert extend_flops(HAND, 3, 5, num_logit_positions=1) == 192 + 96 + 432 + 384 + 80 == 1184
+    assert extend_flops(HAND, 3, 5, num_logit_positions=1, causal=True) == 192 + 96 + 432 + 336 + 80 == 1136
+    assert extend_flops(HAND, 3, 5) == 1184 + 2 * 80            # lm_head on all 3 positions
+    assert extend_flops(HAND, 3, 5, 0, attention=False) == 720   # causal does not matter without attention
+    assert extend_flops(HAND, 3, 5, 0, causal=True, attention=False) == 720
+    # from an empty cache it is the prefill; one token on c cached is the decode step over c + 1 keys
+    assert extend_flops(HAND, 3, 0) == prefill_flops(HAND, 3)
+    s = get_shape("qwen2-7b")
+    assert extend_flops(s, 40, 16000, 1) == prefill_flops(s, 16040, 1) - prefill_flops(s, 16000, 0) - (
+        s.num_layers * 4 * s.num_heads * s.head_dim * (16040 ** 2 - 16000 ** 2 - 40 * 16040))
+    with pytest.raises(ValueError):
+        extend_flops(HAND, 3, -1)
+
+
+def test_decode_token_by_hand():
+    from algorithms.flops import decode_token_flops, extend_flops
+
+    # one token over 8 keys: q/k/v 2*4*4*2 = 64, o 2*2*2*4 = 32, MLP 6*4*6 = 144, attention 4*2*1*8*2 = 128,
+    # lm_head 80
+    assert decode_token_flops(HAND, 8) == 64 + 32 + 144 + 128 + 80 == 448
+    assert decode_token_flops(HAND, 8, with_lm_head=False) == 368
+    assert extend_flops(HAND, 1, 7, 1) == decode_token_flops(HAND, 8)
+    assert decode_flops(HAND, 7, 3) == sum(decode_token_flops(HAND, 7 + i) for i in (1, 2, 3))
+    with pytest.raises(ValueError):
+        decode_token_flops(HAND, 0)
+
+
+def test_weight_and_kv_bytes_by_hand():
+    from algorithms.flops import decode_token_bytes, kv_cache_bytes, weight_bytes
+
+    # per layer q/k/v 4*(2+2)*2 = 32, o 2*2*4 = 16, gate/up/down 3*4*6 = 72 -> 120; lm_head 10*4 = 40; bf16 x 2
+    assert weight_bytes(HAND) == 2 * (120 + 40) == 320
+    assert weight_bytes(HAND, with_lm_head=False) == 240 and weight_bytes(HAND, dtype_bytes=4) == 640
+    # keys and values: 2 * L 1 * H_kv 1 * h 2 * 8 tokens * 2 bytes
+    assert kv_cache_bytes(HAND, 8) == 64
+    assert decode_token_bytes(HAND, 8) == 320 + 64
+    # Qwen2-7B: 7.07e9 matmul weights (14.1 GB bf16); a 16k-token cache is 0.94 GB (57,344 bytes a token)
+    s = get_shape("qwen2-7b")
+    assert weight_bytes(s) == 2 * (28 * (3584 * 36 * 128 + 28 * 128 * 3584 + 3 * 3584 * 18944) + 152064 * 3584)
+    assert kv_cache_bytes(s, 1) == 57_344
+    with pytest.raises(ValueError):
+        kv_cache_bytes(HAND, -1)
+
+
+def test_weight_bytes_match_the_model_matrices():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from algorithms.flops import weight_bytes
+
+    model = Qwen2ForCausalLM(Qwen2Config(**TINY, tie_word_embeddings=False))
+    matrices = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert weight_bytes(TINY_SHAPE, dtype_bytes=4) == 4 * matrices
+
+
+def test_extend_matches_flop_counter_qwen2():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from algorithms.flops import extend_flops
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(**TINY, attn_implementation="eager")).eval()
+    ids = torch.randint(0, 512, (1, 42))
+    _, out = _measure(model, input_ids=ids[:, :37], use_cache=True)
+    # 5 suffix tokens on the 37-token cache (eager attention: the full 5 x 42 rectangle), logits on all 5
+    measured, _ = _measure(model, input_ids=ids[:, 37:], past_key_values=out.past_key_values, use_cache=True)
+    assert abs(measured - extend_flops(TINY_SHAPE, 5, 37)) / measured < 0.01

@@ -380,6 +380,21 @@ def test_qa_bench_runs_on_the_cpu(tmp_path):
     (row,) = res["rows"]
     assert row["same_tokens_ab"] and row["same_tokens_bc"] and row["vision_tokens"] <= 128
     assert res["wait"]["videos"] == 1
+    # the floor, part by part (algorithms/qa_floor.py): each part printed and recorded, their sum the floor; the
+    # earlier floor kept as floor_prefill
+    from algorithms.qa_floor import PART_NAMES
+
+    parts = r.stdout.split("floor of (d), part by part")[1].splitlines()
+    assert parts[1].split() == ["video", "budget", *PART_NAMES, "floor", "floor_prefill"]
+    printed = parts[2].split()
+    assert printed[:2] == ["cockatoo.mp4", "128"]
+    assert [float(x) for x in printed[2:]] == pytest.approx(
+        [row[f"floor_{n}_s"] for n in PART_NAMES] + [row["floor_s"], row["floor_prefill_s"]], abs=1e-4)
+    assert row["floor_s"] == pytest.approx(sum(row[f"floor_{n}_s"] for n in PART_NAMES))
+    assert all(row[f"floor_{n}_s"] > 0 for n in PART_NAMES) and row["floor_prefill_s"] > 0
+    # the step's work as the row records it: 3 question suffixes, and the compressor's windows (every group: the tiny qbase matches the encoder scale) tile the frames' rows
+    assert len(row["suffix_lens"]) == 3 and row["suffix_fallbacks"] == 0
+    assert sum(row["compressor_windows"]) == row["frames"] * row["hw"]
 
 
 def test_qa_bench_row_is_the_median_after_a_warm_up():
