@@ -30,7 +30,8 @@ The reference chain:
   ``sample_fps`` is what ``process_vision_info(..., return_video_kwargs=True)`` hands to the processor (``{'fps':
   video_sample_fps_list}``), whose ``video_second_per_grid`` is ``temporal_patch_size / fps``.
 
-Setting ``max_frames`` in the element (seed 003's 128) and editing the constant give the same count: both cap at
+PyPI's qwen-omni-utils 0.0.9 has the same lines (its ``calculate_video_frame_range`` gives ``(0, total_frames - 1,
+total_frames)`` when the element has no ``video_start`` / ``video_end``). Setting ``max_frames`` in the element (seed 003's 128) and editing the constant give the same count: both cap at
 ``min(max_frames, total_frames)`` floored to even. Pure python/torch (``torch.linspace`` in float32, the release's
 dtype, so the rounding is the release's bit for bit).
 """

@@ -1,5 +1,7 @@
-"""qwen_omni_utils' frame choice (qwen-omni-utils 0.0.9 vision_process.py smart_nframes / _read_video_torchvision),
-cases worked out by hand from its formulas."""
+"""qwen_omni_utils' frame choice (QwenLM/Qwen2.5-Omni@f8bf58c6:qwen-omni-utils/src/qwen_omni_utils/v2_5/
+vision_process.py:smart_nframes, _read_video_decord; the same lines in PyPI's qwen-omni-utils 0.0.9, where
+``calculate_video_frame_range`` gives ``(0, total_frames - 1, total_frames)`` without start/end), cases worked out by
+hand from its formulas."""
 import pytest
 
 from algorithms.omni_sampling import qwen_omni_frame_indices, qwen_omni_nframes
