@@ -953,6 +953,82 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
     return DecodedVideo(frames=frames, times_s=plan.times_s, info=info)
 
 
+def decord_frame_count(path: str | Path) -> tuple[int, float]:
+    """``(len(vr), vr.get_avg_fps())`` of ``decord.VideoReader(path)``: the ``total_frames`` and ``video_fps`` that
+    qwen_omni_utils' frame choice starts from (QwenLM/Qwen2.5-Omni@f8bf58c6:qwen-omni-utils/src/qwen_omni_utils/
+    v2_5/vision_process.py:_read_video_decord, ``total_frames, video_fps = len(vr), vr.get_avg_fps()``; decord's
+    count is the container's frame count, e.g. mp4's sample count, else its duration-times-rate estimate).
+
+    Raises:
+        DecodeError: the file is missing or decord cannot open it.
+    """
+    import decord
+
+    path = Path(path)
+    _check_file(path)
+    try:
+        vr = decord.VideoReader(str(path), num_threads=1)
+        return len(vr), float(vr.get_avg_fps())
+    except Exception as e:  # noqa: BLE001 - decord raises its own error type for every open failure
+        raise _open_error(path, e) from e
+
+
+def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896, num_threads: int = 1,
+                      native_decode_bytes: float = NATIVE_DECODE_BYTES, max_replaced_frac: float = MAX_REPLACED_FRAC,
+                      video_fps: float | None = None) -> DecodedVideo:
+    """The frames at explicit native (presentation-order) indices ``indices``, as ``vr.get_batch(idx)`` reads them
+    in qwen_omni_utils' ``_read_video_decord`` (the frame choice is the caller's, e.g.
+    :func:`algorithms.omni_sampling.qwen_omni_frame_indices`).
+
+    The reader is decord (:func:`_frame_reader`: the release's reader, with its rotation fix), or PyAV in decode
+    order for a file whose timestamps are unusable (:func:`cpu_reader_for`'s rule: decord's seeking returns wrong
+    frames there); the size as :func:`decode_frame_size` with ``n_est = len(indices)`` (native while the frames take
+    at most ``native_decode_bytes``, else the long side at most ``max_side``, inside the decoder); the retry with
+    one thread and ``max_replaced_frac`` as :func:`decode_video`. Repeated indices are decoded once.
+
+    Args:
+        video_fps: the rate the indices were chosen at: ``times_s = index / video_fps`` (``None``: the stream's
+            average rate, ``avg_frame_rate``, which decord's ``get_avg_fps`` reads; 1 when unknown).
+
+    Returns:
+        :class:`DecodedVideo`; ``info``: ``duration_s`` (``format.duration``), ``native_hw``, ``decode_hw``,
+        ``n_frames``, ``decoder``, ``frames_replaced`` when some frame was replaced, ``timestamps_unusable`` when
+        set.
+
+    Raises:
+        DecodeError: as :func:`decode_video` (an index past the stream's last frame fails the read).
+        ValueError: no index, a negative one, or a bad ``max_replaced_frac``.
+    """
+    if not indices or min(indices) < 0:
+        raise ValueError(f"indices must be a non-empty list of frame indices >= 0, got {list(indices)[:8]}")
+    if not 0.0 <= max_replaced_frac < 1.0:
+        raise ValueError(f"max_replaced_frac must be in [0, 1), got {max_replaced_frac!r}")
+    path = Path(path)
+    _check_file(path)
+    probe = probe_video(path)
+    idx = [int(k) for k in indices]
+    h, w = probe.height, probe.width
+    dh, dw = decode_frame_size(h, w, len(idx), native_decode_bytes, max_side)
+    name = "pyav" if probe.timestamps_unusable else "decord"
+    unique = sorted(set(idx))
+    opener = (lambda threads: lambda ix: _read_frames(path, ix, h, w, dh, dw, threads)) if name == "decord" else \
+        (lambda threads: READERS[name](path, probe, dh, dw, threads))
+    frames, replaced = _decode_unique(path, unique, h, w, dh, dw, num_threads, max_replaced_frac, opener=opener)
+    if len(unique) != len(idx):
+        pos = {k: i for i, k in enumerate(unique)}
+        frames = np.ascontiguousarray(frames[[pos[k] for k in idx]])
+    rate = video_fps if video_fps is not None else probe.fps
+    times = [k / rate for k in idx] if rate and rate > 0 else [float(k) for k in idx]
+    info = {"duration_s": round(probe.duration_s, 3), "native_hw": [int(h), int(w)], "decode_hw": [int(dh), int(dw)],
+            "n_frames": len(idx), "decoder": name}
+    if probe.timestamps_unusable:
+        info["timestamps_unusable"] = True
+    if replaced:
+        bad_native = {unique[k] for k in replaced}
+        info["frames_replaced"] = [j for j, k in enumerate(idx) if k in bad_native]
+    return DecodedVideo(frames=torch.from_numpy(frames), times_s=times, info=info)
+
+
 def _check_shape(path: Path, frames: np.ndarray, n: int) -> np.ndarray:
     if frames.ndim != 4 or frames.shape[0] != n or frames.shape[-1] != 3:
         raise DecodeError(f"{path}: decoder returned frames of shape {frames.shape}")

@@ -1,10 +1,23 @@
 """Audio + video multiple-choice QA data (WorldSense format) for the Qwen2.5-Omni thinker: one item per video.
 
 Each item carries all the video's questions (as :mod:`datamodules.videoqa`, whose grouping, resuming and cost-
-balanced sharding are reused), frames at ``fps`` (1) with at most ``max_frames`` (128) evenly spread ones
-(:func:`datamodules.decoding.decode_video`, the same sampling rule as the VideoLLaMA3 job), and the video's own
-audio as 16 kHz mono float32 PCM decoded by the ``imageio-ffmpeg`` bundled ffmpeg binary in a subprocess
-(:func:`decode_audio`). A video without an audio stream gets silence of the video's duration and
+balanced sharding are reused), the frames, and the video's own audio as 16 kHz mono float32 PCM decoded by the
+``imageio-ffmpeg`` bundled ffmpeg binary in a subprocess (:func:`decode_audio`).
+
+Frames (``frame_sampling``):
+
+* ``omnizip`` (default): qwen_omni_utils' choice, which OmniZip's WorldSense evaluation runs (seed 003:7;
+  :mod:`algorithms.omni_sampling`): decord's ``total_frames, video_fps = len(vr), vr.get_avg_fps()``
+  (:func:`datamodules.decoding.decord_frame_count`), ``nframes = smart_nframes(...)`` at ``fps`` with at most
+  ``max_frames`` (seed 003's 1 fps / 128 by default; the package's own 2 fps / 768, which OmniZip's eval gets when
+  nothing is edited, by setting them), the source frames ``linspace(0, total_frames - 1, nframes).round()``
+  decoded at exactly those indices (:func:`datamodules.decoding.decode_at_indices`), labelled ``index /
+  video_fps``; TMRoPE's seconds per temporal patch ``temporal_patch_size / sample_fps`` with the release's
+  ``sample_fps = nframes / total_frames * video_fps`` (``frame_interval_s = 1 / sample_fps``), or ``1 /
+  processor_fps`` when that is set (``2.0``: what OmniZip's eval gets, see :class:`OmniQADataModule`).
+* ``ffmpeg_rate``: the VideoLLaMA3 job's rule (:func:`datamodules.decoding.decode_video`: seed 001's FFmpeg
+  ``fps`` filter frames at ``fps``, thinned to ``max_frames`` by ``np.linspace(..., dtype=int)``), the frames
+  spaced ``1 / fps`` (or duration / frames when thinned). A video without an audio stream gets silence of the video's duration and
 ``audio_info["has_audio"] = False``; an unreadable audio stream is an error item (one error record per question).
 
 ``python -m datamodules.omni_qa --make-demo <root>`` writes a small WorldSense-format demo from
@@ -25,13 +38,16 @@ from torch.utils.data import DataLoader, Dataset
 
 from algorithms.errors import SettingError, check_int
 
-from .decoding import DecodeError, decode_video
+from algorithms.omni_sampling import frame_times, linspace_round_indices, qwen_omni_nframes, qwen_omni_sample_fps
+
+from .decoding import DecodeError, decode_at_indices, decode_video, decord_frame_count
 from .sharding import CostBalancedSampler, estimate_cost
 from .videoqa import VideoQADataModule, VideoTask, _duration_s
 
 log = logging.getLogger(__name__)
 
 AUDIO_SAMPLE_RATE = 16000
+FRAME_SAMPLINGS = ("omnizip", "ffmpeg_rate")
 REPO = Path(__file__).resolve().parent.parent
 MEDIA = REPO / "assets" / "media"
 _NO_AUDIO_MARKERS = ("does not contain any stream", "matches no streams")
@@ -96,29 +112,72 @@ class OmniQADataset(Dataset):
     """Decodes each video's frames and audio once; a failed decode yields an item with ``error`` set."""
 
     def __init__(self, tasks: list[VideoTask], fps: float = 1.0, max_frames: int = 128, decode_max_side: int = 896,
-                 max_audio_s: float | None = None, min_audio_s: float = 1.0):
-        if max_frames < 8 or max_frames % 8:
-            raise ValueError(f"max_frames must be a positive multiple of 8, got {max_frames}")
+                 max_audio_s: float | None = None, min_audio_s: float = 1.0, frame_sampling: str = "omnizip",
+                 processor_fps: float | None = None):
+        if frame_sampling not in FRAME_SAMPLINGS:
+            raise ValueError(f"frame_sampling must be one of {', '.join(FRAME_SAMPLINGS)}, got {frame_sampling!r}")
+        if frame_sampling == "ffmpeg_rate" and (max_frames < 8 or max_frames % 8):
+            raise ValueError(f"max_frames must be a positive multiple of 8 with ffmpeg_rate, got {max_frames}")
+        if max_frames < 2:
+            raise ValueError(f"max_frames must be at least 2, got {max_frames}")
         self.tasks, self.fps, self.max_frames = tasks, fps, max_frames
         self.decode_max_side, self.max_audio_s, self.min_audio_s = decode_max_side, max_audio_s, min_audio_s
+        self.frame_sampling, self.processor_fps = frame_sampling, processor_fps
 
     def __len__(self) -> int:
         return len(self.tasks)
 
-    def load(self, video_path: str) -> dict:
-        """``frames`` (T, H, W, 3) uint8, ``times_s``, ``video_info``, ``audio`` (S,) float32, ``audio_info``."""
+    def frames_omnizip(self, video_path: str):
+        """qwen_omni_utils' frames (module docstring): ``(DecodedVideo, info additions)``.
+
+        Raises:
+            DecodeError: decord cannot open the file, ``smart_nframes`` refuses it (fewer than 2 frames: the
+                release raises ``nframes should in interval [2, total_frames]``), or the decode fails.
+        """
+        total, video_fps = decord_frame_count(video_path)
+        try:
+            n = qwen_omni_nframes(total, video_fps, self.fps, max_frames=self.max_frames)
+        except ValueError as e:
+            raise DecodeError(f"{video_path}: qwen_omni_utils' frame count refuses the video ({total} frames at "
+                              f"{video_fps:g} fps: {e})") from e
+        idx = linspace_round_indices(total, n)
+        dec = decode_at_indices(video_path, idx, self.decode_max_side, video_fps=video_fps)
+        dec.times_s = frame_times(idx, video_fps)
+        sample_fps = qwen_omni_sample_fps(n, total, video_fps)
+        return dec, {"total_frames": int(total), "video_fps": round(video_fps, 6), "nframes": n,
+                     "sample_fps": round(sample_fps, 6), "capped": total / video_fps * self.fps > self.max_frames,
+                     "frame_interval_s": 1.0 / sample_fps}
+
+    def frames_ffmpeg_rate(self, video_path: str):
+        """Seed 001's FFmpeg-rate frames (:func:`datamodules.decoding.decode_video`): ``(DecodedVideo, info
+        additions)``."""
         # decode_video's cap is max_frames(B) = (B // 64) * 8 frames, so B = 8 * max_frames caps at max_frames
         dec = decode_video(video_path, 8 * self.max_frames, self.decode_max_side, base_fps=self.fps)
+        t = len(dec.times_s)
+        capped = dec.info["sample_fps"] < self.fps
+        # nominal spacing: 1 / fps, or the duration over the frames when thinned to the cap
+        return dec, {"nframes": t, "capped": capped,
+                     "frame_interval_s": dec.info["duration_s"] / t if capped else 1.0 / self.fps}
+
+    def load(self, video_path: str) -> dict:
+        """``frames`` (T, H, W, 3) uint8, ``times_s``, ``video_info``, ``audio`` (S,) float32, ``audio_info``.
+
+        ``video_info`` adds ``frame_sampling``, ``nframes``, ``sample_fps``, ``capped``, ``frame_interval_s`` (the
+        spacing TMRoPE is given: the model's seconds per temporal patch is ``temporal_patch_size`` times it) and,
+        with ``omnizip``, decord's ``total_frames`` / ``video_fps``; ``processor_fps`` when set."""
+        if self.frame_sampling == "omnizip":
+            dec, extra = self.frames_omnizip(video_path)
+        else:
+            dec, extra = self.frames_ffmpeg_rate(video_path)
         aud = decode_audio(video_path, silence_s=dec.info["duration_s"], max_s=self.max_audio_s)
         samples = aud.samples
         short = int(self.min_audio_s * AUDIO_SAMPLE_RATE) - len(samples)
         if short > 0:  # degenerate clips: pad with silence so the audio tower gets at least one window
             samples = np.concatenate([samples, np.zeros(short, dtype=np.float32)])
-        info = dict(dec.info)
-        t = len(dec.times_s)
-        info["capped"] = info["sample_fps"] < self.fps
-        # nominal spacing (TMRoPE uses it): 1 / fps, or the duration over the frames when thinned to the cap
-        info["frame_interval_s"] = info["duration_s"] / t if info["capped"] else 1.0 / self.fps
+        info = {**dec.info, "frame_sampling": self.frame_sampling, **extra}
+        if self.processor_fps is not None:   # the rate the processor is told (OmniZip's eval: none, so 2.0)
+            info["processor_fps"] = self.processor_fps
+            info["frame_interval_s"] = 1.0 / self.processor_fps
         return {"frames": dec.frames, "times_s": dec.times_s, "video_info": info, "audio": samples,
                 "audio_info": {**aud.info(), "padded_s": round(max(short, 0) / AUDIO_SAMPLE_RATE, 3)}}
 
@@ -142,34 +201,62 @@ class OmniQADataModule(VideoQADataModule):
         benchmark: loader name (``worldsense``).
         root: benchmark root (``worldsense_qa.json`` + ``videos/``).
         loader_kwargs: extra loader arguments.
-        fps: frame sampling rate (1).
-        max_frames: frame cap (128; a multiple of 8), frames evenly spread over longer videos.
+        frame_sampling: ``omnizip`` (default: qwen_omni_utils' ``smart_nframes`` + ``linspace(...).round()``, as
+            OmniZip's WorldSense evaluation samples, seed 003:7) or ``ffmpeg_rate`` (seed 001's FFmpeg ``fps``
+            filter frames, the VideoLLaMA3 job's rule); see the module docstring.
+        fps: frame sampling rate. Default 1, seed 003's ("1 fps"); ``2.0`` is qwen_omni_utils' ``FPS``, what
+            OmniZip's eval gets from the unedited package.
+        max_frames: frame cap. Default 128, seed 003's ("最大帧数为 128 帧"); ``768`` is the package's
+            ``FPS_MAX_FRAMES``. ``omnizip``: at least 2 (the release floors it to even); ``ffmpeg_rate``: a multiple
+            of 8, frames evenly spread over longer videos.
+        processor_fps: ``None`` (default): TMRoPE's seconds per temporal patch is ``temporal_patch_size /
+            sample_fps`` with the sampling's own rate (``omnizip``: qwen_omni_utils' ``sample_fps``, what
+            ``process_mm_info(..., return_video_kwargs=True)`` gives the processor). A number: that rate instead;
+            ``2.0`` reproduces OmniZip's eval, which passes the processor no ``fps``, so transformers'
+            ``Qwen2_5OmniProcessor`` takes its hard-coded 2.0 whatever the sampling (README, deviations).
         max_audio_s: keep at most this much audio (``None``: the whole track).
         num_workers, prefetch_factor, decode_max_side, limit_videos: as :class:`VideoQADataModule`.
     """
 
+    # absent from a run.json written before these settings existed: that folder's frames were ffmpeg_rate's
+    RECORD_DEFAULTS = {**VideoQADataModule.RECORD_DEFAULTS, "frame_sampling": "ffmpeg_rate", "processor_fps": None}
+
     def __init__(self, benchmark: str = "worldsense", root: str = "outputs/demo_worldsense",
-                 loader_kwargs: dict | None = None, fps: float = 1.0, max_frames: int = 128,
-                 max_audio_s: float | None = None, num_workers: int = 2, prefetch_factor: int = 2,
-                 decode_max_side: int = 896, limit_videos: int | None = None):
+                 loader_kwargs: dict | None = None, frame_sampling: str = "omnizip", fps: float = 1.0,
+                 max_frames: int = 128, processor_fps: float | None = None, max_audio_s: float | None = None,
+                 num_workers: int = 2, prefetch_factor: int = 2, decode_max_side: int = 896,
+                 limit_videos: int | None = None):
         super().__init__(benchmark=benchmark, root=root, loader_kwargs=loader_kwargs, num_workers=num_workers,
                          prefetch_factor=prefetch_factor, decode_max_side=decode_max_side, limit_videos=limit_videos)
-        check_int("data.max_frames", max_frames, 8)
-        if max_frames % 8:
-            raise SettingError(f"data.max_frames={max_frames}: expected a multiple of 8")
+        if frame_sampling not in FRAME_SAMPLINGS:
+            raise SettingError(f"data.frame_sampling={frame_sampling!r}: expected one of {', '.join(FRAME_SAMPLINGS)}")
+        if frame_sampling == "ffmpeg_rate":
+            check_int("data.max_frames", max_frames, 8)
+            if max_frames % 8:
+                raise SettingError(f"data.max_frames={max_frames}: expected a multiple of 8 with "
+                                   f"data.frame_sampling=ffmpeg_rate")
+        else:
+            check_int("data.max_frames", max_frames, 2)
         if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps <= 30:
             raise SettingError(f"data.fps={fps!r}: expected frames per second in (0, 30]")
+        if processor_fps is not None and (isinstance(processor_fps, bool) or not isinstance(processor_fps, (int, float))
+                                          or not processor_fps > 0):
+            raise SettingError(f"data.processor_fps={processor_fps!r}: expected frames per second > 0, or null for "
+                               f"the sampling's own rate")
         if max_audio_s is not None and not max_audio_s > 0:
             raise SettingError(f"data.max_audio_s={max_audio_s!r}: expected seconds > 0, or null for the whole track")
-        self.fps, self.max_frames, self.max_audio_s = fps, max_frames, max_audio_s
+        self.frame_sampling, self.fps, self.max_frames, self.max_audio_s = frame_sampling, fps, max_frames, max_audio_s
+        self.processor_fps = None if processor_fps is None else float(processor_fps)
 
     def record_settings(self) -> dict:
-        """:meth:`VideoQADataModule.record_settings` plus the frame rate, frame cap and audio length."""
-        return {**super().record_settings(), "fps": self.fps, "max_frames": self.max_frames,
-                "max_audio_s": self.max_audio_s}
+        """:meth:`VideoQADataModule.record_settings` plus the frame sampling, rate, cap, processor rate and audio
+        length."""
+        return {**super().record_settings(), "frame_sampling": self.frame_sampling, "fps": self.fps,
+                "max_frames": self.max_frames, "processor_fps": self.processor_fps, "max_audio_s": self.max_audio_s}
 
     def dataset(self, tasks: list[VideoTask]) -> OmniQADataset:
-        return OmniQADataset(tasks, self.fps, self.max_frames, self.decode_max_side, self.max_audio_s)
+        return OmniQADataset(tasks, self.fps, self.max_frames, self.decode_max_side, self.max_audio_s,
+                             frame_sampling=self.frame_sampling, processor_fps=self.processor_fps)
 
     def predict_dataloader(self) -> DataLoader:
         """This rank's videos, done (job, qid) pairs removed first (see :class:`VideoQADataModule`)."""

@@ -5,17 +5,19 @@ D LLM hidden size, L prompt length before pruning, L' after.
 
 Pipeline for one clip (issue 7 part 3):
 
-1. :meth:`OmniQA.encode`: the checkpoint's own ``Qwen2VLVideoProcessor`` (frames sampled by the caller at 1 fps,
-   at most 128; an odd frame count is padded by repeating the last frame, as ``qwen-omni-utils`` rounds to the
-   temporal patch) and ``WhisperFeatureExtractor`` (16 kHz mono), then the thinker's own towers
+1. :meth:`OmniQA.encode`: the checkpoint's own ``Qwen2VLVideoProcessor`` (frames sampled by the caller:
+   ``datamodules.omni_qa``'s ``frame_sampling``, by default qwen-omni-utils' even count at 1 fps, at most 128; an
+   odd count, which only ``ffmpeg_rate`` gives, is padded by repeating the last frame; seconds per temporal patch
+   ``temporal_patch_size * frame_interval_s``, i.e. ``temporal_patch_size / sample_fps`` as the processor's
+   ``video_second_per_grid = temporal_patch_size / fps``) and ``WhisperFeatureExtractor`` (16 kHz mono), then the thinker's own towers
    (``get_video_features`` / ``get_audio_features``). While the audio tower runs, a hook on its **last** encoder
    layer's self-attention recomputes that layer's attention map (per 2 s attention window, heads averaged) and
    reduces it to the attention each token *receives* (column mean over queries), average-pooled in pairs exactly
    like the tower's own stride-2 output pooling: that is the "audio encoder attention" the dominant-token
    methods rank by.
 2. :meth:`OmniQA.prune`: :func:`algorithms.pruning.apply_variant` on ``video (T, N, D)`` and ``audio (N_a, D)``
-   with ``patches_per_block = seconds_per_chunk / second_per_grid`` (1 at 1 fps: a temporal patch is 2 s, one native
-   block) and 50 audio tokens per block. The variant ``"full"`` keeps everything.
+   with ``patches_per_block = max(1, round(seconds_per_chunk / second_per_grid))`` (1 at 1 fps: a temporal patch is
+   2 s, one native block; a capped video's patches are longer, still 1) and 50 audio tokens per block. The variant ``"full"`` keeps everything.
 3. :meth:`OmniQA.build_inputs`: the **unpruned** prompt is built exactly as ``Qwen2_5OmniProcessor`` does with the
    audio taken from the video (``<|vision_bos|><|audio_bos|>`` + per 2 s chunk the chunk's video tokens then its
    audio tokens + ``<|audio_eos|><|vision_eos|>``, inside the official chat template and system prompt), TMRoPE
@@ -161,7 +163,8 @@ class OmniQA(nn.Module):
         """Processor outputs for a clip: ``(inputs, second_per_grid, num_frames)``.
 
         Args:
-            frames: (F, H, W, 3) uint8 frames sampled every ``frame_interval_s`` seconds (1 at 1 fps).
+            frames: (F, H, W, 3) uint8 frames sampled every ``frame_interval_s`` seconds (``1 / sample_fps``;
+                1 at 1 fps).
             audio: (S,) float32 mono 16 kHz.
         """
         frames = torch.as_tensor(np.asarray(frames))

@@ -88,7 +88,7 @@ class EncodedClip:
         audio_tokens: (N_a, D) audio tower output.
         audio_attention: (N_a,) attention each audio token receives in the audio encoder's last layer.
         video_grid_thw: (1, 3) long, the processor's grid (patches, not merged).
-        second_per_grid: seconds per temporal patch (2 at 1 fps).
+        second_per_grid: seconds per temporal patch (``temporal_patch_size / sample_fps``: 2 at 1 fps).
         mel_length: valid log-mel frames of the audio (the ``audio_seqlens`` of ``get_rope_index``).
         inputs: the processor outputs (``pixel_values_videos``, ``video_grid_thw``, ``input_features``,
             ``feature_attention_mask``), for a plain thinker forward on the same input.

@@ -62,14 +62,21 @@ def test_decode_audio_and_demo_items(demo_root, item):
     from datamodules.decoding import DecodeError
     from datamodules.omni_qa import OmniQADataset, decode_audio
 
+    # qwen_omni_utils' choice (the default): decord's 280 frames at 20 fps, 14 s at 1 fps -> 14 frames,
+    # linspace(0, 279, 14) (step 21.46), sample_fps = 14 / 280 * 20 = 1.0
     assert item["frames"].shape[0] == 14 and item["video_info"]["sample_fps"] == 1.0
-    assert item["video_info"]["frame_interval_s"] == 1.0
+    assert item["video_info"]["frame_interval_s"] == 1.0 and item["video_info"]["frame_sampling"] == "omnizip"
+    assert item["times_s"] == [k / 20 for k in (0, 21, 43, 64, 86, 107, 129, 150, 172, 193, 215, 236, 258, 279)]
     assert item["audio_info"]["has_audio"] and abs(item["audio_info"]["duration_s"] - 13.9) < 0.2
     assert item["audio"].dtype == np.float32  # the cockatoo's mp3 track is digital silence
     short = OmniQADataset([]).load(str(demo_root / "videos" / "realshort.mp4"))
     assert short["audio_info"]["has_audio"] and np.abs(short["audio"]).max() > 0.01
-    # seed 001's decode: realshort ends at 1.1992 s -> floor(1.1992 * 1 fps) = 1 frame
-    assert short["frames"].shape[0] == 1 and short["audio_info"]["padded_s"] == 0.0
+    # realshort: 36 frames at 30.02 fps (1.2 s) -> FPS_MIN_FRAMES = 4 frames, linspace(0, 35, 4) -> 0, 12, 23, 35
+    assert short["frames"].shape[0] == 4 and short["audio_info"]["padded_s"] == 0.0
+    assert short["video_info"]["nframes"] == 4 and short["video_info"]["sample_fps"] == round(4 / 36 * 30.020013342228154, 6)
+    # seed 001's decode (ffmpeg_rate): realshort ends at 1.1992 s -> floor(1.1992 * 1 fps) = 1 frame
+    rate = OmniQADataset([], frame_sampling="ffmpeg_rate").load(str(demo_root / "videos" / "realshort.mp4"))
+    assert rate["frames"].shape[0] == 1 and rate["video_info"]["frame_sampling"] == "ffmpeg_rate"
     silent = OmniQADataset([]).load(str(demo_root / "videos" / "realshort_silent.mp4"))
     assert not silent["audio_info"]["has_audio"]
     assert len(silent["audio"]) == round(silent["video_info"]["duration_s"] * 16000) and not silent["audio"].any()
@@ -77,8 +84,9 @@ def test_decode_audio_and_demo_items(demo_root, item):
         decode_audio(demo_root / "videos" / "missing.mp4")
     cut = decode_audio(demo_root / "videos" / "cockatoo.mp4", max_s=2.0)
     assert cut.truncated and len(cut.samples) == 32000
-    with pytest.raises(ValueError, match="multiple of 8"):
-        OmniQADataset([], max_frames=100)
+    with pytest.raises(ValueError, match="multiple of 8 with ffmpeg_rate"):
+        OmniQADataset([], max_frames=100, frame_sampling="ffmpeg_rate")
+    assert OmniQADataset([], max_frames=100).max_frames == 100     # omnizip floors it to even, as the release
 
 
 def test_keep_counts_equal_variant_keep_indices(qa, clip):
@@ -129,6 +137,27 @@ def test_kept_positions_are_unpruned_positions_gathered(qa, clip):
             rows = torch.searchsorted(pr.audio_keep, pr.audio_merge.anchors)
             assert torch.allclose(a_emb[rows], merged, atol=1e-6)
             assert pr.audio_merge.anchors.numel() > 0
+
+
+def test_tmrope_time_follows_the_sample_rate(qa, demo_root):
+    """Qwen2.5-Omni's processor: ``video_second_per_grid = temporal_patch_size / fps`` with the ``fps`` qwen_omni_utils
+    returns (``sample_fps``); ``get_rope_index``: ``t_index = (arange(grid_t) * second_per_grid * 25).long()``.
+    realshort (4 frames, sample_fps = 4 / 36 * 30.02 = 3.3356): 2 patches of 2 / 3.3356 = 0.5996 s -> temporal
+    positions 0 and floor(14.99) = 14 after the media origin; ``processor_fps=2.0`` (what OmniZip's eval gets from
+    the processor's hard-coded 2.0): 1 s per patch -> 0 and 25."""
+    from datamodules.omni_qa import OmniQADataset
+
+    cfg = qa.config
+    for processor_fps, spg, second in ((None, 2 / (4 / 36 * 30.020013342228154), 14), (2.0, 1.0, 25)):
+        item = OmniQADataset([], processor_fps=processor_fps).load(str(demo_root / "videos" / "realshort.mp4"))
+        clip = qa.encode(item["frames"], item["audio"], item["video_info"]["frame_interval_s"])
+        assert clip.second_per_grid == spg and int(clip.video_grid_thw[0, 0]) == 2 and clip.num_frames == 4
+        inputs = qa.build_inputs(clip, None, QUESTION)
+        ids = inputs.input_ids
+        origin = int(inputs.position_ids[0, int(torch.nonzero(ids == cfg.audio_start_token_id)[0])]) + 1
+        t_pos = inputs.position_ids[0, ids == cfg.video_token_id]
+        per_patch = clip.video_tokens.shape[1]
+        assert t_pos.tolist() == [origin] * per_patch + [origin + second] * per_patch, processor_fps
 
 
 def test_full_equals_plain_thinker_forward(qa, clip):
@@ -187,6 +216,7 @@ def test_yaml_instantiates(tmp_path):
     assert cli.model.variants == ["full", *VARIANTS] and cli.model.hparams.retention == 0.5
     assert list(cli.model.jobs)[:3] == ["full", "baseline_r0.5", "v1_r0.5"]
     assert cli.datamodule.loader_kwargs == {} and cli.datamodule.max_frames == 128 and cli.datamodule.fps == 1.0
+    assert cli.datamodule.frame_sampling == "omnizip" and cli.datamodule.processor_fps is None
 
 
 def test_predict_job_records_and_scores(omni_dir, demo_root, tmp_path, qa, clip):
@@ -228,6 +258,12 @@ def test_predict_job_records_and_scores(omni_dir, demo_root, tmp_path, qa, clip)
     assert by[("cockatoo_task0", "full")]["num_video_tokens"] == 105
     assert by[("realshort_silent_task0", "full")]["audio_info"]["has_audio"] is False
     assert by[("realshort_task0", "full")]["audio_info"]["has_audio"] is True
+    # the sampling is in every record: realshort gets qwen_omni_utils' 4 frames (2 temporal patches of 2 / 3.336 s)
+    short = by[("realshort_task0", "full")]
+    assert {k: short["video_info"][k] for k in ("frame_sampling", "nframes", "total_frames", "n_frames_model")} == {
+        "frame_sampling": "omnizip", "nframes": 4, "total_frames": 36, "n_frames_model": 4}
+    assert short["video_info"]["sample_fps"] == round(4 / 36 * 30.020013342228154, 6)
+    assert short["second_per_grid"] == 2 / (4 / 36 * 30.020013342228154) and short["video_grid_thw"][0] == 2
     scores = json.loads((out / "scores.json").read_text())
     assert {g["job"] for g in scores["groups"]} == {"full", "baseline_r0.5", "v4_r0.5"}
     assert all(g["n_scored"] == 4 for g in scores["groups"])
@@ -236,13 +272,18 @@ def test_predict_job_records_and_scores(omni_dir, demo_root, tmp_path, qa, clip)
     from callbacks.jsonl_writer import OutputSettingsError
 
     settings = json.loads((out / "run.json").read_text())
-    assert {k: settings[k] for k in ("fps", "max_frames", "max_audio_s", "retention", "audio_retention",
-                                     "max_new_tokens", "prompt_template", "dtype")} == {
-        "fps": 1.0, "max_frames": 128, "max_audio_s": None, "retention": 0.5, "audio_retention": None,
-        "max_new_tokens": 4, "prompt_template": "default:omnizip_worldsense", "dtype": "float32"}
+    assert {k: settings[k] for k in ("frame_sampling", "fps", "max_frames", "processor_fps", "max_audio_s",
+                                     "retention", "audio_retention", "max_new_tokens", "prompt_template",
+                                     "dtype")} == {
+        "frame_sampling": "omnizip", "fps": 1.0, "max_frames": 128, "processor_fps": None, "max_audio_s": None,
+        "retention": 0.5, "audio_retention": None, "max_new_tokens": 4,
+        "prompt_template": "default:omnizip_worldsense", "dtype": "float32"}
     assert settings["model_path"] == str(omni_dir.resolve())
     before = sorted((p, p.stat().st_size) for p in out.glob("*/*/*.jsonl"))
     for extra, field in (("--data.init_args.fps=0.5", "fps: 1.0 there, 0.5 now"),
+                         ("--data.init_args.frame_sampling=ffmpeg_rate",
+                          "frame_sampling: 'omnizip' there, 'ffmpeg_rate' now"),
+                         ("--data.init_args.processor_fps=2.0", "processor_fps: None there, 2.0 now"),
                          ("--model.init_args.max_new_tokens=2", "max_new_tokens: 4 there, 2 now")):
         with pytest.raises(OutputSettingsError, match=f"holds records made with other settings \\({field}\\)"):
             evaluate.cli_main(["predict", f"--config={CONFIG}", f"--config={cfg}", extra])
@@ -267,8 +308,14 @@ def test_pruning_settings_are_checked_at_construction(omni_dir):
     with pytest.raises(SettingError, match="prompt_template 'ws' is unknown"):
         OmniPruningQA(str(omni_dir), prompt_template="ws")
     for kwargs, msg in (({"fps": 0}, r"data.fps=0: expected frames per second in \(0, 30\]"),
-                        ({"max_frames": 12}, "data.max_frames=12: expected a multiple of 8"),
-                        ({"max_frames": 4}, "data.max_frames=4: expected an integer >= 8"),
+                        ({"max_frames": 12, "frame_sampling": "ffmpeg_rate"},
+                         "data.max_frames=12: expected a multiple of 8 with data.frame_sampling=ffmpeg_rate"),
+                        ({"max_frames": 4, "frame_sampling": "ffmpeg_rate"},
+                         "data.max_frames=4: expected an integer >= 8"),
+                        ({"max_frames": 1}, "data.max_frames=1: expected an integer >= 2"),
+                        ({"frame_sampling": "uniform"},
+                         "data.frame_sampling='uniform': expected one of omnizip, ffmpeg_rate"),
+                        ({"processor_fps": 0}, "data.processor_fps=0: expected frames per second > 0"),
                         ({"max_audio_s": 0}, "data.max_audio_s=0: expected seconds > 0")):
         with pytest.raises(SettingError, match=msg):
             OmniQADataModule(**kwargs)
