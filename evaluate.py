@@ -8,20 +8,27 @@ and causal omni feature extraction.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from lightning.pytorch.cli import LightningCLI
+if TYPE_CHECKING:
+    from lightning.pytorch.cli import LightningCLI
 
-from cli import build_cli, main
-
+# Lightning and the CLI are imported inside the functions: a DataLoader worker started with ``spawn`` (the NVDEC
+# decoders) re-imports this module as its ``__mp_main__``, and Lightning's import there cost each worker seconds
+# before its first decode.
 ROOT = Path(__file__).resolve().parent
 DEFAULT_PREDICT_CONFIG = ROOT / "configs" / "predict" / "demo.yaml"
 
 
 def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     """Build (and by default run) the LightningCLI; ``args`` as on the command line (``None``: ``sys.argv``)."""
+    from cli import build_cli
+
     return build_cli(args, run,
                      parser_kwargs={"predict": {"default_config_files": [str(DEFAULT_PREDICT_CONFIG)]}})
 
 
 if __name__ == "__main__":
+    from cli import main
+
     main(cli_main)

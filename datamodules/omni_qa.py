@@ -209,11 +209,12 @@ class OmniQADataModule(VideoQADataModule):
         max_frames: frame cap. Default 128, seed 003's ("最大帧数为 128 帧"); ``768`` is the package's
             ``FPS_MAX_FRAMES``. ``omnizip``: at least 2 (the release floors it to even); ``ffmpeg_rate``: a multiple
             of 8, frames evenly spread over longer videos.
-        processor_fps: ``None`` (default): TMRoPE's seconds per temporal patch is ``temporal_patch_size /
-            sample_fps`` with the sampling's own rate (``omnizip``: qwen_omni_utils' ``sample_fps``, what
-            ``process_mm_info(..., return_video_kwargs=True)`` gives the processor). A number: that rate instead;
-            ``2.0`` reproduces OmniZip's eval, which passes the processor no ``fps``, so transformers'
-            ``Qwen2_5OmniProcessor`` takes its hard-coded 2.0 whatever the sampling (README, deviations).
+        processor_fps: the rate the processor is told, which sets TMRoPE's seconds per temporal patch
+            (``temporal_patch_size / processor_fps``). Default ``2.0``, as OmniZip's eval (KD-TAO/OmniZip@9060291:
+            eval/eval.py:evaluate_sample) runs: it passes the processor no ``fps``, so transformers'
+            ``Qwen2_5OmniProcessor`` takes its hard-coded 2.0 whatever the sampling. ``None``: the sampling's own
+            rate (``omnizip``: qwen_omni_utils' ``sample_fps``, what ``process_mm_info(..., return_video_kwargs=True)``
+            gives the processor), a departure from the eval (README, deviations).
         max_audio_s: keep at most this much audio (``None``: the whole track).
         num_workers, prefetch_factor, decode_max_side, limit_videos: as :class:`VideoQADataModule`.
     """
@@ -223,7 +224,7 @@ class OmniQADataModule(VideoQADataModule):
 
     def __init__(self, benchmark: str = "worldsense", root: str = "outputs/demo_worldsense",
                  loader_kwargs: dict | None = None, frame_sampling: str = "omnizip", fps: float = 1.0,
-                 max_frames: int = 128, processor_fps: float | None = None, max_audio_s: float | None = None,
+                 max_frames: int = 128, processor_fps: float | None = 2.0, max_audio_s: float | None = None,
                  num_workers: int = 2, prefetch_factor: int = 2, decode_max_side: int = 896,
                  limit_videos: int | None = None):
         super().__init__(benchmark=benchmark, root=root, loader_kwargs=loader_kwargs, num_workers=num_workers,

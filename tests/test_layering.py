@@ -209,3 +209,20 @@ def test_entry_points_are_thin_and_independent():
     assert "cli" in graph["train"] and "cli" in graph["evaluate"]
     assert "evaluate" not in graph["train"] and "train" not in graph["evaluate"]
     assert not graph["cli"] & {"train", "evaluate"}
+
+
+def test_what_a_spawned_decode_worker_imports_has_no_lightning():
+    """A DataLoader worker started with ``spawn`` (NVDEC) imports the entry point as ``__mp_main__`` and the module
+    of the pickled dataset: neither may pull in Lightning (seconds of start-up per worker before its first decode)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, runpy; runpy.run_path('evaluate.py', run_name='__mp_main__'); "
+            "import datamodules.video_items; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('lightning', 'pytorch_lightning', 'lightning_fabric')))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "[]"
+    from datamodules import videoqa, video_items
+
+    assert videoqa.VideoQADataset is video_items.VideoQADataset and videoqa.VideoTask is video_items.VideoTask

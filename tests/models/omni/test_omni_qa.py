@@ -216,7 +216,7 @@ def test_yaml_instantiates(tmp_path):
     assert cli.model.variants == ["full", *VARIANTS] and cli.model.hparams.retention == 0.5
     assert list(cli.model.jobs)[:3] == ["full", "baseline_r0.5", "v1_r0.5"]
     assert cli.datamodule.loader_kwargs == {} and cli.datamodule.max_frames == 128 and cli.datamodule.fps == 1.0
-    assert cli.datamodule.frame_sampling == "omnizip" and cli.datamodule.processor_fps is None
+    assert cli.datamodule.frame_sampling == "omnizip" and cli.datamodule.processor_fps == 2.0
 
 
 def test_predict_job_records_and_scores(omni_dir, demo_root, tmp_path, qa, clip):
@@ -258,12 +258,13 @@ def test_predict_job_records_and_scores(omni_dir, demo_root, tmp_path, qa, clip)
     assert by[("cockatoo_task0", "full")]["num_video_tokens"] == 105
     assert by[("realshort_silent_task0", "full")]["audio_info"]["has_audio"] is False
     assert by[("realshort_task0", "full")]["audio_info"]["has_audio"] is True
-    # the sampling is in every record: realshort gets qwen_omni_utils' 4 frames (2 temporal patches of 2 / 3.336 s)
+    # the sampling is in every record: realshort gets qwen_omni_utils' 4 frames, 2 temporal patches of 1 s each at
+    # the default processor_fps 2.0 (the eval's processor: 2 / 2.0)
     short = by[("realshort_task0", "full")]
     assert {k: short["video_info"][k] for k in ("frame_sampling", "nframes", "total_frames", "n_frames_model")} == {
         "frame_sampling": "omnizip", "nframes": 4, "total_frames": 36, "n_frames_model": 4}
     assert short["video_info"]["sample_fps"] == round(4 / 36 * 30.020013342228154, 6)
-    assert short["second_per_grid"] == 2 / (4 / 36 * 30.020013342228154) and short["video_grid_thw"][0] == 2
+    assert short["second_per_grid"] == 1.0 and short["video_grid_thw"][0] == 2
     scores = json.loads((out / "scores.json").read_text())
     assert {g["job"] for g in scores["groups"]} == {"full", "baseline_r0.5", "v4_r0.5"}
     assert all(g["n_scored"] == 4 for g in scores["groups"])
@@ -275,7 +276,7 @@ def test_predict_job_records_and_scores(omni_dir, demo_root, tmp_path, qa, clip)
     assert {k: settings[k] for k in ("frame_sampling", "fps", "max_frames", "processor_fps", "max_audio_s",
                                      "retention", "audio_retention", "max_new_tokens", "prompt_template",
                                      "dtype")} == {
-        "frame_sampling": "omnizip", "fps": 1.0, "max_frames": 128, "processor_fps": None, "max_audio_s": None,
+        "frame_sampling": "omnizip", "fps": 1.0, "max_frames": 128, "processor_fps": 2.0, "max_audio_s": None,
         "retention": 0.5, "audio_retention": None, "max_new_tokens": 4,
         "prompt_template": "default:omnizip_worldsense", "dtype": "float32"}
     assert settings["model_path"] == str(omni_dir.resolve())
@@ -283,7 +284,7 @@ def test_predict_job_records_and_scores(omni_dir, demo_root, tmp_path, qa, clip)
     for extra, field in (("--data.init_args.fps=0.5", "fps: 1.0 there, 0.5 now"),
                          ("--data.init_args.frame_sampling=ffmpeg_rate",
                           "frame_sampling: 'omnizip' there, 'ffmpeg_rate' now"),
-                         ("--data.init_args.processor_fps=2.0", "processor_fps: None there, 2.0 now"),
+                         ("--data.init_args.processor_fps=null", "processor_fps: 2.0 there, None now"),
                          ("--model.init_args.max_new_tokens=2", "max_new_tokens: 4 there, 2 now")):
         with pytest.raises(OutputSettingsError, match=f"holds records made with other settings \\({field}\\)"):
             evaluate.cli_main(["predict", f"--config={CONFIG}", f"--config={cfg}", extra])

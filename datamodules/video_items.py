@@ -1,0 +1,73 @@
+"""The per-video work items of the QA job and the Dataset that decodes them (what a DataLoader worker runs).
+
+Kept apart from :mod:`datamodules.videoqa` and free of Lightning: a worker started with ``spawn`` (the NVDEC
+decoders, which need a CUDA context of their own) imports the module that defines the pickled dataset, and
+importing Lightning there cost each of 8 workers seconds before its first decode (the first answer waited for it).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from torch.utils.data import Dataset
+
+from .benchmarks import Question
+from .decoding import MAX_REPLACED_FRAC, NATIVE_DECODE_BYTES, DecodeError, EncoderSizing, decode_video
+
+
+@dataclass
+class VideoTask:
+    """One video and the (question, job) pairs still to answer on it."""
+
+    video_id: str
+    video_path: str
+    benchmark: str
+    questions: list[Question]
+    jobs: dict[str, list[str]] = field(default_factory=dict)  # qid -> job names still to do
+
+
+class VideoQADataset(Dataset):
+    """Decodes each video once (for ``max_budget``) and returns a dict item; a failed decode yields an item with
+    ``error`` set instead of frames, so the run records it and goes on.
+
+    ``error`` always starts with the video path: a :class:`~datamodules.decoding.DecodeError` message as is (see
+    :mod:`datamodules.decoding` for the per-case table), any other exception of the decoder (including
+    ``MemoryError``) as ``"<path>: unexpected decode failure (<type>: <message>)"``. ``KeyboardInterrupt`` and
+    ``SystemExit`` are not caught.
+    """
+
+    def __init__(self, tasks: list[VideoTask], max_budget: int, decode_max_side: int = 896, decode_threads: int = 1,
+                 native_decode_bytes: float = NATIVE_DECODE_BYTES, short_clip_first_frame: bool = False,
+                 max_replaced_frac: float = MAX_REPLACED_FRAC, sizing: EncoderSizing | None = None,
+                 decoder: str = "cpu"):
+        self.tasks, self.max_budget, self.decode_max_side = tasks, max_budget, decode_max_side
+        self.decoder = decoder
+        self.sizing = sizing   # None: frames at the decode size; else held at the encoder's sizes only
+        self.max_replaced_frac = max_replaced_frac
+        self.decode_threads = decode_threads
+        self.native_decode_bytes, self.short_clip_first_frame = native_decode_bytes, short_clip_first_frame
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __getitem__(self, i: int) -> dict:
+        task = self.tasks[i]
+        item = {"video_id": task.video_id, "video_path": task.video_path, "benchmark": task.benchmark,
+                "questions": [asdict(q) for q in task.questions], "jobs": task.jobs, "error": None}
+        start = time.perf_counter()
+        if self.decoder != "cpu":   # registers READERS["nvdec"] in this process (a spawned worker starts without it)
+            import datamodules.nvdec  # noqa: F401
+        try:
+            dec = decode_video(task.video_path, self.max_budget, self.decode_max_side,
+                               num_threads=self.decode_threads, native_decode_bytes=self.native_decode_bytes,
+                               short_clip_first_frame=self.short_clip_first_frame,
+                               max_replaced_frac=self.max_replaced_frac, sizing=self.sizing, decoder=self.decoder)
+            item.update(frames=dec.frames, times_s=dec.times_s, video_info=dec.info)
+        except DecodeError as e:
+            item["error"] = str(e)
+        except Exception as e:  # noqa: BLE001 - any decoder failure must become an error record, not a crash
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            item["error"] = f"{task.video_path}: unexpected decode failure ({type(e).__name__}: {first})"
+        item["decode_s"] = time.perf_counter() - start      # worker seconds (StageTimer reports their sum)
+        item["decoded_unix"] = time.time()                  # when the worker finished (bench timelines)
+        return item
