@@ -22,7 +22,8 @@ used and ``video_info.capped`` plain predict's flag computed on those frames, so
 predict's in every plain field (``variant`` and ``job`` aside).
 
 Instrumentation: ``video_stats[video_id]`` counts, per video, the items (= decodes: the dataset decodes once per
-item), the encode calls ``(grid, n_frames)`` of the shared cache, the LLM prefixes built and the jobs reused.
+item), the encode calls ``(grid, n_frames)`` and re-encode calls ``(encode grid, grid, n_frames)`` of the shared
+cache, the LLM prefixes built and the jobs reused.
 """
 from __future__ import annotations
 
@@ -143,15 +144,16 @@ class LayoutAblationQA(BudgetedQA):
                 rec.update(job=j, variant=v, reused=j in reuse, same_as_base=same_as_base[j])
                 records.append(rec)
 
-        st = self.video_stats.setdefault(item["video_id"], {"n_items": 0, "encode_calls": [], "n_prefixes": 0,
-                                                            "n_jobs": 0, "n_reused_jobs": 0})
+        st = self.video_stats.setdefault(item["video_id"], {"n_items": 0, "encode_calls": [], "reencode_calls": [],
+                                                            "n_prefixes": 0, "n_jobs": 0, "n_reused_jobs": 0})
         st["n_items"] += 1
         st["encode_calls"] += list(cache.encode_calls)
+        st["reencode_calls"] += list(cache.reencode_calls)
         st["n_prefixes"] += len(to_run)
         st["n_jobs"] += len(todo_jobs)
         st["n_reused_jobs"] += len(reuse)
-        log.info("video %s: %d jobs, %d LLM prefixes (%d jobs reuse the baseline), encodes %s", item["video_id"],
-                 len(todo_jobs), len(to_run), len(reuse), cache.encode_calls)
+        log.info("video %s: %d jobs, %d LLM prefixes (%d jobs reuse the baseline), encodes %s, re-encodes %s",
+                 item["video_id"], len(todo_jobs), len(to_run), len(reuse), cache.encode_calls, cache.reencode_calls)
         self.last_stage_seconds = {"encode": cache.encode_seconds, "plan_build": t1 - t0 - cache.encode_seconds,
                                    "answer": t2 - t1}
         return records

@@ -99,9 +99,15 @@ def test_one_decode_and_at_most_one_encode_per_size(runs):
             grids = [g for g, _ in st["encode_calls"]]
             assert st["n_items"] == 1 and len(grids) == len(set(grids)), (video, st["encode_calls"])
             assert st["n_jobs"] == N_JOBS
-    calls = runs["reuse"][1].video_stats["cockatoo"]["encode_calls"]
-    # budgets 128 / 256 / 1024 -> three encode grids; low64's raw frames and sel_resize's substitutes share (6, 10)
-    assert sorted(g for g, _ in calls) == [(6, 10), (6, 11), (9, 16), (12, 21)]
+    st = runs["reuse"][1].video_stats["cockatoo"]
+    # cockatoo 720 x 1280, 14 frames: B = 128 -> cap min(256, 1024 // 14) = 73 -> (6, 11); B = 256 (base, the
+    # reference of low64@256) -> cap 2048 // 14 = 146 -> (9, 16); B = 1024 and every capped job (<= 4 frames) -> cap
+    # 256 -> (12, 21)
+    assert sorted(g for g, _ in st["encode_calls"]) == [(6, 11), (9, 16), (12, 21)]
+    # seed 000 build: the re-encodes, each from the job's encode grid to raw_frame_grid(hh, ww, 64):
+    # low64@256 (capped, 4 frames at (12, 21), raw at (6, 10)); sel_resize@128 (2 middle frames, (6, 11) -> (5, 10))
+    assert sorted(st["reencode_calls"]) == [((6, 11), (5, 10), 2), ((12, 21), (6, 10), 4)]
+    assert sorted(runs["no_reuse"][1].video_stats["cockatoo"]["reencode_calls"]) == sorted(st["reencode_calls"])
 
 
 def test_reuse_where_inputs_equal_and_no_reuse_runs_everything(runs):
@@ -165,7 +171,11 @@ def test_variant_records_respect_budgets(runs):
     assert by[("rho32_b128", "cockatoo")]["hw"] == 252 and by[("base_b128", "cockatoo")]["hw"] == 66
     assert by[("rho32_b128", "cockatoo")]["n_frames_kept"] == 4
     sw = by[("sel_resize_b128", "cockatoo")]
-    assert sw["n_compressed"] == 2 and sw["group_grid"] == [6, 10] and sw["vision_tokens"] == 120
+    # seed 000:1161 small = raw_frame_grid(6, 11, 64): 66 > 64 cells, beta = sqrt(66 / 64) -> (5, 10), 50 rows
+    # (the native frame at 64 rows would be 6 x 10); forced8: 2 groups, no raw frame
+    assert sw["n_compressed"] == 2 and sw["group_grid"] == [5, 10] and sw["vision_tokens"] == 100
+    mm = by[("mean_merge_b128", "cockatoo")]
+    assert mm["group_grid"] == sw["group_grid"] and mm["vision_tokens"] == 100
 
 
 def test_resume_recomputes_an_unrequested_baseline(runs, tiny_vl3_dir):
