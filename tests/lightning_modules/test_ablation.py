@@ -33,7 +33,7 @@ def _cfg(model_dir, bench_root, out_dir, model: dict) -> Path:
     return path
 
 
-def run_ablation(model_dir, bench_root, out_dir, jobs=JOBS, no_reuse=False):
+def run_ablation(model_dir, bench_root, out_dir, jobs=JOBS, no_reuse=False, **init_args):
     """In-process ``evaluate.py predict`` of the ablation job; returns (records, module, decode calls per file)."""
     import datamodules.videoqa as vqa
     import evaluate
@@ -41,7 +41,7 @@ def run_ablation(model_dir, bench_root, out_dir, jobs=JOBS, no_reuse=False):
 
     model = {"class_path": "lightning_modules.layout_ablation.LayoutAblationQA",
              "init_args": {"model_path": str(model_dir), "jobs": jobs, "no_reuse": no_reuse,
-                           "max_new_tokens": NEW_TOKENS}}
+                           "max_new_tokens": NEW_TOKENS, **init_args}}
     decodes: dict[str, int] = {}
     real = vqa.decode_video
 
@@ -192,6 +192,83 @@ def test_resume_recomputes_an_unrequested_baseline(runs, tiny_vl3_dir):
     assert _by_key(again) == recs and not (out / "base_b256").exists()
 
 
+# ----------------------------------------------------------------------------------------- baseline_run
+
+# the jobs of JOBS at the plain run's budgets (128, 1024)
+RUN_JOBS = "base:128:1024,rho32:128,rho128:128,qtf2:128,sel_resize:128,sel_merge:1024,mean_merge:128,hivar:1024"
+
+
+def test_baseline_run_records_are_copied_where_inputs_equal(runs, tiny_vl3_dir):
+    """Seed 000 --baseline_run: the baseline's records come from the plain predict folder (decoded for 1024, the
+    ablation's decode_budget here: the two short clips decode every 1 fps frame either way, so the in-run reuse
+    run is the reference); base itself is copied too (seed ``reuse = eff is BASE``), the LLM runs only the rest."""
+    out = runs["tmp"] / "from_plain"
+    recs, module, _ = run_ablation(tiny_vl3_dir, runs["root"], out, jobs=RUN_JOBS, decode_budget=1024,
+                                   baseline_run=str(runs["tmp"] / "plain"))
+    ref = _by_key(runs["reuse"][0])
+    plain = _by_key(runs["plain"])
+    got = _by_key(recs)
+    assert len(got) == 9 * N_QUESTIONS
+    for (job, qid), r in got.items():
+        e = dict(ref[(job, qid)])
+        if e["variant"] == "base":
+            e["reused"] = True      # copied from the baseline run, as the seed copies base
+        assert r == e, (job, qid)
+        if r["reused"]:             # the plain predict record itself, with this run's layout fields
+            p = plain[(f"b{r['budget']}", qid)]
+            assert {k: r[k] for k in p if k not in PLAIN_ONLY} == {k: v for k, v in p.items() if k not in PLAIN_ONLY}
+    assert all(r["reused"] for r in recs if r["variant"] == "base")
+    n_run = sum(1 for j in {(r["job"], r["video"]) for r in recs if not r["reused"]})
+    assert sum(s["n_prefixes"] for s in module.video_stats.values()) == n_run   # no baseline prefix in this run
+    assert json.loads((out / "run.json").read_text())["baseline_run"] == str((runs["tmp"] / "plain").resolve())
+
+
+def _refused(runs, tiny_vl3_dir, name, match, baseline, **kw):
+    from callbacks.baseline_run import BaselineRunError
+
+    out = runs["tmp"] / name
+    with pytest.raises(BaselineRunError, match=match):
+        run_ablation(tiny_vl3_dir, runs["root"], out, jobs=kw.pop("jobs", RUN_JOBS), baseline_run=str(baseline),
+                     **kw)
+    assert not out.exists()   # refused before anything is written
+
+
+def test_baseline_run_refused_before_writing(runs, tiny_vl3_dir):
+    plain = runs["tmp"] / "plain"
+    _refused(runs, tiny_vl3_dir, "r_missing", r"no such folder", runs["tmp"] / "nowhere", decode_budget=1024)
+    # the plain run decoded for its largest budget, 1024; the ablation's default decodes for 16384
+    _refused(runs, tiny_vl3_dir, "r_decode", r"plain: decode_budget: 1024 there .* 16384 here", plain)
+    _refused(runs, tiny_vl3_dir, "r_tokens", r"plain.*run.json was made with other settings \(max_new_tokens: 2 there, "
+             r"3 here\)", plain, decode_budget=1024, max_new_tokens=3)
+    _refused(runs, tiny_vl3_dir, "r_budget", r"budget 256: no b256/ or base_b256/ folder", plain,
+             jobs="base:128,low64:256", decode_budget=1024)
+    # a record missing for one video
+    cut = runs["tmp"] / "plain_cut"
+    shutil.copytree(plain, cut)
+    f = cut / "b128" / "videomme" / "rank0.jsonl"
+    f.write_text("".join(l for l in f.read_text().splitlines(keepends=True) if json.loads(l)["video"] != "realshort"))
+    _refused(runs, tiny_vl3_dir, "r_records", r"budget 128: no record for 3 question\(s\) of 1 video\(s\), e.g. "
+             r"video realshort", cut, decode_budget=1024)
+    (cut / "run.json").unlink()
+    _refused(runs, tiny_vl3_dir, "r_runjson", r"plain_cut: no readable run.json", cut, decode_budget=1024)
+
+
+def test_baseline_run_with_another_plan_stops_the_run(runs, tiny_vl3_dir):
+    from lightning_modules.budgeted_qa import VideoStepError
+
+    bad = runs["tmp"] / "plain_bad"
+    shutil.copytree(runs["tmp"] / "plain", bad)
+    f = bad / "b1024" / "videomme" / "rank0.jsonl"
+    lines = [json.loads(l) for l in f.read_text().splitlines()]
+    for r in lines:
+        r["vision_tokens"] += 1
+    f.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    with pytest.raises(VideoStepError) as e:
+        run_ablation(tiny_vl3_dir, runs["root"], runs["tmp"] / "from_bad", jobs="base:1024", decode_budget=1024,
+                     baseline_run=str(bad))
+    assert "plain_bad" in str(e.value.__cause__) and "vision_tokens" in str(e.value.__cause__)
+
+
 # ----------------------------------------------------------------------------------------- model-level units
 
 
@@ -283,6 +360,9 @@ def test_jobs_property_and_errors():
     m = LayoutAblationQA(jobs="base:256:1024, rho32:1024", no_reuse=True)
     assert m.jobs == {"base_b256": 256, "base_b1024": 1024, "rho32_b1024": 1024}
     assert m.decode_budget == 16384   # seed 000: Videos(todo, 16384) whatever the jobs' budgets
+    assert m.baseline_run is None and m.baseline_records is None   # default: the in-run baseline
+    with pytest.raises(ValueError, match="model.baseline_run must be a run folder or null"):
+        LayoutAblationQA(jobs="base:256", baseline_run="")
     assert m.budgets == [256, 1024] and m.hparams.jobs == "base:256:1024, rho32:1024" and m.hparams.no_reuse
     with pytest.raises(ValueError, match="unknown layout variant"):
         LayoutAblationQA(jobs="rho33:256")
@@ -312,6 +392,7 @@ def test_ablate_config_instantiates(tmp_path):
     assert isinstance(cli.datamodule, VideoQADataModule) and cli.datamodule.root == "assets"
     assert isinstance(cli.model, LayoutAblationQA)
     assert {v for v, _ in cli.model.job_pairs} == set(VARIANTS) and len(cli.model.jobs) == 3 * len(VARIANTS)
+    assert cfg["model"]["init_args"]["baseline_run"] is None and cli.model.baseline_run is None
     writer = next(cb for cb in cli.trainer.callbacks if hasattr(cb, "done_qids"))
     assert writer.out_dir == Path("outputs/ablate")
 
