@@ -286,14 +286,19 @@ def test_coinciding_grid_is_encoded_once_and_prompts_need_no_encode(tiny_vlm, co
 
     dec = cockatoo
     cache = EncodeCache(tiny_vlm, dec.frames)
-    # budget 64 encodes 8 frames at (6, 10): the grid sel_resize@1024 and low64@256 (capped, 4 frames encoded at
-    # (12, 21)) need in phase 2
+    # budget 64 encodes 8 frames at (6, 10); sel_resize@1024 (small = raw_frame_grid(12, 21, 64) = (6, 10)) and
+    # low64@256 (capped, 4 frames encoded at (12, 21), raw at (6, 10)) re-encode from (12, 21) pixels in phase 2:
+    # rows of their own, not the (6, 10) encode's
     jobs = [("sel_resize", 1024), ("low64", 256), ("mean_merge", 64), ("sel_merge", 1024)]
     lj = plan_layout_jobs(cache, jobs, raw_mode="orig")
     assert cache.grid_for(64) == frame_grid(720, 1280, 64) == lj[("base", 64)].geometry.grid == (6, 10)
     assert lj[("low64", 256)].geometry.grid == (12, 21) and lj[("low64", 256)].layout.raw_grid == (6, 10)
     encode_layout_inputs(cache, list(lj.values()))
     assert not duplicate_encodes(cache) and len(cache.encode_calls) == 3  # (6, 10), (9, 16), (12, 21)
+    need = {lj[("low64", 256)].frame_idx[a] for a in lj[("low64", 256)].raw_positions()}
+    need |= {lj[("sel_resize", 1024)].frame_idx[a] for a in lj[("sel_resize", 1024)].substitute_positions()}
+    assert lj[("sel_resize", 1024)].layout.group_grid == (6, 10)
+    assert cache.reencode_calls == [((12, 21), (6, 10), len(need))]      # both jobs' frames in one call
     n_calls = len(cache.encode_calls)
     cs = tiny_vlm.tokenizer.convert_tokens_to_ids("<|compression_start|>")
     for key, job in lj.items():
@@ -303,7 +308,7 @@ def test_coinciding_grid_is_encoded_once_and_prompts_need_no_encode(tiny_vlm, co
         assert prompt.vision_embeds.shape[0] == plan.vision_tokens <= job.budget
         swap = job.layout.group_substitute != "qbase"
         assert int((prompt.ids == cs).sum()) == (0 if swap else plan.n_compressed), key
-    assert len(cache.encode_calls) == n_calls  # everything was encoded before the prompts
+    assert len(cache.encode_calls) == n_calls and len(cache.reencode_calls) == 1  # all encoded before the prompts
 
 
 def test_base_prompt_equals_prepare_budgets(tiny_vlm, cockatoo):
