@@ -259,7 +259,7 @@ def check_checkpoint_file(path: str | None) -> None:
                               f"train.py fit; {type(e).__name__}: {e})") from e
 
 
-USER_ERROR_TYPES = ("SettingError", "FeatureFileError", "OutputSettingsError", "OutputLockedError",
+USER_ERROR_TYPES = ("SettingError", "BaselineRunError", "FeatureFileError", "OutputSettingsError", "OutputLockedError",
                     "OutputWriteError", "AnnotationError", "MediaMissingError", "EasyComFormatError", "DecodeError", "CheckpointError",
                     "MisconfigurationException")   # Lightning's own: conflicting trainer settings
 USER_OS_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)

@@ -293,6 +293,28 @@ def frame_grid(height: int, width: int, max_tokens: int, min_tokens: int = MIN_T
     return h_bar // f, w_bar // f
 
 
+def raw_frame_grid(gh: int, gw: int, max_tokens: int) -> tuple[int, int]:
+    """Merged grid of a frame whose encode grid is ``(gh, gw)`` when it may have at most ``max_tokens`` rows.
+
+    Seed 000:1161 ``small = llm.hybrid_raw.raw_frame_grid(hh, ww, SMALL)`` and 000:1320 ``raw_grid =
+    llm.hybrid_raw.raw_frame_grid(*grid, eff["raw_tokens"] or args.raw_max_tokens)`` (also seed 001:1148): a grid
+    of the *merged* grid ``(hh, ww)`` of the encode, not of the native frame. ``hybrid_raw`` is the Phase-3 model
+    code the seeds import (``OnlineLong_ft``); it is not in the seeds nor in the public fork
+    (chicheng567/OnlineLong, every branch), so its body is the rule it is named after: VideoLLaMA3's
+    ``smart_resize`` (factor 28, ``max_pixels = max_tokens * 28²``, no minimum) applied to the frame as the encoder
+    saw it, ``28 gh x 28 gw`` pixels, i.e. :func:`frame_grid` ``(28 gh, 28 gw, max_tokens, min_tokens=1)``:
+
+    * ``gh * gw <= max_tokens``: ``(gh, gw)`` itself (seed 000:1197 ``if raw_grid == (hh, ww)``: no re-encode);
+    * else ``beta = sqrt(gh * gw / max_tokens)`` and ``(max(1, floor(gh / beta)), max(1, floor(gw / beta)))``.
+
+    Raises:
+        ValueError: a grid side or ``max_tokens`` below 1.
+    """
+    if gh < 1 or gw < 1 or max_tokens < 1:
+        raise ValueError(f"raw_frame_grid needs a grid and a cap of at least 1, got ({gh}, {gw}) and {max_tokens}")
+    return frame_grid(gh * CELL_PIXELS, gw * CELL_PIXELS, max_tokens, min_tokens=1)
+
+
 def frame_token_cap(budget_tokens: int, num_frames: int, max_tokens_per_frame: int = MAX_TOKENS_PER_FRAME,
                     min_tokens: int = MIN_TOKENS_PER_FRAME) -> int:
     """Largest per-frame token count ``<= max_tokens_per_frame`` with ``T * tokens <= 8 * B``, at least ``min_tokens``."""
@@ -304,9 +326,9 @@ def encoder_grids(height: int, width: int, num_frames: int, budgets: list[int], 
     """Every (frame, grid) pair the vision encoder can be asked for on one decoded video, per grid.
 
     The geometry of ``models.videollama3.prepare_budgets`` for each budget: frames ``subsample(T, B)`` at
-    ``frame_grid(H, W, frame_token_cap(B, T_b, max_tokens_per_frame))``; with ``raw_mode="phase3"`` and that grid
-    above ``raw_max_tokens`` cells, the raw frames are re-encoded at ``frame_grid(H, W, raw_max_tokens)`` (which
-    frames are raw depends on the plan, so all of the budget's frames are listed there too).
+    ``frame_grid(H, W, frame_token_cap(B, T_b, max_tokens_per_frame))``. Raw frames re-encoded smaller
+    (``raw_mode="phase3"``, seed 001 ``reencode``) are made from the pixel rows of that same grid, so they need no
+    grid of their own (``raw_mode`` and ``raw_max_tokens`` are only checked).
 
     Args:
         height, width: decoded frame size in pixels; num_frames: T decoded frames.
@@ -324,11 +346,7 @@ def encoder_grids(height: int, width: int, num_frames: int, budgets: list[int], 
         idx = subsample(num_frames, b)
         cap = frame_token_cap(b, len(idx), max_tokens_per_frame)
         grid = frame_grid(height, width, cap)
-        wanted = [(grid, cap)]
-        if raw_mode == "phase3" and grid[0] * grid[1] > raw_max_tokens:
-            wanted.append((frame_grid(height, width, raw_max_tokens), raw_max_tokens))
-        for g, c in wanted:
-            out.setdefault(g, (set(), c))[0].update(idx)
+        out.setdefault(grid, (set(), cap))[0].update(idx)
     return {g: (sorted(s), c) for g, (s, c) in out.items()}
 
 

@@ -25,9 +25,10 @@ Flow for the caller (one video, one budget, one variant)::
                           capped=capped)                  # hw: the encode grid of len(frames) frames at B
     same_llm_input(layout, base_layout)                   # the job copies the baseline record when True
 
-Where seed 000 calls a helper it does not define (``bd.subsample``, ``raw_frame_grid``): ``bd.subsample`` thins with
-the seeds' own ``np.linspace(..., dtype=int)`` (:func:`algorithms.budget.subsample`); ``raw_frame_grid`` is the
-caller's ``raw_grid_for``.
+Where seed 000 calls a helper it does not define (``bd.subsample``, ``hybrid_raw.raw_frame_grid``): ``bd.subsample``
+thins with the seeds' own ``np.linspace(..., dtype=int)`` (:func:`algorithms.budget.subsample`);
+``raw_frame_grid`` is :func:`algorithms.budget.raw_frame_grid` (of the encode's merged grid), for the swaps'
+substitutes here and for raw frames through the caller's ``raw_grid_for``.
 
 Pure python/torch; no lightning, no transformers, no I/O.
 """
@@ -47,8 +48,8 @@ from .budget import (
     check_budget,
     compress_until_fits,
     compression_order,
-    frame_grid,
     make_plan,
+    raw_frame_grid,
     plan_groups,
     subsample,
 )
@@ -64,7 +65,7 @@ from .segmentation import (
 
 CutRule = Literal["adaptive", "uniform"]
 GroupSubstitute = Literal["qbase", "sel_resize", "sel_merge", "mean_merge"]
-SUBSTITUTE_MAX_ROWS = 64  # a swapped compressed group becomes one raw frame of at most this many rows
+SUBSTITUTE_MAX_ROWS = 64  # seed 000 SMALL: a swapped compressed group becomes one raw frame of at most this many rows
 
 
 @dataclass(frozen=True)
@@ -273,28 +274,24 @@ def substitute_frame(start: int, end: int) -> int:
     return start + (end - start - 1) // 2
 
 
-def substitute_grid(variant: str | LayoutVariant, encode_grid: tuple[int, int],
-                    native_hw: tuple[int, int] | None = None) -> tuple[int, int] | None:
+def substitute_grid(variant: str | LayoutVariant, encode_grid: tuple[int, int]) -> tuple[int, int] | None:
     """Merged-token grid of the raw frame a swapped compressed group becomes (``None`` for ``qbase``: K rows).
+
+    One grid for the three swaps, seed 000:1161 ``small = llm.hybrid_raw.raw_frame_grid(hh, ww, SMALL)`` with
+    ``SMALL = 64`` and ``(hh, ww)`` the encode's merged grid (:func:`algorithms.budget.raw_frame_grid`):
+    ``sel_resize`` re-encodes the middle frame at it (``llm.reencode(frames[src], tok, small)``), ``sel_merge`` /
+    ``mean_merge`` area-pool the encoder rows to it (``F.adaptive_avg_pool2d(..., small)``).
 
     Args:
         encode_grid: ``(gh, gw)`` of the group's frames at the encode size.
-        native_hw: ``(height, width)`` in pixels of the decoded frame (needed by ``sel_resize``).
 
     Returns:
-        ``(gh', gw')`` with ``gh' * gw' <= 64``: ``sel_resize`` re-encodes the middle frame at
-        ``frame_grid(h, w, 64)``; ``sel_merge`` / ``mean_merge`` area-pool ``(gh, gw)`` to
-        ``frame_grid(28 gh, 28 gw, 64, min_tokens=1)`` (never larger than ``(gh, gw)``).
+        ``(gh', gw')`` with ``gh' * gw' <= 64``, never larger than ``(gh, gw)``.
     """
     v = get_variant(variant)
     if v.group_substitute == "qbase":
         return None
-    if v.group_substitute == "sel_resize":
-        if native_hw is None:
-            raise ValueError("sel_resize needs the frame's native (height, width)")
-        return frame_grid(native_hw[0], native_hw[1], SUBSTITUTE_MAX_ROWS)
-    gh, gw = encode_grid
-    return frame_grid(gh * 28, gw * 28, SUBSTITUTE_MAX_ROWS, min_tokens=1)
+    return raw_frame_grid(encode_grid[0], encode_grid[1], SUBSTITUTE_MAX_ROWS)
 
 
 # ---------------------------------------------------------------------------------------------- planning
@@ -594,8 +591,7 @@ class VariantLayout:
 def layout_video(variant: str | LayoutVariant, per_frame: torch.Tensor, hw: int, budget_tokens: int,
                  raw_grid_for: Callable[[int], tuple[int, int]], raw_max_tokens: int, *,
                  frames: list[int] | tuple[int, ...], capped: bool,
-                 encode_grid: tuple[int, int] | None = None, native_hw: tuple[int, int] | None = None,
-                 k: int = K_ROWS) -> VariantLayout:
+                 encode_grid: tuple[int, int] | None = None, k: int = K_ROWS) -> VariantLayout:
     """:func:`raw_rows_limit` + :func:`substitute_grid` + :func:`plan_variant` for the frames a job kept.
 
     Args:
@@ -605,7 +601,7 @@ def layout_video(variant: str | LayoutVariant, per_frame: torch.Tensor, hw: int,
         raw_grid_for: maps a raw-row limit to the raw frames' grid ``(gh, gw)`` (the caller's raw mode).
         raw_max_tokens: the run's raw-frame row cap.
         frames / capped: :func:`variant_frames`' result.
-        encode_grid / native_hw: needed by the compressor swaps (see :func:`substitute_grid`).
+        encode_grid: needed by the compressor swaps (see :func:`substitute_grid`).
     """
     v = get_variant(variant)
     if int(per_frame.shape[0]) != len(frames):
@@ -616,7 +612,7 @@ def layout_video(variant: str | LayoutVariant, per_frame: torch.Tensor, hw: int,
     if v.group_substitute != "qbase":
         if encode_grid is None:
             raise ValueError(f"variant {v.name!r} needs encode_grid")
-        group_grid = substitute_grid(v, encode_grid, native_hw)
+        group_grid = substitute_grid(v, encode_grid)
     plan = plan_variant(v, per_frame, hw, budget_tokens, raw_grid[0] * raw_grid[1], capped=capped,
                         group_rows=None if group_grid is None else group_grid[0] * group_grid[1], k=k)
     return VariantLayout(v.name, budget_tokens, tuple(frames), capped, plan, raw_grid, v.group_substitute,

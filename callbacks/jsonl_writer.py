@@ -244,13 +244,26 @@ def check_run_settings(out_dir: Path, settings: dict, write: bool, defaults: dic
         os.replace(tmp, path)
 
 
+def run_settings(trainer, pl_module) -> tuple[dict, dict]:
+    """``(settings, defaults)`` of a predict run's ``run.json``: ``record_format`` and the ``record_settings()`` of
+    the module and the datamodule, with their ``RECORD_DEFAULTS`` (settings recorded only when not at those)."""
+    settings, defaults = {"record_format": RECORD_FORMAT}, {"record_format": 1}
+    for obj in (pl_module, getattr(trainer, "datamodule", None)):
+        if hasattr(obj, "record_settings"):
+            settings.update(obj.record_settings())
+            defaults.update(getattr(obj, "RECORD_DEFAULTS", {}))
+    return settings, defaults
+
+
 class JsonlPredictionWriter(BasePredictionWriter):
     """Append records per video; report what is already done so the datamodule skips it before decoding.
 
     A question whose record is an error (unreadable video, out of memory) is tried again on restart when
     ``retry_errors`` is set: a new record is appended after the error record, and scoring prefers it. The settings
     that determine records (``record_settings()`` of the module and datamodule: model, benchmark, answer length...)
-    are kept in ``<out_dir>/run.json``; a run with other settings on the same folder is refused.
+    are kept in ``<out_dir>/run.json``; a run with other settings on the same folder is refused. Before anything is
+    created, the module's and datamodule's ``check_before_output(trainer, settings, defaults)`` (when they have
+    one) may refuse the run (the layout ablation's ``baseline_run``).
 
     Args:
         out_dir: output root.
@@ -313,6 +326,12 @@ class JsonlPredictionWriter(BasePredictionWriter):
         _LOCK_HOLDERS.discard(self)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
+        # the settings (and the module's / datamodule's checks of its inputs, ``check_before_output``) first: a run
+        # refused there leaves nothing behind, not even the output folder
+        settings, defaults = run_settings(trainer, pl_module)
+        for obj in (pl_module, getattr(trainer, "datamodule", None)):
+            if hasattr(obj, "check_before_output"):
+                obj.check_before_output(trainer, settings, defaults)
         # every rank reads before any rank writes; then ranks only ever append to their own file
         self._lock(trainer.global_rank)
         try:   # a folder that cannot take a new file fails now, not after the first video's work
@@ -322,11 +341,6 @@ class JsonlPredictionWriter(BasePredictionWriter):
             self._unlock()
             raise PermissionError(f"{self.out_dir}: the output folder is not writable ({e.strerror}); choose "
                                   "another out_dir") from e
-        settings, defaults = {"record_format": RECORD_FORMAT}, {"record_format": 1}
-        for obj in (pl_module, getattr(trainer, "datamodule", None)):
-            if hasattr(obj, "record_settings"):
-                settings.update(obj.record_settings())
-                defaults.update(getattr(obj, "RECORD_DEFAULTS", {}))
         check_run_settings(self.out_dir, settings, write=trainer.is_global_zero, defaults=defaults)
         self._done = None
         self.done_qids()

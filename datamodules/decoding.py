@@ -28,7 +28,8 @@ merged cells), so host memory stays bounded (an hour of 1080p at B = 16384 is 20
 Held at the encoder's sizes (issue 25; ``sizing``, ``data.hold_encoder_sizes``, on for plain predict): the frames are
 decoded as above but ``hold_chunk_bytes`` (64 MB of decode-size frames) at a time, and each chunk is resized right
 away, by the checkpoint processor's own ``resize`` with the arguments ``BudgetedVideoLlama3.encode`` gives it, to
-every grid some budget (or its raw frames) reads it at (:func:`algorithms.budget.encoder_grids`); only those
+every grid some budget reads it at (:func:`algorithms.budget.encoder_grids`; smaller raw frames are re-encoded from
+those grids' pixels, seed 001 ``reencode``); only those
 pixels are kept (:class:`EncoderFrames`), and the encoder does not resize them again. The encoder's
 ``pixel_values`` are bit-identical to the decode-size path on the CPU (``tests/datamodules/test_hold_sizes.py``; the resize runs
 in the worker on the CPU, where seed 001's processor runs too, rather than on the model's device). An hour of

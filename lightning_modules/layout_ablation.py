@@ -15,6 +15,16 @@ the union of the questions of the jobs that reuse it (those base records are onl
 a requested job). ``no_reuse: true`` runs the LLM for every job (``reused`` always false); ``same_as_base`` still
 says whether the input equalled the baseline's, so reuse shares can be read from either kind of run.
 
+``baseline_run: <folder>`` (seed 000 ``--baseline_run``, 000:1014 / 1342): the baseline records come from that
+finished run folder instead (a plain predict's ``b<B>/`` records or an ablation's ``base_b<B>/``,
+:func:`callbacks.baseline_run.load_baseline_run`): every job whose LLM input equals the baseline's, ``base`` itself
+included (seed ``reuse = eff is BASE and not args.no_reuse``), copies the folder's record of the question
+(``dict(base_recs[b][qid], variant=vname, reused=True)``), so the baseline's LLM never runs in this run. The folder
+is checked before anything is written (settings of its ``run.json``, decode budget, a record for every question at
+every budget; :meth:`LayoutAblationQA.check_before_output`), and each copied record's plan (mode, grid, groups,
+frames) must be the one this run planned for the baseline, else the run stops naming the folder, question and field.
+``null`` (default) keeps the in-run baseline above.
+
 Record fields: those of plain predict (:class:`lightning_modules.budgeted_qa.BudgetedQA`) with ``variant`` set, plus
 ``reused``, ``same_as_base``, ``capped`` (the variant's frame cap dropped frames of this video), ``n_frames_kept``,
 ``raw_grid``, ``group_substitute``, ``group_grid``. ``video_info.n_frames`` is the number of frames the variant
@@ -22,12 +32,14 @@ used and ``video_info.capped`` plain predict's flag computed on those frames, so
 predict's in every plain field (``variant`` and ``job`` aside).
 
 Instrumentation: ``video_stats[video_id]`` counts, per video, the items (= decodes: the dataset decodes once per
-item), the encode calls ``(grid, n_frames)`` of the shared cache, the LLM prefixes built and the jobs reused.
+item), the encode calls ``(grid, n_frames)`` and re-encode calls ``(encode grid, grid, n_frames)`` of the shared
+cache, the LLM prefixes built and the jobs reused.
 """
 from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 from algorithms.layouts import parse_jobs, same_llm_input
 from algorithms.budget import K_ROWS
@@ -40,6 +52,14 @@ from models.videollama3.ablation import (
 from models.videollama3 import EncodeCache
 
 from .budgeted_qa import BudgetedQA, job_name, qa_record
+
+# the plan fields of a record that a copied baseline record must share with this run's baseline layout
+PLAN_FIELDS = ("mode", "hw", "raw_hw", "n_groups", "n_compressed", "n_raw_frames", "vision_tokens", "seg_lens")
+
+
+class BaselinePlanMismatch(AssertionError):
+    """A baseline-run record describes another plan than this run's baseline (the run stops: its records would not
+    be this run's ``base``; seed 000 asserts likewise on missing records)."""
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +76,17 @@ class LayoutAblationQA(BudgetedQA):
             budgets; a job's frames are then ``variant_frames`` of those). ``base`` equals plain predict bit for bit
             where plain predict decodes the same frames (its largest budget 16384, or videos short enough that
             both decode every 1 fps frame).
+        baseline_run: a finished run folder whose records are the baseline (seed 000 ``--baseline_run``; see the
+            module docstring); ``None`` (default): the baseline is computed in this run.
         **kwargs: every argument of :class:`~lightning_modules.budgeted_qa.BudgetedQA` except ``budgets`` (the
             jobs' budgets): ``model_path``, ``raw_mode``, ``raw_max_tokens``, ``max_new_tokens``, ``answer_mode``...
             (forwarded, so the YAML and ``--print_config`` list them as for plain predict).
     """
 
-    def __init__(self, jobs: str = "base:256", no_reuse: bool = False, decode_budget: int = 16384, **kwargs):
+    RECORD_DEFAULTS = {**BudgetedQA.RECORD_DEFAULTS, "baseline_run": None}
+
+    def __init__(self, jobs: str = "base:256", no_reuse: bool = False, decode_budget: int = 16384,
+                 baseline_run: str | None = None, **kwargs):
         pairs = parse_jobs(jobs)
         if "budgets" in kwargs:
             raise SettingError("LayoutAblationQA takes its budgets from `jobs`; do not pass `budgets`")
@@ -73,6 +98,45 @@ class LayoutAblationQA(BudgetedQA):
         self.decode_budget = int(decode_budget)
         self._job_key = {job_name(b, v): (v, b) for v, b in pairs}
         self.video_stats: dict[str, dict] = {}
+        if baseline_run is not None and (not isinstance(baseline_run, (str, Path)) or not str(baseline_run)):
+            raise SettingError(f"model.baseline_run must be a run folder or null, got {baseline_run!r}")
+        self.baseline_run = None if baseline_run is None else Path(baseline_run)
+        self.baseline_records: dict[int, dict[str, dict]] | None = None   # budget -> qid -> record
+
+    def record_settings(self) -> dict:
+        """:meth:`BudgetedQA.record_settings` plus ``decode_budget`` (the frames of every job) and, when given,
+        ``baseline_run`` (where the reused records come from)."""
+        out = {**super().record_settings(), "decode_budget": self.decode_budget}
+        if self.baseline_run is not None:
+            out["baseline_run"] = str(self.baseline_run.resolve())
+        return out
+
+    def check_before_output(self, trainer, settings: dict, defaults: dict) -> None:
+        """Read and check ``baseline_run`` before the writer creates anything (called by
+        :class:`callbacks.jsonl_writer.JsonlPredictionWriter` first thing in its ``setup``).
+
+        Raises:
+            callbacks.baseline_run.BaselineRunError: naming the folder and the setting, budget or video.
+        """
+        if self.baseline_run is None:
+            return
+        from callbacks.baseline_run import load_baseline_run
+
+        dm = getattr(trainer, "datamodule", None)
+        if dm is None or not hasattr(dm, "tasks"):
+            raise SettingError("model.baseline_run needs the video QA datamodule (its questions are checked)")
+        questions = [(t.video_id, q.qid) for t in dm.tasks(list(self.jobs)) for q in t.questions]
+        self.baseline_records = load_baseline_run(self.baseline_run, settings, defaults, dm.benchmark,
+                                                  self.budgets, questions, self.decode_budget)
+        log.info("baseline_run %s: %d records at budgets %s", self.baseline_run,
+                 sum(len(r) for r in self.baseline_records.values()), self.budgets)
+
+    def on_predict_start(self) -> None:
+        if self.baseline_run is not None and self.baseline_records is None:   # no writer ran the check
+            from callbacks.jsonl_writer import run_settings
+
+            self.check_before_output(self.trainer, *run_settings(self.trainer, self))
+        super().on_predict_start()
 
     @property
     def jobs(self) -> dict[str, int]:
@@ -100,16 +164,21 @@ class LayoutAblationQA(BudgetedQA):
         layouts = plan_layout_jobs(cache, [self._job_key[j] for j in todo_jobs], raw_mode=hp.raw_mode,
                                    raw_max_tokens=hp.raw_max_tokens, max_tokens_per_frame=hp.max_tokens_per_frame)
 
-        # which layouts run the LLM, for which questions; which jobs copy the baseline
+        # which layouts run the LLM, for which questions; which jobs copy the baseline (of this run, or of
+        # baseline_run: then base itself too, seed 000 ``reuse = eff is BASE and not args.no_reuse``)
         run_qids: dict[tuple[str, int], set[str]] = {}
         reuse: dict[str, tuple[str, int]] = {}
         same_as_base: dict[str, bool] = {}
+        from_run = self.baseline_records is not None
         for j in todo_jobs:
             v, b = self._job_key[j]
             lj, base = layouts[(v, b)], layouts[(BASELINE, b)]
             same_as_base[j] = same_llm_input(lj.layout, base.layout)
             qids = {q.qid for q in questions if j in item["jobs"].get(q.qid, ())}
             src = (BASELINE, b) if (same_as_base[j] and not self.no_reuse) else (v, b)
+            if from_run and src == (BASELINE, b):
+                reuse[j] = src
+                continue
             if src != (v, b):
                 reuse[j] = src
             run_qids.setdefault(src, set()).update(qids)
@@ -139,22 +208,49 @@ class LayoutAblationQA(BudgetedQA):
             for q in questions:
                 if j not in item["jobs"].get(q.qid, ()):
                     continue
-                rec = dict(by_layout[src][q.qid])
+                if from_run and j in reuse:
+                    rec = self._from_baseline_run(q.qid, layouts[src])
+                else:
+                    rec = dict(by_layout[src][q.qid])
                 rec.update(job=j, variant=v, reused=j in reuse, same_as_base=same_as_base[j])
                 records.append(rec)
 
-        st = self.video_stats.setdefault(item["video_id"], {"n_items": 0, "encode_calls": [], "n_prefixes": 0,
-                                                            "n_jobs": 0, "n_reused_jobs": 0})
+        st = self.video_stats.setdefault(item["video_id"], {"n_items": 0, "encode_calls": [], "reencode_calls": [],
+                                                            "n_prefixes": 0, "n_jobs": 0, "n_reused_jobs": 0})
         st["n_items"] += 1
         st["encode_calls"] += list(cache.encode_calls)
+        st["reencode_calls"] += list(cache.reencode_calls)
         st["n_prefixes"] += len(to_run)
         st["n_jobs"] += len(todo_jobs)
         st["n_reused_jobs"] += len(reuse)
-        log.info("video %s: %d jobs, %d LLM prefixes (%d jobs reuse the baseline), encodes %s", item["video_id"],
-                 len(todo_jobs), len(to_run), len(reuse), cache.encode_calls)
+        log.info("video %s: %d jobs, %d LLM prefixes (%d jobs reuse the baseline), encodes %s, re-encodes %s",
+                 item["video_id"], len(todo_jobs), len(to_run), len(reuse), cache.encode_calls, cache.reencode_calls)
         self.last_stage_seconds = {"encode": cache.encode_seconds, "plan_build": t1 - t0 - cache.encode_seconds,
                                    "answer": t2 - t1}
         return records
+
+    def _from_baseline_run(self, qid: str, base: LayoutJob) -> dict:
+        """Seed 000:1342 ``rec = dict(base_recs[b][s["qid"]], ...)``: the baseline run's record of the question,
+        its plan checked against this run's baseline layout, with this run's layout fields (``capped``,
+        ``n_frames_kept``, ``raw_grid``, ``group_substitute``, ``group_grid``) that a plain predict record lacks.
+
+        Raises:
+            BaselinePlanMismatch: the record's plan or frame count is not this run's baseline's.
+        """
+        rec = dict(self.baseline_records[base.budget][qid])
+        if rec.get("error"):   # copied as the seed copies any record (its video failed in the baseline run)
+            return rec
+        stats = base.layout.stats()
+        want = {**{k: stats[k] for k in PLAN_FIELDS}, "n_frames": len(base.frame_idx)}
+        got = {**{k: rec.get(k) for k in PLAN_FIELDS}, "n_frames": (rec.get("video_info") or {}).get("n_frames")}
+        bad = [f"{k}: {got[k]!r} there, {want[k]!r} here" for k in want if got[k] != want[k]]
+        if bad:
+            raise BaselinePlanMismatch(f"baseline_run {self.baseline_run}: video {rec.get('video')} qid {qid} at "
+                                       f"budget {base.budget}: its baseline plan differs ({'; '.join(bad)})")
+        rec.update(capped=stats["capped"], n_frames_kept=stats["n_frames_kept"], raw_grid=list(base.layout.raw_grid),
+                   group_substitute=base.layout.group_substitute,
+                   group_grid=list(base.layout.group_grid) if base.layout.group_grid else None)
+        return rec
 
     def _record(self, item: dict, q: Question, a, lj: LayoutJob, template: str) -> dict:
         """One record, with the plain-predict fields computed exactly as :class:`BudgetedQA` does (an unanswered

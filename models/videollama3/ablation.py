@@ -11,7 +11,8 @@ one shared :class:`models.videollama3.budgets.EncodeCache`. Per video::
     encode_layout_inputs(cache, [lj[k] for k in keys_to_run])                             # phase 2 (see below)
     prompt = build_layout_prompt(vlm, cache, lj[k], times_s, raw_mode)                    # per job that runs
 
-Encodes (``cache.encode_calls`` records each one; at most one per grid and video):
+Encodes (``cache.encode_calls`` / ``cache.reencode_calls`` record each one; at most one per grid, and one per
+(encode grid, smaller grid) pair, per video):
 
 1. **Phase 1** (inside :func:`plan_layout_jobs`): each job's frames (:func:`algorithms.layouts.variant_frames`, seed
    000 ``frame_indices``) at the encode grid of that many frames at its budget (seed ``features``:
@@ -19,27 +20,27 @@ Encodes (``cache.encode_calls`` records each one; at most one per grid and video
    per grid over the union of the jobs sharing it.
 2. **Layouts**: :func:`algorithms.layouts.layout_video` per job from the per-frame mean rows, and ``base`` at every
    budget (the reuse reference, cheap: no LLM work is implied).
-3. **Phase 2** (:func:`encode_layout_inputs`): raw frames at a raw grid smaller than the encode grid (``phase3``
-   ``raw_max_tokens``, ``low64``'s 64 rows) and ``sel_resize`` middle frames at ``frame_grid(h, w, 64)``: the
-   union over the jobs that run, one call per grid.
+3. **Phase 2** (:func:`encode_layout_inputs`): seed 000 ``build``'s two re-encodes, both ``llm.reencode(frames[src],
+   tok, grid)`` (:meth:`models.videollama3.budgets.EncodeCache.reencode`: the job's encode-size pixel rows resized
+   and encoded again): raw frames when ``raw_grid != (hh, ww)`` (``phase3`` ``raw_max_tokens``, ``low64``'s 64
+   rows; seed 000:1197-1199) and ``sel_resize`` middle frames at ``small`` (seed 000:1176-1178); the union over the
+   jobs that run, one call per (encode grid, grid) pair.
 
-A phase-2 grid can coincide with another budget's phase-1 encode grid. Because the plan (and so which frames are
-raw or substitutes) needs the phase-1 rows, phase 1 then encodes at that grid, besides the budget frames, every
-frame the coinciding jobs *could* need there (their kept frames, known before planning from
-:func:`algorithms.layouts.variant_frames`), so phase 2 never encodes that grid again. This over-encodes only in
-that coincidence. Rows of a frame at a grid do not depend on which call produced them (the encoder attends within
-a frame), so all jobs see the same rows for the same (frame, grid).
+Rows of a frame at a grid do not depend on which call produced them (the encoder attends within a frame), so all
+jobs see the same rows for the same (frame, grid) and, for re-encoded rows, the same (frame, encode grid, grid).
 
 Choices (DESIGN §4 is silent):
 
 * The qbase video context of a variant is its own kept frames (as in plain predict, where it is the budget's
   frames: the whole video the LLM input covers).
-* Substitutes of compressor swaps take the raw-frame path: ``sel_merge`` / ``mean_merge`` area-pool the encoder
-  rows (before the projector, ``adaptive_avg_pool2d`` over the ``(gh, gw)`` grid) and every substitute goes
-  through the raw-frame projector (the original one in ``raw_mode="orig"``), then enters as a raw frame at its
-  middle frame's time.
+* Substitutes of compressor swaps take the raw-frame path: one grid ``small = raw_frame_grid(hh, ww, 64)`` of the
+  encode's merged grid for all three (seed 000:1161); ``sel_merge`` / ``mean_merge`` area-pool the encoder rows
+  (before the projector, ``adaptive_avg_pool2d`` to ``small``), ``sel_resize`` re-encodes the middle frame at
+  ``small``; every substitute goes through the raw-frame projector (seed ``llm.proj_orig``: the original one in
+  ``raw_mode="orig"``), then enters as a raw frame at its middle frame's time.
 * ``raw_mode="orig"`` keeps raw frames at the encode grid (no ``raw_max_tokens`` cap) except ``low64`` on a capped
-  video, whose raw frames are re-encoded at ``<= 64`` rows and still go through the original projector.
+  video, whose raw frames are re-encoded at ``raw_frame_grid(hh, ww, 64)`` and still go through the original
+  projector.
 """
 from __future__ import annotations
 
@@ -48,10 +49,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms.budget import K_ROWS, frame_grid, frame_token_cap, subsample
+from algorithms.budget import K_ROWS, frame_grid, frame_token_cap, raw_frame_grid, subsample
 from algorithms.layouts import (
-    SUBSTITUTE_MAX_ROWS, VariantLayout, effective_variant, get_variant, layout_video, raw_rows_limit,
-    substitute_frame, variant_frames,
+    VariantLayout, effective_variant, layout_video, raw_rows_limit, substitute_frame, variant_frames,
 )
 
 from .budgets import EncodeCache
@@ -92,8 +92,8 @@ class LayoutJob:
         geometry: the budget's frames and encode grid.
         layout: the :class:`~algorithms.layouts.VariantLayout` (frames index the decoded frames).
         frame_idx: T_v indices into the decoded frames of the kept frames.
-        raw_cap: encoder token cap whose grid is ``layout.raw_grid`` (the encode cap when raw frames keep the
-            encode grid).
+        raw_cap: kept for records and callers: the encode cap (raw frames at a smaller grid are re-encoded from
+            the encode's pixel rows, seed ``llm.reencode(frames[src], tok, raw_grid)``).
     """
 
     variant: str
@@ -119,15 +119,18 @@ class LayoutJob:
         bounds = self.layout.plan.group_bounds()
         return [substitute_frame(*bounds[g]) for g in self.layout.plan.compressed]
 
-    def encode_requests(self) -> list[tuple[list[int], int]]:
-        """Phase-2 ``(decoded frame indices, max_tokens)`` this job needs beyond its budget's encode."""
+    def encode_requests(self) -> list[tuple[list[int], int, tuple[int, int]]]:
+        """Phase-2 re-encodes ``(decoded frame indices, encode cap, grid)`` this job needs beyond its budget's
+        encode (:meth:`~models.videollama3.budgets.EncodeCache.reencode`): its raw frames when the raw grid is not
+        the encode grid (seed 000:1197-1199), and ``sel_resize``'s middle frames at ``small`` (000:1176-1178)."""
         out = []
-        if self.layout.raw_grid != self.geometry.grid:
+        g = self.geometry
+        if self.layout.raw_grid != g.grid:
             raw = [self.frame_idx[a] for a in self.raw_positions()]
             if raw:
-                out.append((raw, self.raw_cap))
+                out.append((raw, g.cap, self.layout.raw_grid))
         if self.layout.group_substitute == "sel_resize" and self.layout.plan.compressed:
-            out.append(([self.frame_idx[a] for a in self.substitute_positions()], SUBSTITUTE_MAX_ROWS))
+            out.append(([self.frame_idx[a] for a in self.substitute_positions()], g.cap, self.layout.group_grid))
         return out
 
 
@@ -145,13 +148,12 @@ def budget_geometry(num_frames: int, height: int, width: int, budget: int,
     return BudgetGeometry(budget, tuple(idx), cap, frame_grid(height, width, cap))
 
 
-def _raw_grid_rule(height: int, width: int, grid: tuple[int, int]):
-    """``max rows -> (raw grid, encoder cap)``: the encode grid when it has at most that many cells, else the
-    frame re-encoded at that cap (``prepare_budgets``' ``phase3`` rule)."""
-    def rule(max_rows: int) -> tuple[tuple[int, int], int | None]:
-        if grid[0] * grid[1] <= max_rows:
-            return grid, None
-        return frame_grid(height, width, max_rows), max_rows
+def _raw_grid_rule(grid: tuple[int, int]):
+    """``max rows -> raw grid``: seed 000:1320 ``raw_grid = llm.hybrid_raw.raw_frame_grid(*grid, eff["raw_tokens"] or
+    args.raw_max_tokens)`` (:func:`algorithms.budget.raw_frame_grid` of the encode's merged grid: the encode grid
+    itself when it has at most that many cells)."""
+    def rule(max_rows: int) -> tuple[int, int]:
+        return raw_frame_grid(grid[0], grid[1], max_rows)
     return rule
 
 
@@ -187,20 +189,10 @@ def plan_layout_jobs(cache: EncodeCache, jobs: list[tuple[str, int]], *, raw_mod
         idx, capped[(variant, b)] = variant_frames(variant, num_frames, b, k)
         geo[(variant, b)] = budget_geometry(num_frames, height, width, b, max_tokens_per_frame, idx)
 
-    # phase 1: every job's frames at its encode grid, plus, where a job's later raw / sel_resize grid coincides
-    # with one of these grids, every frame it could need there (its kept frames)
+    # phase 1: every job's frames at its encode grid, one call per grid
     requests: dict[tuple[int, int], tuple[set[int], int]] = {}
     for g in geo.values():
         requests.setdefault(g.grid, (set(), g.cap))[0].update(g.frame_idx)
-    for key in keys:
-        variant, g = key[0], geo[key]
-        eff = effective_variant(variant, capped[key])
-        later = [_raw_grid_rule(height, width, g.grid)(raw_rows_limit(eff, capped[key], eff_raw_max))[0]]
-        if get_variant(variant).group_substitute == "sel_resize":
-            later.append(cache.grid_for(SUBSTITUTE_MAX_ROWS))
-        for grid in later:
-            if grid != g.grid and grid in requests:
-                requests[grid][0].update(g.frame_idx)
     cache.encode([(sorted(idx), cap) for idx, cap in requests.values()])
 
     out: dict[tuple[str, int], LayoutJob] = {}
@@ -208,19 +200,16 @@ def plan_layout_jobs(cache: EncodeCache, jobs: list[tuple[str, int]], *, raw_mod
         variant, b = key
         g = geo[key]
         per_frame = cache.get(list(g.frame_idx), g.cap).float().mean(1)  # (T_v, C)
-        rule = _raw_grid_rule(height, width, g.grid)
-        layout = layout_video(variant, per_frame, g.hw, b, lambda m: rule(m)[0], eff_raw_max,
-                              frames=g.frame_idx, capped=capped[key], encode_grid=g.grid,
-                              native_hw=(height, width), k=k)
-        eff = effective_variant(variant, layout.capped)
-        raw_cap = rule(raw_rows_limit(eff, layout.capped, eff_raw_max))[1] or g.cap
-        out[key] = LayoutJob(variant, g, layout, tuple(g.frame_idx), raw_cap)
+        layout = layout_video(variant, per_frame, g.hw, b, _raw_grid_rule(g.grid), eff_raw_max,
+                              frames=g.frame_idx, capped=capped[key], encode_grid=g.grid, k=k)
+        out[key] = LayoutJob(variant, g, layout, tuple(g.frame_idx), g.cap)
     return out
 
 
 def encode_layout_inputs(cache: EncodeCache, jobs: list[LayoutJob]) -> None:
-    """Phase 2: raw frames at smaller grids and ``sel_resize`` middle frames of ``jobs``, one encode per grid."""
-    cache.encode([r for job in jobs for r in job.encode_requests()])
+    """Phase 2: raw frames at smaller grids and ``sel_resize`` middle frames of ``jobs``, re-encoded (seed
+    ``llm.reencode``) once per (encode grid, grid) pair."""
+    cache.reencode([r for job in jobs for r in job.encode_requests()])
 
 
 def area_pool_rows(rows: torch.Tensor, grid: tuple[int, int], out_grid: tuple[int, int]) -> torch.Tensor:
@@ -272,8 +261,9 @@ def build_layout_prompt(vlm: BudgetedVideoLlama3, cache: EncodeCache, job: Layou
     plan = lay.plan
     rows = cache.get(list(job.frame_idx), g.cap)                               # (T_v, hw, C)
     raw_pos = job.raw_positions()
-    if lay.raw_grid != g.grid:
-        raw_rows = cache.get([job.frame_idx[a] for a in raw_pos], job.raw_cap) if raw_pos else rows[:0]
+    if lay.raw_grid != g.grid:   # seed 000:1199 ``sel = llm.reencode(frames[src], tok, raw_grid)``
+        raw_rows = (cache.get_reencoded([job.frame_idx[a] for a in raw_pos], g.cap, lay.raw_grid) if raw_pos
+                    else rows.new_zeros(0, lay.raw_grid[0] * lay.raw_grid[1], rows.shape[-1]))
     else:
         raw_rows = rows[raw_pos]                                               # (n_raw, raw_hw, C)
     orig = raw_mode == "orig"
@@ -285,10 +275,8 @@ def build_layout_prompt(vlm: BudgetedVideoLlama3, cache: EncodeCache, job: Layou
         mids = job.substitute_positions()
         if not mids:
             sub = rows.new_zeros(0, plan.k, rows.shape[-1])
-        elif lay.group_substitute == "sel_resize":
-            sub = cache.get([job.frame_idx[a] for a in mids], SUBSTITUTE_MAX_ROWS)  # (G_c, K', C)
-            if cache.grid_for(SUBSTITUTE_MAX_ROWS) != lay.group_grid:
-                raise RuntimeError(f"sel_resize grid {cache.grid_for(SUBSTITUTE_MAX_ROWS)} != {lay.group_grid}")
+        elif lay.group_substitute == "sel_resize":   # seed 000:1178 ``llm.reencode(frames[src], tok, small)``
+            sub = cache.get_reencoded([job.frame_idx[a] for a in mids], g.cap, lay.group_grid)  # (G_c, K', C)
         elif lay.group_substitute == "sel_merge":
             sub = torch.stack([area_pool_rows(rows[a], g.grid, lay.group_grid) for a in mids])
         elif lay.group_substitute == "mean_merge":

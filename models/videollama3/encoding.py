@@ -28,6 +28,42 @@ from ..vision_attention import frame_layout
 
 
 
+# seed 001:1202 "then the pixel rows resized": hybrid_raw.reencode_frames' filter is not public; the processor's own
+# resample (VideoLLaMA3: bicubic), with antialiasing as the processor's resize of a frame has it
+REENCODE_RESAMPLE = "bicubic"
+
+
+def unpatchify(pixels: torch.Tensor, t: int, grid: tuple[int, int], patch_size: int, merge_size: int) -> torch.Tensor:
+    """The inverse of ``VideoLlama3VideoProcessor.patchify`` (temporal patch 1): flat pixel rows
+    ``(t * (m gh) * (m gw), C * p * p)`` at merged grid ``(gh, gw)`` -> images ``(t, C, m p gh, m p gw)``.
+
+    The processor lays a frame out as ``(gh, gw, m, m, C, 1, p, p)`` blocks (``permute(0, 1, 4, 7, 5, 8, 3, 2, 6, 9)``
+    of ``(B, t, 1, C, gh, m, p, gw, m, p)``); this undoes that permutation.
+    """
+    gh, gw = grid
+    m, p = merge_size, patch_size
+    c = pixels.shape[-1] // (p * p)
+    x = pixels.reshape(t, gh, gw, m, m, c, p, p)
+    return x.permute(0, 5, 1, 3, 6, 2, 4, 7).reshape(t, c, gh * m * p, gw * m * p)
+
+
+def resize_pixel_rows(pixels: torch.Tensor, t: int, grid: tuple[int, int], out_grid: tuple[int, int],
+                      processor) -> torch.Tensor:
+    """Flat pixel rows at merged grid ``grid`` -> the same frames' flat pixel rows at ``out_grid``: images again
+    (:func:`unpatchify`), ``F.interpolate`` to ``28 gh' x 28 gw'`` (:data:`REENCODE_RESAMPLE`, antialiased, fp32
+    inside, cast back to ``pixels.dtype``), the processor's own ``patchify``."""
+    import torch.nn.functional as F
+
+    p, m = int(processor.patch_size), int(processor.merge_size)
+    if int(getattr(processor, "temporal_patch_size", 1) or 1) != 1:
+        raise SettingError("re-encoding pixel rows needs temporal_patch_size 1 (VideoLLaMA3's)")
+    img = unpatchify(pixels, t, grid, p, m).float()
+    size = (out_grid[0] * m * p, out_grid[1] * m * p)
+    img = F.interpolate(img, size=size, mode=REENCODE_RESAMPLE, align_corners=False, antialias=True)
+    flat, *_ = processor.patchify(img.to(pixels.dtype)[None], patch_size=p, merge_size=m, temporal_patch_size=1)
+    return flat[0]
+
+
 class VisionEncoding:
     """Load a checkpoint and turn frames into vision rows: encoder rows, the projector, the qbase compressor.
 
@@ -169,24 +205,70 @@ class VisionEncoding:
         gh, gw = grid or frame_grid(frames.shape[1], frames.shape[2], max_tokens)
         out = []
         for s in range(0, frames.shape[0], chunk_frames):
-            clip = frames[s:s + chunk_frames]
-            t = clip.shape[0]
-            inputs = self.video_processor(
-                videos=[clip.permute(0, 3, 1, 2)], do_sample_frames=False, use_token_compression=False,
-                do_resize=grid is None,
-                size={"shortest_edge": min(MIN_TOKENS_PER_FRAME, max_tokens) * CELL_PIXELS ** 2,
-                      "longest_edge": max_tokens * CELL_PIXELS ** 2 * t},
-                return_tensors="pt")
-            thw, merge = inputs["video_grid_thw"], inputs["video_merge_sizes"]       # host tensors
-            if tuple(thw[0].tolist()) != (t, 2 * gh, 2 * gw):
-                raise RuntimeError(f"video processor produced grid {thw[0].tolist()}, frame_grid says "
-                                   f"{(t, 2 * gh, 2 * gw)} for frames of {tuple(clip.shape[1:3])}")
-            with frame_layout(t, 4 * gh * gw):   # frames of one size: no per-layer read of the boundaries
-                vis = self.model.model.vision_model(
-                    pixel_values=inputs["pixel_values_videos"].to(self.device, self.dtype),
-                    grid_thw=thw, merge_sizes=merge, **self._vision_layout(t, 2 * gh, 2 * gw, int(merge[0])))
-            out.append(vis.last_hidden_state.view(t, gh * gw, -1))
+            pixels, t = self._pixel_rows(frames[s:s + chunk_frames], max_tokens, (gh, gw), resize=grid is None)
+            out.append(self._encode_pixel_rows(pixels, t, (gh, gw)))
         return torch.cat(out), (gh, gw)
+
+    @torch.no_grad()
+    def reencode(self, frames: torch.Tensor, max_tokens: int, grid: tuple[int, int], chunk_frames: int = 64,
+                 src_grid: tuple[int, int] | None = None) -> torch.Tensor:
+        """Encoder rows of frames at the explicit merged grid ``grid``, made smaller the way Phase-3 training does.
+
+        Seed 001:1200 ``reencode``: "Encoder rows of ``frames`` at the merged grid ``grid``, the way Phase-3
+        training makes a raw frame smaller (hybrid_raw.reencode_frames): processed at the groups' size ``tok``,
+        then the pixel rows resized and passed through the encoder again." Here: the processor's pixel rows at
+        the groups' size (the very call of :meth:`encode` with ``max_tokens``, cast to the model dtype as the seed's
+        ``x["pixel_values"].cuda().to(torch.bfloat16)``), turned back into ``28 gh x 28 gw`` images
+        (:func:`unpatchify`), resized to ``28 gh' x 28 gw'`` with :data:`REENCODE_RESAMPLE` (fp32 inside), patched
+        again by the processor's own ``patchify`` and encoded at ``(t, 2 gh', 2 gw')``. ``hybrid_raw.reencode_frames``
+        itself is not public (README, deviations table: the resize filter is the processor's own, bicubic with
+        antialiasing). When ``grid`` is the groups' grid nothing is resized: the rows are :meth:`encode`'s.
+
+        Args:
+            frames: (T, H, W, 3) uint8 frames (already at ``src_grid`` when that is given, as for :meth:`encode`).
+            max_tokens: the groups' per-frame cap (seed ``tok``).
+            grid: ``(gh', gw')`` target merged grid.
+
+        Returns:
+            (T, gh' * gw', C) merged encoder rows, row-major.
+        """
+        src = src_grid or frame_grid(frames.shape[1], frames.shape[2], max_tokens)
+        grid = tuple(int(g) for g in grid)
+        out = []
+        for s in range(0, frames.shape[0], chunk_frames):
+            pixels, t = self._pixel_rows(frames[s:s + chunk_frames], max_tokens, src, resize=src_grid is None)
+            if grid != tuple(src):
+                pixels = resize_pixel_rows(pixels.to(self.dtype), t, src, grid, self.video_processor)
+            out.append(self._encode_pixel_rows(pixels, t, grid))
+        return torch.cat(out)
+
+    def _pixel_rows(self, clip: torch.Tensor, max_tokens: int, grid: tuple[int, int], resize: bool
+                    ) -> tuple[torch.Tensor, int]:
+        """The video processor's flat pixel rows (t * 4 gh gw, 3 * 14²) of ``clip`` at ``grid`` (host tensor)."""
+        gh, gw = grid
+        t = clip.shape[0]
+        inputs = self.video_processor(
+            videos=[clip.permute(0, 3, 1, 2)], do_sample_frames=False, use_token_compression=False,
+            do_resize=resize,
+            size={"shortest_edge": min(MIN_TOKENS_PER_FRAME, max_tokens) * CELL_PIXELS ** 2,
+                  "longest_edge": max_tokens * CELL_PIXELS ** 2 * t},
+            return_tensors="pt")
+        thw = inputs["video_grid_thw"]
+        if tuple(thw[0].tolist()) != (t, 2 * gh, 2 * gw):
+            raise RuntimeError(f"video processor produced grid {thw[0].tolist()}, frame_grid says "
+                               f"{(t, 2 * gh, 2 * gw)} for frames of {tuple(clip.shape[1:3])}")
+        return inputs["pixel_values_videos"], t
+
+    def _encode_pixel_rows(self, pixels: torch.Tensor, t: int, grid: tuple[int, int]) -> torch.Tensor:
+        """(t, gh * gw, C) merged encoder rows of ``t`` frames' flat pixel rows at merged grid ``grid``."""
+        gh, gw = grid
+        merge = int(self.video_processor.merge_size)
+        thw = torch.tensor([[t, 2 * gh, 2 * gw]])
+        with frame_layout(t, 4 * gh * gw):   # frames of one size: no per-layer read of the boundaries
+            vis = self.model.model.vision_model(
+                pixel_values=pixels.to(self.device, self.dtype), grid_thw=thw,
+                merge_sizes=torch.tensor([merge]), **self._vision_layout(t, 2 * gh, 2 * gw, merge))
+        return vis.last_hidden_state.view(t, gh * gw, -1)
 
     def _vision_layout(self, t: int, h: int, w: int, merge: int) -> dict:
         """The vision model's ``position_ids`` (on the device, built there: no host-to-device copy) and

@@ -5,7 +5,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from algorithms.budget import K_ROWS, compression_order, frame_grid, make_plan, max_frames, plan_groups, subsample
+from algorithms.budget import (K_ROWS, compression_order, frame_grid, make_plan, max_frames, plan_groups,
+                              raw_frame_grid, subsample)
 from algorithms.layouts import (
     VARIANTS, fill, fill_order, fill_v2, frame_cap, layout_video, parse_jobs, plan_variant, raw_rows_limit,
     same_llm_input, segment, substitute_frame, substitute_grid, training_change, variant_frames,
@@ -288,42 +289,48 @@ def test_substitutes():
     assert substitute_grid("base", (16, 16)) is None
     assert substitute_grid("sel_merge", (16, 16)) == (8, 8) and substitute_grid("mean_merge", (6, 10)) == (6, 10)
     assert substitute_grid("mean_merge", (9, 16)) == (6, 10)          # exact values: test_substitute_grid_exact
-    assert substitute_grid("sel_resize", (16, 16), native_hw=(1080, 1920)) == (6, 10)
-    with pytest.raises(ValueError, match="native"):
-        substitute_grid("sel_resize", (16, 16))
     assert [substitute_frame(0, n) for n in (1, 2, 3, 4, 8)] == [0, 0, 1, 1, 3] and substitute_frame(5, 6) == 5
 
 
-@pytest.mark.parametrize("variant, encode_grid, native_hw, expected", [
-    # area-pooled swaps: the (gh, gw) grid as a 28 gh x 28 gw image under max 64 cells (min 1 cell).
-    # (9, 16) = 252 x 448 px: 112896 > 50176 px -> beta = sqrt(112896 / 50176) = 1.5;
-    #   floor(252 / 1.5 / 28) = 6, floor(448 / 1.5 / 28) = floor(10.67) = 10
-    ("mean_merge", (9, 16), None, (6, 10)),
-    # (6, 11) = 66 cells > 64: beta = sqrt(51744 / 50176) = 1.0155; floor(5.91) = 5, floor(10.83) = 10
-    ("sel_merge", (6, 11), None, (5, 10)),
-    # (12, 21) = 336 x 588: beta = sqrt(3.9375) = 1.9843; floor(6.05) = 6, floor(10.58) = 10
-    ("mean_merge", (12, 21), None, (6, 10)),
-    ("mean_merge", (4, 4), None, (4, 4)),        # already <= 64 cells: unchanged
-    # sel_resize: the native frame under max 64 cells (min 16). 1080 x 1920: round to 39 x 69 cells > 64 ->
-    #   beta = sqrt(2073600 / 50176) = 1440 / 224; 1080 * 224 / 1440 / 28 = 6, 1920 * 224 / 1440 / 28 = 10.67 -> 10
-    ("sel_resize", (16, 16), (1080, 1920), (6, 10)),
-    # 240 x 320 (realshort): 9 x 11 cells = 99 > 64 -> beta = sqrt(76800 / 50176) = 1.2372;
-    #   floor(240 / 1.2372 / 28) = floor(6.93) = 6, floor(320 / 1.2372 / 28) = floor(9.24) = 9
-    ("sel_resize", (9, 11), (240, 320), (6, 9)),
+@pytest.mark.parametrize("encode_grid, expected", [
+    # seed 000:1161 small = raw_frame_grid(hh, ww, SMALL = 64) of the encode's merged grid, the (gh, gw) grid as a
+    # 28 gh x 28 gw image under max 64 cells (no minimum).
+    # (9, 16) = 144 cells > 64: beta = sqrt(144 / 64) = 1.5; floor(9 / 1.5) = 6, floor(16 / 1.5) = floor(10.67) = 10
+    ((9, 16), (6, 10)),
+    # (6, 11) = 66 cells > 64: beta = sqrt(66 / 64) = 1.0155; floor(5.91) = 5, floor(10.83) = 10
+    ((6, 11), (5, 10)),
+    # (12, 21) = 252: beta = sqrt(3.9375) = 1.9843; floor(6.05) = 6, floor(10.58) = 10
+    ((12, 21), (6, 10)),
+    # 360 x 640 at cap 128 encodes at (8, 15) = 120 cells: beta = sqrt(120 / 64) = 1.3693; floor(5.84) = 5,
+    # floor(10.95) = 10 -> 50 rows, where the native frame at 64 (the earlier sel_resize grid) is 6 x 10 = 60
+    ((8, 15), (5, 10)),
+    ((4, 4), (4, 4)),        # already <= 64 cells: unchanged (seed: no re-encode when raw_grid == (hh, ww))
+    ((6, 10), (6, 10)),
 ])
-def test_substitute_grid_exact(variant, encode_grid, native_hw, expected):
-    """Exact substitute grids (DESIGN §4: one raw frame of <= 64 rows), hand-computed above and checked against
-    transformers' own ``smart_resize`` (VideoLLaMA3's image processing, factor 28)."""
+def test_substitute_grid_exact(encode_grid, expected):
+    """One substitute grid for the three swaps (seed 000:1161), hand-computed above and checked against
+    transformers' own ``smart_resize`` (VideoLLaMA3's image processing, factor 28) of the 28 gh x 28 gw image."""
     from transformers.models.video_llama_3.image_processing_video_llama_3 import smart_resize
 
-    assert substitute_grid(variant, encode_grid, native_hw=native_hw) == expected
+    for variant in SWAPS:
+        assert substitute_grid(variant, encode_grid) == expected
+    assert raw_frame_grid(*encode_grid, 64) == expected
     cell = 28
-    if variant == "sel_resize":
-        h, w = smart_resize(*native_hw, factor=cell, min_pixels=16 * cell ** 2, max_pixels=64 * cell ** 2)
-    else:
-        h, w = smart_resize(encode_grid[0] * cell, encode_grid[1] * cell, factor=cell, min_pixels=cell ** 2,
-                            max_pixels=64 * cell ** 2)
+    h, w = smart_resize(encode_grid[0] * cell, encode_grid[1] * cell, factor=cell, min_pixels=cell ** 2,
+                        max_pixels=64 * cell ** 2)
     assert (h // cell, w // cell) == expected
+
+
+def test_raw_frame_grid_of_the_merged_grid():
+    """Seed 000:1320 ``raw_frame_grid(*grid, raw_tokens or raw_max_tokens)``: of the encode's merged grid, so a
+    raw frame is never larger than the encode's and keeps its grid when it fits."""
+    assert raw_frame_grid(12, 21, 256) == (12, 21)             # 252 <= 256: the encode grid (no re-encode)
+    # 252 > 24: beta = sqrt(252 / 24) = 3.2404; floor(12 / 3.2404) = 3, floor(21 / 3.2404) = floor(6.48) = 6
+    assert raw_frame_grid(12, 21, 24) == (3, 6)
+    # frame_grid(720, 1280, 64) = (6, 10) of the native frame; of the merged (9, 16) grid it is the same here
+    assert raw_frame_grid(9, 16, 64) == frame_grid(720, 1280, 64) == (6, 10)
+    with pytest.raises(ValueError, match="at least 1"):
+        raw_frame_grid(0, 4, 64)
 
 
 def test_swap_reuse_as_the_seed():
@@ -340,8 +347,7 @@ def test_swap_reuse_as_the_seed():
     y = x[:3]
     base3 = layout_video("base", y, 256, 2048, grid, 256, frames=[0, 1, 2], capped=False)
     for name in SWAPS:
-        sw = layout_video(name, y, 256, 2048, grid, 256, frames=[0, 1, 2], capped=False, encode_grid=(16, 16),
-                          native_hw=(448, 448))
+        sw = layout_video(name, y, 256, 2048, grid, 256, frames=[0, 1, 2], capped=False, encode_grid=(16, 16))
         assert base3.plan.mode == sw.plan.mode == "raw" and same_llm_input(sw, base3)
     # capped jobs never reuse; low64 on a capped video: raw frames at <= 64 rows, the baseline rule (all raw)
     frames, capped = variant_frames("low64", 120, 1024)

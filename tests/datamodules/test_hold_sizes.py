@@ -41,17 +41,17 @@ def test_hour_of_1080p_is_held_at_one_small_grid():
     assert hold_chunk_frames(504, 896, 64e6) == 47   # 64e6 // 1_354_752
 
 
-def test_encoder_grids_lists_the_raw_grid_and_the_union_of_frames():
+def test_encoder_grids_lists_the_union_of_frames_and_no_raw_grid():
     # T = 20 frames of 180x320. B = 64: max_frames 8 -> 8 of 20 evenly spaced, cap 8 * 64 // 8 = 64; B = 128:
     # 16 of 20, cap 8 * 128 // 16 = 64. smart_resize(180, 320): rounded 168x308 = 66 cells; at 64, beta =
-    # sqrt(57600 / 50176) -> floor(168 / 28) = 6, floor(298.7 / 28) = 10; at 24 (phase3 raw cap, 60 > 24),
-    # beta = sqrt(57600 / 18816) -> floor(102.9 / 28) = 3, floor(182.9 / 28) = 6
+    # sqrt(57600 / 50176) -> floor(168 / 28) = 6, floor(298.7 / 28) = 10. The phase3 raw frames (cap 24 < 60
+    # cells) are re-encoded from the (6, 10) pixel rows (seed 001 reencode): no grid of their own is held
     g = encoder_grids(180, 320, 20, [64, 128], 256, "phase3", 24)
-    assert frame_grid(180, 320, 64) == (6, 10) and frame_grid(180, 320, 24) == (3, 6)
+    assert frame_grid(180, 320, 64) == (6, 10)
     b64 = [i * 19 // 7 for i in range(8)]             # np.linspace(0, 19, 8, dtype=int): truncation (seeds' rule)
     b128 = [i * 19 // 15 for i in range(16)]
     union = sorted(set(b64) | set(b128))
-    assert g == {(6, 10): (union, 64), (3, 6): (union, 24)}
+    assert g == {(6, 10): (union, 64)}
     assert encoder_grids(180, 320, 20, [64, 128], 256, "orig", 24) == {(6, 10): (union, 64)}
     with pytest.raises(ValueError, match="raw_mode"):
         encoder_grids(180, 320, 20, [64], 256, "other", 24)
@@ -90,7 +90,7 @@ def test_encoder_frames_pin_memory_pins_every_held_grid(monkeypatch):
 @pytest.mark.parametrize("budgets,mtpf,raw_mode,raw_max", [
     ((64, 256), 256, "phase3", 256),
     ((64, 512), 16, "phase3", 8),      # cap 16: the grid is below the processor's min_pixels once resized
-    ((256,), 256, "phase3", 24),       # a raw grid of its own
+    ((256,), 256, "phase3", 4),        # raw frames re-encoded smaller: 32 frames x <= 4 rows fit raw in 256
     ((128, 256), 256, "orig", 256),
 ])
 def test_held_frames_give_the_same_encoder_inputs(tiny_vlm, clip, budgets, mtpf, raw_mode, raw_max):
@@ -116,7 +116,10 @@ def test_held_frames_give_the_same_encoder_inputs(tiny_vlm, clip, budgets, mtpf,
     c_ref, c_new = EncodeCache(tiny_vlm, ref.frames, 4), EncodeCache(tiny_vlm, new.frames.to("cpu"), 4)
     out_ref = prepare_budgets(tiny_vlm, ref.frames, ref.times_s, list(budgets), raw_mode, raw_max, mtpf, 4, c_ref)
     out_new = prepare_budgets(tiny_vlm, c_new.frames, new.times_s, list(budgets), raw_mode, raw_max, mtpf, 4, c_new)
-    assert c_new.encode_calls == c_ref.encode_calls
+    assert c_new.encode_calls == c_ref.encode_calls and c_new.reencode_calls == c_ref.reencode_calls
+    if raw_max == 4:    # every frame raw, re-encoded (seed 001 reencode) from the encode grid's pixel rows
+        assert out_ref[0].plan.mode == "raw" and out_ref[0].raw_grid[0] * out_ref[0].raw_grid[1] <= 4
+        assert c_ref.reencode_calls == [(out_ref[0].grid, out_ref[0].raw_grid, 32)]
     for x, y in zip(out_ref, out_new):
         assert (x.budget, x.frame_idx, x.grid, x.raw_grid, x.plan) == (y.budget, y.frame_idx, y.grid, y.raw_grid, y.plan)
         assert torch.equal(x.prompt.ids, y.prompt.ids)

@@ -33,7 +33,7 @@ def _cfg(model_dir, bench_root, out_dir, model: dict) -> Path:
     return path
 
 
-def run_ablation(model_dir, bench_root, out_dir, jobs=JOBS, no_reuse=False):
+def run_ablation(model_dir, bench_root, out_dir, jobs=JOBS, no_reuse=False, **init_args):
     """In-process ``evaluate.py predict`` of the ablation job; returns (records, module, decode calls per file)."""
     import datamodules.videoqa as vqa
     import evaluate
@@ -41,7 +41,7 @@ def run_ablation(model_dir, bench_root, out_dir, jobs=JOBS, no_reuse=False):
 
     model = {"class_path": "lightning_modules.layout_ablation.LayoutAblationQA",
              "init_args": {"model_path": str(model_dir), "jobs": jobs, "no_reuse": no_reuse,
-                           "max_new_tokens": NEW_TOKENS}}
+                           "max_new_tokens": NEW_TOKENS, **init_args}}
     decodes: dict[str, int] = {}
     real = vqa.decode_video
 
@@ -99,9 +99,15 @@ def test_one_decode_and_at_most_one_encode_per_size(runs):
             grids = [g for g, _ in st["encode_calls"]]
             assert st["n_items"] == 1 and len(grids) == len(set(grids)), (video, st["encode_calls"])
             assert st["n_jobs"] == N_JOBS
-    calls = runs["reuse"][1].video_stats["cockatoo"]["encode_calls"]
-    # budgets 128 / 256 / 1024 -> three encode grids; low64's raw frames and sel_resize's substitutes share (6, 10)
-    assert sorted(g for g, _ in calls) == [(6, 10), (6, 11), (9, 16), (12, 21)]
+    st = runs["reuse"][1].video_stats["cockatoo"]
+    # cockatoo 720 x 1280, 14 frames: B = 128 -> cap min(256, 1024 // 14) = 73 -> (6, 11); B = 256 (base, the
+    # reference of low64@256) -> cap 2048 // 14 = 146 -> (9, 16); B = 1024 and every capped job (<= 4 frames) -> cap
+    # 256 -> (12, 21)
+    assert sorted(g for g, _ in st["encode_calls"]) == [(6, 11), (9, 16), (12, 21)]
+    # seed 000 build: the re-encodes, each from the job's encode grid to raw_frame_grid(hh, ww, 64):
+    # low64@256 (capped, 4 frames at (12, 21), raw at (6, 10)); sel_resize@128 (2 middle frames, (6, 11) -> (5, 10))
+    assert sorted(st["reencode_calls"]) == [((6, 11), (5, 10), 2), ((12, 21), (6, 10), 4)]
+    assert sorted(runs["no_reuse"][1].video_stats["cockatoo"]["reencode_calls"]) == sorted(st["reencode_calls"])
 
 
 def test_reuse_where_inputs_equal_and_no_reuse_runs_everything(runs):
@@ -165,7 +171,11 @@ def test_variant_records_respect_budgets(runs):
     assert by[("rho32_b128", "cockatoo")]["hw"] == 252 and by[("base_b128", "cockatoo")]["hw"] == 66
     assert by[("rho32_b128", "cockatoo")]["n_frames_kept"] == 4
     sw = by[("sel_resize_b128", "cockatoo")]
-    assert sw["n_compressed"] == 2 and sw["group_grid"] == [6, 10] and sw["vision_tokens"] == 120
+    # seed 000:1161 small = raw_frame_grid(6, 11, 64): 66 > 64 cells, beta = sqrt(66 / 64) -> (5, 10), 50 rows
+    # (the native frame at 64 rows would be 6 x 10); forced8: 2 groups, no raw frame
+    assert sw["n_compressed"] == 2 and sw["group_grid"] == [5, 10] and sw["vision_tokens"] == 100
+    mm = by[("mean_merge_b128", "cockatoo")]
+    assert mm["group_grid"] == sw["group_grid"] and mm["vision_tokens"] == 100
 
 
 def test_resume_recomputes_an_unrequested_baseline(runs, tiny_vl3_dir):
@@ -180,6 +190,83 @@ def test_resume_recomputes_an_unrequested_baseline(runs, tiny_vl3_dir):
     st = module.video_stats["realshort"]
     assert st["n_jobs"] == 1 and st["n_reused_jobs"] == 1 and st["n_prefixes"] == 1  # the baseline, run again
     assert _by_key(again) == recs and not (out / "base_b256").exists()
+
+
+# ----------------------------------------------------------------------------------------- baseline_run
+
+# the jobs of JOBS at the plain run's budgets (128, 1024)
+RUN_JOBS = "base:128:1024,rho32:128,rho128:128,qtf2:128,sel_resize:128,sel_merge:1024,mean_merge:128,hivar:1024"
+
+
+def test_baseline_run_records_are_copied_where_inputs_equal(runs, tiny_vl3_dir):
+    """Seed 000 --baseline_run: the baseline's records come from the plain predict folder (decoded for 1024, the
+    ablation's decode_budget here: the two short clips decode every 1 fps frame either way, so the in-run reuse
+    run is the reference); base itself is copied too (seed ``reuse = eff is BASE``), the LLM runs only the rest."""
+    out = runs["tmp"] / "from_plain"
+    recs, module, _ = run_ablation(tiny_vl3_dir, runs["root"], out, jobs=RUN_JOBS, decode_budget=1024,
+                                   baseline_run=str(runs["tmp"] / "plain"))
+    ref = _by_key(runs["reuse"][0])
+    plain = _by_key(runs["plain"])
+    got = _by_key(recs)
+    assert len(got) == 9 * N_QUESTIONS
+    for (job, qid), r in got.items():
+        e = dict(ref[(job, qid)])
+        if e["variant"] == "base":
+            e["reused"] = True      # copied from the baseline run, as the seed copies base
+        assert r == e, (job, qid)
+        if r["reused"]:             # the plain predict record itself, with this run's layout fields
+            p = plain[(f"b{r['budget']}", qid)]
+            assert {k: r[k] for k in p if k not in PLAIN_ONLY} == {k: v for k, v in p.items() if k not in PLAIN_ONLY}
+    assert all(r["reused"] for r in recs if r["variant"] == "base")
+    n_run = sum(1 for j in {(r["job"], r["video"]) for r in recs if not r["reused"]})
+    assert sum(s["n_prefixes"] for s in module.video_stats.values()) == n_run   # no baseline prefix in this run
+    assert json.loads((out / "run.json").read_text())["baseline_run"] == str((runs["tmp"] / "plain").resolve())
+
+
+def _refused(runs, tiny_vl3_dir, name, match, baseline, **kw):
+    from callbacks.baseline_run import BaselineRunError
+
+    out = runs["tmp"] / name
+    with pytest.raises(BaselineRunError, match=match):
+        run_ablation(tiny_vl3_dir, runs["root"], out, jobs=kw.pop("jobs", RUN_JOBS), baseline_run=str(baseline),
+                     **kw)
+    assert not out.exists()   # refused before anything is written
+
+
+def test_baseline_run_refused_before_writing(runs, tiny_vl3_dir):
+    plain = runs["tmp"] / "plain"
+    _refused(runs, tiny_vl3_dir, "r_missing", r"no such folder", runs["tmp"] / "nowhere", decode_budget=1024)
+    # the plain run decoded for its largest budget, 1024; the ablation's default decodes for 16384
+    _refused(runs, tiny_vl3_dir, "r_decode", r"plain: decode_budget: 1024 there .* 16384 here", plain)
+    _refused(runs, tiny_vl3_dir, "r_tokens", r"plain.*run.json was made with other settings \(max_new_tokens: 2 there, "
+             r"3 here\)", plain, decode_budget=1024, max_new_tokens=3)
+    _refused(runs, tiny_vl3_dir, "r_budget", r"budget 256: no b256/ or base_b256/ folder", plain,
+             jobs="base:128,low64:256", decode_budget=1024)
+    # a record missing for one video
+    cut = runs["tmp"] / "plain_cut"
+    shutil.copytree(plain, cut)
+    f = cut / "b128" / "videomme" / "rank0.jsonl"
+    f.write_text("".join(l for l in f.read_text().splitlines(keepends=True) if json.loads(l)["video"] != "realshort"))
+    _refused(runs, tiny_vl3_dir, "r_records", r"budget 128: no record for 3 question\(s\) of 1 video\(s\), e.g. "
+             r"video realshort", cut, decode_budget=1024)
+    (cut / "run.json").unlink()
+    _refused(runs, tiny_vl3_dir, "r_runjson", r"plain_cut: no readable run.json", cut, decode_budget=1024)
+
+
+def test_baseline_run_with_another_plan_stops_the_run(runs, tiny_vl3_dir):
+    from lightning_modules.budgeted_qa import VideoStepError
+
+    bad = runs["tmp"] / "plain_bad"
+    shutil.copytree(runs["tmp"] / "plain", bad)
+    f = bad / "b1024" / "videomme" / "rank0.jsonl"
+    lines = [json.loads(l) for l in f.read_text().splitlines()]
+    for r in lines:
+        r["vision_tokens"] += 1
+    f.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    with pytest.raises(VideoStepError) as e:
+        run_ablation(tiny_vl3_dir, runs["root"], runs["tmp"] / "from_bad", jobs="base:1024", decode_budget=1024,
+                     baseline_run=str(bad))
+    assert "plain_bad" in str(e.value.__cause__) and "vision_tokens" in str(e.value.__cause__)
 
 
 # ----------------------------------------------------------------------------------------- model-level units
@@ -199,14 +286,19 @@ def test_coinciding_grid_is_encoded_once_and_prompts_need_no_encode(tiny_vlm, co
 
     dec = cockatoo
     cache = EncodeCache(tiny_vlm, dec.frames)
-    # budget 64 encodes 8 frames at (6, 10): the grid sel_resize@1024 and low64@256 (capped, 4 frames encoded at
-    # (12, 21)) need in phase 2
+    # budget 64 encodes 8 frames at (6, 10); sel_resize@1024 (small = raw_frame_grid(12, 21, 64) = (6, 10)) and
+    # low64@256 (capped, 4 frames encoded at (12, 21), raw at (6, 10)) re-encode from (12, 21) pixels in phase 2:
+    # rows of their own, not the (6, 10) encode's
     jobs = [("sel_resize", 1024), ("low64", 256), ("mean_merge", 64), ("sel_merge", 1024)]
     lj = plan_layout_jobs(cache, jobs, raw_mode="orig")
     assert cache.grid_for(64) == frame_grid(720, 1280, 64) == lj[("base", 64)].geometry.grid == (6, 10)
     assert lj[("low64", 256)].geometry.grid == (12, 21) and lj[("low64", 256)].layout.raw_grid == (6, 10)
     encode_layout_inputs(cache, list(lj.values()))
     assert not duplicate_encodes(cache) and len(cache.encode_calls) == 3  # (6, 10), (9, 16), (12, 21)
+    need = {lj[("low64", 256)].frame_idx[a] for a in lj[("low64", 256)].raw_positions()}
+    need |= {lj[("sel_resize", 1024)].frame_idx[a] for a in lj[("sel_resize", 1024)].substitute_positions()}
+    assert lj[("sel_resize", 1024)].layout.group_grid == (6, 10)
+    assert cache.reencode_calls == [((12, 21), (6, 10), len(need))]      # both jobs' frames in one call
     n_calls = len(cache.encode_calls)
     cs = tiny_vlm.tokenizer.convert_tokens_to_ids("<|compression_start|>")
     for key, job in lj.items():
@@ -216,7 +308,7 @@ def test_coinciding_grid_is_encoded_once_and_prompts_need_no_encode(tiny_vlm, co
         assert prompt.vision_embeds.shape[0] == plan.vision_tokens <= job.budget
         swap = job.layout.group_substitute != "qbase"
         assert int((prompt.ids == cs).sum()) == (0 if swap else plan.n_compressed), key
-    assert len(cache.encode_calls) == n_calls  # everything was encoded before the prompts
+    assert len(cache.encode_calls) == n_calls and len(cache.reencode_calls) == 1  # all encoded before the prompts
 
 
 def test_base_prompt_equals_prepare_budgets(tiny_vlm, cockatoo):
@@ -273,6 +365,9 @@ def test_jobs_property_and_errors():
     m = LayoutAblationQA(jobs="base:256:1024, rho32:1024", no_reuse=True)
     assert m.jobs == {"base_b256": 256, "base_b1024": 1024, "rho32_b1024": 1024}
     assert m.decode_budget == 16384   # seed 000: Videos(todo, 16384) whatever the jobs' budgets
+    assert m.baseline_run is None and m.baseline_records is None   # default: the in-run baseline
+    with pytest.raises(ValueError, match="model.baseline_run must be a run folder or null"):
+        LayoutAblationQA(jobs="base:256", baseline_run="")
     assert m.budgets == [256, 1024] and m.hparams.jobs == "base:256:1024, rho32:1024" and m.hparams.no_reuse
     with pytest.raises(ValueError, match="unknown layout variant"):
         LayoutAblationQA(jobs="rho33:256")
@@ -302,6 +397,7 @@ def test_ablate_config_instantiates(tmp_path):
     assert isinstance(cli.datamodule, VideoQADataModule) and cli.datamodule.root == "assets"
     assert isinstance(cli.model, LayoutAblationQA)
     assert {v for v, _ in cli.model.job_pairs} == set(VARIANTS) and len(cli.model.jobs) == 3 * len(VARIANTS)
+    assert cfg["model"]["init_args"]["baseline_run"] is None and cli.model.baseline_run is None
     writer = next(cb for cb in cli.trainer.callbacks if hasattr(cb, "done_qids"))
     assert writer.out_dir == Path("outputs/ablate")
 
