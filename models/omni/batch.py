@@ -102,6 +102,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from algorithms.errors import check_int
+
 from .batch_accounting import BREAKDOWN_PARTS, COMPUTED_FIELDS, BatchedStreamResult, PartTimer, single_session_computed
 from .batch_media import LockstepMediaEncoder
 from .batch_media import _Stream
@@ -156,14 +158,11 @@ class BatchedOmniRunner(LockstepSchedule, LockstepMediaEncoder, PartTimer):
                  reprefill_memory_bytes: int = REPREFILL_MEMORY_BYTES):
         if sessions_per_batch < 1:
             raise ValueError(f"sessions_per_batch={sessions_per_batch} must be >= 1")
-        if reprefill_slides is not None and (isinstance(reprefill_slides, bool) or int(reprefill_slides) < 1
-                                             or int(reprefill_slides) != reprefill_slides):
-            raise ValueError(f"reprefill_slides={reprefill_slides!r} must be None (from the memory bound) or an "
-                             f"integer >= 1")
-        if reprefill_memory_bytes <= 0:
-            raise ValueError(f"reprefill_memory_bytes={reprefill_memory_bytes} must be > 0")
-        self.reprefill_slides = None if reprefill_slides is None else int(reprefill_slides)
-        self.reprefill_memory_bytes = int(reprefill_memory_bytes)
+        check_int("reprefill_slides", reprefill_slides, 1, allow_none=True,
+                  none_means="the most that fit in reprefill_memory_bytes")
+        check_int("reprefill_memory_bytes", reprefill_memory_bytes, 1)
+        self.reprefill_slides = reprefill_slides
+        self.reprefill_memory_bytes = reprefill_memory_bytes
         self.runner = runner
         self.sessions_per_batch = int(sessions_per_batch)
         self.reuse = reuse

@@ -163,3 +163,14 @@ def test_bench_reprefill_slides_side_by_side(tmp_path):
     assert one["max_abs_diff"] == three["max_abs_diff"] == 0.0 and one["llm_tokens_per_s"] == three["llm_tokens_per_s"]
     with pytest.raises(SystemExit):
         bench.main(["--tiny", "--reprefill-slides", "0"])
+
+
+def test_extractor_setting(runner, tmp_path):
+    """``model.init_args.reprefill_slides`` reaches the batched runner; a bad value is refused before the model loads."""
+    from algorithms.errors import SettingError
+    from lightning_modules.omni_extractor import OmniFeatureExtractor
+
+    with pytest.raises(SettingError, match="model.init_args.reprefill_slides=0"):
+        OmniFeatureExtractor(str(tmp_path / "no_model_here"), reprefill_slides=0)
+    ext = OmniFeatureExtractor(runner.model_dir, sessions_per_batch=2, reprefill_slides=2)
+    assert ext.batched.reprefill_slides == 2
