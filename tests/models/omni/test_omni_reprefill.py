@@ -166,7 +166,8 @@ def test_bench_reprefill_slides_side_by_side(tmp_path):
 
 
 def test_extractor_setting(runner, tmp_path):
-    """``model.init_args.reprefill_slides`` reaches the batched runner; a bad value is refused before the model loads."""
+    """``model.init_args.reprefill_slides`` reaches the batched runner; a bad value is refused before the model
+    loads."""
     from algorithms.errors import SettingError
     from lightning_modules.omni_extractor import OmniFeatureExtractor
 
