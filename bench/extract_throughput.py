@@ -6,6 +6,7 @@
     python bench/extract_throughput.py --memory-policy sliding  # only the sliding-window KV rows (+ the baseline)
     python bench/extract_throughput.py --sessions 8 --breakdown --json out.json  # + where the batched wall goes
     python bench/extract_throughput.py --gemm-tflops 790        # the ceiling columns at a given GEMM rate
+    python bench/extract_throughput.py --memory-policy window --reprefill-slides 1 2 4 auto  # K side by side
 
 Self-contained: nothing is downloaded. The thinker is built in memory from a ``Qwen2_5OmniThinkerConfig`` with the
 Qwen2.5-Omni-3B thinker shapes (LLM 36 layers, hidden 2048, FFN 11008, 16 heads, 2 KV heads, vocab 151936; vision
@@ -52,6 +53,12 @@ device preprocessing of audio and of video, vision tower, audio tower, LLM prefi
 policy, KV cache edits, the rest), with a device synchronization around every part, and prints a second table:
 wall seconds per part and their share of the run's wall time, per (mode, policy, sessions). The synchronizations stop
 the parts from overlapping, so the batched rows' RTF with ``--breakdown`` is a slightly pessimistic figure.
+
+``--reprefill-slides K [K ...]`` (window rows): the re-prefills of up to K window slides run as one LLM call
+(``BatchedOmniRunner(reprefill_slides=K)``: 1 = one call per slide, ``auto`` = the runner's default from its memory
+bound); one window row per value, its path ending ``K=...``; each row's ``reprefill_calls`` in ``--json`` is the
+sum of the sessions' ``computed_reprefill_calls`` (one batched call counts once per session in it). Without the flag
+the window rows run the default, unlabelled.
 
 Cost of ``--sessions 8 --breakdown --json out.json`` on one H200 (all modes, both policies, longest session 24 s,
 8 sessions = 168 media s per batched run, warm-ups of 2 s streams, which already cover every replay-tail and micro
@@ -221,10 +228,13 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
               memory_s: float = 8.0, modes: tuple[str, ...] = MODES, compile_small_calls: bool = False,
               device: str | None = None, warmup_s: float = 2.0, log=print,
               policies: tuple[str, ...] = MEMORY_POLICIES, breakdown: bool = False, fused: bool = True,
-              row_by_row: bool = False, flash_prefill: bool = True, gemm_rate: float | None = None) -> list[dict]:
+              row_by_row: bool = False, flash_prefill: bool = True, gemm_rate: float | None = None,
+              reprefill_slides: tuple = (None,), label_slides: bool = False) -> list[dict]:
     """Build the model, run every measurement, return one row dict per (mode, path, memory policy); batched rows
     carry ``breakdown`` (part -> wall seconds of the timed run) when ``breakdown``, and the compute ceiling
-    (``CEILING_FIELDS``; None on the eager rows) at ``gemm_rate`` TFLOP/s (None: measured, ``gemm_tflops``)."""
+    (``CEILING_FIELDS``; None on the eager rows) at ``gemm_rate`` TFLOP/s (None: measured, ``gemm_tflops``).
+    ``window`` rows run once per ``reprefill_slides`` value (None: the runner's default from its memory bound;
+    ``sliding`` has no re-prefill: its first value only), the path named ``K=...`` when ``label_slides``."""
     from models.kernels import fuse
     from models.omni.batch import BatchedOmniRunner, single_session_computed
 
@@ -266,9 +276,11 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
                 data[0]["frames"], data[0]["audio"], mode, memory_s, verify_rows=0, memory_policy=policy)
             variants = ([(n, False, True) for n in sessions] + ([(n_max, True, True)] if compile_small_calls else [])
                         + ([(n_max, False, False)] if row_by_row and mode == MICRO_CHUNK_200MS else []))
-            for n, comp_flag, by_block in variants:
+            slide_values = reprefill_slides if policy == WINDOW else reprefill_slides[:1]
+            for (n, comp_flag, by_block), k in ((v, k) for v in variants for k in slide_values):
                 batched = BatchedOmniRunner(runner, sessions_per_batch=n, compile_small_calls=comp_flag,
-                                            profile=breakdown, batch_rows=by_block, flash_prefill=flash_prefill)
+                                            profile=breakdown, batch_rows=by_block, flash_prefill=flash_prefill,
+                                            reprefill_slides=k)
                 streams = [{"frames": s["frames"], "audio": s["audio"]} for s in data[:n]]
                 batched.run_streams([{"frames": s["frames"], "audio": s["audio"]} for s in warm] *
                                     (n // len(warm) or 1), mode, memory_s, verify_rows=0,
@@ -281,14 +293,16 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
                 media = sum(s["duration_s"] for s in data[:n])
                 diff = float((res[0].states - ref.states).abs().max())
                 path = (f"batched {n} + reuse" + (" + compile" if comp_flag else "")
-                        + ("" if by_block else ", row by row"))   # row by row: micro only
+                        + ("" if by_block else ", row by row")    # row by row: micro only
+                        + (f", K={'auto' if k is None else k}" if label_slides and policy == WINDOW else ""))
                 rows.append({"mode": mode, "path": path,
                              "policy": policy, "sessions": n, "media_s": media, "wall_s": wall,
                              "rtf": data[0]["duration_s"] / res[0].wall_time_s, "dataset_rtf": media / wall,
                              "peak_bytes": _peak(dev), "max_abs_diff": diff,
                              "vision_patches_per_s": sum(r.computed["computed_vision_patches"] for r in res) / media,
                              "llm_tokens_per_s": sum(r.computed["computed_llm_tokens"] for r in res) / media,
-                             "target": TARGETS[mode],
+                             "target": TARGETS[mode], "reprefill_slides": "auto" if k is None else k,
+                             "reprefill_calls": sum(r.computed["computed_reprefill_calls"] for r in res),
                              "computed": [r.computed for r in res]})
                 rows[-1].update(ceiling_fields(runner, rows[-1]["computed"], mode, policy, hw, memory_s, media,
                                                media / wall, rate, source))
@@ -303,7 +317,8 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
 
 
 def profile_run(tiny: bool, n: int, duration_s: float, memory_s: float, mode: str, policy: str,
-                device: str | None = None, rows: int = 25, fused: bool = True) -> None:
+                device: str | None = None, rows: int = 25, fused: bool = True,
+                reprefill_slides: int | None = None) -> None:
     """Print torch.profiler's top operators by device time (and by host time) for one warmed-up batched run."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -317,7 +332,7 @@ def profile_run(tiny: bool, n: int, duration_s: float, memory_s: float, mode: st
     hw = TINY_FRAME_HW if tiny else FRAME_HW
     data = make_sessions(n, duration_s, hw)
     warm = make_sessions(min(n, 2), 2.0, hw, seed=1)
-    batched = BatchedOmniRunner(runner, sessions_per_batch=n)
+    batched = BatchedOmniRunner(runner, sessions_per_batch=n, reprefill_slides=reprefill_slides)
     batched.run_streams([{"frames": s["frames"], "audio": s["audio"]} for s in warm] * (n // len(warm) or 1), mode,
                         memory_s, verify_rows=0, memory_policy=policy)
     streams = [{"frames": s["frames"], "audio": s["audio"]} for s in data]
@@ -381,6 +396,19 @@ def format_breakdown(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def _slides_arg(text: str) -> int | None:
+    """``--reprefill-slides`` value: an integer >= 1 or ``auto`` (None)."""
+    if text == "auto":
+        return None
+    try:
+        k = int(text)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise argparse.ArgumentTypeError(f"--reprefill-slides: {text!r} is neither an integer >= 1 nor 'auto'")
+    return k
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tiny", action="store_true", help="tiny random thinker on CPU (smoke run, < 60 s)")
@@ -407,6 +435,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--gemm-tflops", type=float, default=None,
                    help="GEMM rate (TFLOP/s) for the ceiling columns instead of measuring one (default: measured on "
                         f"CUDA, {CPU_NOMINAL_TFLOPS} on the CPU)")
+    p.add_argument("--reprefill-slides", nargs="+", default=None, type=_slides_arg, metavar="K",
+                   help="window rows: re-prefills of up to K window slides in one LLM call (BatchedOmniRunner "
+                        "reprefill_slides; 1 = one call per slide; 'auto' = the runner's default from its memory "
+                        "bound); several values give one window row each, side by side (default: auto, unlabelled)")
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument("--profile", default=None, choices=list(MODES),
                    help="only profile one batched run of this mode (first --sessions, first --memory-policy): "
@@ -416,7 +448,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     duration = a.duration or (12.0 if a.tiny else 24.0)
     if a.profile:
         profile_run(a.tiny, sessions[0], duration, a.memory, a.profile, a.memory_policy[0], a.device,
-                    fused=not a.no_fused)
+                    fused=not a.no_fused, reprefill_slides=(a.reprefill_slides or [None])[0])
         return []
     t0 = time.perf_counter()
     print("rows as they finish (the final tables follow):")
@@ -424,7 +456,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = run_bench(a.tiny, sessions, duration, a.memory, tuple(a.modes), a.compile, a.device,
                      warmup_s=a.warmup, log=lambda s: print(s, flush=True),
                      policies=tuple(dict.fromkeys(a.memory_policy)), breakdown=a.breakdown, fused=not a.no_fused,
-                     row_by_row=a.row_by_row, flash_prefill=not a.library_prefill, gemm_rate=a.gemm_tflops)
+                     row_by_row=a.row_by_row, flash_prefill=not a.library_prefill, gemm_rate=a.gemm_tflops,
+                     reprefill_slides=tuple(dict.fromkeys(a.reprefill_slides or [None])),
+                     label_slides=a.reprefill_slides is not None)
     print(f"\n## extract throughput ({'tiny, CPU' if a.tiny else 'Qwen2.5-Omni-3B thinker shapes, random bf16'}, "
           f"memory {a.memory:g} s, policies {', '.join(dict.fromkeys(a.memory_policy))}, longest session "
           f"{duration:g} s; this bench ran {time.perf_counter() - t0:.0f} s of wall time)\n")

@@ -225,6 +225,10 @@ class OmniFeatureExtractor(LightningModule):
             per row, as a live stream runs (bit-identical to the one-session path). Recorded in the meta.
         flash_prefill: batched path on CUDA: LLM prefills on top of the cache with SDPA's lower-right causal bias
             (flash kernel) instead of the library's explicit mask (``models.omni.attention.lower_right_causal_sdpa``).
+        reprefill_slides: batched path, ``window`` policy: the re-prefills of up to this many window slides run as one
+            LLM call (``models.omni.batch``; states equal to fp32 rounding, 1: one call per slide, bit-identical);
+            null (default): as many as fit the runner's memory bound. The meta's ``computed_reprefill_calls`` counts
+            the calls.
         audio_left_context: a payload's log-mel takes the 200 samples before it as left STFT padding (causal), so
             its first frames equal the whole-clip log-mel (``models.omni.thinker.OmniThinkerRunner``); ``False``: the
             payload's own reflect padding (the earlier features).
@@ -234,12 +238,15 @@ class OmniFeatureExtractor(LightningModule):
                  dtype: str = "float32", attn_implementation: str = "sdpa", verify_rows: int = 4,
                  prompt_token_ids: list[int] | None = None, sessions_per_batch: int = 1,
                  compile_small_calls: bool = False, memory_policy: str = DEFAULT_MEMORY_POLICY,
-                 batch_rows: bool = True, flash_prefill: bool = True, audio_left_context: bool = True):
+                 batch_rows: bool = True, flash_prefill: bool = True, audio_left_context: bool = True,
+                 reprefill_slides: int | None = None):
         super().__init__()
         if mode not in MODES:   # before the model loads
             raise SettingError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
         check_memory_policy(memory_policy)
         check_int("model.init_args.sessions_per_batch", sessions_per_batch, 1)
+        check_int("model.init_args.reprefill_slides", reprefill_slides, 1, allow_none=True,
+                  none_means="as many slides as fit the memory bound")
         self.save_hyperparameters()
         self._warned_single = self._warned_list = False   # data/model sessions_per_batch mismatches, warned once
         self.runner = OmniThinkerRunner(model_dir, layer=layer, prompt_token_ids=prompt_token_ids, dtype=dtype,
@@ -247,7 +254,8 @@ class OmniFeatureExtractor(LightningModule):
         # refused here, before any session is decoded, not as one failure per session
         self.runner.check_settings(mode, memory_s, memory_policy, verify_rows)
         self.batched = (BatchedOmniRunner(self.runner, sessions_per_batch, compile_small_calls=compile_small_calls,
-                                          batch_rows=batch_rows, flash_prefill=flash_prefill)
+                                          batch_rows=batch_rows, flash_prefill=flash_prefill,
+                                          reprefill_slides=reprefill_slides)
                         if sessions_per_batch > 1 else None)
         if mode != MICRO_CHUNK_200MS and not batch_rows:
             rank_zero_warn(f"batch_rows=False has no effect in {mode} (only micro-chunk-200ms rows are batched)")

@@ -40,6 +40,21 @@ Memory policies (``memory_policy``, as ``models/omni/thinker.py``):
 * ``window`` (default): exact finite memory: the cache always equals a from-scratch prefill of prompt + the last
   ``memory_s`` of media; cost: on every slide the kept blocks are re-prefilled through the LLM at re-based positions
   (up to ``M - 1`` blocks, e.g. ~4,500 tokens per 2 s at 8 s memory and 3B shapes).
+  Re-prefills of several slides in one call (``reprefill_slides``): at a slide the cache is cut back to the
+  prompt and the kept blocks are prefilled on top of it at positions re-based to the window start, so the keys and
+  values it leaves depend only on the prompt cache and the kept payloads, which are encoder outputs (independent of
+  the LLM). So at a slide the row loop lets the encoders run ahead (the same calls in the same order, the encoded
+  runs buffered until the row loop reaches them) up to the last payload that the K-th next slide keeps, stacks each
+  (slide, stream)'s kept sequence as one batch row on top of the prompt cache repeated over the rows, runs one LLM
+  call per distinct kept layout (token count and positions; one in the steady state) and, at each of those slides,
+  installs that slide's keys/values instead of prefilling. A stream that finishes before a slide has no row for
+  it; streams of a group share a layout, so nothing is padded. The tokens prefilled (``computed_llm_tokens``) are
+  the same for every K; the calls (``computed_reprefill_calls``) fall to about 1/K. Equal to the K = 1 path up to the
+  rounding of other call shapes (tested to 1e-5 on the tiny model; K = 1 is the per-slide call, bit for bit).
+  hold / open-stream-replay commit one payload per block (its boundary row), micro-chunk-200ms ten; all slide at a
+  block's first payload row, so the batching applies to the three modes alike. Memory: K slides' keys/values
+  (bounded by ``reprefill_memory_bytes``) plus the runs encoded ahead (open-stream-replay: every tail of up to
+  K - 1 blocks).
 * ``sliding``: StreamingLLM / Mistral-style sliding-window KV cache: committed blocks' keys/values are computed
   exactly once and kept; a slide only removes the evicted blocks' rows (``OmniThinkerRunner._evict_rows``).
   Positions are absolute (never re-based). The kept blocks' deeper-layer keys/values still carry information from
@@ -87,14 +102,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from algorithms.errors import check_int
+
 from .batch_accounting import BREAKDOWN_PARTS, COMPUTED_FIELDS, BatchedStreamResult, PartTimer, single_session_computed
 from .batch_media import LockstepMediaEncoder
 from .batch_media import _Stream
-from .batch_schedule import LockstepSchedule
+from .batch_schedule import REPREFILL_MEMORY_BYTES, REPREFILL_SLIDES_MAX, LockstepSchedule, reprefill_bytes_per_token
 from .thinker import OmniThinkerRunner
 from .thinker_media import AUDIO_SAMPLE_RATE
 
-__all__ = ["BREAKDOWN_PARTS", "COMPUTED_FIELDS", "BatchedOmniRunner", "BatchedStreamResult", "single_session_computed"]
+__all__ = ["BREAKDOWN_PARTS", "COMPUTED_FIELDS", "REPREFILL_MEMORY_BYTES", "REPREFILL_SLIDES_MAX", "BatchedOmniRunner",
+           "BatchedStreamResult", "reprefill_bytes_per_token", "single_session_computed"]
 
 
 class BatchedOmniRunner(LockstepSchedule, LockstepMediaEncoder, PartTimer):
@@ -126,14 +144,25 @@ class BatchedOmniRunner(LockstepSchedule, LockstepMediaEncoder, PartTimer):
             200 ms has not happened yet, cannot. False: one row per call.
         flash_prefill: on CUDA, the LLM prefills on top of the cache run SDPA with a lower-right causal bias (flash
             kernel) instead of the library's explicit mask (masked kernel): :func:`lower_right_causal_sdpa`.
+        reprefill_slides: ``window`` policy: the re-prefills of up to this many upcoming window slides run as one
+            LLM call (the encoders run ahead as far as those slides keep; module docstring). 1: one call per slide,
+            bit-identical to the one-session path. None (default): the most, up to ``REPREFILL_SLIDES_MAX``, whose
+            rows fit in ``reprefill_memory_bytes`` (``reprefill_bytes_per_token``).
+        reprefill_memory_bytes: the device-memory bound of the default ``reprefill_slides``.
     """
 
     def __init__(self, runner: OmniThinkerRunner, sessions_per_batch: int = 8, reuse: bool = True,
                  batched_attention: bool = True, compile_small_calls: bool = False,
                  compile_backend: str | None = None, profile: bool = False, batch_rows: bool = True,
-                 flash_prefill: bool = True):
+                 flash_prefill: bool = True, reprefill_slides: int | None = None,
+                 reprefill_memory_bytes: int = REPREFILL_MEMORY_BYTES):
         if sessions_per_batch < 1:
             raise ValueError(f"sessions_per_batch={sessions_per_batch} must be >= 1")
+        check_int("reprefill_slides", reprefill_slides, 1, allow_none=True,
+                  none_means="the most that fit in reprefill_memory_bytes")
+        check_int("reprefill_memory_bytes", reprefill_memory_bytes, 1)
+        self.reprefill_slides = reprefill_slides
+        self.reprefill_memory_bytes = reprefill_memory_bytes
         self.runner = runner
         self.sessions_per_batch = int(sessions_per_batch)
         self.reuse = reuse

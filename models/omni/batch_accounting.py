@@ -21,6 +21,9 @@ COMPUTED_FIELDS = {
     "computed_vision_patches": "temporal patches through the vision tower",
     "computed_llm_tokens": "tokens prefilled through the LLM (payloads + window re-prefills under the window "
                            "policy, payloads only under sliding; prompt excluded)",
+    "computed_reprefill_calls": "LLM calls that re-prefilled the stream's kept blocks at window slides (window "
+                                "policy; one call serves every stream of the batch, and with reprefill_slides > 1 "
+                                "several slides; 0 under sliding)",
 }
 BREAKDOWN_PARTS = {  # BatchedOmniRunner(profile=True).breakdown: wall seconds of one run_streams call per part
     "prep_audio": "the block's audio to the device + log-mel (LogMel) of every stream's payload audio",
