@@ -120,8 +120,12 @@ def shared_prefix_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: to
     out_p, lse_p = _prefix_part(folded, pk, pv, scale)
     # the decode step (s = 1, every step, inside the CUDA graph) runs the compiled chain; the question suffixes
     # (s = n, once per layer and (video, budget)) the same math eagerly: one compiled graph, not two
-    merge = _suffix_and_merge if s == 1 else _suffix_and_merge_math
-    return merge(query, key, value, attention_mask, out_p, lse_p, scale), None
+    if s == 1:
+        # one layout for the compiled graph, which guards on strides: the projection's transposed view (Q, H, 1, d)
+        # has stride H d on its size-1 axis where a contiguous tensor has d; squeeze + unsqueeze is the same memory
+        # with the contiguous strides (no copy), whichever rotary kernel produced the query
+        return _suffix_and_merge(query.squeeze(2).unsqueeze(2), key, value, attention_mask, out_p, lse_p, scale), None
+    return _suffix_and_merge_math(query, key, value, attention_mask, out_p, lse_p, scale), None
 
 
 def _suffix_and_merge_math(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -155,6 +159,31 @@ def _suffix_and_merge_math(query: torch.Tensor, key: torch.Tensor, value: torch.
 # the suffix part and the merge are ~20 small kernels per layer and decode step in eager mode; compiled on CUDA
 _suffix_and_merge = Fusable(_suffix_and_merge_math, "shared-prefix suffix+merge",
                             dynamic=((0, 2), (0, 2), (0, 2), (0, 2, 3), (2,), (2,)))
+
+
+def decode_step_stand_ins(rows: int, heads: int, kv_heads: int, head_dim: int, keys: int, prefix_len: int,
+                          dtype: torch.dtype, device: torch.device | str) -> tuple:
+    """Random arguments of :data:`_suffix_and_merge` as :func:`shared_prefix_sdpa` passes them in a decode step, in
+    the same layouts (a compiled graph guards on strides as well as shapes): the query, the suffix keys / values and
+    the mask contiguous (the decode step hands the query over with contiguous strides), the prefix part computed by
+    :func:`_prefix_part` itself over the folded query (on CUDA in half precision the flash kernel's output layout).
+
+    Returns:
+        ``(query (Q, H, 1, d), key, value (Q, Hkv, S, d), mask (Q, 1, 1, S), out_p (1, Hkv, Q G, d), lse_p
+        (1, Hkv, Q G), scale)`` with ``S = keys``; the prefix part attends over ``prefix_len`` random keys.
+    """
+    def randn(*shape):
+        return torch.randn(*shape, device=device, dtype=dtype)
+
+    query = randn(rows, heads, 1, head_dim)
+    key, value = randn(rows, kv_heads, keys, head_dim), randn(rows, kv_heads, keys, head_dim)
+    mask = torch.zeros(rows, 1, 1, keys, device=device, dtype=dtype)
+    g = heads // kv_heads
+    scale = float(head_dim ** -0.5)
+    folded = query.view(rows, kv_heads, g, 1, head_dim).permute(1, 0, 2, 3, 4).reshape(1, kv_heads, rows * g, head_dim)
+    pk, pv = randn(1, kv_heads, prefix_len, head_dim), randn(1, kv_heads, prefix_len, head_dim)
+    out_p, lse_p = _prefix_part(folded, pk, pv, scale)
+    return query, key, value, mask, out_p, lse_p, scale
 
 
 def register() -> str:

@@ -89,9 +89,7 @@ def compile_fused_kernels(config, device: torch.device | str, dtype: torch.dtype
     c, v_heads = vision.hidden_size, vision.num_attention_heads
     v_dim = c // v_heads
     rows, frames, patches = 19, 3, 40   # > 1: sizes 0 and 1 would be specialized
-    g = heads // kv_heads
     q_rows, keys = MERGE_ROWS, 19
-    scale = float(head_dim ** -0.5)     # the attention module's scaling (Qwen2: head_dim ** -0.5), a graph constant
 
     def randn(*shape, dt=dtype):      # dtypes always explicit: the default dtype is process-wide (transformers
         return torch.randn(*shape, device=device, dtype=dt)   # sets it while it builds a model in another thread)
@@ -115,12 +113,10 @@ def compile_fused_kernels(config, device: torch.device | str, dtype: torch.dtype
                                                  randn(patches, 1, v_dim, dt=torch.float32),
                                                  randn(patches, 1, v_dim, dt=torch.float32)),
         # the decode step: query (Q, H, 1, d), the suffix region's keys / values (Q, Hkv, S, d), its additive mask
-        # (Q, 1, 1, S), the prefix part over the folded queries (1, Hkv, Q G, d) and its log-sum-exp, in float32
-        "shared-prefix suffix+merge": lambda: shared_prefix._suffix_and_merge(
-            randn(q_rows, heads, 1, head_dim), randn(q_rows, kv_heads, keys, head_dim),
-            randn(q_rows, kv_heads, keys, head_dim), torch.zeros(q_rows, 1, 1, keys, device=device, dtype=dtype),
-            randn(1, kv_heads, q_rows * g, head_dim, dt=torch.float32),
-            randn(1, kv_heads, q_rows * g, dt=torch.float32), scale),
+        # (Q, 1, 1, S), the prefix part over the folded queries (1, Hkv, Q G, d) and its log-sum-exp in float32,
+        # each in the layout the decode step hands it over (guards check strides)
+        "shared-prefix suffix+merge": lambda: shared_prefix._suffix_and_merge(*shared_prefix.decode_step_stand_ins(
+            q_rows, heads, kv_heads, head_dim, keys, 23, dtype, device)),
     }
     with torch.inference_mode() if inference else torch.no_grad():
         for name in selected:

@@ -67,7 +67,9 @@ def test_a_full_disk_gives_one_line_and_keeps_the_records_safe(tiny_vl3_dir, dem
     assert len(appends) == 2 and appends[1] == f
     data = f.read_bytes()
     assert data.endswith(b"\n")                              # the torn half of the second write is gone
-    assert sorted(r["qid"] for r in read_records(out)) == ["001-1", "001-2", "001-3", "001-4"]
+    # the first video's records, whole (the run order puts either video first: datamodules.sharding.run_order)
+    assert sorted(r["qid"] for r in read_records(out)) in (["001-1", "001-2", "001-3", "001-4"],
+                                                          ["002-1", "002-2", "002-3"])
     monkeypatch.undo()
     recs = run_predict(tiny_vl3_dir, demo_bench, out, budgets=(128,), model_args={"max_new_tokens": 2})
     assert f.read_bytes().startswith(data)                   # resumed: appended after the intact records

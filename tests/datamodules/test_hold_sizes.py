@@ -155,7 +155,7 @@ def test_data_module_setting_is_checked():
 
 
 def test_predict_records_equal_with_and_without_holding(tiny_vl3_dir, demo_bench, tmp_path, monkeypatch):
-    import datamodules.videoqa as vq
+    import datamodules.video_items as vq
     from tests.conftest import run_predict
 
     kinds = []

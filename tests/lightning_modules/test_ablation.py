@@ -35,7 +35,7 @@ def _cfg(model_dir, bench_root, out_dir, model: dict) -> Path:
 
 def run_ablation(model_dir, bench_root, out_dir, jobs=JOBS, no_reuse=False, **init_args):
     """In-process ``evaluate.py predict`` of the ablation job; returns (records, module, decode calls per file)."""
-    import datamodules.videoqa as vqa
+    import datamodules.video_items as vqa
     import evaluate
     from callbacks.jsonl_writer import read_records
 

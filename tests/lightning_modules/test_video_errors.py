@@ -44,19 +44,19 @@ def test_a_programming_error_stops_the_run_naming_the_video_after_earlier_record
 
     def encode(self, frames, *args, **kwargs):
         calls.append(1)
-        if len(calls) > 1:   # the second video (realshort)
+        if len(calls) > 1:   # the second video (cockatoo: the run order puts the cheaper realshort first)
             raise TypeError("unsupported operand type(s) for +: 'int' and 'NoneType' (simulated bug)")
         return real(self, frames, *args, **kwargs)
 
     monkeypatch.setattr(BudgetedVideoLlama3, "encode", encode)
     out = tmp_path / "out"
-    with pytest.raises(VideoStepError, match=r"realshort\.mp4: TypeError: unsupported operand.*the run stops") as e:
+    with pytest.raises(VideoStepError, match=r"cockatoo\.mp4: TypeError: unsupported operand.*the run stops") as e:
         run_predict(tiny_vl3_dir, demo_bench, out, budgets=(128,), model_args={"max_new_tokens": 2})
     assert isinstance(e.value.__cause__, TypeError)
     from callbacks.jsonl_writer import read_records
 
     recs = read_records(out)   # the first video's records were written before the run stopped
-    assert sorted(r["qid"] for r in recs) == ["001-1", "001-2", "001-3", "001-4"]
+    assert sorted(r["qid"] for r in recs) == ["002-1", "002-2", "002-3"]
     assert not any("error" in r for r in recs)
 
 

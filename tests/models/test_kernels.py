@@ -386,8 +386,11 @@ def test_early_compilation_makes_the_graphs_the_model_then_calls(tiny_vl3_dir, m
             return gm.forward
         return backend
 
+    from models.videollama3 import prepare_budgets, shared_prefix
+
     kernels = {"rms_norm": fused.rms_norm, "silu_mul": fused.silu_mul, "rope_rows": fused.rope_rows,
-               "add_layer_norm": fused.add_layer_norm, "vision_rotary": vision_attention.fused_rotary_qk}
+               "add_layer_norm": fused.add_layer_norm, "vision_rotary": vision_attention.fused_rotary_qk,
+               "merge": shared_prefix._suffix_and_merge}
     for name, f in kernels.items():
         monkeypatch.setattr(f, "devices", ("cpu",))
         monkeypatch.setattr(f, "backend", counting(name))
@@ -398,13 +401,18 @@ def test_early_compilation_makes_the_graphs_the_model_then_calls(tiny_vl3_dir, m
         tiny_vlm.model.config, "cpu", tiny_vlm.dtype, inference=True, inference_weights=loaded_in_inference_mode)))
     thread.start()
     thread.join()
-    assert len(done[0]) == 5 and graphs == {name: 1 for name in kernels}
-    frames = decode_video(MEDIA / "cockatoo.mp4", 1024).frames[:3]
+    assert len(done[0]) == 6 and graphs == {name: 1 for name in kernels}
+    dec = decode_video(MEDIA / "cockatoo.mp4", 1024)
+    frames = dec.frames[:3]
     lm = tiny_vlm.model.model.language_model
     d = lm.config.hidden_size
     with torch.inference_mode():
         tiny_vlm.encode(frames, 64)
         for b, s in ((1, 23), (3, 5), (3, 1)):
             lm(inputs_embeds=torch.randn(b, s, d))
-    assert graphs == {"rms_norm": 1, "silu_mul": 1, "rope_rows": 1, "add_layer_norm": 1, "vision_rotary": 1}
+        # a video's batched answer: the decode step's shared-prefix merge (3 questions) hits the early graph
+        bi = next(iter(prepare_budgets(tiny_vlm, dec.frames, dec.times_s, [128])))
+        tiny_vlm.answer_batched(bi.prompt, ["Animal?\nA. A dog.\nB. A bird.", "Colour?\nA. White.", "Where?\nA. Here."],
+                                3, decode="static")
+    assert graphs == {name: 1 for name in kernels}
     torch._dynamo.reset()

@@ -105,3 +105,34 @@ def test_the_stand_ins_run_through_the_real_kernels(tiny_config_dir):
 
     config = VideoLlama3Config.from_pretrained(tiny_config_dir)
     assert warm.compile_fused_kernels(config, "cpu", torch.float32) == list(warm.KERNELS)
+
+
+def test_merge_stand_ins_have_the_decode_steps_layouts(tiny_vlm):
+    """The early compilation's merge arguments have the shapes, strides and dtypes of what a real decode step passes
+    (a compiled graph guards on strides: a contiguous stand-in query against the step's transposed view compiled a
+    second graph in the first video's step on the H200)."""
+    from datamodules.decoding import decode_video
+    from models.videollama3 import prepare_budgets
+    from tests.conftest import MEDIA
+
+    seen = []
+    real = shared_prefix._suffix_and_merge
+
+    def record(*args):
+        seen.append([(tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args])
+        return real(*args)
+
+    dec = decode_video(MEDIA / "cockatoo.mp4", 1024)
+    bi = next(iter(prepare_budgets(tiny_vlm, dec.frames, dec.times_s, [128])))
+    qs = ["What animal is shown?\nA. A dog.\nB. A cockatoo.", "Colour?\nA. White.\nB. Green.", "Where?\nA. Here."]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(shared_prefix, "_suffix_and_merge", record)
+        tiny_vlm.answer_batched(bi.prompt, qs, 3, decode="static")
+    assert seen, "the decode step never called the merge"
+    step = seen[0]
+    text = tiny_vlm.model.config.get_text_config()
+    h, hkv = text.num_attention_heads, text.num_key_value_heads
+    d = getattr(text, "head_dim", None) or text.hidden_size // h
+    keys = step[1][0][2]                                  # the suffix region's length S of this video
+    stand = shared_prefix.decode_step_stand_ins(3, h, hkv, d, keys, 23, torch.float32, "cpu")
+    assert [(tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in stand] == step
