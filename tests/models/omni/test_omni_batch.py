@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 from algorithms.streaming import (COMPLETED_BLOCK_HOLD, MEMORY_POLICIES, MICRO_CHUNK_200MS, MODES, OPEN_STREAM_REPLAY,
                                   SLIDING, WINDOW, accounting, masks)
 from lightning_modules.omni_extractor import OmniFeatureExtractor, extract_session, extract_sessions
@@ -32,14 +34,6 @@ COMPUTED_4S = {  # (processor calls, audio s, video s, vision patches)
     MICRO_CHUNK_200MS: (28, 4.0, 4.0, 8),
 }
 SINGLE_PATCHES_4S = {OPEN_STREAM_REPLAY: 22, COMPLETED_BLOCK_HOLD: 4, MICRO_CHUNK_200MS: 8}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 from algorithms.streaming import COMPLETED_BLOCK_HOLD, MICRO_CHUNK_200MS, MODES, SLIDING, WINDOW
 from models.omni.batch import REPREFILL_SLIDES_MAX, BatchedOmniRunner, reprefill_bytes_per_token
 from models.omni.thinker import OmniThinkerRunner
@@ -15,14 +17,6 @@ from models.omni.tiny import build_tiny_omni
 MEMORY_S = 4.0  # M = 2: the window slides at every block from block 2 on and keeps one block
 LENGTHS_S = (12.0, 9.4, 10.2)  # 60, 47 and 51 rows: the two shorter streams finish inside a group of slides
 TOKENS_PER_BLOCK = 2 * 6 + 50  # hold: 56x84 frames -> 6 merged tokens per temporal patch, 2 patches + 50 audio
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
