@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from conftest import run_predict
+from tests.conftest import run_predict
 from models.videollama3.convert import main as convert_main
 from models.videollama3.original_config import vision_config_from_weights
 from models.videollama3.weight_files import read_safetensors_dir
