@@ -238,6 +238,7 @@ def _decode_task(job) -> dict:
     else:
         frames, used, why = cpu(path, idx, (dh, dw)), "cpu", None
     dt = time.perf_counter() - t0
+    t_end = time.time()
     # packets fed to a decoder (all sessions); the rest of the covered source frames were never decoded
     fed = st.get("frames_fed", st.get("kept")) if st.get("frames_skipped", st.get("skipped")) is not None else None
     return {"path": str(path), "path_kind": decoder, "decoder": used, "why": why or st.get("skip"), "decode_s": dt,
@@ -245,7 +246,8 @@ def _decode_task(job) -> dict:
             "sessions_path": sorted({r.get("path", "") for r in st.get("runs", [])}) or None,
             "skip_fallback": [r["skip_fallback"] for r in st.get("runs", []) if r.get("skip_fallback")] or None,
             "frames": len(idx), "covered": covered, "n": p["n"], "duration_s": p["duration_s"],
-            "decode_hw": [dh, dw], "sha1": hashlib.sha1(frames.tobytes()).hexdigest()}
+            "decode_hw": [dh, dw], "sha1": hashlib.sha1(frames.tobytes()).hexdigest(),
+            "window_unix": [t_end - dt, t_end]}
 
 
 def _cpu_skip(path: str, idx: list[int], hw: tuple[int, int], cpu, st: dict):
@@ -277,9 +279,89 @@ def run_path(videos: list[Path], decoder: str, workers: int, threads: int, sessi
     jobs = [(str(v), decoder, threads, sessions, window_s) for v in
             sorted(videos, key=lambda v: -v.stat().st_size)]   # the longest first, as the sampler would not
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
+    with UtilSampler() as util, ProcessPoolExecutor(min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
         rows = list(pool.map(_decode_task, jobs))
-    return rows, time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    windows = [r["window_unix"] for r in rows if r.get("window_unix")]
+    span = max(w[1] for w in windows) - min(w[0] for w in windows) if windows else None
+    UTIL[decoder] = {**util.summary(), "decode_span_s": span, "pool_wall_s": wall,
+                     "source_fps_in_span": sum(r["covered"] for r in rows) / span if span else None}
+    return rows, wall
+
+
+UTIL: dict[str, dict] = {}   # per path: what bounded its pool (UtilSampler.summary, the decode span)
+
+
+class UtilSampler:
+    """Samples, every ``period_s`` while a pool runs, the machine's CPU busy share (``/proc/stat``) and the GPU's
+    SM and NVDEC busy shares (``nvidia-smi --query-gpu=utilization.gpu,utilization.decoder``, NVML's per-period
+    averages over all engines), so the table can say what bounded a decode path. Without ``nvidia-smi`` (the CPU
+    machine) only the CPU is sampled."""
+
+    def __init__(self, period_s: float = 0.25):
+        self.period_s = period_s
+        self.cpu: list[float] = []
+        self.gpu: list[tuple[float, float]] = []
+        self._stop = None
+
+    @staticmethod
+    def _cpu_times() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                vals = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+        return sum(vals), idle
+
+    def _run(self) -> None:
+        last = self._cpu_times()
+        while not self._stop.wait(self.period_s):
+            now = self._cpu_times()
+            if now and last and now[0] > last[0]:
+                self.cpu.append(1 - (now[1] - last[1]) / (now[0] - last[0]))
+            last = now
+
+    def _read_smi(self) -> None:
+        for line in self._smi.stdout:
+            try:
+                sm, dec = (float(x) for x in line.strip().split(",")[:2])
+            except ValueError:
+                continue
+            self.gpu.append((sm / 100, dec / 100))
+
+    def __enter__(self) -> "UtilSampler":
+        import threading
+
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True)]
+        self._smi = None
+        if shutil.which("nvidia-smi"):
+            self._smi = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu,utilization.decoder",
+                                          "--format=csv,noheader,nounits", f"-lms={int(self.period_s * 1000)}"],
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            self._threads.append(threading.Thread(target=self._read_smi, daemon=True))
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._smi is not None:
+            self._smi.terminate()
+            self._smi.wait(5)
+        for t in self._threads:
+            t.join(5)
+
+    def summary(self) -> dict:
+        """Mean and 90th-percentile busy shares (0-1) over the samples; ``None`` where nothing was sampled."""
+        def stats(xs):
+            if not xs:
+                return None
+            xs = sorted(xs)
+            return {"mean": round(statistics.mean(xs), 3), "p90": round(xs[int(0.9 * (len(xs) - 1))], 3)}
+        return {"cpu_busy": stats(self.cpu), "gpu_sm_busy": stats([g[0] for g in self.gpu]),
+                "nvdec_busy": stats([g[1] for g in self.gpu]), "samples": len(self.cpu)}
 
 
 # ------------------------------------------------------------------------------------------------ the table
@@ -394,6 +476,14 @@ def main(argv=None) -> dict:
                   f"{r['decode_hw']}, {r['covered']}/{r['n']} source frames{skip}"
                   + (f" ({r['why']})" if r["why"] else "")
                   + (f" [packet-fed session fell back: {r['skip_fallback'][0]}]" if r.get("skip_fallback") else ""))
+        u = UTIL.get(kind, {})
+        if u:
+            def fmt(x):
+                return "n/a" if not x else f"{x['mean']:.0%} (p90 {x['p90']:.0%})"
+            span = u.get("decode_span_s")
+            print(f"{kind}: busy while decoding: CPU {fmt(u['cpu_busy'])}, NVDEC {fmt(u['nvdec_busy'])}, GPU SM "
+                  f"{fmt(u['gpu_sm_busy'])}; first decode start to last end {span:.1f} s of the pool's "
+                  f"{u['pool_wall_s']:.1f} s, {u['source_fps_in_span']:.0f} source frames/s in that span", flush=True)
         fed = [r for r in rows_by_path[kind] if r.get("frames_skipped") is not None]
         if fed:
             print(f"{kind}: {sum(r['frames_skipped'] for r in fed)} of {sum(r['packets'] for r in fed)} covered "
@@ -421,6 +511,9 @@ def main(argv=None) -> dict:
             print(f"CLI decoder={d}: {len(cli_videos)} videos, first answer {t['first_answer_s']:.1f} s after "
                   f"process start, steady step {statistics.mean(rest):.2f} s, wait share "
                   f"{t.get('wait_share', float('nan')):.1%}, decoders used {t['decoders']}", flush=True)
+            print(f"CLI decoder={d}: timeline (s after process start) "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in sorted(t["timeline_s"].items(), key=lambda kv: kv[1]))
+                  + f"; warm-up {t.get('warmup')}", flush=True)
         if len(timings) > 1:
             first, *others = timings
             for d in others:
@@ -434,7 +527,8 @@ def main(argv=None) -> dict:
                        f"{timing['first_answer_s']:.1f} s after process start)")
     summary = summarize(rows_by_path, steps, workers, walls)
     print_table(summary, bool(args.window_s), step_source)
-    result = {"rows": rows_by_path, "pool_wall_s": walls, "summary": summary, "steps": steps, "timing": timing}
+    result = {"rows": rows_by_path, "pool_wall_s": walls, "summary": summary, "steps": steps, "timing": timing,
+              "util": UTIL}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))
     return result

@@ -10,7 +10,10 @@ progress bar as a postfix, printed as a table and written to ``<out_dir>/timing_
 ``timeline_s`` in that file gives milestones in seconds after the process started (:func:`process_age_s`:
 interpreter start, so imports and the CLI's set-up count): ``predict_start``, ``model_loaded``, ``first_video``
 (the first decoded video reached the step), ``first_answer`` (the first video's step ended: its records are
-written next), ``predict_end``. ``first_answer`` is the cold-start figure a user waits for.
+written next), ``predict_end``. ``first_answer`` is the cold-start figure a user waits for. Where they are known
+also: ``first_worker_start`` (the first video's DataLoader worker process started), ``first_decode_start`` /
+``first_decode_end`` (its decode window in that worker, on the machine's boot clock), and the module's own
+``timeline_marks`` (``BudgetedQA``: ``module_built``, ``setup``, ``early_compile_start``, ``early_compile_end``).
 """
 from __future__ import annotations
 
@@ -22,19 +25,7 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 
-
-def process_age_s() -> float | None:
-    """Seconds since this process started (the interpreter's start, so imports and the CLI's set-up count), from
-    ``/proc/self/stat``'s ``starttime`` (clock ticks after boot) against ``CLOCK_BOOTTIME``; ``None`` where that is
-    not available (not Linux, or a ``/proc`` without it)."""
-    try:
-        with open("/proc/self/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        start = int(fields[19]) / os.sysconf("SC_CLK_TCK")      # field 22 of proc(5), counted after the ")"
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - start
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
-    return age if 0.0 <= age < 1e7 else None
+from callbacks.process_clock import boot_s, process_age_s  # noqa: F401 - process_age_s is this module's API too
 
 
 class StageTimer(Callback):
@@ -84,8 +75,24 @@ class StageTimer(Callback):
                 if self._t0 is not None:
                     self.timeline["model_loaded"] = round(self._mark + load - self._t0, 3)
                 self._stamp("first_video")
+                self._first_worker_marks(batch)
             self.totals["wait"] += max(now - self._mark - load, 0.0)
         self._step_start = now
+
+    def _first_worker_marks(self, batch) -> None:
+        """The first video's worker on this timeline: when its process started (``first_worker_start``; absent for
+        the main process, ``data.num_workers = 0``) and its decode window (``first_decode_start`` / ``_end``), from
+        the item's boot-clock stamps (:mod:`callbacks.process_clock`)."""
+        if self._t0 is None or not isinstance(batch, dict):
+            return
+        origin = boot_s() - (time.perf_counter() - self._t0)      # this process's start on the boot clock
+        window = batch.get("decode_boot_s")
+        if window:
+            self.timeline["first_decode_start"] = round(float(window[0]) - origin, 3)
+            self.timeline["first_decode_end"] = round(float(window[1]) - origin, 3)
+        worker = batch.get("worker_start_boot_s")
+        if worker is not None and float(worker) > origin + 0.05:    # a DataLoader worker, not this process
+            self.timeline["first_worker_start"] = round(float(worker) - origin, 3)
 
     def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         for k, v in getattr(pl_module, "last_stage_seconds", {}).items():
@@ -115,6 +122,9 @@ class StageTimer(Callback):
 
     def on_predict_end(self, trainer, pl_module) -> None:
         self._stamp("predict_end")
+        for name, age in (getattr(pl_module, "timeline_marks", None) or {}).items():   # e.g. module_built, setup
+            if age is not None:
+                self.timeline.setdefault(name, round(float(age), 3))
         s = self.summary()
         if getattr(pl_module, "warmup_report", None):   # BudgetedQA: the first step's compile wait and graphs
             s["warmup"] = pl_module.warmup_report

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field
 
 from torch.utils.data import Dataset
 
+from callbacks.process_clock import boot_s, process_start_boot_s
+
 from .benchmarks import Question
 from .decoding import MAX_REPLACED_FRAC, NATIVE_DECODE_BYTES, DecodeError, EncoderSizing, decode_video
 
@@ -54,7 +56,7 @@ class VideoQADataset(Dataset):
         task = self.tasks[i]
         item = {"video_id": task.video_id, "video_path": task.video_path, "benchmark": task.benchmark,
                 "questions": [asdict(q) for q in task.questions], "jobs": task.jobs, "error": None}
-        start = time.perf_counter()
+        start, start_boot = time.perf_counter(), boot_s()
         if self.decoder != "cpu":   # registers READERS["nvdec"] in this process (a spawned worker starts without it)
             import datamodules.nvdec  # noqa: F401
         try:
@@ -70,4 +72,8 @@ class VideoQADataset(Dataset):
             item["error"] = f"{task.video_path}: unexpected decode failure ({type(e).__name__}: {first})"
         item["decode_s"] = time.perf_counter() - start      # worker seconds (StageTimer reports their sum)
         item["decoded_unix"] = time.time()                  # when the worker finished (bench timelines)
+        # the decode window and the worker's start on the machine's boot clock: StageTimer puts the first video's on
+        # the main process's timeline (timeline_s: first_worker_start, first_decode_start / _end)
+        item["decode_boot_s"] = (start_boot, boot_s())
+        item["worker_start_boot_s"] = process_start_boot_s()
         return item

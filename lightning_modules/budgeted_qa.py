@@ -41,6 +41,7 @@ import torch
 from lightning.pytorch import LightningModule
 
 from algorithms.errors import SettingError
+from callbacks.process_clock import process_age_s
 from datamodules.benchmarks import Question
 from datamodules.decoding import EncoderSizing
 from datamodules.benchmarks.prompts import (chat_parts, recorded_template, check_template, interleaved_subtitles, pre_media_text,
@@ -254,6 +255,11 @@ class BudgetedQA(LightningModule):
         self.last_stage_seconds: dict[str, float] = {}  # read by callbacks.timing.StageTimer
         self.load_seconds = 0.0                         # model load (on_predict_start), read by StageTimer
         self.warmup_report: dict = {}   # the first step's wait for the early compilation, graphs it still made
+        # seconds after the process started (callbacks.timing.StageTimer puts them in timeline_s)
+        self.timeline_marks: dict[str, float | None] = {"module_built": process_age_s()}
+
+    def setup(self, stage: str) -> None:
+        self.timeline_marks.setdefault("setup", process_age_s())
 
     @property
     def jobs(self) -> dict[str, int]:
@@ -364,7 +370,10 @@ class BudgetedQA(LightningModule):
 
         allow_cudnn_sdpa(self.hparams.get("cudnn_attention", False))
         if self.vlm is None:
+            started = process_age_s()
             self._compiling = warm.start(self.hparams.model_path, self.device, getattr(torch, self.hparams.dtype))
+            if self._compiling is not None:
+                self.timeline_marks["early_compile_start"] = started
         self.load_model()
 
     def load_model(self) -> None:
@@ -389,8 +398,12 @@ class BudgetedQA(LightningModule):
         if first:                       # the early compilation (on_predict_start) ends before the first forward
             t0 = time.perf_counter()
             thread.join()
+            end, age = thread.timings.get("end_perf_counter"), process_age_s()
+            if end is not None and age is not None:
+                self.timeline_marks["early_compile_end"] = age - (time.perf_counter() - end)
             self.warmup_report = {"compile_wait_s": round(time.perf_counter() - t0, 3),
-                                  "early_compile": getattr(thread, "timings", {})}
+                                  "early_compile": {k: v for k, v in getattr(thread, "timings", {}).items()
+                                                    if k != "end_perf_counter"}}
             graphs = _graphs_compiled()
         jobs = self.jobs
         if item.get("error"):

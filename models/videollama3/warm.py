@@ -180,7 +180,8 @@ def start(model_path: str | Path, device: torch.device | str, dtype: torch.dtype
             compile_fused_kernels(config, device, dtype, inference)
         except Exception as e:  # noqa: BLE001 - the kernels compile at their first call instead
             log.warning("early compilation of the fused kernels failed (%s); they compile at their first call", e)
-        timings.update(seconds=round(time.perf_counter() - t0, 3), cache=_counter_delta(before, cache_counters()))
+        timings.update(seconds=round(time.perf_counter() - t0, 3), cache=_counter_delta(before, cache_counters()),
+                       end_perf_counter=time.perf_counter())
         log.info("fused kernels compiled in %.1f s; cache counters %s", timings["seconds"], timings["cache"])
 
     thread = threading.Thread(target=run, name="fused-kernel-compile", daemon=True)

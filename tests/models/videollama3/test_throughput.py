@@ -162,7 +162,14 @@ def test_ddp_two_processes_equal_one_process(tiny_vl3_dir, tmp_path, n_videos):
         # load and the first step (the imports and the CLI's set-up before predict_start count too)
         tl = timing["timeline_s"]
         order = ["predict_start", "model_loaded", "first_video", "first_answer", "predict_end"]
-        assert set(tl) == set(order) and sorted(tl, key=tl.get) == order
+        assert [k for k in sorted(tl, key=tl.get) if k in order] == order
+        # before the run: the module built by the CLI, then set up; the first video's decode window (in its worker,
+        # on the boot clock) ends before it reaches the step; no early compilation on the CPU
+        assert set(tl) - set(order) == {"module_built", "setup", "first_decode_start", "first_decode_end"} | (
+            {"first_worker_start"} if "first_worker_start" in tl else set())
+        assert 0 < tl["module_built"] <= tl["setup"] <= tl["predict_start"]
+        assert tl["first_decode_start"] <= tl["first_decode_end"] <= tl["first_video"] + 0.01
+        assert tl.get("first_worker_start", 0) <= tl["first_decode_start"] + 0.01
         assert tl["first_answer"] - tl["first_video"] >= timing["step_s"][0] - 0.01
         assert tl["model_loaded"] - tl["predict_start"] >= timing["stages_s"]["load"] - 0.01
 
