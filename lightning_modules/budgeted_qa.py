@@ -301,12 +301,13 @@ class BudgetedQA(LightningModule):
     def decode_mode(self) -> str:
         """The batched decode step of this run: ``decode``, with ``auto`` = ``static`` on CUDA, ``dynamic`` elsewhere.
 
-        ``auto`` was ``graph`` on CUDA; the replayed decode graph hits a device-side ``index_copy_`` bound assert
-        (the suffix ``StaticCache`` write) on the H200 since 2026-12-02, also under ``CUDA_LAUNCH_BLOCKING=1`` (so
-        not a stream race), while ``dynamic`` and ``static`` give the reference tokens; the same scenario passes when
-        ``StaticLayer.update`` is wrapped to read its write position on the host before each write
-        (``tests/test_gpu.py``, the graph tests are marked ``xfail(run=False)``: the assert ends the process). Until
-        that is fixed ``graph`` is only used when asked for by name."""
+        ``auto`` was ``graph`` on CUDA until the replayed decode graph hit a device-side ``index_copy_`` bound assert
+        on the H200 (2026-12-02). Cause, found by reading (2026-12-03): nothing kept the suffix ``StaticCache`` alive
+        after ``start_batched`` returned, so the graph wrote into freed memory (a reused write position became an
+        out-of-range index); the replay now holds it (``SharedPrefixAnswering._static_decoder``, CPU test
+        ``test_replayed_decode_step_keeps_what_it_writes_alive``). The fix has not run on a GPU yet (no device time
+        that session): ``auto`` stays ``static`` until ``tests/test_gpu.py``'s graph tests pass there; ``graph`` is
+        used when asked for by name."""
         hp = self.hparams
         return hp.decode if hp.decode != "auto" else ("static" if self.device.type == "cuda" else "dynamic")
 

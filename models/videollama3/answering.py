@@ -13,6 +13,7 @@ optionally captured once as a CUDA graph).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Callable
@@ -45,6 +46,12 @@ def _flag_later(value: torch.Tensor, flag: torch.Tensor | None):
         return bool(flag)
 
     return read, flag
+
+
+def _replay_keeping(replay: Callable[[], torch.Tensor], keep: tuple) -> torch.Tensor:
+    """``replay()``; ``keep`` is only held (by the ``functools.partial`` around this) so that the tensors a CUDA
+    graph reads and writes live as long as it can be replayed."""
+    return replay()
 
 
 class ContextLengthError(ValueError):
@@ -380,6 +387,51 @@ class SharedPrefixAnswering:
         sc.early_initialization(rows, cfg.num_key_value_heads, head_dim, self.dtype, self.device)
         return sc
 
+    def _capture_step(self, forward: Callable[[], torch.Tensor], sc, warm: bool) -> Callable[[], torch.Tensor] | None:
+        """Record ``forward`` (one decode step over the suffix ``StaticCache`` ``sc``) as a CUDA graph; returns
+        ``replay() -> logits`` (the logits tensor the graph writes), or ``None`` where the step cannot be captured
+        (a backend that synchronises inside it; logged, the caller decodes eagerly).
+
+        ``warm``: first run ``forward`` twice on a side stream (lazy initialisation and the fused kernels' compilation
+        must not happen inside a capture); its cache writes are overwritten later. Either way the layers' write
+        positions are rewound to what they were before. The caller must keep alive everything ``forward`` reads
+        for as long as it replays (the graph holds addresses, not references).
+        """
+        lengths = [layer.cumulative_length.clone() for layer in sc.layers]
+        if warm:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):                                  # (writes are overwritten)
+                for _ in range(2):
+                    forward()
+            torch.cuda.current_stream().wait_stream(side)
+        # capture on a side stream with the CUDAGraph API itself: ``torch.cuda.graph(...)`` would first synchronize
+        # the device, run gc.collect() and empty the allocator cache, i.e. wait for the prefix prefill still running
+        # and give its memory back, once per (video, budget)
+        cuda_graph = torch.cuda.CUDAGraph()
+        capture = torch.cuda.Stream()
+        capture.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(capture):
+                cuda_graph.capture_begin()
+                try:
+                    static_logits = forward()
+                finally:
+                    cuda_graph.capture_end()
+        except RuntimeError as e:  # a backend that syncs inside the step cannot be captured: stay eager
+            log.warning("CUDA graph capture of the decode step failed (%s); decoding eagerly", e)
+            cuda_graph = None
+        torch.cuda.current_stream().wait_stream(capture)
+        for layer, n in zip(sc.layers, lengths):                           # rewind the cache write position
+            layer.cumulative_length.copy_(n)
+        if cuda_graph is None:
+            return None
+
+        def replay() -> torch.Tensor:
+            cuda_graph.replay()
+            return static_logits
+        return replay
+
     def _static_decoder(self, sc, inp: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor, max_new_tokens: int,
                         graph: bool):
         """Suffix prefill + a fixed-shape decode step over the suffix-only ``StaticCache`` ``sc`` (optionally a replayed
@@ -416,47 +468,21 @@ class SharedPrefixAnswering:
             return self.model(input_ids=tok_buf, attention_mask={"full_attention": mask_buf}, position_ids=pos_buf,
                               past_key_values=sc, use_cache=True).logits
 
-        replay = None
+        run = forward
         if graph and max_new_tokens > 1:
-            lengths = [layer.cumulative_length.clone() for layer in sc.layers]
             warm_key = (id(self.model), self.dtype, self._fused, q == 1)
-            if warm_key not in SharedPrefixAnswering._graph_warm:  # first capture of this kind: warm up (lazy
-                # initialisation, compilation of the fused kernels) on a side stream
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):                                  # (writes are overwritten)
-                    for _ in range(2):
-                        forward()
-                torch.cuda.current_stream().wait_stream(side)
-            # capture on a side stream with the CUDAGraph API itself: ``torch.cuda.graph(...)`` would first
-            # synchronize the device, run gc.collect() and empty the allocator cache, i.e. wait for the prefix
-            # prefill still running and give its memory back, once per (video, budget)
-            cuda_graph = torch.cuda.CUDAGraph()
-            capture = torch.cuda.Stream()
-            capture.wait_stream(torch.cuda.current_stream())
-            try:
-                with torch.cuda.stream(capture):
-                    cuda_graph.capture_begin()
-                    try:
-                        static_logits = forward()
-                    finally:
-                        cuda_graph.capture_end()
-            except RuntimeError as e:  # a backend that syncs inside the step cannot be captured: stay eager
-                log.warning("CUDA graph capture of the decode step failed (%s); decoding eagerly", e)
-                cuda_graph = None
-            torch.cuda.current_stream().wait_stream(capture)
-            for layer, n in zip(sc.layers, lengths):                           # rewind the cache write position
-                layer.cumulative_length.copy_(n)
-            # later captures skip the warm-up: lazy initialisation (cuBLAS handles, workspaces, compiled kernels) is done
-            if cuda_graph is not None:
+            replay = self._capture_step(forward, sc, warm=warm_key not in SharedPrefixAnswering._graph_warm)
+            if replay is not None:
+                # later captures skip the warm-up: lazy initialisation (cuBLAS handles, workspaces, compiled
+                # kernels) is done
                 SharedPrefixAnswering._graph_warm.add(warm_key)
-
-            if cuda_graph is not None:
-                def replay_graph() -> torch.Tensor:
-                    cuda_graph.replay()
-                    return static_logits
-                replay = replay_graph
-        run = replay or forward
+                # The graph holds raw addresses of what the step reads and writes: the suffix cache's keys, values
+                # and write positions, and the step's token / position / mask buffers (``forward``'s closure holds
+                # them all). Nothing else refers to the suffix cache once the caller returns, so without this
+                # reference its memory went back to the allocator while the graph still wrote into it: a write
+                # position reused by, e.g., the next step's argmax made ``index_copy_`` write out of bounds (the
+                # device-side assert of 2026-12-02, also under CUDA_LAUNCH_BLOCKING=1).
+                run = functools.partial(_replay_keeping, replay, (forward, sc))
         # the suffix prefill is launched after the capture: recording the graph is host work that overlaps the prefix
         # prefill on the GPU, while the ~1,000 launches of an eager suffix prefill fill the driver's command queue and
         # would block the host until the GPU drains it (measured: the capture then added ~40 ms per (video, budget)).

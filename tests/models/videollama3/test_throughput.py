@@ -40,6 +40,49 @@ def test_batched_answers_equal_sequential(tiny_vlm):
             tiny_vlm.answer_batched(bi.prompt, qs[:2], max_new_tokens=3, decode="graph")
 
 
+def test_replayed_decode_step_keeps_what_it_writes_alive(tiny_vlm, monkeypatch):
+    """A captured decode step holds raw addresses: the suffix StaticCache (keys, values, write positions) and the
+    step's buffers must outlive ``start_batched`` while the graph is replayed. Here the capture is a stand-in that
+    holds the step only through a weak reference (as a CUDA graph holds no Python reference) and replays it by
+    calling it: the answers must be the sequential path's, the step and the suffix cache must still be alive at
+    every replay (with the suffix cache unreferenced by the caller, the 2026-12-02 index_copy_ assert), and after
+    the answers the suffix cache must be freed (no leak of one cache per (video, budget))."""
+    import gc
+    import weakref
+
+    from datamodules.decoding import decode_video
+    from models.videollama3 import BudgetedVideoLlama3, prepare_budgets
+
+    caches, replays = [], []
+
+    def fake_capture(self, forward, sc, warm):
+        step, cache = weakref.ref(forward), weakref.ref(sc)
+        caches.append(cache)
+
+        def replay():
+            gc.collect()
+            replays.append((step() is not None, cache() is not None))
+            return step()()
+        return replay
+
+    real = BudgetedVideoLlama3._static_decoder
+    monkeypatch.setattr(BudgetedVideoLlama3, "_graph_warm", set())
+    monkeypatch.setattr(BudgetedVideoLlama3, "_capture_step", fake_capture)
+    monkeypatch.setattr(BudgetedVideoLlama3, "_static_decoder",
+                        lambda self, sc, inp, valid, pos, n, graph: real(self, sc, inp, valid, pos, n, True))
+    dec = decode_video(MEDIA / "cockatoo.mp4", 256)
+    (bi,) = prepare_budgets(tiny_vlm, dec.frames, dec.times_s, [256], raw_mode="orig")
+    qs = ["What animal is shown?\nA. A dog.\nB. A cockatoo.", "Colour?\nA. White.\nB. Green."]
+    seq = [a.token_ids for a in tiny_vlm.answer_all(bi.prompt, qs, max_new_tokens=6, ignore_eos=True)]
+    finish = tiny_vlm.start_batched(bi.prompt, qs, max_new_tokens=6, ignore_eos=True, decode="static")
+    gc.collect()
+    assert [a.token_ids for a in finish()] == seq
+    assert replays == [(True, True)] * 5        # 6 tokens: the suffix prefill's, then 5 replayed steps
+    del finish
+    gc.collect()
+    assert len(caches) == 1 and caches[0]() is None
+
+
 def test_balanced_assignment_hand_case():
     # LPT: 10 -> r0, 8 -> r1, 7 -> r1 (8 < 10), 5 -> r0 (10 < 15), 1 -> r0 (15 vs 15: tie -> lower rank)
     assert balanced_assignment([5, 10, 1, 7, 8], 2) == [[1, 0, 2], [4, 3]]
