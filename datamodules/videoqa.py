@@ -25,6 +25,39 @@ from .video_items import VideoQADataset, VideoTask  # noqa: F401 - re-exported (
 log = logging.getLogger(__name__)
 
 
+# what a decode worker started by the fork server finds imported (in this order: PyNvVideoCodec before decord)
+WORKER_PRELOAD = ("datamodules.nvdec", "datamodules.video_items")
+
+
+def decode_worker_context(decoder: str, num_workers: int, cuda: bool, preload: tuple[str, ...] = ()):
+    """How the DataLoader starts its decode workers: ``None`` (fork, the default) unless NVDEC may be used in them.
+
+    NVDEC in a worker needs a CUDA context of its own, and a forked child of a process that holds one cannot make
+    it. Those workers were spawned: each started a fresh interpreter and imported torch, the decoders and the
+    video processor (measured here: 3.0 s for ``datamodules.video_items`` and 1.6 s to unpickle the processor per
+    worker, 8 of them at once, while the main process loads the model and compiles). They now come from a
+    ``forkserver``: one clean process (no CUDA context) imports :data:`WORKER_PRELOAD` and ``preload`` once, and
+    forks each worker from there (``bench/worker_start.py`` times both).
+
+    Args:
+        decoder: ``data.decoder`` (``cpu`` | ``nvdec`` | ``auto``).
+        num_workers: DataLoader workers (0: decoding in the main process).
+        cuda: whether this process has a CUDA device (NVDEC is only tried there).
+        preload: more modules for the server to import (the video processor's, which the pickled dataset holds).
+
+    Returns:
+        ``None`` or the ``forkserver`` context, its preload set (the server is process-wide: the list applies when
+        it starts, :meth:`VideoQADataModule.setup` starts it early).
+    """
+    if decoder == "cpu" or num_workers == 0 or not cuda:
+        return None
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(dict.fromkeys([*WORKER_PRELOAD, *preload])))
+    return ctx
+
+
 def _duration_s(task: VideoTask) -> float | None:
     """A numeric duration from the annotation when it has one (LongVideoBench ``duration``), else None."""
     for q in task.questions:
@@ -146,6 +179,28 @@ class VideoQADataModule(LightningDataModule):
                 log.warning("%s: %d of %d videos are missing (each gives error records), e.g. %s", self.benchmark,
                             len(missing), len({q.video_path for q in qs}), missing[0])
             self.questions = qs
+        if stage == "predict":
+            self._start_worker_server()
+
+    def _worker_context(self):
+        """This run's decode-worker context (:func:`decode_worker_context`), from the module's frame sizing (read
+        once: its processor's module is preloaded by the fork server)."""
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        if getattr(self, "_sizing_of", None) != id(module):
+            sizing_of = getattr(module, "frame_sizing", None)
+            self._sizing = sizing_of() if self.hold_encoder_sizes and sizing_of is not None else None
+            self._sizing_of = id(module)
+        preload = () if self._sizing is None else (type(self._sizing.processor).__module__,)
+        return decode_worker_context(self.decoder, self.num_workers, torch.cuda.is_available(), preload)
+
+    def _start_worker_server(self) -> None:
+        """Start the fork server now (it imports the workers' modules while the model loads), when this run's
+        workers are started by one."""
+        if self.trainer is None or self._worker_context() is None:
+            return
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
 
     def tasks(self, jobs: list[str], done: dict[str, set[str]] | None = None) -> list[VideoTask]:
         """Videos (in annotation order) with the jobs each question still needs; finished ones are dropped."""
@@ -218,8 +273,8 @@ class VideoQADataModule(LightningDataModule):
         threads = self.decode_threads
         if threads is None:
             threads = auto_decode_threads(self.num_workers, self.trainer.num_devices)
-        sizing_of = getattr(self.trainer.lightning_module, "frame_sizing", None)
-        sizing = sizing_of() if self.hold_encoder_sizes and sizing_of is not None else None
+        context = self._worker_context()
+        sizing = self._sizing
         ds = VideoQADataset(tasks, max_budget, self.decode_max_side, threads,
                             self.native_decode_bytes, self.short_clip_first_frame, self.max_replaced_frac, sizing,
                             self.decoder)
@@ -227,9 +282,6 @@ class VideoQADataModule(LightningDataModule):
         # module's copy to the device then does not block the host
         strategy = getattr(self.trainer, "strategy", None)
         pin = strategy is not None and strategy.root_device.type == "cuda"
-        # NVDEC in a worker needs a CUDA context of its own: a forked child of a process that holds one cannot make
-        # it, so those workers are spawned (they import PyNvVideoCodec before decord, which datamodules.nvdec needs)
-        context = "spawn" if self.decoder != "cpu" and self.num_workers > 0 and torch.cuda.is_available() else None
         return DataLoader(ds, batch_size=None, sampler=sampler, num_workers=self.num_workers,
                           prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
                           persistent_workers=False, pin_memory=pin, multiprocessing_context=context)
