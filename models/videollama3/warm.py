@@ -157,7 +157,8 @@ def start(model_path: str | Path, device: torch.device | str, dtype: torch.dtype
 
     Returns:
         The started thread (join it before the model's first forward; its ``timings`` dict gets ``seconds`` and
-        ``cache``, the :func:`cache_counters` that changed, when it ends), or ``None``. A failure in the thread is
+        ``cache``, the :func:`cache_counters` that changed, and ``end_perf_counter``, its ``time.perf_counter()`` at
+        the end, when it ends), or ``None``. A failure in the thread is
         logged; the kernels then compile at their first call as usual (or fall back to eager,
         :class:`models.kernels.Fusable`).
     """
