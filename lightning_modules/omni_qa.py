@@ -27,7 +27,7 @@ from lightning.pytorch import LightningModule
 
 from algorithms.choice import official_rule, parse, parse_robust
 from algorithms.pruning import VARIANTS, retention_floor
-from algorithms.errors import SettingError
+from algorithms.errors import SettingError, check_dtype
 from datamodules.benchmarks import Question
 from datamodules.benchmarks.prompts import (OMNI_DEFAULT_TEMPLATE, chat_parts, check_template, pre_media_text,
                                             prompt_and_template)
@@ -55,7 +55,8 @@ class OmniPruningQA(LightningModule):
         prompt_template: template name (``None``: ``omnizip_worldsense``, OmniZip's WorldSense evaluation, the
             configuration seed 003 follows, with its system turn; ``worldsense``: VLMEvalKit's WorldSense prompt with
             audio, its SYS text before the media; ``lmms_eval_worldsense``: lmms-eval's).
-        dtype: model dtype.
+        dtype: model dtype: ``float32``, ``bfloat16`` or ``float16`` (else ``SettingError``, before anything is
+            written).
         attn_implementation: ``sdpa`` or ``eager`` (eager for measured FLOPs on CPU).
         measure_flops: count the prefill with ``FlopCounterMode`` (slower).
     """
@@ -86,6 +87,7 @@ class OmniPruningQA(LightningModule):
                     raise SettingError(f"{what}={r}: variant {v!r} keeps DyCoke TTM's token count, which is at "
                                        f"least {floor} of the tokens (drop {v!r} from variants or raise {what})")
         check_template(prompt_template)
+        check_dtype("model.init_args.dtype", dtype)   # before the writer's run.json, not at the model load
         self.save_hyperparameters()
         self.variants = variants
         self.qa: OmniQA | None = None
