@@ -192,6 +192,29 @@ def test_resume_recomputes_an_unrequested_baseline(runs, tiny_vl3_dir):
     assert _by_key(again) == recs and not (out / "base_b256").exists()
 
 
+def test_no_reuse_is_recorded_and_a_folder_resumes_only_with_its_own_value(runs, tiny_vl3_dir):
+    """``no_reuse`` is a run.json setting: ``no_reuse: true`` on a folder written with reuse (``reused: true``
+    records) is refused before anything is written, naming the setting, the folder and both values, instead of
+    skipping every written qid; a folder written before the setting was recorded counts as written with reuse."""
+    from callbacks.jsonl_writer import OutputSettingsError
+
+    assert json.loads((runs["tmp"] / "reuse" / "run.json").read_text())["no_reuse"] is False
+    assert json.loads((runs["tmp"] / "no_reuse" / "run.json").read_text())["no_reuse"] is True
+    old = runs["tmp"] / "reuse_old"                       # run.json of a folder written before no_reuse was kept
+    shutil.copytree(runs["tmp"] / "reuse", old)
+    settings = json.loads((old / "run.json").read_text())
+    del settings["no_reuse"]
+    (old / "run.json").write_text(json.dumps(settings))
+    for folder, there, now in ((runs["tmp"] / "reuse", False, True), (old, False, True),
+                               (runs["tmp"] / "no_reuse", True, False)):
+        before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")}
+        with pytest.raises(OutputSettingsError) as e:
+            run_ablation(tiny_vl3_dir, runs["root"], folder, no_reuse=now)
+        assert str(e.value).startswith(f"{folder} holds records made with other settings (no_reuse: {there} there, "
+                                       f"{now} now)")
+        assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")} == before
+
+
 # ----------------------------------------------------------------------------------------- baseline_run
 
 # the jobs of JOBS at the plain run's budgets (128, 1024)
