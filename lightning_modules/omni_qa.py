@@ -92,6 +92,7 @@ class OmniPruningQA(LightningModule):
         self.variants = variants
         self.qa: OmniQA | None = None
         self.last_stage_seconds: dict[str, float] = {}  # read by callbacks.timing.StageTimer
+        self.load_seconds = 0.0                         # model load (on_predict_start), read by StageTimer
 
     @property
     def retentions(self) -> float | tuple[float, float]:
@@ -119,6 +120,11 @@ class OmniPruningQA(LightningModule):
                 "attn_implementation": hp.attn_implementation}
 
     def setup(self, stage: str) -> None:
+        """Check the settings that depend on the device (the model itself loads in :meth:`on_predict_start`).
+
+        Raises:
+            SettingError: ``measure_flops`` on the CPU without ``attn_implementation=eager``.
+        """
         hp = self.hparams
         trainer = getattr(self, "_trainer", None)
         device = trainer.strategy.root_device if trainer is not None else self.device
@@ -126,9 +132,23 @@ class OmniPruningQA(LightningModule):
             # FlopCounterMode has no formula for the CPU SDPA kernels: the attention FLOPs would be left out
             raise SettingError("measure_flops on the CPU needs model.init_args.attn_implementation=eager (the CPU "
                                f"{hp.attn_implementation} attention is invisible to FlopCounterMode)")
+
+    def on_predict_start(self) -> None:
+        """Load the model here, as :class:`~lightning_modules.budgeted_qa.BudgetedQA` does: the DataLoader workers
+        decode the first videos meanwhile, and ``callbacks.timing.StageTimer`` reports the load (``load_seconds``)
+        inside the run's wall time."""
+        self.load_model()
+
+    def load_model(self) -> None:
+        """Load the thinker from ``model_path`` onto this module's device (once); ``load_seconds``: the seconds it
+        took (0 when it was already loaded, e.g. by an earlier ``predict`` call)."""
+        self.load_seconds = 0.0
         if self.qa is None:
+            hp = self.hparams
+            t0 = time.perf_counter()
             self.qa = OmniQA(hp.model_path, dtype=hp.dtype, attn_implementation=hp.attn_implementation,
-                             max_new_tokens=hp.max_new_tokens)
+                             max_new_tokens=hp.max_new_tokens).to(self.device)
+            self.load_seconds = time.perf_counter() - t0
 
     def _base(self, item: dict, q: dict, job: str) -> dict:
         variant = self.jobs[job]
