@@ -318,6 +318,23 @@ def test_the_pruning_job_reports_its_model_load(omni_dir, demo_root, tmp_path):
     assert t["model_loaded"] - t["predict_start"] >= module.load_seconds - 0.01
 
 
+def test_a_resumed_pruning_job_says_how_much_is_written(omni_dir, demo_root, tmp_path, capsys):
+    """As the QA job: ``N of M (job, question) records already written`` when resuming, nothing on a fresh run."""
+    from callbacks.jsonl_writer import read_records
+
+    out = tmp_path / "out"
+    _omni_predict(omni_dir, demo_root, out, tmp_path, ["full"], "first")
+    assert "already written" not in capsys.readouterr().out
+    assert len(read_records(out)) == 4                         # 4 questions x full
+    _omni_predict(omni_dir, demo_root, out, tmp_path, ["full", "baseline"], "second")
+    assert ("[rank 0] worldsense: 4 of 8 (job, question) records already written; 3 videos left to run, 3 on this "
+            "rank") in capsys.readouterr().out
+    assert len(read_records(out)) == 8
+    _omni_predict(omni_dir, demo_root, out, tmp_path, ["full", "baseline"], "third")
+    assert "[rank 0] worldsense: 8 of 8 (job, question) records already written: nothing to run" in \
+        capsys.readouterr().out
+
+
 def test_pruning_settings_are_checked_at_construction(omni_dir):
     from algorithms.errors import SettingError
     from algorithms.pruning import retention_floor
