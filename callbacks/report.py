@@ -254,15 +254,31 @@ def _record_lists(records: list[dict]) -> tuple[str, str]:
 
 
 def _timing(out_dir: Path) -> str:
-    rows = []
+    """The latest run's stages per ``timing_rank*.json``, and the earlier runs of the folder (resumed runs) below
+    them, folded (``callbacks.timing.timing_runs``: a file of the old single-run format is its latest run)."""
+    from .timing import timing_runs
+
+    def stages(t: dict) -> str:
+        st = t.get("stages_s") or {k: v for k, v in t.items() if isinstance(v, (int, float))}
+        return ", ".join(f"{k} {float(v):.2f} s" for k, v in st.items())
+
+    rows, earlier = [], []
     for f in sorted(out_dir.glob("timing_rank*.json")):
         try:
-            t = json.loads(f.read_text())
+            runs = timing_runs(json.loads(f.read_text()))
         except (OSError, ValueError):
             continue
-        stages = t.get("stages_s") or {k: v for k, v in t.items() if isinstance(v, (int, float))}
-        rows.append([f.name, ", ".join(f"{k} {float(v):.2f} s" for k, v in stages.items())])
-    return _table(["file", "stages"], rows) if rows else "<p>No timing files.</p>"
+        if not runs:
+            continue
+        rows.append([f.name, runs[-1].get("videos"), stages(runs[-1])])
+        earlier += [[f.name, f"{i + 1} of {len(runs)}", r.get("videos"), stages(r)] for i, r in enumerate(runs[:-1])]
+    if not rows:
+        return "<p>No timing files.</p>"
+    out = "<p>The latest run of this folder.</p>" + _table(["file", "videos", "stages"], rows, {1})
+    if earlier:
+        out += (f"<details><summary>{len(earlier)} earlier run(s) into this folder (resumed)</summary>"
+                + _table(["file", "run", "videos", "stages"], earlier, {2}) + "</details>")
+    return out
 
 
 def render_report(scores: dict, out_dir: str | Path, records: list[dict]) -> str:
