@@ -54,6 +54,17 @@ def test_predict_refuses_a_trainer_precision_it_would_ignore(capsys):
         evaluate.cli_main(["predict", "--trainer.precision=bf16-true"], run=True)
 
 
+def test_abbreviated_options_are_refused(capsys):
+    """argparse's prefix matching took ``--trainer.limit_predict_batche=0`` for ``--trainer.limit_predict_batches``:
+    refused now (``allow_abbrev=False`` on every parser), naming the option it resembles."""
+    err = _cli_error(capsys, "--trainer.limit_predict_batche=0")
+    assert err[-1] == ("error: unrecognized arguments: --trainer.limit_predict_batche=0; did you mean "
+                       "'--trainer.limit_predict_batches'?")
+    assert _cli_error(capsys, "--trainer.max_epoch=1")[-1] == (
+        "error: unrecognized arguments: --trainer.max_epoch=1; did you mean '--trainer.max_epochs'?")
+    assert _cli_error(capsys, "--zzz=1")[-1] == "error: unrecognized arguments: --zzz=1"   # nothing close: no hint
+
+
 def test_the_simplifier_leaves_other_messages_alone_but_drops_value_dumps():
     from cli import simplify_cli_error
 
