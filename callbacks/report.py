@@ -239,6 +239,10 @@ def _images(scores: dict, out_dir: Path) -> str:
     return "".join(parts) or "<p>No plots.</p>"
 
 
+# the unparsed-answers table: the record's ``answer`` is the benchmark's correct option, ``response`` the model's reply
+UNPARSED_HEADER = ["qid", "job", "rule", "correct answer", "model reply (raw, no option letter parsed)"]
+
+
 def _record_lists(records: list[dict]) -> tuple[str, str]:
     errors = [r for r in records if r.get("error")]
     unparsed = [r for r in records if not r.get("error") and r.get("pred") is None]
@@ -249,7 +253,7 @@ def _record_lists(records: list[dict]) -> tuple[str, str]:
            + "</p>" + (_table(["qid", "job", "video", "error"], err_rows) if err_rows else ""))
     un = (f"<p>{len(unparsed)} answers with no option letter under the benchmark's rule"
           + (f" (first {MAX_LISTED} listed)" if len(unparsed) > MAX_LISTED else "") + "</p>"
-          + (_table(["qid", "job", "rule", "answer", "response"], un_rows) if un_rows else ""))
+          + (_table(UNPARSED_HEADER, un_rows) if un_rows else ""))
     return err, un
 
 
