@@ -246,6 +246,33 @@ def test_baseline_run_records_are_copied_where_inputs_equal(runs, tiny_vl3_dir):
     assert json.loads((out / "run.json").read_text())["baseline_run"] == str((runs["tmp"] / "plain").resolve())
 
 
+def test_readmes_baseline_run_command_on_the_demo_folder_is_accepted(runs, tiny_vl3_dir, tmp_path):
+    """README's ``baseline_run`` command for the demo folder carries the demo's decode budget (a plain predict decodes
+    for its largest budget, 1024; without it the ablation's 16384 is refused): run as written, with the demo folder
+    and the paths of this test's plain run (same largest budget, 1024) and a short job list."""
+    import re
+    import shlex
+
+    import evaluate
+    from callbacks.jsonl_writer import read_records
+
+    readme = (REPO / "README.md").read_text()
+    cmd = re.search(r"`(python evaluate.py predict --config configs/predict/ablate.yaml "
+                    r"--model.init_args.baseline_run=outputs/demo[^`]*)`", readme)
+    assert cmd, "README: no baseline_run command for the demo folder"
+    args = shlex.split(cmd.group(1))[2:]
+    assert "--model.init_args.decode_budget=1024" in args
+    plain, out = runs["tmp"] / "plain", tmp_path / "from_demo"
+    args = [a.replace("=outputs/demo", f"={plain}") for a in args if not a.startswith("--trainer.callbacks.init_args.out_dir=")]
+    evaluate.cli_main([*args, f"--trainer.callbacks.init_args.out_dir={out}",
+                       f"--model.init_args.model_path={tiny_vl3_dir}", f"--model.init_args.max_new_tokens={NEW_TOKENS}",
+                       "--model.init_args.jobs=base:128,rho32:128", f"--data.init_args.root={runs['root']}",
+                       "--data.init_args.loader_kwargs={}", "--data.init_args.num_workers=0"])
+    recs = read_records(out)
+    assert len(recs) == 2 * N_QUESTIONS and all(r["reused"] for r in recs if r["variant"] == "base")
+    assert json.loads((out / "run.json").read_text())["decode_budget"] == 1024
+
+
 def _refused(runs, tiny_vl3_dir, name, match, baseline, **kw):
     from callbacks.baseline_run import BaselineRunError
 
