@@ -308,8 +308,9 @@ def render_report(scores: dict, out_dir: str | Path, records: list[dict]) -> str
             f"<h2>Settings (run.json)</h2><pre>{_e(settings)}</pre></body></html>")
 
 
-def write_report(scores: dict, out_dir: str | Path, records: list[dict]) -> Path:
-    """Write ``<out_dir>/report.html`` atomically; returns its path."""
-    path = Path(out_dir) / REPORT_FILE
+def write_report(scores: dict, out_dir: str | Path, records: list[dict], name: str = REPORT_FILE) -> Path:
+    """Write ``<out_dir>/<name>`` (``report.html``; ``report_<rules>.html`` for a re-score with extra rules)
+    atomically; returns its path."""
+    path = Path(out_dir) / name
     atomic_write_bytes(path, render_report(scores, out_dir, records).encode("utf-8"))
     return path
