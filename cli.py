@@ -38,9 +38,13 @@ def build_cli(args: list[str] | None, run: bool, **kwargs) -> LightningCLI:
     # a bad option or value prints the error after a one-line usage, not the ~60-line list of every option
     # (argparse's usage on error); ``--help`` still lists them all
     parser_kwargs = kwargs.setdefault("parser_kwargs", {})
+    # no abbreviated options: argparse would take ``--trainer.max_epoch`` for ``--trainer.max_epochs`` (and a prefix
+    # shared by two keys would change meaning when a key is added); the main parser and every subcommand's
+    parser_kwargs.setdefault("allow_abbrev", False)
     for sub in ("fit", "validate", "test", "predict"):
-        parser_kwargs.setdefault(sub, {}).setdefault(
-            "usage", "%(prog)s [-c CONFIG] [--section.key VALUE ...]  (--help lists every option)")
+        sub_kwargs = parser_kwargs.setdefault(sub, {})
+        sub_kwargs.setdefault("usage", "%(prog)s [-c CONFIG] [--section.key VALUE ...]  (--help lists every option)")
+        sub_kwargs.setdefault("allow_abbrev", False)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()   # "Loading weights" bars would interleave with the run's own progress bar
@@ -128,8 +132,24 @@ class ProjectArgumentParser(LightningArgumentParser):
 
     def error(self, message: str, ex: Exception | None = None):
         if self.exit_on_error:
-            message = simplify_cli_error(message)
+            message = self._with_close_options(simplify_cli_error(message))
         return super().error(message, ex)
+
+    def _with_close_options(self, message: str) -> str:
+        """``unrecognized arguments: --trainer.max_epoch 1`` with the closest options of this parser appended
+        (``; did you mean '--trainer.max_epochs'?``): abbreviations are refused (``allow_abbrev=False``), so a
+        shortened or mistyped key lands here."""
+        import difflib
+
+        if not message.startswith("unrecognized arguments:"):
+            return message
+        options = [o for o in getattr(self, "_option_string_actions", {}) if o.startswith("--")]
+        close = []
+        for arg in message.split(":", 1)[1].split():
+            if arg.startswith("--"):
+                close += [c for c in difflib.get_close_matches(arg.split("=", 1)[0], options, n=1, cutoff=0.8)
+                          if c not in close]
+        return message + ("; did you mean " + " or ".join(repr(c) for c in close) + "?" if close else "")
 
 
 DEFAULT_PRECISIONS = (None, 32, "32", "32-true")

@@ -23,3 +23,17 @@ class CheckpointError(ValueError):
     """A checkpoint directory holds a file that cannot be read or does not fit the model (a truncated or corrupted
     safetensors file, invalid JSON, missing / unexpected / mis-shaped weights). The message names the path; the
     entry points print it as one line."""
+
+
+MODEL_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def check_dtype(name: str, value) -> str:
+    """``value`` when it is one of the model dtypes (``MODEL_DTYPES``: the names of ``torch.bfloat16``,
+    ``torch.float16``, ``torch.float32``), else :class:`SettingError` naming ``name`` and the allowed values, e.g.
+    ``model.init_args.dtype: 'bf15' is not a torch dtype the models run in; use one of bfloat16, float16, float32``.
+    Called in the modules' ``__init__``, so a bad dtype stops the run before anything is written."""
+    if not isinstance(value, str) or value not in MODEL_DTYPES:
+        raise SettingError(f"{name}: {value!r} is not a torch dtype the models run in; use one of "
+                           f"{', '.join(MODEL_DTYPES)}")
+    return value

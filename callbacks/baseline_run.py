@@ -14,7 +14,7 @@ field, before the ablation writes anything (the seed finds a missing record only
 * no folder, or no readable ``run.json`` in it;
 * a setting of ``run.json`` that differs from this run's (model, raw mode and caps, answer length, template,
   dtype and kernels, benchmark, root, decoding...: every setting the output folder itself keeps, except
-  ``baseline_run``), or is absent there;
+  ``baseline_run``, ``decode_budget`` (checked below) and ``no_reuse``), or is absent there;
 * another decode budget: the baseline's frames of budget B are ``subsample`` of *its* decode, which equals this
   run's only when both decode for the same budget (an ablation's ``decode_budget``; a plain predict's largest
   budget, read off its ``b<B>`` folders);
@@ -33,7 +33,7 @@ from algorithms.errors import SettingError
 from .jsonl_writer import RUN_FILE
 
 # settings of the ablation's own folder that do not determine the baseline's records
-NOT_COMPARED = ("baseline_run", "decode_budget")
+NOT_COMPARED = ("baseline_run", "decode_budget", "no_reuse")
 _JOB_DIR = re.compile(r"^(?:base_)?b(\d+)$")
 
 

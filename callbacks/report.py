@@ -239,6 +239,10 @@ def _images(scores: dict, out_dir: Path) -> str:
     return "".join(parts) or "<p>No plots.</p>"
 
 
+# the unparsed-answers table: the record's ``answer`` is the benchmark's correct option, ``response`` the model's reply
+UNPARSED_HEADER = ["qid", "job", "rule", "correct answer", "model reply (raw, no option letter parsed)"]
+
+
 def _record_lists(records: list[dict]) -> tuple[str, str]:
     errors = [r for r in records if r.get("error")]
     unparsed = [r for r in records if not r.get("error") and r.get("pred") is None]
@@ -249,20 +253,36 @@ def _record_lists(records: list[dict]) -> tuple[str, str]:
            + "</p>" + (_table(["qid", "job", "video", "error"], err_rows) if err_rows else ""))
     un = (f"<p>{len(unparsed)} answers with no option letter under the benchmark's rule"
           + (f" (first {MAX_LISTED} listed)" if len(unparsed) > MAX_LISTED else "") + "</p>"
-          + (_table(["qid", "job", "rule", "answer", "response"], un_rows) if un_rows else ""))
+          + (_table(UNPARSED_HEADER, un_rows) if un_rows else ""))
     return err, un
 
 
 def _timing(out_dir: Path) -> str:
-    rows = []
+    """The latest run's stages per ``timing_rank*.json``, and the earlier runs of the folder (resumed runs) below
+    them, folded (``callbacks.timing.timing_runs``: a file of the old single-run format is its latest run)."""
+    from .timing import timing_runs
+
+    def stages(t: dict) -> str:
+        st = t.get("stages_s") or {k: v for k, v in t.items() if isinstance(v, (int, float))}
+        return ", ".join(f"{k} {float(v):.2f} s" for k, v in st.items())
+
+    rows, earlier = [], []
     for f in sorted(out_dir.glob("timing_rank*.json")):
         try:
-            t = json.loads(f.read_text())
+            runs = timing_runs(json.loads(f.read_text()))
         except (OSError, ValueError):
             continue
-        stages = t.get("stages_s") or {k: v for k, v in t.items() if isinstance(v, (int, float))}
-        rows.append([f.name, ", ".join(f"{k} {float(v):.2f} s" for k, v in stages.items())])
-    return _table(["file", "stages"], rows) if rows else "<p>No timing files.</p>"
+        if not runs:
+            continue
+        rows.append([f.name, runs[-1].get("videos"), stages(runs[-1])])
+        earlier += [[f.name, f"{i + 1} of {len(runs)}", r.get("videos"), stages(r)] for i, r in enumerate(runs[:-1])]
+    if not rows:
+        return "<p>No timing files.</p>"
+    out = "<p>The latest run of this folder.</p>" + _table(["file", "videos", "stages"], rows, {1})
+    if earlier:
+        out += (f"<details><summary>{len(earlier)} earlier run(s) into this folder (resumed)</summary>"
+                + _table(["file", "run", "videos", "stages"], earlier, {2}) + "</details>")
+    return out
 
 
 def render_report(scores: dict, out_dir: str | Path, records: list[dict]) -> str:
@@ -288,8 +308,9 @@ def render_report(scores: dict, out_dir: str | Path, records: list[dict]) -> str
             f"<h2>Settings (run.json)</h2><pre>{_e(settings)}</pre></body></html>")
 
 
-def write_report(scores: dict, out_dir: str | Path, records: list[dict]) -> Path:
-    """Write ``<out_dir>/report.html`` atomically; returns its path."""
-    path = Path(out_dir) / REPORT_FILE
+def write_report(scores: dict, out_dir: str | Path, records: list[dict], name: str = REPORT_FILE) -> Path:
+    """Write ``<out_dir>/<name>`` (``report.html``; ``report_<rules>.html`` for a re-score with extra rules)
+    atomically; returns its path."""
+    path = Path(out_dir) / name
     atomic_write_bytes(path, render_report(scores, out_dir, records).encode("utf-8"))
     return path

@@ -7,6 +7,11 @@ videos). The module's stage times come from
 ``pl_module.last_stage_seconds`` (set by :class:`lightning_modules.budgeted_qa.BudgetedQA`). Shown on the tqdm
 progress bar as a postfix, printed as a table and written to ``<out_dir>/timing_rank<r>.json`` at the end.
 
+The file keeps every run of the folder: the latest run's figures at the top level (the keys below, as a single-run
+file always had them) and the earlier runs', oldest first, under ``previous_runs`` (:func:`write_timing`), so a
+resumed run (an added budget) loses none of the first run's timings; a file of the old single-run format becomes
+the first entry of ``previous_runs``.
+
 ``timeline_s`` in that file gives milestones in seconds after the process started (:func:`process_age_s`:
 interpreter start, so imports and the CLI's set-up count): ``predict_start``, ``model_loaded``, ``first_video``
 (the first decoded video reached the step), ``first_answer`` (the first video's step ended: its records are
@@ -26,6 +31,36 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 
 from callbacks.process_clock import boot_s, process_age_s  # noqa: F401 - process_age_s is this module's API too
+
+
+PREVIOUS_RUNS = "previous_runs"
+
+
+def timing_runs(data) -> list[dict]:
+    """Every run of a ``timing_rank<r>.json``'s content, oldest first, the latest last (each without
+    ``previous_runs``); a file of the old single-run format is one run. ``[]`` for anything else."""
+    if not isinstance(data, dict):
+        return []
+    earlier = [r for r in data.get(PREVIOUS_RUNS) or [] if isinstance(r, dict)]
+    return [*earlier, {k: v for k, v in data.items() if k != PREVIOUS_RUNS}]
+
+
+def write_timing(path: Path, summary: dict) -> dict:
+    """Write ``summary`` (this run's figures) to ``path`` atomically, keeping what the file held: its runs go to
+    ``previous_runs`` (oldest first; :func:`timing_runs`). A file that cannot be parsed is kept beside as
+    ``<name>.unreadable`` instead of being overwritten. Returns the content written."""
+    previous: list[dict] = []
+    if path.is_file():
+        try:
+            previous = timing_runs(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            os.replace(path, path.with_name(path.name + ".unreadable"))
+    content = {**summary, PREVIOUS_RUNS: previous}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(content, indent=2), encoding="utf-8")
+    os.replace(tmp, path)
+    return content
 
 
 class StageTimer(Callback):
@@ -135,11 +170,7 @@ class StageTimer(Callback):
                     out = cb.out_dir
                     break
         if out is not None:
-            path = Path(out) / f"timing_rank{trainer.global_rank}.json"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(s, indent=2))
-            os.replace(tmp, path)
+            write_timing(Path(out) / f"timing_rank{trainer.global_rank}.json", s)   # earlier runs kept
         rows = "  ".join(f"{k} {s['stages_s'][k]:.2f}s ({100 * s['stages_share'][k]:.0f}%)" for k in self.STAGES)
         print(f"[rank {trainer.global_rank}] {s['videos']} videos in {s['wall_s']:.2f}s: {rows}")
         hint = self.wait_hint(s, getattr(trainer.datamodule, "num_workers", None) if trainer.datamodule else None)

@@ -260,7 +260,8 @@ class OmniQADataModule(VideoQADataModule):
                              frame_sampling=self.frame_sampling, processor_fps=self.processor_fps)
 
     def predict_dataloader(self) -> DataLoader:
-        """This rank's videos, done (job, qid) pairs removed first (see :class:`VideoQADataModule`)."""
+        """This rank's videos, done (job, qid) pairs removed first (see :class:`VideoQADataModule`); a resumed run
+        prints how many of its (job, question) records are already written (:meth:`VideoQADataModule.report_resume`)."""
         module = self.trainer.lightning_module if self.trainer is not None else None
         if module is None or not hasattr(module, "jobs"):
             raise RuntimeError("OmniQADataModule needs a LightningModule exposing `jobs`")
@@ -277,7 +278,7 @@ class OmniQADataModule(VideoQADataModule):
             raise RuntimeError("OmniQADataModule shards whole videos itself: set `trainer.use_distributed_sampler: "
                                "false`")
         sampler = CostBalancedSampler(costs, world, rank)
-        log.info("%s: rank %d/%d takes %d of %d videos", self.benchmark, rank, world, len(sampler), len(tasks))
+        self.report_resume(jobs, done, tasks, len(sampler))   # "N of M (job, question) records already written"
         return DataLoader(self.dataset(tasks), batch_size=None, sampler=sampler, num_workers=self.num_workers,
                           prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
                           persistent_workers=False)

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch import LightningModule
 
-from algorithms.errors import SettingError
+from algorithms.errors import SettingError, check_dtype
 from callbacks.process_clock import process_age_s
 from datamodules.benchmarks import Question
 from datamodules.decoding import EncoderSizing
@@ -196,7 +196,8 @@ class BudgetedQA(LightningModule):
         prompt_template: template name or family of :mod:`datamodules.benchmarks.prompts`, or ``None`` (default)
             for VideoLLaMA3's own evaluation prompt per benchmark (``videollama3_videomme`` / ``_mlvu`` / ``_lvb``;
             the name goes into each record's ``meta.template``).
-        dtype: model dtype (``float32``, ``bfloat16``...).
+        dtype: model dtype: ``float32``, ``bfloat16`` or ``float16`` (anything else is a ``SettingError`` naming
+            ``model.init_args.dtype``, raised here, before anything is written).
         attn_implementation: transformers attention backend.
         encode_chunk_frames: frames per vision-encoder call.
         vision_attn_implementation: vision-encoder attention (``frame_batched``: one SDPA call per layer over
@@ -249,6 +250,7 @@ class BudgetedQA(LightningModule):
             if not isinstance(value, bool):   # (the CLI lets null through for a bool)
                 raise SettingError(f"model.{name} must be true or false, got {value!r}")
         check_template(prompt_template)
+        check_dtype("model.init_args.dtype", dtype)   # before anything is written (run.json, the output folder)
         self.save_hyperparameters()
         self.budgets = [int(b) for b in budgets]
         self.vlm: BudgetedVideoLlama3 | None = None

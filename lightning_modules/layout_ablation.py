@@ -83,7 +83,9 @@ class LayoutAblationQA(BudgetedQA):
             (forwarded, so the YAML and ``--print_config`` list them as for plain predict).
     """
 
-    RECORD_DEFAULTS = {**BudgetedQA.RECORD_DEFAULTS, "baseline_run": None}
+    # ``no_reuse`` absent from a run.json written before it was recorded: that folder was written with reuse (the
+    # default), so a ``no_reuse: true`` run on it is refused instead of skipping its reused records
+    RECORD_DEFAULTS = {**BudgetedQA.RECORD_DEFAULTS, "baseline_run": None, "no_reuse": False}
 
     def __init__(self, jobs: str = "base:256", no_reuse: bool = False, decode_budget: int = 16384,
                  baseline_run: str | None = None, **kwargs):
@@ -104,9 +106,10 @@ class LayoutAblationQA(BudgetedQA):
         self.baseline_records: dict[int, dict[str, dict]] | None = None   # budget -> qid -> record
 
     def record_settings(self) -> dict:
-        """:meth:`BudgetedQA.record_settings` plus ``decode_budget`` (the frames of every job) and, when given,
-        ``baseline_run`` (where the reused records come from)."""
-        out = {**super().record_settings(), "decode_budget": self.decode_budget}
+        """:meth:`BudgetedQA.record_settings` plus ``decode_budget`` (the frames of every job), ``no_reuse`` (whether
+        the records of jobs equal to the baseline are copies, ``reused: true``, or were answered by the LLM; a folder
+        resumes only with its own value) and, when given, ``baseline_run`` (where the reused records come from)."""
+        out = {**super().record_settings(), "decode_budget": self.decode_budget, "no_reuse": self.no_reuse}
         if self.baseline_run is not None:
             out["baseline_run"] = str(self.baseline_run.resolve())
         return out

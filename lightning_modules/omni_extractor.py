@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from algorithms.streaming import (DEFAULT_MEMORY_POLICY, MICRO_CHUNK_200MS, MODES, accounting, check_memory_policy,
                                   masks, num_rows)
-from algorithms.errors import SettingError, check_int
+from algorithms.errors import SettingError, check_dtype, check_int
 from datamodules.features import nonfinite_rows
 from models.omni import COMPUTED_FIELDS, BatchedOmniRunner, OmniThinkerRunner
 
@@ -244,6 +244,7 @@ class OmniFeatureExtractor(LightningModule):
         if mode not in MODES:   # before the model loads
             raise SettingError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
         check_memory_policy(memory_policy)
+        check_dtype("model.init_args.dtype", dtype)
         check_int("model.init_args.sessions_per_batch", sessions_per_batch, 1)
         check_int("model.init_args.reprefill_slides", reprefill_slides, 1, allow_none=True,
                   none_means="as many slides as fit the memory bound")

@@ -27,7 +27,7 @@ from lightning.pytorch import LightningModule
 
 from algorithms.choice import official_rule, parse, parse_robust
 from algorithms.pruning import VARIANTS, retention_floor
-from algorithms.errors import SettingError
+from algorithms.errors import SettingError, check_dtype
 from datamodules.benchmarks import Question
 from datamodules.benchmarks.prompts import (OMNI_DEFAULT_TEMPLATE, chat_parts, check_template, pre_media_text,
                                             prompt_and_template)
@@ -55,7 +55,8 @@ class OmniPruningQA(LightningModule):
         prompt_template: template name (``None``: ``omnizip_worldsense``, OmniZip's WorldSense evaluation, the
             configuration seed 003 follows, with its system turn; ``worldsense``: VLMEvalKit's WorldSense prompt with
             audio, its SYS text before the media; ``lmms_eval_worldsense``: lmms-eval's).
-        dtype: model dtype.
+        dtype: model dtype: ``float32``, ``bfloat16`` or ``float16`` (else ``SettingError``, before anything is
+            written).
         attn_implementation: ``sdpa`` or ``eager`` (eager for measured FLOPs on CPU).
         measure_flops: count the prefill with ``FlopCounterMode`` (slower).
     """
@@ -86,10 +87,12 @@ class OmniPruningQA(LightningModule):
                     raise SettingError(f"{what}={r}: variant {v!r} keeps DyCoke TTM's token count, which is at "
                                        f"least {floor} of the tokens (drop {v!r} from variants or raise {what})")
         check_template(prompt_template)
+        check_dtype("model.init_args.dtype", dtype)   # before the writer's run.json, not at the model load
         self.save_hyperparameters()
         self.variants = variants
         self.qa: OmniQA | None = None
         self.last_stage_seconds: dict[str, float] = {}  # read by callbacks.timing.StageTimer
+        self.load_seconds = 0.0                         # model load (on_predict_start), read by StageTimer
 
     @property
     def retentions(self) -> float | tuple[float, float]:
@@ -117,6 +120,11 @@ class OmniPruningQA(LightningModule):
                 "attn_implementation": hp.attn_implementation}
 
     def setup(self, stage: str) -> None:
+        """Check the settings that depend on the device (the model itself loads in :meth:`on_predict_start`).
+
+        Raises:
+            SettingError: ``measure_flops`` on the CPU without ``attn_implementation=eager``.
+        """
         hp = self.hparams
         trainer = getattr(self, "_trainer", None)
         device = trainer.strategy.root_device if trainer is not None else self.device
@@ -124,9 +132,23 @@ class OmniPruningQA(LightningModule):
             # FlopCounterMode has no formula for the CPU SDPA kernels: the attention FLOPs would be left out
             raise SettingError("measure_flops on the CPU needs model.init_args.attn_implementation=eager (the CPU "
                                f"{hp.attn_implementation} attention is invisible to FlopCounterMode)")
+
+    def on_predict_start(self) -> None:
+        """Load the model here, as :class:`~lightning_modules.budgeted_qa.BudgetedQA` does: the DataLoader workers
+        decode the first videos meanwhile, and ``callbacks.timing.StageTimer`` reports the load (``load_seconds``)
+        inside the run's wall time."""
+        self.load_model()
+
+    def load_model(self) -> None:
+        """Load the thinker from ``model_path`` onto this module's device (once); ``load_seconds``: the seconds it
+        took (0 when it was already loaded, e.g. by an earlier ``predict`` call)."""
+        self.load_seconds = 0.0
         if self.qa is None:
+            hp = self.hparams
+            t0 = time.perf_counter()
             self.qa = OmniQA(hp.model_path, dtype=hp.dtype, attn_implementation=hp.attn_implementation,
-                             max_new_tokens=hp.max_new_tokens)
+                             max_new_tokens=hp.max_new_tokens).to(self.device)
+            self.load_seconds = time.perf_counter() - t0
 
     def _base(self, item: dict, q: dict, job: str) -> dict:
         variant = self.jobs[job]

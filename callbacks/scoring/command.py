@@ -9,7 +9,7 @@ from pathlib import Path
 from algorithms.choice import RULES
 
 from .console import format_table
-from .output import SCORES_FILE, compute_scores, save_scores
+from .output import compute_scores, output_files, rules_tag, save_scores
 
 def _parse_expected(items: list[str]) -> dict[str, list[str]]:
     from datamodules.benchmarks import load_benchmark  # lazy: only the CLI reads annotations
@@ -52,7 +52,9 @@ def _expected_from_run_file(out_root: Path) -> dict[str, list[str]] | None:
 
 def main(argv: list[str] | None = None) -> dict:
     """``python -m callbacks.scoring <out_root> [--expected NAME=ROOT ...] [--rules RULE ...] [--no-plots]``: score, write
-    ``scores.json`` and plots, print the table."""
+    ``scores.json``, the plots and ``report.html``, print the table. With ``--rules`` the re-score's files are
+    ``scores_<rules>.json``, ``report_<rules>.html`` and ``<plot>_<rules>.png`` (rules joined by ``-``): the
+    run's own scores, report and plots are never replaced by a re-score with other rules."""
     ap = argparse.ArgumentParser(prog="python -m callbacks.scoring", description=main.__doc__)
     ap.add_argument("out_root")
     ap.add_argument("--expected", action="append", default=[], metavar="NAME=ROOT",
@@ -69,18 +71,18 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"{root}: no records (expected <job>/<benchmark>/rank<r>.jsonl files)")
     expected = _parse_expected(args.expected) or _expected_from_run_file(root)
     scores = compute_scores(root, expected, args.rules)
+    tag = rules_tag(args.rules)
+    scores_file, report_file, _ = output_files(tag)
     try:
-        save_scores(scores, root, plots=not args.no_plots)
+        save_scores(scores, root, plots=not args.no_plots, tag=tag)
     except OSError as e:   # a read-only (archived, shared) folder can still be scored: table only
         scores["plots"] = []
         print(format_table(scores))
         print(f"warning: {root}: scores.json and plots not written ({type(e).__name__}: {e})", file=sys.stderr)
         return scores
     print(format_table(scores))
-    print(f"scores: {Path(args.out_root) / SCORES_FILE}", file=sys.stderr)
-    from callbacks.report import REPORT_FILE   # here: callbacks.report imports this package
-
-    print(f"report: {Path(args.out_root) / REPORT_FILE}", file=sys.stderr)
+    print(f"scores: {Path(args.out_root) / scores_file}", file=sys.stderr)
+    print(f"report: {Path(args.out_root) / report_file}", file=sys.stderr)
     return scores
 
 

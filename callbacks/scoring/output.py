@@ -12,6 +12,25 @@ from .scores import read_records, score_records
 
 SCORES_FILE = "scores.json"
 
+
+def rules_tag(rules: Iterable[str] | None) -> str | None:
+    """The file-name tag of a re-score with extra ``rules`` (``--rules``): the rules joined by ``-`` in the order
+    given, repeats dropped (``["mlvu", "robust"]`` -> ``"mlvu-robust"``); ``None`` without rules."""
+    rules = list(dict.fromkeys(rules or []))
+    return "-".join(rules) if rules else None
+
+
+def output_files(tag: str | None = None) -> tuple[str, str, str]:
+    """``(scores file, report file, plot suffix)`` of a scoring: ``scores.json``, ``report.html`` and no suffix for
+    the run's own; ``scores_<tag>.json``, ``report_<tag>.html`` and ``_<tag>`` before each plot's ``.png`` for a
+    re-score with extra rules (:func:`rules_tag`), so it never replaces the run's own files."""
+    from callbacks.report import REPORT_FILE   # here: callbacks.report imports this package
+
+    if not tag:
+        return SCORES_FILE, REPORT_FILE, ""
+    return f"scores_{tag}.json", f"report_{tag}.html", f"_{tag}"
+
+
 def write_scores(out_dir: str | Path, expected_qids: dict[str, Iterable[str]] | None = None,
                  plots: bool = True, rules: Iterable[str] | None = None) -> dict:
     """Read every record under ``out_dir``, score it and write ``<out_dir>/scores.json`` (+ PNG plots beside it).
@@ -44,17 +63,21 @@ def compute_scores(out_dir: str | Path, expected_qids: dict[str, Iterable[str]] 
     return {**score_records(records, expected_qids, rules), **stats, "plots": []}
 
 
-def save_scores(scores: dict, out_dir: Path, plots: bool = True, records: list[dict] | None = None) -> dict:
+def save_scores(scores: dict, out_dir: Path, plots: bool = True, records: list[dict] | None = None,
+                tag: str | None = None) -> dict:
     """Render the plots (when ``plots``), write ``scores.json`` atomically into ``out_dir`` and the folder's
     ``report.html`` (:mod:`callbacks.report`; its error and unparsed lists come from ``records``, read from
-    ``out_dir`` when not given); ``scores`` with ``plots`` filled in. Raises ``OSError`` when the folder cannot take
-    the files."""
+    ``out_dir`` when not given); ``scores`` with ``plots`` filled in. With ``tag`` (a re-score with extra rules,
+    :func:`rules_tag`) the files are ``scores_<tag>.json``, ``report_<tag>.html`` and ``<plot>_<tag>.png``
+    (:func:`output_files`): the run's own are left as they are. Raises ``OSError`` when the folder cannot take the
+    files."""
     from callbacks.report import write_report
 
     out_dir = Path(out_dir)
-    scores["plots"] = [p.name for p in plot_scores(scores, out_dir)] if plots else []
+    scores_file, report_file, suffix = output_files(tag)
+    scores["plots"] = [p.name for p in plot_scores(scores, out_dir, suffix)] if plots else []
     data = json.dumps(scores, indent=1, sort_keys=False, default=str).encode("utf-8")
-    atomic_write_bytes(out_dir / SCORES_FILE, data)
-    write_report(scores, out_dir, records if records is not None else read_records(out_dir)[0])
+    atomic_write_bytes(out_dir / scores_file, data)
+    write_report(scores, out_dir, records if records is not None else read_records(out_dir)[0], report_file)
     return scores
 

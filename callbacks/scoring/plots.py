@@ -283,9 +283,9 @@ def _build_figures(scores: dict) -> dict[str, Any]:
     return figures
 
 
-def plot_scores(scores: dict, out_dir: str | Path) -> list[Path]:
+def plot_scores(scores: dict, out_dir: str | Path, suffix: str = "") -> list[Path]:
     """Render the PNG plots of :func:`build_figures` into ``out_dir`` (matplotlib Agg, no display; files replaced
-    atomically).
+    atomically); ``suffix`` goes before ``.png`` (a re-score with other rules: ``acc_vs_budget_videomme_robust.png``).
 
     Returns:
         The written paths.
@@ -294,6 +294,7 @@ def plot_scores(scores: dict, out_dir: str | Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, fig in build_figures(scores).items():
+        name = f"{name[:-4]}{suffix}.png" if suffix else name
         _save_figure(fig, out_dir / name)
         written.append(out_dir / name)
     return written

@@ -93,3 +93,29 @@ def test_old_records_rescore_with_any_rule(tmp_path, capsys):
     assert "lmms-eval LongVideoBench" in out and "MLVU check_ans" in out
     with pytest.raises(ValueError, match="unknown rule"):
         score_records([old], rules=["first_capital"])
+
+
+def test_a_rescore_with_rules_keeps_the_runs_own_scores_report_and_plots(tmp_path, capsys):
+    """``--rules`` writes ``scores_<rules>.json`` / ``report_<rules>.html`` / ``<plot>_<rules>.png`` beside the run's
+    own files, which stay byte for byte (they were overwritten); a plain re-score still writes ``scores.json``."""
+    recs = [{"qid": f"q{i}", "video": "v", "benchmark": "videomme", "job": f"b{b}", "budget": b, "answer": "A",
+             "pred": "A" if i < 2 else None, "pred_robust": "A", "options": ["A. x", "B. y"],
+             "response": "A" if i < 2 else "(a)", "meta": {"benchmark": "videomme"}} for b in (64, 128) for i in range(3)]
+    for b in (64, 128):
+        folder = tmp_path / f"b{b}" / "videomme"
+        folder.mkdir(parents=True)
+        (folder / "rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs if r["budget"] == b))
+    main([str(tmp_path)])                                            # the run's own scoring
+    own = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    assert {"scores.json", "report.html", "acc_vs_budget_videomme.png"} <= set(own)
+    capsys.readouterr()
+    scores = main([str(tmp_path), "--rules", "mlvu", "robust", "mlvu"])
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name in own} == own
+    new = {p.name for p in tmp_path.iterdir() if p.is_file()} - set(own)
+    assert new == {"scores_mlvu-robust.json", "report_mlvu-robust.html",
+                   *(f"{n[:-4]}_mlvu-robust.png" for n in own if n.endswith(".png"))}
+    assert json.loads((tmp_path / "scores_mlvu-robust.json").read_text())["groups"][0]["parsers"]["mlvu"] == \
+        json.loads(json.dumps(scores["groups"][0]["parsers"]["mlvu"]))
+    assert "acc_vs_budget_videomme_mlvu-robust.png" in (tmp_path / "report_mlvu-robust.html").read_text()
+    err = capsys.readouterr().err
+    assert f"scores: {tmp_path / 'scores_mlvu-robust.json'}" in err and f"report: {tmp_path / 'report_mlvu-robust.html'}" in err

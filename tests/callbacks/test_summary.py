@@ -140,3 +140,18 @@ def test_report_leads_with_the_result_and_warns_about_a_tiny_model(tmp_path):
     (ckpt / "config.json").write_text(json.dumps({"hidden_size": 4096}))
     (ckpt / "TINY_RANDOM_MODEL.json").write_text("{}")                    # models.videollama3.tiny's marker
     assert "Tiny random model." in render_report(scores, out, [])
+
+
+def test_unparsed_answers_table_names_its_columns():
+    """The unparsed-answers table heads the record's ``answer`` as the correct option and ``response`` as the model's
+    raw reply (it read ``answer`` / ``response``, and ``answer`` was taken for the reply)."""
+    from callbacks.report import _record_lists
+
+    recs = [{"qid": "q1", "job": "b128", "pred_rule": "videomme", "answer": "C", "pred": None,
+             "response": "zebra <b>quartz</b>"},
+            {"qid": "q2", "job": "b128", "pred_rule": "videomme", "answer": "A", "pred": "A", "response": "A"}]
+    _, table = _record_lists(recs)
+    assert table == ("<p>1 answers with no option letter under the benchmark's rule</p><table><tr><th>qid</th>"
+                     "<th>job</th><th>rule</th><th>correct answer</th><th>model reply (raw, no option letter "
+                     "parsed)</th></tr><tr><td>q1</td><td>b128</td><td>videomme</td><td>C</td>"
+                     "<td>zebra &lt;b&gt;quartz&lt;/b&gt;</td></tr></table>")

@@ -54,6 +54,17 @@ def test_predict_refuses_a_trainer_precision_it_would_ignore(capsys):
         evaluate.cli_main(["predict", "--trainer.precision=bf16-true"], run=True)
 
 
+def test_abbreviated_options_are_refused(capsys):
+    """argparse's prefix matching took ``--trainer.limit_predict_batche=0`` for ``--trainer.limit_predict_batches``:
+    refused now (``allow_abbrev=False`` on every parser), naming the option it resembles."""
+    err = _cli_error(capsys, "--trainer.limit_predict_batche=0")
+    assert err[-1] == ("error: unrecognized arguments: --trainer.limit_predict_batche=0; did you mean "
+                       "'--trainer.limit_predict_batches'?")
+    assert _cli_error(capsys, "--trainer.max_epoch=1")[-1] == (
+        "error: unrecognized arguments: --trainer.max_epoch=1; did you mean '--trainer.max_epochs'?")
+    assert _cli_error(capsys, "--zzz=1")[-1] == "error: unrecognized arguments: --zzz=1"   # nothing close: no hint
+
+
 def test_the_simplifier_leaves_other_messages_alone_but_drops_value_dumps():
     from cli import simplify_cli_error
 
@@ -125,3 +136,46 @@ def test_predict_with_a_wrong_video_folder_writes_nothing(tiny_vl3_dir, tmp_path
     with pytest.raises(MediaMissingError, match=f"missing from {root / 'videos'}"):
         run_predict(tiny_vl3_dir, root, out, budgets=(128,))
     assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------------ bad dtype
+DTYPE_ERROR = ("model.init_args.dtype: 'bf15' is not a torch dtype the models run in; use one of bfloat16, "
+               "float16, float32")
+
+
+@pytest.mark.parametrize("config", [None, "configs/predict/ablate.yaml", "configs/predict/worldsense_pruning.yaml",
+                                    "configs/extract/completed_block_hold.yaml"])
+def test_a_bad_dtype_is_one_line_and_writes_nothing(capsys, tmp_path, monkeypatch, config):
+    """``--model.init_args.dtype=bf15`` on every predict job: one line naming the field and the allowed values, exit
+    status 2, and no output folder (before the fix: a raw traceback after run.json was written)."""
+    import evaluate
+    from cli import main
+
+    monkeypatch.delenv("TOKENBUDGET_TRACEBACK", raising=False)
+    out = tmp_path / "out"
+    args = ["predict", *([f"--config={config}"] if config else []), "--model.init_args.dtype=bf15",
+            f"--trainer.callbacks.init_args.out_dir={out}"]
+    with pytest.raises(SystemExit) as info:
+        main(lambda: evaluate.cli_main(args))
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()    # (Lightning's log lines may come first)
+    assert err[-2:] == [f"error: SettingError: {DTYPE_ERROR}", "(set TOKENBUDGET_TRACEBACK=1 for the full traceback)"]
+    assert not out.exists()
+
+
+def test_every_module_with_a_dtype_checks_it_at_construction():
+    from algorithms.errors import SettingError
+    from lightning_modules.budgeted_qa import BudgetedQA
+    from lightning_modules.layout_ablation import LayoutAblationQA
+    from lightning_modules.omni_extractor import OmniFeatureExtractor
+    from lightning_modules.omni_qa import OmniPruningQA
+
+    for make in (lambda d: BudgetedQA(dtype=d), lambda d: LayoutAblationQA(dtype=d),
+                 lambda d: OmniPruningQA("/nonexistent/omni", dtype=d),
+                 lambda d: OmniFeatureExtractor("/nonexistent/omni", dtype=d)):
+        with pytest.raises(SettingError) as info:
+            make("bf15")
+        assert str(info.value) == DTYPE_ERROR
+        with pytest.raises(SettingError, match=r"^model.init_args.dtype: 'half' is not a torch dtype"):
+            make("half")
+    assert BudgetedQA(dtype="bfloat16").hparams.dtype == "bfloat16"

@@ -653,3 +653,14 @@ def test_a_failing_fit_leaves_no_wandb_run_and_no_run_folder(demo, tmp_path):
     cli = cli_main(fit_args(demo, tmp_path, *wandb_on, "--trainer.max_epochs=1"))
     run_dir = runs / cli.trainer.logger.name / cli.trainer.logger.version
     assert (run_dir / "checkpoints" / "best.ckpt").is_file() and list((runs / "wandb").glob("offline-run-*"))
+
+
+def test_abbreviated_options_are_refused(demo, tmp_path, capsys):
+    """``--trainer.max_epoch 1`` was taken for ``--trainer.max_epochs`` (argparse's prefix matching): refused now,
+    naming the option it resembles, before anything runs."""
+    with pytest.raises(SystemExit) as info:
+        cli_main(fit_args(demo, tmp_path, "--trainer.max_epoch", "1"))
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: unrecognized arguments: --trainer.max_epoch 1; did you mean '--trainer.max_epochs'?")
+    assert not list(tmp_path.rglob("*.ckpt")) and not list(tmp_path.rglob("metrics.csv"))

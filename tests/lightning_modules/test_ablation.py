@@ -192,6 +192,29 @@ def test_resume_recomputes_an_unrequested_baseline(runs, tiny_vl3_dir):
     assert _by_key(again) == recs and not (out / "base_b256").exists()
 
 
+def test_no_reuse_is_recorded_and_a_folder_resumes_only_with_its_own_value(runs, tiny_vl3_dir):
+    """``no_reuse`` is a run.json setting: ``no_reuse: true`` on a folder written with reuse (``reused: true``
+    records) is refused before anything is written, naming the setting, the folder and both values, instead of
+    skipping every written qid; a folder written before the setting was recorded counts as written with reuse."""
+    from callbacks.jsonl_writer import OutputSettingsError
+
+    assert json.loads((runs["tmp"] / "reuse" / "run.json").read_text())["no_reuse"] is False
+    assert json.loads((runs["tmp"] / "no_reuse" / "run.json").read_text())["no_reuse"] is True
+    old = runs["tmp"] / "reuse_old"                       # run.json of a folder written before no_reuse was kept
+    shutil.copytree(runs["tmp"] / "reuse", old)
+    settings = json.loads((old / "run.json").read_text())
+    del settings["no_reuse"]
+    (old / "run.json").write_text(json.dumps(settings))
+    for folder, there, now in ((runs["tmp"] / "reuse", False, True), (old, False, True),
+                               (runs["tmp"] / "no_reuse", True, False)):
+        before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")}
+        with pytest.raises(OutputSettingsError) as e:
+            run_ablation(tiny_vl3_dir, runs["root"], folder, no_reuse=now)
+        assert str(e.value).startswith(f"{folder} holds records made with other settings (no_reuse: {there} there, "
+                                       f"{now} now)")
+        assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")} == before
+
+
 # ----------------------------------------------------------------------------------------- baseline_run
 
 # the jobs of JOBS at the plain run's budgets (128, 1024)
@@ -221,6 +244,33 @@ def test_baseline_run_records_are_copied_where_inputs_equal(runs, tiny_vl3_dir):
     n_run = sum(1 for j in {(r["job"], r["video"]) for r in recs if not r["reused"]})
     assert sum(s["n_prefixes"] for s in module.video_stats.values()) == n_run   # no baseline prefix in this run
     assert json.loads((out / "run.json").read_text())["baseline_run"] == str((runs["tmp"] / "plain").resolve())
+
+
+def test_readmes_baseline_run_command_on_the_demo_folder_is_accepted(runs, tiny_vl3_dir, tmp_path):
+    """README's ``baseline_run`` command for the demo folder carries the demo's decode budget (a plain predict decodes
+    for its largest budget, 1024; without it the ablation's 16384 is refused): run as written, with the demo folder
+    and the paths of this test's plain run (same largest budget, 1024) and a short job list."""
+    import re
+    import shlex
+
+    import evaluate
+    from callbacks.jsonl_writer import read_records
+
+    readme = (REPO / "README.md").read_text()
+    cmd = re.search(r"`(python evaluate.py predict --config configs/predict/ablate.yaml "
+                    r"--model.init_args.baseline_run=outputs/demo[^`]*)`", readme)
+    assert cmd, "README: no baseline_run command for the demo folder"
+    args = shlex.split(cmd.group(1))[2:]
+    assert "--model.init_args.decode_budget=1024" in args
+    plain, out = runs["tmp"] / "plain", tmp_path / "from_demo"
+    args = [a.replace("=outputs/demo", f"={plain}") for a in args if not a.startswith("--trainer.callbacks.init_args.out_dir=")]
+    evaluate.cli_main([*args, f"--trainer.callbacks.init_args.out_dir={out}",
+                       f"--model.init_args.model_path={tiny_vl3_dir}", f"--model.init_args.max_new_tokens={NEW_TOKENS}",
+                       "--model.init_args.jobs=base:128,rho32:128", f"--data.init_args.root={runs['root']}",
+                       "--data.init_args.loader_kwargs={}", "--data.init_args.num_workers=0"])
+    recs = read_records(out)
+    assert len(recs) == 2 * N_QUESTIONS and all(r["reused"] for r in recs if r["variant"] == "base")
+    assert json.loads((out / "run.json").read_text())["decode_budget"] == 1024
 
 
 def _refused(runs, tiny_vl3_dir, name, match, baseline, **kw):

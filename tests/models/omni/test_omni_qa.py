@@ -291,6 +291,50 @@ def test_predict_job_records_and_scores(omni_dir, demo_root, tmp_path, qa, clip)
     assert sorted((p, p.stat().st_size) for p in out.glob("*/*/*.jsonl")) == before
 
 
+def _omni_predict(omni_dir, demo_root, out, tmp_path, variants, name):
+    """``evaluate.py predict`` of the pruning job in-process (StageTimer + the writer, 2 new tokens); the module."""
+    import yaml
+
+    import evaluate
+
+    over = {"trainer": {"enable_progress_bar": False, "callbacks": [
+                {"class_path": "callbacks.timing.StageTimer"},
+                {"class_path": "callbacks.jsonl_writer.JsonlPredictionWriter", "init_args": {"out_dir": str(out)}}]},
+            "model": {"init_args": {"model_path": str(omni_dir), "variants": variants, "max_new_tokens": 2}},
+            "data": {"init_args": {"root": str(demo_root), "num_workers": 0}}}
+    cfg = tmp_path / f"{name}.yaml"
+    cfg.write_text(yaml.safe_dump(over))
+    return evaluate.cli_main(["predict", f"--config={CONFIG}", f"--config={cfg}"]).model
+
+
+def test_the_pruning_job_reports_its_model_load(omni_dir, demo_root, tmp_path):
+    """The job's timing holds the real model load: it loads at predict start, like the VideoLLaMA3 job (it read
+    0.00 s when the model loaded in ``setup``, outside the timer's view)."""
+    out = tmp_path / "out"
+    module = _omni_predict(omni_dir, demo_root, out, tmp_path, ["full"], "first")
+    timing = json.loads((out / "timing_rank0.json").read_text())
+    assert module.load_seconds > 0 and timing["stages_s"]["load"] == round(module.load_seconds, 4)
+    t = timing["timeline_s"]
+    assert t["model_loaded"] - t["predict_start"] >= module.load_seconds - 0.01
+
+
+def test_a_resumed_pruning_job_says_how_much_is_written(omni_dir, demo_root, tmp_path, capsys):
+    """As the QA job: ``N of M (job, question) records already written`` when resuming, nothing on a fresh run."""
+    from callbacks.jsonl_writer import read_records
+
+    out = tmp_path / "out"
+    _omni_predict(omni_dir, demo_root, out, tmp_path, ["full"], "first")
+    assert "already written" not in capsys.readouterr().out
+    assert len(read_records(out)) == 4                         # 4 questions x full
+    _omni_predict(omni_dir, demo_root, out, tmp_path, ["full", "baseline"], "second")
+    assert ("[rank 0] worldsense: 4 of 8 (job, question) records already written; 3 videos left to run, 3 on this "
+            "rank") in capsys.readouterr().out
+    assert len(read_records(out)) == 8
+    _omni_predict(omni_dir, demo_root, out, tmp_path, ["full", "baseline"], "third")
+    assert "[rank 0] worldsense: 8 of 8 (job, question) records already written: nothing to run" in \
+        capsys.readouterr().out
+
+
 def test_pruning_settings_are_checked_at_construction(omni_dir):
     from algorithms.errors import SettingError
     from algorithms.pruning import retention_floor
@@ -341,7 +385,11 @@ def test_measured_flops_on_cpu_need_eager_attention(omni_dir):
         OmniPruningQA(str(omni_dir), measure_flops=True).setup("predict")
     module = OmniPruningQA(str(omni_dir), measure_flops=True, attn_implementation="eager", variants=["full"])
     module.setup("predict")
-    assert module.qa is not None
+    assert module.qa is None                    # loaded at predict start (its seconds are the run's load stage)
+    module.on_predict_start()
+    assert module.qa is not None and module.load_seconds > 0
+    module.on_predict_start()                   # loaded once
+    assert module.load_seconds == 0.0
 
 
 def test_worldsense_prompt_puts_vlmevalkits_sys_text_before_the_media(qa, clip):

@@ -1,0 +1,54 @@
+"""``timing_rank<r>.json`` keeps every run of a folder (a resumed run with an added budget loses none of the first
+run's timings), the report shows the latest, and a file of the old single-run format still reads."""
+import json
+
+from callbacks.report import _timing
+from callbacks.timing import timing_runs, write_timing
+from tests.conftest import run_predict
+
+OLD = {"videos": 2, "wall_s": 9.5, "stages_s": {"load": 1.0, "wait": 0.5, "encode": 2.0, "plan_build": 0.25,
+                                                 "answer": 4.0}, "step_s": [3.0, 3.25], "timeline_s": {}}
+
+
+def _run(n: int) -> dict:
+    return {**OLD, "videos": n, "step_s": [1.0] * n}
+
+
+def test_earlier_runs_are_kept_under_previous_runs_and_an_old_file_reads(tmp_path):
+    path = tmp_path / "timing_rank0.json"
+    path.write_text(json.dumps(OLD))                               # the old single-run format
+    assert timing_runs(json.loads(path.read_text())) == [OLD]
+    write_timing(path, _run(1))
+    assert json.loads(path.read_text()) == {**_run(1), "previous_runs": [OLD]}
+    write_timing(path, _run(0))
+    data = json.loads(path.read_text())
+    assert data == {**_run(0), "previous_runs": [OLD, _run(1)]}    # oldest first, the latest at the top level
+    assert timing_runs(data) == [OLD, _run(1), _run(0)]
+    html = _timing(tmp_path)
+    latest, earlier = html.split("<details>")
+    assert "<td>timing_rank0.json</td><td class=\"num\">0</td><td>load 1.00 s, wait 0.50 s, encode 2.00 s" in latest
+    assert "2 earlier run(s) into this folder (resumed)" in earlier and "<td>1 of 3</td>" in earlier
+    assert "<td>2 of 3</td>" in earlier
+    path.write_text("{torn")                                       # unreadable: kept beside, not overwritten
+    write_timing(path, _run(1))
+    assert (tmp_path / "timing_rank0.json.unreadable").read_text() == "{torn"
+    assert json.loads(path.read_text()) == {**_run(1), "previous_runs": []}
+
+
+def test_a_resumed_run_with_an_added_budget_keeps_the_first_runs_timing(tiny_vl3_dir, demo_bench, tmp_path):
+    out = tmp_path / "out"
+    timer = ["--trainer.callbacks+=callbacks.timing.StageTimer"]
+    first = run_predict(tiny_vl3_dir, demo_bench, out, budgets=(128,), extra=timer,
+                        model_args={"max_new_tokens": 2})
+    one = json.loads((out / "timing_rank0.json").read_text())
+    assert one["videos"] == 2 and one["previous_runs"] == [] and len(first) == 7
+    second = run_predict(tiny_vl3_dir, demo_bench, out, budgets=(128, 256), extra=timer,
+                         model_args={"max_new_tokens": 2})
+    two = json.loads((out / "timing_rank0.json").read_text())
+    assert len(second) == 14 and two["videos"] == 2
+    assert two["previous_runs"] == [{k: v for k, v in one.items() if k != "previous_runs"}]
+    from callbacks.scoring.command import main as rescore   # (the run's report was written before its timer ran)
+
+    rescore([str(out), "--no-plots"])
+    page = (out / "report.html").read_text()
+    assert "1 earlier run(s) into this folder (resumed)" in page
