@@ -371,7 +371,7 @@ def class_of(path: str) -> str:
 
 
 def summarize(rows_by_path: dict[str, list[dict]], steps: dict[str, float], workers: int,
-              pool_wall_s: dict[str, float] | None = None) -> dict:
+              pool_wall_s: dict[str, float] | None = None, util: dict | None = None) -> dict:
     """Per path and class: step, decode s per video (whole video), wait share, videos/hour; full Video-MME hours.
 
     Two estimates of the full run: ``videomme_h`` takes each video's own decode rate as it ran in the pool, with
@@ -402,7 +402,114 @@ def summarize(rows_by_path: dict[str, list[dict]], steps: dict[str, float], work
             rate = sum(r["covered"] for r in rows) / pool_wall_s[kind]
             gpu_s = sum(count * steps[c] for c, (count, _) in VIDEO_MME.items())
             out[kind].update(pool_fps=rate, videomme_h_pool=max(frames_full / rate, gpu_s) / 3600)
+            # the run simulated (run order, in-order workers, a shared engine): the engine's rate from the decode
+            # span of the pool when it was sampled (start-up left out), else the pool's rate (start-up included)
+            span_fps = ((util or {}).get(kind) or {}).get("source_fps_in_span")
+            out[kind]["videomme_sim"] = videomme_run(rows, steps, workers, span_fps or rate)
+            out[kind]["videomme_sim"]["capacity_from"] = "decode span" if span_fps else "pool wall"
+            # and with every decode at its own measured rate, the engine never shared (the optimistic bound)
+            out[kind]["videomme_sim_unshared"] = videomme_run(rows, steps, workers, float("inf"))
     return out
+
+
+def simulate_run(frames: list[float], steps: list[float], workers: int, solo_fps: list[float],
+                 capacity_fps: float, prefetch: int = 2) -> dict:
+    """A predict run's pipeline, simulated: the DataLoader's in-order workers decoding on a shared engine, the GPU
+    stepping each video when it arrives.
+
+    DataLoader semantics (``torch.utils.data``, ``num_workers = W``, ``prefetch_factor = P``, in order): video ``k``
+    goes to worker ``k % W``, which decodes its videos one after another; ``W P`` videos are sent out at the start
+    and video ``k + W P`` is sent when the step takes video ``k``. The GPU takes the videos in order, each when it
+    is decoded and the step before has ended. Decoding shares one engine (the NVDEC engines, or the CPU cores):
+    each of the ``n`` decodes in flight runs at ``min(solo_fps[k], capacity_fps / n)`` source frames/s (processor
+    sharing), so the run can never decode faster than ``capacity_fps`` in all, nor one video faster than alone.
+
+    Args:
+        frames: source frames each video's decode covers, in the run's order.
+        steps: GPU seconds of each video's step, same order.
+        workers, prefetch: the DataLoader's ``num_workers`` and ``prefetch_factor`` (``workers >= 1``).
+        solo_fps: each video's decode rate alone (source frames/s).
+        capacity_fps: the engine's aggregate rate (source frames/s).
+
+    Returns:
+        ``wall_s`` (the last step's end), ``gpu_s`` (sum of the steps), ``wait_share`` (1 - gpu_s / wall_s) and
+        ``arrive_s`` / ``start_s`` (each video's decode end and step start).
+
+    Raises:
+        ValueError: lengths differ, or a rate / worker count is not positive.
+    """
+    n = len(frames)
+    if not (len(steps) == len(solo_fps) == n) or workers < 1 or prefetch < 1 or capacity_fps <= 0 \
+            or any(r <= 0 for r in solo_fps):
+        raise ValueError("simulate_run: frames, steps and solo_fps must have one entry per video, and the rates "
+                         "and the worker count must be positive")
+    inf = float("inf")
+    sent = [k < workers * prefetch for k in range(n)]
+    left = list(map(float, frames))
+    arrive, start = [inf] * n, [inf] * n
+    busy: dict[int, int] = {}            # worker -> the video it decodes
+    nxt = list(range(min(workers, n)))   # worker -> its next video index
+    nxt += [n] * (workers - len(nxt))
+    t, gpu_free, c = 0.0, 0.0, 0
+
+    def launch() -> None:
+        for w in range(workers):
+            k = nxt[w]
+            if w not in busy and k < n and sent[k]:
+                busy[w] = k
+                nxt[w] = k + workers
+
+    launch()
+    while c < n:
+        rates = {w: min(solo_fps[k], capacity_fps / len(busy)) for w, k in busy.items()} if busy else {}
+        t_dec = min((t + left[k] / rates[w] for w, k in busy.items()), default=inf)
+        t_gpu = max(gpu_free, arrive[c]) if arrive[c] < inf else inf
+        t_next = min(t_dec, t_gpu)
+        if t_next == inf:
+            raise RuntimeError("simulate_run: the pipeline stalled (no decode in flight, next video not decoded)")
+        ending = [w for w, k in busy.items() if t + left[k] / rates[w] <= t_next]   # (exactly: no float residue)
+        for w, k in busy.items():
+            left[k] = 0.0 if w in ending else left[k] - rates[w] * (t_next - t)
+        t = t_next
+        if t_gpu <= t_dec:               # the step takes video c; video c + W P is sent out
+            start[c], gpu_free = t, t + steps[c]
+            if c + workers * prefetch < n:
+                sent[c + workers * prefetch] = True
+            c += 1
+        else:
+            for w in ending:
+                arrive[busy.pop(w)] = t
+        launch()
+    gpu = float(sum(steps))
+    wall = gpu_free
+    return {"wall_s": wall, "gpu_s": gpu, "wait_share": 1 - gpu / wall if wall > 0 else 0.0,
+            "arrive_s": arrive, "start_s": start}
+
+
+def videomme_run(rows: list[dict], steps: dict[str, float], workers: int, capacity_fps: float) -> dict:
+    """:func:`simulate_run` on the full Video-MME (:data:`VIDEO_MME`: 300 videos per class at the class's mean
+    duration) in the run's order (:func:`datamodules.sharding.run_order`, cost = duration), from a decode path's
+    measured rows: per class the source frames/s of the set's videos (``covered / duration``) and the mean solo
+    rate (``covered / decode_s``; the measured per-video seconds were taken with other decodes in flight, so this
+    is a lower bound of a decode alone), and the GPU step per class."""
+    from datamodules.sharding import run_order
+
+    vids = []
+    for cls, (count, mean_s) in VIDEO_MME.items():
+        mine = [r for r in rows if class_of(r["path"]) == cls]
+        if not mine:
+            continue
+        fps = statistics.mean(r["n"] / r["duration_s"] for r in mine)        # source frames per second of video
+        solo = statistics.mean(r["covered"] / r["decode_s"] for r in mine)
+        vids += [(mean_s, mean_s * fps, steps[cls], solo)] * count
+    order = run_order(range(len(vids)), [v[0] for v in vids], workers)
+    sim = simulate_run([vids[i][1] for i in order], [vids[i][2] for i in order], workers,
+                       [vids[i][3] for i in order], capacity_fps)
+    total = sum(v[1] for v in vids)
+    return {"hours": sim["wall_s"] / 3600, "wait_share": sim["wait_share"], "gpu_h": sim["gpu_s"] / 3600,
+            "capacity_fps": capacity_fps, "videos": len(vids), "source_frames": total,
+            # what the decode would have to deliver: for a 1-hour run at all, and to keep up with the GPU
+            "fps_for_1h": total / 3600, "fps_to_keep_up": total / sim["gpu_s"]}
 
 
 def print_table(summary: dict, windowed: bool, step_source: str) -> None:
@@ -419,6 +526,17 @@ def print_table(summary: dict, windowed: bool, step_source: str) -> None:
                       f"{c['videos_per_h']:>9.0f}")
     print("full Video-MME (900 videos, 4k+16k, one GPU), per-video rates x workers: " +
           "  ".join(f"{k} {summary[k]['videomme_h']:.2f} h" for k in kinds))
+    if all("videomme_sim" in summary[k] for k in kinds):
+        print("full Video-MME simulated (run order, in-order workers sharing the engine at its measured rate): " +
+              "  ".join(f"{k} {summary[k]['videomme_sim']['hours']:.2f} h, GPU wait "
+                        f"{summary[k]['videomme_sim']['wait_share']:.0%} ({summary[k]['videomme_sim']['capacity_fps']:.0f}"
+                        f" source frames/s from the {summary[k]['videomme_sim']['capacity_from']})" for k in kinds))
+        print("  same, each decode at its own measured rate (the engine not shared; optimistic): " + "  ".join(
+            f"{k} {summary[k]['videomme_sim_unshared']['hours']:.2f} h, GPU wait "
+            f"{summary[k]['videomme_sim_unshared']['wait_share']:.0%}" for k in kinds))
+        sim = summary[kinds[0]]["videomme_sim"]
+        print(f"  {sim['source_frames'] / 1e6:.1f} M source frames to decode: 1.0 h needs {sim['fps_for_1h']:.0f} source "
+              f"frames/s in all, keeping up with the GPU ({sim['gpu_h']:.2f} h of steps) {sim['fps_to_keep_up']:.0f}")
     if all("videomme_h_pool" in summary[k] for k in kinds):
         print("full Video-MME at the pool's aggregate decode rate: " + "  ".join(
             f"{k} {summary[k]['videomme_h_pool']:.2f} h ({summary[k]['pool_fps']:.0f} source frames/s)"
@@ -448,7 +566,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.table_from:
         saved = json.loads(Path(args.table_from).read_text())
-        summary = summarize(saved["rows"], saved["steps"], args.workers, saved.get("pool_wall_s"))
+        summary = summarize(saved["rows"], saved["steps"], args.workers, saved.get("pool_wall_s"), saved.get("util"))
         print_table(summary, any(r["covered"] < r["n"] for rows in saved["rows"].values() for r in rows),
                     "the saved run's steps")
         return {"summary": summary}
@@ -525,7 +643,7 @@ def main(argv=None) -> dict:
         steps = dict.fromkeys(VIDEO_MME, statistics.mean(rest))
         step_source = (f"the CLI's timing_rank0.json (mean steady step of {len(rest)} videos; first answer "
                        f"{timing['first_answer_s']:.1f} s after process start)")
-    summary = summarize(rows_by_path, steps, workers, walls)
+    summary = summarize(rows_by_path, steps, workers, walls, UTIL)
     print_table(summary, bool(args.window_s), step_source)
     result = {"rows": rows_by_path, "pool_wall_s": walls, "summary": summary, "steps": steps, "timing": timing,
               "util": UTIL}

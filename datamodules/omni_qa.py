@@ -277,7 +277,7 @@ class OmniQADataModule(VideoQADataModule):
         if world > 1 and self.trainer._accelerator_connector.use_distributed_sampler:
             raise RuntimeError("OmniQADataModule shards whole videos itself: set `trainer.use_distributed_sampler: "
                                "false`")
-        sampler = CostBalancedSampler(costs, world, rank)
+        sampler = CostBalancedSampler(costs, world, rank, self.num_workers)
         self.report_resume(jobs, done, tasks, len(sampler))   # "N of M (job, question) records already written"
         return DataLoader(self.dataset(tasks), batch_size=None, sampler=sampler, num_workers=self.num_workers,
                           prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,

@@ -45,20 +45,30 @@ def balanced_assignment(costs: Sequence[float], num_replicas: int) -> list[list[
     return bins
 
 
-def run_order(indices: Sequence[int], costs: Sequence[float]) -> list[int]:
+def run_order(indices: Sequence[int], costs: Sequence[float], workers: int = 1) -> list[int]:
     """The order one rank runs its videos in: the cheapest first, then the dearest and the cheapest left in turn
-    (``c_0, c_{n-1}, c_1, c_{n-2}, ...`` over the rank's videos sorted by cost, ties by index).
+    (``c_0, c_{n-1}, c_1, c_{n-2}, ...`` over the rank's videos sorted by cost, ties by index), with the turn's
+    phase flipped every other round of ``workers`` videos when ``workers`` is even.
 
     Why: the DataLoader workers decode the next videos while the GPU answers the current one, and decoding grows
     with the duration (every frame of a long H.264 video is decoded) far more than the GPU step does. Largest first
     runs all the hour-long videos back to back, when decoding cannot keep up (measured on the H200, 2026-12-02: the
     GPU waited 24 % of the long class), and makes the first answer wait for the longest decode. Alternating puts a
-    short video's GPU step between long decodes, and the cheapest video first gives the first answer soonest. The
-    order changes no record (each video's work is independent) and depends only on the costs, as the assignment.
+    short video's GPU step between long decodes, and the cheapest video first gives the first answer soonest.
+
+    The DataLoader hands video ``k`` of the order to worker ``k % workers``. With an even worker count a plain
+    alternation gives every dear video to the odd workers, so half the workers decode all the long videos: in
+    ``bench/workload.py``'s simulation of the full Video-MME with per-worker decode rates (the saved H200 rows,
+    2026-12-02) that run took 12.82 h on the CPU decoder and 0.89 h on NVDEC against 6.87 h / 0.58 h with the flip.
+    So in rounds ``1, 3, 5, ...`` (slots ``r W .. r W + W - 1``) each pair of the alternation is swapped: every
+    worker then gets dear and cheap videos in turn. An odd count flips by itself (``k % workers`` changes parity
+    every round). The order changes no record (each video's work is independent) and depends only on the costs
+    and ``workers``, as the assignment does.
 
     Args:
         indices: the rank's video indices (any order).
         costs: cost of every video, indexed by video index (:func:`estimate_cost`).
+        workers: the DataLoader's ``num_workers`` (0 or 1: no flip).
 
     Returns:
         ``indices`` reordered (each once).
@@ -71,6 +81,10 @@ def run_order(indices: Sequence[int], costs: Sequence[float]) -> list[int]:
         if lo <= hi:
             out.append(ranked[hi])
             hi -= 1
+    if workers > 1 and workers % 2 == 0:
+        for start in range(workers, len(out), 2 * workers):
+            for p in range(start, min(start + workers, len(out)) - 1, 2):
+                out[p], out[p + 1] = out[p + 1], out[p]
     return out
 
 
@@ -79,10 +93,10 @@ class CostBalancedSampler(Sampler[int]):
     the rank's share comes from :func:`balanced_assignment` (largest cost first to the lightest rank), so every
     index appears on exactly one rank and none repeats."""
 
-    def __init__(self, costs: Sequence[float], num_replicas: int = 1, rank: int = 0):
+    def __init__(self, costs: Sequence[float], num_replicas: int = 1, rank: int = 0, workers: int = 1):
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} outside [0, {num_replicas})")
-        self.indices = run_order(balanced_assignment(costs, num_replicas)[rank], costs)
+        self.indices = run_order(balanced_assignment(costs, num_replicas)[rank], costs, workers)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices)

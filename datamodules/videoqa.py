@@ -268,7 +268,7 @@ class VideoQADataModule(LightningDataModule):
         if world > 1 and self.trainer._accelerator_connector.use_distributed_sampler:
             raise RuntimeError("VideoQADataModule shards whole videos itself: set `trainer.use_distributed_sampler: "
                                "false` (Lightning would otherwise split this rank's share again)")
-        sampler = CostBalancedSampler(costs, world, rank)
+        sampler = CostBalancedSampler(costs, world, rank, self.num_workers)
         self.report_resume(jobs, done, tasks, len(sampler))
         threads = self.decode_threads
         if threads is None:

@@ -109,3 +109,44 @@ def test_tiny_run(tmp_path):
     assert "full Video-MME (900 videos, 4k+16k, one GPU)" in out
     for cls in ("short", "medium", "long"):
         assert f"\n{cls:<7} cpu " in out and f"\n{cls:<7} nvdec " in out
+
+
+def test_simulated_run_hand_cases():
+    """simulate_run against pipelines worked out by hand (in-order DataLoader, shared decode engine)."""
+    sim = _bench().simulate_run
+    # one worker, engine faster than the video's solo rate: v0 decodes 0-10 s, v1 10-20 s; steps of 1 s at 10, 20
+    r = sim([100, 100], [1, 1], workers=1, solo_fps=[10, 10], capacity_fps=1000)
+    assert r["arrive_s"] == [10, 20] and r["start_s"] == [10, 20] and r["wall_s"] == 21
+    assert abs(r["wait_share"] - (1 - 2 / 21)) < 1e-12
+    # two workers sharing an engine of one video's rate: both decode at 5 frames/s, both arrive at 20 s
+    r = sim([100, 100], [1, 1], workers=2, solo_fps=[10, 10], capacity_fps=10)
+    assert r["arrive_s"] == [20, 20] and r["start_s"] == [20, 21] and r["wall_s"] == 22
+    # rates change when a decode ends: v0 (50 frames) and v1 (150) share 10 frames/s: v0 ends at 10 s, then v1
+    # runs alone at its solo 10 frames/s: 100 frames left at 10 s -> arrives at 20 s
+    r = sim([50, 150], [2, 2], workers=2, solo_fps=[10, 10], capacity_fps=10)
+    assert r["arrive_s"] == [10, 20] and r["start_s"] == [10, 20] and r["wall_s"] == 22
+    # prefetch: 1 worker x prefetch 1 -> v1 is sent only when the step takes v0 (at 1 s), v2 when it takes v1
+    r = sim([10, 10, 10], [5, 5, 5], workers=1, solo_fps=[10, 10, 10], capacity_fps=100, prefetch=1)
+    assert r["arrive_s"] == [1, 2, 7] and r["start_s"] == [1, 6, 11] and r["wall_s"] == 16
+    # GPU-bound: decoding far ahead, the GPU never waits after the first video
+    r = sim([1] * 10, [1] * 10, workers=4, solo_fps=[100] * 10, capacity_fps=1000)
+    assert r["wall_s"] == 0.01 + 10 and abs(r["wait_share"] - 0.01 / 10.01) < 1e-12
+    with pytest.raises(ValueError, match="one entry per video"):
+        sim([1, 2], [1], 1, [1, 1], 1)
+
+
+def test_videomme_run_is_the_decode_bound_when_the_engine_is_slow():
+    """900 videos whose decode needs far more than the GPU: the simulated wall is the engine's time for all the
+    source frames, never less, and within 0.1 % more (moments when in-order delivery holds a worker back); with
+    decoding instant it is the GPU's sum."""
+    bench = _bench()
+    rows = [{"path": f"/x/{c}1.mp4", "covered": 3000, "n": 3000, "duration_s": 100.0, "decode_s": 1.0}
+            for c in "sml"]
+    steps = {"short": 1.0, "medium": 2.0, "long": 2.0}
+    slow = bench.videomme_run(rows, steps, 8, capacity_fps=1000)
+    frames = sum(count * mean_s * 30 for count, mean_s in bench.VIDEO_MME.values())
+    assert abs(slow["source_frames"] - frames) < 1e-6
+    assert frames / 1000 <= slow["hours"] * 3600 <= frames / 1000 * 1.001
+    instant = [dict(r, decode_s=1e-6) for r in rows]     # decoding at 3e9 frames/s: the GPU alone bounds the run
+    fast = bench.videomme_run(instant, steps, 8, capacity_fps=float("inf"))
+    assert abs(fast["hours"] * 3600 - 1500.0) < 1.0 and fast["wait_share"] < 1e-3   # 300 x 1 s + 600 x 2 s

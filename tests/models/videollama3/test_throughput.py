@@ -101,6 +101,20 @@ def test_run_order_cheapest_first_then_dearest_and_cheapest_in_turn():
     assert run_order([4, 0, 3], costs) == [0, 4, 3]          # a rank's share: 0 (5), 3 (7), 4 (8)
     assert run_order([3, 1], [2, 2, 2, 2]) == [1, 3]          # ties by index
     assert run_order([], costs) == []
+    # an even worker count flips the turn every other round of W: video k goes to worker k % W
+    c = list(range(8))                                   # cost = index; plain turn: 0 7 1 6 2 5 3 4
+    assert run_order(range(8), c) == [0, 7, 1, 6, 2, 5, 3, 4]
+    assert run_order(range(8), c, workers=1) == run_order(range(8), c, workers=0) == [0, 7, 1, 6, 2, 5, 3, 4]
+    assert run_order(range(8), c, workers=2) == [0, 7, 6, 1, 2, 5, 4, 3]     # rounds 1 and 3 swapped
+    assert run_order(range(8), c, workers=4) == [0, 7, 1, 6, 5, 2, 4, 3]     # round 1 (slots 4-7) swapped
+    assert run_order(range(8), c, workers=3) == [0, 7, 1, 6, 2, 5, 3, 4]     # odd: flips by itself
+    assert run_order(range(7), list(range(7)), workers=4) == [0, 6, 1, 5, 4, 2, 3]   # a lone last slot stays
+    # each of 4 workers gets dear and cheap videos in turn: the dear half (cost >= 8) spreads over all of them
+    order = run_order(range(16), list(range(16)), workers=4)
+    assert sorted(order) == list(range(16)) and order[0] == 0
+    assert all(sum(order[k] >= 8 for k in range(w, 16, 4)) == 2 for w in range(4))
+    assert {sum(order[k] >= 8 for k in range(w, 16, 4)) for w in range(4)} != {sum(
+        run_order(range(16), list(range(16)))[k] >= 8 for k in range(w, 16, 4)) for w in range(4)}
     # the sampler runs its LPT share in that order: rank 0 of [[1, 0, 2], [4, 3]] (hand case above)
     assert list(CostBalancedSampler([5, 10, 1, 7, 8], 2, 0)) == [2, 1, 0]
     assert list(CostBalancedSampler([5, 10, 1, 7, 8], 2, 1)) == [3, 4]
