@@ -88,7 +88,7 @@ def write_benchmark(root: Path, videos: list[Path]) -> None:
     (root / "videos").mkdir(exist_ok=True)
     rows = []
     for i, v in enumerate(videos):
-        link = root / "videos" / v.name
+        link = root / "videos" / f"{v.stem}.mp4"   # Video-MME's layout names every file .mp4 (a VP9 .webm too)
         if not link.exists():
             link.symlink_to(v.resolve())
         for q in range(3):

@@ -247,7 +247,24 @@ def _decode_task(job) -> dict:
             "skip_fallback": [r["skip_fallback"] for r in st.get("runs", []) if r.get("skip_fallback")] or None,
             "frames": len(idx), "covered": covered, "n": p["n"], "duration_s": p["duration_s"],
             "decode_hw": [dh, dw], "sha1": hashlib.sha1(frames.tobytes()).hexdigest(),
+            "stages": _stages(st),
             "window_unix": [t_end - dt, t_end]}
+
+
+def _stages(st: dict) -> dict | None:
+    """Where one NVDEC read spent its seconds: the capability check and the packet scan (whole file, once), and,
+    summed over the sessions, the demuxer's packet reads, ``Decode`` calls, surface copies to the host and the
+    swscale conversions (seconds of session threads: they overlap in wall time)."""
+    runs = st.get("runs") or []
+    if not runs and "check_s" not in st:
+        return None
+    out = {k: st[k] for k in ("check_s", "scan_s") if k in st}
+    for k in ("demux_s", "decode_s", "copy_s", "convert_s", "packets_read"):
+        vals = [r[k] for r in runs if k in r]
+        if vals:
+            out[k] = round(sum(vals), 3)
+    out["sessions"] = len(runs)
+    return out
 
 
 def _cpu_skip(path: str, idx: list[int], hw: tuple[int, int], cpu, st: dict):
@@ -274,10 +291,12 @@ def _cpu_skip(path: str, idx: list[int], hw: tuple[int, int], cpu, st: dict):
 
 
 def run_path(videos: list[Path], decoder: str, workers: int, threads: int, sessions: int,
-             window_s: float | None) -> tuple[list[dict], float]:
-    """Decode every video on ``decoder`` in a pool of ``workers`` spawned processes; ``(rows, pool wall s)``."""
+             window_s: float | None, copies: int = 1) -> tuple[list[dict], float]:
+    """Decode every video on ``decoder`` in a pool of ``workers`` spawned processes; ``(rows, pool wall s)``.
+    ``copies``: each video is decoded that many times (separate jobs), so that many videos are in flight at once
+    and the pool's aggregate rate measures the engines' capacity rather than one long video's latency."""
     jobs = [(str(v), decoder, threads, sessions, window_s) for v in
-            sorted(videos, key=lambda v: -v.stat().st_size)]   # the longest first, as the sampler would not
+            sorted(videos, key=lambda v: -v.stat().st_size) for _ in range(copies)]   # the longest first
     t0 = time.perf_counter()
     with UtilSampler() as util, ProcessPoolExecutor(min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
         rows = list(pool.map(_decode_task, jobs))
@@ -554,6 +573,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--threads", type=int, default=None, help="decoder threads per CPU worker (auto from cores)")
     ap.add_argument("--sessions", type=int, default=nvdec.DEFAULT_SESSIONS)
     ap.add_argument("--window-s", type=float, default=None)
+    ap.add_argument("--copies", type=int, default=1,
+                    help="decode each video this many times in the pool (many in flight: the engines' capacity)")
+    ap.add_argument("--only", nargs="+", default=None, choices=["short", "medium", "long"],
+                    help="decode only these duration classes (the CLI still gets the whole set)")
     ap.add_argument("--cli", action="store_true", help="run evaluate.py predict on the set for the GPU step")
     ap.add_argument("--cli-decoders", nargs="+", default=["cpu"], choices=["cpu", "nvdec", "auto"],
                     help="data.decoder of each CLI run (--cli); the records of the runs are compared")
@@ -582,8 +605,10 @@ def main(argv=None) -> dict:
     threads = args.threads or auto_decode_threads(args.workers)
     workers = 1 if args.tiny else args.workers
     rows_by_path, walls = {}, {}
+    pool_videos = [v for v in videos if not args.only or class_of(str(v)) in args.only]
     for kind in args.paths:
-        rows_by_path[kind], walls[kind] = run_path(videos, kind, workers, threads, args.sessions, args.window_s)
+        rows_by_path[kind], walls[kind] = run_path(pool_videos, kind, workers, threads, args.sessions, args.window_s,
+                                                   args.copies)
         print(f"{kind}: pool of {workers} ({threads} threads / {args.sessions} sessions) decoded "
               f"{sum(r['frames'] for r in rows_by_path[kind])} sampled frames of "
               f"{sum(r['covered'] for r in rows_by_path[kind])} source frames in {walls[kind]:.1f} s", flush=True)
@@ -593,7 +618,8 @@ def main(argv=None) -> dict:
             print(f"  {Path(r['path']).name}: {r['decoder']} {r['decode_s']:.2f} s, {r['frames']} frames "
                   f"{r['decode_hw']}, {r['covered']}/{r['n']} source frames{skip}"
                   + (f" ({r['why']})" if r["why"] else "")
-                  + (f" [packet-fed session fell back: {r['skip_fallback'][0]}]" if r.get("skip_fallback") else ""))
+                  + (f" [packet-fed session fell back: {r['skip_fallback'][0]}]" if r.get("skip_fallback") else "")
+                  + (f" stages {r['stages']}" if r.get("stages") else ""))
         u = UTIL.get(kind, {})
         if u:
             def fmt(x):

@@ -67,6 +67,7 @@ import glob
 import os
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -456,38 +457,55 @@ def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, 
     dec = _packet_decoder(nvc, gpu_id, dmx.GetNvCodecId())
     done = [False] * len(run)
     info: dict = {"frames": len(run), "path": "packets", **counts}
+    clock = {"demux_s": 0.0, "decode_s": 0.0, "copy_s": 0.0, "convert_s": 0.0, "packets_read": 0}
 
     def take(frames) -> None:
         for frame in frames:
             k = want.get(_frame_pts(frame))
             if k is None or done[k]:
                 continue
+            t0 = time.perf_counter()
             surface = torch.from_dlpack(frame)
             info.setdefault("surface_shape", tuple(surface.shape))
-            y, u, v = nv12_planes(surface.cpu().numpy(), p.height, p.width)
+            host = surface.cpu().numpy()
+            t1 = time.perf_counter()
+            y, u, v = nv12_planes(host, p.height, p.width)
             out[offset + k] = convert(y, u, v)
+            clock["copy_s"] += t1 - t0
+            clock["convert_s"] += time.perf_counter() - t1
             done[k] = True
+
+    def decode(packet):
+        t0 = time.perf_counter()
+        frames = dec.Decode(packet)
+        clock["decode_s"] += time.perf_counter() - t0
+        take(frames)
 
     with torch.cuda.device(gpu_id):
         j = 0
+        t_read = time.perf_counter()
         for packet in dmx:
+            clock["demux_s"] += time.perf_counter() - t_read
+            clock["packets_read"] += 1
             if int(packet.bsl) == 0:                    # end of stream: flush what the decoder holds
-                take(dec.Decode(packet))
+                decode(packet)
                 break
             if j >= len(scanned.pts) or int(packet.pts) != scanned.pts[j]:
                 raise NvdecError(f"{path}: NVDEC's demuxer packet {j} has pts {packet.pts}, PyAV's "
                                  f"{scanned.pts[j] if j < len(scanned.pts) else 'none'}")
             if keep[j]:
-                take(dec.Decode(packet))
+                decode(packet)
             j += 1
             if j > last and all(done):
                 break
+            t_read = time.perf_counter()
         if not all(done):
-            take(dec.Decode(nvc.PacketData()))          # an empty packet is the end-of-stream flush
+            decode(nvc.PacketData())                    # an empty packet is the end-of-stream flush
     if not all(done):
         missing = [run[k] for k, d in enumerate(done) if not d]
         raise NvdecError(f"{path}: frames {missing[:5]} did not come out of the packet-fed NVDEC session")
     del dec, dmx
+    info.update({k: round(v, 4) if isinstance(v, float) else v for k, v in clock.items()})
     return info
 
 
@@ -550,7 +568,10 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
             skip_why = f"codec {p.codec}: packets not filtered (only {', '.join(pf.FILTERED_CODECS)})"
         else:
             try:
+                t_scan = time.perf_counter()
                 scanned = pf.scan(path)
+                if stats is not None:
+                    stats["scan_s"] = round(time.perf_counter() - t_scan, 4)
                 skip_why = None
                 if p.frames and len(scanned.pts) != p.frames:
                     scanned, skip_why = None, f"{len(scanned.pts)} packets, the container counts {p.frames} frames"
@@ -602,7 +623,10 @@ def read_with_fallback(path: str | Path, indices: list[int], decode_hw: tuple[in
         the reason the file went to the CPU (recorded as ``info["decoder"]`` / the fallback reason). ``stats``
         and ``nvdec_skip_nonref`` are :func:`read_nvdec`'s.
     """
+    t0 = time.perf_counter()
     why = nvdec_unsupported(path, gpu_id)
+    if stats is not None:
+        stats["check_s"] = round(time.perf_counter() - t0, 4)
     if why is None:
         try:
             return read_nvdec(path, indices, decode_hw, gpu_id, sessions, stats=stats,
