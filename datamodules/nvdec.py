@@ -103,6 +103,8 @@ AV_PIX_FMT = {"yuv420p": 0, "rgb24": 2, "yuvj420p": 12}
 SWS_BILINEAR = 2                                  # libswscale/swscale.h
 AVCOL_RANGE_UNSPECIFIED, AVCOL_RANGE_JPEG = 0, 2  # libavutil/pixfmt.h AVColorRange
 DEFAULT_SESSIONS = 4                              # NVDEC sessions per video (bench/workload.py measures 1..7)
+MAX_SESSIONS = 8                                  # a long video's sessions (auto_sessions)
+FRAMES_PER_SESSION = 250                          # sampled frames per session beyond DEFAULT_SESSIONS (auto)
 MIN_SEGMENT_FRAMES = 16                           # sampled frames per session below which a video is not split
 
 
@@ -362,6 +364,15 @@ def nvdec_unsupported(path: str | Path, gpu_id: int = 0) -> str | None:
 # reading
 # ----------------------------------------------------------------------------------------------------------------
 
+def auto_sessions(n_frames: int) -> int:
+    """NVDEC sessions for a video with ``n_frames`` sampled frames: :data:`DEFAULT_SESSIONS`, and one more per
+    :data:`FRAMES_PER_SESSION` frames beyond that, up to :data:`MAX_SESSIONS` (a 30-minute video's 1,859 frames at
+    16k: 8). One 1080p video decoded at 406 / 760 / 1,240 / 1,892 source frames/s with 1 / 2 / 4 / 7 sessions on
+    the H200, so a long video's latency falls with its sessions; a short one's frames would be cut too thin
+    (:data:`MIN_SEGMENT_FRAMES`)."""
+    return int(min(MAX_SESSIONS, max(DEFAULT_SESSIONS, -(-int(n_frames) // FRAMES_PER_SESSION))))
+
+
 def split_runs(indices: list[int], sessions: int, min_frames: int = MIN_SEGMENT_FRAMES) -> list[list[int]]:
     """Ascending ``indices`` cut into at most ``sessions`` contiguous runs of at least ``min_frames`` each (fewer
     runs when there are fewer frames), as equal in length as possible."""
@@ -395,8 +406,9 @@ def split_runs_at_periods(indices: list[int], period: list[int], sessions: int,
 
 
 def _decode_run(path: str, run: list[int], gpu_id: int, p: StreamProbe, convert: Yuv420ToRgb,
-                out: np.ndarray, offset: int) -> dict:
-    """Decode ``run`` (ascending native indices) in one NVDEC session into ``out[offset: offset + len(run)]``."""
+                out: np.ndarray, offset: int, sink: "ConvertPool | None" = None) -> dict:
+    """Decode ``run`` (ascending native indices) in one NVDEC session into ``out[offset: offset + len(run)]``
+    (converted here by ``convert``, or handed to ``sink`` as host NV12 surfaces to convert off this thread)."""
     import torch
 
     nvc = _nvc()
@@ -407,18 +419,22 @@ def _decode_run(path: str, run: list[int], gpu_id: int, p: StreamProbe, convert:
         raise NvdecError(f"{path}: NVDEC counts {total} frames, the container {p.frames}")
     if run and run[-1] >= total:
         raise NvdecError(f"{path}: NVDEC counts {total} frames, index {run[-1]} asked")
+    t0 = time.perf_counter()
     frames = dec.get_batch_frames_by_index(run)
+    info: dict = {"frames": len(run), "decode_s": round(time.perf_counter() - t0, 4)}
     if len(frames) != len(run):
         raise NvdecError(f"{path}: NVDEC returned {len(frames)} of {len(run)} frames")
-    info: dict = {"frames": len(run)}
     with torch.cuda.device(gpu_id):
         for k, frame in enumerate(frames):
             surface = torch.from_dlpack(frame)
             if k == 0:
                 info["surface_shape"] = tuple(surface.shape)
             host = surface.cpu().numpy()
-            y, u, v = nv12_planes(host, p.height, p.width)
-            out[offset + k] = convert(y, u, v)
+            if sink is not None:
+                sink.put(host, offset + k)
+            else:
+                y, u, v = nv12_planes(host, p.height, p.width)
+                out[offset + k] = convert(y, u, v)
     del frames, dec
     return info
 
@@ -441,11 +457,14 @@ def _frame_pts(frame) -> int:
 
 
 def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, convert: Yuv420ToRgb,
-                        out: np.ndarray, offset: int, scanned: pf.StreamScan) -> dict:
+                        out: np.ndarray, offset: int, scanned: pf.StreamScan, sink: "ConvertPool | None" = None
+                        ) -> dict:
     """Decode ``run`` in one NVDEC session fed only the packets :func:`datamodules.packet_filter.needed_packets`
     keeps (``PyNvVideoCodec.CreateDemuxer`` packets, Annex-B, in the order PyAV demuxed them: checked by pts).
     Frames are identified by pts (frame ``i`` = the ``i``-th smallest packet pts), so a frame that does not come
-    out, or a packet order that differs from the scan's, is an :class:`NvdecError`, never a wrong frame."""
+    out, or a packet order that differs from the scan's, is an :class:`NvdecError`, never a wrong frame. Each
+    wanted surface is copied to the host at once (the decoder reuses its surfaces) and converted here by
+    ``convert``, or by ``sink`` on its own threads, so that this session goes back to feeding its engine."""
     import torch
 
     keep, counts = scanned.plan(run)
@@ -469,9 +488,12 @@ def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, 
             info.setdefault("surface_shape", tuple(surface.shape))
             host = surface.cpu().numpy()
             t1 = time.perf_counter()
-            y, u, v = nv12_planes(host, p.height, p.width)
-            out[offset + k] = convert(y, u, v)
             clock["copy_s"] += t1 - t0
+            if sink is not None:
+                sink.put(host, offset + k)        # blocks only while the pool holds its most frames
+            else:
+                y, u, v = nv12_planes(host, p.height, p.width)
+                out[offset + k] = convert(y, u, v)
             clock["convert_s"] += time.perf_counter() - t1
             done[k] = True
 
@@ -496,11 +518,21 @@ def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, 
             if keep[j]:
                 decode(packet)
             j += 1
-            if j > last and all(done):
+            if j > last:     # nothing after the last kept packet is fed: flush now rather than read to the end
                 break
             t_read = time.perf_counter()
         if not all(done):
             decode(nvc.PacketData())                    # an empty packet is the end-of-stream flush
+        if not all(done):    # (if it was not one: the demuxer's own end-of-stream packet, as before the early stop)
+            t_read = time.perf_counter()
+            for packet in dmx:
+                clock["demux_s"] += time.perf_counter() - t_read
+                clock["packets_read"] += 1
+                if int(packet.bsl) == 0:
+                    decode(packet)
+                    break
+                t_read = time.perf_counter()
+            info["flushed_at_end"] = True
     if not all(done):
         missing = [run[k] for k, d in enumerate(done) if not d]
         raise NvdecError(f"{path}: frames {missing[:5]} did not come out of the packet-fed NVDEC session")
@@ -509,21 +541,93 @@ def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, 
     return info
 
 
-def _decode_run_any(path, run, gpu_id, p, convert, out, offset, scanned) -> dict:
+def _decode_run_any(path, run, gpu_id, p, convert, out, offset, scanned, sink=None) -> dict:
     """The packet-fed session where the stream was scanned, falling back (per run, recorded) to SimpleDecoder."""
     if scanned is not None:
         try:
-            return _decode_run_packets(path, run, gpu_id, p, convert, out, offset, scanned)
+            return _decode_run_packets(path, run, gpu_id, p, convert, out, offset, scanned, sink)
         except Exception as e:  # noqa: BLE001 - PyNvVideoCodec raises its own types; SimpleDecoder is the fallback
             why = f"{type(e).__name__}: {e}".splitlines()[0]
-            info = _decode_run(path, run, gpu_id, p, convert, out, offset)
+            info = _decode_run(path, run, gpu_id, p, convert, out, offset, sink)
             return {**info, "path": "simple", "skip_fallback": why}
-    return {**_decode_run(path, run, gpu_id, p, convert, out, offset), "path": "simple"}
+    return {**_decode_run(path, run, gpu_id, p, convert, out, offset, sink), "path": "simple"}
+
+
+class ConvertPool:
+    """The sampled frames' YUV -> RGB conversions (:class:`Yuv420ToRgb`, decord's swscale) on threads of their
+    own, so that an NVDEC session hands a frame over and goes back to feeding its engine.
+
+    Profiled on the H200 (``bench/device_decode.sh``, 8 copies of a 1080p H.264 video in flight, 4 sessions
+    each): inline in the session, the conversion took 9 s of each video's 29 s wall (22 s of 27 s on a whole
+    30-minute video), time in which that session fed nothing. Here each thread has its own converter (one
+    ``SwsContext`` is not thread-safe), every frame is written to its own row of ``out`` (so the order of the
+    threads changes nothing), and at most ``max_pending`` host surfaces wait (``put`` blocks beyond that, which
+    bounds the host memory: an NV12 1080p surface is 3.1 MB).
+
+    Args:
+        make_convert: a new :class:`Yuv420ToRgb` for the stream (called once per thread).
+        height, width: the decoded planes' size.
+        out: ``(n, dh, dw, 3)`` uint8, written at the index given to :meth:`put`.
+        threads: conversion threads.
+        max_pending: surfaces handed over and not yet converted, at most.
+    """
+
+    def __init__(self, make_convert, height: int, width: int, out: np.ndarray, threads: int,
+                 max_pending: int | None = None):
+        self._make, self.height, self.width, self.out = make_convert, int(height), int(width), out
+        self._pool = ThreadPoolExecutor(max(int(threads), 1), thread_name_prefix="nvdec-convert")
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._converters: list[Yuv420ToRgb] = []
+        self._slots = threading.BoundedSemaphore(max_pending or 4 * max(int(threads), 1))
+        self._futures = []
+        self.convert_s = 0.0
+
+    def _convert(self, host: np.ndarray, index: int) -> None:
+        try:
+            t0 = time.perf_counter()
+            conv = getattr(self._local, "conv", None)
+            if conv is None:
+                conv = self._local.conv = self._make()
+                with self._lock:
+                    self._converters.append(conv)
+            y, u, v = nv12_planes(host, self.height, self.width)
+            self.out[index] = conv(y, u, v)
+            with self._lock:
+                self.convert_s += time.perf_counter() - t0
+        finally:
+            self._slots.release()
+
+    def put(self, host_nv12: np.ndarray, index: int) -> None:
+        """Convert ``host_nv12`` (an NV12 surface on the host, owned by the pool from now on) into
+        ``out[index]``; blocks while ``max_pending`` surfaces wait."""
+        self._slots.acquire()
+        try:
+            self._futures.append(self._pool.submit(self._convert, host_nv12, index))
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def finish(self) -> None:
+        """Wait for every conversion; re-raises the first one's error. The pool can take no more frames."""
+        try:
+            for f in self._futures:
+                f.result()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            for c in self._converters:
+                c.close()
+            self._converters.clear()
 
 
 def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int], gpu_id: int = 0,
-               sessions: int = DEFAULT_SESSIONS, probed: StreamProbe | None = None,
-               stats: dict | None = None, nvdec_skip_nonref: bool = True) -> np.ndarray:
+               sessions: int | None = None, probed: StreamProbe | None = None,
+               stats: dict | None = None, nvdec_skip_nonref: bool = True,
+               convert_threads: int | None = None) -> np.ndarray:
     """``(len(indices), dh, dw, 3)`` uint8 RGB frames at ascending native presentation-order ``indices``, decoded
     by NVDEC and converted by decord's own swscale (equal to the CPU path's frames, see the module docstring).
 
@@ -532,7 +636,8 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
         indices: ascending native frame indices (presentation order, as decord counts them).
         decode_hw: ``(dh, dw)`` decode size; the native size or a reduced one (bilinear, as decord).
         gpu_id: CUDA device whose NVDEC engines decode.
-        sessions: NVDEC sessions (threads) the indices are split over (:func:`split_runs`).
+        sessions: NVDEC sessions (threads) the indices are split over (:func:`split_runs`); ``None``:
+            :func:`auto_sessions` of the frame count.
         probed: a :func:`probe` of ``path`` already made (else probed here).
         stats: filled with ``runs`` (per session: frames, surface shape, ``path`` ``"packets"`` or ``"simple"``,
             its packet counts, ``skip_fallback``: why a packet-fed session fell back), ``skip`` (why the packets
@@ -543,6 +648,8 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
             (:mod:`datamodules.packet_filter`: non-reference pictures that are not sampled, IDR periods without a
             sampled frame, and period tails are dropped; exact, so on by default) for H.264 / HEVC; else, and where
             the scan or a packet-fed session fails, ``SimpleDecoder`` decodes every frame of the run's GOPs.
+        convert_threads: threads converting the frames to RGB (:class:`ConvertPool`), off the sessions' threads
+            (default: one per session).
 
     Raises:
         NvdecError: the file is not one NVDEC decodes exactly (:func:`nvdec_unsupported`'s reasons, checked from
@@ -579,31 +686,35 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
                     raise NvdecError(f"{path}: {len(scanned.pts)} frames, index {idx[-1]} asked")
             except pf.PacketFilterError as e:
                 scanned, skip_why = None, str(e)
+    if sessions is None:
+        sessions = auto_sessions(len(idx))
     if scanned is not None:   # cut at IDR periods: no reference picture is decoded by two sessions
         period = scanned.periods()
         runs = split_runs_at_periods(idx, [period[i] for i in idx], sessions)
     else:
         runs = split_runs(idx, sessions)
-    converters = [Yuv420ToRgb(p.width, p.height, p.pix_fmt, (dh, dw), p.colorspace, p.color_range) for _ in runs]
     offsets = np.cumsum([0] + [len(r) for r in runs[:-1]]).tolist()
+    sink = ConvertPool(lambda: Yuv420ToRgb(p.width, p.height, p.pix_fmt, (dh, dw), p.colorspace, p.color_range),
+                       p.height, p.width, out, convert_threads or len(runs))
     try:
         if len(runs) == 1:
-            infos = [_decode_run_any(path, runs[0], gpu_id, p, converters[0], out, 0, scanned)]
+            infos = [_decode_run_any(path, runs[0], gpu_id, p, None, out, 0, scanned, sink)]
         else:
             with ThreadPoolExecutor(len(runs)) as pool:
-                futures = [pool.submit(_decode_run_any, path, r, gpu_id, p, c, out, o, scanned)
-                           for r, c, o in zip(runs, converters, offsets)]
+                futures = [pool.submit(_decode_run_any, path, r, gpu_id, p, None, out, o, scanned, sink)
+                           for r, o in zip(runs, offsets)]
                 infos = [f.result() for f in futures]
+        sink.finish()
     except NvdecError:
         raise
     except Exception as e:  # noqa: BLE001 - PyNvVideoCodec raises its own exception types
         raise NvdecError(f"{path}: NVDEC decoding failed ({type(e).__name__}: {e})") from e
     finally:
-        for c in converters:
-            c.close()
+        sink.close()
     if stats is not None:
         stats["runs"] = infos
         stats["skip"] = skip_why
+        stats["convert_s"] = round(sink.convert_s, 4)   # conversion threads' seconds (off the sessions)
         if scanned is not None:
             fed = sum(i.get("kept", 0) if i.get("path") == "packets" else 0 for i in infos)
             stats["packets"] = len(scanned.pts)
@@ -698,5 +809,5 @@ def register() -> None:
 register()
 
 
-__all__ = ["available", "register", "reader", "NVDEC_CODECS", "NvdecError", "StreamProbe", "Yuv420ToRgb", "nv12_planes", "nvdec_unsupported",
+__all__ = ["auto_sessions", "ConvertPool", "available", "register", "reader", "NVDEC_CODECS", "NvdecError", "StreamProbe", "Yuv420ToRgb", "nv12_planes", "nvdec_unsupported",
            "probe", "read_nvdec", "read_with_fallback", "split_runs", "split_runs_at_periods"]

@@ -89,6 +89,10 @@ class VideoQADataModule(LightningDataModule):
             its records), unless more than this fraction is unreadable (then an error record).
         decoder: ``cpu`` (default), ``nvdec`` or ``auto``: the reader that decodes the planned frames
             (:func:`datamodules.decoding.resolve_decoder`; records carry ``video_info.decoder``).
+        in_order: deliver the decoded videos in the sampler's order (``True``), or each as soon as its worker has
+            decoded it (``False``, the default: ``DataLoader(in_order=False)``), so that a short video is not held
+            behind a long one that an earlier worker is still decoding. Records are keyed by question id, so the
+            order changes no record, and resuming and the per-rank shards are the same either way.
         decode_threads: decoder threads per worker; ``None``: this host's CPUs shared among all decoders
             (:func:`datamodules.decoding.auto_decode_threads`, workers x this host's ranks, at most 2 each).
         limit_videos: use only the first N videos (quick runs).
@@ -105,8 +109,11 @@ class VideoQADataModule(LightningDataModule):
                  decode_max_side: int = 896, decode_threads: int | None = None, limit_videos: int | None = None,
                  native_decode_bytes: float = NATIVE_DECODE_BYTES, short_clip_first_frame: bool = False,
                  max_replaced_frac: float = MAX_REPLACED_FRAC, hold_encoder_sizes: bool = True,
-                 decoder: str = "cpu"):
+                 decoder: str = "cpu", in_order: bool = False):
         super().__init__()
+        if not isinstance(in_order, bool):
+            raise SettingError(f"data.in_order must be true or false, got {in_order!r}")
+        self.in_order = in_order
         if decoder not in DECODERS:
             raise SettingError(f"data.decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
         self.decoder = decoder
@@ -282,6 +289,15 @@ class VideoQADataModule(LightningDataModule):
         # module's copy to the device then does not block the host
         strategy = getattr(self.trainer, "strategy", None)
         pin = strategy is not None and strategy.root_device.type == "cuda"
-        return DataLoader(ds, batch_size=None, sampler=sampler, num_workers=self.num_workers,
-                          prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
-                          persistent_workers=False, pin_memory=pin, multiprocessing_context=context)
+        return video_loader(ds, sampler, self.num_workers, self.prefetch_factor, pin, context, self.in_order)
+
+
+def video_loader(ds, sampler, num_workers: int, prefetch_factor: int, pin_memory: bool = False, context=None,
+                 in_order: bool = False) -> DataLoader:
+    """The predict loader of one rank: one item per video (``batch_size=None``), ``sampler``'s videos decoded by
+    ``num_workers`` workers, ``prefetch_factor`` ahead each; with ``in_order=False`` an item is delivered as soon as
+    its worker has it (``torch.utils.data.DataLoader(in_order=False)``), else in the sampler's order."""
+    return DataLoader(ds, batch_size=None, sampler=sampler, num_workers=num_workers,
+                      prefetch_factor=prefetch_factor if num_workers > 0 else None,
+                      persistent_workers=False, pin_memory=pin_memory, multiprocessing_context=context,
+                      in_order=in_order)

@@ -382,6 +382,64 @@ def test_read_nvdec_stats_with_packet_sessions_on_cpu(clips, monkeypatch):
     assert stats["frames_skipped"] == 30 - fake.fed > 0
 
 
+def test_conversion_pool_off_the_sessions_equals_decord(clips, monkeypatch):
+    """read_nvdec with two packet-fed sessions handing their surfaces to three conversion threads
+    (:class:`ConvertPool`, at most 2 surfaces pending): decord's frames, byte for byte, at every index; the
+    conversion seconds are reported apart from the sessions'."""
+    import contextlib
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device", lambda _gpu: contextlib.nullcontext())
+    monkeypatch.setattr(nvdec, "_nvc", lambda: _FakeNvc())
+    monkeypatch.setattr(nvdec, "MIN_SEGMENT_FRAMES", 2)
+    monkeypatch.setattr(nvdec, "split_runs_at_periods", lambda idx, period, sessions: nvdec.split_runs(idx, 2, 2))
+    name = "h264_642x362.mp4"
+    idx = [0, 3, 7, 12, 13, 20, 29]
+    stats: dict = {}
+    got = nvdec.read_nvdec(clips[name], idx, (218, 386), sessions=2, stats=stats, convert_threads=3)
+    assert np.array_equal(got, _decord(clips[name], idx, 218, 386, 362, 642))
+    assert [r["frames"] for r in stats["runs"]] == [3, 4] and stats["convert_s"] > 0
+
+
+def test_conversion_pool_bounds_pending_and_raises():
+    """ConvertPool: ``put`` blocks once ``max_pending`` surfaces wait (host memory bounded), every frame lands in
+    its own row whatever the thread order, and a conversion's error comes out of ``finish``."""
+    import threading
+
+    gate = threading.Event()
+
+    class Conv:
+        def __call__(self, y, u, v):
+            gate.wait(5)
+            if y[0, 0] == 255:
+                raise ValueError("bad frame")
+            return np.full((2, 2, 3), y[0, 0], np.uint8)
+
+        def close(self):
+            pass
+
+    out = np.zeros((6, 2, 2, 3), np.uint8)
+    pool = nvdec.ConvertPool(Conv, 2, 2, out, threads=2, max_pending=2)
+    surf = [np.full((3, 2), k, np.uint8) for k in range(6)]   # NV12 of 2x2: 2 luma rows + 1 chroma row
+    pool.put(surf[0], 5)
+    pool.put(surf[1], 4)
+    blocked = threading.Thread(target=pool.put, args=(surf[2], 3))
+    blocked.start()
+    blocked.join(0.3)
+    assert blocked.is_alive()            # a third surface waits for a slot
+    gate.set()
+    blocked.join(5)
+    for k in (3, 4, 5):
+        pool.put(surf[k], 5 - k)
+    pool.finish()
+    assert [int(out[i, 0, 0, 0]) for i in range(6)] == [5, 4, 3, 2, 1, 0]
+    pool = nvdec.ConvertPool(Conv, 2, 2, out, threads=1)
+    pool.put(np.full((3, 2), 255, np.uint8), 0)
+    with pytest.raises(ValueError, match="bad frame"):
+        pool.finish()
+
+
 if __name__ == "__main__":   # write the clips for a machine without ffmpeg: python -m tests.datamodules.test_nvdec DIR
     dest = Path(sys.argv[1])
     dest.mkdir(parents=True, exist_ok=True)

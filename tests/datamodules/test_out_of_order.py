@@ -1,0 +1,78 @@
+"""Out-of-order delivery of decoded videos (``data.in_order: false``, the default): a short video is not held behind
+a long one, every video of a rank comes exactly once, the ranks' shares are disjoint and cover the run, and a
+resumed run with workers writes no duplicate."""
+import json
+import time
+
+import pytest
+from torch.utils.data import Dataset
+
+from datamodules.sharding import CostBalancedSampler
+from datamodules.videoqa import VideoQADataModule, video_loader
+
+
+class _Slow(Dataset):
+    """Item ``i`` takes ``delay[i]`` seconds to "decode"."""
+
+    def __init__(self, delay):
+        self.delay = delay
+
+    def __len__(self):
+        return len(self.delay)
+
+    def __getitem__(self, i):
+        time.sleep(self.delay[i])
+        return i
+
+
+def test_out_of_order_delivers_a_short_video_before_a_long_one_once_each():
+    # 4 videos on one rank; run order with 2 workers: worker 0 gets the slow one first
+    costs = [1.0, 2.0, 3.0, 4.0]
+    sampler = CostBalancedSampler(costs, 1, 0, workers=2)
+    order = list(sampler)
+    delay = {i: 0.0 for i in order}
+    delay[order[0]] = 1.5               # the first video in the sampler's order is the slow one
+    ds = _Slow([delay[i] for i in range(len(costs))])
+    got = list(video_loader(ds, sampler, num_workers=2, prefetch_factor=1, in_order=False))
+    assert sorted(got) == sorted(order) and len(got) == len(order)          # each once
+    assert got[0] != order[0] and got.index(order[0]) > 0                  # not held behind the slow one
+    in_order = list(video_loader(ds, sampler, num_workers=2, prefetch_factor=1, in_order=True))
+    assert in_order == order
+
+
+def test_out_of_order_ddp_shares_are_disjoint_and_cover_the_run():
+    costs = [5.0, 1.0, 3.0, 2.0, 8.0, 1.5, 4.0]
+    seen = []
+    for rank in range(2):
+        sampler = CostBalancedSampler(costs, 2, rank, workers=2)
+        ds = _Slow([0.05 if i % 3 == 0 else 0.0 for i in range(len(costs))])
+        seen += list(video_loader(ds, sampler, num_workers=2, prefetch_factor=2, in_order=False))
+    assert sorted(seen) == list(range(len(costs)))
+
+
+def test_in_order_setting_is_checked():
+    assert VideoQADataModule(num_workers=0).in_order is False
+    with pytest.raises(Exception, match="data.in_order must be true or false"):
+        VideoQADataModule(num_workers=0, in_order="yes")
+
+
+@pytest.mark.slow   # ~50 s on 2 cores; the default run's twins: the loader tests above and the resume e2e test
+def test_resumed_run_with_workers_out_of_order_writes_no_duplicate(tiny_vl3_dir, tmp_path, capsys):
+    """Two decode workers delivering out of order, then a resume after two lines were deleted: every (job, qid)
+    once, the deleted ones written again, the rest untouched."""
+    from conftest import run_predict
+    from tests.models.videollama3.test_throughput import make_bench
+
+    root = tmp_path / "bench"
+    make_bench(root, 3)
+    out = tmp_path / "out"
+    extra = ["--data.init_args.num_workers=2"]
+    recs = run_predict(tiny_vl3_dir, root, out, budgets=(128,), extra=extra)
+    assert len({(r["job"], r["qid"]) for r in recs}) == len(recs) > 2
+    f = next(out.glob("b128/*/rank0.jsonl"))
+    lines = f.read_text().splitlines(keepends=True)
+    deleted = {json.loads(lines[i])["qid"] for i in (0, 2)}
+    f.write_text("".join(l for i, l in enumerate(lines) if i not in (0, 2)))
+    recs2 = run_predict(tiny_vl3_dir, root, out, budgets=(128,), extra=extra)
+    assert len(recs2) == len(recs) and len({(r["job"], r["qid"]) for r in recs2}) == len(recs2)
+    assert {r["qid"] for r in recs2} == {r["qid"] for r in recs} and deleted <= {r["qid"] for r in recs2}
