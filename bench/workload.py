@@ -571,7 +571,7 @@ def main(argv=None) -> dict:
                          "needed packets (nvdec_skip_nonref, the default); nvdec_full: NVDEC decoding every frame")
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--threads", type=int, default=None, help="decoder threads per CPU worker (auto from cores)")
-    ap.add_argument("--sessions", type=int, default=nvdec.DEFAULT_SESSIONS)
+    ap.add_argument("--sessions", type=int, default=None, help="NVDEC sessions per video (default: auto_sessions, as the CLI)")
     ap.add_argument("--window-s", type=float, default=None)
     ap.add_argument("--copies", type=int, default=1,
                     help="decode each video this many times in the pool (many in flight: the engines' capacity)")
@@ -609,7 +609,7 @@ def main(argv=None) -> dict:
     for kind in args.paths:
         rows_by_path[kind], walls[kind] = run_path(pool_videos, kind, workers, threads, args.sessions, args.window_s,
                                                    args.copies)
-        print(f"{kind}: pool of {workers} ({threads} threads / {args.sessions} sessions) decoded "
+        print(f"{kind}: pool of {workers} ({threads} threads / {args.sessions or 'auto'} sessions) decoded "
               f"{sum(r['frames'] for r in rows_by_path[kind])} sampled frames of "
               f"{sum(r['covered'] for r in rows_by_path[kind])} source frames in {walls[kind]:.1f} s", flush=True)
         for r in rows_by_path[kind]:

@@ -725,7 +725,7 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
 
 
 def read_with_fallback(path: str | Path, indices: list[int], decode_hw: tuple[int, int], cpu_read,
-                       gpu_id: int = 0, sessions: int = DEFAULT_SESSIONS, nvdec_skip_nonref: bool = True,
+                       gpu_id: int = 0, sessions: int | None = None, nvdec_skip_nonref: bool = True,
                        stats: dict | None = None) -> tuple[np.ndarray, str, str | None]:
     """NVDEC where it decodes ``path`` exactly, else ``cpu_read(path, indices, decode_hw)``.
 
