@@ -107,7 +107,8 @@ from algorithms.errors import check_int
 from .batch_accounting import BREAKDOWN_PARTS, COMPUTED_FIELDS, BatchedStreamResult, PartTimer, single_session_computed
 from .batch_media import LockstepMediaEncoder
 from .batch_media import _Stream
-from .batch_schedule import REPREFILL_MEMORY_BYTES, REPREFILL_SLIDES_MAX, LockstepSchedule, reprefill_bytes_per_token
+from .batch_reprefill import REPREFILL_MEMORY_BYTES, REPREFILL_SLIDES_MAX, reprefill_bytes_per_token
+from .batch_schedule import LockstepSchedule
 from .thinker import OmniThinkerRunner
 from .thinker_media import AUDIO_SAMPLE_RATE
 
@@ -149,13 +150,19 @@ class BatchedOmniRunner(LockstepSchedule, LockstepMediaEncoder, PartTimer):
             bit-identical to the one-session path. None (default): the most, up to ``REPREFILL_SLIDES_MAX``, whose
             rows fit in ``reprefill_memory_bytes`` (``reprefill_bytes_per_token``).
         reprefill_memory_bytes: the device-memory bound of the default ``reprefill_slides``.
+        fuse_slide_rows: ``window`` policy: the slide row's own payloads (hold / replay: the block's first payload;
+            micro-chunk-200ms: the run of the block's rows) ride in the re-prefill call as the tail of each (slide,
+            stream) batch row, their states read out of it, instead of a second LLM call on top of the installed
+            cache (``models/omni/batch_reprefill.py``). LLM calls per slide: ``1/K + 1`` -> ``1/K``; the same tokens.
+            Equal to the unfused path up to the rounding of other call shapes (tested to 1e-5 on the tiny model).
+            Off by default (numerics differ by rounding; issue 41).
     """
 
     def __init__(self, runner: OmniThinkerRunner, sessions_per_batch: int = 8, reuse: bool = True,
                  batched_attention: bool = True, compile_small_calls: bool = False,
                  compile_backend: str | None = None, profile: bool = False, batch_rows: bool = True,
                  flash_prefill: bool = True, reprefill_slides: int | None = None,
-                 reprefill_memory_bytes: int = REPREFILL_MEMORY_BYTES):
+                 reprefill_memory_bytes: int = REPREFILL_MEMORY_BYTES, fuse_slide_rows: bool = False):
         if sessions_per_batch < 1:
             raise ValueError(f"sessions_per_batch={sessions_per_batch} must be >= 1")
         check_int("reprefill_slides", reprefill_slides, 1, allow_none=True,
@@ -163,6 +170,7 @@ class BatchedOmniRunner(LockstepSchedule, LockstepMediaEncoder, PartTimer):
         check_int("reprefill_memory_bytes", reprefill_memory_bytes, 1)
         self.reprefill_slides = reprefill_slides
         self.reprefill_memory_bytes = reprefill_memory_bytes
+        self.fuse_slide_rows = bool(fuse_slide_rows)
         self.runner = runner
         self.sessions_per_batch = int(sessions_per_batch)
         self.reuse = reuse

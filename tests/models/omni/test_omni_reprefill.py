@@ -2,6 +2,8 @@
 on the tiny random thinker (fp32, CPU, one thread as ``test_omni_batch.py``): K = 1 is the one-session path bit for
 bit; K = 2, 3 give the K = 1 states within the lockstep tests' tolerance, the same computed tokens and the
 hand-counted calls, with streams finishing inside a group of slides and slides whose kept layouts differ.
+``fuse_slide_rows`` (issue 41 item 4: the slide row's payloads in the re-prefill call) gives the one-session states
+within the same tolerance, the same computed figures and one LLM call per K slides instead of 1/K + 1 per slide.
 """
 import numpy as np
 import pytest
@@ -9,7 +11,8 @@ import torch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-from algorithms.streaming import COMPLETED_BLOCK_HOLD, MICRO_CHUNK_200MS, MODES, SLIDING, WINDOW
+from algorithms.streaming import (COMPLETED_BLOCK_HOLD, MICRO_CHUNK_200MS, MODES, OPEN_STREAM_REPLAY, SLIDING,
+                                  WINDOW)
 from models.omni.batch import REPREFILL_SLIDES_MAX, BatchedOmniRunner, reprefill_bytes_per_token
 from models.omni.thinker import OmniThinkerRunner
 from models.omni.tiny import build_tiny_omni
@@ -93,6 +96,58 @@ def test_hold_call_counts_by_hand(runner, monkeypatch):
         assert calls["ahead"] == want_ahead[k]
         payload_calls = [(3, n)] * 4 + [(2, n)] + [(1, n)]  # boundary rows 9..59, batch shrinking at 47 and 51
         assert sorted(calls["forward"]) == sorted(payload_calls + want_forward_reprefills[k])
+
+
+_SHORT_S = (6.2, 4.2)  # 31 and 21 rows: slide 2 (row 20) has both streams, slide 3 (row 30) the 6.2 s one only
+
+
+@pytest.mark.parametrize("mode,batch_rows,lengths,ks", [
+    (COMPLETED_BLOCK_HOLD, False, LENGTHS_S, (1, 3)), (OPEN_STREAM_REPLAY, False, _SHORT_S, (3,)),  # default twins
+    *[pytest.param(m, b, LENGTHS_S, (1, 3), marks=pytest.mark.slow)
+      for m, b in ((OPEN_STREAM_REPLAY, False), (MICRO_CHUNK_200MS, False), (MICRO_CHUNK_200MS, True))]])
+def test_fused_slide_rows_equal_the_one_session_path(runner, mode, batch_rows, lengths, ks):
+    """The slide row's payloads prefilled in the re-prefill call (K = 1: one call per slide; K = 3: the calls of
+    several slides) give the one-session states within the lockstep tests' tolerance (1e-5), a passing
+    cache_replay (4 rows, the last after the slides), and the unfused run's computed figures (tokens, encoder work; the re-prefill
+    calls of the same K, except where a stream finishing inside a micro block's run splits the fused layouts).
+    Replay's slide row is a temporary 0.2 s tail: only the kept blocks' keys/values stay in the cache."""
+    streams = [dict(zip(("frames", "audio"), media(s, i))) for i, s in enumerate(lengths)]
+    refs = [runner.run_stream(st["frames"], st["audio"], mode, memory_s=MEMORY_S, verify_rows=0) for st in streams]
+    for k in ks:
+        kw = dict(reprefill_slides=k, batch_rows=batch_rows)
+        plain = BatchedOmniRunner(runner, 8, **kw).run_streams(streams, mode, memory_s=MEMORY_S, verify_rows=0)
+        fused = BatchedOmniRunner(runner, 8, fuse_slide_rows=True, **kw).run_streams(
+            streams, mode, memory_s=MEMORY_S, verify_rows=4)
+        for ref, one, got in zip(refs, plain, fused):
+            assert torch.allclose(got.states, ref.states, atol=1e-5, rtol=0)
+            assert got.verification["cache_replay"]["passed"] and got.verification["cache_replay"]["rows"]
+            same = {f: v for f, v in got.computed.items() if f != "computed_reprefill_calls"}
+            assert same == {f: v for f, v in one.computed.items() if f != "computed_reprefill_calls"}
+            if not (batch_rows and k > 1):
+                assert got.computed["computed_reprefill_calls"] == one.computed["computed_reprefill_calls"]
+
+
+def test_fused_hold_call_counts_by_hand(runner, monkeypatch):
+    """Hold at M = 2 (slides at rows 29, 39, 49, 59 as ``test_hold_call_counts_by_hand``) with the slide row fused:
+    every slide row's block rides in its re-prefill call (kept block + new block = 2 x 62 tokens per batch row), so
+    the only other LLM calls are the boundary rows 9 and 19, before the first slide. Per 12 s stream: 2 + 4 calls at
+    K = 1 (unfused: 6 + 4), 2 + 2 at K = 2 (unfused 6 + 2). K = 3: slides {2, 3, 4} (3 + 3 + 2 rows) in one call,
+    slide 5 (the 12 s stream alone) in its own fused call."""
+    calls = _count_calls(monkeypatch)
+    streams = _streams()
+    n = TOKENS_PER_BLOCK
+    want_fused = {1: [(3, 2 * n), (3, 2 * n), (2, 2 * n), (1, 2 * n)], 2: [(6, 2 * n), (3, 2 * n)],
+                  3: [(8, 2 * n), (1, 2 * n)]}
+    want_calls = {1: [4, 2, 3], 2: [2, 1, 2], 3: [2, 1, 1]}
+    for k in (1, 2, 3):
+        calls["ahead"].clear()
+        calls["forward"].clear()
+        res = BatchedOmniRunner(runner, 8, reprefill_slides=k, fuse_slide_rows=True).run_streams(
+            streams, COMPLETED_BLOCK_HOLD, memory_s=MEMORY_S, verify_rows=0)
+        assert calls["ahead"] == []  # no keys/values-only re-prefill left
+        assert calls["forward"] == [(3, n), (3, n)] + want_fused[k]
+        assert [r.computed["computed_reprefill_calls"] for r in res] == want_calls[k]
+        assert [r.computed["computed_llm_tokens"] for r in res] == [(6 + 4) * n, (4 + 2) * n, (5 + 3) * n]
 
 
 def test_kept_layouts_that_differ_take_one_call_each(runner, monkeypatch):
