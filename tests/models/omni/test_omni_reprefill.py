@@ -214,8 +214,33 @@ def test_bench_reprefill_slides_side_by_side(tmp_path):
         bench.main(["--tiny", "--reprefill-slides", "0"])
 
 
+def test_bench_fused_against_unfused(tmp_path, capsys):
+    """``bench/extract_throughput.py --fuse-slide-rows``: each window row runs unfused, then fused, and the
+    comparison table pairs them. Hold at M = 2, 10 s and 7.6 s (38 rows) sessions, K = 2: unfused, the payload calls
+    of rows 9, 19, 29 (both sessions), 39 and 49 (10 s only) + one re-prefill call for slides 1, 2 + one for slide 3
+    (alone: the one-slide path) = 7 LLM calls; fused, rows 9 and 19 + the same two re-prefill calls = 4."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "bench" / "extract_throughput.py"
+    spec = importlib.util.spec_from_file_location("extract_throughput", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.main(["--tiny", "--sessions", "2", "--duration", "10", "--memory", "4", "--modes",
+                       COMPLETED_BLOCK_HOLD, "--memory-policy", WINDOW, "--reprefill-slides", "2",
+                       "--fuse-slide-rows"])
+    plain, fused = rows[1:]
+    assert (plain["path"], fused["path"]) == ("batched 2 + reuse, K=2", "batched 2 + reuse, K=2, fused")
+    assert (plain["llm_calls"], fused["llm_calls"]) == (7, 4)
+    assert plain["reprefill_calls"] == fused["reprefill_calls"] == 3
+    assert plain["llm_tokens_per_s"] == fused["llm_tokens_per_s"] and plain["vs_unfused"] is None
+    assert fused["vs_unfused"] <= 1e-5 and fused["max_abs_diff"] <= 1e-5
+    table = capsys.readouterr().out.split("slide row fused into the re-prefill call")[1]
+    assert "| completed-block-hold | batched 2 + reuse, K=2 | 2 |" in table and "| 7 -> 4 |" in table
+
+
 def test_extractor_setting(runner, tmp_path):
-    """``model.init_args.reprefill_slides`` reaches the batched runner; a bad value is refused before the model
+    """``model.init_args.reprefill_slides`` and ``fuse_slide_rows`` (off by default) reach the batched runner; a bad value is refused before the model
     loads."""
     from algorithms.errors import SettingError
     from lightning_modules.omni_extractor import OmniFeatureExtractor
@@ -223,4 +248,27 @@ def test_extractor_setting(runner, tmp_path):
     with pytest.raises(SettingError, match="model.init_args.reprefill_slides=0"):
         OmniFeatureExtractor(str(tmp_path / "no_model_here"), reprefill_slides=0)
     ext = OmniFeatureExtractor(runner.model_dir, sessions_per_batch=2, reprefill_slides=2)
-    assert ext.batched.reprefill_slides == 2
+    assert ext.batched.reprefill_slides == 2 and ext.batched.fuse_slide_rows is False
+    assert OmniFeatureExtractor(runner.model_dir, sessions_per_batch=2, fuse_slide_rows=True).batched.fuse_slide_rows
+
+
+def test_extract_sessions_fused_records(runner):
+    """The feature records of a fused batched extraction (hold, 4 s memory: a 6.4 s and a 6 s stream, each sliding
+    once, at row 29, in one call for both) equal the one-session records to 1e-5 and say ``fuse_slide_rows`` in their meta (absent when off)."""
+    from lightning_modules.omni_extractor import extract_session, extract_sessions
+
+    sessions = []
+    for i, dur in enumerate((6.4, 6.0)):
+        f, a = media(dur, 20 + i)
+        sessions.append({"session": f"Session_{i}", "timeline_end_s": dur, "gap_policy": "reset",
+                         "streams": [{"start_s": 0.0, "frames": torch.from_numpy(f), "audio": torch.from_numpy(a)}]})
+    fused = BatchedOmniRunner(runner, 2, fuse_slide_rows=True)
+    got = extract_sessions(runner, sessions, COMPLETED_BLOCK_HOLD, MEMORY_S, verify_rows=0, batched=fused)
+    plain = extract_sessions(runner, sessions, COMPLETED_BLOCK_HOLD, MEMORY_S, verify_rows=0, sessions_per_batch=2)
+    for s, rec, off in zip(sessions, got, plain):
+        ref = extract_session(runner, s, COMPLETED_BLOCK_HOLD, MEMORY_S, verify_rows=0)
+        assert all(torch.allclose(rec["tensors"][k].float(), ref["tensors"][k].float(), atol=1e-5, rtol=0)
+                   for k in ref["tensors"])
+        assert rec["meta"]["fuse_slide_rows"] is True and "fuse_slide_rows" not in off["meta"]
+        assert rec["meta"]["computed_reprefill_calls"] == 1
+
