@@ -55,6 +55,14 @@ Memory policies (``memory_policy``, as ``models/omni/thinker.py``):
   block's first payload row, so the batching applies to the three modes alike. Memory: K slides' keys/values
   (bounded by ``reprefill_memory_bytes``) plus the runs encoded ahead (open-stream-replay: every tail of up to
   K - 1 blocks).
+  The slide row's own payloads in that call (``fuse_slide_rows``, off by default; issue 41): each (slide, stream)
+  batch row is the kept blocks followed by the payload(s) the slide row prefills (hold / replay: the block's first
+  payload; micro-chunk-200ms: the run of the block's rows), read out at each payload's last token; the cache then
+  holds the slide's keys/values and, when the row commits, the row's (a replay tail's are left out, as the row loop
+  crops them). LLM calls per slide fall from ``1/K + 1`` to ``1/K`` (hold: the only other calls are the rows before
+  the first slide), the tokens are the same; equal to the unfused path up to the rounding of other call shapes
+  (tested to 1e-5 on the tiny model). A stream that finishes inside a micro block cuts that block's run short, so
+  its slide gets a layout (and a call) of its own. ``models/omni/batch_reprefill.py``.
 * ``sliding``: StreamingLLM / Mistral-style sliding-window KV cache: committed blocks' keys/values are computed
   exactly once and kept; a slide only removes the evicted blocks' rows (``OmniThinkerRunner._evict_rows``).
   Positions are absolute (never re-based). The kept blocks' deeper-layer keys/values still carry information from
@@ -92,8 +100,9 @@ model (dynamic shapes). Whether it pays is measured by ``bench/extract_throughpu
 
 Where the parts live: ``BatchedOmniRunner`` (here: construction, grouping of the streams) is the row loop of
 ``batch_schedule.py`` (``LockstepSchedule``: schedule, batched cache, read-out) over the media encoding of
-``batch_media.py`` (``LockstepMediaEncoder``), with the accounting and profile timing of ``batch_accounting.py``
-and the attention kernels of ``attention.py``.
+``batch_media.py`` (``LockstepMediaEncoder``), with the window slides and re-prefills of ``batch_reprefill.py``
+(``WindowReprefill``), the accounting and profile timing of ``batch_accounting.py`` and the attention kernels of
+``attention.py``.
 """
 from __future__ import annotations
 
