@@ -29,7 +29,8 @@ __all__ = ["REPREFILL_MEMORY_BYTES", "REPREFILL_SLIDES_MAX", "LockstepSchedule"]
 
 class LockstepSchedule(WindowReprefill):
     """Runs one lockstep group row by row (``_run_group``): streams drop out when done, runs of committed rows
-    share one prefill (``_row_run``), the batched cache slides with the window (``_slide_window``), each row's
+    share one prefill (``_row_run``), the batched cache slides with the window (``_slide_window`` of
+    :class:`~.batch_reprefill.WindowReprefill`), each row's
     payloads are prefilled in one LLM call and read out at their last tokens (``_prefill_rows``, ``_record_rows``),
     states reach the host in one copy every ``_FLUSH_ROWS`` rows (``_flush``) and each stream gets its result
     (``_group_results``).
