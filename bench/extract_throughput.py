@@ -7,6 +7,7 @@
     python bench/extract_throughput.py --sessions 8 --breakdown --json out.json  # + where the batched wall goes
     python bench/extract_throughput.py --gemm-tflops 790        # the ceiling columns at a given GEMM rate
     python bench/extract_throughput.py --memory-policy window --reprefill-slides 1 2 4 auto  # K side by side
+    python bench/extract_throughput.py --memory-policy window --fuse-slide-rows  # slide row fused or not
 
 Self-contained: nothing is downloaded. The thinker is built in memory from a ``Qwen2_5OmniThinkerConfig`` with the
 Qwen2.5-Omni-3B thinker shapes (LLM 36 layers, hidden 2048, FFN 11008, 16 heads, 2 KV heads, vocab 151936; vision
@@ -60,6 +61,12 @@ bound); one window row per value, its path ending ``K=...``; each row's ``repref
 sum of the sessions' ``computed_reprefill_calls`` (one batched call counts once per session in it). Without the flag
 the window rows run the default, unlabelled.
 
+``--fuse-slide-rows`` (window rows, issue 41): every window row runs twice, unfused then fused
+(``BatchedOmniRunner(fuse_slide_rows=True)``: the slide row's own payloads ride in the re-prefill call, so a slide
+costs 1/K LLM calls instead of 1/K + 1; path ending ``, fused``), and a last table compares each pair: dataset RTF,
+speed-up, share of the compute ceiling, LLM calls of the timed run (``llm_calls``, every row), re-prefill calls and
+the fused run's state difference from the unfused one (``vs_unfused``) and from the 1-session path.
+
 Cost of ``--sessions 8 --breakdown --json out.json`` on one H200 (all modes, both policies, longest session 24 s,
 8 sessions = 168 media s per batched run, warm-ups of 2 s streams, which already cover every replay-tail and micro
 length): per mode an eager warm-up, the eager baseline, an untimed sliding reference and, per policy, a batched
@@ -85,6 +92,8 @@ import torch  # noqa: E402
 
 from algorithms.encoder_flops import thinker_floor_flops  # noqa: E402
 from algorithms.streaming import MEMORY_POLICIES, MICRO_CHUNK_200MS, MODES, WINDOW  # noqa: E402
+from bench.extract_tables import (HEADER, _fmt_row, format_breakdown, format_ceiling_note,  # noqa: E402,F401
+                                  format_fused_comparison, format_table)
 
 TARGETS = {"completed-block-hold": 40.0, "micro-chunk-200ms": 20.0, "open-stream-replay": 8.0}
 FRAME_HW = (560, 1008)  # 40x72 patches of 14 px -> 20x36 merged = 720 merged tokens per temporal patch
@@ -229,12 +238,16 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
               device: str | None = None, warmup_s: float = 2.0, log=print,
               policies: tuple[str, ...] = MEMORY_POLICIES, breakdown: bool = False, fused: bool = True,
               row_by_row: bool = False, flash_prefill: bool = True, gemm_rate: float | None = None,
-              reprefill_slides: tuple = (None,), label_slides: bool = False) -> list[dict]:
+              reprefill_slides: tuple = (None,), label_slides: bool = False,
+              fuse_slide_rows: tuple = (False,)) -> list[dict]:
     """Build the model, run every measurement, return one row dict per (mode, path, memory policy); batched rows
     carry ``breakdown`` (part -> wall seconds of the timed run) when ``breakdown``, and the compute ceiling
     (``CEILING_FIELDS``; None on the eager rows) at ``gemm_rate`` TFLOP/s (None: measured, ``gemm_tflops``).
     ``window`` rows run once per ``reprefill_slides`` value (None: the runner's default from its memory bound;
-    ``sliding`` has no re-prefill: its first value only), the path named ``K=...`` when ``label_slides``."""
+    ``sliding`` has no re-prefill: its first value only), the path named ``K=...`` when ``label_slides``, and once
+    per ``fuse_slide_rows`` value (``BatchedOmniRunner(fuse_slide_rows=...)``; the fused path ends ``, fused`` and
+    records ``vs_unfused``, its session 0's largest state difference from the unfused row before it). Every batched
+    row counts its LLM calls (``llm_calls``: calls of the language model in the timed run)."""
     from models.kernels import fuse
     from models.omni.batch import BatchedOmniRunner, single_session_computed
 
@@ -277,14 +290,18 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
             variants = ([(n, False, True) for n in sessions] + ([(n_max, True, True)] if compile_small_calls else [])
                         + ([(n_max, False, False)] if row_by_row and mode == MICRO_CHUNK_200MS else []))
             slide_values = reprefill_slides if policy == WINDOW else reprefill_slides[:1]
-            for (n, comp_flag, by_block), k in ((v, k) for v in variants for k in slide_values):
+            fuse_values = fuse_slide_rows if policy == WINDOW else (False,)
+            unfused = {}  # (variant, K) -> session 0's states of the unfused row
+            for (n, comp_flag, by_block), k, fz in ((v, k, f) for v in variants for k in slide_values
+                                                    for f in fuse_values):
                 batched = BatchedOmniRunner(runner, sessions_per_batch=n, compile_small_calls=comp_flag,
                                             profile=breakdown, batch_rows=by_block, flash_prefill=flash_prefill,
-                                            reprefill_slides=k)
+                                            reprefill_slides=k, fuse_slide_rows=fz)
                 streams = [{"frames": s["frames"], "audio": s["audio"]} for s in data[:n]]
                 batched.run_streams([{"frames": s["frames"], "audio": s["audio"]} for s in warm] *
                                     (n // len(warm) or 1), mode, memory_s, verify_rows=0,
                                     memory_policy=policy)  # warm-up at this batch size
+                lm_calls = _count_lm_calls(batched)
                 _peak_reset(dev)
                 t = time.perf_counter()
                 res = batched.run_streams(streams, mode, memory_s, verify_rows=0, memory_policy=policy)
@@ -292,9 +309,13 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
                 wall = time.perf_counter() - t
                 media = sum(s["duration_s"] for s in data[:n])
                 diff = float((res[0].states - ref.states).abs().max())
+                twin = (n, comp_flag, by_block, k)
+                if not fz:
+                    unfused[twin] = res[0].states
                 path = (f"batched {n} + reuse" + (" + compile" if comp_flag else "")
                         + ("" if by_block else ", row by row")    # row by row: micro only
-                        + (f", K={'auto' if k is None else k}" if label_slides and policy == WINDOW else ""))
+                        + (f", K={'auto' if k is None else k}" if label_slides and policy == WINDOW else "")
+                        + (", fused" if fz else ""))
                 rows.append({"mode": mode, "path": path,
                              "policy": policy, "sessions": n, "media_s": media, "wall_s": wall,
                              "rtf": data[0]["duration_s"] / res[0].wall_time_s, "dataset_rtf": media / wall,
@@ -303,6 +324,9 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
                              "llm_tokens_per_s": sum(r.computed["computed_llm_tokens"] for r in res) / media,
                              "target": TARGETS[mode], "reprefill_slides": "auto" if k is None else k,
                              "reprefill_calls": sum(r.computed["computed_reprefill_calls"] for r in res),
+                             "fuse_slide_rows": fz, "llm_calls": lm_calls[0],
+                             "vs_unfused": (float((res[0].states - unfused[twin]).abs().max())
+                                            if fz and twin in unfused else None),
                              "computed": [r.computed for r in res]})
                 rows[-1].update(ceiling_fields(runner, rows[-1]["computed"], mode, policy, hw, memory_s, media,
                                                media / wall, rate, source))
@@ -314,6 +338,18 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
                     rows[-1]["breakdown"] = dict(batched.breakdown)
                 log(_fmt_row(rows[-1]))
     return rows
+
+
+def _count_lm_calls(batched) -> list[int]:
+    """Count the language-model calls of ``batched`` from now on (one-element list, filled as it runs)."""
+    lm, count = batched._lm, [0]
+
+    def counted(*args, **kwargs):
+        count[0] += 1
+        return lm(*args, **kwargs)
+
+    batched._lm = counted
+    return count
 
 
 def profile_run(tiny: bool, n: int, duration_s: float, memory_s: float, mode: str, policy: str,
@@ -344,56 +380,6 @@ def profile_run(tiny: bool, n: int, duration_s: float, memory_s: float, mode: st
     print(f"{mode} / {policy} / {n} sessions: {time.perf_counter() - t:.2f} s under the profiler")
     key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=70))
-
-
-def _fmt_row(r: dict) -> str:
-    llm = "-" if r["llm_tokens_per_s"] is None else f"{r['llm_tokens_per_s']:.0f}"
-    ok = "yes" if r["dataset_rtf"] >= r["target"] else "no"
-    ceil = ("- | - | -" if r.get("rtf_ceiling") is None else
-            f"{r['tflop_per_media_s']:.3g} | {r['rtf_ceiling']:.2f}x | {r['of_ceiling_pct']:.0f}%")
-    return (f"| {r['mode']} | {r['path']} | {r['policy']} | {r['sessions']} | {r['media_s']:.1f} | "
-            f"{r['wall_s']:.2f} | {r['rtf']:.2f}x | {r['dataset_rtf']:.2f}x | {r['target']:g}x ({ok}) | "
-            f"{r['peak_bytes'] / 2**30:.2f} | "
-            f"{r['max_abs_diff']:.2e} | {r['vision_patches_per_s']:.2f} | {llm} | {ceil} |")
-
-
-HEADER = ("| mode | path | policy | sessions | media s | wall s | RTF | dataset RTF | target (met) | peak GiB | "
-          "max abs diff vs 1-session | vision patches / media s | LLM tokens / media s | TFLOP / media s | "
-          "RTF ceiling | of ceiling |\n"
-          "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
-
-
-def format_table(rows: list[dict]) -> str:
-    return "\n".join([HEADER] + [_fmt_row(r) for r in rows])
-
-
-def format_ceiling_note(rows: list[dict]) -> str:
-    """The line above the table: the GEMM rate the ceiling columns use and what they mean."""
-    r = next((r for r in rows if r.get("gemm_tflops") is not None), None)
-    if r is None:
-        return "no batched rows: no compute ceiling"
-    return (f"compute ceiling at {r['gemm_tflops']:.1f} TFLOP/s ({r['gemm_source']}); TFLOP / media s = analytic "
-            "matmul FLOPs of what the run computed (algorithms/encoder_flops.py) per media second, RTF ceiling = "
-            "media s / (FLOPs / rate), of ceiling = dataset RTF / RTF ceiling")
-
-
-def format_breakdown(rows: list[dict]) -> str:
-    """The ``--breakdown`` table: per batched row, wall seconds of each part and its share of the run's wall."""
-    from models.omni.batch import BREAKDOWN_PARTS
-
-    parts = list(BREAKDOWN_PARTS)
-    out = ["| mode | policy | sessions | wall s | " + " | ".join(p.replace("_", " ") for p in parts)
-           + " | ms / media s / session (prep audio + prep video) |",
-           "|---|---|---:|---:|" + "---:|" * len(parts) + "---:|"]
-    for r in rows:
-        b = r.get("breakdown")
-        if not b:
-            continue
-        total = sum(b.values()) or 1.0
-        per = 1000.0 * (b["prep_audio"] + b["prep_video"]) / r["media_s"]
-        cells = " | ".join(f"{b[p]:.3f} ({100 * b[p] / total:.0f}%)" for p in parts)
-        out.append(f"| {r['mode']} | {r['policy']} | {r['sessions']} | {r['wall_s']:.2f} | {cells} | {per:.2f} |")
-    return "\n".join(out)
 
 
 def _slides_arg(text: str) -> int | None:
@@ -439,6 +425,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    help="window rows: re-prefills of up to K window slides in one LLM call (BatchedOmniRunner "
                         "reprefill_slides; 1 = one call per slide; 'auto' = the runner's default from its memory "
                         "bound); several values give one window row each, side by side (default: auto, unlabelled)")
+    p.add_argument("--fuse-slide-rows", action="store_true",
+                   help="window rows: also the path that prefills the slide row's payloads in the re-prefill call "
+                        "(BatchedOmniRunner fuse_slide_rows=True), each next to its unfused twin, and a table "
+                        "comparing the two (RTF, share of the ceiling, LLM calls, state difference)")
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument("--profile", default=None, choices=list(MODES),
                    help="only profile one batched run of this mode (first --sessions, first --memory-policy): "
@@ -458,12 +448,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
                      policies=tuple(dict.fromkeys(a.memory_policy)), breakdown=a.breakdown, fused=not a.no_fused,
                      row_by_row=a.row_by_row, flash_prefill=not a.library_prefill, gemm_rate=a.gemm_tflops,
                      reprefill_slides=tuple(dict.fromkeys(a.reprefill_slides or [None])),
-                     label_slides=a.reprefill_slides is not None)
+                     label_slides=a.reprefill_slides is not None,
+                     fuse_slide_rows=(False, True) if a.fuse_slide_rows else (False,))
     print(f"\n## extract throughput ({'tiny, CPU' if a.tiny else 'Qwen2.5-Omni-3B thinker shapes, random bf16'}, "
           f"memory {a.memory:g} s, policies {', '.join(dict.fromkeys(a.memory_policy))}, longest session "
           f"{duration:g} s; this bench ran {time.perf_counter() - t0:.0f} s of wall time)\n")
     print(format_ceiling_note(rows) + "\n")
     print(format_table(rows))
+    if a.fuse_slide_rows:
+        print("\n## window: slide row fused into the re-prefill call vs not (fuse_slide_rows)\n")
+        print(format_fused_comparison(rows))
     if a.breakdown:
         print("\n## where the batched wall time goes (seconds, share of the run's wall)\n")
         print(format_breakdown(rows))

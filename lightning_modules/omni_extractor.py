@@ -23,8 +23,8 @@ import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from algorithms.streaming import (DEFAULT_MEMORY_POLICY, MICRO_CHUNK_200MS, MODES, accounting, check_memory_policy,
-                                  masks, num_rows)
+from algorithms.streaming import (DEFAULT_MEMORY_POLICY, MICRO_CHUNK_200MS, MODES, SLIDING, accounting,
+                                  check_memory_policy, masks, num_rows)
 from algorithms.errors import SettingError, check_dtype, check_int
 from datamodules.features import nonfinite_rows
 from models.omni import COMPUTED_FIELDS, BatchedOmniRunner, OmniThinkerRunner
@@ -113,6 +113,8 @@ def extract_sessions(runner: OmniThinkerRunner, sessions: list[dict[str, Any]], 
                 "batch_wall_time_s": sum({r.group: r.batch_wall_time_s for r in got if r.group >= 0}.values())}
         if mode == MICRO_CHUNK_200MS:  # the only mode whose rows it batches
             meta["batch_rows"] = batched.batch_rows
+        if memory_policy != SLIDING and getattr(batched, "fuse_slide_rows", False):  # recorded when on only
+            meta["fuse_slide_rows"] = True
         for key in COMPUTED_FIELDS:
             meta[key] = round(sum(r.computed[key] for r in got), 6)
         out.append(_assemble(runner, session, mode, memory_s, results, {**meta, **(extra_meta or {})},
@@ -229,6 +231,9 @@ class OmniFeatureExtractor(LightningModule):
             LLM call (``models.omni.batch``; states equal to fp32 rounding, 1: one call per slide, bit-identical);
             null (default): as many as fit the runner's memory bound. The meta's ``computed_reprefill_calls`` counts
             the calls.
+        fuse_slide_rows: batched path, ``window`` policy: the slide row's own payloads are prefilled in the
+            re-prefill call of its slide (one LLM call fewer per slide, the same tokens; states equal to fp32
+            rounding, ``models.omni.batch_reprefill``). Off by default.
         audio_left_context: a payload's log-mel takes the 200 samples before it as left STFT padding (causal), so
             its first frames equal the whole-clip log-mel (``models.omni.thinker.OmniThinkerRunner``); ``False``: the
             payload's own reflect padding (the earlier features).
@@ -239,7 +244,7 @@ class OmniFeatureExtractor(LightningModule):
                  prompt_token_ids: list[int] | None = None, sessions_per_batch: int = 1,
                  compile_small_calls: bool = False, memory_policy: str = DEFAULT_MEMORY_POLICY,
                  batch_rows: bool = True, flash_prefill: bool = True, audio_left_context: bool = True,
-                 reprefill_slides: int | None = None):
+                 reprefill_slides: int | None = None, fuse_slide_rows: bool = False):
         super().__init__()
         if mode not in MODES:   # before the model loads
             raise SettingError(f"unknown streaming mode {mode!r}; expected one of {MODES}")
@@ -256,7 +261,7 @@ class OmniFeatureExtractor(LightningModule):
         self.runner.check_settings(mode, memory_s, memory_policy, verify_rows)
         self.batched = (BatchedOmniRunner(self.runner, sessions_per_batch, compile_small_calls=compile_small_calls,
                                           batch_rows=batch_rows, flash_prefill=flash_prefill,
-                                          reprefill_slides=reprefill_slides)
+                                          reprefill_slides=reprefill_slides, fuse_slide_rows=fuse_slide_rows)
                         if sessions_per_batch > 1 else None)
         if mode != MICRO_CHUNK_200MS and not batch_rows:
             rank_zero_warn(f"batch_rows=False has no effect in {mode} (only micro-chunk-200ms rows are batched)")

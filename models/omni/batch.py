@@ -55,6 +55,14 @@ Memory policies (``memory_policy``, as ``models/omni/thinker.py``):
   block's first payload row, so the batching applies to the three modes alike. Memory: K slides' keys/values
   (bounded by ``reprefill_memory_bytes``) plus the runs encoded ahead (open-stream-replay: every tail of up to
   K - 1 blocks).
+  The slide row's own payloads in that call (``fuse_slide_rows``, off by default; issue 41): each (slide, stream)
+  batch row is the kept blocks followed by the payload(s) the slide row prefills (hold / replay: the block's first
+  payload; micro-chunk-200ms: the run of the block's rows), read out at each payload's last token; the cache then
+  holds the slide's keys/values and, when the row commits, the row's (a replay tail's are left out, as the row loop
+  crops them). LLM calls per slide fall from ``1/K + 1`` to ``1/K`` (hold: the only other calls are the rows before
+  the first slide), the tokens are the same; equal to the unfused path up to the rounding of other call shapes
+  (tested to 1e-5 on the tiny model). A stream that finishes inside a micro block cuts that block's run short, so
+  its slide gets a layout (and a call) of its own. ``models/omni/batch_reprefill.py``.
 * ``sliding``: StreamingLLM / Mistral-style sliding-window KV cache: committed blocks' keys/values are computed
   exactly once and kept; a slide only removes the evicted blocks' rows (``OmniThinkerRunner._evict_rows``).
   Positions are absolute (never re-based). The kept blocks' deeper-layer keys/values still carry information from
@@ -92,8 +100,9 @@ model (dynamic shapes). Whether it pays is measured by ``bench/extract_throughpu
 
 Where the parts live: ``BatchedOmniRunner`` (here: construction, grouping of the streams) is the row loop of
 ``batch_schedule.py`` (``LockstepSchedule``: schedule, batched cache, read-out) over the media encoding of
-``batch_media.py`` (``LockstepMediaEncoder``), with the accounting and profile timing of ``batch_accounting.py``
-and the attention kernels of ``attention.py``.
+``batch_media.py`` (``LockstepMediaEncoder``), with the window slides and re-prefills of ``batch_reprefill.py``
+(``WindowReprefill``), the accounting and profile timing of ``batch_accounting.py`` and the attention kernels of
+``attention.py``.
 """
 from __future__ import annotations
 
@@ -107,7 +116,8 @@ from algorithms.errors import check_int
 from .batch_accounting import BREAKDOWN_PARTS, COMPUTED_FIELDS, BatchedStreamResult, PartTimer, single_session_computed
 from .batch_media import LockstepMediaEncoder
 from .batch_media import _Stream
-from .batch_schedule import REPREFILL_MEMORY_BYTES, REPREFILL_SLIDES_MAX, LockstepSchedule, reprefill_bytes_per_token
+from .batch_reprefill import REPREFILL_MEMORY_BYTES, REPREFILL_SLIDES_MAX, reprefill_bytes_per_token
+from .batch_schedule import LockstepSchedule
 from .thinker import OmniThinkerRunner
 from .thinker_media import AUDIO_SAMPLE_RATE
 
@@ -149,13 +159,19 @@ class BatchedOmniRunner(LockstepSchedule, LockstepMediaEncoder, PartTimer):
             bit-identical to the one-session path. None (default): the most, up to ``REPREFILL_SLIDES_MAX``, whose
             rows fit in ``reprefill_memory_bytes`` (``reprefill_bytes_per_token``).
         reprefill_memory_bytes: the device-memory bound of the default ``reprefill_slides``.
+        fuse_slide_rows: ``window`` policy: the slide row's own payloads (hold / replay: the block's first payload;
+            micro-chunk-200ms: the run of the block's rows) ride in the re-prefill call as the tail of each (slide,
+            stream) batch row, their states read out of it, instead of a second LLM call on top of the installed
+            cache (``models/omni/batch_reprefill.py``). LLM calls per slide: ``1/K + 1`` -> ``1/K``; the same tokens.
+            Equal to the unfused path up to the rounding of other call shapes (tested to 1e-5 on the tiny model).
+            Off by default (numerics differ by rounding; issue 41).
     """
 
     def __init__(self, runner: OmniThinkerRunner, sessions_per_batch: int = 8, reuse: bool = True,
                  batched_attention: bool = True, compile_small_calls: bool = False,
                  compile_backend: str | None = None, profile: bool = False, batch_rows: bool = True,
                  flash_prefill: bool = True, reprefill_slides: int | None = None,
-                 reprefill_memory_bytes: int = REPREFILL_MEMORY_BYTES):
+                 reprefill_memory_bytes: int = REPREFILL_MEMORY_BYTES, fuse_slide_rows: bool = False):
         if sessions_per_batch < 1:
             raise ValueError(f"sessions_per_batch={sessions_per_batch} must be >= 1")
         check_int("reprefill_slides", reprefill_slides, 1, allow_none=True,
@@ -163,6 +179,7 @@ class BatchedOmniRunner(LockstepSchedule, LockstepMediaEncoder, PartTimer):
         check_int("reprefill_memory_bytes", reprefill_memory_bytes, 1)
         self.reprefill_slides = reprefill_slides
         self.reprefill_memory_bytes = reprefill_memory_bytes
+        self.fuse_slide_rows = bool(fuse_slide_rows)
         self.runner = runner
         self.sessions_per_batch = int(sessions_per_batch)
         self.reuse = reuse

@@ -8,30 +8,29 @@ from __future__ import annotations
 
 import resource
 import time
-from collections import deque
 from contextlib import contextmanager
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from algorithms.streaming import MICRO_CHUNK_200MS, OPEN_STREAM_REPLAY, SLIDING, accounting, memory_blocks, schedule
 
 from .attention import _batched_chunk_attention, _lower_right_prefill
 from .batch_accounting import BatchedStreamResult
 from .batch_media import _RowPayload, _Stream
+from .batch_reprefill import REPREFILL_MEMORY_BYTES, REPREFILL_SLIDES_MAX, WindowReprefill, _Ahead, _EncodedRuns
 from .thinker import OmniThinkerRunner
 from .thinker_media import Payload
 from .thinker_stream import SLIDING_VERIFY_BLOCKS, verify_candidates
 
 _FLUSH_ROWS = 50  # states stay on the device for up to this many rows, then go to the host in one copy
-REPREFILL_SLIDES_MAX = 4  # most window slides whose re-prefills share one LLM call (default reprefill_slides)
-REPREFILL_MEMORY_BYTES = 16 * 2 ** 30  # default reprefill_memory_bytes: device memory the rows of such a call may take
+__all__ = ["REPREFILL_MEMORY_BYTES", "REPREFILL_SLIDES_MAX", "LockstepSchedule"]
 
 
-class LockstepSchedule:
+class LockstepSchedule(WindowReprefill):
     """Runs one lockstep group row by row (``_run_group``): streams drop out when done, runs of committed rows
-    share one prefill (``_row_run``), the batched cache slides with the window (``_slide_window``), each row's
+    share one prefill (``_row_run``), the batched cache slides with the window (``_slide_window`` of
+    :class:`~.batch_reprefill.WindowReprefill`), each row's
     payloads are prefilled in one LLM call and read out at their last tokens (``_prefill_rows``, ``_record_rows``),
     states reach the host in one copy every ``_FLUSH_ROWS`` rows (``_flush``) and each stream gets its result
     (``_group_results``).
@@ -151,11 +150,14 @@ class LockstepSchedule:
                 run, _, rows, videos, rows_idx = encoded.current
                 i += len(run)
                 first = max(0, st.block - (m_blocks - 1))
+                fused = None  # fuse_slide_rows: the slide row's states, computed with the window re-prefill
                 if first != origin:  # window slid (same row, same token counts in every stream of the group)
                     origin = first
-                    self._slide_window(active, cache, prompt_len, origin, sliding, ahead, encoded)
+                    fused = self._slide_window(active, cache, prompt_len, origin, sliding, ahead, encoded,
+                                               sum(x.emb.shape[1] for x in rows))
                 length = cache.get_seq_length()
-                h_rows = self._prefill_rows(rows, active, cache, origin, sliding, media_origin)
+                h_rows = (fused if fused is not None
+                          else self._prefill_rows(rows, active, cache, origin, sliding, media_origin))
                 self._record_rows(run, rows, videos, rows_idx, h_rows, active, pending, checks, origin, sliding,
                                   m_blocks)
                 if not st.commit:  # (a run of several rows only ever holds committed rows)
@@ -208,139 +210,6 @@ class LockstepSchedule:
             rows, videos, rows_idx = self._encode_rows(active, block_audio, [x.prepare_ms for x in run], reuse,
                                                        block * per_block)
             yield run, active, rows, videos, rows_idx
-
-    def _slide_window(self, active: list[_Stream], cache: DynamicCache, prompt_len: int, first: int,
-                      sliding: bool, ahead: "_Ahead | None" = None, encoded: "_EncodedRuns | None" = None) -> None:
-        """The memory window now starts at native block ``first`` (same row, same token counts in every stream):
-        drop the older committed payloads; ``sliding``: evict their cache rows right after the prompt, no
-        re-prefill; ``window``: cut the cache back to the prompt and re-prefill the kept blocks at re-based
-        positions (one batched call), or install the keys/values that ``_reprefill_ahead`` computed for this slide
-        (``reprefill_slides`` > 1: one call for several slides)."""
-        r = self.runner
-        n_gone = sum(p.embeds.shape[0] for p in active[0].committed if p.block < first)
-        for s in active:
-            s.committed = [p for p in s.committed if p.block >= first]
-        if sliding:  # evict the older blocks' rows right after the prompt; no re-prefill
-            with self._part("cache"):
-                OmniThinkerRunner._evict_rows(cache, prompt_len, n_gone)
-            return
-        with self._part("cache"):
-            OmniThinkerRunner._truncate(cache, prompt_len)
-        kept = active[0].committed
-        if not kept:
-            return
-        if ahead is not None and first not in ahead.kv:
-            slides = self._plan_slides(active, first, prompt_len + sum(p.embeds.shape[0] for p in kept), ahead)
-            if len(slides) > 1:
-                self._reprefill_ahead(slides, ahead, encoded)
-        if ahead is not None and first in ahead.kv:
-            self._install(cache, active, ahead.kv.pop(first))
-            return
-        # evict, re-prefill the kept blocks at re-based positions (one batched call)
-        with self._part("llm_reprefill"):
-            kept_emb = torch.stack([torch.cat([p.embeds for p in s.committed]) for s in active])
-            self._forward(kept_emb, torch.cat([r.payload_positions(p, first) for p in kept], 1), cache)
-        for s in active:
-            s.computed["computed_llm_tokens"] += kept_emb.shape[1]
-            s.computed["computed_reprefill_calls"] += 1
-
-    # ------------------------------------------------------------------------ window re-prefills of several slides
-    def _slides_per_call(self, streams: int, tokens: int) -> int:
-        """Slides whose re-prefills share one LLM call: ``reprefill_slides``, or (None) the most, up to
-        ``REPREFILL_SLIDES_MAX``, whose rows (``streams`` x ``tokens`` each: prompt + kept blocks) fit in
-        ``reprefill_memory_bytes`` at ``reprefill_bytes_per_token``."""
-        if self.reprefill_slides is not None:
-            return self.reprefill_slides
-        per_slide = streams * tokens * reprefill_bytes_per_token(self.runner.text_config, self.runner.dtype)
-        return int(max(1, min(REPREFILL_SLIDES_MAX, self.reprefill_memory_bytes // max(per_slide, 1))))
-
-    def _plan_slides(self, active: list[_Stream], first: int, tokens: int, ahead: "_Ahead") -> list[tuple]:
-        """The slides whose re-prefills run in one call with this one (window start ``first``): this slide and
-        the next ones, up to ``_slides_per_call``, while the schedule has them; each as ``(window start, row,
-        streams)`` with the streams of ``active`` still running at the slide's row (a finished stream drops out
-        of the later slides' rows, as it drops out of the batch)."""
-        k = self._slides_per_call(len(active), tokens)
-        out = []
-        for f in range(first, first + k):
-            row = ahead.slide_row.get(f + ahead.m_blocks - 1)
-            streams = [] if row is None else [s for s in active if row < s.n_rows]
-            if not streams:
-                break
-            out.append((f, row, streams))
-        return out
-
-    def _reprefill_ahead(self, slides: list[tuple], ahead: "_Ahead", encoded: "_EncodedRuns") -> None:
-        """The window re-prefills of ``slides`` (``_plan_slides``) in as few LLM calls as their kept sequences'
-        layouts allow (one when every slide keeps the same token layout), stored in ``ahead.kv``.
-
-        Why this is exact: at a slide the cache is cut back to the prompt and the kept blocks are prefilled on top
-        of it at positions re-based to the window start, so the keys/values the re-prefill leaves depend only on the
-        prompt cache and the kept payloads, and these are encoder outputs that do not depend on the LLM. The
-        encoders run ahead (``encoded.through``: the same calls in the same order, so every payload is the one the
-        row loop uses later) up to the last payload the latest slide keeps; each (slide, stream) pair is one batch
-        row on top of the prompt cache repeated over the rows, and a row's keys/values are those of the one-slide
-        call (the rows of a call do not interact; equal up to the rounding of another call shape)."""
-        r = self.runner
-        m = ahead.m_blocks
-        b0, b_end = slides[0][0] + m - 1, slides[-1][0] + m - 1  # the committed blocks in [b0, b_end) come later
-        need = max((ahead.commit_row.get(b, -1) for b in range(b0, b_end)), default=-1)
-        future: dict[int, list] = {}  # stream index -> (embeds, block, rel_pos, shift) committed in [b0, b_end)
-        for run, streams, rows, _, _ in encoded.through(need):
-            for step, x in zip(run, rows):
-                if step.commit and b0 <= x.block < b_end:
-                    for j, s in enumerate(streams):
-                        future.setdefault(s.index, []).append((x.emb[j], x.block, x.rel_pos, x.shift))
-        origin = r.media_origin()
-        ppb = int(round(r.geometry.positions_per_block))
-        calls: list[list[tuple]] = []  # slides of one call: (window start, streams, kept sequences, positions)
-        for f, _, streams in slides:
-            seqs = []
-            for s in streams:
-                parts = ([(p.embeds, p.block, p.rel_pos, p.block_shift) for p in s.committed if p.block >= f]
-                         + [q for q in future.get(s.index, []) if f <= q[1] < f + m - 1])
-                seqs.append(torch.cat([q[0] for q in parts]))
-            pos = torch.cat([origin + rel + shift * ppb * (blk - f) for _, blk, rel, shift in parts], 1)
-            entry = (f, streams, seqs, pos)
-            same = next((c for c in calls if c[0][3].shape == pos.shape and torch.equal(c[0][3], pos)), None)
-            if same is None:
-                calls.append([entry])
-            else:
-                same.append(entry)
-        for call in calls:
-            with self._part("llm_reprefill"):
-                emb = torch.stack([q for _, _, seqs, _ in call for q in seqs])  # (rows, L, D)
-                cache, _ = self._prompt_cache(emb.shape[0])
-                self._reprefill(emb, call[0][3], cache)
-            a = 0
-            for f, streams, seqs, _ in call:
-                n = len(seqs)
-                ahead.kv[f] = ([s.index for s in streams],
-                               [(layer.keys[a: a + n], layer.values[a: a + n]) for layer in cache.layers])
-                a += n
-                for s in streams:
-                    s.computed["computed_llm_tokens"] += emb.shape[1]
-            for s in {s.index: s for _, streams, _, _ in call for s in streams}.values():
-                s.computed["computed_reprefill_calls"] += 1
-
-    def _reprefill(self, embeds: torch.Tensor, positions: torch.Tensor, cache: DynamicCache) -> None:
-        """Prefill (R, L, D) on top of ``cache`` at shared (3, L) positions for its keys/values only (no hidden
-        states kept: nothing is read out of a re-prefill)."""
-        pos = positions.to(self.runner.device).unsqueeze(1).expand(3, embeds.shape[0], -1)
-        with _lower_right_prefill(self.runner.thinker.model.language_model, self.flash_prefill):
-            self._lm(inputs_embeds=embeds, position_ids=pos, past_key_values=cache, use_cache=True,
-                     output_hidden_states=False)
-
-    def _install(self, cache: DynamicCache, active: list[_Stream], entry: tuple) -> None:
-        """Make ``cache`` (cut back to the prompt) hold a slide's re-prefilled keys/values (``ahead.kv`` entry)."""
-        streams, kv = entry
-        if streams != [s.index for s in active] or len(kv) != len(cache.layers):
-            raise RuntimeError(f"re-prefill computed ahead for streams {streams}, the batch holds "
-                               f"{[s.index for s in active]}")
-        with self._part("cache"):
-            for layer, (k, v) in zip(cache.layers, kv):
-                if type(layer) is not DynamicLayer:
-                    raise TypeError(f"cannot install keys/values into a {type(layer).__name__} cache layer")
-                layer.keys, layer.values = k, v
 
     def _prefill_rows(self, rows: list[_RowPayload], active: list[_Stream], cache: DynamicCache, origin: int,
                       sliding: bool, media_origin: int) -> torch.Tensor:
@@ -412,62 +281,6 @@ class LockstepSchedule:
             s.snapshots, s.committed, s.patches, s.history, s.block_frames = {}, [], {}, [], None
             out[s.index] = res
         return out
-
-
-def reprefill_bytes_per_token(text_config, dtype: torch.dtype) -> int:
-    """Device bytes one token of a window re-prefill holds: its keys and values in every layer (kept until its
-    slide) plus the transient activations of one decoder layer (hidden-size and FFN-size tensors); the bound behind
-    the default ``reprefill_slides``."""
-    elem = torch.finfo(dtype).bits // 8
-    head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
-    kv = 2 * text_config.num_hidden_layers * text_config.num_key_value_heads * head_dim
-    return elem * (kv + 4 * text_config.hidden_size + 3 * text_config.intermediate_size)
-
-
-class _EncodedRuns:
-    """The row loop's view of ``_encoded_runs``: ``next()`` gives the next run (buffered or encoded now),
-    ``current`` is the run the row loop is at and ``through(row)`` encodes ahead until a run reaching ``row`` is
-    buffered."""
-
-    def __init__(self, runs):
-        self._runs, self.buffer, self.current = runs, deque(), None
-
-    def next(self) -> tuple:
-        return self.buffer.popleft() if self.buffer else next(self._runs)
-
-    def through(self, row: int) -> list[tuple]:
-        """The current run and the buffered ones, encoding further runs until the last reaches ``row`` (or the
-        schedule ends)."""
-        out = [self.current, *self.buffer]
-        while out[-1][0][-1].row < row:
-            nxt = next(self._runs, None)
-            if nxt is None:
-                break
-            self.buffer.append(nxt)
-            out.append(nxt)
-        return out
-
-
-class _Ahead:
-    """Where the window slides in a schedule and the re-prefills computed ahead of their slide.
-
-    Attributes:
-        m_blocks: memory in native blocks.
-        slide_row: block -> first row of the block that prepares a payload (where the row loop slides the window).
-        commit_row: block -> last row of the block that commits a payload.
-        kv: window start of a slide -> (stream indices, per layer (keys, values)) computed ahead for it.
-    """
-
-    def __init__(self, steps: list, m_blocks: int):
-        self.m_blocks = m_blocks
-        self.slide_row: dict[int, int] = {}
-        self.commit_row: dict[int, int] = {}
-        for st in steps:
-            if st.prepare_ms is not None:
-                self.slide_row.setdefault(st.block, st.row)
-            if st.commit:
-                self.commit_row[st.block] = st.row
-        self.kv: dict[int, tuple] = {}
 
 
 @contextmanager

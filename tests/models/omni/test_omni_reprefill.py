@@ -2,6 +2,8 @@
 on the tiny random thinker (fp32, CPU, one thread as ``test_omni_batch.py``): K = 1 is the one-session path bit for
 bit; K = 2, 3 give the K = 1 states within the lockstep tests' tolerance, the same computed tokens and the
 hand-counted calls, with streams finishing inside a group of slides and slides whose kept layouts differ.
+``fuse_slide_rows`` (issue 41 item 4: the slide row's payloads in the re-prefill call) gives the one-session states
+within the same tolerance, the same computed figures and one LLM call per K slides instead of 1/K + 1 per slide.
 """
 import numpy as np
 import pytest
@@ -9,7 +11,8 @@ import torch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-from algorithms.streaming import COMPLETED_BLOCK_HOLD, MICRO_CHUNK_200MS, MODES, SLIDING, WINDOW
+from algorithms.streaming import (COMPLETED_BLOCK_HOLD, MICRO_CHUNK_200MS, MODES, OPEN_STREAM_REPLAY, SLIDING,
+                                  WINDOW)
 from models.omni.batch import REPREFILL_SLIDES_MAX, BatchedOmniRunner, reprefill_bytes_per_token
 from models.omni.thinker import OmniThinkerRunner
 from models.omni.tiny import build_tiny_omni
@@ -95,6 +98,58 @@ def test_hold_call_counts_by_hand(runner, monkeypatch):
         assert sorted(calls["forward"]) == sorted(payload_calls + want_forward_reprefills[k])
 
 
+_SHORT_S = (6.2, 4.2)  # 31 and 21 rows: slide 2 (row 20) has both streams, slide 3 (row 30) the 6.2 s one only
+
+
+@pytest.mark.parametrize("mode,batch_rows,lengths,ks", [
+    (COMPLETED_BLOCK_HOLD, False, LENGTHS_S, (1, 3)), (OPEN_STREAM_REPLAY, False, _SHORT_S, (3,)),  # default twins
+    *[pytest.param(m, b, LENGTHS_S, (1, 3), marks=pytest.mark.slow)
+      for m, b in ((OPEN_STREAM_REPLAY, False), (MICRO_CHUNK_200MS, False), (MICRO_CHUNK_200MS, True))]])
+def test_fused_slide_rows_equal_the_one_session_path(runner, mode, batch_rows, lengths, ks):
+    """The slide row's payloads prefilled in the re-prefill call (K = 1: one call per slide; K = 3: the calls of
+    several slides) give the one-session states within the lockstep tests' tolerance (1e-5), a passing
+    cache_replay (4 rows, the last after the slides), and the unfused run's computed figures (tokens, encoder work; the re-prefill
+    calls of the same K, except where a stream finishing inside a micro block's run splits the fused layouts).
+    Replay's slide row is a temporary 0.2 s tail: only the kept blocks' keys/values stay in the cache."""
+    streams = [dict(zip(("frames", "audio"), media(s, i))) for i, s in enumerate(lengths)]
+    refs = [runner.run_stream(st["frames"], st["audio"], mode, memory_s=MEMORY_S, verify_rows=0) for st in streams]
+    for k in ks:
+        kw = dict(reprefill_slides=k, batch_rows=batch_rows)
+        plain = BatchedOmniRunner(runner, 8, **kw).run_streams(streams, mode, memory_s=MEMORY_S, verify_rows=0)
+        fused = BatchedOmniRunner(runner, 8, fuse_slide_rows=True, **kw).run_streams(
+            streams, mode, memory_s=MEMORY_S, verify_rows=4)
+        for ref, one, got in zip(refs, plain, fused):
+            assert torch.allclose(got.states, ref.states, atol=1e-5, rtol=0)
+            assert got.verification["cache_replay"]["passed"] and got.verification["cache_replay"]["rows"]
+            same = {f: v for f, v in got.computed.items() if f != "computed_reprefill_calls"}
+            assert same == {f: v for f, v in one.computed.items() if f != "computed_reprefill_calls"}
+            if not (batch_rows and k > 1):
+                assert got.computed["computed_reprefill_calls"] == one.computed["computed_reprefill_calls"]
+
+
+def test_fused_hold_call_counts_by_hand(runner, monkeypatch):
+    """Hold at M = 2 (slides at rows 29, 39, 49, 59 as ``test_hold_call_counts_by_hand``) with the slide row fused:
+    every slide row's block rides in its re-prefill call (kept block + new block = 2 x 62 tokens per batch row), so
+    the only other LLM calls are the boundary rows 9 and 19, before the first slide. Per 12 s stream: 2 + 4 calls at
+    K = 1 (unfused: 6 + 4), 2 + 2 at K = 2 (unfused 6 + 2). K = 3: slides {2, 3, 4} (3 + 3 + 2 rows) in one call,
+    slide 5 (the 12 s stream alone) in its own fused call."""
+    calls = _count_calls(monkeypatch)
+    streams = _streams()
+    n = TOKENS_PER_BLOCK
+    want_fused = {1: [(3, 2 * n), (3, 2 * n), (2, 2 * n), (1, 2 * n)], 2: [(6, 2 * n), (3, 2 * n)],
+                  3: [(8, 2 * n), (1, 2 * n)]}
+    want_calls = {1: [4, 2, 3], 2: [2, 1, 2], 3: [2, 1, 1]}
+    for k in (1, 2, 3):
+        calls["ahead"].clear()
+        calls["forward"].clear()
+        res = BatchedOmniRunner(runner, 8, reprefill_slides=k, fuse_slide_rows=True).run_streams(
+            streams, COMPLETED_BLOCK_HOLD, memory_s=MEMORY_S, verify_rows=0)
+        assert calls["ahead"] == []  # no keys/values-only re-prefill left
+        assert calls["forward"] == [(3, n), (3, n)] + want_fused[k]
+        assert [r.computed["computed_reprefill_calls"] for r in res] == want_calls[k]
+        assert [r.computed["computed_llm_tokens"] for r in res] == [(6 + 4) * n, (4 + 2) * n, (5 + 3) * n]
+
+
 def test_kept_layouts_that_differ_take_one_call_each(runner, monkeypatch):
     """A stream whose frames end at 7 s (its own group): slides 2-5 keep block 1 (2 patches), 2 (2 patches), 3 (one
     patch: frames 12, 13) and 4 (no frame). K = 4: slides 2 and 3 share a layout (one call), 4 and 5 get one
@@ -159,8 +214,33 @@ def test_bench_reprefill_slides_side_by_side(tmp_path):
         bench.main(["--tiny", "--reprefill-slides", "0"])
 
 
+def test_bench_fused_against_unfused(tmp_path, capsys):
+    """``bench/extract_throughput.py --fuse-slide-rows``: each window row runs unfused, then fused, and the
+    comparison table pairs them. Hold at M = 2, 10 s and 7.6 s (38 rows) sessions, K = 2: unfused, the payload calls
+    of rows 9, 19, 29 (both sessions), 39 and 49 (10 s only) + one re-prefill call for slides 1, 2 + one for slide 3
+    (alone: the one-slide path) = 7 LLM calls; fused, rows 9 and 19 + the same two re-prefill calls = 4."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "bench" / "extract_throughput.py"
+    spec = importlib.util.spec_from_file_location("extract_throughput", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.main(["--tiny", "--sessions", "2", "--duration", "10", "--memory", "4", "--modes",
+                       COMPLETED_BLOCK_HOLD, "--memory-policy", WINDOW, "--reprefill-slides", "2",
+                       "--fuse-slide-rows"])
+    plain, fused = rows[1:]
+    assert (plain["path"], fused["path"]) == ("batched 2 + reuse, K=2", "batched 2 + reuse, K=2, fused")
+    assert (plain["llm_calls"], fused["llm_calls"]) == (7, 4)
+    assert plain["reprefill_calls"] == fused["reprefill_calls"] == 3
+    assert plain["llm_tokens_per_s"] == fused["llm_tokens_per_s"] and plain["vs_unfused"] is None
+    assert fused["vs_unfused"] <= 1e-5 and fused["max_abs_diff"] <= 1e-5
+    table = capsys.readouterr().out.split("slide row fused into the re-prefill call")[1]
+    assert "| completed-block-hold | batched 2 + reuse, K=2 | 2 |" in table and "| 7 -> 4 |" in table
+
+
 def test_extractor_setting(runner, tmp_path):
-    """``model.init_args.reprefill_slides`` reaches the batched runner; a bad value is refused before the model
+    """``model.init_args.reprefill_slides`` and ``fuse_slide_rows`` (off by default) reach the batched runner; a bad value is refused before the model
     loads."""
     from algorithms.errors import SettingError
     from lightning_modules.omni_extractor import OmniFeatureExtractor
@@ -168,4 +248,27 @@ def test_extractor_setting(runner, tmp_path):
     with pytest.raises(SettingError, match="model.init_args.reprefill_slides=0"):
         OmniFeatureExtractor(str(tmp_path / "no_model_here"), reprefill_slides=0)
     ext = OmniFeatureExtractor(runner.model_dir, sessions_per_batch=2, reprefill_slides=2)
-    assert ext.batched.reprefill_slides == 2
+    assert ext.batched.reprefill_slides == 2 and ext.batched.fuse_slide_rows is False
+    assert OmniFeatureExtractor(runner.model_dir, sessions_per_batch=2, fuse_slide_rows=True).batched.fuse_slide_rows
+
+
+def test_extract_sessions_fused_records(runner):
+    """The feature records of a fused batched extraction (hold, 4 s memory: a 6.4 s and a 6 s stream, each sliding
+    once, at row 29, in one call for both) equal the one-session records to 1e-5 and say ``fuse_slide_rows`` in their meta (absent when off)."""
+    from lightning_modules.omni_extractor import extract_session, extract_sessions
+
+    sessions = []
+    for i, dur in enumerate((6.4, 6.0)):
+        f, a = media(dur, 20 + i)
+        sessions.append({"session": f"Session_{i}", "timeline_end_s": dur, "gap_policy": "reset",
+                         "streams": [{"start_s": 0.0, "frames": torch.from_numpy(f), "audio": torch.from_numpy(a)}]})
+    fused = BatchedOmniRunner(runner, 2, fuse_slide_rows=True)
+    got = extract_sessions(runner, sessions, COMPLETED_BLOCK_HOLD, MEMORY_S, verify_rows=0, batched=fused)
+    plain = extract_sessions(runner, sessions, COMPLETED_BLOCK_HOLD, MEMORY_S, verify_rows=0, sessions_per_batch=2)
+    for s, rec, off in zip(sessions, got, plain):
+        ref = extract_session(runner, s, COMPLETED_BLOCK_HOLD, MEMORY_S, verify_rows=0)
+        assert all(torch.allclose(rec["tensors"][k].float(), ref["tensors"][k].float(), atol=1e-5, rtol=0)
+                   for k in ref["tensors"])
+        assert rec["meta"]["fuse_slide_rows"] is True and "fuse_slide_rows" not in off["meta"]
+        assert rec["meta"]["computed_reprefill_calls"] == 1
+
