@@ -202,8 +202,8 @@ class BudgetedQA(LightningModule):
         encode_chunk_frames: frames per vision-encoder call.
         vision_attn_implementation: vision-encoder attention (``frame_batched``: one SDPA call per layer over
             all frames of an encode; or a transformers backend name).
-        decode: batched decode step: ``dynamic``, ``static`` or ``graph`` (CUDA graph); ``auto`` = ``static`` on
-            CUDA (``graph`` asserts on the H200, see :meth:`decode_mode`), ``dynamic`` on the CPU.
+        decode: batched decode step: ``dynamic``, ``static`` or ``graph`` (CUDA graph); ``auto`` = ``graph`` on
+            CUDA (see :meth:`decode_mode`), ``dynamic`` on the CPU.
         answer_mode: ``batched`` (all questions of a (video, budget) decode together from one prefix) or
             ``sequential`` (one question after another from the cropped prefix cache); token-identical.
         original_projector: ``raw_mode="orig"``: the original projector file (safetensors, or seed 001's ``.pt``
@@ -294,24 +294,23 @@ class BudgetedQA(LightningModule):
 
     def answerer(self):
         """``answer(prefix_prompt, question_texts, max_new_tokens) -> list[Answer]`` for this run's
-        ``answer_mode`` and ``decode`` (``auto``: ``static`` on CUDA, ``dynamic`` on the CPU). Plain predict and the
+        ``answer_mode`` and ``decode`` (``auto``: ``graph`` on CUDA, ``dynamic`` on the CPU). Plain predict and the
         layout ablation both answer through it, so an ablation's ``base`` job decodes exactly as plain predict."""
         if self.hparams.answer_mode == "sequential":
             return self.vlm.answer_all
         return functools.partial(self.vlm.answer_batched, decode=self.decode_mode())
 
     def decode_mode(self) -> str:
-        """The batched decode step of this run: ``decode``, with ``auto`` = ``static`` on CUDA, ``dynamic`` elsewhere.
+        """The batched decode step of this run: ``decode``, with ``auto`` = ``graph`` on CUDA, ``dynamic`` elsewhere.
 
-        ``auto`` was ``graph`` on CUDA until the replayed decode graph hit a device-side ``index_copy_`` bound assert
-        on the H200 (2026-12-02). Cause, found by reading (2026-12-03): nothing kept the suffix ``StaticCache`` alive
-        after ``start_batched`` returned, so the graph wrote into freed memory (a reused write position became an
-        out-of-range index); the replay now holds it (``SharedPrefixAnswering._static_decoder``, CPU test
-        ``test_replayed_decode_step_keeps_what_it_writes_alive``). The fix has not run on a GPU yet (no device time
-        that session): ``auto`` stays ``static`` until ``tests/test_gpu.py``'s graph tests pass there; ``graph`` is
-        used when asked for by name."""
+        ``auto`` was ``static`` on CUDA from 2026-12-02 (the replayed decode graph hit a device-side ``index_copy_``
+        bound assert on the H200: nothing kept the suffix ``StaticCache`` alive after ``start_batched`` returned, so
+        the graph wrote into freed memory; the replay now holds it, CPU test
+        ``test_replayed_decode_step_keeps_what_it_writes_alive``). ``tests/test_gpu.py``'s graph tests pass on the
+        H200 at a7fdaaf, and graph decode stepped 1.55 s per video against 2.82 s with ``static`` there (issue 41),
+        so ``auto`` is ``graph`` again. The graph replays the kernels of ``static``: the same tokens."""
         hp = self.hparams
-        return hp.decode if hp.decode != "auto" else ("static" if self.device.type == "cuda" else "dynamic")
+        return hp.decode if hp.decode != "auto" else ("graph" if self.device.type == "cuda" else "dynamic")
 
     def prompts(self, questions: list[Question], frame_times_s: list[float] | None = None
                 ) -> tuple[list[str], list[str]]:
