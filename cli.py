@@ -78,9 +78,40 @@ warnings.filterwarnings("ignore", message=".*Total length of .* across ranks is 
 warnings.filterwarnings("ignore", message=".*overridden `transfer_batch_to_device` in `LightningModule`")
 
 
+# where the compiled kernels are kept between runs (issue 41); TOKENBUDGET_INDUCTOR_CACHE=torch: PyTorch's default
+INDUCTOR_CACHE_DEFAULT = Path("~/.cache/tokenbudget/inductor")
+
+
+def use_persistent_compile_cache() -> str | None:
+    """Point PyTorch Inductor's on-disk caches (FX graph, AOTAutograd, the Triton kernels it builds under
+    ``<dir>/triton``) at a directory that outlives the process and ``/tmp`` clean-ups, so a second run's early
+    compilation (:mod:`models.videollama3.warm`) loads the kernels instead of compiling them.
+
+    ``TORCHINDUCTOR_CACHE_DIR``, when set, is kept as it is. Otherwise ``TOKENBUDGET_INDUCTOR_CACHE`` decides:
+    unset -> :data:`INDUCTOR_CACHE_DEFAULT` (``~/.cache/tokenbudget/inductor``), ``torch`` -> PyTorch's own
+    default (``/tmp/torchinductor_<user>``, nothing set), any other value -> that directory. Set before anything
+    compiles (Inductor reads the variable when it first needs its cache).
+
+    Returns:
+        The directory now in ``TORCHINDUCTOR_CACHE_DIR``, or ``None`` for PyTorch's default.
+    """
+    import os
+
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    choice = os.environ.get("TOKENBUDGET_INDUCTOR_CACHE", "")
+    if choice == "torch":
+        return None
+    path = str(Path(choice or INDUCTOR_CACHE_DEFAULT).expanduser())
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    return path
+
+
 def build_cli(args: list[str] | None, run: bool, **kwargs) -> LightningCLI:
     """The project's LightningCLI (subclass mode for model and data, seed 0); ``kwargs`` add entry-specific options
-    (config callback, default config files). Shared by ``evaluate.py`` and ``train.py``."""
+    (config callback, default config files). Shared by ``evaluate.py`` and ``train.py``. Sets the compile cache
+    directory first (:func:`use_persistent_compile_cache`)."""
+    use_persistent_compile_cache()
     kwargs.setdefault("save_config_callback", None)
     cli_class = kwargs.pop("cli_class", ProjectCLI)
     # a bad option or value prints the error after a one-line usage, not the ~60-line list of every option

@@ -70,3 +70,24 @@ def test_predict_import_path_keeps_plotting_and_scipy_off():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_persistent_compile_cache_location(monkeypatch, tmp_path):
+    """``TORCHINDUCTOR_CACHE_DIR`` as set wins; else ``~/.cache/tokenbudget/inductor``, ``TOKENBUDGET_INDUCTOR_CACHE``
+    naming another directory, or ``torch`` for PyTorch's default (nothing set)."""
+    import os
+
+    import cli
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("TOKENBUDGET_INDUCTOR_CACHE", raising=False)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/given")
+    assert cli.use_persistent_compile_cache() == "/given" and os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/given"
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    assert cli.use_persistent_compile_cache() == str(tmp_path / ".cache" / "tokenbudget" / "inductor")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / ".cache" / "tokenbudget" / "inductor")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setenv("TOKENBUDGET_INDUCTOR_CACHE", "torch")
+    assert cli.use_persistent_compile_cache() is None and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    monkeypatch.setenv("TOKENBUDGET_INDUCTOR_CACHE", str(tmp_path / "c"))
+    assert cli.use_persistent_compile_cache() == str(tmp_path / "c")
