@@ -448,6 +448,8 @@ def test_qa_bench_runs_on_the_cpu(tmp_path):
     res = json.loads(out.read_text())
     (row,) = res["rows"]
     assert row["same_tokens_ab"] and row["same_tokens_bc"] and row["vision_tokens"] <= 128
+    # fp32 on the CPU: the token ids agree exactly (the margin rule never needed) and (c) stays eager (the same math)
+    assert row["exact_tokens_ab"] is True and row["exact_tokens_bc"] is True and row["same_tokens_cd"] == "-"
     assert res["wait"]["videos"] == 1
     # the floor, part by part (algorithms/qa_floor.py): each part printed and recorded, their sum the floor; the
     # earlier floor kept as floor_prefill
