@@ -14,12 +14,60 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import LightningDataModule, LightningModule, Trainer
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.loggers import CSVLogger
+# torchmetrics' optional extras that a run never uses but that its import would load eagerly (issue 41)
+TORCHMETRICS_HIDDEN_EXTRAS = ("matplotlib", "scienceplots", "scipy", "torchvision")
 
-from algorithms.errors import CheckpointError, SettingError
-from callbacks.run_folder import RunFolderCSVLogger, discard_failed_run, run_info_of, run_paths
+
+def import_torchmetrics_lean(hidden: tuple[str, ...] = TORCHMETRICS_HIDDEN_EXTRAS) -> None:
+    """Import torchmetrics with its optional extras ``hidden`` reported as not installed, before Lightning does.
+
+    Lightning reads torchmetrics' version at import (``lightning.fabric.utilities.imports``:
+    ``compare_version("torchmetrics", ...)`` imports the package), and torchmetrics' ``__init__`` imports all of
+    ``torchmetrics.functional``: through its image metrics torchvision, whose ``ops`` import ``torch._dynamo`` and
+    so sympy; through its plotting utilities matplotlib; and scipy where installed (``python -X importtime -c
+    "import cli"``: torchmetrics 7.8 s of 12.7 s on the 2-core CPU machine, sympy 0.7 s, matplotlib 0.26 s). While
+    torchmetrics is imported, ``lightning_utilities``' availability checks (``RequirementCache``, which torchmetrics'
+    ``*_AVAILABLE`` flags are, and ``package_available``) answer ``False`` for ``hidden``; afterwards they answer
+    normally. What is lost: torchmetrics' own ``.plot()`` methods and its torchvision / scipy based metrics (image
+    quality, some audio and clustering metrics) in this process; the project uses none of them (its plots call
+    matplotlib directly, ``callbacks/scoring/plots.py``; the turn head's AUROC / AP need neither). The compile stack
+    (``torch._dynamo``, sympy) is then imported by the first ``torch.compile``, i.e. by the background compilation
+    of ``models/videollama3/warm.py``, not before the run starts. A no-op when torchmetrics is already imported."""
+    import sys
+
+    if "torchmetrics" in sys.modules:
+        return
+    from lightning_utilities.core import imports as lu
+
+    real_check, real_available = lu.RequirementCache._check_available, lu.package_available
+
+    def check(self) -> None:
+        name = (self.requirement or self.module or "").split(".")[0]
+        for op in "<>=!~[; ":
+            name = name.split(op)[0]
+        if name in hidden and not hasattr(self, "available"):
+            self.available, self.message = False, f"{name!r} hidden while torchmetrics is imported (cli.py)"
+            return
+        real_check(self)
+
+    def available(package_name: str) -> bool:
+        return False if package_name.split(".")[0] in hidden else real_available(package_name)
+
+    lu.RequirementCache._check_available, lu.package_available = check, available
+    try:
+        import torchmetrics  # noqa: F401
+    finally:
+        lu.RequirementCache._check_available, lu.package_available = real_check, real_available
+
+
+import_torchmetrics_lean()
+
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer  # noqa: E402
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
+from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+
+from algorithms.errors import CheckpointError, SettingError  # noqa: E402
+from callbacks.run_folder import RunFolderCSVLogger, discard_failed_run, run_info_of, run_paths  # noqa: E402
 
 # records are keyed by the benchmark's qid, never by batch index, so Lightning's batch-index inference is not needed
 warnings.filterwarnings("ignore", message="Couldn't infer the batch indices")
@@ -30,9 +78,40 @@ warnings.filterwarnings("ignore", message=".*Total length of .* across ranks is 
 warnings.filterwarnings("ignore", message=".*overridden `transfer_batch_to_device` in `LightningModule`")
 
 
+# where the compiled kernels are kept between runs (issue 41); TOKENBUDGET_INDUCTOR_CACHE=torch: PyTorch's default
+INDUCTOR_CACHE_DEFAULT = Path("~/.cache/tokenbudget/inductor")
+
+
+def use_persistent_compile_cache() -> str | None:
+    """Point PyTorch Inductor's on-disk caches (FX graph, AOTAutograd, the Triton kernels it builds under
+    ``<dir>/triton``) at a directory that outlives the process and ``/tmp`` clean-ups, so a second run's early
+    compilation (:mod:`models.videollama3.warm`) loads the kernels instead of compiling them.
+
+    ``TORCHINDUCTOR_CACHE_DIR``, when set, is kept as it is. Otherwise ``TOKENBUDGET_INDUCTOR_CACHE`` decides:
+    unset -> :data:`INDUCTOR_CACHE_DEFAULT` (``~/.cache/tokenbudget/inductor``), ``torch`` -> PyTorch's own
+    default (``/tmp/torchinductor_<user>``, nothing set), any other value -> that directory. Set before anything
+    compiles (Inductor reads the variable when it first needs its cache).
+
+    Returns:
+        The directory now in ``TORCHINDUCTOR_CACHE_DIR``, or ``None`` for PyTorch's default.
+    """
+    import os
+
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    choice = os.environ.get("TOKENBUDGET_INDUCTOR_CACHE", "")
+    if choice == "torch":
+        return None
+    path = str(Path(choice or INDUCTOR_CACHE_DEFAULT).expanduser())
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    return path
+
+
 def build_cli(args: list[str] | None, run: bool, **kwargs) -> LightningCLI:
     """The project's LightningCLI (subclass mode for model and data, seed 0); ``kwargs`` add entry-specific options
-    (config callback, default config files). Shared by ``evaluate.py`` and ``train.py``."""
+    (config callback, default config files). Shared by ``evaluate.py`` and ``train.py``. Sets the compile cache
+    directory first (:func:`use_persistent_compile_cache`)."""
+    use_persistent_compile_cache()
     kwargs.setdefault("save_config_callback", None)
     cli_class = kwargs.pop("cli_class", ProjectCLI)
     # a bad option or value prints the error after a one-line usage, not the ~60-line list of every option

@@ -48,11 +48,13 @@ from datamodules.benchmarks.prompts import (chat_parts, recorded_template, check
                                             prompt_and_template, resolve_template)
 from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets
 from models.videollama3 import warm
+from models.kernels import Fusable
 from models.videollama3.frame_sizes import load_video_processor
 
 log = logging.getLogger(__name__)
 
 DECODE_MODES = ("auto", "dynamic", "static", "graph")
+FIRST_STEP_MODES = ("wait", "eager")
 
 
 def _done(value):
@@ -202,8 +204,8 @@ class BudgetedQA(LightningModule):
         encode_chunk_frames: frames per vision-encoder call.
         vision_attn_implementation: vision-encoder attention (``frame_batched``: one SDPA call per layer over
             all frames of an encode; or a transformers backend name).
-        decode: batched decode step: ``dynamic``, ``static`` or ``graph`` (CUDA graph); ``auto`` = ``static`` on
-            CUDA (``graph`` asserts on the H200, see :meth:`decode_mode`), ``dynamic`` on the CPU.
+        decode: batched decode step: ``dynamic``, ``static`` or ``graph`` (CUDA graph); ``auto`` = ``graph`` on
+            CUDA (see :meth:`decode_mode`), ``dynamic`` on the CPU.
         answer_mode: ``batched`` (all questions of a (video, budget) decode together from one prefix) or
             ``sequential`` (one question after another from the cropped prefix cache); token-identical.
         original_projector: ``raw_mode="orig"``: the original projector file (safetensors, or seed 001's ``.pt``
@@ -221,10 +223,20 @@ class BudgetedQA(LightningModule):
         add_system_prompt: render the chat template with ``add_system_prompt=True`` as seed 001 does (VideoLLaMA3's
             system turn before the user turn; default); ``False`` as VideoLLaMA3's own ``evaluation/`` renders it
             (no system turn). README, deviations table.
+        early_start: start the weight load (straight to the trainer's device) and, on CUDA, the early compilation
+            of the fused kernels in background threads at the trainer's set-up (``setup("predict")``), so they
+            overlap the rest of the set-up and the DataLoader's start; ``False``: both start at
+            ``on_predict_start``, the load in the main thread (before issue 41). The same model, the same tokens.
+        first_step: ``wait`` (default): the first step waits for the early compilation; ``eager``: steps that
+            start while it still runs use the eager math of the fused kernels and decode ``static`` (no CUDA
+            graph), and the compiled kernels take over once it has ended (:attr:`models.kernels.Fusable.
+            eager_while`). On CUDA in half precision the eager math rounds differently from the compiled kernels,
+            so those first videos' tokens may differ: off by default (issue 41 asks to measure both).
     """
 
     # settings recorded in run.json only when they differ from these defaults (absent there = the default, compared)
-    RECORD_DEFAULTS = {"original_projector": None, "cudnn_attention": False, "add_system_prompt": True}
+    RECORD_DEFAULTS = {"original_projector": None, "cudnn_attention": False, "add_system_prompt": True,
+                       "first_step": "wait"}
 
     def __init__(self, model_path: str = "checkpoints/tiny-videollama3", budgets: list[int] = (128, 256, 1024),
                  raw_mode: str = "phase3", raw_max_tokens: int = 256, max_tokens_per_frame: int = 256,
@@ -232,7 +244,8 @@ class BudgetedQA(LightningModule):
                  attn_implementation: str = "sdpa", encode_chunk_frames: int = 64, answer_mode: str = "batched",
                  vision_attn_implementation: str | None = "frame_batched", decode: str = "auto",
                  original_projector: str | None = None, vision_config_dir: str | None = None,
-                 overlap_budgets: bool = True, cudnn_attention: bool = False, add_system_prompt: bool = True):
+                 overlap_budgets: bool = True, cudnn_attention: bool = False, add_system_prompt: bool = True,
+                 early_start: bool = True, first_step: str = "wait"):
         super().__init__()
         if not budgets:
             raise SettingError("budgets must not be empty")
@@ -246,9 +259,11 @@ class BudgetedQA(LightningModule):
         if decode not in DECODE_MODES:
             raise SettingError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
         for name, value in (("overlap_budgets", overlap_budgets), ("cudnn_attention", cudnn_attention),
-                            ("add_system_prompt", add_system_prompt)):
+                            ("add_system_prompt", add_system_prompt), ("early_start", early_start)):
             if not isinstance(value, bool):   # (the CLI lets null through for a bool)
                 raise SettingError(f"model.{name} must be true or false, got {value!r}")
+        if first_step not in FIRST_STEP_MODES:
+            raise SettingError(f"model.first_step must be one of {FIRST_STEP_MODES}, got {first_step!r}")
         check_template(prompt_template)
         check_dtype("model.init_args.dtype", dtype)   # before anything is written (run.json, the output folder)
         self.save_hyperparameters()
@@ -259,9 +274,34 @@ class BudgetedQA(LightningModule):
         self.warmup_report: dict = {}   # the first step's wait for the early compilation, graphs it still made
         # seconds after the process started (callbacks.timing.StageTimer puts them in timeline_s)
         self.timeline_marks: dict[str, float | None] = {"module_built": process_age_s()}
+        self._loading = None            # the background weight load (early_start), joined by load_model
+        self._compiling = None          # the early compilation thread, joined by the first step
+        self._compile_started = False
+        self.eager_steps = 0            # steps run with eager kernels while the compilation ran (first_step=eager)
 
     def setup(self, stage: str) -> None:
         self.timeline_marks.setdefault("setup", process_age_s())
+        if stage == "predict" and self.hparams.get("early_start", True) and self.vlm is None:
+            strategy = getattr(self._trainer, "strategy", None)
+            device = getattr(strategy, "root_device", None) or self.device
+            # the predict loop runs in inference mode unless the trainer says otherwise (the thread compiles the
+            # graphs in the model's grad mode, warm.start)
+            self._start_compile(device, bool(getattr(self._trainer, "_inference_mode", True)))
+            if self._loading is None:
+                self.timeline_marks["load_start"] = process_age_s()
+                self._loading = warm.in_background(lambda: self._read_model(device), "weight-load")
+
+    def _start_compile(self, device: torch.device, inference: bool | None) -> None:
+        """Start the early compilation of the fused kernels (once; nothing off CUDA, :func:`warm.start`)."""
+        if self._compile_started:
+            return
+        self._compile_started = True
+        started = process_age_s()
+        self._compiling = warm.start(self.hparams.model_path, device, getattr(torch, self.hparams.dtype), inference)
+        if self._compiling is not None:
+            self.timeline_marks["early_compile_start"] = started
+            if self.hparams.get("first_step", "wait") == "eager":
+                Fusable.eager_while = self._compiling
 
     @property
     def jobs(self) -> dict[str, int]:
@@ -283,7 +323,8 @@ class BudgetedQA(LightningModule):
         # only when not at their default (RECORD_DEFAULTS): folders written before these settings existed still resume
         optional = {"original_projector": str(Path(hp.original_projector).resolve())
                     if hp.get("original_projector") else None, "cudnn_attention": bool(hp.get("cudnn_attention")),
-                    "add_system_prompt": bool(hp.get("add_system_prompt", True))}
+                    "add_system_prompt": bool(hp.get("add_system_prompt", True)),
+                    "first_step": hp.get("first_step", "wait")}
         extra = {k: v for k, v in optional.items() if v != self.RECORD_DEFAULTS[k]}
         return {"model_path": str(Path(hp.model_path).resolve()), "raw_mode": hp.raw_mode, **extra,
                 "raw_max_tokens": hp.raw_max_tokens, "max_tokens_per_frame": hp.max_tokens_per_frame,
@@ -294,24 +335,26 @@ class BudgetedQA(LightningModule):
 
     def answerer(self):
         """``answer(prefix_prompt, question_texts, max_new_tokens) -> list[Answer]`` for this run's
-        ``answer_mode`` and ``decode`` (``auto``: ``static`` on CUDA, ``dynamic`` on the CPU). Plain predict and the
+        ``answer_mode`` and ``decode`` (``auto``: ``graph`` on CUDA, ``dynamic`` on the CPU). Plain predict and the
         layout ablation both answer through it, so an ablation's ``base`` job decodes exactly as plain predict."""
         if self.hparams.answer_mode == "sequential":
             return self.vlm.answer_all
         return functools.partial(self.vlm.answer_batched, decode=self.decode_mode())
 
     def decode_mode(self) -> str:
-        """The batched decode step of this run: ``decode``, with ``auto`` = ``static`` on CUDA, ``dynamic`` elsewhere.
+        """The batched decode step of this run: ``decode``, with ``auto`` = ``graph`` on CUDA, ``dynamic`` elsewhere.
 
-        ``auto`` was ``graph`` on CUDA until the replayed decode graph hit a device-side ``index_copy_`` bound assert
-        on the H200 (2026-12-02). Cause, found by reading (2026-12-03): nothing kept the suffix ``StaticCache`` alive
-        after ``start_batched`` returned, so the graph wrote into freed memory (a reused write position became an
-        out-of-range index); the replay now holds it (``SharedPrefixAnswering._static_decoder``, CPU test
-        ``test_replayed_decode_step_keeps_what_it_writes_alive``). The fix has not run on a GPU yet (no device time
-        that session): ``auto`` stays ``static`` until ``tests/test_gpu.py``'s graph tests pass there; ``graph`` is
-        used when asked for by name."""
+        ``auto`` was ``static`` on CUDA from 2026-12-02 (the replayed decode graph hit a device-side ``index_copy_``
+        bound assert on the H200: nothing kept the suffix ``StaticCache`` alive after ``start_batched`` returned, so
+        the graph wrote into freed memory; the replay now holds it, CPU test
+        ``test_replayed_decode_step_keeps_what_it_writes_alive``). ``tests/test_gpu.py``'s graph tests pass on the
+        H200 at a7fdaaf, and graph decode stepped 1.55 s per video against 2.82 s with ``static`` there (issue 41),
+        so ``auto`` is ``graph`` again. The graph replays the kernels of ``static``: the same tokens."""
         hp = self.hparams
-        return hp.decode if hp.decode != "auto" else ("static" if self.device.type == "cuda" else "dynamic")
+        mode = hp.decode if hp.decode != "auto" else ("graph" if self.device.type == "cuda" else "dynamic")
+        if mode == "graph" and self._compiling is not None and self._compiling.is_alive():
+            return "static"   # first_step=eager: no capture of eager kernels while the compiled ones are made
+        return mode
 
     def prompts(self, questions: list[Question], frame_times_s: list[float] | None = None
                 ) -> tuple[list[str], list[str]]:
@@ -373,30 +416,47 @@ class BudgetedQA(LightningModule):
 
         allow_cudnn_sdpa(self.hparams.get("cudnn_attention", False))
         if self.vlm is None:
-            started = process_age_s()
-            self._compiling = warm.start(self.hparams.model_path, self.device, getattr(torch, self.hparams.dtype))
-            if self._compiling is not None:
-                self.timeline_marks["early_compile_start"] = started
+            self._start_compile(self.device, None)   # (started at set-up with early_start)
         self.load_model()
 
     def load_model(self) -> None:
         """Load the VLM from ``model_path`` onto this module's device (once; ``load_seconds`` is 0 when it was
-        already loaded, e.g. by an earlier ``predict`` call)."""
+        already loaded, e.g. by an earlier ``predict`` call). A load started at set-up (``early_start``) is joined
+        here: ``load_seconds`` is then this thread's wait for it (what the load still costs the run), and the
+        timeline gets ``load_start`` / ``load_end`` (the load's own span)."""
         self.load_seconds = 0.0
         if self.vlm is None:
-            hp = self.hparams
             t0 = time.perf_counter()
-            vlm = BudgetedVideoLlama3.from_pretrained(hp.model_path, dtype=hp.dtype,
-                                                      attn_implementation=hp.attn_implementation,
-                                                      raw_mode=hp.raw_mode,
-                                                      vision_attn_implementation=hp.vision_attn_implementation,
-                                                      original_projector=hp.get("original_projector"),
-                                                      vision_config_dir=hp.get("vision_config_dir"))
-            self.vlm = vlm.set_system_prompt(bool(hp.get("add_system_prompt", True))).to(self.device)
+            loading, self._loading = self._loading, None
+            vlm = loading.outcome() if loading is not None else self._read_model(self.device)
+            self.vlm = vlm.to(self.device)
             self.load_seconds = time.perf_counter() - t0
+            if loading is not None:
+                age = process_age_s()
+                if age is not None:
+                    self.timeline_marks["load_end"] = age - (time.perf_counter() - loading.timings["end_perf_counter"])
+
+    def _read_model(self, device: torch.device) -> BudgetedVideoLlama3:
+        """The VLM of ``model_path``, its weights read straight to ``device`` where the loader can
+        (:meth:`BudgetedVideoLlama3.from_pretrained`'s ``device``)."""
+        hp = self.hparams
+        vlm = BudgetedVideoLlama3.from_pretrained(hp.model_path, dtype=hp.dtype,
+                                                  attn_implementation=hp.attn_implementation, raw_mode=hp.raw_mode,
+                                                  vision_attn_implementation=hp.vision_attn_implementation,
+                                                  original_projector=hp.get("original_projector"),
+                                                  vision_config_dir=hp.get("vision_config_dir"), device=device)
+        return vlm.set_system_prompt(bool(hp.get("add_system_prompt", True)))
 
     def predict_step(self, item: dict, batch_idx: int = 0) -> list[dict]:
-        thread, self._compiling = getattr(self, "_compiling", None), None
+        thread = self._compiling
+        if thread is not None and Fusable.eager_while is thread and thread.is_alive():
+            self.eager_steps += 1       # first_step=eager: this step runs the eager kernels, the thread goes on
+            self.warmup_report["eager_steps"] = self.eager_steps
+            thread = None
+        else:
+            self._compiling = None
+            if thread is not None and Fusable.eager_while is thread:
+                Fusable.eager_while = None
         first = thread is not None
         if first:                       # the early compilation (on_predict_start) ends before the first forward
             t0 = time.perf_counter()
@@ -404,7 +464,7 @@ class BudgetedQA(LightningModule):
             end, age = thread.timings.get("end_perf_counter"), process_age_s()
             if end is not None and age is not None:
                 self.timeline_marks["early_compile_end"] = age - (time.perf_counter() - end)
-            self.warmup_report = {"compile_wait_s": round(time.perf_counter() - t0, 3),
+            self.warmup_report = {**self.warmup_report, "compile_wait_s": round(time.perf_counter() - t0, 3),
                                   "early_compile": {k: v for k, v in getattr(thread, "timings", {}).items()
                                                     if k != "end_perf_counter"}}
             graphs = _graphs_compiled()

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import types
 from typing import Callable
 
@@ -70,6 +71,10 @@ class Fusable:
     ``options`` go to the backend (Inductor config keys; only passed when given).
     """
 
+    # while this thread (the early compilation, models/videollama3/warm.py) is alive, calls from other threads run
+    # the eager math instead of waiting for it (BudgetedQA(first_step="eager"), issue 41); None: off
+    eager_while: "threading.Thread | None" = None
+
     def __init__(self, fn: Callable, name: str, dynamic: tuple = (), devices: tuple[str, ...] = ("cuda",),
                  backend: str = "inductor", options: dict | None = None):
         self.fn, self.name, self.dynamic, self.devices, self.backend = fn, name, dynamic, devices, backend
@@ -86,7 +91,9 @@ class Fusable:
                     torch._dynamo.maybe_mark_dynamic(a, d)
 
     def __call__(self, *args):
-        if self.state == "failed" or args[0].device.type not in self.devices or torch.compiler.is_compiling():
+        held = Fusable.eager_while
+        if (self.state == "failed" or args[0].device.type not in self.devices or torch.compiler.is_compiling()
+                or (held is not None and held is not threading.current_thread() and held.is_alive())):
             return self.fn(*args)
         if self._compiled is None:
             # one graph per fixed size and size-1 pattern (prefill / suffix / one-token step, one or several rows,

@@ -212,3 +212,55 @@ def test_early_compilation_covers_the_decode_merge(tiny_vl3_dir):
         before = _graphs_compiled()
         vlm.answer_batched(bi.prompt, qs, 4, decode="static")
     assert _graphs_compiled() == before
+
+
+def test_weights_read_straight_to_the_gpu(tiny_vl3_dir):
+    """Issue 41: ``from_pretrained(device="cuda")`` builds the qbase compressor on the GPU and reads its weights
+    there; the LLM and the vision tower go there through ``device_map`` only where accelerate is installed (else
+    they stay on the CPU for the caller's ``.to``), and the model answers the same either way."""
+    import importlib.util
+
+    from datamodules.decoding import decode_video
+    from models.videollama3 import BudgetedVideoLlama3, prepare_budgets
+
+    direct = BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir, device="cuda")
+    assert {p.device.type for p in direct.compressor.parameters()} == {"cuda"}
+    llm = {p.device.type for p in direct.model.parameters()}
+    assert llm == ({"cuda"} if importlib.util.find_spec("accelerate") else {"cpu"}), llm
+    direct = direct.to("cuda")
+    moved = BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir).to("cuda")
+    dec = decode_video(MEDIA / "cockatoo.mp4", 128)
+    qs = ["What animal is shown?\nA. A dog.\nB. A cockatoo.", "Colour?\nA. White.\nB. Green."]
+    (a,), (b,) = (prepare_budgets(v, dec.frames.cuda(), dec.times_s, [128]) for v in (direct, moved))
+    assert [x.token_ids for x in direct.answer_batched(a.prompt, qs, 6, decode="graph")] == [
+        x.token_ids for x in moved.answer_batched(b.prompt, qs, 6, decode="graph")]
+
+
+def test_eager_first_step_runs_while_the_early_compilation_runs(tiny_vl3_dir):
+    """Issue 41, ``first_step="eager"``: with the early compilation held (a stand-in thread registered as
+    ``Fusable.eager_while``), a fused kernel called from this thread runs eagerly, compiling nothing; after the
+    thread ends the same call compiles."""
+    import threading
+
+    from torch._dynamo.utils import counters
+
+    from models import kernels
+    from models.kernels import Fusable
+
+    x = torch.randn(5, 64, device="cuda")
+    w = torch.ones(64, device="cuda")
+    f = Fusable(kernels._rms_norm, "RMSNorm (test)", dynamic=(1,))
+    release = threading.Event()
+    held = threading.Thread(target=release.wait)
+    held.start()
+    Fusable.eager_while = held
+    try:
+        before = counters["stats"].get("unique_graphs", 0)
+        eager = f(x, w, 1e-6)
+        assert counters["stats"].get("unique_graphs", 0) == before and f.state == "new"
+    finally:
+        release.set()
+        held.join()
+        Fusable.eager_while = None
+    compiled = f(x, w, 1e-6)
+    assert f.state == "ok" and torch.allclose(eager, compiled, atol=1e-5)

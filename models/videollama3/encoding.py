@@ -64,6 +64,16 @@ def resize_pixel_rows(pixels: torch.Tensor, t: int, grid: tuple[int, int], out_g
     return flat[0]
 
 
+
+def device_map_kwargs(device: torch.device | str | None) -> dict:
+    """``{"device_map": "<device>"}`` for ``from_pretrained`` when ``device`` is given and ``accelerate`` is
+    installed (transformers 5.23 raises without it), else ``{}`` (load on the CPU)."""
+    import importlib.util
+
+    if device is None or importlib.util.find_spec("accelerate") is None:
+        return {}
+    return {"device_map": str(torch.device(device))}
+
 class VisionEncoding:
     """Load a checkpoint and turn frames into vision rows: encoder rows, the projector, the qbase compressor.
 
@@ -79,7 +89,8 @@ class VisionEncoding:
                         attn_implementation: str | None = "sdpa", raw_mode: str = "phase3",
                         vision_attn_implementation: str | None = "frame_batched",
                         fused_kernels: bool = True, original_projector: str | Path | None = None,
-                        vision_config_dir: str | Path | None = None) -> "BudgetedVideoLlama3":
+                        vision_config_dir: str | Path | None = None,
+                        device: torch.device | str | None = None) -> "BudgetedVideoLlama3":
         """Load a transformers-format VideoLLaMA3 directory plus ``qbase/`` (and ``original_projector/``).
 
         The tokenizer renders with the template seed 001's ``Videollama3Processor`` gives it: the processor's saved
@@ -97,6 +108,11 @@ class VisionEncoding:
         dict read with ``weights_only=True``) instead of ``original_projector/`` in the directory.
         ``vision_config_dir``: an original-layout checkpoint without ``vision_encoder_config``: a local directory
         with the vision encoder's ``config.json`` (see :mod:`models.videollama3.convert`).
+        ``device``: where the weights are read to (issue 41: straight to the GPU, no CPU copy of the model first):
+        the LLM and vision tower through ``from_pretrained(device_map=device)`` where ``accelerate`` is installed
+        (transformers refuses a ``device_map`` without it; else they load on the CPU and the caller moves them), the
+        qbase compressor through ``safetensors.torch.load_file(device=...)``. ``None``: the CPU, as before. The
+        original layout and the original projector load on the CPU either way (the caller's ``.to``).
 
         Raises:
             FileNotFoundError: the directory or a required file is missing (path named).
@@ -114,7 +130,8 @@ class VisionEncoding:
                 vision_attn_implementation).set_fused_kernels(fused_kernels)
         with reading_checkpoint(path):
             model, info = VideoLlama3ForConditionalGeneration.from_pretrained(
-                path, dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True)
+                path, dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True,
+                **device_map_kwargs(device))
             bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
             if bad:
                 raise CheckpointError(f"{path}: checkpoint weights do not match VideoLlama3ForConditionalGeneration: "
@@ -122,7 +139,7 @@ class VisionEncoding:
             tokenizer = AutoTokenizer.from_pretrained(path)
             tokenizer.chat_template = processor_chat_template(path)  # seed 001: Videollama3Processor's template
             video_processor = AutoVideoProcessor.from_pretrained(path)
-        compressor = TransformerDecoderFlatCompressor.from_pretrained(path / QBASE_DIR).to(dtype)
+        compressor = TransformerDecoderFlatCompressor.from_pretrained(path / QBASE_DIR, device=device).to(dtype)
         orig = None
         if raw_mode == "orig":
             from .original_weights import find_original_projector, projector_state_from

@@ -448,8 +448,10 @@ class TransformerDecoderFlatCompressor(nn.Module):
                   str(directory / self.WEIGHTS_NAME))
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path) -> "TransformerDecoderFlatCompressor":
-        """Load from ``directory`` (safetensors only), strictly.
+    def from_pretrained(cls, directory: str | Path,
+                        device: torch.device | str | None = None) -> "TransformerDecoderFlatCompressor":
+        """Load from ``directory`` (safetensors only), strictly; built and read on ``device`` (``None``: the CPU;
+        the weights go from the file to the device, ``safetensors.torch.load_file(device=...)``).
 
         Raises:
             FileNotFoundError: config or weights missing (path named).
@@ -461,10 +463,11 @@ class TransformerDecoderFlatCompressor(nn.Module):
         for p in (cfg_path, w_path):
             if not p.is_file():
                 raise FileNotFoundError(f"qbase compressor file not found: {p}")
-        with reading_checkpoint(cfg_path):
+        device = torch.device(device if device is not None else "cpu")
+        with reading_checkpoint(cfg_path), device:
             model = cls(TokenCompressorConfig.from_dict(json.loads(cfg_path.read_text()), str(cfg_path)))
         with reading_checkpoint(w_path):
-            load_state_dict_strict(model, load_file(str(w_path)), str(w_path))
+            load_state_dict_strict(model, load_file(str(w_path), device=str(device)), str(w_path))
         return model
 
 

@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -187,5 +187,39 @@ def start(model_path: str | Path, device: torch.device | str, dtype: torch.dtype
 
     thread = threading.Thread(target=run, name="fused-kernel-compile", daemon=True)
     thread.timings = timings
+    thread.start()
+    return thread
+
+
+def in_background(fn: Callable[[], Any], name: str) -> threading.Thread:
+    """Run ``fn()`` in a daemon thread started now (issue 41: the weight load, begun at the trainer's set-up so it
+    overlaps the DataLoader's start and the rest of the set-up instead of following them).
+
+    Returns:
+        The thread, with ``outcome()``: join, then return ``fn``'s result or raise its exception (in the caller's
+        thread); and ``timings``: ``start_perf_counter`` / ``end_perf_counter`` (``time.perf_counter()``).
+
+    Note: ``from_pretrained`` sets torch's process-wide default dtype to the model's while it builds the model; a
+    float tensor made meanwhile by the caller's thread without an explicit dtype gets that dtype (the set-up that
+    runs concurrently makes none in this project: uint8 frames, explicit dtypes).
+    """
+    box: dict = {}
+    timings = {"start_perf_counter": time.perf_counter()}
+
+    def run() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised by outcome() in the caller's thread
+            box["error"] = e
+        timings["end_perf_counter"] = time.perf_counter()
+
+    def outcome():
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.timings, thread.outcome = timings, outcome
     thread.start()
     return thread

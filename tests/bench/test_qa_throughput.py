@@ -103,3 +103,25 @@ def test_floor_parts_match_a_counted_step(tiny_vlm, budget):
     assert 0 <= answer - back < 0.02 * back
     causal = {p.name: p.flops for p in bench.floor_parts(tiny_vlm, row, 4)}
     assert causal["prefix"] < parts["prefix"] and causal["decode"] == parts["decode"]
+
+
+@pytest.mark.slow   # (fast twin: tests/algorithms/test_token_check.py on hand-made logits)
+def test_token_check_logits_reproduce_the_greedy_tokens(tiny_vlm):
+    """The token check's teacher-forced logits (issue 41): in fp32 on the CPU their argmax along a greedy answer is
+    that answer (row t is the distribution of token t given the tokens before it), and two paths with identical
+    tokens and kernels compare as exact and the same, with no logit difference."""
+    from datamodules.decoding import decode_video
+    from models.videollama3 import prepare_budgets
+    from tests.conftest import MEDIA
+
+    bench = _bench()
+    dec = decode_video(MEDIA / "cockatoo.mp4", 128)
+    (bi,) = prepare_budgets(tiny_vlm, dec.frames, dec.times_s, [128], raw_mode="orig")
+    answers = tiny_vlm.answer_all(bi.prompt, bench.QUESTIONS, 4, ignore_eos=True)
+    toks = [a.token_ids for a in answers]
+    logits = bench.forced_logits(tiny_vlm, bi.prompt, bench.QUESTIONS[0], toks[0], fused=False)
+    assert logits.shape == (4, tiny_vlm.model.config.text_config.vocab_size)
+    assert logits.argmax(-1).tolist() == toks[0]
+    out = bench.token_checks(tiny_vlm, {"a": bi.prompt, "b": bi.prompt}, {"a": toks, "b": toks}, tol=1e-4)
+    assert out["same_tokens_ab"] is True and out["exact_tokens_ab"] is True
+    assert out["token_check_ab"] == ";".join(["True(d=0)"] * 3) and out["same_tokens_bc"] == "-"

@@ -455,7 +455,7 @@ def test_ablate_config_instantiates(tmp_path):
 @pytest.mark.parametrize("decode,expect", [("auto", "dynamic"), ("static", "static"), ("graph", "graph")])
 def test_ablation_answers_through_plain_predicts_decode_path(decode, expect):
     """DESIGN §4: base with reuse off is bit-identical to plain predict, so both answer through the same decode
-    step (on a GPU ``auto`` is ``static``; the ablation used to take ``dynamic`` whatever ``decode`` said)."""
+    step (on a GPU ``auto`` is ``graph``; the ablation used to take ``dynamic`` whatever ``decode`` said)."""
     import functools
     from types import SimpleNamespace
 
@@ -470,6 +470,10 @@ def test_ablation_answers_through_plain_predicts_decode_path(decode, expect):
         module.vlm = vlm
         fn = module.answerer()
         assert isinstance(fn, functools.partial) and fn("p", ["q"], 4) == expect   # CPU: auto -> dynamic
+    for module in (BudgetedQA(decode=decode), LayoutAblationQA(jobs="base:256", decode=decode)):
+        module.vlm = vlm
+        module._device = torch.device("cuda", 0)        # placed on a GPU (only the mode is read, nothing runs)
+        assert module.answerer()("p", ["q"], 4) == (expect if decode != "auto" else "graph")   # issue 41
     seq = LayoutAblationQA(jobs="base:256", answer_mode="sequential", decode=decode)
     seq.vlm = vlm
     assert seq.answerer()("p", ["q"], 4) == "sequential"

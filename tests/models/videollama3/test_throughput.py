@@ -209,7 +209,7 @@ def test_ddp_two_processes_equal_one_process(tiny_vl3_dir, tmp_path, n_videos):
     assert (two / "scores.json").is_file() and (two / "timing_rank1.json").is_file()
     for out in (one / "timing_rank0.json", two / "timing_rank1.json"):
         timing = json.loads(out.read_text())
-        # the model loads in on_predict_start (workers already decoding); its time is 'load', never 'wait'
+        # the model is joined in on_predict_start (workers already decoding); its time is 'load', never 'wait'
         assert set(timing["stages_s"]) == {"load", "wait", "encode", "plan_build", "answer"}
         assert timing["stages_s"]["load"] > 0 and timing["videos"] > 0
         assert timing["decode_worker_s"] > 0        # worker-side decoding, reported beside the stages
@@ -222,13 +222,18 @@ def test_ddp_two_processes_equal_one_process(tiny_vl3_dir, tmp_path, n_videos):
         assert [k for k in sorted(tl, key=tl.get) if k in order] == order
         # before the run: the module built by the CLI, then set up; the first video's decode window (in its worker,
         # on the boot clock) ends before it reaches the step; no early compilation on the CPU
-        assert set(tl) - set(order) == {"module_built", "setup", "first_decode_start", "first_decode_end"} | (
+        assert set(tl) - set(order) == {"module_built", "setup", "first_decode_start", "first_decode_end",
+                                        "load_start", "load_end"} | (
             {"first_worker_start"} if "first_worker_start" in tl else set())
         assert 0 < tl["module_built"] <= tl["setup"] <= tl["predict_start"]
+        # the weights load in a thread started at set-up (issue 41); 'load' is the step's wait for it
+        assert tl["setup"] <= tl["load_start"] <= tl["load_end"] <= tl["model_loaded"] + 0.01
         assert tl["first_decode_start"] <= tl["first_decode_end"] <= tl["first_video"] + 0.01
         assert tl.get("first_worker_start", 0) <= tl["first_decode_start"] + 0.01
         assert tl["first_answer"] - tl["first_video"] >= timing["step_s"][0] - 0.01
-        assert tl["model_loaded"] - tl["predict_start"] >= timing["stages_s"]["load"] - 0.01
+        # (the predict_start stamp follows the timer's mark by a /proc read, slower while the load thread holds
+        # the GIL: 13 ms seen on the busy 2-core machine)
+        assert tl["model_loaded"] - tl["predict_start"] >= timing["stages_s"]["load"] - 0.05
 
 
 def test_decode_threads_change_speed_not_frames():
@@ -443,6 +448,8 @@ def test_qa_bench_runs_on_the_cpu(tmp_path):
     res = json.loads(out.read_text())
     (row,) = res["rows"]
     assert row["same_tokens_ab"] and row["same_tokens_bc"] and row["vision_tokens"] <= 128
+    # fp32 on the CPU: the token ids agree exactly (the margin rule never needed) and (c) stays eager (the same math)
+    assert row["exact_tokens_ab"] is True and row["exact_tokens_bc"] is True and row["same_tokens_cd"] == "-"
     assert res["wait"]["videos"] == 1
     # the floor, part by part (algorithms/qa_floor.py): each part printed and recorded, their sum the floor; the
     # earlier floor kept as floor_prefill
