@@ -80,7 +80,7 @@ def test_floor_parts_match_a_counted_step(tiny_vlm, budget):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
     from models.videollama3 import EncodeCache, prepare_budgets
 
     bench = _bench()
