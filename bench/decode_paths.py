@@ -3,13 +3,13 @@
 Clips (made once with imageio-ffmpeg's binary, cached under ``--dir``): H.264 High yuv420p with B-frames
 (x264 ``-preset faster -bf 3``), moving content (``testsrc2`` with a hue rotation), 1280x720 GOP 250 at 30 fps,
 1280x720 GOP 60 at 29.97 fps, 1920x1080 GOP 250 at 30 fps, ``--seconds`` long each. For each clip and budget the
-frames of :func:`datamodules.decoding.plan_decode` (native size) are read by
+frames of :func:`datamodules.decode.plan_decode` (native size) are read by
 
 * ``decord``: today's CPU reader (decodes every frame up to the last sampled one);
 * ``pyav``: PyAV, every frame in order up to the last sampled one;
 * ``pyav+nonref``: PyAV with ``skip_frame=NONREF`` on packets no sampled frame is;
 * ``pyav+seek``: PyAV seeking over spans with a key frame and no sampled frame;
-* ``pyav+both``: both (:func:`datamodules.decoding._pyav_skip_reader`).
+* ``pyav+both``: both (:func:`datamodules.decode.cpu._pyav_skip_reader`).
 
 Columns: seconds per video, source frames per second (the clip's frames over the time: the rate a video of that
 kind is got through), the speed-up over decord, and whether the frames equal decord's bit for bit.
@@ -58,7 +58,8 @@ def main() -> None:
     ap.add_argument("--clips", nargs="+", default=list(CLIPS))
     args = ap.parse_args()
 
-    from datamodules import decoding as D
+    from datamodules import decode as D
+    from datamodules.decode import cpu
 
     paths = {"pyav": dict(skip_nonref=False, seek=False), "pyav+nonref": dict(seek=False),
              "pyav+seek": dict(skip_nonref=False), "pyav+both": {}}
@@ -72,12 +73,12 @@ def main() -> None:
             plan = D.plan_decode(path, probe, b, native_decode_bytes=float("inf"))
             dh, dw = plan.decode_hw
             t = time.perf_counter()
-            ref = D._read_frames(path, plan.unique, probe.height, probe.width, dh, dw, args.threads)
+            ref = cpu._read_frames(path, plan.unique, probe.height, probe.width, dh, dw, args.threads)
             base = time.perf_counter() - t
             rows = [("decord", base, True)]
             for label, kw in paths.items():
                 t = time.perf_counter()
-                got = D._pyav_skip_reader(path, probe, dh, dw, args.threads, **kw)(plan.unique)
+                got = cpu._pyav_skip_reader(path, probe, dh, dw, args.threads, **kw)(plan.unique)
                 rows.append((label, time.perf_counter() - t, bool(np.array_equal(got, ref))))
                 del got
             for label, sec, eq in rows:

@@ -55,7 +55,7 @@ def child(args: argparse.Namespace) -> None:
 
     from datamodules.videoqa import VideoQADataset, VideoTask
     try:
-        from datamodules.decoding import EncoderFrames, EncoderSizing
+        from datamodules.decode import EncoderFrames, EncoderSizing
     except ImportError:   # code from before issue 25 (``--hold off`` only)
         EncoderFrames = EncoderSizing = None
 

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))   # the other bench scr
 from algorithms.flops import ModelShape, get_shape, prefill_flops  # noqa: E402
 from algorithms.qa_floor import PART_NAMES, CompressorShape, VisionShape, floor_seconds, qa_floor_parts  # noqa: E402
 from algorithms.token_check import compare_paths  # noqa: E402
-from datamodules.decoding import decode_video  # noqa: E402
+from datamodules.decode import decode_video  # noqa: E402
 from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets  # noqa: E402
 
 QUESTIONS = [
@@ -320,7 +320,7 @@ def wait_share(vlm, videos: list[str], budgets: list[int], workers: int, chunk: 
     ``wait_share`` is the data wait over the wall time after the load.
     """
     from datamodules.benchmarks import Question
-    from datamodules.decoding import auto_decode_threads
+    from datamodules.decode import auto_decode_threads
     from datamodules.videoqa import VideoQADataset, VideoTask
     from lightning_modules.budgeted_qa import BudgetedQA, job_name
 

@@ -39,7 +39,7 @@ def run_one(path: str, model_dir: str, question_tokens: int, decode: str) -> dic
     """Answer the questions with one suffix-logits path in this process; returns peak memory (MiB), time and tokens."""
     import torch
 
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
     from models.videollama3 import BudgetedVideoLlama3, prepare_budgets
     from models.videollama3.answering import SharedPrefixAnswering
 

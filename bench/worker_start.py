@@ -31,7 +31,7 @@ def one(mode: str, workers: int, videos: int, head_start: float, model: str) -> 
 
     from callbacks.process_clock import boot_s
     from datamodules.benchmarks import Question
-    from datamodules.decoding import EncoderSizing
+    from datamodules.decode import EncoderSizing
     from datamodules.video_items import VideoQADataset, VideoTask
     from datamodules.videoqa import decode_worker_context
     from models.videollama3.frame_sizes import load_video_processor

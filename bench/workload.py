@@ -10,7 +10,7 @@
 2. **Decode paths**, each in a pool of ``--workers`` spawned processes (the DataLoader's shape: 8 workers, the CPU
    path with ``auto_decode_threads`` threads each): the frames seed 001's sampling keeps at the run's largest
    budget (``algorithms.budget.sample_frames``, 16,384 tokens; decode size ``decode_frame_size``), read by decord
-   (``cpu``, today's reader: ``VideoReader.get_batch``), by :func:`datamodules.nvdec.read_nvdec` fed only the
+   (``cpu``, today's reader: ``VideoReader.get_batch``), by :func:`datamodules.decode.nvdec.read_nvdec` fed only the
    packets the sampled frames need (``nvdec``: ``nvdec_skip_nonref=True``, the default; per-file CPU fallback
    with the reason) or decoding every frame of the runs' GOPs (``nvdec_full``: what ``nvdec`` was in
    ``bench/results/workload_h200_2026-12-02.*``), or by FFmpeg's software decoder (PyAV) fed only the needed
@@ -55,7 +55,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from datamodules import nvdec  # noqa: E402  (before anything imports decord: datamodules.nvdec._import_nvc)
+from datamodules.decode import nvdec  # noqa: E402  (before anything imports decord: nvdec._import_nvc)
 
 T0 = time.perf_counter()
 VIDEO_MME = {"short": (300, 80.7), "medium": (300, 520.0), "long": (300, 2466.0)}   # (videos, mean seconds)
@@ -199,7 +199,7 @@ def make_set(out_dir: Path, spec: list[tuple], processes: int | None = None) -> 
 def plan(path: Path, budget: int = 16384, native_decode_bytes: float = 2e9, max_side: int = 896) -> dict:
     """Seed 001's frame choice and decode size, as ``decode_video`` makes them (``probe_video`` + ``plan_decode``:
     FFmpeg's fps filter on the stream's integer pts)."""
-    from datamodules.decoding import plan_decode, probe_video
+    from datamodules.decode import plan_decode, probe_video
 
     probe = probe_video(path)
     p = plan_decode(path, probe, budget, 1.0, native_decode_bytes, max_side)
@@ -269,12 +269,12 @@ def _stages(st: dict) -> dict | None:
 
 def _cpu_skip(path: str, idx: list[int], hw: tuple[int, int], cpu, st: dict):
     """The CPU proof on the workload: FFmpeg's software decoder (PyAV) fed only the packets the sampled frames
-    need (:func:`datamodules.packet_filter.decode_planes_pyav`), converted by decord's swscale
-    (:class:`datamodules.nvdec.Yuv420ToRgb`); its frames' hash must equal the ``cpu`` path's. H.264 / HEVC only
+    need (:func:`datamodules.decode.packet_filter.decode_planes_pyav`), converted by decord's swscale
+    (:class:`datamodules.decode.nvdec.Yuv420ToRgb`); its frames' hash must equal the ``cpu`` path's. H.264 / HEVC only
     (else decord)."""
     import numpy as np
 
-    from datamodules import packet_filter as pf
+    from datamodules.decode import packet_filter as pf
 
     p = nvdec.probe(path)
     if p.codec not in pf.FILTERED_CODECS or nvdec._reason_from_probe(p):
@@ -600,7 +600,7 @@ def main(argv=None) -> dict:
     print(f"set: {len(videos)} videos in {time.perf_counter() - t:.1f} s -> {videos_dir}", flush=True)
     if args.make:
         return {}
-    from datamodules.decoding import auto_decode_threads
+    from datamodules.decode import auto_decode_threads
 
     threads = args.threads or auto_decode_threads(args.workers)
     workers = 1 if args.tiny else args.workers
@@ -679,7 +679,7 @@ def main(argv=None) -> dict:
 
 
 def sweep_sessions(path: Path, window_s: float | None, counts=(1, 2, 4, 7)) -> dict[int, float]:
-    """Source frames/s of :func:`datamodules.nvdec.read_nvdec` on one video (its sampled frames in the window),
+    """Source frames/s of :func:`datamodules.decode.nvdec.read_nvdec` on one video (its sampled frames in the window),
     per NVDEC session count, in this process."""
     p = plan(path)
     cut = int(window_s * p["fps"]) if window_s else p["n"]

@@ -185,7 +185,7 @@ RUN_FILE = "run.json"
 RECORD_FORMAT = 2
 
 
-MISSING_MEDIA = ": video file not found"   # the decoder's error for a missing file (datamodules.decoding)
+MISSING_MEDIA = ": video file not found"   # the decoder's error for a missing file (datamodules.decode)
 
 
 def _holds_results(out_dir: Path) -> bool:

@@ -43,7 +43,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
 from algorithms.errors import SettingError, check_int
-from datamodules.decoding import short_error
+from datamodules.decode import short_error
 
 VIDEO_DIR = "Main/Video_Compressed"
 AUDIO_DIR = "Main/Glasses_Microphone_Array_Audio"

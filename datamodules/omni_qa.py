@@ -8,14 +8,14 @@ Frames (``frame_sampling``):
 
 * ``omnizip`` (default): qwen_omni_utils' choice, which OmniZip's WorldSense evaluation runs (seed 003:7;
   :mod:`algorithms.omni_sampling`): decord's ``total_frames, video_fps = len(vr), vr.get_avg_fps()``
-  (:func:`datamodules.decoding.decord_frame_count`), ``nframes = smart_nframes(...)`` at ``fps`` with at most
+  (:func:`datamodules.decode.decord_frame_count`), ``nframes = smart_nframes(...)`` at ``fps`` with at most
   ``max_frames`` (seed 003's 1 fps / 128 by default; the package's own 2 fps / 768, which OmniZip's eval gets when
   nothing is edited, by setting them), the source frames ``linspace(0, total_frames - 1, nframes).round()``
-  decoded at exactly those indices (:func:`datamodules.decoding.decode_at_indices`), labelled ``index /
+  decoded at exactly those indices (:func:`datamodules.decode.decode_at_indices`), labelled ``index /
   video_fps``; TMRoPE's seconds per temporal patch ``temporal_patch_size / sample_fps`` with the release's
   ``sample_fps = nframes / total_frames * video_fps`` (``frame_interval_s = 1 / sample_fps``), or ``1 /
   processor_fps`` when that is set (``2.0``: what OmniZip's eval gets, see :class:`OmniQADataModule`).
-* ``ffmpeg_rate``: the VideoLLaMA3 job's rule (:func:`datamodules.decoding.decode_video`: seed 001's FFmpeg
+* ``ffmpeg_rate``: the VideoLLaMA3 job's rule (:func:`datamodules.decode.decode_video`: seed 001's FFmpeg
   ``fps`` filter frames at ``fps``, thinned to ``max_frames`` by ``np.linspace(..., dtype=int)``), the frames
   spaced ``1 / fps`` (or duration / frames when thinned). A video without an audio stream gets silence of the video's duration and
 ``audio_info["has_audio"] = False``; an unreadable audio stream is an error item (one error record per question).
@@ -40,7 +40,7 @@ from algorithms.errors import SettingError, check_int
 
 from algorithms.omni_sampling import frame_times, linspace_round_indices, qwen_omni_nframes, qwen_omni_sample_fps
 
-from .decoding import DecodeError, decode_at_indices, decode_video, decord_frame_count
+from .decode import DecodeError, decode_at_indices, decode_video, decord_frame_count
 from .sharding import CostBalancedSampler, estimate_cost
 from .videoqa import VideoQADataModule, VideoTask, _duration_s
 
@@ -149,7 +149,7 @@ class OmniQADataset(Dataset):
                      "frame_interval_s": 1.0 / sample_fps}
 
     def frames_ffmpeg_rate(self, video_path: str):
-        """Seed 001's FFmpeg-rate frames (:func:`datamodules.decoding.decode_video`): ``(DecodedVideo, info
+        """Seed 001's FFmpeg-rate frames (:func:`datamodules.decode.decode_video`): ``(DecodedVideo, info
         additions)``."""
         # decode_video's cap is max_frames(B) = (B // 64) * 8 frames, so B = 8 * max_frames caps at max_frames
         dec = decode_video(video_path, 8 * self.max_frames, self.decode_max_side, base_fps=self.fps)

@@ -14,7 +14,7 @@ from torch.utils.data import Dataset
 from callbacks.process_clock import boot_s, process_start_boot_s
 
 from .benchmarks import Question
-from .decoding import MAX_REPLACED_FRAC, NATIVE_DECODE_BYTES, DecodeError, EncoderSizing, decode_video
+from .decode import MAX_REPLACED_FRAC, NATIVE_DECODE_BYTES, DecodeError, EncoderSizing, decode_video
 
 
 @dataclass
@@ -32,8 +32,8 @@ class VideoQADataset(Dataset):
     """Decodes each video once (for ``max_budget``) and returns a dict item; a failed decode yields an item with
     ``error`` set instead of frames, so the run records it and goes on.
 
-    ``error`` always starts with the video path: a :class:`~datamodules.decoding.DecodeError` message as is (see
-    :mod:`datamodules.decoding` for the per-case table), any other exception of the decoder (including
+    ``error`` always starts with the video path: a :class:`~datamodules.decode.DecodeError` message as is (see
+    :mod:`datamodules.decode.errors` for the per-case table), any other exception of the decoder (including
     ``MemoryError``) as ``"<path>: unexpected decode failure (<type>: <message>)"``. ``KeyboardInterrupt`` and
     ``SystemExit`` are not caught.
     """
@@ -58,7 +58,7 @@ class VideoQADataset(Dataset):
                 "questions": [asdict(q) for q in task.questions], "jobs": task.jobs, "error": None}
         start, start_boot = time.perf_counter(), boot_s()
         if self.decoder != "cpu":   # registers READERS["nvdec"] in this process (a spawned worker starts without it)
-            import datamodules.nvdec  # noqa: F401
+            import datamodules.decode.nvdec  # noqa: F401
         try:
             dec = decode_video(task.video_path, self.max_budget, self.decode_max_side,
                                num_threads=self.decode_threads, native_decode_bytes=self.native_decode_bytes,

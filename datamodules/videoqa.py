@@ -18,7 +18,7 @@ from algorithms.errors import SettingError, check_int
 
 from .benchmarks import AnnotationError, Question, load_benchmark
 from .benchmarks.base import check_media_present
-from .decoding import DECODERS, MAX_REPLACED_FRAC, NATIVE_DECODE_BYTES, auto_decode_threads
+from .decode import DECODERS, MAX_REPLACED_FRAC, NATIVE_DECODE_BYTES, auto_decode_threads
 from .sharding import CostBalancedSampler, estimate_cost
 from .video_items import VideoQADataset, VideoTask  # noqa: F401 - re-exported (defined apart: see there)
 
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 # what a decode worker started by the fork server finds imported (in this order: PyNvVideoCodec before decord)
-WORKER_PRELOAD = ("datamodules.nvdec", "datamodules.video_items")
+WORKER_PRELOAD = ("datamodules.decode.nvdec", "datamodules.video_items")
 
 
 def decode_worker_context(decoder: str, num_workers: int, cuda: bool, preload: tuple[str, ...] = ()):
@@ -88,13 +88,13 @@ class VideoQADataModule(LightningDataModule):
             frames, each unreadable sampled frame replaced by the nearest readable one (``meta.frames_replaced`` in
             its records), unless more than this fraction is unreadable (then an error record).
         decoder: ``cpu`` (default), ``nvdec`` or ``auto``: the reader that decodes the planned frames
-            (:func:`datamodules.decoding.resolve_decoder`; records carry ``video_info.decoder``).
+            (:func:`datamodules.decode.resolve_decoder`; records carry ``video_info.decoder``).
         in_order: deliver the decoded videos in the sampler's order (``True``), or each as soon as its worker has
             decoded it (``False``, the default: ``DataLoader(in_order=False)``), so that a short video is not held
             behind a long one that an earlier worker is still decoding. Records are keyed by question id, so the
             order changes no record, and resuming and the per-rank shards are the same either way.
         decode_threads: decoder threads per worker; ``None``: this host's CPUs shared among all decoders
-            (:func:`datamodules.decoding.auto_decode_threads`, workers x this host's ranks, at most 2 each).
+            (:func:`datamodules.decode.auto_decode_threads`, workers x this host's ranks, at most 2 each).
         limit_videos: use only the first N videos (quick runs).
         hold_encoder_sizes: decode each video in chunks and hold its frames only at the sizes the vision encoder
             reads them (the module's ``frame_sizing()``: each budget's grid and the raw grid, resized by the
@@ -163,7 +163,7 @@ class VideoQADataModule(LightningDataModule):
                 when more than half of the videos are missing, naming the folder looked in.
         """
         if self.decoder == "nvdec":   # every video on NVDEC: this process must be able to use it at all
-            from datamodules import nvdec
+            from datamodules.decode import nvdec
 
             why = nvdec.available()
             if why:

@@ -43,7 +43,7 @@ from lightning.pytorch import LightningModule
 from algorithms.errors import SettingError, check_dtype
 from callbacks.process_clock import process_age_s
 from datamodules.benchmarks import Question
-from datamodules.decoding import EncoderSizing
+from datamodules.decode import EncoderSizing
 from datamodules.benchmarks.prompts import (chat_parts, recorded_template, check_template, interleaved_subtitles, pre_media_text,
                                             prompt_and_template, resolve_template)
 from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets
@@ -401,7 +401,7 @@ class BudgetedQA(LightningModule):
     def frame_sizing(self) -> EncoderSizing:
         """The sizes this module's encodes read the frames at (every budget's grid, and the raw grid), with the
         checkpoint's video processor: the data module then holds each video at those sizes only
-        (:class:`datamodules.decoding.EncoderSizing`, ``data.hold_encoder_sizes``)."""
+        (:class:`datamodules.decode.EncoderSizing`, ``data.hold_encoder_sizes``)."""
         hp = self.hparams
         processor = self.vlm.video_processor if self.vlm is not None else load_video_processor(hp.model_path)
         return EncoderSizing(tuple(self.budgets), hp.max_tokens_per_frame, hp.raw_mode, hp.raw_max_tokens, processor)

@@ -17,7 +17,7 @@ def cuda_vlm(tiny_vl3_dir):
 
 
 def test_graph_decode_equals_sequential_on_cuda(cuda_vlm):
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
     from models.videollama3 import prepare_budgets
 
     dec = decode_video(MEDIA / "cockatoo.mp4", 1024)
@@ -32,7 +32,7 @@ def test_graph_decode_equals_sequential_on_cuda(cuda_vlm):
 
 
 def test_frame_batched_attention_on_cuda(cuda_vlm):
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
 
     dec = decode_video(MEDIA / "cockatoo.mp4", 1024)
     frames = dec.frames[:6].cuda()
@@ -107,7 +107,7 @@ def test_graph_decode_one_question_after_several(cuda_vlm, caplog):
     several-row one and still answers as the sequential path does; every capture succeeds (no eager fallback)."""
     import logging
 
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
     from models.videollama3 import BudgetedVideoLlama3, prepare_budgets
 
     dec = decode_video(MEDIA / "cockatoo.mp4", 256)
@@ -198,7 +198,7 @@ def test_fused_vision_encoder_on_cuda_equal_library(dtype, tol):
 def test_early_compilation_covers_the_decode_merge(tiny_vl3_dir):
     """After warm.compile_fused_kernels (what runs while the weights load), a video's first batched answer with
     3 questions compiles no graph: the decode step's shared-prefix merge was compiled on the stand-ins."""
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
     from lightning_modules.budgeted_qa import _graphs_compiled
     from models.videollama3 import BudgetedVideoLlama3, prepare_budgets, warm
 
@@ -220,7 +220,7 @@ def test_weights_read_straight_to_the_gpu(tiny_vl3_dir):
     they stay on the CPU for the caller's ``.to``), and the model answers the same either way."""
     import importlib.util
 
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
     from models.videollama3 import BudgetedVideoLlama3, prepare_budgets
 
     direct = BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir, device="cuda")

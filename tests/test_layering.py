@@ -202,6 +202,35 @@ def test_benchmark_formats_import_base_only():
     assert not bad, bad
 
 
+# the decode room (issue 40): its file names are the pipeline, in this order; the NVDEC reader comes last
+DECODE_STEPS = ("errors", "probe", "plan", "readers", "cpu", "retry", "held", "video", "packet_filter", "swscale",
+                "convert", "nvdec")
+
+
+def test_decode_steps_import_one_way():
+    """Each module of ``datamodules/decode/`` imports only the steps before it (the NVDEC reader also reads the
+    package's registry when it registers); the package imports every step but the NVDEC reader (importing it
+    imports PyNvVideoCodec and registers ``READERS["nvdec"]``: opt-in), and no module imports decord when it is
+    imported (PyNvVideoCodec must come first in a process: ``datamodules.decode.nvdec._import_nvc``)."""
+    graph = import_graph(project_modules())
+    rank = {f"datamodules.decode.{s}": k for k, s in enumerate(DECODE_STEPS)}
+    assert set(rank) | {"datamodules.decode"} == {m for m in graph if m.startswith("datamodules.decode")}
+    bad = [f"{m} imports {d}" for m in rank for d in graph[m] if d in rank and rank[d] >= rank[m]]
+    assert not bad, bad
+    assert graph["datamodules.decode.nvdec"] & {"datamodules.decode"} and not any(
+        "datamodules.decode" in graph[m] for m in rank if m != "datamodules.decode.nvdec")
+    assert graph["datamodules.decode"] == set(rank) - {"datamodules.decode.packet_filter",
+                                                       "datamodules.decode.swscale", "datamodules.decode.convert",
+                                                       "datamodules.decode.nvdec"}
+    eager = [f"{f.name} imports {a.name if isinstance(n, ast.Import) else n.module}"
+             for f in sorted((REPO / "datamodules/decode").glob("*.py"))
+             for n in ast.parse(f.read_text(encoding="utf-8")).body if isinstance(n, (ast.Import, ast.ImportFrom))
+             for a in n.names
+             if ((a.name if isinstance(n, ast.Import) else n.module) or "").split(".")[0]
+             in ("decord", "PyNvVideoCodec")]
+    assert not eager, eager
+
+
 def test_entry_points_are_thin_and_independent():
     """``train.py`` and ``evaluate.py`` build their CLI from ``cli.py``; neither imports the other, and ``cli.py``
     imports neither."""

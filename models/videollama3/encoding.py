@@ -211,7 +211,7 @@ class VisionEncoding:
                 :func:`algorithms.budget.frame_grid` ``(H, W, max_tokens)``.
             chunk_frames: frames per encoder call (attention is per frame, so chunking changes nothing).
             grid: the frames are already the processor's resize to this grid (``28 gh x 28 gw`` pixels,
-                :class:`datamodules.decoding.EncoderFrames`): not resized again.
+                :class:`datamodules.decode.EncoderFrames`): not resized again.
 
         Returns:
             ``(rows, (gh, gw))``: rows (T, gh * gw, C) merged encoder rows (before the projector), row-major.

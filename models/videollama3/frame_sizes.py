@@ -1,4 +1,4 @@
-"""The video processor's resize outside the model: held frames (``datamodules.decoding.EncoderFrames``) are made
+"""The video processor's resize outside the model: held frames (``datamodules.decode.EncoderFrames``) are made
 with the very call :meth:`~models.videollama3.model.BudgetedVideoLlama3.encode` would make on them."""
 from __future__ import annotations
 

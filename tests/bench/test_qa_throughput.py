@@ -80,7 +80,7 @@ def test_floor_parts_match_a_counted_step(tiny_vlm, budget):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
     from models.videollama3 import EncodeCache, prepare_budgets
 
     bench = _bench()
@@ -110,7 +110,7 @@ def test_token_check_logits_reproduce_the_greedy_tokens(tiny_vlm):
     """The token check's teacher-forced logits (issue 41): in fp32 on the CPU their argmax along a greedy answer is
     that answer (row t is the distribution of token t given the tokens before it), and two paths with identical
     tokens and kernels compare as exact and the same, with no logit difference."""
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
     from models.videollama3 import prepare_budgets
     from tests.conftest import MEDIA
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from datamodules import nvdec  # noqa: F401  (before decord, as the bench does)
+from datamodules.decode import nvdec  # noqa: F401  (before decord, as the bench does)
 from tests.media_factory import ffmpeg_exe
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "workload.py"

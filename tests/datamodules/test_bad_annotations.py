@@ -279,7 +279,7 @@ def test_non_latin_and_rtl_text_verbatim(tmp_path):
 def test_special_tokens_in_dataset_text_keep_the_input_structure(tmp_path, tiny_vlm):
     """A question, its options and its subtitles full of placeholder, chat and compression tokens: loaded verbatim,
     and in the model input they neither add a vision placeholder nor end the user turn."""
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
     from models.videollama3 import prepare_budgets
     from tests.conftest import MEDIA
 

@@ -2,7 +2,7 @@
 predict run over all of them records an error per bad video while the others are answered.
 
 The media are made with ffmpeg by :mod:`tests.media_factory` (tiny, once per session). Behaviours are documented
-in :mod:`datamodules.decoding`.
+in :mod:`datamodules.decode`.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from datamodules.decoding import DecodeError, decode_video
+from datamodules.decode import DecodeError, decode_video
 from tests.conftest import REPO
 from tests.media_factory import MediaFactory, decode_with_ffmpeg, ffmpeg_fps_filter, frame_numbers
 
@@ -182,7 +182,7 @@ def test_4k_decoded_small_with_bounded_memory(media):
     path = media.get("uhd")
     code = textwrap.dedent(f"""
         import json, resource
-        from datamodules.decoding import decode_video
+        from datamodules.decode import decode_video
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         dec = decode_video({str(path)!r}, 1024, base_fps=5.0, native_decode_bytes=1e8)   # all 10 frames, reduced
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -198,7 +198,7 @@ def test_4k_decoded_small_with_bounded_memory(media):
 
 def test_native_size_below_the_seeds_byte_bound(media):
     """Seed 001: native size when ``n_est * h * w * 3 <= 2e9`` (n_est = min(int(d * fps) + 1, M)), else reduced."""
-    from datamodules.decoding import decode_frame_size
+    from datamodules.decode import decode_frame_size
 
     dec = decode_video(media.get("uhd"), 1024, base_fps=5.0)   # n_est = 11: 11 * 2160 * 3840 * 3 = 274 MB
     assert dec.info["decode_hw"] == [2160, 3840] and dec.frames.shape == (10, 2160, 3840, 3)
@@ -228,7 +228,7 @@ def test_seed_rule_for_decode_errors_is_the_default(media):
     """Seed 001 makes any decode error an error record (issue 32 B7): ``max_replaced_frac`` defaults to 0."""
     import inspect
 
-    from datamodules.decoding import MAX_REPLACED_FRAC
+    from datamodules.decode import MAX_REPLACED_FRAC
     from datamodules.videoqa import VideoQADataModule
 
     assert MAX_REPLACED_FRAC == 0.0 and inspect.signature(decode_video).parameters["max_replaced_frac"].default == 0
@@ -236,9 +236,10 @@ def test_seed_rule_for_decode_errors_is_the_default(media):
 
 
 def test_decoder_setting(media, monkeypatch):
-    from datamodules import decoding
+    from datamodules import decode
+    from datamodules.decode import cpu
 
-    monkeypatch.delitem(decoding.READERS, "nvdec", raising=False)   # datamodules.nvdec registers it when imported
+    monkeypatch.delitem(decode.READERS, "nvdec", raising=False)   # datamodules.decode.nvdec registers it when imported
     assert decode_video(media.get("good"), 1024, decoder="auto").info["decoder"] == "pyav_skip"   # no NVDEC: cpu
     with pytest.raises(ValueError, match="no NVDEC reader is registered"):
         decode_video(media.get("good"), 1024, decoder="nvdec")
@@ -248,10 +249,10 @@ def test_decoder_setting(media, monkeypatch):
 
     def nvdec(path, probe, dh, dw, threads):   # a registered reader decodes through the same plan
         calls.append((dh, dw))
-        return decoding._pyav_skip_reader(path, probe, dh, dw, threads)
+        return cpu._pyav_skip_reader(path, probe, dh, dw, threads)
 
     nvdec.supports = lambda probe, path: None if probe.codec == "h264" else f"codec {probe.codec}"
-    monkeypatch.setitem(decoding.READERS, "nvdec", nvdec)
+    monkeypatch.setitem(decode.READERS, "nvdec", nvdec)
     dec = decode_video(media.get("good"), 1024, decoder="auto")
     assert dec.info["decoder"] == "nvdec" and calls == [(48, 64)]
     assert torch.equal(dec.frames, decode_video(media.get("good"), 1024).frames)
@@ -315,7 +316,7 @@ def test_predict_records_errors_and_goes_on(media, tiny_vl3_dir, tmp_path):
 _CORRUPT_CHECK = r"""
 import json, sys
 import torch
-from datamodules.decoding import DecodeError, decode_video
+from datamodules.decode import DecodeError, decode_video
 path = sys.argv[1]
 out = {}
 dec = decode_video(path, 1024, base_fps=8.0, max_replaced_frac=0.5)
@@ -356,7 +357,7 @@ def test_corrupt_packets_keep_the_readable_frames(media):
 
 
 def test_replacement_rule():
-    from datamodules.decoding import replace_unreadable
+    from datamodules.decode import replace_unreadable
 
     a, b, c = (np.full((1, 1, 3), v, np.uint8) for v in (1, 2, 3))
     filled, replaced = replace_unreadable([a, None, None, b, None, c], [0, 2, 4, 6, 9, 10])
@@ -369,7 +370,7 @@ def test_replacement_rule():
 
 
 def test_short_error_keeps_the_cause():
-    from datamodules.decoding import short_error
+    from datamodules.decode import short_error
 
     msg = ("[21:59:11] /github/workspace/src/video/ffmpeg/threaded_decoder.cc:292: [21:59:11] /github/workspace/src/"
            "video/ffmpeg/threaded_decoder.cc:218: Check failed: avcodec_send_packet(dec_ctx_.get(), pkt.get()) >= 0 "

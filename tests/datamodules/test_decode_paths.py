@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from datamodules import decoding as D
+from datamodules import decode as D
+from datamodules.decode import cpu
 from tests.conftest import REPO
 from tests.media_factory import MediaFactory, decode_with_ffmpeg, run_ffmpeg
 
@@ -23,8 +24,8 @@ def _both(path: Path, budget: int, **kw):
     probe = D.probe_video(path)
     plan = D.plan_decode(path, probe, budget)
     dh, dw = plan.decode_hw
-    ref = D._read_frames(path, plan.unique, probe.height, probe.width, dh, dw, 1)
-    return ref, D._pyav_skip_reader(path, probe, dh, dw, 2, **kw)(plan.unique)
+    ref = cpu._read_frames(path, plan.unique, probe.height, probe.width, dh, dw, 1)
+    return ref, cpu._pyav_skip_reader(path, probe, dh, dw, 2, **kw)(plan.unique)
 
 
 @pytest.mark.parametrize("kw", [{}, {"seek": False}, {"skip_nonref": False}])

@@ -1,4 +1,4 @@
-"""Frame identity with FFmpeg (issue 32 A): the native frames :func:`datamodules.decoding.decode_video` keeps are
+"""Frame identity with FFmpeg (issue 32 A): the native frames :func:`datamodules.decode.decode_video` keeps are
 the very frames seed 001's ffmpeg command emits (``fps=fps:round=down`` at the rate ``format.duration`` picks,
 then ``np.linspace`` thinning), compared by **index** on lossless clips whose pixels spell the source frame number
 (:meth:`tests.media_factory.MediaFactory.digits`), against imageio-ffmpeg's binary itself."""
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from algorithms.budget import av_d2q, fps_filter_frames, max_frames, sample_rate, thin_linspace
-from datamodules.decoding import DecodeError, decode_video, plan_decode, probe_video
+from datamodules.decode import DecodeError, decode_video, plan_decode, probe_video
 from tests.media_factory import MediaFactory, digit_indices, seed_ffmpeg_indices
 
 BUDGETS = (64, 512, 1024, 16384)   # M = 8, 64, 128 (capped) and 2048 (1 fps, uncapped here)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from algorithms.budget import encoder_grids, frame_grid
-from datamodules.decoding import EncoderFrames, EncoderSizing, decode_video, held_bytes, hold_chunk_frames
+from datamodules.decode import EncoderFrames, EncoderSizing, decode_video, held_bytes, hold_chunk_frames
 from tests.media_factory import _X264, run_ffmpeg
 
 

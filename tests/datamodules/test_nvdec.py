@@ -1,5 +1,5 @@
-"""NVDEC reader (``datamodules/nvdec.py``): decord's own swscale conversion, the per-file fallback reasons, and the
-split over sessions.
+"""NVDEC reader (``datamodules/decode/nvdec.py``): decord's own swscale conversion, the per-file fallback
+reasons, and the split over sessions.
 
 CPU cases: the conversion is proven on the CPU by feeding it the 4:2:0 planes of FFmpeg's software decoder (PyAV),
 which are the planes NVDEC returns for H.264 / HEVC / VP9 (bit-exact decoding; the ``gpu`` cases check that), and
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from datamodules import nvdec  # before decord (see datamodules.nvdec._import_nvc)
+from datamodules.decode import nvdec  # before decord (see datamodules.decode.nvdec._import_nvc)
 from tests.media_factory import ffmpeg_exe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -187,7 +187,7 @@ def test_unreadable_file_reason(tmp_path):
 def test_decord_first_is_refused():
     """decord imported before PyNvVideoCodec makes PyNvVideoCodec's demuxer segfault (H200, 2.2.4): the module
     then refuses NVDEC for the process (a reason, not a crash)."""
-    code = ("import sys; sys.path.insert(0, '.'); import decord; from datamodules import nvdec; "
+    code = ("import sys; sys.path.insert(0, '.'); import decord; from datamodules.decode import nvdec; "
             "print(nvdec.nvdec_unsupported('x.mp4') or '', nvdec._nvc())")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert "decord was imported before PyNvVideoCodec" in out
@@ -261,7 +261,7 @@ def test_read_nvdec_packet_filter_equals_decord(clips, name, scale):
 def test_packet_filter_cpu_twin(clips, name):
     """The CPU twin of the GPU case above: on the same clips and indices, FFmpeg's software decoder fed only the
     kept packets gives the full decode's planes, and frames are skipped (so the GPU case's count is not empty)."""
-    from datamodules import packet_filter as pf
+    from datamodules.decode import packet_filter as pf
 
     idx = [1, 5, 11, 14, 23]
     stats: dict = {}
@@ -344,7 +344,7 @@ def test_packet_session_control_flow_on_cpu(clips, name, monkeypatch):
 
     import torch
 
-    from datamodules import packet_filter as pf
+    from datamodules.decode import packet_filter as pf
 
     monkeypatch.setattr(torch.cuda, "device", lambda _gpu: contextlib.nullcontext())
     fake = _FakeNvc()

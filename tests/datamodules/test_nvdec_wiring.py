@@ -1,14 +1,14 @@
-"""``data.decoder`` reaches the NVDEC reader of ``datamodules/nvdec.py`` through ``decoding.READERS`` (CPU: the
+"""``data.decoder`` reaches the NVDEC reader of ``datamodules/decode/nvdec.py`` through ``decode.READERS`` (CPU: the
 reader's decisions; the frames themselves are checked on the GPU in test_nvdec.py)."""
 import numpy as np
 import pytest
 
-from datamodules import decoding, nvdec
-from datamodules.decoding import decode_video
+from datamodules import decode
+from datamodules.decode import decode_video, nvdec
 
 
 def test_importing_nvdec_registers_its_reader():
-    assert decoding.READERS["nvdec"] is nvdec.reader
+    assert decode.READERS["nvdec"] is nvdec.reader
     assert nvdec.reader.whole_video and callable(nvdec.reader.supports)
 
 

@@ -1,5 +1,5 @@
 """qwen_omni_utils' frame choice end to end (issue 32 C2): decord's frame count and rate, ``smart_nframes`` +
-``linspace(...).round()`` indices worked out by hand, and :func:`datamodules.decoding.decode_at_indices` giving the
+``linspace(...).round()`` indices worked out by hand, and :func:`datamodules.decode.decode_at_indices` giving the
 very frames the release's ``vr.get_batch(idx)`` gives, checked by **index** on lossless clips whose pixels spell the
 source frame number (:meth:`tests.media_factory.MediaFactory.digits`)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from algorithms.omni_sampling import qwen_omni_frame_indices, qwen_omni_sample_fps
-from datamodules.decoding import DecodeError, decode_at_indices, decord_frame_count
+from datamodules.decode import DecodeError, decode_at_indices, decord_frame_count
 from tests.media_factory import MediaFactory, digit_indices
 
 NTSC = 30000 / 1001

@@ -1,7 +1,7 @@
-"""The packet filter (``datamodules/packet_filter.py``): NAL classification on hand-built bytes, the needed-packet
-rule on hand-built GOPs, and exactness on real encodes: FFmpeg's software decoder (PyAV) fed only the kept packets
-gives the sampled frames' planes byte for byte as a full decode does (x264 with 3 B-frames and b-pyramid, GOP 60 /
-250, closed and open GOP; x265 with B-frames, closed GOP, open GOP (CRA) and temporal layers).
+"""The packet filter (``datamodules/decode/packet_filter.py``): NAL classification on hand-built bytes, the
+needed-packet rule on hand-built GOPs, and exactness on real encodes: FFmpeg's software decoder (PyAV) fed only the
+kept packets gives the sampled frames' planes byte for byte as a full decode does (x264 with 3 B-frames and
+b-pyramid, GOP 60 / 250, closed and open GOP; x265 with B-frames, closed GOP, open GOP (CRA) and temporal layers).
 
 The classification is also checked against FFmpeg's own: with ``skip_frame=NONREF`` its decoder drops exactly the
 H.264 pictures with ``nal_ref_idc == 0`` and the HEVC sub-layer non-reference types, so the frames it still outputs
@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from datamodules import packet_filter as pf
+from datamodules.decode import packet_filter as pf
 from tests.media_factory import ffmpeg_exe
 
 X264 = "bframes=3:b-pyramid=normal:scenecut=0"

@@ -19,12 +19,12 @@ def test_fork_unless_nvdec_may_run_in_the_workers():
     assert decode_worker_context("auto", 0, True) is None           # decoding in the main process
     assert decode_worker_context("nvdec", 8, False) is None         # no CUDA device: NVDEC is never tried
     for decoder in ("auto", "nvdec"):
-        ctx = decode_worker_context(decoder, 8, True, (VL3_PROCESSOR, "datamodules.nvdec"))
+        ctx = decode_worker_context(decoder, 8, True, (VL3_PROCESSOR, "datamodules.decode.nvdec"))
         assert ctx.get_start_method() == "forkserver"
         from multiprocessing import forkserver
         # PyNvVideoCodec's module before decord's, the processor's after; each once
         assert forkserver._forkserver._preload_modules == [*WORKER_PRELOAD, VL3_PROCESSOR]
-    assert WORKER_PRELOAD[0] == "datamodules.nvdec"
+    assert WORKER_PRELOAD[0] == "datamodules.decode.nvdec"
 
 
 def test_what_the_fork_server_preloads_has_no_lightning_and_no_cuda_context():
@@ -43,7 +43,7 @@ def test_fork_server_workers_give_the_main_process_items(tiny_vl3_dir):
     """Items decoded by workers forked from the server (decoder ``auto``: on this CPU machine every file falls back
     to the CPU reader) equal the main process's, frame for frame at every held grid."""
     from datamodules.benchmarks import Question
-    from datamodules.decoding import EncoderSizing
+    from datamodules.decode import EncoderSizing
     from datamodules.video_items import VideoQADataset, VideoTask
     from models.videollama3.frame_sizes import load_video_processor
 

@@ -110,7 +110,7 @@ def test_demo_plans_and_scores_pinned(first_run, tiny_vlm):
     realshort, T = 1, cap 256 for every budget: 240 x 320 -> 9 x 11 = 99 cells (no resize needed):
       B=128, 256, 1024: 99 <= B -> raw, 1 raw frame, 99 tokens.
     """
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
     from tests.conftest import MEDIA
 
     root, out, recs = first_run
@@ -214,7 +214,7 @@ def test_corrupt_video_gives_error_record(tiny_vl3_dir, demo_bench, tmp_path):
 
 
 def test_shared_prefix_equals_from_scratch(tiny_vlm):
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
     from models.videollama3 import prepare_budgets
     from tests.conftest import MEDIA
 
@@ -233,7 +233,7 @@ def test_shared_prefix_equals_from_scratch(tiny_vlm):
 
 
 def test_dataset_text_cannot_add_placeholders(tiny_vlm):
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
     from models.videollama3 import prepare_budgets
     from tests.conftest import MEDIA
 
@@ -300,7 +300,7 @@ def test_system_prompt_and_answer_prefix_in_the_chat_template(tiny_vlm):
     ChatML text written out by hand, tokenized around the vision rows, and shared-prefix answers equal a plain
     pass."""
     from datamodules.benchmarks.prompts import chat_parts
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
     from models.videollama3 import prepare_budgets
     from tests.conftest import MEDIA
 

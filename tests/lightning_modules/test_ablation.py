@@ -324,7 +324,7 @@ def test_baseline_run_with_another_plan_stops_the_run(runs, tiny_vl3_dir):
 
 @pytest.fixture(scope="module")
 def cockatoo():
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
 
     return decode_video(MEDIA / "cockatoo.mp4", 1024)
 

@@ -366,7 +366,7 @@ def test_early_compilation_makes_the_graphs_the_model_then_calls(tiny_vl3_dir, m
 
     import torch._dynamo
 
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
     from models import vision_attention
     from models.videollama3 import warm
     from tests.conftest import MEDIA

@@ -59,7 +59,7 @@ def _direct(clip, variant, retention=0.5):
 
 
 def test_decode_audio_and_demo_items(demo_root, item):
-    from datamodules.decoding import DecodeError
+    from datamodules.decode import DecodeError
     from datamodules.omni_qa import OmniQADataset, decode_audio
 
     # qwen_omni_utils' choice (the default): decord's 280 frames at 20 fps, 14 s at 1 fps -> 14 frames,

@@ -28,7 +28,7 @@ def orig_dir(tiny_vl3_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def video():
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
 
     return decode_video(MEDIA / "cockatoo.mp4", 1024)
 

@@ -17,7 +17,7 @@ QUESTIONS = ["x", "Colour?\nA. White.\nB. Green.",
 
 @pytest.fixture(scope="module")
 def prompt(tiny_vlm):
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
     from models.videollama3 import prepare_budgets
 
     dec = decode_video(MEDIA / "cockatoo.mp4", 1024)

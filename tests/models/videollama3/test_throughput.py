@@ -19,7 +19,7 @@ from tests.conftest import MEDIA, REPO
 
 
 def test_batched_answers_equal_sequential(tiny_vlm):
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
     from models.videollama3 import prepare_budgets
 
     dec = decode_video(MEDIA / "cockatoo.mp4", 1024)
@@ -50,7 +50,7 @@ def test_replayed_decode_step_keeps_what_it_writes_alive(tiny_vlm, monkeypatch):
     import gc
     import weakref
 
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
     from models.videollama3 import BudgetedVideoLlama3, prepare_budgets
 
     caches, replays = [], []
@@ -238,7 +238,7 @@ def test_ddp_two_processes_equal_one_process(tiny_vl3_dir, tmp_path, n_videos):
 
 def test_decode_threads_change_speed_not_frames():
     """FFmpeg's frame threading is bit-exact: a 3-thread decode equals the 1-thread decode."""
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
 
     one = decode_video(MEDIA / "cockatoo.mp4", 1024, num_threads=1)
     three = decode_video(MEDIA / "cockatoo.mp4", 1024, num_threads=3)
@@ -247,9 +247,10 @@ def test_decode_threads_change_speed_not_frames():
 
 def test_threaded_decode_failure_is_retried_with_one_thread(monkeypatch):
     """decord's threaded decoder fails on some streams that decode with one thread (dmlc/decord#246): retried."""
-    from datamodules import decoding
+    from datamodules import decode
+    from datamodules.decode import video
 
-    read = decoding._read_frames
+    read = video._read_frames
     threads = []
 
     def flaky(path, idx, h, w, dh, dw, num_threads):
@@ -258,17 +259,17 @@ def test_threaded_decode_failure_is_retried_with_one_thread(monkeypatch):
             raise RuntimeError("Thread worker: Error sending packet.")
         return read(path, idx, h, w, dh, dw, num_threads)
 
-    monkeypatch.setattr(decoding, "_read_frames", flaky)
-    got = decoding.decode_video(MEDIA / "cockatoo.mp4", 256, num_threads=3)
+    monkeypatch.setattr(video, "_read_frames", flaky)
+    got = decode.decode_video(MEDIA / "cockatoo.mp4", 256, num_threads=3)
     assert threads == [3, 1]
-    monkeypatch.setattr(decoding, "_read_frames", read)
-    assert torch.equal(got.frames, decoding.decode_video(MEDIA / "cockatoo.mp4", 256).frames)
-    with pytest.raises(decoding.DecodeError, match="video file not found"):   # a real error stays one
-        decoding.decode_video(MEDIA / "missing.mp4", 256, num_threads=3)
+    monkeypatch.setattr(video, "_read_frames", read)
+    assert torch.equal(got.frames, decode.decode_video(MEDIA / "cockatoo.mp4", 256).frames)
+    with pytest.raises(decode.DecodeError, match="video file not found"):   # a real error stays one
+        decode.decode_video(MEDIA / "missing.mp4", 256, num_threads=3)
 
 
 def test_auto_decode_threads_shares_the_host():
-    from datamodules.decoding import auto_decode_threads
+    from datamodules.decode import auto_decode_threads
 
     assert auto_decode_threads(6, 1, cpus=16) == 2          # 16 // 6
     assert auto_decode_threads(2, 1, cpus=16) == 2          # 8, capped at 2
@@ -281,7 +282,7 @@ def test_auto_decode_threads_shares_the_host():
 def test_auto_decode_threads_reads_the_affinity_mask(monkeypatch):
     import os
 
-    from datamodules.decoding import auto_decode_threads
+    from datamodules.decode import auto_decode_threads
 
     monkeypatch.setattr(os, "cpu_count", lambda: 32)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
@@ -346,7 +347,7 @@ def test_wait_hint_names_the_remedy_only_when_decoding_is_the_bottleneck():
 
 def test_frame_batched_vision_attention_equals_per_frame(tiny_vlm):
     """One SDPA call over all frames gives the rows of transformers' per-frame loop (and is what runs)."""
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
 
     dec = decode_video(MEDIA / "cockatoo.mp4", 1024)
     assert tiny_vlm.model.config.vision_config._attn_implementation.endswith("frame_batched_sdpa")
@@ -374,7 +375,7 @@ def test_encode_passes_the_library_s_vision_layout_with_the_grid_on_the_host(tin
     the grid, and the rows equal the library's forward given only the grid (bit-identical on the CPU)."""
     from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids
 
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
 
     for t, h, w in ((3, 4, 6), (1, 8, 2), (5, 6, 6)):
         lay = tiny_vlm._vision_layout(t, h, w, 2)
@@ -555,7 +556,7 @@ def test_started_prefixes_finish_in_any_order_with_the_sequential_tokens(tiny_vl
     """``start_batched`` for two budgets' prefixes before finishing either (what ``BudgetedQA`` does with
     ``overlap_budgets``): each finish decodes against its own prefix (the shared-prefix backend is re-entered with
     that prefix's cache) and gives the one-by-one path's tokens."""
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
     from models.videollama3 import prepare_budgets
 
     dec = decode_video(MEDIA / "cockatoo.mp4", 1024)

@@ -111,7 +111,7 @@ def test_merge_stand_ins_have_the_decode_steps_layouts(tiny_vlm):
     """The early compilation's merge arguments have the shapes, strides and dtypes of what a real decode step passes
     (a compiled graph guards on strides: a contiguous stand-in query against the step's transposed view compiled a
     second graph in the first video's step on the H200)."""
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
     from models.videollama3 import prepare_budgets
     from tests.conftest import MEDIA
 

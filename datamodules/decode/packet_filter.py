@@ -27,7 +27,7 @@ VP9's hidden / superframe packets do not map one to one onto shown frames, so th
 
 The classification (:func:`nal_length_size`, :func:`nal_headers`, :func:`classify`, :func:`reference_flags`,
 :func:`needed_packets`, :func:`plan`) is pure: bytes in, booleans out. :func:`scan` demuxes a file with PyAV (no
-decoding) and classifies its packets; :mod:`datamodules.nvdec` feeds the kept packets to NVDEC, and
+decoding) and classifies its packets; :mod:`datamodules.decode.nvdec` feeds the kept packets to NVDEC, and
 :func:`decode_planes_pyav` feeds them to FFmpeg's software decoder (the CPU proof,
 ``tests/datamodules/test_packet_filter.py``).
 """

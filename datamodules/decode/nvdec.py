@@ -1,30 +1,10 @@
 """NVDEC decoding of the sampled frames with the CPU path's exact RGB (issue 31 §2).
 
 What is exact, and why. H.264 / HEVC / VP9 / MPEG-4 decoding is bit-exact by the standards, so NVDEC's decoded
-4:2:0 planes are the planes FFmpeg's software decoder gives (``tests/datamodules/test_nvdec.py`` checks that on
-the GPU). Only the YUV -> RGB conversion (and the reduced-size scaling) could differ, and it is not re-implemented
-here: the planes go through the *same* libswscale the CPU path runs, the copy bundled in decord 0.6.0's wheel
-(FFmpeg 4.1, ``decord.libs/libswscale-*.so.5``), called through ``ctypes`` with the parameters decord's filter
-graph gives it. decord converts with an ``avfilter`` graph ``buffer -> scale=W:H -> buffersink(rgb24)``
-(dmlc/decord@d2e5619:src/video/ffmpeg/threaded_decoder.cc:FFMPEGThreadedDecoder::SetCodecContext and
-src/video/ffmpeg/filter_graph.cc:FFMPEGFilterGraph::Init), so its one ``SwsContext`` is the one FFmpeg 4.1's
-``vf_scale`` builds:
-
-- ``config_props``: ``srcw/srch/src_format`` = the decoder's size and ``yuv420p`` (``yuvj420p`` for full-range
-  JPEG-style streams), ``dstw/dsth/dst_format`` = the decode size and ``rgb24``, ``sws_flags`` = the filter's
-  default ``flags="bilinear"``, ``src_v_chr_pos = 128`` ("MPEG-2 chroma positions are used by convention" for a
-  ``yuv420p`` input);
-- ``filter_frame``: with the filter's default ``in_color_matrix="auto"``, ``sws_setColorspaceDetails`` with
-  ``sws_getCoefficients(frame colorspace)`` as both tables (a colorspace outside 1..10, or 8, is BT.470BG) and the
-  source range from the frame's ``color_range`` when it is specified (else swscale's own default).
-
-The frames are equal to decord's, byte for byte, on every clip tried (``tests/datamodules/test_nvdec.py``:
-yuv420p at 642x362 / 1280x720 (BT.709-tagged) / 320x240, full-range yuvj420p, VP9; native and reduced decode
-sizes), with the planes taken from PyAV's software decoder on the CPU, and from NVDEC on the GPU (``gpu`` cases;
-on the H200 on 2026-12-02: H.264 642x362 / 1280x720 BT.709 / 1920x1080 / yuvj420p 320x240 and HEVC 854x480, 60
-frames each, native and 0.6x sizes, 1 and 3 sessions: NVDEC's planes equal FFmpeg's and the RGB equals decord's,
-0 pixels differ). The same frames come out of the ffmpeg binary (imageio-ffmpeg's 9.0.2) with ``-vf scale=W:H
--sws_flags bilinear -pix_fmt rgb24``, an independent check of the conversion.
+4:2:0 planes are the planes FFmpeg's software decoder gives (``tests/datamodules/test_nvdec.py`` checks that on the
+GPU). Only the YUV -> RGB conversion (and the reduced-size scaling) could differ, and it is not re-implemented here:
+the planes go through the *same* libswscale the CPU path runs, with the parameters decord's filter graph gives it
+(:mod:`datamodules.decode.swscale` says how, and on which clips the frames were checked equal to decord's).
 
 What falls back to the CPU (:func:`nvdec_unsupported` says why, per file): codecs NVDEC lacks (AV1 on the H200,
 anything but H.264 / HEVC / VP9 / MPEG-4), MPEG-4 Part 2 (NVDEC decodes it, but that standard's IDCT is not
@@ -43,7 +23,7 @@ after the parent initialised it).
 
 Decoding only what the sampled frames need (``read_nvdec(..., nvdec_skip_nonref=True)``, the default). For H.264
 and HEVC, one PyAV demux pass (no decoding) classifies every packet from its NAL headers, and each session is fed
-only the packets :func:`datamodules.packet_filter.needed_packets` keeps: the sampled frames, and the reference
+only the packets :func:`datamodules.decode.packet_filter.needed_packets` keeps: the sampled frames, and the reference
 pictures before them back to their IDR; non-reference pictures that are not sampled, IDR periods without a sampled
 frame and the packets after a period's last sampled frame are never sent (the module says why that is exact;
 ``tests/datamodules/test_packet_filter.py`` proves it with FFmpeg's software decoder fed the same packets). The
@@ -57,25 +37,25 @@ against the container's per file (a mismatch is an :class:`NvdecError`, so a CPU
 test clip and workload video are equal to decord's at the same indices. Variable-frame-rate files are not tested
 on this path: until they are, the caller should give NVDEC only constant-rate files (``info["vfr"]`` False).
 
-Interface for ``datamodules.decoding.READERS`` (the lead wires it): :func:`nvdec_unsupported` and
-:func:`read_nvdec`; :func:`read_with_fallback` is the per-file fallback with the decoder used and why.
+Interface for ``datamodules.decode.READERS``: :func:`register` (run on import) adds :func:`reader`;
+:func:`nvdec_unsupported` and :func:`read_nvdec`; :func:`read_with_fallback` is the per-file fallback with the
+decoder used and why.
 """
 from __future__ import annotations
 
-import ctypes
-import glob
 import os
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from datamodules import packet_filter as pf
+from datamodules.decode import packet_filter as pf
+from datamodules.decode.errors import NvdecError
+from datamodules.decode.convert import ConvertPool
+from datamodules.decode.swscale import Yuv420ToRgb, nv12_planes
 
 
 def _import_nvc():
@@ -98,157 +78,10 @@ NVDEC_CODECS = ("h264", "hevc", "vp9", "mpeg4")   # FFmpeg codec names NVDEC dec
 # of those, the ones whose decoding is bit-exact by the standard (MPEG-4 Part 2 allows any IEEE 1180-accurate IDCT:
 # NVDEC's planes differ from FFmpeg's, RGB mean 0.12 / max 8 on a 640x360 clip, measured on the H200)
 EXACT_CODECS = ("h264", "hevc", "vp9")
-# AVPixelFormat values of decord's FFmpeg 4.1 (libavutil/pixfmt.h; stable since FFmpeg 1.x)
-AV_PIX_FMT = {"yuv420p": 0, "rgb24": 2, "yuvj420p": 12}
-SWS_BILINEAR = 2                                  # libswscale/swscale.h
-AVCOL_RANGE_UNSPECIFIED, AVCOL_RANGE_JPEG = 0, 2  # libavutil/pixfmt.h AVColorRange
 DEFAULT_SESSIONS = 4                              # NVDEC sessions per video (bench/workload.py measures 1..7)
 MAX_SESSIONS = 8                                  # a long video's sessions (auto_sessions)
 FRAMES_PER_SESSION = 250                          # sampled frames per session beyond DEFAULT_SESSIONS (auto)
 MIN_SEGMENT_FRAMES = 16                           # sampled frames per session below which a video is not split
-
-
-class NvdecError(RuntimeError):
-    """NVDEC could not decode this file (the message names it); the caller decodes it on the CPU instead."""
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# decord's own libswscale, through ctypes
-# ----------------------------------------------------------------------------------------------------------------
-
-@lru_cache(maxsize=1)
-def _libs():
-    """``(libswscale, libavutil)`` of decord's wheel (the very copies ``import decord`` loads)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("decord")   # not imported here: see _import_nvc
-    if spec is None or not spec.origin:
-        raise NvdecError("decord is not installed: its libswscale is the CPU path's conversion")
-    libdir = Path(spec.origin).resolve().parent.parent / "decord.libs"
-    found = {name: sorted(glob.glob(str(libdir / f"{name}-*.so*"))) for name in ("libswscale", "libavutil")}
-    if not all(found.values()):
-        raise NvdecError(f"decord's bundled libswscale / libavutil not found in {libdir}")
-    avutil = ctypes.CDLL(found["libavutil"][0])
-    sws = ctypes.CDLL(found["libswscale"][0])
-    ip = ctypes.POINTER(ctypes.c_int)
-    vp4, ip4 = ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int)
-    sws.sws_alloc_context.restype = ctypes.c_void_p
-    sws.sws_init_context.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    sws.sws_getCoefficients.restype = ip
-    sws.sws_getCoefficients.argtypes = [ctypes.c_int]
-    sws.sws_getColorspaceDetails.argtypes = [ctypes.c_void_p, ctypes.POINTER(ip), ip, ctypes.POINTER(ip), ip, ip,
-                                             ip, ip]
-    sws.sws_setColorspaceDetails.argtypes = [ctypes.c_void_p, ip, ctypes.c_int, ip, ctypes.c_int, ctypes.c_int,
-                                             ctypes.c_int, ctypes.c_int]
-    sws.sws_scale.argtypes = [ctypes.c_void_p, vp4, ip4, ctypes.c_int, ctypes.c_int, vp4, ip4]
-    sws.sws_freeContext.argtypes = [ctypes.c_void_p]
-    avutil.av_opt_set_int.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int]
-    return sws, avutil
-
-
-class Yuv420ToRgb:
-    """decord's YUV 4:2:0 -> RGB24 conversion (and bilinear scaling), run by decord's own libswscale with the
-    parameters FFmpeg 4.1's ``vf_scale`` gives it (see the module docstring).
-
-    Args:
-        width, height: the decoded planes' size (luma; chroma is ``ceil(w / 2) x ceil(h / 2)``).
-        pix_fmt: ``"yuv420p"`` or ``"yuvj420p"`` (the software decoder's format for the stream).
-        out_hw: ``(dh, dw)`` decode size (``(height, width)``: native).
-        colorspace, color_range: the frame's ``AVColorSpace`` / ``AVColorRange`` values (as PyAV's
-            ``VideoFrame.colorspace`` / ``color_range`` report them).
-
-    Raises:
-        NvdecError: another pixel format, or swscale refuses the sizes.
-    """
-
-    def __init__(self, width: int, height: int, pix_fmt: str, out_hw: tuple[int, int], colorspace: int,
-                 color_range: int):
-        if pix_fmt not in ("yuv420p", "yuvj420p"):
-            raise NvdecError(f"pixel format {pix_fmt}: only 8-bit 4:2:0 (yuv420p / yuvj420p) is converted exactly")
-        sws, avutil = _libs()
-        self.width, self.height = int(width), int(height)
-        self.dh, self.dw = int(out_hw[0]), int(out_hw[1])
-        self._lock = threading.Lock()   # one SwsContext is not safe to run from two threads at once
-        ctx = sws.sws_alloc_context()
-        opts = [("srcw", self.width), ("srch", self.height), ("src_format", AV_PIX_FMT[pix_fmt]),
-                ("dstw", self.dw), ("dsth", self.dh), ("dst_format", AV_PIX_FMT["rgb24"]),
-                ("sws_flags", SWS_BILINEAR), ("src_v_chr_pos", 128)]
-        for key, value in opts:
-            if avutil.av_opt_set_int(ctypes.c_void_p(ctx), key.encode(), value, 0) < 0:
-                sws.sws_freeContext(ctx)
-                raise NvdecError(f"swscale option {key}={value} refused")
-        if sws.sws_init_context(ctx, None, None) < 0:
-            sws.sws_freeContext(ctx)
-            raise NvdecError(f"swscale refuses {pix_fmt} {width}x{height} -> rgb24 {self.dw}x{self.dh}")
-        ip = ctypes.POINTER(ctypes.c_int)
-        inv, table = ip(), ip()
-        src_full, dst_full, bright, contrast, sat = (ctypes.c_int() for _ in range(5))
-        sws.sws_getColorspaceDetails(ctx, ctypes.byref(inv), ctypes.byref(src_full), ctypes.byref(table),
-                                     ctypes.byref(dst_full), ctypes.byref(bright), ctypes.byref(contrast),
-                                     ctypes.byref(sat))
-        cs = int(colorspace)
-        coeffs = sws.sws_getCoefficients(cs if 1 <= cs <= 10 and cs != 8 else 5)   # vf_scale parse_yuv_type
-        full = (int(color_range) == AVCOL_RANGE_JPEG) if int(color_range) != AVCOL_RANGE_UNSPECIFIED \
-            else src_full.value
-        sws.sws_setColorspaceDetails(ctx, coeffs, int(full), coeffs, dst_full.value, bright.value, contrast.value,
-                                     sat.value)
-        self._ctx = ctx
-
-    def __call__(self, y: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """``(height, >= width)``, 2 x ``(ceil(h/2), >= ceil(w/2))`` uint8 planes (any row stride) ->
-        ``(dh, dw, 3)`` uint8 RGB."""
-        planes = [np.ascontiguousarray(p) if p.strides[-1] != 1 else p for p in (y, u, v)]
-        ch, cw = (self.height + 1) // 2, (self.width + 1) // 2
-        for p, (h, w) in zip(planes, ((self.height, self.width), (ch, cw), (ch, cw))):
-            if p.dtype != np.uint8 or p.ndim != 2 or p.shape[0] < h or p.shape[1] < w:
-                raise ValueError(f"plane {p.shape} {p.dtype}: expected uint8 of at least {h} x {w}")
-        # rows padded to 64 bytes + 64 slack: swscale's SIMD reads whole vectors past the last pixel of a row
-        padded = []
-        for p, w in zip(planes, (self.width, cw, cw)):
-            stride = (w + 63) // 64 * 64 + 64
-            buf = np.zeros((p.shape[0] + 1, stride), np.uint8)
-            buf[: p.shape[0], :w] = p[:, :w]
-            padded.append(buf)
-        out_stride = (self.dw * 3 + 63) // 64 * 64 + 64
-        out = np.empty((self.dh + 1, out_stride), np.uint8)
-        src = (ctypes.c_void_p * 4)(*[b.ctypes.data for b in padded], None)
-        src_stride = (ctypes.c_int * 4)(*[b.strides[0] for b in padded], 0)
-        dst = (ctypes.c_void_p * 4)(out.ctypes.data, None, None, None)
-        dst_stride = (ctypes.c_int * 4)(out_stride, 0, 0, 0)
-        sws, _ = _libs()
-        with self._lock:
-            if self._ctx is None:
-                raise RuntimeError("Yuv420ToRgb is closed")
-            rows = sws.sws_scale(self._ctx, src, src_stride, 0, self.height, dst, dst_stride)
-        if rows != self.dh:
-            raise NvdecError(f"swscale wrote {rows} of {self.dh} rows")
-        return np.ascontiguousarray(out[: self.dh, : self.dw * 3].reshape(self.dh, self.dw, 3))
-
-    def close(self) -> None:
-        with self._lock:
-            if self._ctx is not None:
-                _libs()[0].sws_freeContext(self._ctx)
-                self._ctx = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
-
-
-def nv12_planes(nv12: np.ndarray, height: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Split an NV12 surface ``(height + ceil(height/2), >= width)`` uint8 (luma rows, then interleaved UV rows)
-    into ``(Y, U, V)`` planes of ``height x width`` and ``ceil(h/2) x ceil(w/2)``."""
-    a = np.asarray(nv12)
-    if a.ndim == 3 and a.shape[-1] == 1:
-        a = a[..., 0]
-    ch, cw = (height + 1) // 2, (width + 1) // 2
-    if a.ndim != 2 or a.shape[0] < height + ch or a.shape[1] < 2 * cw:
-        raise NvdecError(f"NV12 surface of shape {a.shape} does not hold {height} x {width}")
-    y = a[:height, :width]
-    uv = a[height: height + ch, : 2 * cw]
-    return y, uv[:, 0::2], uv[:, 1::2]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -459,7 +292,7 @@ def _frame_pts(frame) -> int:
 def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, convert: Yuv420ToRgb,
                         out: np.ndarray, offset: int, scanned: pf.StreamScan, sink: "ConvertPool | None" = None
                         ) -> dict:
-    """Decode ``run`` in one NVDEC session fed only the packets :func:`datamodules.packet_filter.needed_packets`
+    """Decode ``run`` in one NVDEC session fed only the packets :func:`datamodules.decode.packet_filter.needed_packets`
     keeps (``PyNvVideoCodec.CreateDemuxer`` packets, Annex-B, in the order PyAV demuxed them: checked by pts).
     Frames are identified by pts (frame ``i`` = the ``i``-th smallest packet pts), so a frame that does not come
     out, or a packet order that differs from the scan's, is an :class:`NvdecError`, never a wrong frame. Each
@@ -553,77 +386,6 @@ def _decode_run_any(path, run, gpu_id, p, convert, out, offset, scanned, sink=No
     return {**_decode_run(path, run, gpu_id, p, convert, out, offset, sink), "path": "simple"}
 
 
-class ConvertPool:
-    """The sampled frames' YUV -> RGB conversions (:class:`Yuv420ToRgb`, decord's swscale) on threads of their
-    own, so that an NVDEC session hands a frame over and goes back to feeding its engine.
-
-    Profiled on the H200 (``bench/device_decode.sh``, 8 copies of a 1080p H.264 video in flight, 4 sessions
-    each): inline in the session, the conversion took 9 s of each video's 29 s wall (22 s of 27 s on a whole
-    30-minute video), time in which that session fed nothing. Here each thread has its own converter (one
-    ``SwsContext`` is not thread-safe), every frame is written to its own row of ``out`` (so the order of the
-    threads changes nothing), and at most ``max_pending`` host surfaces wait (``put`` blocks beyond that, which
-    bounds the host memory: an NV12 1080p surface is 3.1 MB).
-
-    Args:
-        make_convert: a new :class:`Yuv420ToRgb` for the stream (called once per thread).
-        height, width: the decoded planes' size.
-        out: ``(n, dh, dw, 3)`` uint8, written at the index given to :meth:`put`.
-        threads: conversion threads.
-        max_pending: surfaces handed over and not yet converted, at most.
-    """
-
-    def __init__(self, make_convert, height: int, width: int, out: np.ndarray, threads: int,
-                 max_pending: int | None = None):
-        self._make, self.height, self.width, self.out = make_convert, int(height), int(width), out
-        self._pool = ThreadPoolExecutor(max(int(threads), 1), thread_name_prefix="nvdec-convert")
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._converters: list[Yuv420ToRgb] = []
-        self._slots = threading.BoundedSemaphore(max_pending or 4 * max(int(threads), 1))
-        self._futures = []
-        self.convert_s = 0.0
-
-    def _convert(self, host: np.ndarray, index: int) -> None:
-        try:
-            t0 = time.perf_counter()
-            conv = getattr(self._local, "conv", None)
-            if conv is None:
-                conv = self._local.conv = self._make()
-                with self._lock:
-                    self._converters.append(conv)
-            y, u, v = nv12_planes(host, self.height, self.width)
-            self.out[index] = conv(y, u, v)
-            with self._lock:
-                self.convert_s += time.perf_counter() - t0
-        finally:
-            self._slots.release()
-
-    def put(self, host_nv12: np.ndarray, index: int) -> None:
-        """Convert ``host_nv12`` (an NV12 surface on the host, owned by the pool from now on) into
-        ``out[index]``; blocks while ``max_pending`` surfaces wait."""
-        self._slots.acquire()
-        try:
-            self._futures.append(self._pool.submit(self._convert, host_nv12, index))
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def finish(self) -> None:
-        """Wait for every conversion; re-raises the first one's error. The pool can take no more frames."""
-        try:
-            for f in self._futures:
-                f.result()
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        with self._lock:
-            for c in self._converters:
-                c.close()
-            self._converters.clear()
-
-
 def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int], gpu_id: int = 0,
                sessions: int | None = None, probed: StreamProbe | None = None,
                stats: dict | None = None, nvdec_skip_nonref: bool = True,
@@ -645,7 +407,7 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
             sessions) and ``frames_skipped`` (``packets - frames_fed``; below the SimpleDecoder path's true saving
             when several sessions re-decode a shared stretch) when given.
         nvdec_skip_nonref: feed NVDEC only the packets the sampled frames need
-            (:mod:`datamodules.packet_filter`: non-reference pictures that are not sampled, IDR periods without a
+            (:mod:`datamodules.decode.packet_filter`: non-reference pictures that are not sampled, IDR periods without a
             sampled frame, and period tails are dropped; exact, so on by default) for H.264 / HEVC; else, and where
             the scan or a packet-fed session fails, ``SimpleDecoder`` decodes every frame of the run's GOPs.
         convert_threads: threads converting the frames to RGB (:class:`ConvertPool`), off the sessions' threads
@@ -766,23 +528,23 @@ def _gpu_id() -> int:
 
 
 def reader(path, probe, dh: int, dw: int, num_threads: int):
-    """``datamodules.decoding.READERS["nvdec"]``: ``read(ascending native indices) -> (n, dh, dw, 3)`` uint8 RGB by
+    """``datamodules.decode.READERS["nvdec"]``: ``read(ascending native indices) -> (n, dh, dw, 3)`` uint8 RGB by
     :func:`read_nvdec` on this rank's GPU.
 
     ``whole_video``: ``decode_video`` reads every planned frame in one call (the sessions decode the stream once;
     the decode-size frames of one video, at most ``native_decode_bytes`` or ``max_frames x 896-side`` frames, are
     held until they are resized). A file NVDEC fails on at run time is read by the CPU reader instead
     (``read.fallback = (cpu reader name, reason)``, recorded as ``video_info.decoder`` / ``decoder_fallback``)."""
-    from datamodules import decoding
+    from datamodules import decode
 
     def read(idx: list[int]) -> np.ndarray:
         if read.fallback is None:
             try:
                 return read_nvdec(path, idx, (dh, dw), gpu_id=_gpu_id())
             except NvdecError as e:
-                name = decoding.cpu_reader_for(probe, (dh, dw))
+                name = decode.cpu_reader_for(probe, (dh, dw))
                 read.fallback = (name, str(e))
-                read.cpu = decoding.READERS[name](path, probe, dh, dw, num_threads)
+                read.cpu = decode.READERS[name](path, probe, dh, dw, num_threads)
         return read.cpu(idx)
 
     read.fallback, read.cpu = None, None
@@ -800,10 +562,10 @@ reader.whole_video = True
 
 
 def register() -> None:
-    """Make ``data.decoder: nvdec | auto`` use this module (``datamodules.decoding.READERS["nvdec"]``)."""
-    from datamodules import decoding
+    """Make ``data.decoder: nvdec | auto`` use this module (``datamodules.decode.READERS["nvdec"]``)."""
+    from datamodules import decode
 
-    decoding.READERS["nvdec"] = reader
+    decode.READERS["nvdec"] = reader
 
 
 register()

@@ -1,0 +1,272 @@
+"""Step 3 of a decode, on the CPU: the readers ``decoder=cpu`` picks from per file (:func:`cpu_reader_for`).
+
+``pyav_skip`` (PyAV, :func:`_pyav_skip_reader`: ``skip_frame=NONREF`` on packets that are no sampled frame, seeking
+over spans that hold a key frame and no sampled frame) for H.264/HEVC 8-bit 4:2:0 at native size, where its frames
+equal decord's bit for bit (``tests/datamodules/test_decode_paths.py``; 1.4-2.2x faster on 720p/1080p H.264 High
+with B-frames, ``bench/decode_paths.py``; rotated videos come out exactly as the CLI's, where decord resizes a
+mis-sized buffer); ``decord`` (:func:`_frame_reader`) everywhere else (reduced sizes: its in-decoder scaler, which
+PyAV's reformat does not reproduce, 1.6/255 mean apart; other codecs and pixel formats); ``pyav``
+(:func:`_pyav_reader`, decode order) for files with unusable timestamps, where decord's pts seeking returns wrong
+frames. PyAV (``av==18.1.0``) is used where decord cannot do the job: the FFmpeg log that names which pictures the
+decoder concealed, ``skip_frame`` and seeking, and decoding in decode order. decord is imported only when a reader
+reads (PyNvVideoCodec must be imported before it in a process: :mod:`datamodules.decode.nvdec`).
+"""
+from __future__ import annotations
+
+import bisect
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from datamodules.decode.errors import DecodeError
+from datamodules.decode.probe import VideoProbe
+from datamodules.decode.readers import READERS
+
+
+def _resize(frames: np.ndarray, height: int, width: int) -> np.ndarray:
+    x = torch.from_numpy(frames).permute(0, 3, 1, 2).float()
+    y = torch.nn.functional.interpolate(x, size=(height, width), mode="bilinear", antialias=True,
+                                        align_corners=False)
+    return y.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+
+
+def _frame_reader(path: Path, h: int, w: int, dh: int, dw: int, num_threads: int):
+    """``read(idx) -> (len(idx), dh, dw, 3)`` frames at native indices ``idx`` from one decord reader (decoder-side
+    resize when ``(dh, dw) != (h, w)``); the reader is opened on the first read."""
+    import decord
+
+    state: dict = {}
+
+    def open_at(width: int, height: int):
+        return decord.VideoReader(str(path), num_threads=num_threads, width=width, height=height)
+
+    def read(idx: list[int]) -> np.ndarray:
+        if "vr" in state:
+            out = state["vr"].get_batch(idx).asnumpy()
+            return _resize(out, dh, dw) if state["fixed"] else out
+        same = (dh, dw) == (h, w)
+        try:
+            vr = open_at(-1 if same else dw, -1 if same else dh)
+            out = vr.get_batch(idx).asnumpy()
+            state.update(vr=vr, fixed=False)
+            return out
+        except Exception as e:  # noqa: BLE001
+            if "size must exactly match" not in str(e):
+                raise
+            first = e
+        # decord 0.6 mis-sizes the output buffer of some 90/270-degree rotated videos at some widths: decode at a
+        # nearby width (still upright) and resize back to the intended size
+        for width in (dw + 2, dw + 4, dw - 2, dw + 8, dw + 16):
+            if width < 2:
+                continue
+            try:
+                vr = open_at(width, dh)
+                out = _resize(vr.get_batch(idx).asnumpy(), dh, dw)
+                state.update(vr=vr, fixed=True)
+                return out
+            except Exception:  # noqa: BLE001
+                continue
+        raise first
+
+    return read
+
+
+def _read_frames(path: Path, idx: list[int], h: int, w: int, dh: int, dw: int, num_threads: int) -> np.ndarray:
+    """``(T, dh, dw, 3)`` frames at native indices ``idx`` (decoder-side resize when ``(dh, dw) != (h, w)``)."""
+    return _frame_reader(path, h, w, dh, dw, num_threads)(idx)
+
+
+def _cpu_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threads: int):
+    """decord (:func:`_frame_reader`)."""
+    return _frame_reader(path, probe.height, probe.width, dh, dw, num_threads)
+
+
+READERS["decord"] = _cpu_reader
+
+
+# where PyAV's skipping reader gives decord's very pixels (measured: bench/decode_paths.py, the equal column, and
+# tests/datamodules/test_decode_paths.py): H.264 / HEVC (skip_frame=NONREF drops only unreferenced pictures),
+# 8-bit 4:2:0 (swscale's rgb24 at native size equals decord's and the CLI's), at native size (a reduced size is
+# decord's in-decoder scaler, which PyAV's reformat does not reproduce: mean 1.6/255 apart)
+PYAV_SKIP_CODECS = ("h264", "hevc")
+PYAV_SKIP_PIX_FMTS = ("yuv420p", "yuvj420p")
+
+
+def cpu_reader_for(probe: VideoProbe, decode_hw: tuple[int, int]) -> str:
+    """The CPU reader of a video: ``pyav`` (in decode order) when its timestamps are unusable; ``pyav_skip`` for
+    H.264/HEVC 8-bit 4:2:0 at native size (exact, faster: it skips what no sampled frame needs); else
+    ``decord``."""
+    if probe.timestamps_unusable:
+        return "pyav"
+    if (probe.codec in PYAV_SKIP_CODECS and probe.pix_fmt in PYAV_SKIP_PIX_FMTS
+            and tuple(decode_hw) == (probe.height, probe.width)):
+        return "pyav_skip"
+    return "decord"
+
+
+def _pyav_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threads: int):
+    """``read(idx)`` with PyAV, decoding the stream in decode order from the start (the ffmpeg CLI's order; no
+    seeking): the reader of files whose timestamps are unusable (``probe.timestamps_unusable``: native index =
+    the decoder's output count), where decord's pts-based seeking returns wrong frames. RGB by
+    ``to_ndarray(format="rgb24")`` at native size (swscale's yuv->rgb, equal to decord's and the CLI's
+    ``-pix_fmt rgb24`` on the test clips); a reduced size goes through :func:`_resize` of the native frame (not
+    decord's in-decoder scaler); the display rotation is applied (``frame.rotation``, counter-clockwise)."""
+    import av
+
+    def read(idx: list[int]) -> np.ndarray:
+        want = {k: [] for k in idx}
+        out: dict[int, np.ndarray] = {}
+        last = max(idx)
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"
+            stream.thread_count = max(1, num_threads)
+            n = 0
+            for frame in container.decode(stream):
+                if n in want:
+                    x = frame.to_ndarray(format="rgb24")
+                    rot = int(getattr(frame, "rotation", 0) or 0) % 360
+                    if rot:
+                        x = np.ascontiguousarray(np.rot90(x, k=rot // 90))
+                    out[n] = x
+                n += 1
+                if n > last:
+                    break
+        missing = [k for k in idx if k not in out]
+        if missing:
+            raise DecodeError(f"{path}: the decoder gave {n} frames, not frames {missing[:5]}")
+        frames = np.stack([out[k] for k in idx])
+        return frames if frames.shape[1:3] == (dh, dw) else _resize(frames, dh, dw)
+
+    return read
+
+
+READERS["pyav"] = _pyav_reader
+
+
+def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threads: int,
+                      skip_nonref: bool = True, seek: bool = True):
+    """``read(idx)`` with PyAV that decodes only what the sampled frames need (issue 31 §2), at native size.
+
+    * ``seek``: where a key frame lies between the last frame decoded and the next sampled frame, the demuxer
+      seeks to the key frame at or before that frame (``probe.keyframes``; the decoder is flushed) instead of
+      decoding through;
+    * ``skip_nonref``: every packet whose pts is not a sampled frame's is decoded with ``skip_frame = "NONREF"``
+      (FFmpeg then drops the non-reference pictures no other frame predicts from; a sampled frame that is itself
+      non-reference is decoded, with ``DEFAULT``);
+    * frames are matched to native indices by their pts (``probe.pts`` minus ``probe.pts_offset``).
+
+    H.264/HEVC decoding is exact whatever is skipped (the skipped pictures are not referenced), so the frames are
+    the full decode's; RGB by ``to_ndarray(format="rgb24")`` (the same swscale conversion as decord and the ffmpeg
+    CLI at native size); the display rotation applied. Raises ``DecodeError`` naming the frames it could not get.
+    """
+    import av
+    import av.logging
+
+    keyframes = probe.keyframes
+
+    def _read(idx: list[int]) -> np.ndarray:
+        off = probe.pts_offset
+        raw = {probe.pts[k] - off: k for k in idx}
+        out: dict[int, np.ndarray] = {}
+        todo = sorted(set(idx))
+        t = 0                                   # todo[t]: the next sampled frame not yet decoded
+
+        def take(frame) -> None:
+            n = raw.get(frame.pts)
+            if frame.is_corrupt and frame.pts is not None:   # FFmpeg's AV_FRAME_FLAG_CORRUPT / decode_error_flags:
+                at = bisect.bisect_left(probe.pts, frame.pts + off)   # seen with any decoder threads
+                tainted.add(_next_key(keyframes, at) if keyframes else 0)
+                causes.append(f"native frame {at} marked corrupt by the decoder")
+            if n is not None and n not in out:
+                x = frame.to_ndarray(format="rgb24")
+                rot = int(getattr(frame, "rotation", 0) or 0) % 360
+                out[n] = np.ascontiguousarray(np.rot90(x, k=rot // 90)) if rot else x
+
+        tainted: set[int] = set()              # key frames of the GOPs whose decode logged an error
+        causes: list[str] = []
+        # the decoder's log is read with one decoder thread only: PyAV's Python log callback called from FFmpeg's
+        # frame threads can deadlock, so with threads the log stays off; frames FFmpeg marks corrupt
+        # (``Frame.is_corrupt``) taint their GOP with any thread count (take)
+        watch = num_threads <= 1
+        with av.open(str(path)) as container, av.logging.Capture() as logs:
+            stream = container.streams.video[0]
+            cc = stream.codec_context
+            stream.thread_type = "AUTO"
+            stream.thread_count = max(1, num_threads)
+            if watch:
+                av.logging.set_level(av.logging.WARNING)
+            seen = len(logs)
+
+            def check(at: int) -> None:   # decoder errors logged since the last packet: that packet's GOP
+                nonlocal seen
+                for _, _, msg in logs[seen:]:
+                    if _CONCEALED.search(str(msg)):
+                        tainted.add(_next_key(keyframes, at) if keyframes else 0)
+                        causes.append(" ".join(str(msg).split()))
+                seen = len(logs)
+            fed = -1                            # highest native index of a packet sent to the decoder
+            while t < len(todo):
+                kf = _next_key(keyframes, todo[t]) if keyframes else 0
+                if seek and kf > fed + 1:       # a whole span no sampled frame needs: seek over it
+                    container.seek(probe.pts[kf] - off, stream=stream, backward=True, any_frame=False)
+                    cc.flush_buffers()
+                    fed = kf - 1
+                ended = True
+                for packet in container.demux(stream):
+                    if not packet.size:         # the demuxer's final empty packet: drained below
+                        continue
+                    if packet.pts is not None:
+                        fed = max(fed, bisect.bisect_left(probe.pts, packet.pts + off))
+                    if skip_nonref:
+                        cc.skip_frame = "DEFAULT" if packet.pts in raw else "NONREF"
+                    for frame in cc.decode(packet):
+                        take(frame)
+                    check(fed)
+                    while t < len(todo) and todo[t] in out:
+                        t += 1
+                    if t >= len(todo) or (seek and keyframes and _next_key(keyframes, todo[t]) > fed + 1):
+                        ended = False
+                        break
+                if ended:                       # end of stream: drain the decoder
+                    cc.skip_frame = "DEFAULT"
+                    for frame in cc.decode(None):
+                        take(frame)
+                    while t < len(todo) and todo[t] in out:
+                        t += 1
+                    break
+        av.logging.set_level(None)
+        missing = [k for k in todo if k not in out]
+        if missing:   # not a DecodeError: the caller's retries and replacement rule apply
+            raise RuntimeError(f"the decoder gave no frame for native frames {missing[:5]}")
+        concealed = [k for k in todo if keyframes and _next_key(keyframes, k) in tainted]
+        if concealed:   # issue 35 item 4: frames decoded from a GOP the decoder reported errors in
+            raise RuntimeError(f"the decoder reported errors (concealed) in the GOP of native frames "
+                               f"{concealed[:5]}: {'; '.join(dict.fromkeys(causes))[:200]}")
+        frames = np.stack([out[k] for k in idx])
+        return frames if frames.shape[1:3] == (dh, dw) else _resize(frames, dh, dw)
+
+    def read(idx: list[int]) -> np.ndarray:
+        try:
+            return _read(idx)
+        finally:
+            av.logging.set_level(None)
+
+    return read
+
+
+# FFmpeg decoder messages that mean a picture was decoded from damaged data (h264: "concealing N DC, N AC, N MV
+# errors in I frame", "error while decoding MB", "Invalid NAL unit size", "corrupted macroblock", ...)
+_CONCEALED = re.compile(r"conceal|error while decoding|corrupt|Invalid NAL|decode_slice_header error|"
+                        r"no frame!|Invalid data|illegal", re.IGNORECASE)
+
+
+def _next_key(keyframes: list[int], k: int) -> int:
+    """The key frame at or before native frame ``k`` (0, the stream's start, when none is)."""
+    j = bisect.bisect_right(keyframes, k) - 1
+    return keyframes[j] if j >= 0 else 0
+
+
+READERS["pyav_skip"] = _pyav_skip_reader

@@ -1,0 +1,118 @@
+"""What a video file can be, and what each kind gives: the decode room's errors and file checks.
+
+:class:`DecodeError` (a file the CPU path cannot read: the record of each of its questions is an error) and
+:class:`NvdecError` (a file NVDEC cannot decode exactly: the caller reads it on the CPU instead), :func:`short_error`
+(one line of a decoder's message) and the checks every decode starts and ends with (:func:`_check_file`,
+:func:`_check_shape`).
+
+Behaviour on unusual and broken media (issue 8; each case has a test in ``tests/datamodules/test_bad_media.py``). "Error"
+means :class:`DecodeError` with the file named, which the dataset turns into one error record per (question, job)
+of the video while the run goes on.
+
+===============================  ==================================================================================
+case                             behaviour
+===============================  ==================================================================================
+missing file / a directory       error ``video file not found`` / ``is not a regular file``
+zero bytes                       error ``video file is empty (0 bytes)``
+not a video / truncated before   error ``cannot read the container (truncated, corrupted or not a video file;
+the index (mp4 ``moov`` lost)    <FFmpeg's cause>)``, e.g. ``moov atom not found``, ``STSZ atom truncated``
+truncated after the index        error ``cannot read the container (truncated: the data ends before the packets
+                                 its index lists; ... partial file)``
+corrupted bytes mid-stream,      error ``decoding N frames failed (corrupted or truncated stream; ...)``, or
+a concealed (damaged) IDR        ``cannot read the container``; a concealed picture: ``the decoder reported
+                                 errors (concealed)`` (``pyav_skip``, from the log with one thread and from
+                                 FFmpeg's corrupt-frame flag with any; decord's pass unflagged); seed 001: any
+                                 decode error is an error record
+                                 (``max_replaced_frac=0``, the default); above 0 unreadable sampled frames are
+                                 replaced by the nearest readable one and listed (``frames_replaced``)
+no video stream (audio only)     error ``has no video stream``
+a single frame                   error ``no frame at 1 fps: the clip ... ends before the first sampling step``
+                                 when it lasts less than one step (seed 001: no frame decoded, an error);
+                                 ``short_clip_first_frame=True``: T = 1 at 0 s
+shorter than one 1 fps step      the same (duration < 1 s: FFmpeg's fps filter emits no frame)
+very long, tiny frames           decoded: capped at ``max_frames(B)`` frames (``np.linspace(..., dtype=int)`` of the
+                                 grid frames; only those are decoded)
+any frame rate (CFR or VFR)      frames as FFmpeg's ``fps`` filter with ``round=down`` picks them from the
+                                 stream's integer pts (offset by the file's start time as the CLI does) at
+                                 ``av_d2q(fps, INT_MAX)``, the end of stream at the last pts plus its packet
+                                 duration (:func:`algorithms.budget.fps_filter_frames`); the rate from
+                                 ``format.duration``; labels ``start_time + j / fps``; ``info["vfr"]`` records
+                                 whether the timestamps deviate from ``index / avg fps``
+pts all equal / run backwards    ``index / average rate`` (1 fps when unknown, ``fps_ok = False``), duration
+                                 ``N / rate``, decoded in decode order (``pyav`` reader);
+                                 ``info["timestamps_unusable"] = True``
+missing / zero fps               timestamps if usable; ``fps_ok = False``
+rotation metadata                decord applies the display rotation (frames upright, ``native_hw`` is the
+                                 displayed size). decord 0.6 mis-sizes its output buffer for some small 90/270-
+                                 rotated sizes; then the batch is decoded at a nearby width and resized back
+odd dimensions                   decoded at the exact odd size
+4:4:4, 10-bit                    decoded (converted to 8-bit RGB by decord's swscale)
+mkv / webm / avi                 decoded (any container and codec decord's FFmpeg reads)
+non-ASCII, spaces in the path    decoded (paths passed as UTF-8 strings)
+4K / large                       native size while ``n_est * h * w * 3 <= native_decode_bytes`` (seed: 2e9), else
+                                 at ``decode_max_side`` inside the decoder (bounded memory)
+===============================  ==================================================================================
+
+Not covered: a decoder that crashes the process (segfault) on a file takes the DataLoader worker down with it; an
+external ffmpeg fallback is not used. Frames the decoder conceals (a corrupt IDR decoded without an error
+return) are flagged on the ``pyav_skip`` reader (every sampled frame of a GOP whose decode logged an error fails
+the read, then the replacement rule); decord reports no per-frame error, so on its files they pass. A video stream that
+starts a whole output step after the file's start (audio first): the CLI's ``-f rawvideo`` output sync may add
+frames at the start that the filter rule alone does not (not tested).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+
+class DecodeError(RuntimeError):
+    """A video could not be opened or decoded; the message names the file."""
+
+
+class NvdecError(RuntimeError):
+    """NVDEC could not decode this file (the message names it); the caller decodes it on the CPU instead."""
+
+
+_DECORD_LOG_PREFIX = re.compile(r"\[\d\d:\d\d:\d\d\] \S+?\.(?:cc|cpp|h):\d+: ")
+# FFmpeg error codes decord prints as numbers (libavutil/error.h FFERRTAG values)
+_AVERROR_NAMES = {-1094995529: "AVERROR_INVALIDDATA: invalid data found when processing input",
+                  -541478725: "AVERROR_EOF: end of file", -1414092869: "AVERROR_BUG", -11: "EAGAIN"}
+
+
+def short_error(e: BaseException, limit: int = 400) -> str:
+    """``"Type: message"`` on one line, for messages that name a file: decord's ``[hh:mm:ss] file.cc:N:`` log
+    prefixes removed (so the cause, which comes last, is kept), FFmpeg error codes named, at most ``limit``
+    characters (cut at a word, marked with ``…``)."""
+    text = " ".join(str(e).split())
+    text = _DECORD_LOG_PREFIX.sub("", text)
+    for code, name in _AVERROR_NAMES.items():
+        text = text.replace(f"({code} vs. 0)", f"({code} = {name})")
+    if len(text) > limit:
+        text = text[:limit].rsplit(" ", 1)[0] + " …"
+    return f"{type(e).__name__}: {text}"
+
+
+def _open_error(path: Path, e: BaseException) -> DecodeError:
+    msg = str(e)
+    if "cannot find video stream" in msg:
+        return DecodeError(f"{path}: has no video stream (audio-only or not a video file)")
+    return DecodeError(f"{path}: cannot read the container (truncated, corrupted or not a video file; "
+                       f"{short_error(e)})")
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise DecodeError(f"{path}: video file not found")
+    if not path.is_file():
+        raise DecodeError(f"{path}: is not a regular file")
+    if path.stat().st_size == 0:
+        raise DecodeError(f"{path}: video file is empty (0 bytes)")
+
+
+def _check_shape(path: Path, frames: np.ndarray, n: int) -> np.ndarray:
+    if frames.ndim != 4 or frames.shape[0] != n or frames.shape[-1] != 3:
+        raise DecodeError(f"{path}: decoder returned frames of shape {frames.shape}")
+    return frames

@@ -1,0 +1,114 @@
+"""Step 2 of a decode: which native frames to read and at what size, and how many decoder threads.
+
+:func:`plan_decode` makes seed 001's frame choice from a :class:`~datamodules.decode.probe.VideoProbe` exactly as
+FFmpeg's ``fps=fps:round=down`` does (:func:`algorithms.budget.fps_filter_frames`, checked index by index against
+imageio-ffmpeg's binary in ``tests/datamodules/test_frame_identity.py``) and the decode size
+(:func:`decode_frame_size`): native size while the seed's estimate ``n_est * h * w * 3`` stays within
+``native_decode_bytes`` (2e9 bytes, seed 001's ``NATIVE_DECODE_BYTES``), larger videos at a reduced size *inside the
+decoder* (decord's ``width``/``height``), at most ``decode_max_side`` pixels on the long side (default 896 = 32
+merged cells), so host memory stays bounded (an hour of 1080p at B = 16384 is 2048 frames: 12.7 GB native, 2.8 GB
+reduced). :func:`auto_decode_threads` sizes the decoders of a host.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+from algorithms.budget import max_frames, sample_frames
+from datamodules.decode.errors import DecodeError
+from datamodules.decode.probe import VideoProbe
+
+
+NATIVE_DECODE_BYTES = 2e9  # seed 001: "decode at native size (processor resizes, as in training) below this"
+
+
+def auto_decode_threads(workers: int, local_processes: int = 1, cpus: int | None = None, cap: int = 2) -> int:
+    """Decoder threads per video so that all decoders of a host share its CPUs without oversubscribing.
+
+    decord decodes every frame up to the last sampled one (1 fps sampling of an H.264 stream with long GOPs is
+    close to a full decode), so one decoder thread is the DataLoader's bottleneck on long videos; FFmpeg's frame
+    threading is bit-exact, so more threads change only the speed.
+
+    Args:
+        workers: DataLoader workers per process (0 = decoding in the main process, counted as 1).
+        local_processes: processes of this host (DDP ranks), each with ``workers`` decoders.
+        cpus: CPUs this process may use (default: its affinity mask; when that mask is smaller than the host, the
+            process is pinned to its own share, e.g. SLURM's per-task binding, and ``local_processes`` is ignored).
+        cap: most threads per decoder (default 2: decord's threaded decoder fails on some streams above 2,
+            dmlc/decord#246 and #314; :func:`decode_video` retries those with one thread).
+
+    Returns:
+        ``clip(cpus // (max(workers, 1) * local_processes), 1, cap)``.
+    """
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        if cpus < (os.cpu_count() or cpus):   # pinned to a share of the host: the share is already per rank
+            local_processes = 1
+    return int(min(max(cpus // (max(workers, 1) * max(local_processes, 1)), 1), cap))
+
+
+def decode_size(height: int, width: int, max_side: int) -> tuple[int, int]:
+    """Decode size keeping the aspect ratio with the long side ``<= max_side`` (even sizes; unchanged if smaller)."""
+    scale = min(1.0, max_side / max(height, width))
+    if scale >= 1.0:
+        return height, width
+    return max(2, 2 * round(height * scale / 2)), max(2, 2 * round(width * scale / 2))
+
+
+def decode_frame_size(height: int, width: int, n_est: int, native_decode_bytes: float = 2e9,
+                      max_side: int = 896) -> tuple[int, int]:
+    """Decode size of seed 001's ``decode_video``: ``if n_est * h * w * 3 <= NATIVE_DECODE_BYTES: dw, dh = w, h``,
+    else ``bd.frame_size(h, w, tok)`` (not in the seed: the long side at most ``max_side``, :func:`decode_size`).
+
+    Args:
+        n_est: the seed's frame estimate, ``min(int(duration * fps) + 1, max_frames)``.
+
+    Returns:
+        ``(height, width)`` to decode at.
+    """
+    if n_est * height * width * 3 <= native_decode_bytes:
+        return height, width
+    return decode_size(height, width, max_side)
+
+
+class DecodePlan(NamedTuple):
+    """Which native frames a decode reads and at what size (:func:`plan_decode`).
+
+    Attributes:
+        idx: native indices (presentation order) of the T returned frames, non-decreasing (the fps filter repeats
+            the last frame when the stream ends before the grid does).
+        unique: ``sorted(set(idx))``, the frames a reader decodes.
+        times_s: T labels, seed 001's ``ts = start + arange(N) / fps`` (thinned like the frames).
+        sample_fps: the fps filter's rate (the float of :func:`algorithms.budget.sample_rate`).
+        decode_hw: ``(dh, dw)``.
+    """
+
+    idx: list[int]
+    unique: list[int]
+    times_s: list[float]
+    sample_fps: float
+    decode_hw: tuple[int, int]
+
+
+def plan_decode(path: Path, probe: VideoProbe, budget_tokens: int, base_fps: float = 1.0,
+                native_decode_bytes: float = NATIVE_DECODE_BYTES, decode_max_side: int = 896,
+                short_clip_first_frame: bool = False) -> DecodePlan:
+    """Seed 001's frame choice and decode size on a probe (:func:`algorithms.budget.sample_frames`,
+    :func:`decode_frame_size`).
+
+    Raises:
+        DecodeError: no frame at the sampling rate (the clip ends before the first step; seed 001's
+            ``assert T > 0``) unless ``short_clip_first_frame``.
+    """
+    sample_fps, idx, times = sample_frames(probe.pts, probe.time_base, probe.end_pts, probe.duration_s,
+                                           budget_tokens, probe.start_s, base_fps)
+    if not idx:
+        if not short_clip_first_frame:
+            raise DecodeError(f"{path}: no frame at {sample_fps:g} fps: the clip ({probe.duration_s:.3f} s) ends "
+                              f"before the first sampling step (set data.short_clip_first_frame to keep its first "
+                              f"frame)")
+        idx, times = [0], [probe.start_s]
+    n_est = min(int(probe.duration_s * sample_fps) + 1, max_frames(budget_tokens))
+    dh, dw = decode_frame_size(probe.height, probe.width, n_est, native_decode_bytes, decode_max_side)
+    return DecodePlan(idx, sorted(set(idx)), times, sample_fps, (dh, dw))

@@ -1,0 +1,227 @@
+"""The decode of one video, end to end: :func:`decode_video` (probe, plan, reader, retries, held frames; the
+VideoLLaMA3 jobs), :func:`decode_at_indices` (explicit indices; the Omni jobs) and :func:`decord_frame_count`.
+The pipeline is described in :mod:`datamodules.decode`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from datamodules.decode.cpu import _read_frames, cpu_reader_for
+from datamodules.decode.errors import _check_file, _open_error
+from datamodules.decode.held import HOLD_CHUNK_BYTES, EncoderSizing, _decode_held, held_bytes
+from datamodules.decode.plan import NATIVE_DECODE_BYTES, decode_frame_size, plan_decode
+from datamodules.decode.probe import is_variable_frame_rate, probe_video
+from datamodules.decode.readers import READERS, resolve_decoder
+from datamodules.decode.retry import MAX_REPLACED_FRAC, _decode_unique
+
+
+@dataclass
+class DecodedVideo:
+    """Frames of one video.
+
+    Attributes:
+        frames: (T, H, W, 3) uint8 RGB at the decode size, upright (display rotation applied).
+        times_s: T frame labels in seconds: the sampling grid ``j / sample_fps`` (seed 001
+            ``ts = (start + np.arange(len(frames)) / fps)``), not the source frames' own times.
+        info: ``duration_s, native_hw, decode_hw, n_frames, fps, sample_fps, fps_ok, vfr``.
+    """
+
+    frames: torch.Tensor
+    times_s: list[float]
+    info: dict = field(default_factory=dict)
+
+
+def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 896, base_fps: float = 1.0,
+                 num_threads: int = 1, native_decode_bytes: float = NATIVE_DECODE_BYTES,
+                 short_clip_first_frame: bool = False,
+                 max_replaced_frac: float = MAX_REPLACED_FRAC, sizing: EncoderSizing | None = None,
+                 hold_chunk_bytes: float = HOLD_CHUNK_BYTES, decoder: str = "cpu") -> DecodedVideo:
+    """Decode the frames the largest budget of a run needs, as seed 001's ``decode_video`` chooses them.
+
+    Three steps: (a) the plan, :func:`probe_video` and :func:`plan_decode`: seed 001's ``duration =
+    float(probe["format"]["duration"])`` picks the rate ``fps = bd.FPS if int(duration * bd.FPS) + 1 <=
+    max_frames else (max_frames + 1) / duration``; the frames are those FFmpeg's ``fps=fps:round=down`` emits
+    (:func:`algorithms.budget.fps_filter_frames` on the stream's integer pts, the rate ``av_d2q(fps, INT_MAX)``),
+    thinned by ``np.linspace(0, len(frames) - 1, max_frames, dtype=int)`` and labelled ``ts = (start +
+    np.arange(len(frames)) / fps)``; (b) a reader (:data:`READERS`) decodes those native frames; (c) the retries,
+    replacement rule and encoder-size holding below work on any reader.
+
+    Size (seed 001: ``if n_est * h * w * 3 <= NATIVE_DECODE_BYTES: dw, dh = w, h else: dh, dw =
+    bd.frame_size(h, w, tok)``, with ``n_est = min(int(duration * fps) + 1, max_frames)``): native size when the
+    estimated frames fit ``native_decode_bytes``, else the long side at most ``decode_max_side`` (``bd.frame_size``
+    is not in the seed; this keeps the project's earlier reduced size).
+
+    Args:
+        path: video file.
+        budget_tokens: the largest budget (sets the frame cap, :func:`algorithms.budget.sample_frames`).
+        decode_max_side: longest decoded side in pixels when the native decode would exceed
+            ``native_decode_bytes``.
+        base_fps: sampling rate before the cap (1 fps in seed 001, ``bd.FPS``).
+        num_threads: decoder threads. A decode that fails with several threads is retried with one: decord's
+            threaded decoder fails on some streams that decode fine single-threaded ("Error sending packet",
+            dmlc/decord#246 and #314); only a video that also fails with one thread is an error.
+        native_decode_bytes: largest ``n_est * h * w * 3`` decoded at native size (seed: 2e9).
+        short_clip_first_frame: a clip that ends before the first sampling step gives no frame in the seed (an
+            error here, as there); ``True`` keeps its frame at 0 s instead (deviation, off by default).
+        max_replaced_frac: 0 (default, seed 001: any decode error makes the video an error record). Above 0
+            (deviation): when the batch read fails (corrupt packets), every sampled frame is re-read alone and
+            each unreadable one is replaced by the nearest readable sampled frame (native index distance, the
+            earlier on a tie), listed in ``info["frames_replaced"]`` (positions in the returned frames); the video
+            is an error only when more than this fraction of its sampled frames is unreadable.
+        sizing: ``None``: ``frames`` is the ``(T, H, W, 3)`` decode. Else the video is decoded in chunks of about
+            ``hold_chunk_bytes`` (decode-size bytes) and each chunk is at once resized, by the processor's own
+            resize, to every grid :meth:`EncoderSizing.grids` lists for its frames; ``frames`` is then an
+            :class:`EncoderFrames` (the decode size never exists for all frames at once), unless those sizes take
+            no fewer bytes than the decode (:func:`held_bytes`; small videos the encoder upsamples): then
+            ``frames`` is the decode-size tensor as without ``sizing``. The frames are decoded
+            exactly as without it (same decoder calls per frame, same fallbacks), so the encoder's inputs are the
+            same: bit-identical on the CPU (``tests/datamodules/test_hold_sizes.py``).
+        hold_chunk_bytes: decode-size bytes per chunk with ``sizing``.
+        decoder: ``cpu`` (decord), ``nvdec`` or ``auto`` (:func:`resolve_decoder`); ``info["decoder"]`` records
+            the reader that decoded the video.
+
+    Raises:
+        DecodeError: missing, empty, truncated, corrupted or unreadable file, no video stream, no frame at the
+            sampling rate, or no decodable frame; the message starts with the file path.
+        ValueError: a bad ``max_replaced_frac`` or ``decoder``.
+    """
+    if not 0.0 <= max_replaced_frac < 1.0:
+        raise ValueError(f"max_replaced_frac must be in [0, 1), got {max_replaced_frac!r}")
+    resolve_decoder(decoder)   # a bad setting fails before any file is read
+    return _decode_video(Path(path), budget_tokens, decode_max_side, base_fps, num_threads, native_decode_bytes,
+                         short_clip_first_frame, max_replaced_frac, sizing, hold_chunk_bytes, decoder)
+
+
+def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps: float, num_threads: int,
+                  native_decode_bytes: float, short_clip_first_frame: bool,
+                  max_replaced_frac: float = 0.0, sizing: EncoderSizing | None = None,
+                  hold_chunk_bytes: float = HOLD_CHUNK_BYTES, decoder: str = "cpu") -> DecodedVideo:
+    _check_file(path)
+    probe = probe_video(path)
+    plan = plan_decode(path, probe, budget_tokens, base_fps, native_decode_bytes, decode_max_side,
+                       short_clip_first_frame)
+    name, fallback = resolve_decoder(decoder, probe, path)
+    if name == "cpu":
+        name = cpu_reader_for(probe, plan.decode_hw)
+    factory = READERS[name]
+    h, w = probe.height, probe.width
+    (dh, dw), idx, unique = plan.decode_hw, plan.idx, plan.unique
+    made: list = []   # the readers opened (a reader may fall back to the CPU mid-file: ``read.fallback``)
+
+    def open_reader(threads: int):
+        made.append(factory(path, probe, dh, dw, threads))
+        return made[-1]
+
+    opener = (lambda threads: lambda ix: _read_frames(path, ix, h, w, dh, dw, threads)) if name == "decord" else \
+        open_reader
+    if getattr(factory, "whole_video", False):   # one read of every planned frame (NVDEC decodes the stream once)
+        hold_chunk_bytes = max(hold_chunk_bytes, float(len(unique) * dh * dw * 3))
+    grids = sizing.grids(len(idx), dh, dw) if sizing is not None else None
+    if grids is None or held_bytes(grids) >= len(idx) * dh * dw * 3:   # holding would not save memory
+        frames, replaced = _decode_unique(path, unique, h, w, dh, dw, num_threads, max_replaced_frac,
+                                          opener=opener)
+        if len(unique) != len(idx):
+            pos = {k: i for i, k in enumerate(unique)}
+            frames = np.ascontiguousarray(frames[[pos[k] for k in idx]])
+        frames = torch.from_numpy(frames)
+    else:
+        frames, replaced = _decode_held(path, unique, idx, h, w, dh, dw, num_threads, max_replaced_frac, sizing,
+                                        grids, hold_chunk_bytes, opener=opener,
+                                        chunk_opener=None if name == "decord" else opener)
+    fps_ok = probe.fps > 0
+    vfr = (not probe.timestamps_unusable) and is_variable_frame_rate(probe.pts, probe.time_base, probe.fps)
+    native_fps = probe.fps if (fps_ok and not vfr) else len(probe.pts) / probe.duration_s
+    info = {"duration_s": round(probe.duration_s, 3), "native_hw": [int(h), int(w)], "decode_hw": [int(dh), int(dw)],
+            "n_frames": len(idx), "fps": round(native_fps, 4), "sample_fps": round(plan.sample_fps, 4),
+            "fps_ok": bool(fps_ok), "vfr": bool(vfr), "decoder": name}
+    late = next((r.fallback for r in reversed(made) if getattr(r, "fallback", None)), None)
+    if late:   # the NVDEC reader failed on this file and read it on the CPU
+        info["decoder"], fallback = late
+    if fallback:
+        info["decoder_fallback"] = fallback
+    if probe.timestamps_unusable:
+        info["timestamps_unusable"] = True
+    if replaced:   # positions in the returned frames whose native frame could not be read
+        bad_native = {unique[k] for k in replaced}
+        info["frames_replaced"] = [j for j, k in enumerate(idx) if k in bad_native]
+    return DecodedVideo(frames=frames, times_s=plan.times_s, info=info)
+
+
+def decord_frame_count(path: str | Path) -> tuple[int, float]:
+    """``(len(vr), vr.get_avg_fps())`` of ``decord.VideoReader(path)``: the ``total_frames`` and ``video_fps`` that
+    qwen_omni_utils' frame choice starts from (QwenLM/Qwen2.5-Omni@f8bf58c6:qwen-omni-utils/src/qwen_omni_utils/
+    v2_5/vision_process.py:_read_video_decord, ``total_frames, video_fps = len(vr), vr.get_avg_fps()``; decord's
+    count is the container's frame count, e.g. mp4's sample count, else its duration-times-rate estimate).
+
+    Raises:
+        DecodeError: the file is missing or decord cannot open it.
+    """
+    import decord
+
+    path = Path(path)
+    _check_file(path)
+    try:
+        vr = decord.VideoReader(str(path), num_threads=1)
+        return len(vr), float(vr.get_avg_fps())
+    except Exception as e:  # noqa: BLE001 - decord raises its own error type for every open failure
+        raise _open_error(path, e) from e
+
+
+def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896, num_threads: int = 1,
+                      native_decode_bytes: float = NATIVE_DECODE_BYTES, max_replaced_frac: float = MAX_REPLACED_FRAC,
+                      video_fps: float | None = None) -> DecodedVideo:
+    """The frames at explicit native (presentation-order) indices ``indices``, as ``vr.get_batch(idx)`` reads them
+    in qwen_omni_utils' ``_read_video_decord`` (the frame choice is the caller's, e.g.
+    :func:`algorithms.omni_sampling.qwen_omni_frame_indices`).
+
+    The reader is decord (:func:`_frame_reader`: the release's reader, with its rotation fix), or PyAV in decode
+    order for a file whose timestamps are unusable (:func:`cpu_reader_for`'s rule: decord's seeking returns wrong
+    frames there); the size as :func:`decode_frame_size` with ``n_est = len(indices)`` (native while the frames take
+    at most ``native_decode_bytes``, else the long side at most ``max_side``, inside the decoder); the retry with
+    one thread and ``max_replaced_frac`` as :func:`decode_video`. Repeated indices are decoded once.
+
+    Args:
+        video_fps: the rate the indices were chosen at: ``times_s = index / video_fps`` (``None``: the stream's
+            average rate, ``avg_frame_rate``, which decord's ``get_avg_fps`` reads; 1 when unknown).
+
+    Returns:
+        :class:`DecodedVideo`; ``info``: ``duration_s`` (``format.duration``), ``native_hw``, ``decode_hw``,
+        ``n_frames``, ``decoder``, ``frames_replaced`` when some frame was replaced, ``timestamps_unusable`` when
+        set.
+
+    Raises:
+        DecodeError: as :func:`decode_video` (an index past the stream's last frame fails the read).
+        ValueError: no index, a negative one, or a bad ``max_replaced_frac``.
+    """
+    if not indices or min(indices) < 0:
+        raise ValueError(f"indices must be a non-empty list of frame indices >= 0, got {list(indices)[:8]}")
+    if not 0.0 <= max_replaced_frac < 1.0:
+        raise ValueError(f"max_replaced_frac must be in [0, 1), got {max_replaced_frac!r}")
+    path = Path(path)
+    _check_file(path)
+    probe = probe_video(path)
+    idx = [int(k) for k in indices]
+    h, w = probe.height, probe.width
+    dh, dw = decode_frame_size(h, w, len(idx), native_decode_bytes, max_side)
+    name = "pyav" if probe.timestamps_unusable else "decord"
+    unique = sorted(set(idx))
+    opener = (lambda threads: lambda ix: _read_frames(path, ix, h, w, dh, dw, threads)) if name == "decord" else \
+        (lambda threads: READERS[name](path, probe, dh, dw, threads))
+    frames, replaced = _decode_unique(path, unique, h, w, dh, dw, num_threads, max_replaced_frac, opener=opener)
+    if len(unique) != len(idx):
+        pos = {k: i for i, k in enumerate(unique)}
+        frames = np.ascontiguousarray(frames[[pos[k] for k in idx]])
+    rate = video_fps if video_fps is not None else probe.fps
+    times = [k / rate for k in idx] if rate and rate > 0 else [float(k) for k in idx]
+    info = {"duration_s": round(probe.duration_s, 3), "native_hw": [int(h), int(w)], "decode_hw": [int(dh), int(dw)],
+            "n_frames": len(idx), "decoder": name}
+    if probe.timestamps_unusable:
+        info["timestamps_unusable"] = True
+    if replaced:
+        bad_native = {unique[k] for k in replaced}
+        info["frames_replaced"] = [j for j, k in enumerate(idx) if k in bad_native]
+    return DecodedVideo(frames=torch.from_numpy(frames), times_s=times, info=info)
