@@ -502,3 +502,26 @@ def test_videomme_release_options_and_missing_subtitle_file(tmp_path):
     assert build_prompt(plain, "videollama3_videomme") == vl3.split("\n", 2)[2]
     assert build_prompt(q, "mcq_letter") == build_prompt(plain, "mcq_letter")   # not listed: no block
     assert "A. one\nB. two" in build_prompt(q, "videomme")                       # the README prompt: A. text lines
+
+
+# DAMO-NLP-SG/VideoLLaMA3@05cee23d:evaluation/benchmarks/videomme.py:VideoMMEDataset.generate_instruction, run on
+# this hand case (the .srt below loaded with pysubs2.load(path, encoding="utf-8"), timestamps [1.5, 2.0, 4.5]) -
+# its output, quoted:
+_VL3_BLANK_SRT = ("This video's subtitles are listed below:\n\nSelect the best answer to the following multiple-choice "
+                  "question based on the video. Respond with only the letter (A, B, C, or D) of the correct option.\n"
+                  "How many dogs?\nA.one\nB)  two\nC. three\nD. four \nAnswer with the option's letter from the given "
+                  "choices directly and only give the best option. The best answer is:")
+
+
+def test_videomme_blank_srt_keeps_the_header(tmp_path):
+    """An ``.srt`` whose every cue is blank: VideoLLaMA3's evaluation still prints its subtitle header (the file
+    exists, ``subtitles is not None``), over an empty list; the question's meta says it had a file."""
+    _videomme(tmp_path, [_vm_row("001-1", "blank", options=["A.one", "B)  two", "C. three", "D. four "])])
+    (tmp_path / "subtitles").mkdir()
+    (tmp_path / "subtitles" / "blank.srt").write_text(
+        '1\n00:00:01,000 --> 00:00:03,000\n \n\n2\n00:00:04,000 --> 00:00:05,000\n<font color="#fff"></font>\n',
+        encoding="utf-8")
+    q = load_benchmark("videomme", tmp_path, subtitles=True)[0]
+    assert q.meta["subtitles"] is True and q.subtitles == "" and [t for _, _, t in q.subtitle_lines] == ["", ""]
+    assert build_prompt(q, "videollama3_videomme", [1.5, 2.0, 4.5]) == _VL3_BLANK_SRT
+    assert build_prompt(q, None, [1.5, 2.0, 4.5]) == _VL3_BLANK_SRT     # the default family is VideoLLaMA3's
