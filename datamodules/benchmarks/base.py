@@ -26,7 +26,8 @@ model special tokens in a question,     accepted verbatim: the model tokenizes d
 option or subtitle                      ``split_special_tokens=True``, so it can neither add a vision placeholder
                                         nor end the user turn (``models.videollama3.layout``)
 malformed subtitles                     error naming the subtitle file and cue / item (``subtitles.py``); an
-                                        ``.srt`` with no timed cue at all gives no subtitles
+                                        ``.srt`` with no timed cue at all gives no lines (Video-MME still
+                                        prints the header over nothing: the file exists)
 media path escaping the root            error for the annotation text: an absolute path or a ``..`` component.
                                         Symbolic links under the root are followed, also out of it (the user's
                                         own layout, e.g. ``videos/`` linked to other storage)
