@@ -217,3 +217,36 @@ def test_answer_text_is_stripped(tiny_vlm):
     assert tok.decode(ids) == " A\n"
     a = tiny_vlm._answer(ids + [tok.convert_tokens_to_ids("<|im_end|>")], 7, False)
     assert a.text == "A" and a.seq_len == 7
+
+
+# DAMO-NLP-SG/VideoLLaMA3@05cee23d:evaluation/benchmarks/longvideobench.py (insert_subtitles_into_frames, then
+# LongVideoBenchDataset.generate_instruction) rendered with that commit's videollama3/model/processor.py
+# DEFAULT_CHAT_TEMPLATE (jinja2, trim_blocks and lstrip_blocks as transformers renders), run on frames at 0, 2, 4, 6 s
+# (starting_timestamp_for_subtitles 0, duration 10), question "Q?" with options ["a", "b"]; its output, quoted
+# (the user turn between "<|im_start|>user\n" and the question):
+_LVB_RELEASE = {
+    # subtitles {"timestamp": [0.2, 0.6], "text": "a"}, {[2.5, 4.5], ""}, {[6.0, 6.5], "e"}
+    "middle": ([[], ["a"], [""], [], ["e"]],
+               "Time 0.0s:<image>\naTime 2.0s:<image>\nTime 4.0s:<image>,Time 6.0s:<image>\ne"),
+    # subtitles {[0.0, 0.5], ""}, {[2.5, 4.5], ""}
+    "only_empty": ([[], [""], [""], [], []],
+                   "Time 0.0s:<image>\nTime 2.0s:<image>\nTime 4.0s:<image>,Time 6.0s:<image>\n"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_LVB_RELEASE))
+def test_prompt_text_empty_subtitle_closes_the_chunk(tiny_vlm, case):
+    """An empty LongVideoBench subtitle text is still a text item in VideoLLaMA3's conversation: it closes the
+    video chunk (``<image>\\n`` then ``""``), so the frames around it are not joined by ``,``. The slots are
+    :func:`~datamodules.benchmarks.subtitles.interleave_slots` of the same lines (checked), ``<image>`` is one
+    frame's rows."""
+    from datamodules.benchmarks.subtitles import interleave_slots
+
+    slots, release = _LVB_RELEASE[case]
+    lines = {"middle": [(0.2, 0.6, "a"), (2.5, 4.5, ""), (6.0, 6.5, "e")],
+             "only_empty": [(0.0, 0.5, ""), (2.5, 4.5, "")]}[case]
+    times = [0.0, 2.0, 4.0, 6.0]
+    assert interleave_slots(lines, times) == slots
+    plan = make_plan("raw", [1, 1, 1, 1], [], hw=4, raw_hw=2)
+    prompt = tiny_vlm.build_prompt(plan, times, _rows(4, 2, 0.0), torch.zeros(0, 64, D), subtitle_slots=slots)
+    assert _decode(tiny_vlm.tokenizer, prompt.ids) == HEAD + release.replace("<image>", "[P2]")
