@@ -153,8 +153,13 @@ ANSWER_PREFIXES = {  # MLVU choice_bench.py main: conv.append_message(conv.roles
     "mlvu": "Best Option: (",
 }
 # templates whose release prints the options as the annotation holds them (``Question.option_lines``): VideoLLaMA3
-# videomme.py ``instruction += f"{option}\n"`` and lmms-eval videomme/utils.py ``"\n".join([f"{opt}" ...])``
-VERBATIM_OPTIONS = ("videollama3_videomme", "lmms_eval_videomme", "lmms_eval_worldsense", "omnizip_worldsense")
+# videomme.py ``instruction += f"{option}\n"``, lmms-eval videomme/utils.py ``"\n".join([f"{opt}" ...])``, the Video-MME
+# README prompt (its ``[Question]`` is the question and the parquet's option strings), VLMEvalKit@e8e78f05
+# worldsense.py:WorldSense.build_prompt ``line['question'] + '\n' + '\n'.join(eval(line['candidates']))`` (all three
+# of its templates: audio, no audio, subtitles), lmms-eval worldsense_doc_to_text and OmniZip's eval.py
+# ``"\n".join(candidates)``: ``"A.Piano"`` stays ``"A.Piano"``
+VERBATIM_OPTIONS = ("videollama3_videomme", "lmms_eval_videomme", "lmms_eval_worldsense", "omnizip_worldsense",
+                    "videomme", "worldsense", "worldsense_noaudio")
 # what a template's release shows, in a subtitle setting, for a video that has no subtitle file: VideoLLaMA3
 # videomme.py ``subtitle_string = ""`` under its header; lmms-eval videomme_doc_to_text_subtitle
 # ``subtitle = "No subtitles available"``; templates not listed show no subtitle block

@@ -501,7 +501,11 @@ def test_videomme_release_options_and_missing_subtitle_file(tmp_path):
     plain = load_benchmark("videomme", tmp_path)[0]                     # no subtitle setting: no block at all
     assert build_prompt(plain, "videollama3_videomme") == vl3.split("\n", 2)[2]
     assert build_prompt(q, "mcq_letter") == build_prompt(plain, "mcq_letter")   # not listed: no block
-    assert "A. one\nB. two" in build_prompt(q, "videomme")                       # the README prompt: A. text lines
+    # the README prompt's [Question]: the parquet's strings as stored (MME-Benchmarks/Video-MME@06c2315b README)
+    assert build_prompt(plain, "videomme") == (
+        "Select the best answer to the following multiple-choice question based on the video. Respond with only the "
+        "letter (A, B, C, or D) of the correct option.\nHow many dogs?\nA.one\nB)  two\nC. three\nD. four \n"
+        "The best answer is:")
 
 
 # DAMO-NLP-SG/VideoLLaMA3@05cee23d:evaluation/benchmarks/videomme.py:VideoMMEDataset.generate_instruction, run on
@@ -525,3 +529,24 @@ def test_videomme_blank_srt_keeps_the_header(tmp_path):
     assert q.meta["subtitles"] is True and q.subtitles == "" and [t for _, _, t in q.subtitle_lines] == ["", ""]
     assert build_prompt(q, "videollama3_videomme", [1.5, 2.0, 4.5]) == _VL3_BLANK_SRT
     assert build_prompt(q, None, [1.5, 2.0, 4.5]) == _VL3_BLANK_SRT     # the default family is VideoLLaMA3's
+
+
+def test_worldsense_vlmevalkit_prints_candidates_as_stored(tmp_path):
+    """VLMEvalKit@e8e78f05 vlmeval/dataset/worldsense.py:WorldSense.build_prompt: ``question_str = line['question'] +
+    '\\n' + '\\n'.join(eval(line['candidates']))``, ``'Question: {}\\nAnswer: '.format(question_str)`` after
+    FRAMES_TMPL_AUDIO / FRAMES_TMPL_NOSUB: the candidates as stored, ``"A.Piano"`` not re-lettered."""
+    data = _ws_release()
+    data["vid_a"]["task0"]["candidates"] = ["A.Piano", "B. violin", "C)drums", "D.  flute "]
+    (tmp_path / "worldsense_qa.json").write_text(json.dumps(data))
+    q = load_benchmark("worldsense", tmp_path)[0]
+    assert q.options == ["Piano", "violin", "drums", "flute "]
+    stored = "A.Piano\nB. violin\nC)drums\nD.  flute "
+    question_str = q.question + "\n" + stored           # the release's two lines, on this row
+    assert build_prompt(q, "worldsense") == (
+        "\nThese are the frames of a video and the corresponding audio. Select the best answer to the following "
+        "multiple-choice question based on the video. Respond with only the letter (A, B, C, or D) of the correct "
+        "option.\n" + "Question: {}\nAnswer: ".format(question_str))
+    assert build_prompt(q, "worldsense_noaudio") == (
+        "\nThese are the frames of a video. Select the best answer to the following multiple-choice question based "
+        "on the video. Respond with only the letter (A, B, C, or D) of the correct option.\n"
+        + "Question: {}\nAnswer: ".format(question_str))
