@@ -119,6 +119,7 @@ RULE_DESCRIPTIONS = {
     "lvb": "lmms-eval LongVideoBench: prefixes removed, first capital of [ABCDE] anywhere, random option if none",
     "worldsense": "VLMEvalKit WorldSense: prefixes removed, first capital of [ABCD] anywhere, else 0",
     "mlvu": "MLVU check_ans: the character before the first ')' (else the whole reply) equals the letter",
+    "omnizip": "OmniZip eval.py: reply stripped, the first of A-F it starts with, else its first character",
     "robust": "a standalone option letter ('B', '(B)', 'Answer: c') or one option's text",
 }
 
