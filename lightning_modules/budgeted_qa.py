@@ -46,6 +46,7 @@ from datamodules.benchmarks import Question
 from datamodules.decoding import EncoderSizing
 from datamodules.benchmarks.prompts import (chat_parts, recorded_template, check_template, interleaved_subtitles, pre_media_text,
                                             prompt_and_template, resolve_template)
+from models.loading import check_attn_implementation
 from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets
 from models.videollama3 import warm
 from models.videollama3.frame_sizes import load_video_processor
@@ -198,7 +199,12 @@ class BudgetedQA(LightningModule):
             the name goes into each record's ``meta.template``).
         dtype: model dtype: ``float32``, ``bfloat16`` or ``float16`` (anything else is a ``SettingError`` naming
             ``model.init_args.dtype``, raised here, before anything is written).
-        attn_implementation: transformers attention backend.
+        attn_implementation: transformers attention backend of the LLM (and of the vision encoder when
+            ``vision_attn_implementation`` is ``None``): ``sdpa`` (default) or ``flash_attention_2``, the seeds' kernel
+            (seed 001:1074, with ``dtype: bfloat16`` and ``vision_attn_implementation: null`` as the seeds load the
+            whole model; needs the ``flash_attn`` package, else a one-line ``SettingError`` here). The shared-prefix
+            decode steps attend through :mod:`models.videollama3.shared_prefix` (SDPA) either way. README,
+            deviations table.
         encode_chunk_frames: frames per vision-encoder call.
         vision_attn_implementation: vision-encoder attention (``frame_batched``: one SDPA call per layer over
             all frames of an encode; or a transformers backend name).
@@ -251,6 +257,8 @@ class BudgetedQA(LightningModule):
                 raise SettingError(f"model.{name} must be true or false, got {value!r}")
         check_template(prompt_template)
         check_dtype("model.init_args.dtype", dtype)   # before anything is written (run.json, the output folder)
+        check_attn_implementation("model.init_args.attn_implementation", attn_implementation, dtype)
+        check_attn_implementation("model.init_args.vision_attn_implementation", vision_attn_implementation, dtype)
         self.save_hyperparameters()
         self.budgets = [int(b) for b in budgets]
         self.vlm: BudgetedVideoLlama3 | None = None

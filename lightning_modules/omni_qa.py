@@ -31,6 +31,7 @@ from algorithms.errors import SettingError, check_dtype
 from datamodules.benchmarks import Question
 from datamodules.benchmarks.prompts import (OMNI_DEFAULT_TEMPLATE, chat_parts, check_template, pre_media_text,
                                             prompt_and_template)
+from models.loading import check_attn_implementation
 from models.omni import FULL, OmniQA, prefill_flop_fields
 
 from .budgeted_qa import run_or_error_records
@@ -62,7 +63,9 @@ class OmniPruningQA(LightningModule):
             audio, its SYS text before the media; ``lmms_eval_worldsense``: lmms-eval's).
         dtype: model dtype: ``float32``, ``bfloat16`` or ``float16`` (else ``SettingError``, before anything is
             written).
-        attn_implementation: ``sdpa`` or ``eager`` (eager for measured FLOPs on CPU).
+        attn_implementation: ``sdpa`` or ``eager`` (eager for measured FLOPs on CPU), or ``flash_attention_2``
+            (OmniZip's eval; needs the ``flash_attn`` package and a half-precision dtype, else a one-line
+            ``SettingError``).
         measure_flops: count the prefill with ``FlopCounterMode`` (slower).
     """
 
@@ -96,6 +99,7 @@ class OmniPruningQA(LightningModule):
             raise SettingError(f"answer_rule {answer_rule!r} is unknown; known: "
                                f"{[r for r in RULES if r != 'robust']} (omnizip: OmniZip's eval, the default)")
         check_dtype("model.init_args.dtype", dtype)   # before the writer's run.json, not at the model load
+        check_attn_implementation("model.init_args.attn_implementation", attn_implementation, dtype)
         self.save_hyperparameters()
         self.variants = variants
         self.qa: OmniQA | None = None
