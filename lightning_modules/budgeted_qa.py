@@ -11,6 +11,8 @@ raised for one video                                   result
 decode failure (the data module's ``item["error"]``)    that video's error records
 ``torch.cuda.OutOfMemoryError``                         that video's error records, after its memory is released
 a question longer than the model's context             that question's error records (:class:`ContextLengthError`)
+a question its loader could not make askable           that question's error records (``Question.error``: a
+(``Question.error``)                                   WorldSense row with 1 or more than 10 options)
 any other ``Exception`` of an input-dependent check     that video's error records ``"<video path>: <type>: <cause>"``
 (``ValueError`` such as transformers' ``smart_resize``  (traceback in the log); the run goes on, a rerun retries them
 "absolute aspect ratio must be smaller than 200",
@@ -84,6 +86,16 @@ def error_records(item: dict, jobs: dict[str, int], message: str) -> list[dict]:
     """One error record per (question, job) still to do on a video."""
     return [error_record(item, q["qid"], q["answer"], q["meta"], job, jobs[job], message)
             for q in item["questions"] for job in item["jobs"].get(q["qid"], [])]
+
+
+def split_question_errors(item: dict) -> tuple[dict, list[dict]]:
+    """``(item without the questions a loader marked with an error, those questions)``: a question the loader could
+    not make askable (``Question.error``, e.g. a WorldSense row with 1 or more than 10 options) gets error records,
+    the video's other questions are answered."""
+    bad = [q for q in item["questions"] if q.get("error")]
+    if not bad:
+        return item, []
+    return {**item, "questions": [q for q in item["questions"] if not q.get("error")]}, bad
 
 
 def qa_record(item: dict, q: Question, answer, stats: dict, n_frames_used: int, job: str, budget: int | None,
@@ -420,7 +432,12 @@ class BudgetedQA(LightningModule):
         if item.get("error"):
             log.warning("video %s: %s", item["video_id"], item["error"])
             return error_records(item, jobs, item["error"])
-        out = run_or_error_records(item, lambda: self._answer_video(item), lambda msg: error_records(item, jobs, msg))
+        item, bad = split_question_errors(item)
+        out = [error_record(item, q["qid"], q["answer"], q["meta"], job, jobs[job], q["error"])
+               for q in bad for job in item["jobs"].get(q["qid"], [])]
+        if item["questions"]:
+            out += run_or_error_records(item, lambda: self._answer_video(item),
+                                        lambda msg: error_records(item, jobs, msg))
         if first:   # graphs the first step still compiled (the early compilation's guards missed, or new kernels)
             self.warmup_report["graphs_compiled_in_first_step"] = _graphs_compiled() - graphs
         return out

@@ -34,7 +34,7 @@ from datamodules.benchmarks.prompts import (OMNI_DEFAULT_TEMPLATE, chat_parts, c
 from models.loading import check_attn_implementation
 from models.omni import FULL, OmniQA, prefill_flop_fields
 
-from .budgeted_qa import run_or_error_records
+from .budgeted_qa import run_or_error_records, split_question_errors
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,13 @@ class OmniPruningQA(LightningModule):
         if item.get("error"):
             log.warning("video %s: %s", item["video_id"], item["error"])
             return self.error_records(item, item["error"])
-        return run_or_error_records(item, lambda: self.answer_video(item), lambda msg: self.error_records(item, msg))
+        item, bad = split_question_errors(item)   # a question the loader marked (WorldSense: 1 or > 10 options)
+        out = [{**self._base(item, q, job), "error": q["error"]}
+               for q in bad for job in item["jobs"].get(q["qid"], []) if job in self.jobs]
+        if item["questions"]:
+            out += run_or_error_records(item, lambda: self.answer_video(item),
+                                        lambda msg: self.error_records(item, msg))
+        return out
 
     def answer_video(self, item: dict) -> list[dict]:
         """Encode once, prune once per variant, answer every (question, job) still to do."""

@@ -550,3 +550,24 @@ def test_worldsense_vlmevalkit_prints_candidates_as_stored(tmp_path):
         "\nThese are the frames of a video. Select the best answer to the following multiple-choice question based "
         "on the video. Respond with only the letter (A, B, C, or D) of the correct option.\n"
         + "Question: {}\nAnswer: ".format(question_str))
+
+
+def test_worldsense_odd_option_count_is_that_questions_error(tmp_path):
+    """A WorldSense row with 1 option or more than 10 does not refuse the file: the question carries ``error``
+    (file and row named) and the runs write its error records; the other questions load as before."""
+    data = _ws_release()
+    data["vid_a"]["task1"]["candidates"] = ["A. only"]
+    data["vid_b"]["task0"]["candidates"] = [f"{c}. x{c}" for c in "ABCDEFGHIJK"]
+    data["vid_b"]["task0"]["answer"] = "K"
+    (tmp_path / "worldsense_qa.json").write_text(json.dumps(data))
+    qs = {q.qid: q for q in load_benchmark("worldsense", tmp_path)}
+    assert qs["vid_a_task0"].error is None and qs["vid_a_task0"].options == ["piano", "violin", "drums", "flute"]
+    one, many = qs["vid_a_task1"], qs["vid_b_task0"]
+    assert one.error == (f"{tmp_path / 'worldsense_qa.json'} video 'vid_a' task1: 1 option; a multiple-choice "
+                         "question needs 2..10 (letters A-J)")
+    assert many.error.endswith("video 'vid_b' task0: 11 options; a multiple-choice question needs 2..10 (letters A-J)")
+    assert (one.answer, many.answer) == ("A", "K") and many.options[-1] == "K. xK"
+    data["vid_a"]["task1"]["candidates"] = "A. only"        # not a list at all: still the file's error
+    (tmp_path / "worldsense_qa.json").write_text(json.dumps(data))
+    with pytest.raises(AnnotationError, match="video 'vid_a' task1: options must be a list"):
+        load_benchmark("worldsense", tmp_path)
