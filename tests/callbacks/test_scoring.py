@@ -426,8 +426,12 @@ def test_official_parser_follows_the_jobs_recorded_rule():
 
     # OmniZip: "The answer is B" -> "T" (wrong), "b) two" -> B; VLMEvalKit: "The answer is B" -> B, "b) two" -> None
     recs = [ws("q1", "B", "The answer is B", "omnizip"), ws("q2", "B", "b) two", "omnizip")]
-    g = _group(score_records(recs, rules=["worldsense"]), "worldsense", "full")
+    scores = score_records(recs, rules=["worldsense"])
+    g = _group(scores, "worldsense", "full")
     off, vlm = g["parsers"]["official"], g["parsers"]["worldsense"]
+    from callbacks.scoring.summary import headline_rows
+
+    assert headline_rows(scores["groups"])[0]["name"] == "accuracy under the job's omnizip rule"   # not VLMEvalKit's
     assert (off["rule"], off["correct"]) == ("omnizip", 1) and "release" not in off
     assert (vlm["rule"], vlm["correct"], vlm["unparseable"]) == ("worldsense", 1, 1) and "release" in vlm
     mixed = [recs[0], ws("q2", "B", "b) two", "worldsense")]
