@@ -13,6 +13,9 @@ rule            released code it reproduces (read in full; repo@commit:path:func
                 lmms_eval/tasks/longvideobench/utils.py:parse_multi_choice_response
 ``worldsense``  open-compass/VLMEvalKit@e8e78f05f3080fe28154f2130321f17951c3be94:
                 vlmeval/dataset/utils/worldsense.py:extract_characters_regex (the regex stage of WorldSense.evaluate)
+``omnizip``     KD-TAO/OmniZip@906029177bb3dc1b6e727d8182d9e832f89ccc54:eval/eval.py:evaluate_sample (its WorldSense
+                eval, the configuration seed 003:7 follows): the reply stripped, the first of A-F it starts with,
+                else its first character (:func:`parse_omnizip`)
 ``robust``      ours: a standalone option letter or the text of exactly one option (:func:`parse_robust`)
 ==============  =====================================================================================================
 
@@ -35,7 +38,7 @@ import re
 
 LETTERS = "ABCDEFGHIJ"
 
-RULES = ("videomme", "mlvu", "lvb", "worldsense", "robust")
+RULES = ("videomme", "mlvu", "lvb", "worldsense", "omnizip", "robust")
 
 # The released rule of each benchmark's own scorer (the "official" prediction of a record).
 BENCHMARK_RULES = {"videomme": "videomme", "mlvu": "mlvu", "lvb": "lvb", "worldsense": "worldsense"}
@@ -146,6 +149,30 @@ def parse_worldsense(response: str | None) -> str | None:
     return _first_capital(response, WORLDSENSE_PREFIXES, "[ABCD]")
 
 
+# KD-TAO/OmniZip@9060291:eval/eval.py:evaluate_sample: ``for opt in ["A", "B", "C", "D", "E", "F"]``
+OMNIZIP_LETTERS = ("A", "B", "C", "D", "E", "F")
+
+
+def parse_omnizip(response: str | None) -> str | None:
+    """OmniZip's WorldSense answer: the letter its evaluation compares with the gold letter.
+
+    Follows KD-TAO/OmniZip@906029177bb3dc1b6e727d8182d9e832f89ccc54:eval/eval.py:evaluate_sample::
+
+        resp_text = answers[0].strip() if answers and answers[0] else ""
+        for opt in ["A", "B", "C", "D", "E", "F"]:
+            if resp_text.upper().strip().startswith(opt): predicted_answer = opt; break
+        if predicted_answer is None and len(resp_text) > 0: predicted_answer = resp_text[0].upper()
+
+    so ``"b) two"`` is ``B``, ``"The answer is C"`` is ``T`` (scored wrong, as released), ``""`` is ``None``. The
+    result may be any upper-cased character; it is correct iff it equals the gold letter.
+    """
+    text = (response or "").strip()
+    for opt in OMNIZIP_LETTERS:
+        if text.upper().strip().startswith(opt):
+            return opt
+    return text[0].upper() if text else None
+
+
 def parse_mlvu(response: str | None, num_options: int) -> str | None:
     """MLVU's released check, as the letter it compares.
 
@@ -192,6 +219,8 @@ def parse(response: str | None, options: list[str], rule: str) -> str | None:
         return parse_lvb(response)
     if rule == "worldsense":
         return parse_worldsense(response)
+    if rule == "omnizip":
+        return parse_omnizip(response)
     if rule == "mlvu":
         return parse_mlvu(response, len(options))
     return parse_robust(response, options)

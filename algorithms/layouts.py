@@ -259,11 +259,13 @@ def effective_variant(variant: str | LayoutVariant, capped: bool) -> LayoutVaria
 
 
 def raw_rows_limit(variant: str | LayoutVariant, capped: bool, raw_max_tokens: int) -> int:
-    """Most rows a raw frame may have in this variant's LLM input: ``raw_max_tokens``, or
-    ``min(raw_max_tokens, raw_rows_cap)`` for ``low64`` on a capped video."""
+    """Most rows a raw frame may have in this variant's LLM input: ``raw_max_tokens``, or ``raw_rows_cap`` for
+    ``low64`` on a capped video whatever ``raw_max_tokens`` is (seed 000:1320 ``raw_frame_grid(*grid,
+    eff["raw_tokens"] or args.raw_max_tokens)`` with ``low64``'s ``raw_tokens=SMALL`` = 64: the variant's 64 rows
+    replace the run's cap, also when the cap is smaller)."""
     v = get_variant(variant)
     if capped and v.raw_rows_cap is not None:
-        return min(raw_max_tokens, v.raw_rows_cap)
+        return v.raw_rows_cap
     return raw_max_tokens
 
 

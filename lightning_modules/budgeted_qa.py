@@ -11,6 +11,8 @@ raised for one video                                   result
 decode failure (the data module's ``item["error"]``)    that video's error records
 ``torch.cuda.OutOfMemoryError``                         that video's error records, after its memory is released
 a question longer than the model's context             that question's error records (:class:`ContextLengthError`)
+a question its loader could not make askable           that question's error records (``Question.error``: a
+(``Question.error``)                                   WorldSense row with 1 or more than 10 options)
 any other ``Exception`` of an input-dependent check     that video's error records ``"<video path>: <type>: <cause>"``
 (``ValueError`` such as transformers' ``smart_resize``  (traceback in the log); the run goes on, a rerun retries them
 "absolute aspect ratio must be smaller than 200",
@@ -46,6 +48,7 @@ from datamodules.benchmarks import Question
 from datamodules.decode import EncoderSizing
 from datamodules.benchmarks.prompts import (chat_parts, recorded_template, check_template, interleaved_subtitles, pre_media_text,
                                             prompt_and_template, resolve_template)
+from models.loading import check_attn_implementation
 from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets
 from models.videollama3 import warm
 from models.kernels import Fusable
@@ -85,6 +88,16 @@ def error_records(item: dict, jobs: dict[str, int], message: str) -> list[dict]:
     """One error record per (question, job) still to do on a video."""
     return [error_record(item, q["qid"], q["answer"], q["meta"], job, jobs[job], message)
             for q in item["questions"] for job in item["jobs"].get(q["qid"], [])]
+
+
+def split_question_errors(item: dict) -> tuple[dict, list[dict]]:
+    """``(item without the questions a loader marked with an error, those questions)``: a question the loader could
+    not make askable (``Question.error``, e.g. a WorldSense row with 1 or more than 10 options) gets error records,
+    the video's other questions are answered."""
+    bad = [q for q in item["questions"] if q.get("error")]
+    if not bad:
+        return item, []
+    return {**item, "questions": [q for q in item["questions"] if not q.get("error")]}, bad
 
 
 def qa_record(item: dict, q: Question, answer, stats: dict, n_frames_used: int, job: str, budget: int | None,
@@ -200,7 +213,12 @@ class BudgetedQA(LightningModule):
             the name goes into each record's ``meta.template``).
         dtype: model dtype: ``float32``, ``bfloat16`` or ``float16`` (anything else is a ``SettingError`` naming
             ``model.init_args.dtype``, raised here, before anything is written).
-        attn_implementation: transformers attention backend.
+        attn_implementation: transformers attention backend of the LLM (and of the vision encoder when
+            ``vision_attn_implementation`` is ``None``): ``sdpa`` (default) or ``flash_attention_2``, the seeds' kernel
+            (seed 001:1074, with ``dtype: bfloat16`` and ``vision_attn_implementation: null`` as the seeds load the
+            whole model; needs the ``flash_attn`` package, else a one-line ``SettingError`` here). The shared-prefix
+            decode steps attend through :mod:`models.videollama3.shared_prefix` (SDPA) either way. README,
+            deviations table.
         encode_chunk_frames: frames per vision-encoder call.
         vision_attn_implementation: vision-encoder attention (``frame_batched``: one SDPA call per layer over
             all frames of an encode; or a transformers backend name).
@@ -266,6 +284,8 @@ class BudgetedQA(LightningModule):
             raise SettingError(f"model.first_step must be one of {FIRST_STEP_MODES}, got {first_step!r}")
         check_template(prompt_template)
         check_dtype("model.init_args.dtype", dtype)   # before anything is written (run.json, the output folder)
+        check_attn_implementation("model.init_args.attn_implementation", attn_implementation, dtype)
+        check_attn_implementation("model.init_args.vision_attn_implementation", vision_attn_implementation, dtype)
         self.save_hyperparameters()
         self.budgets = [int(b) for b in budgets]
         self.vlm: BudgetedVideoLlama3 | None = None
@@ -472,7 +492,12 @@ class BudgetedQA(LightningModule):
         if item.get("error"):
             log.warning("video %s: %s", item["video_id"], item["error"])
             return error_records(item, jobs, item["error"])
-        out = run_or_error_records(item, lambda: self._answer_video(item), lambda msg: error_records(item, jobs, msg))
+        item, bad = split_question_errors(item)
+        out = [error_record(item, q["qid"], q["answer"], q["meta"], job, jobs[job], q["error"])
+               for q in bad for job in item["jobs"].get(q["qid"], [])]
+        if item["questions"]:
+            out += run_or_error_records(item, lambda: self._answer_video(item),
+                                        lambda msg: error_records(item, jobs, msg))
         if first:   # graphs the first step still compiled (the early compilation's guards missed, or new kernels)
             self.warmup_report["graphs_compiled_in_first_step"] = _graphs_compiled() - graphs
         return out

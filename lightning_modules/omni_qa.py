@@ -25,15 +25,16 @@ from pathlib import Path
 
 from lightning.pytorch import LightningModule
 
-from algorithms.choice import official_rule, parse, parse_robust
+from algorithms.choice import RULES, parse, parse_robust
 from algorithms.pruning import VARIANTS, retention_floor
 from algorithms.errors import SettingError, check_dtype
 from datamodules.benchmarks import Question
 from datamodules.benchmarks.prompts import (OMNI_DEFAULT_TEMPLATE, chat_parts, check_template, pre_media_text,
                                             prompt_and_template)
+from models.loading import check_attn_implementation
 from models.omni import FULL, OmniQA, prefill_flop_fields
 
-from .budgeted_qa import run_or_error_records
+from .budgeted_qa import run_or_error_records, split_question_errors
 
 log = logging.getLogger(__name__)
 
@@ -51,21 +52,28 @@ class OmniPruningQA(LightningModule):
         variants: ``full`` and/or registered pruning variants (``baseline``, ``v1`` ... ``v6``).
         retention: kept fraction of each modality's tokens (both modalities).
         audio_retention: a different audio retention (``None``: ``retention``).
-        max_new_tokens: greedy answer length.
+        max_new_tokens: greedy answer length (100: KD-TAO/OmniZip@9060291:eval/eval.py:evaluate_sample's
+            ``max_new_tokens=100``, the configuration seed 003:7 follows).
+        answer_rule: how the reply becomes a letter (``pred``, ``pred_rule``; :mod:`algorithms.choice`):
+            ``omnizip`` (default): OmniZip's eval, the reply stripped, the first of A-F it starts with, else its first
+            character; ``worldsense``: VLMEvalKit's WorldSense regex (the benchmark's harness); any other rule of
+            :data:`algorithms.choice.RULES` (``SettingError`` otherwise). The scorer's official parser follows it.
         prompt_template: template name (``None``: ``omnizip_worldsense``, OmniZip's WorldSense evaluation, the
             configuration seed 003 follows, with its system turn; ``worldsense``: VLMEvalKit's WorldSense prompt with
             audio, its SYS text before the media; ``lmms_eval_worldsense``: lmms-eval's).
         dtype: model dtype: ``float32``, ``bfloat16`` or ``float16`` (else ``SettingError``, before anything is
             written).
-        attn_implementation: ``sdpa`` or ``eager`` (eager for measured FLOPs on CPU).
+        attn_implementation: ``sdpa`` or ``eager`` (eager for measured FLOPs on CPU), or ``flash_attention_2``
+            (OmniZip's eval; needs the ``flash_attn`` package and a half-precision dtype, else a one-line
+            ``SettingError``).
         measure_flops: count the prefill with ``FlopCounterMode`` (slower).
     """
 
     def __init__(self, model_path: str = "checkpoints/tiny-omni",
                  variants: list[str] = (FULL, "baseline", "v1", "v2", "v3", "v4", "v5", "v6"),
-                 retention: float = 0.5, audio_retention: float | None = None, max_new_tokens: int = 16,
+                 retention: float = 0.5, audio_retention: float | None = None, max_new_tokens: int = 100,
                  prompt_template: str | None = None, dtype: str = "float32", attn_implementation: str = "sdpa",
-                 measure_flops: bool = False):
+                 measure_flops: bool = False, answer_rule: str = "omnizip"):
         super().__init__()
         variants = list(variants)
         if not variants:
@@ -87,7 +95,11 @@ class OmniPruningQA(LightningModule):
                     raise SettingError(f"{what}={r}: variant {v!r} keeps DyCoke TTM's token count, which is at "
                                        f"least {floor} of the tokens (drop {v!r} from variants or raise {what})")
         check_template(prompt_template)
+        if answer_rule not in RULES or answer_rule == "robust":
+            raise SettingError(f"answer_rule {answer_rule!r} is unknown; known: "
+                               f"{[r for r in RULES if r != 'robust']} (omnizip: OmniZip's eval, the default)")
         check_dtype("model.init_args.dtype", dtype)   # before the writer's run.json, not at the model load
+        check_attn_implementation("model.init_args.attn_implementation", attn_implementation, dtype)
         self.save_hyperparameters()
         self.variants = variants
         self.qa: OmniQA | None = None
@@ -117,7 +129,9 @@ class OmniPruningQA(LightningModule):
                 # None meant VLMEvalKit's WorldSense prompt in folders written before; it now means OmniZip's
                 "prompt_template": hp.prompt_template if hp.prompt_template is not None
                 else f"default:{OMNI_DEFAULT_TEMPLATE}",
-                "attn_implementation": hp.attn_implementation}
+                "attn_implementation": hp.attn_implementation,
+                # absent in folders written before the setting: they were parsed with VLMEvalKit's regex
+                "answer_rule": hp.get("answer_rule", "omnizip")}
 
     def setup(self, stage: str) -> None:
         """Check the settings that depend on the device (the model itself loads in :meth:`on_predict_start`).
@@ -166,7 +180,13 @@ class OmniPruningQA(LightningModule):
         if item.get("error"):
             log.warning("video %s: %s", item["video_id"], item["error"])
             return self.error_records(item, item["error"])
-        return run_or_error_records(item, lambda: self.answer_video(item), lambda msg: self.error_records(item, msg))
+        item, bad = split_question_errors(item)   # a question the loader marked (WorldSense: 1 or > 10 options)
+        out = [{**self._base(item, q, job), "error": q["error"]}
+               for q in bad for job in item["jobs"].get(q["qid"], []) if job in self.jobs]
+        if item["questions"]:
+            out += run_or_error_records(item, lambda: self.answer_video(item),
+                                        lambda msg: self.error_records(item, msg))
+        return out
 
     def answer_video(self, item: dict) -> list[dict]:
         """Encode once, prune once per variant, answer every (question, job) still to do."""
@@ -193,8 +213,8 @@ class OmniPruningQA(LightningModule):
                 flops["measured"] = ans.measured_flops
                 records.append({
                     **self._base(item, {"qid": q.qid, "answer": q.answer, "meta": q.meta}, job),
-                    "pred": parse(ans.text, q.options, official_rule(q.meta.get("benchmark"))),
-                    "pred_rule": official_rule(q.meta.get("benchmark")),
+                    "pred": parse(ans.text, q.options, hp.answer_rule),
+                    "pred_rule": hp.answer_rule,
                     "pred_robust": parse_robust(ans.text, q.options), "options": list(q.options),
                     "response": ans.text, "meta": {**q.meta, "template": template},
                     "num_video_tokens": inputs.num_video, "num_audio_tokens": inputs.num_audio,

@@ -39,6 +39,36 @@ def reading_checkpoint(path: str | Path):
                               "checkpoint again)") from e
 
 
+# the seeds' attention kernel: seed 001:1074 ``from_pretrained(model_path, torch_dtype=torch.bfloat16,
+# attn_implementation="flash_attention_2")`` (seed 000 loads through the same BudgetedVideoLLM); OmniZip@9060291
+# eval/eval.py loads the omni model the same way
+FLASH_ATTENTION_2 = "flash_attention_2"
+
+
+def check_attn_implementation(where: str, name: str | None, dtype: str) -> None:
+    """Refuse ``flash_attention_2`` where it cannot run, in one line, before anything is written.
+
+    Args:
+        where: the setting's name for the message (``model.init_args.attn_implementation``).
+        name: the attention backend asked for (other names pass unchecked: transformers checks them at load).
+        dtype: the model dtype (``float32`` / ``bfloat16`` / ``float16``).
+
+    Raises:
+        SettingError: ``flash_attention_2`` without the ``flash_attn`` package installed, or with ``float32``
+            (the kernel runs in half precision only).
+    """
+    if name != FLASH_ATTENTION_2:
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn") is None:
+        raise SettingError(f"{where}=flash_attention_2 needs the flash_attn package, which is not installed here "
+                           "(pip install flash-attn; or keep the default sdpa)")
+    if dtype == "float32":
+        raise SettingError(f"{where}=flash_attention_2 runs in half precision only: set model.init_args.dtype to "
+                           "bfloat16 (the seeds' dtype) or float16")
+
+
 OMNI_DTYPES = ("float32", "bfloat16", "float16")
 
 

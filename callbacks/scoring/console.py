@@ -2,6 +2,8 @@
 pruning table first, then the per-group table, the rules and the differences."""
 from __future__ import annotations
 
+from algorithms.choice import official_rule
+
 from .release import HEADLINES
 from .scores import DURATION_KEY
 from .summary import (by_benchmark, duration_sort, flops_label, format_p, headline_rows, is_matrix, is_pruning,
@@ -52,6 +54,11 @@ def _summary(scores: dict) -> list[str]:
     out: list[str] = []
     for bench, groups in by_benchmark(scores).items():
         name = HEADLINES.get(bench, ("accuracy",))[0]
+        rules = {((g.get("parsers") or {}).get("official") or {}).get("rule") for g in groups}
+        if len(rules) == 1 and None not in rules and rules != {official_rule(bench)}:
+            # the job answered with its own rule (the omni job's OmniZip rule), not the release's: say which
+            (rule,) = rules
+            name = f"correct / scored under the job's {rule} rule ({RULE_DESCRIPTIONS.get(rule, rule)})"
         if is_matrix(groups):
             m = matrix(scores, groups)
             ref = _name(m["reference"])
@@ -119,6 +126,7 @@ RULE_DESCRIPTIONS = {
     "lvb": "lmms-eval LongVideoBench: prefixes removed, first capital of [ABCDE] anywhere, random option if none",
     "worldsense": "VLMEvalKit WorldSense: prefixes removed, first capital of [ABCD] anywhere, else 0",
     "mlvu": "MLVU check_ans: the character before the first ')' (else the whole reply) equals the letter",
+    "omnizip": "OmniZip eval.py: reply stripped, the first of A-F it starts with, else its first character",
     "robust": "a standalone option letter ('B', '(B)', 'Answer: c') or one option's text",
 }
 

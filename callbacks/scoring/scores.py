@@ -104,6 +104,19 @@ def _predictions(scored: list[dict], parser: str, rule: str, benchmark: str) -> 
     return preds, assumed
 
 
+def recorded_rule(scored: list[dict]) -> str | None:
+    """The rule the job that wrote ``scored`` answered with, when every record names the same one of
+    :data:`~algorithms.choice.RULES` in ``pred_rule`` (the omni pruning job's ``answer_rule``: OmniZip's by
+    default); else ``None`` (the benchmark's own rule, :func:`~algorithms.choice.official_rule`, is the official
+    parser)."""
+    rules = {r.get("pred_rule") for r in scored}
+    if len(rules) == 1:
+        (rule,) = rules
+        if rule in RULES and rule != "robust":
+            return rule
+    return None
+
+
 def _interval(scores: list[float], n_resamples: int, seed: int) -> list[float] | None:
     ci = bootstrap_interval(scores, n_resamples, DEFAULT_LEVEL, seed) if n_resamples else None
     return list(ci) if ci else None
@@ -247,7 +260,7 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
         if cost:
             g["cost"] = cost
         names = list(PARSERS) + [r for r in (rules or ()) if r not in PARSERS]
-        own = official_rule(benchmark)
+        own = recorded_rule(scored) or official_rule(benchmark)
         for parser in names:
             rule = own if parser == "official" else parser
             preds, n_assumed = _predictions(scored, parser, rule, benchmark)
@@ -272,7 +285,10 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
                 tasks = [c["accuracy"] for c in p["by"]["task"].values() if c["accuracy"] is not None]
                 p["m_avg"] = sum(tasks) / len(tasks) if tasks else None
                 p["pooled"] = p["accuracy"]
-            if rule == own and benchmark in BENCHMARK_AGGREGATIONS:
+            # the release's aggregation goes with the benchmark's own rule: on the official parser, or on the extra
+            # parser of that rule when the job answered with another (the omni job's OmniZip rule)
+            if (rule == official_rule(benchmark) and (parser == "official" or own != rule)
+                    and benchmark in BENCHMARK_AGGREGATIONS):
                 p["release"] = BENCHMARK_AGGREGATIONS[benchmark](scored, preds, p)
             g["parsers"][parser] = p
         correct_by.setdefault(id(g), {})

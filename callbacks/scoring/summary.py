@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+from algorithms.choice import official_rule
+
 from .release import HEADLINES, headline
 from .scores import reference_variant
 
@@ -75,6 +77,8 @@ def headline_rows(groups: list[dict]) -> list[dict]:
         p = _official(g) or {}
         h = headline(g["benchmark"], p)
         name, value, tasks = h if h else (HEADLINES.get(g["benchmark"], ("accuracy",))[0], p.get("accuracy"), {})
+        if not h and p.get("rule") and p["rule"] != official_rule(g["benchmark"]):   # the job's own rule (omni)
+            name = f"accuracy under the job's {p['rule']} rule"
         rows.append({"job": g["job"], "variant": g["variant"], "budget": g["budget"], "name": name, "value": value,
                      "n": g.get("n_scored"), "accuracy": p.get("accuracy"), "ci": p.get("accuracy_ci95"),
                      "n_errors": g.get("n_errors"), "n_missing": g.get("n_missing"), "n_reused": g.get("n_reused", 0),

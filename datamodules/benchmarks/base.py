@@ -17,16 +17,18 @@ letter / index)                         not)
 empty or blank question, empty option   error
 duplicate qid                           error naming both rows
 answer not among the options            error
-zero or one option                      error (a multiple-choice question needs at least 2)
+zero or one option                      error (a multiple-choice question needs at least 2); WorldSense: that
+                                        question's error (``Question.error``, its records are error records)
 many options                            error above 10 (letters A-J) or above the benchmark's own count
-                                        (LongVideoBench 5, WorldSense exactly 4)
+                                        (LongVideoBench 5); WorldSense above 10: that question's error
 no answer (test splits)                 accepted: ``answer = None``; records score as unanswered
 non-Latin / right-to-left text          accepted verbatim (no normalisation); the prompt carries it unchanged
 model special tokens in a question,     accepted verbatim: the model tokenizes dataset text with
 option or subtitle                      ``split_special_tokens=True``, so it can neither add a vision placeholder
                                         nor end the user turn (``models.videollama3.layout``)
 malformed subtitles                     error naming the subtitle file and cue / item (``subtitles.py``); an
-                                        ``.srt`` with no timed cue at all gives no subtitles
+                                        ``.srt`` with no timed cue at all gives no lines (Video-MME still
+                                        prints the header over nothing: the file exists)
 media path escaping the root            error for the annotation text: an absolute path or a ``..`` component.
                                         Symbolic links under the root are followed, also out of it (the user's
                                         own layout, e.g. ``videos/`` linked to other storage)
@@ -71,6 +73,9 @@ class Question:
             timeline, sorted by time (for interleaving with frames), or ``None``.
         option_lines: the options exactly as the release writes them (Video-MME's ``"A. text"`` strings of the
             parquet), for the prompts that print them verbatim; ``None`` when the release has only the texts.
+        error: why this one question cannot be asked (a WorldSense row with 1 or more than 10 options), naming the
+            file and row; the runs write its error records instead of answering it, the rest of the file goes on.
+            ``None`` for a good question.
     """
 
     qid: str
@@ -83,6 +88,7 @@ class Question:
     subtitles: str | None = None
     subtitle_lines: list[tuple[float, float, str]] | None = None
     option_lines: list[str] | None = None
+    error: str | None = None
 
 
 class MediaMissingError(AnnotationError):
@@ -208,9 +214,11 @@ def check_questions(questions: list[Question], wheres: list[str]) -> list[Questi
     for q, where in zip(questions, wheres):
         text_field(q.qid, "qid", where)
         text_field(q.question, "question", where)
-        if not MIN_OPTIONS <= len(q.options) <= len(LETTERS):
+        if q.error is not None:      # a question the loader turned into its own error (it is never asked)
+            pass
+        elif not MIN_OPTIONS <= len(q.options) <= len(LETTERS):
             raise AnnotationError(f"{where}: {len(q.options)} options; expected {MIN_OPTIONS}..{len(LETTERS)}")
-        if q.answer is not None and q.answer not in LETTERS[: len(q.options)]:
+        if q.error is None and q.answer is not None and q.answer not in LETTERS[: len(q.options)]:
             raise AnnotationError(f"{where}: answer {q.answer!r} is not one of {len(q.options)} option letters")
         if q.qid in seen:
             raise AnnotationError(f"{where}: duplicate qid {q.qid!r} (first at {seen[q.qid]})")

@@ -94,7 +94,7 @@ def load_lvb(root: Path, annotation: str = "lvb_val.json", video_dir: str = "vid
             options=cands,
             answer=answer,
             meta=meta,
-            subtitles=subtitles_text(lines) if lines else None,
+            subtitles=(subtitles_text(lines) or None) if lines else None,   # no header for blank lines (interleaved)
             subtitle_lines=list(lines) if lines else None,
         ))
         wheres.append(where)

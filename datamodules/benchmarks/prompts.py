@@ -153,8 +153,13 @@ ANSWER_PREFIXES = {  # MLVU choice_bench.py main: conv.append_message(conv.roles
     "mlvu": "Best Option: (",
 }
 # templates whose release prints the options as the annotation holds them (``Question.option_lines``): VideoLLaMA3
-# videomme.py ``instruction += f"{option}\n"`` and lmms-eval videomme/utils.py ``"\n".join([f"{opt}" ...])``
-VERBATIM_OPTIONS = ("videollama3_videomme", "lmms_eval_videomme", "lmms_eval_worldsense", "omnizip_worldsense")
+# videomme.py ``instruction += f"{option}\n"``, lmms-eval videomme/utils.py ``"\n".join([f"{opt}" ...])``, the Video-MME
+# README prompt (its ``[Question]`` is the question and the parquet's option strings), VLMEvalKit@e8e78f05
+# worldsense.py:WorldSense.build_prompt ``line['question'] + '\n' + '\n'.join(eval(line['candidates']))`` (all three
+# of its templates: audio, no audio, subtitles), lmms-eval worldsense_doc_to_text and OmniZip's eval.py
+# ``"\n".join(candidates)``: ``"A.Piano"`` stays ``"A.Piano"``
+VERBATIM_OPTIONS = ("videollama3_videomme", "lmms_eval_videomme", "lmms_eval_worldsense", "omnizip_worldsense",
+                    "videomme", "worldsense", "worldsense_noaudio")
 # what a template's release shows, in a subtitle setting, for a video that has no subtitle file: VideoLLaMA3
 # videomme.py ``subtitle_string = ""`` under its header; lmms-eval videomme_doc_to_text_subtitle
 # ``subtitle = "No subtitles available"``; templates not listed show no subtitle block
@@ -297,8 +302,9 @@ def build_prompt(q: Question, template: str | None = None, frame_times_s: list[f
         template: a name in :data:`TEMPLATES`, a family of :data:`FAMILIES`, or ``None`` for the default family
             resolved for ``q.meta["benchmark"]`` (:func:`resolve_template`).
         frame_times_s: times (s) of the frames the model sees; Video-MME then shows only their subtitle lines
-            (:func:`subtitle_text`). A subtitled question always gets the header, even when no line is left, as
-            VideoLLaMA3's ``videomme.py`` writes it for a video with a subtitle file; in a subtitle setting a video
+            (:func:`subtitle_text`). A subtitled question (``q.subtitles`` not ``None``, ``""`` included: an
+            ``.srt`` whose cues are all blank) always gets the header, even when no line is left, as VideoLLaMA3's
+            ``videomme.py`` writes it for a video with a subtitle file; in a subtitle setting a video
             without a file gets :data:`NO_SUBTITLE_FILE_TEXT` (``meta["subtitles"] is False``). Templates of
             :data:`VERBATIM_OPTIONS` print ``q.option_lines`` (the release's strings) instead of ``A. text`` lines.
 
@@ -306,7 +312,10 @@ def build_prompt(q: Question, template: str | None = None, frame_times_s: list[f
         KeyError: unknown template name.
     """
     name = resolve_template(template, q.meta.get("benchmark"))
-    lines = subtitle_text(q, frame_times_s) if q.subtitles else None
+    # ``is not None``: an .srt whose cues are all blank gives ``""`` and still gets the header (VideoLLaMA3@05cee23d
+    # videomme.py: ``if subtitles is not None`` -> header over the selected lines; lmms-eval@75571cfe
+    # videomme_doc_to_text_subtitle: an existing file's ``readlines()`` is never ``""``)
+    lines = subtitle_text(q, frame_times_s) if q.subtitles is not None else None
     if lines is None and q.meta.get("subtitles") is False and name in NO_SUBTITLE_FILE_TEXT:
         lines = NO_SUBTITLE_FILE_TEXT[name]   # subtitle setting, no file: as the template's release
     subs = f"This video's subtitles are listed below:\n{lines}\n" if lines is not None else ""

@@ -5,7 +5,8 @@ answer``; ``options`` holds strings ``"A. text"``; ``answer`` is a letter.
 
 Optional subtitles: ``<root>/subtitles/<videoID>.srt``, read as VideoLLaMA3's evaluation reads them (pysubs2,
 :func:`~datamodules.benchmarks.subtitles.load_srt_as_videollama3`). Whether they were used is recorded in each
-question's ``meta["subtitles"]`` (``False``: the setting is on but the video has no file), since published Video-MME
+question's ``meta["subtitles"]`` (``True``: the video has an ``.srt``, even one whose cues are all blank;
+``False``: the setting is on but the video has no file), since published Video-MME
 numbers come in both settings. The option strings are also kept verbatim (``Question.option_lines``).
 """
 from __future__ import annotations
@@ -67,7 +68,8 @@ def load_videomme(root: Path, parquet: str | None = None, video_dir: str = "vide
         parquet: explicit annotation file (default: discovered under ``root``).
         video_dir: folder of ``<videoID>.mp4`` relative to ``root``.
         subtitles: attach ``<root>/<subtitle_dir>/<videoID>.srt`` when it exists (``Question.subtitles`` text and
-            ``Question.subtitle_lines`` timed lines in seconds); a video without a file gets none.
+            ``Question.subtitle_lines`` timed lines in seconds); a video without a file gets none (``None``); a file with
+            no non-blank cue gives ``""`` (and its lines), so its prompt still has the subtitle header.
         subtitle_dir: folder of the ``.srt`` files relative to ``root``.
 
     Raises:
@@ -119,9 +121,11 @@ def load_videomme(root: Path, parquet: str | None = None, video_dir: str = "vide
                 answer=answer,
                 meta={"benchmark": "videomme", "duration": row["duration"], "domain": row["domain"],
                       "sub_category": row["sub_category"], "task_type": row["task_type"],
-                      **({"subtitles": bool(lines)} if subtitles else {})},
-                subtitles=subtitles_text(lines) if lines else None,
-                subtitle_lines=list(lines) if lines else None,
+                      **({"subtitles": lines is not None} if subtitles else {})},
+                # a file whose cues are all blank (or that has none) still has subtitles: VideoLLaMA3@05cee23d
+                # videomme.py prints its header whenever the .srt exists (``subtitles is not None``)
+                subtitles=subtitles_text(lines) if lines is not None else None,
+                subtitle_lines=list(lines) if lines is not None else None,
                 option_lines=list(released_options),
             ))
             wheres.append(where)

@@ -11,7 +11,9 @@ Accepted annotation shapes:
    ``<video_id>_<index>``.
 
 Options may carry ``"A. "`` letters (checked against their position) or not; the release has 4, and any count
-of 2..10 is accepted (as lmms-eval's scorer takes 3-option rows), the answer being one of the row's letters.
+of 2..10 is accepted (as lmms-eval's scorer takes 3-option rows), the answer being one of the row's letters. A row
+with 1 option or more than 10 is that question's error (``Question.error``: its records are error records naming
+the file and row), not the file's: the other questions are asked.
 """
 from __future__ import annotations
 
@@ -19,8 +21,8 @@ import json
 import re
 from pathlib import Path
 
-from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, resolve_media_path,
-                   strip_option_letters, text_field)
+from .base import (LETTERS, MIN_OPTIONS, AnnotationError, Question, check_questions, options_field,
+                   resolve_media_path, strip_option_letters, text_field)
 
 _LETTER_PREFIX = re.compile(r"^\s*\(?([A-J])[.):]\s*")
 NUM_OPTIONS = 4   # the release's count; others are accepted (lmms-eval's scorer takes 3-option rows too)
@@ -54,9 +56,10 @@ def load_worldsense(root: Path, annotation: str = "worldsense_qa.json", video_di
         the video, when the annotation has it).
 
     Raises:
-        AnnotationError: invalid JSON, an unknown shape, a question with fewer than 2 or more than 10 options or
-            with an answer outside its letters, a missing, mistyped or empty question/task_type/option, a duplicate qid, or a video path escaping
-            ``root`` (file and row named).
+        AnnotationError: invalid JSON, an unknown shape, a question with an answer outside its letters, a
+            missing, mistyped or empty question/task_type/option, a duplicate qid, or a video path escaping ``root``
+            (file and row named). A row with 1 or more than 10 options is no file error: that question carries
+            ``error`` (its records are error records).
     """
     root = Path(root)
     f = root / annotation
@@ -96,14 +99,26 @@ def load_worldsense(root: Path, annotation: str = "worldsense_qa.json", video_di
         question = text_field(q["question"], "question", where)
         vid = text_field(video["video_id"], "video_id", where, numbers_ok=True)
         video_path = resolve_media_path(root, Path(video_dir) / f"{vid}.mp4", where)
-        options, released = _options(q.get("candidates", q.get("options")), where)
+        raw = q.get("candidates", q.get("options"))
+        error = None
+        if isinstance(raw, (list, tuple)) and not MIN_OPTIONS <= len(raw) <= len(LETTERS):
+            # one odd row is this question's error, not the file's (the run writes its error records)
+            error = (f"{where}: {len(raw)} option{'s' if len(raw) != 1 else ''}; a multiple-choice question needs "
+                     f"{MIN_OPTIONS}..{len(LETTERS)} (letters A-{LETTERS[-1]})")
+            released = [text_field(v, f"option {j}", where, numbers_ok=True, empty_ok=True)
+                        for j, v in enumerate(raw)]
+            options, answer = released, (q.get("answer").strip() or None) if isinstance(q.get("answer"), str) else None
+        else:
+            options, released = _options(raw, where)
+            answer = _answer(q.get("answer"), where, len(options))
         questions.append(Question(
             qid=qid,
             video_id=vid,
             video_path=str(video_path),
             question=question,
             options=options,
-            answer=_answer(q.get("answer"), where, len(options)),
+            answer=answer,
+            error=error,
             meta={"benchmark": "worldsense", "domain": video.get("domain"),
                   "sub_category": video.get("sub_category"), "task_domain": q.get("task_domain"),
                   "task_type": q["task_type"], "duration": video.get("duration"),

@@ -22,22 +22,24 @@ from __future__ import annotations
 from pathlib import Path
 
 # chicheng567/OnlineLong@0b046341:videollama3/model/processor.py:DEFAULT_CHAT_TEMPLATE, assembled as the module
-# assembles it (DEFAULT_IMAGE_TOKEN = "<image>", videollama3/constants.py); a fact to reproduce byte for byte
+# assembles it (DEFAULT_IMAGE_TOKEN = "<image>", videollama3/constants.py); a fact to reproduce byte for byte (the
+# ``\n`` inside the jinja string literals are real newlines, as in the fork's non-raw triple-quoted strings; tested
+# against the quoted source in tests/reference/)
 _IMAGE = "<image>"
 VIDEOLLAMA3_CHAT_TEMPLATE = """
 {%- set identifier = 'im' %}
 {% for message in messages %}
     {% if add_system_prompt and loop.first and message['role'] != 'system' %}
-        {{- '<|im_start|>system\\nYou are VideoLLaMA3 created by Alibaba DAMO Academy, a helpful assistant to help people understand images and videos.<|im_end|>\\n' -}}
+        {{- '<|im_start|>system\nYou are VideoLLaMA3 created by Alibaba DAMO Academy, a helpful assistant to help people understand images and videos.<|im_end|>\n' -}}
     {% endif %}
     {% if message['role'] == 'stream' %}
         {% set identifier = 'stream' %}
     {% else %}
         {% set identifier = 'im' %}
     {% endif %}
-    {{- '<|' + identifier + '_start|>' + message['role'] + '\\n' -}}
+    {{- '<|' + identifier + '_start|>' + message['role'] + '\n' -}}
     {% if message['content'] is string %}
-        {{- message['content'] + '<|' + identifier + '_end|>\\n' -}}
+        {{- message['content'] + '<|' + identifier + '_end|>\n' -}}
     {% else %}
         {% for content in message['content'] %}
             {% if content is string %}
@@ -50,7 +52,7 @@ VIDEOLLAMA3_CHAT_TEMPLATE = """
                 {% endif %}
 """
 VIDEOLLAMA3_CHAT_TEMPLATE += """
-                {{- '%s\\n' -}}
+                {{- '%s\n' -}}
 """ % _IMAGE
 VIDEOLLAMA3_CHAT_TEMPLATE += """
             {% elif content['type'] == 'video' or 'video' in content %}
@@ -67,7 +69,7 @@ VIDEOLLAMA3_CHAT_TEMPLATE += """
                     {% else %}
 """
 VIDEOLLAMA3_CHAT_TEMPLATE += """
-                        {{- '%s\\n' -}}
+                        {{- '%s\n' -}}
 """ % _IMAGE
 VIDEOLLAMA3_CHAT_TEMPLATE += """
                     {% endif %}
@@ -77,12 +79,12 @@ VIDEOLLAMA3_CHAT_TEMPLATE += """
         {% if identifier == 'stream' %}
             {{- '<|' + identifier + '_end|>' -}}
         {% else %}
-            {{- '<|' + identifier + '_end|>\\n' -}}
+            {{- '<|' + identifier + '_end|>\n' -}}
         {% endif %}
     {% endif %}
 {% endfor %}
 {% if add_generation_prompt %}
-    {{- '<|im_start|>assistant\\n' -}}
+    {{- '<|im_start|>assistant\n' -}}
 {% endif %}
 """
 

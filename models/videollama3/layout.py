@@ -146,7 +146,8 @@ class PromptLayout:
                 last; ``datamodules.benchmarks.subtitles.interleave_slots``). As VideoLLaMA3's LongVideoBench
                 evaluation renders them (its chat template: a video chunk ends with ``\n``, a text item follows
                 verbatim, the next chunk's ``Time`` right after it): the block before them ends with ``\n``, the
-                texts follow with nothing between. A slot inside a compressed group goes after the group.
+                texts follow with nothing between. An empty text (``""``) is an item too: it ends the chunk
+                (``\n``) and adds nothing. A slot inside a compressed group goes after the group.
                 Subtitle text is tokenized as dataset text (``split_special_tokens``).
 
         Returns:
@@ -163,11 +164,11 @@ class PromptLayout:
 
         def interleave(text: str, lo: int, hi: int) -> str:   # slots lo..hi-1 after the previous block
             nonlocal subs
-            got = "".join(t for k in range(lo, hi) for t in subtitle_slots[k])
-            if not got:
-                return text
+            items = [t for k in range(lo, hi) for t in subtitle_slots[k]]
+            if not items:      # an empty text is still an item: it closes the video chunk (VideoLLaMA3@05cee23d
+                return text    # longvideobench.py:generate_instruction appends every str as a text item)
             subs = True
-            return ("\n" if text in (",", "") and lo > 0 else text) + got
+            return ("\n" if text in (",", "") and lo > 0 else text) + "".join(items)
 
         done = 0     # slots placed so far
         for bi, (kind, a, b) in enumerate(blocks):

@@ -215,3 +215,19 @@ def test_robust_option_text_prefers_longest_containing():
 def test_bad_num_options():
     with pytest.raises(ValueError):
         parse_robust("A", [])
+
+
+# KD-TAO/OmniZip@906029177bb3dc1b6e727d8182d9e832f89ccc54:eval/eval.py:evaluate_sample's extraction (resp_text =
+# answers[0].strip(); the first of A-F that resp_text.upper().strip() starts with; else resp_text[0].upper()),
+# run on these replies; its results, quoted
+OMNIZIP_RELEASE = {"B": "B", " c.": "C", "b) two": "B", "The answer is C.": "T", "answer: D": "A", "": None,
+                   "   ": None, "\nA\n": "A", "(B) violin": "(", "E": "E", "f": "F", "xyz": "X", "Δ": "Δ", "1": "1"}
+
+
+@pytest.mark.parametrize("response", sorted(OMNIZIP_RELEASE))
+def test_omnizip_rule_is_the_release(response):
+    from algorithms.choice import parse_omnizip
+
+    assert parse_omnizip(response) == OMNIZIP_RELEASE[response]
+    assert parse(response, ["a", "b", "c", "d"], "omnizip") == OMNIZIP_RELEASE[response]
+    assert "omnizip" in RULES

@@ -396,3 +396,17 @@ def test_hivar_one_frame_video_scores_zero_where_the_seed_raises():
     # seed 000 training_change: diff = [] for one frame, and ``diff[0]`` raises IndexError; here 0.0 (README row)
     assert training_change(torch.empty(0), [1]) == [0.0]
     assert training_change(torch.tensor([0.25, 0.5]), [1, 2]) == [0.25, 0.5]   # first frame: its step to the next
+
+
+def test_low64_rows_whatever_the_run_cap():
+    """Seed 000:1320 ``raw_grid = llm.hybrid_raw.raw_frame_grid(*grid, eff["raw_tokens"] or args.raw_max_tokens)``
+    with 000:996 ``"low64": dict(BASE, cap=("rho", 64), raw_tokens=SMALL)``, ``SMALL = 64`` (000:984): a capped
+    ``low64`` video's raw frames get 64 rows whether the run's cap is larger or smaller; an uncapped one plans as
+    BASE (``raw_tokens=None``: the run's cap)."""
+    for run_cap in (16, 63, 64, 256, 1024):
+        assert raw_rows_limit("low64", True, run_cap) == 64
+        assert raw_rows_limit("low64", False, run_cap) == run_cap
+        assert raw_rows_limit("base", True, run_cap) == run_cap
+    # the grid that follows (raw_frame_grid of a 16 x 16 merged encode grid): 8 x 8 at 64 rows, 4 x 4 at 16
+    assert raw_frame_grid(16, 16, raw_rows_limit("low64", True, 16)) == (8, 8)
+    assert raw_frame_grid(16, 16, raw_rows_limit("base", True, 16)) == (4, 4)

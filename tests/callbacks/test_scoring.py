@@ -413,3 +413,26 @@ def test_pruning_cost_figure(tmp_path):
     for ax in (tokens_ax, flops_ax):
         (ref_line,) = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
         assert list(ref_line.get_ydata()) == [100.0, 100.0]
+
+
+def test_official_parser_follows_the_jobs_recorded_rule():
+    """The omni pruning job answers with OmniZip's rule (``pred_rule: omnizip``): its groups' official parser is
+    that rule, re-parsed from each response; VLMEvalKit's WorldSense regex stays available as ``--rules worldsense``
+    (with the release aggregation); records that disagree on ``pred_rule`` fall back to the benchmark's own rule."""
+    def ws(qid, answer, response, rule):
+        return {"qid": qid, "video": f"{qid}.mp4", "budget": None, "variant": "full", "job": "full",
+                "answer": answer, "pred_rule": rule, "response": response, "options": ["a", "b", "c", "d"],
+                "meta": {"benchmark": "worldsense", "domain": "Music", "task_type": "T"}}
+
+    # OmniZip: "The answer is B" -> "T" (wrong), "b) two" -> B; VLMEvalKit: "The answer is B" -> B, "b) two" -> None
+    recs = [ws("q1", "B", "The answer is B", "omnizip"), ws("q2", "B", "b) two", "omnizip")]
+    scores = score_records(recs, rules=["worldsense"])
+    g = _group(scores, "worldsense", "full")
+    off, vlm = g["parsers"]["official"], g["parsers"]["worldsense"]
+    from callbacks.scoring.summary import headline_rows
+
+    assert headline_rows(scores["groups"])[0]["name"] == "accuracy under the job's omnizip rule"   # not VLMEvalKit's
+    assert (off["rule"], off["correct"]) == ("omnizip", 1) and "release" not in off
+    assert (vlm["rule"], vlm["correct"], vlm["unparseable"]) == ("worldsense", 1, 1) and "release" in vlm
+    mixed = [recs[0], ws("q2", "B", "b) two", "worldsense")]
+    assert _group(score_records(mixed), "worldsense", "full")["parsers"]["official"]["rule"] == "worldsense"

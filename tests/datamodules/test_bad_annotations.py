@@ -193,7 +193,6 @@ def test_mlvu_numeric_candidates_are_text(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"options": ["A. x"]}, "options has 1 options"),
     ({"answer": 1}, "answer must be a letter A-D, got int"),
     ({"options": ["A. x", "B. y", "C. z"], "answer": "D"}, "answer .D. is not a letter A-C"),   # 3 options accepted
     ({"answer": "E"}, "answer 'E' is not a letter A-D"),
@@ -207,6 +206,14 @@ def test_worldsense_bad_row(tmp_path, change, message):
     with pytest.raises(AnnotationError, match=message) as e:
         load_benchmark("worldsense", tmp_path, annotation="ws.json")
     assert str(e.value).startswith(f"{f} row 1")
+
+
+def test_worldsense_one_option_row_is_that_questions_error(tmp_path):
+    """Issue 42 item 8: 1 option is no file error; the question carries it (its records are error records)."""
+    f = _ws(tmp_path, [_ws_row(), _ws_row(options=["A. x"])])
+    good, bad = load_benchmark("worldsense", tmp_path, annotation="ws.json")
+    assert good.error is None
+    assert bad.error == f"{f} row 1: 1 option; a multiple-choice question needs 2..10 (letters A-J)"
 
 
 # ------------------------------------------------------------------------------------------ escaping paths
@@ -247,9 +254,11 @@ def test_malformed_subtitles(tmp_path):
     assert q.subtitle_lines == [(5.0, 1.0, "backwards")]
     assert build_prompt(q, "videollama3_videomme", [2.0, 3.0]).startswith(
         "This video's subtitles are listed below:\n\n")                    # start < t*1000 < end: never
-    srt.write_text("no timing lines at all\njust text\n")  # no timed cue: no subtitles, not an error
+    srt.write_text("no timing lines at all\njust text\n")  # no timed cue: no lines, not an error
     (q,) = load_benchmark("videomme", tmp_path, subtitles=True)
-    assert q.subtitles is None and q.meta["subtitles"] is False
+    # the file exists: the header over nothing, as VideoLLaMA3's videomme.py prints it for any existing .srt
+    assert q.subtitles == "" and q.subtitle_lines == [] and q.meta["subtitles"] is True
+    assert build_prompt(q, "videollama3_videomme", [2.0]).startswith("This video's subtitles are listed below:\n\n")
     srt.write_bytes(b"1\n00:00:01,000 --> 00:00:02,000\ncaf\xe9 \xff\n")  # not UTF-8: replaced, still loads
     (q,) = load_benchmark("videomme", tmp_path, subtitles=True)
     assert q.subtitles.startswith("caf")

@@ -501,4 +501,73 @@ def test_videomme_release_options_and_missing_subtitle_file(tmp_path):
     plain = load_benchmark("videomme", tmp_path)[0]                     # no subtitle setting: no block at all
     assert build_prompt(plain, "videollama3_videomme") == vl3.split("\n", 2)[2]
     assert build_prompt(q, "mcq_letter") == build_prompt(plain, "mcq_letter")   # not listed: no block
-    assert "A. one\nB. two" in build_prompt(q, "videomme")                       # the README prompt: A. text lines
+    # the README prompt's [Question]: the parquet's strings as stored (MME-Benchmarks/Video-MME@06c2315b README)
+    assert build_prompt(plain, "videomme") == (
+        "Select the best answer to the following multiple-choice question based on the video. Respond with only the "
+        "letter (A, B, C, or D) of the correct option.\nHow many dogs?\nA.one\nB)  two\nC. three\nD. four \n"
+        "The best answer is:")
+
+
+# DAMO-NLP-SG/VideoLLaMA3@05cee23d:evaluation/benchmarks/videomme.py:VideoMMEDataset.generate_instruction, run on
+# this hand case (the .srt below loaded with pysubs2.load(path, encoding="utf-8"), timestamps [1.5, 2.0, 4.5]) -
+# its output, quoted:
+_VL3_BLANK_SRT = ("This video's subtitles are listed below:\n\nSelect the best answer to the following multiple-choice "
+                  "question based on the video. Respond with only the letter (A, B, C, or D) of the correct option.\n"
+                  "How many dogs?\nA.one\nB)  two\nC. three\nD. four \nAnswer with the option's letter from the given "
+                  "choices directly and only give the best option. The best answer is:")
+
+
+def test_videomme_blank_srt_keeps_the_header(tmp_path):
+    """An ``.srt`` whose every cue is blank: VideoLLaMA3's evaluation still prints its subtitle header (the file
+    exists, ``subtitles is not None``), over an empty list; the question's meta says it had a file."""
+    _videomme(tmp_path, [_vm_row("001-1", "blank", options=["A.one", "B)  two", "C. three", "D. four "])])
+    (tmp_path / "subtitles").mkdir()
+    (tmp_path / "subtitles" / "blank.srt").write_text(
+        '1\n00:00:01,000 --> 00:00:03,000\n \n\n2\n00:00:04,000 --> 00:00:05,000\n<font color="#fff"></font>\n',
+        encoding="utf-8")
+    q = load_benchmark("videomme", tmp_path, subtitles=True)[0]
+    assert q.meta["subtitles"] is True and q.subtitles == "" and [t for _, _, t in q.subtitle_lines] == ["", ""]
+    assert build_prompt(q, "videollama3_videomme", [1.5, 2.0, 4.5]) == _VL3_BLANK_SRT
+    assert build_prompt(q, None, [1.5, 2.0, 4.5]) == _VL3_BLANK_SRT     # the default family is VideoLLaMA3's
+
+
+def test_worldsense_vlmevalkit_prints_candidates_as_stored(tmp_path):
+    """VLMEvalKit@e8e78f05 vlmeval/dataset/worldsense.py:WorldSense.build_prompt: ``question_str = line['question'] +
+    '\\n' + '\\n'.join(eval(line['candidates']))``, ``'Question: {}\\nAnswer: '.format(question_str)`` after
+    FRAMES_TMPL_AUDIO / FRAMES_TMPL_NOSUB: the candidates as stored, ``"A.Piano"`` not re-lettered."""
+    data = _ws_release()
+    data["vid_a"]["task0"]["candidates"] = ["A.Piano", "B. violin", "C)drums", "D.  flute "]
+    (tmp_path / "worldsense_qa.json").write_text(json.dumps(data))
+    q = load_benchmark("worldsense", tmp_path)[0]
+    assert q.options == ["Piano", "violin", "drums", "flute "]
+    stored = "A.Piano\nB. violin\nC)drums\nD.  flute "
+    question_str = q.question + "\n" + stored           # the release's two lines, on this row
+    assert build_prompt(q, "worldsense") == (
+        "\nThese are the frames of a video and the corresponding audio. Select the best answer to the following "
+        "multiple-choice question based on the video. Respond with only the letter (A, B, C, or D) of the correct "
+        "option.\n" + "Question: {}\nAnswer: ".format(question_str))
+    assert build_prompt(q, "worldsense_noaudio") == (
+        "\nThese are the frames of a video. Select the best answer to the following multiple-choice question based "
+        "on the video. Respond with only the letter (A, B, C, or D) of the correct option.\n"
+        + "Question: {}\nAnswer: ".format(question_str))
+
+
+def test_worldsense_odd_option_count_is_that_questions_error(tmp_path):
+    """A WorldSense row with 1 option or more than 10 does not refuse the file: the question carries ``error``
+    (file and row named) and the runs write its error records; the other questions load as before."""
+    data = _ws_release()
+    data["vid_a"]["task1"]["candidates"] = ["A. only"]
+    data["vid_b"]["task0"]["candidates"] = [f"{c}. x{c}" for c in "ABCDEFGHIJK"]
+    data["vid_b"]["task0"]["answer"] = "K"
+    (tmp_path / "worldsense_qa.json").write_text(json.dumps(data))
+    qs = {q.qid: q for q in load_benchmark("worldsense", tmp_path)}
+    assert qs["vid_a_task0"].error is None and qs["vid_a_task0"].options == ["piano", "violin", "drums", "flute"]
+    one, many = qs["vid_a_task1"], qs["vid_b_task0"]
+    assert one.error == (f"{tmp_path / 'worldsense_qa.json'} video 'vid_a' task1: 1 option; a multiple-choice "
+                         "question needs 2..10 (letters A-J)")
+    assert many.error.endswith("video 'vid_b' task0: 11 options; a multiple-choice question needs 2..10 (letters A-J)")
+    assert (one.answer, many.answer) == ("A", "K") and many.options[-1] == "K. xK"
+    data["vid_a"]["task1"]["candidates"] = "A. only"        # not a list at all: still the file's error
+    (tmp_path / "worldsense_qa.json").write_text(json.dumps(data))
+    with pytest.raises(AnnotationError, match="video 'vid_a' task1: options must be a list"):
+        load_benchmark("worldsense", tmp_path)

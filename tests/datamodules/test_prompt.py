@@ -9,6 +9,7 @@ ts]``: Python's half-to-even ``round`` (the times below put x.5 values where it 
 Placeholder runs are collapsed to ``[P<n>]`` after decoding.
 """
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -99,33 +100,61 @@ def test_prompt_text_all_raw_and_forced8(tiny_vlm):
 
 
 # VideoLLaMA3's template gates its system turn on ``add_system_prompt``
-# (chicheng567/OnlineLong@0b046341:videollama3/model/processor.py:DEFAULT_CHAT_TEMPLATE)
-VL3_SYSTEM = ("<|im_start|>system\nYou are VideoLLaMA3 created by Alibaba DAMO Academy, a helpful assistant to help "
-              "people understand images and videos.<|im_end|>\n")
+# (chicheng567/OnlineLong@0b046341:videollama3/model/processor.py:DEFAULT_CHAT_TEMPLATE). The expected renderings
+# below come from the fork's own template: its source lines, quoted verbatim in tests/reference/, executed as the
+# module executes them, rendered by the tokenizer's jinja (``apply_chat_template(..., chat_template=...)``).
+_FORK_SOURCE = Path(__file__).resolve().parents[1] / "reference" / "onlinelong_0b046341_chat_template.py.txt"
+
+
+def _fork_default_chat_template() -> str:
+    ns: dict = {}
+    exec(compile(_FORK_SOURCE.read_text(encoding="utf-8"), str(_FORK_SOURCE), "exec"), ns)
+    return ns["DEFAULT_CHAT_TEMPLATE"]
+
+
+def _fork_render(tok, messages, **kw) -> str:
+    return tok.apply_chat_template(messages, chat_template=_fork_default_chat_template(), tokenize=False, **kw)
+
+
+def _fork_head_with_system() -> str:
+    """The fork's rendering of a user turn with ``add_system_prompt=True``, up to the user content."""
+    from models.tokenizer import build_qwen_tokenizer
+
+    text = _fork_render(build_qwen_tokenizer(), [{"role": "user", "content": "\x00X\x00"}],
+                        add_generation_prompt=True, add_system_prompt=True)
+    return text.split("\x00X\x00")[0]
+
+
 
 
 def test_chat_template_rendered_with_add_system_prompt(tiny_vlm):
-    """Seed 001 renders the template with ``add_system_prompt=True``: VideoLLaMA3's system turn is in the head."""
+    """Seed 001 renders the template with ``add_system_prompt=True``: VideoLLaMA3's system turn is in the head.
+    Every expected text is the fork's ``DEFAULT_CHAT_TEMPLATE`` rendering of the same messages."""
     from models.videollama3.chat_template import VIDEOLLAMA3_CHAT_TEMPLATE
 
     tok = tiny_vlm.tokenizer
+    assert VIDEOLLAMA3_CHAT_TEMPLATE == _fork_default_chat_template()     # byte for byte
+    fork_head = _fork_head_with_system()
+    assert fork_head.startswith("<|im_start|>system\nYou are VideoLLaMA3") and fork_head.endswith("<|im_start|>user\n")
     saved = tok.chat_template
     try:
         tok.chat_template = VIDEOLLAMA3_CHAT_TEMPLATE
         head, mid, tail = tiny_vlm._split_chat_template()
-        assert tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False) == \
+        plain = [{"role": "user", "content": "x"}]
+        assert tok.apply_chat_template(plain, tokenize=False) == _fork_render(tok, plain) == \
             "<|im_start|>user\nx<|im_end|>\n"   # without the flag the template writes no system turn
         # the seed's list content (one text item) renders as a string does
         listed = [{"role": "user", "content": [{"type": "text", "text": "x"}]}]
         assert tok.apply_chat_template(listed, tokenize=False, add_generation_prompt=True, add_system_prompt=True) \
-            == VL3_SYSTEM + "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
+            == _fork_render(tok, listed, add_generation_prompt=True, add_system_prompt=True) \
+            == fork_head + "x<|im_end|>\n<|im_start|>assistant\n"
         # add_system_prompt=False: as VideoLLaMA3@05cee23d evaluation/benchmarks/base.py renders (no flag, no turn)
         tiny_vlm.set_system_prompt(False)
         assert tiny_vlm._template == ("<|im_start|>user\n", "", "<|im_end|>\n<|im_start|>assistant\n")
     finally:
         tok.chat_template = saved
         tiny_vlm.set_system_prompt(True)
-    assert (head, mid, tail) == (VL3_SYSTEM + "<|im_start|>user\n", "", "<|im_end|>\n<|im_start|>assistant\n")
+    assert (head, mid, tail) == (fork_head, "", "<|im_end|>\n<|im_start|>assistant\n")
     assert tiny_vlm._split_chat_template() == (HEAD, "", TAIL)   # ChatML (tiny model) ignores the flag
 
 
@@ -164,7 +193,7 @@ def test_loaded_model_renders_with_the_fallback_template(tiny_vl3_dir, tmp_path)
     shutil.copytree(tiny_vl3_dir, ck)
     (ck / "chat_template.jinja").unlink()
     vlm = BudgetedVideoLlama3.from_pretrained(ck, raw_mode="phase3")
-    assert vlm._split_chat_template() == (VL3_SYSTEM + "<|im_start|>user\n", "", TAIL)
+    assert vlm._split_chat_template() == (_fork_head_with_system(), "", TAIL)
 
 
 def test_prompt_text_interleaved_subtitles(tiny_vlm):
@@ -217,3 +246,36 @@ def test_answer_text_is_stripped(tiny_vlm):
     assert tok.decode(ids) == " A\n"
     a = tiny_vlm._answer(ids + [tok.convert_tokens_to_ids("<|im_end|>")], 7, False)
     assert a.text == "A" and a.seq_len == 7
+
+
+# DAMO-NLP-SG/VideoLLaMA3@05cee23d:evaluation/benchmarks/longvideobench.py (insert_subtitles_into_frames, then
+# LongVideoBenchDataset.generate_instruction) rendered with that commit's videollama3/model/processor.py
+# DEFAULT_CHAT_TEMPLATE (jinja2, trim_blocks and lstrip_blocks as transformers renders), run on frames at 0, 2, 4, 6 s
+# (starting_timestamp_for_subtitles 0, duration 10), question "Q?" with options ["a", "b"]; its output, quoted
+# (the user turn between "<|im_start|>user\n" and the question):
+_LVB_RELEASE = {
+    # subtitles {"timestamp": [0.2, 0.6], "text": "a"}, {[2.5, 4.5], ""}, {[6.0, 6.5], "e"}
+    "middle": ([[], ["a"], [""], [], ["e"]],
+               "Time 0.0s:<image>\naTime 2.0s:<image>\nTime 4.0s:<image>,Time 6.0s:<image>\ne"),
+    # subtitles {[0.0, 0.5], ""}, {[2.5, 4.5], ""}
+    "only_empty": ([[], [""], [""], [], []],
+                   "Time 0.0s:<image>\nTime 2.0s:<image>\nTime 4.0s:<image>,Time 6.0s:<image>\n"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_LVB_RELEASE))
+def test_prompt_text_empty_subtitle_closes_the_chunk(tiny_vlm, case):
+    """An empty LongVideoBench subtitle text is still a text item in VideoLLaMA3's conversation: it closes the
+    video chunk (``<image>\\n`` then ``""``), so the frames around it are not joined by ``,``. The slots are
+    :func:`~datamodules.benchmarks.subtitles.interleave_slots` of the same lines (checked), ``<image>`` is one
+    frame's rows."""
+    from datamodules.benchmarks.subtitles import interleave_slots
+
+    slots, release = _LVB_RELEASE[case]
+    lines = {"middle": [(0.2, 0.6, "a"), (2.5, 4.5, ""), (6.0, 6.5, "e")],
+             "only_empty": [(0.0, 0.5, ""), (2.5, 4.5, "")]}[case]
+    times = [0.0, 2.0, 4.0, 6.0]
+    assert interleave_slots(lines, times) == slots
+    plan = make_plan("raw", [1, 1, 1, 1], [], hw=4, raw_hw=2)
+    prompt = tiny_vlm.build_prompt(plan, times, _rows(4, 2, 0.0), torch.zeros(0, 64, D), subtitle_slots=slots)
+    assert _decode(tiny_vlm.tokenizer, prompt.ids) == HEAD + release.replace("<image>", "[P2]")

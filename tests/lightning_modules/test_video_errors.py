@@ -98,3 +98,37 @@ def test_an_unanswered_question_in_the_layout_ablation_is_its_error_record():
     rec = m._record(item, q, Answer([], "", 9, error="prompt too long"), lj, "t")
     assert rec == {"qid": "q1", "video": "v", "benchmark": "videomme", "job": "rho32_b256", "budget": 256,
                    "variant": "rho32", "answer": "A", "meta": {}, "error": "/data/v.mp4: question q1: prompt too long"}
+
+
+def test_a_questions_loader_error_gives_its_error_records_and_the_video_goes_on(monkeypatch):
+    """``Question.error`` (a WorldSense row with 1 or more than 10 options): that question's records are error
+    records carrying the loader's message; the video's other questions are answered (BudgetedQA, its layout
+    ablation and the omni pruning job)."""
+    from lightning_modules.budgeted_qa import BudgetedQA
+    from lightning_modules.layout_ablation import LayoutAblationQA
+    from lightning_modules.omni_qa import OmniPruningQA
+
+    good = {"qid": "v_task0", "answer": "B", "meta": {"benchmark": "worldsense"}, "error": None}
+    bad = {"qid": "v_task1", "answer": "A", "meta": {"benchmark": "worldsense"},
+           "error": "ws.json video 'v' task1: 1 option; a multiple-choice question needs 2..10 (letters A-J)"}
+    for module, job in ((BudgetedQA(budgets=[128]), "b128"), (LayoutAblationQA(jobs="base:128"), "base_b128"),
+                        (OmniPruningQA("/nonexistent/omni", variants=["full"]), "full")):
+        seen = []
+
+        def answered(item, _job=job, _seen=seen):
+            _seen.append([q["qid"] for q in item["questions"]])
+            return [{"qid": q["qid"], "job": _job, "pred": "B"} for q in item["questions"]]
+
+        monkeypatch.setattr(module, "_answer_video" if not isinstance(module, OmniPruningQA) else "answer_video",
+                            answered)
+        item = {"video_id": "v", "benchmark": "worldsense", "video_path": "/v.mp4", "error": None,
+                "questions": [good, bad], "jobs": {"v_task0": [job], "v_task1": [job]}}
+        recs = module.predict_step(item)
+        assert seen == [["v_task0"]]                      # only the askable question reaches the model
+        by = {r["qid"]: r for r in recs}
+        assert by["v_task0"] == {"qid": "v_task0", "job": job, "pred": "B"}
+        assert by["v_task1"]["error"] == bad["error"] and by["v_task1"]["job"] == job
+        assert by["v_task1"]["answer"] == "A" and "pred" not in by["v_task1"]
+        item["questions"] = [bad]                          # nothing askable: no model call at all
+        seen.clear()
+        assert [r["qid"] for r in module.predict_step(item)] == ["v_task1"] and seen == []

@@ -223,6 +223,7 @@ def test_predict_job_records_and_scores(omni_dir, demo_root, tmp_path, qa, clip)
     import yaml
 
     import evaluate
+    from algorithms.choice import parse_omnizip
     from callbacks.jsonl_writer import read_records
 
     out = tmp_path / "out"
@@ -246,6 +247,8 @@ def test_predict_job_records_and_scores(omni_dir, demo_root, tmp_path, qa, clip)
         assert r["prefill_flops"]["accurate"]["qwen2.5-omni-7b"] == prefill_flops(
             get_shape("qwen2.5-omni-7b"), r["num_prefill_tokens"], 1)
         assert r["meta"]["template"] == "omnizip_worldsense"   # the omni default: OmniZip's WorldSense eval
+        # and its answer rule (OmniZip@9060291 eval.py: strip, startswith(A-F), else the first character)
+        assert r["pred_rule"] == "omnizip" and r["pred"] == parse_omnizip(r["response"])
     by = {(r["qid"], r["variant"]): r for r in recs}
     for variant in ("baseline", "v4"):  # same decode, same towers: the counts of the direct computation
         ref = _direct(clip, variant)
@@ -268,6 +271,7 @@ def test_predict_job_records_and_scores(omni_dir, demo_root, tmp_path, qa, clip)
     scores = json.loads((out / "scores.json").read_text())
     assert {g["job"] for g in scores["groups"]} == {"full", "baseline_r0.5", "v4_r0.5"}
     assert all(g["n_scored"] == 4 for g in scores["groups"])
+    assert all(g["parsers"]["official"]["rule"] == "omnizip" for g in scores["groups"])   # the job's own rule
     # the folder keeps its settings: a resumed run with another frame rate or answer length is refused before any
     # video is decoded (it would otherwise skip every question and score the old answers)
     from callbacks.jsonl_writer import OutputSettingsError
