@@ -45,7 +45,7 @@ def forward(model_dir: str, impl: str, video: Path, budget: int, device: str, dt
     """One setting's vision rows and logits (float32, on the host) for the video prompt + :data:`QUESTION`."""
     import torch
 
-    from datamodules.decoding import decode_video
+    from datamodules.decode import decode_video
     from models.videollama3 import BudgetedVideoLlama3, prepare_budgets
 
     llm_attn, vision_attn = SETTINGS[impl]

@@ -135,7 +135,7 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
     fps_ok = probe.fps > 0
     vfr = (not probe.timestamps_unusable) and is_variable_frame_rate(probe.pts, probe.time_base, probe.fps)
     native_fps = probe.fps if (fps_ok and not vfr) else len(probe.pts) / probe.duration_s
-    info = {"duration_s": round(probe.duration_s, 3), "native_hw": [int(h), int(w)], "decode_hw": [int(dh), int(dw)],
+    info = {"duration_s": round(probe.duration_s, 6), "native_hw": [int(h), int(w)], "decode_hw": [int(dh), int(dw)],
             "n_frames": len(idx), "fps": round(native_fps, 4), "sample_fps": round(plan.sample_fps, 4),
             "fps_ok": bool(fps_ok), "vfr": bool(vfr), "decoder": name}
     late = next((r.fallback for r in reversed(made) if getattr(r, "fallback", None)), None)
@@ -217,7 +217,7 @@ def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896,
         frames = np.ascontiguousarray(frames[[pos[k] for k in idx]])
     rate = video_fps if video_fps is not None else probe.fps
     times = [k / rate for k in idx] if rate and rate > 0 else [float(k) for k in idx]
-    info = {"duration_s": round(probe.duration_s, 3), "native_hw": [int(h), int(w)], "decode_hw": [int(dh), int(dw)],
+    info = {"duration_s": round(probe.duration_s, 6), "native_hw": [int(h), int(w)], "decode_hw": [int(dh), int(dw)],
             "n_frames": len(idx), "decoder": name}
     if probe.timestamps_unusable:
         info["timestamps_unusable"] = True

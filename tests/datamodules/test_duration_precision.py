@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from algorithms.budget import budget_fps
-from datamodules import decoding as D
+from datamodules import decode as D
+from datamodules.decode import video as V
 from tests.conftest import MEDIA
 
 FFPROBE_DURATION = 14.001501          # a format.duration as ffprobe prints it (six decimals)
@@ -22,9 +23,6 @@ def test_budget_fps_from_the_six_decimal_duration():
     assert budget_fps(8, round(FFPROBE_DURATION, 3)) == (0.5713, True)   # what a 3-decimal duration gives
 
 
-@pytest.mark.xfail(strict=True, reason="datamodules/decoding.py still writes round(probe.duration_s, 3) into "
-                   "video_info (the decoders are being moved by the lead; see docs/pending/i42.md): remove this "
-                   "mark when it writes ffprobe's six decimals")
 def test_video_info_keeps_ffprobes_duration(monkeypatch):
     """The decoded video's ``duration_s`` is the probe's ``format.duration`` unrounded, so the per-budget fps of
     the records (``lightning_modules.budgeted_qa.qa_record``: ``budget_fps(n_frames, duration_s)``) is the seed's."""
@@ -33,7 +31,7 @@ def test_video_info_keeps_ffprobes_duration(monkeypatch):
     def probe(path):
         return real(path)._replace(duration_s=FFPROBE_DURATION)
 
-    monkeypatch.setattr(D, "probe_video", probe)
+    monkeypatch.setattr(V, "probe_video", probe)   # where decode_video looks it up
     video = D.decode_video(MEDIA / "cockatoo.mp4", 64)                  # 8 frames (max_frames(64))
     assert video.info["n_frames"] == 8
     assert video.info["duration_s"] == FFPROBE_DURATION
