@@ -1,8 +1,8 @@
 """What a run tells its user besides its records: the tracebacks of failed videos, in a file of the output folder
 instead of the console, and the note printed when the run is interrupted (Ctrl-C).
 
-* :data:`TRACEBACKS`: the logger a module writes a failed video's traceback to (``"tokenbudget.tracebacks"``; it
-  does not propagate to the console). :class:`callbacks.jsonl_writer.JsonlPredictionWriter` attaches
+* :data:`TRACEBACKS`: the logger a module writes a failed video's traceback to (outside logging's tree: it never
+  reaches the console). :class:`callbacks.jsonl_writer.JsonlPredictionWriter` attaches
   ``<out_dir>/errors_rank<r>.log`` to it for the run (created at the first traceback only), and the console gets
   one line naming the video file and that log (:func:`traceback_file`).
 * :func:`note_interrupt` / :func:`take_interrupt_notes`: the writer notes "N records kept in <dir>; run the same
@@ -14,8 +14,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-TRACEBACKS = logging.getLogger("tokenbudget.tracebacks")
-TRACEBACKS.propagate = False                 # never the console: a traceback of a video is for the log file
+# a logger outside logging's tree (no parent, so nothing set up on the root or by a library, e.g. a console or
+# pytest's capture handler, ever receives these records): a traceback of a video is for the log file only
+TRACEBACKS = logging.Logger("tokenbudget.tracebacks")
+TRACEBACKS.propagate = False
 TRACEBACKS.addHandler(logging.NullHandler())  # no file attached: dropped (not logging's last-resort stderr handler)
 
 
