@@ -384,14 +384,37 @@ def user_error(exc: BaseException) -> BaseException | None:
     return None
 
 
+INTERRUPTED_STATUS = 130   # the shell's status of a command stopped by SIGINT (128 + 2)
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` ends a run the user interrupted (Ctrl-C): a ``KeyboardInterrupt``, or the ``SystemExit(1)``
+    Lightning raises after its own graceful shutdown of one (``lightning.pytorch.trainer.call.
+    _call_and_handle_interrupt`` calls ``sys.exit(1)`` inside its ``except KeyboardInterrupt``, so the interrupt is
+    that exit's ``__context__``)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    return isinstance(exc, SystemExit) and isinstance(exc.__context__, KeyboardInterrupt)
+
+
 def main(cli_main) -> None:
     """Run an entry point's ``cli_main()``; a user error (bad file, folder or setting) prints one line naming it
-    and exits with status 2 instead of a traceback (``TOKENBUDGET_TRACEBACK=1`` shows the traceback)."""
+    and exits with status 2 instead of a traceback (``TOKENBUDGET_TRACEBACK=1`` shows the traceback). An interrupted
+    run (Ctrl-C) exits with status 130 after the writer's note, "N records kept in <dir>; run the same command to
+    resume" (:func:`callbacks.run_log.note_interrupt`; just "interrupted" when no predict writer was set up)."""
     import os
     import sys
 
+    from callbacks.run_log import take_interrupt_notes
+
     try:
         cli_main()
+    except (KeyboardInterrupt, SystemExit) as e:
+        if not interrupted(e):
+            raise
+        notes = take_interrupt_notes()
+        print("\n" + ("\n".join(f"interrupted: {n}" for n in notes) or "interrupted"), file=sys.stderr, flush=True)
+        sys.exit(INTERRUPTED_STATUS)
     except Exception as e:  # noqa: BLE001 - re-raised unless it is a user error
         err = user_error(e)
         if err is None or os.environ.get("TOKENBUDGET_TRACEBACK"):

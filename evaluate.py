@@ -7,7 +7,11 @@ and causal omni feature extraction.
 """
 from __future__ import annotations
 
-from pathlib import Path
+from callbacks.process_clock import mark_interpreter_start
+
+mark_interpreter_start()   # first: timeline_s counts from this interpreter's start, not from a shell that exec'd it
+
+from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:

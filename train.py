@@ -23,9 +23,13 @@ checkpoint file is named in a one-line error before anything runs.
 """
 from __future__ import annotations
 
-import sys
+from callbacks.process_clock import mark_interpreter_start
 
-from lightning.pytorch.cli import LightningCLI
+mark_interpreter_start()   # first: timing counts from this interpreter's start, not from a shell that exec'd it
+
+import sys  # noqa: E402
+
+from lightning.pytorch.cli import LightningCLI  # noqa: E402
 
 from callbacks.run_folder import RequireCheckpoint, RunInfo, WandbConfigCallback, WandbSummaryMetric
 from callbacks.train_console import EpochScores

@@ -160,6 +160,16 @@ def main(argv=None) -> None:
     write_benchmark(root, videos)
     out = work / f"out_{int(time.time())}"
     timing, total_s = run_predict(ckpt, root, out, config, extra)
+    report(out, timing, total_s, ckpt_s)
+
+
+def report(out: Path, timing: dict, total_s: float, ckpt_s: float) -> None:
+    """Print the run's figures: from its records in ``out`` and its ``timing_rank0.json`` (``timing``); ``total_s``
+    is the process's wall time, ``ckpt_s`` the seconds spent writing the checkpoint.
+
+    Raises:
+        SystemExit: no answered record (every figure would time error records only).
+    """
     records = [json.loads(line) for f in sorted(out.glob("*/*/rank*.jsonl")) for line in f.read_text().splitlines()]
     errors = [r for r in records if r.get("error")]
     if errors:

@@ -84,7 +84,8 @@ def _decode_budget_of(old: dict, job_dirs: dict[int, list[Path]]) -> int | None:
 
 
 def load_baseline_run(folder: str | Path, settings: dict, defaults: dict, benchmark: str, budgets: list[int],
-                      questions: list[tuple[str, str]], decode_budget: int) -> dict[int, dict[str, dict]]:
+                      questions: list[tuple[str, str]], decode_budget: int,
+                      canonical=None) -> dict[int, dict[str, dict]]:
     """The baseline records of every question at every budget, from a finished run folder.
 
     Args:
@@ -94,6 +95,8 @@ def load_baseline_run(folder: str | Path, settings: dict, defaults: dict, benchm
         budgets: the ablation's budgets.
         questions: ``(video id, qid)`` of every question this run may answer.
         decode_budget: the budget this run decodes every video for.
+        canonical: ``recorded settings -> settings as this run records them`` applied to the folder's ``run.json``
+            first (the datamodule's ``canonical_settings``: its ``loader_kwargs`` resolved), or ``None``.
 
     Returns:
         ``budget -> qid -> record``.
@@ -111,6 +114,8 @@ def load_baseline_run(folder: str | Path, settings: dict, defaults: dict, benchm
     except (OSError, ValueError) as e:
         raise BaselineRunError(f"{where}: no readable {RUN_FILE} ({type(e).__name__}); a baseline is an output "
                                "folder of `evaluate.py predict`") from e
+    if canonical is not None and isinstance(old, dict):
+        old = canonical(old)
     diffs = []
     for k, v in settings.items():
         if k in NOT_COMPARED or k in defaults:

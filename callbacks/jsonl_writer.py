@@ -35,6 +35,8 @@ from typing import Any
 
 from lightning.pytorch.callbacks import BasePredictionWriter
 
+from .run_log import attach_traceback_file, detach_traceback_file, errors_log_path, note_interrupt
+
 log = logging.getLogger(__name__)
 
 
@@ -77,6 +79,15 @@ def read_records(out_dir: str | Path) -> list[dict]:
                     except ValueError as e:
                         raise ValueError(f"{f} line {n}: not valid JSON ({e})") from e
     return out
+
+
+def count_records(out_dir: str | Path) -> int:
+    """The records (complete JSON lines) in ``<out_dir>/<job>/<benchmark>/*.jsonl``, every rank's file."""
+    n = 0
+    for f in Path(out_dir).glob("*/*/*.jsonl"):
+        with open(f, "rb") as fh:
+            n += sum(1 for line in fh if line.endswith(b"\n") and line.strip())
+    return n
 
 
 def _done_from_file(path: Path, done: dict[str, set[str]], failed: dict[str, set[str]] | None = None) -> None:
@@ -206,7 +217,8 @@ def _holds_results(out_dir: Path) -> bool:
     return False
 
 
-def check_run_settings(out_dir: Path, settings: dict, write: bool, defaults: dict | None = None) -> None:
+def check_run_settings(out_dir: Path, settings: dict, write: bool, defaults: dict | None = None,
+                       canonical=None) -> None:
     """Compare the settings that determine a record with ``<out_dir>/run.json`` (written on the first run).
 
     Records are resumed by qid, so a folder must never mix records made with another model, benchmark or answer
@@ -218,6 +230,10 @@ def check_run_settings(out_dir: Path, settings: dict, write: bool, defaults: dic
     resume), except the ones in ``defaults``: settings recorded only when they differ from their default (the
     objects' ``RECORD_DEFAULTS``), whose absence on either side means that default.
 
+    ``canonical`` (``recorded settings -> settings as this run records them``, e.g. the datamodule's
+    ``canonical_settings``) is applied to ``run.json`` first, so values that name the same thing compare equal
+    (``loader_kwargs`` ``{}`` and ``{video_dir: videos}``: :func:`datamodules.benchmarks.canonical_loader_kwargs`).
+
     Raises:
         OutputSettingsError: naming every differing setting and the file.
     """
@@ -225,6 +241,8 @@ def check_run_settings(out_dir: Path, settings: dict, write: bool, defaults: dic
     defaults = defaults or {}
     if path.is_file():
         old = json.loads(path.read_text(encoding="utf-8"))
+        if canonical is not None and isinstance(old, dict):
+            old = canonical(old)
         diffs = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in settings.items()
                  if k not in defaults and old.get(k, v) != v]
         diffs += [f"{k}: {old.get(k, d)!r} there, {settings.get(k, d)!r} now" for k, d in defaults.items()
@@ -277,6 +295,7 @@ class JsonlPredictionWriter(BasePredictionWriter):
         self._done: dict[str, set[str]] | None = None
         self._failed: dict[str, set[str]] = {}
         self._lock_fd: int | None = None
+        self._trace_handler: logging.Handler | None = None
 
     @property
     def out_root(self) -> Path:
@@ -341,17 +360,28 @@ class JsonlPredictionWriter(BasePredictionWriter):
             self._unlock()
             raise PermissionError(f"{self.out_dir}: the output folder is not writable ({e.strerror}); choose "
                                   "another out_dir") from e
-        check_run_settings(self.out_dir, settings, write=trainer.is_global_zero, defaults=defaults)
+        check_run_settings(self.out_dir, settings, write=trainer.is_global_zero, defaults=defaults,
+                           canonical=getattr(getattr(trainer, "datamodule", None), "canonical_settings", None))
         self._done = None
         self.done_qids()
+        # a failed video's traceback goes to <out_dir>/errors_rank<r>.log (the console gets one line naming it)
+        detach_traceback_file(self._trace_handler)
+        self._trace_handler = attach_traceback_file(errors_log_path(self.out_dir, trainer.global_rank))
         if trainer.world_size > 1:
             trainer.strategy.barrier("jsonl_writer_setup")
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         self._unlock()
+        detach_traceback_file(self._trace_handler)
+        self._trace_handler = None
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self._unlock()
+        detach_traceback_file(self._trace_handler)
+        self._trace_handler = None
+        if isinstance(exception, KeyboardInterrupt) and trainer.is_global_zero and self._done is not None:
+            note_interrupt(f"{count_records(self.out_dir)} records kept in {self.out_dir}; run the same command "
+                           "to resume")
 
     def __del__(self):
         self._unlock()

@@ -29,10 +29,34 @@ def process_start_boot_s() -> float | None:
         return None
 
 
-def process_age_s() -> float | None:
-    """Seconds since this process started (the interpreter's start, so imports and the CLI's set-up count); ``None``
-    where the start time is not available."""
+_INTERPRETER_START: float | None = None   # set by mark_interpreter_start (the entry points), on the boot clock
+
+
+def mark_interpreter_start() -> None:
+    """Record this interpreter's start, called on the entry scripts' first lines (``evaluate.py``, ``train.py``):
+    now, less the CPU time the process has used (the interpreter's own start-up before that line is CPU work),
+    never before the process's start (:func:`process_start_boot_s`). A process keeps its id and its ``/proc`` start
+    time across ``exec``, so when a shell runs ``a && b && python evaluate.py ...`` and ``exec``s the last command,
+    ``/proc``'s start is the shell's, ``a`` and ``b`` included; this is the interpreter's. The first call wins."""
+    global _INTERPRETER_START
+    if _INTERPRETER_START is not None:
+        return
+    now, cpu = boot_s(), time.process_time()
     start = process_start_boot_s()
+    _INTERPRETER_START = now - cpu if start is None else min(now, max(start, now - cpu))
+
+
+def interpreter_start_boot_s() -> float | None:
+    """When this interpreter started, in :func:`boot_s` seconds: :func:`mark_interpreter_start`'s mark when an entry
+    script made one, else the process's ``/proc`` start (``None`` where that is not available)."""
+    return _INTERPRETER_START if _INTERPRETER_START is not None else process_start_boot_s()
+
+
+def process_age_s() -> float | None:
+    """Seconds since this interpreter started (:func:`interpreter_start_boot_s`: imports and the CLI's set-up count,
+    a shell's commands before it ``exec``'d the interpreter do not); ``None`` where the start time is not
+    available."""
+    start = interpreter_start_boot_s()
     if start is None or not hasattr(time, "CLOCK_BOOTTIME"):
         return None
     age = boot_s() - start

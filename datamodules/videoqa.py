@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from algorithms.errors import SettingError, check_int
 
-from .benchmarks import AnnotationError, Question, load_benchmark
+from .benchmarks import AnnotationError, Question, canonical_loader_kwargs, load_benchmark
 from .benchmarks.base import check_media_present
 from .decode import DECODERS, MAX_REPLACED_FRAC, NATIVE_DECODE_BYTES, auto_decode_threads
 from .sharding import CostBalancedSampler, estimate_cost
@@ -65,6 +65,20 @@ def _duration_s(task: VideoTask) -> float | None:
             v = q.meta.get(key)
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 return float(v)
+    return None
+
+
+def nvdec_missing() -> str | None:
+    """Why ``decoder=nvdec`` cannot run here for a reason the user fixes outside the run, or ``None``: PyNvVideoCodec
+    not installed (``pip install -e '.[nvdec]'``), or no CUDA GPU in this process. Checked before
+    ``datamodules.decode.nvdec`` is imported: its import-order guard would otherwise blame decord for a package that is
+    simply not there (:func:`datamodules.decode.nvdec.available` gives the remaining reasons)."""
+    import importlib.util
+
+    if importlib.util.find_spec("PyNvVideoCodec") is None:
+        return "PyNvVideoCodec is not installed (pip install -e '.[nvdec]')"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU in this process (NVDEC decodes on the GPU)"
     return None
 
 
@@ -149,9 +163,21 @@ class VideoQADataModule(LightningDataModule):
     def record_settings(self) -> dict:
         """Settings that determine a record (kept in the output folder's ``run.json``)."""
         return {"benchmark": self.benchmark, "root": str(Path(self.root).resolve()),
-                "loader_kwargs": self.loader_kwargs, "decode_max_side": self.decode_max_side,
+                "loader_kwargs": canonical_loader_kwargs(self.benchmark, self.loader_kwargs),
+                "decode_max_side": self.decode_max_side,
                 "native_decode_bytes": self.native_decode_bytes, "short_clip_first_frame": self.short_clip_first_frame,
                 **({"max_replaced_frac": self.max_replaced_frac} if self.max_replaced_frac != MAX_REPLACED_FRAC else {})}
+
+    @staticmethod
+    def canonical_settings(recorded: dict) -> dict:
+        """A ``run.json``'s settings as :meth:`record_settings` writes them now: its ``loader_kwargs`` as the values
+        the loader uses (:func:`datamodules.benchmarks.canonical_loader_kwargs`), so a folder written with ``{}``
+        resumes with ``{video_dir: videos}`` (the same folder) and one written before the arguments were
+        recorded that way still compares equal."""
+        if "loader_kwargs" not in recorded:
+            return recorded
+        return {**recorded, "loader_kwargs": canonical_loader_kwargs(recorded.get("benchmark", "videomme"),
+                                                                     recorded["loader_kwargs"])}
 
     def setup(self, stage: str | None = None) -> None:
         """Load the questions (once) and check, before any record is written, that the benchmark root exists
@@ -163,9 +189,11 @@ class VideoQADataModule(LightningDataModule):
                 when more than half of the videos are missing, naming the folder looked in.
         """
         if self.decoder == "nvdec":   # every video on NVDEC: this process must be able to use it at all
-            from datamodules.decode import nvdec
+            why = nvdec_missing()
+            if why is None:
+                from datamodules.decode import nvdec
 
-            why = nvdec.available()
+                why = nvdec.available()
             if why:
                 raise SettingError(f"data.init_args.decoder=nvdec: {why}; use decoder cpu (or auto, which falls "
                                    "back to the CPU per file)")

@@ -14,9 +14,10 @@ a question longer than the model's context             that question's error rec
 a question its loader could not make askable           that question's error records (``Question.error``: a
 (``Question.error``)                                   WorldSense row with 1 or more than 10 options)
 any other ``Exception`` of an input-dependent check     that video's error records ``"<video path>: <type>: <cause>"``
-(``ValueError`` such as transformers' ``smart_resize``  (traceback in the log); the run goes on, a rerun retries them
+(``ValueError`` such as transformers' ``smart_resize``  the run goes on, a rerun retries them
 "absolute aspect ratio must be smaller than 200",
-``RuntimeError``, ``OSError``, ``ArithmeticError``...)
+``RuntimeError``, ``OSError``, ``ArithmeticError``...)  (one console line; the traceback in the output folder's
+                                                       ``errors_rank<r>.log``, :mod:`callbacks.run_log`)
 a programming error (``PROGRAMMING_ERRORS``:            :class:`VideoStepError` naming the video, the run stops; the
 ``AssertionError``, ``TypeError``, ``NameError``,       records of the videos before it are already on disk (written
 ``AttributeError``, ``ImportError``, ``KeyError``,      and fsynced per video by the writer)
@@ -44,6 +45,7 @@ from lightning.pytorch import LightningModule
 
 from algorithms.errors import SettingError, check_dtype
 from callbacks.process_clock import process_age_s
+from callbacks.run_log import TRACEBACKS, traceback_file
 from datamodules.benchmarks import Question
 from datamodules.decode import EncoderSizing
 from datamodules.benchmarks.prompts import (chat_parts, recorded_template, check_template, interleaved_subtitles, pre_media_text,
@@ -189,7 +191,12 @@ def run_or_error_records(item: dict, run, make_errors) -> list[dict]:
                              "written before this video are safe, a rerun resumes at it)") from e
     except Exception as e:  # noqa: BLE001 - an input-dependent failure of this video only
         msg = f"{path}: {_cause(e)}"
-        log.warning("video failed, recorded as an error: %s", msg, exc_info=True)
+        where = traceback_file()
+        if where is None:   # no run folder (the module used without the writer): the traceback on the console
+            log.warning("video failed, recorded as an error: %s", msg, exc_info=True)
+        else:               # one console line; the traceback in <out_dir>/errors_rank<r>.log
+            log.warning("video failed, recorded as an error: %s (traceback in %s)", msg, where)
+            TRACEBACKS.warning("video failed, recorded as an error: %s", msg, exc_info=True)
         del e
         gc.collect()   # the failed step's tensors (held by the traceback's frames) go now
         return make_errors(msg)

@@ -89,7 +89,10 @@ class LayoutAblationQA(BudgetedQA):
 
     def __init__(self, jobs: str = "base:256", no_reuse: bool = False, decode_budget: int = 16384,
                  baseline_run: str | None = None, **kwargs):
-        pairs = parse_jobs(jobs)
+        try:
+            pairs = parse_jobs(jobs)
+        except ValueError as e:   # a setting: one line at the CLI (jsonargparse's model union would bury it)
+            raise SettingError(f"model.init_args.jobs: {e}") from None
         if "budgets" in kwargs:
             raise SettingError("LayoutAblationQA takes its budgets from `jobs`; do not pass `budgets`")
         super().__init__(budgets=sorted({b for _, b in pairs}), **kwargs)
@@ -130,7 +133,8 @@ class LayoutAblationQA(BudgetedQA):
             raise SettingError("model.baseline_run needs the video QA datamodule (its questions are checked)")
         questions = [(t.video_id, q.qid) for t in dm.tasks(list(self.jobs)) for q in t.questions]
         self.baseline_records = load_baseline_run(self.baseline_run, settings, defaults, dm.benchmark,
-                                                  self.budgets, questions, self.decode_budget)
+                                                  self.budgets, questions, self.decode_budget,
+                                                  getattr(dm, "canonical_settings", None))
         log.info("baseline_run %s: %d records at budgets %s", self.baseline_run,
                  sum(len(r) for r in self.baseline_records.values()), self.budgets)
 

@@ -57,7 +57,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +99,8 @@ def read_original(original_dir: str | Path, original_projector: str | Path | Non
     from transformers import AutoTokenizer
 
     src = Path(original_dir)
+    if not src.is_dir():
+        raise FileNotFoundError(f"{src}: no such folder (the original-layout checkpoint to convert)")
     cfg_path = src / "config.json"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"no config.json in {src}")
@@ -223,7 +227,16 @@ def main(argv: list[str] | None = None) -> None:
                     help="local directory with the vision encoder's config.json, for a checkpoint without "
                          "vision_encoder_config whose encoder cannot be derived from its weights")
     args = ap.parse_args(argv)
-    out = convert(args.original_dir, args.out_dir, args.max_shard_size, args.original_projector, args.vision_config)
+    try:
+        out = convert(args.original_dir, args.out_dir, args.max_shard_size, args.original_projector,
+                      args.vision_config)
+    except (FileNotFoundError, NotADirectoryError, PermissionError, ValueError) as e:
+        # a wrong folder or a checkpoint that does not map: one line naming it (its own messages name the file),
+        # exit status 2 as the entry points' user errors; TOKENBUDGET_TRACEBACK=1 shows the traceback
+        if os.environ.get("TOKENBUDGET_TRACEBACK"):
+            raise
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     print(f"wrote {out}")
 
 

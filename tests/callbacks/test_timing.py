@@ -52,3 +52,23 @@ def test_a_resumed_run_with_an_added_budget_keeps_the_first_runs_timing(tiny_vl3
     rescore([str(out), "--no-plots"])
     page = (out / "report.html").read_text()
     assert "1 earlier run(s) into this folder (resumed)" in page
+
+
+def test_timeline_counts_from_the_interpreters_start_not_the_shells(tmp_path):
+    """Issue 43 item 7: ``bash -c 'a && b && python evaluate.py ...'`` execs the interpreter in the shell's process,
+    whose ``/proc`` start time is the shell's; ``evaluate.py`` marks the interpreter's own start, so a shell that
+    slept 1.5 s first does not add 1.5 s to every ``timeline_s`` mark."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    code = "import evaluate; from callbacks.process_clock import process_age_s; print(process_age_s())"
+    t0 = time.perf_counter()
+    r = subprocess.run(["bash", "-c", f'sleep 1.5 && exec "{sys.executable}" -c "{code}"'], cwd=REPO,
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    wall = time.perf_counter() - t0
+    age = float(r.stdout.strip().splitlines()[-1])
+    assert wall >= 1.5 and 0.0 < age < wall - 1.5 + 0.05     # the interpreter's life, not the shell's sleep

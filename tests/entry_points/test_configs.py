@@ -45,6 +45,49 @@ def test_missing_checkpoints_fail_fast_naming_the_path(tmp_path):
         OmniThinkerRunner(missing)
 
 
+def test_bad_settings_print_one_line_in_one_process(tmp_path, capsys, monkeypatch):
+    """The default run's twin of the subprocess sweep below, every case in this process through ``cli.main`` (what
+    ``python evaluate.py`` runs): one line naming the setting or path, exit status 2; TOKENBUDGET_TRACEBACK=1
+    re-raises the error (Python prints its traceback); a value of the wrong type is jsonargparse's error after a
+    one-line usage."""
+    import sys
+
+    import evaluate
+    from cli import main
+
+    monkeypatch.delenv("TOKENBUDGET_TRACEBACK", raising=False)
+    monkeypatch.setattr(sys, "argv", ["evaluate.py"])
+    monkeypatch.chdir(tmp_path)
+    cfg = str(REPO / "configs" / "extract" / "completed_block_hold.yaml")
+    for extra, want in BAD_SETTINGS(tmp_path):
+        with pytest.raises(SystemExit) as info:
+            main(lambda: evaluate.cli_main(["predict", "--config", cfg, *extra]))
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and "Traceback" not in err
+        assert f"\n{want}" in err and err.rstrip().endswith("\n(set TOKENBUDGET_TRACEBACK=1 for the full traceback)")
+    monkeypatch.setenv("TOKENBUDGET_TRACEBACK", "1")
+    with pytest.raises(ValueError, match="unknown memory_policy 'exact'"):   # re-raised as jsonargparse wraps it
+        main(lambda: evaluate.cli_main(["predict", "--config", cfg, *BAD_SETTINGS(tmp_path)[0][0]]))
+    monkeypatch.delenv("TOKENBUDGET_TRACEBACK")
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SystemExit) as info:
+        main(lambda: evaluate.cli_main(["predict", "--data.init_args.decode_threads=1.5"]))
+    # (the earlier cases' Lightning log handler, set up in this process, may add its "INFO: Seed set to 0" line)
+    err = "".join(ln for ln in capsys.readouterr().err.splitlines(True) if not ln.startswith("INFO: "))
+    assert info.value.code == 2
+    assert "error: data.init_args.decode_threads: expected int or NoneType, got 1.5 (VideoQADataModule)" in err
+    assert err.startswith("usage: evaluate.py [options] predict [-c CONFIG] [--section.key VALUE ...]")
+    assert "--trainer.max_epochs" not in err and len(err.splitlines()) == 3
+
+
+def BAD_SETTINGS(tmp_path):   # noqa: N802 - (extra arguments, the line expected) of both sweeps
+    return [(["--model.init_args.memory_policy=exact"],
+             "error: SettingError: unknown memory_policy 'exact'; expected one of ('window', 'sliding')"),
+            ([f"--model.init_args.model_dir={tmp_path / 'nowhere'}"],
+             f"error: FileNotFoundError: no Qwen2.5-Omni thinker checkpoint at {tmp_path / 'nowhere'}")]
+
+
+@pytest.mark.slow   # ~36 s on 2 cores: four interpreters (twin above, in this process)
 def test_bad_settings_print_one_line_not_a_traceback(tmp_path):
     """A bad setting or path given to the CLI ends in one line naming it (exit status 2); library bugs keep their
     traceback; TOKENBUDGET_TRACEBACK=1 shows the traceback."""
@@ -55,10 +98,7 @@ def test_bad_settings_print_one_line_not_a_traceback(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("TOKENBUDGET_TRACEBACK", None)
     cfg = str(REPO / "configs" / "extract" / "completed_block_hold.yaml")
-    cases = [(["--model.init_args.memory_policy=exact"],
-              "error: SettingError: unknown memory_policy 'exact'; expected one of ('window', 'sliding')"),
-             ([f"--model.init_args.model_dir={tmp_path / 'nowhere'}"],
-              f"error: FileNotFoundError: no Qwen2.5-Omni thinker checkpoint at {tmp_path / 'nowhere'}")]
+    cases = BAD_SETTINGS(tmp_path)
     for extra, want in cases:
         r = subprocess.run([sys.executable, str(REPO / "evaluate.py"), "predict", "--config", cfg, *extra],
                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)

@@ -18,7 +18,8 @@ def wide_bench(demo_bench):
     return demo_bench
 
 
-def test_a_4000x8_video_is_its_error_records_and_the_run_goes_on_also_on_rerun(tiny_vl3_dir, wide_bench, tmp_path):
+def test_a_4000x8_video_is_its_error_records_and_the_run_goes_on_also_on_rerun(tiny_vl3_dir, wide_bench, tmp_path,
+                                                                              caplog, capfd):
     from callbacks.jsonl_writer import read_records
 
     out = tmp_path / "out"
@@ -26,8 +27,18 @@ def test_a_4000x8_video_is_its_error_records_and_the_run_goes_on_also_on_rerun(t
     bad = [r for r in recs if "error" in r]
     assert {r["qid"] for r in bad} == {"001-1", "001-2", "001-3", "001-4"} and len(bad) == 4
     # transformers' smart_resize check, with the file named
-    assert all(r["error"].startswith(str(wide_bench / "videos" / "cockatoo.mp4") + ": ValueError: ") and
+    video = wide_bench / "videos" / "cockatoo.mp4"
+    assert all(r["error"].startswith(str(video) + ": ValueError: ") and
                "aspect ratio must be smaller than 200" in r["error"] for r in bad)
+    # issue 43: on the console one line naming the file; the traceback in the output folder's errors_rank0.log
+    failed = [r for r in caplog.records if r.getMessage().startswith("video failed")]
+    assert len(failed) == 1 and failed[0].exc_info is None
+    assert failed[0].getMessage() == (f"video failed, recorded as an error: {bad[0]['error']} (traceback in "
+                                      f"{out / 'errors_rank0.log'})")
+    assert "Traceback" not in capfd.readouterr().err
+    log = (out / "errors_rank0.log").read_text()
+    assert log.count("Traceback (most recent call last)") == 1 and f"{video}: ValueError: " in log
+    assert "aspect ratio must be smaller than 200" in log.splitlines()[-1]
     assert sorted(r["qid"] for r in recs if "error" not in r) == ["002-1", "002-2", "002-3"]
     # a rerun retries the error records, fails the same way, and writes nothing twice
     again = run_predict(tiny_vl3_dir, wide_bench, out, budgets=(128,), model_args={"max_new_tokens": 2})

@@ -189,6 +189,18 @@ def _predict(cfg):
     return r
 
 
+def _predict_here(cfg):
+    """``_predict`` in this process (one interpreter less to start), on one thread as the subprocesses run."""
+    import evaluate
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        evaluate.cli_main(["predict", f"--config={cfg}"])
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("n_videos", [2, pytest.param(5, marks=pytest.mark.slow)])   # 2: the default run's twin
 def test_ddp_two_processes_equal_one_process(tiny_vl3_dir, tmp_path, n_videos):
     from callbacks.jsonl_writer import read_records
@@ -196,7 +208,7 @@ def test_ddp_two_processes_equal_one_process(tiny_vl3_dir, tmp_path, n_videos):
     make_bench(tmp_path / "bench", n_videos)
     one = tmp_path / "one"
     two = tmp_path / "two"
-    _predict(_config(tmp_path / "one.yaml", tiny_vl3_dir, tmp_path / "bench", one))
+    _predict_here(_config(tmp_path / "one.yaml", tiny_vl3_dir, tmp_path / "bench", one))   # the reference
     _predict(_config(tmp_path / "two.yaml", tiny_vl3_dir, tmp_path / "bench", two,
                      {"strategy": "ddp", "accelerator": "cpu", "devices": 2}))
     r1, r2 = read_records(one), read_records(two)
