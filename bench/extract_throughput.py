@@ -235,7 +235,7 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
     (``CEILING_FIELDS``; None on the eager rows) at ``gemm_rate`` TFLOP/s (None: measured, ``gemm_tflops``).
     ``window`` rows run once per ``reprefill_slides`` value (None: the runner's default from its memory bound;
     ``sliding`` has no re-prefill: its first value only), the path named ``K=...`` when ``label_slides``."""
-    from models.kernels import fuse
+    from models.fused_forwards import fuse
     from models.omni.batch import BatchedOmniRunner, single_session_computed
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() and not tiny else "cpu"))
@@ -327,7 +327,7 @@ def profile_run(tiny: bool, n: int, duration_s: float, memory_s: float, mode: st
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() and not tiny else "cpu"))
     with tempfile.TemporaryDirectory() as tmp:
         runner = build_runner(tiny, str(dev), Path(tmp))
-    from models.kernels import fuse
+    from models.fused_forwards import fuse
     fuse(runner.thinker, fused)
     hw = TINY_FRAME_HW if tiny else FRAME_HW
     data = make_sessions(n, duration_s, hw)

@@ -147,7 +147,7 @@ class VisionEncoding:
         (:mod:`models.kernels`; the library's math, eager and bit-identical on the CPU), or restore the library's
         forwards (``on=False``; the project's own fused pieces, the vision rotary and the shared-prefix merge, stay
         compiled)."""
-        from ..kernels import fuse
+        from ..fused_forwards import fuse
 
         fuse(self.model.model.language_model, on)
         fuse(self.model.model.vision_model, on)
