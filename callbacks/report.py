@@ -138,11 +138,11 @@ def _answer(scores: dict) -> str:
             continue
         heads = headline_rows(groups)
         rows = [[h["job"], (_pct(h["value"]), "ref"),
-                 (f"{h['answered']} of {h['n']}" if h.get("answered") is not None else h["n"], ""),
+                 (f"{h['answered']} of {h['questions']}" if h.get("answered") is not None else h["n"], ""),
                  (f"{_pct(h['accuracy'])} {_ci(h['ci'])}", ""), (h["n_errors"], ""), (h["n_missing"], "")]
                 for h in heads]
         parts.append(f"<h3>{_e(bench)}: {_e(name)}</h3>" + _ctable(
-            ["job", "released figure %", "answered" if bench == "videomme" else "n",
+            ["job", "released figure %", "answered of questions" if bench == "videomme" else "n",
              "accuracy % [95 % CI] (unparsed = wrong)", "errors", "missing"], rows))
         tasks = sorted({t for h in heads for t in h["tasks"]})
         if tasks:

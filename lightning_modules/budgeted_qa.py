@@ -181,7 +181,7 @@ def run_or_error_records(item: dict, run, make_errors) -> list[dict]:
 
 
 class BudgetedQA(LightningModule):
-    """Budgeted multiple-choice QA with VideoLLaMA3 (DESIGN §3).
+    """Budgeted multiple-choice QA with VideoLLaMA3.
 
     Args:
         model_path: local checkpoint directory (transformers VideoLLaMA3 + ``qbase/``).
