@@ -491,8 +491,9 @@ def test_test_run_joins_the_fit_group(demo, tmp_path, capsys):
     assert lg.experiment.group == info["id"] and lg.experiment.job_type == "test"
     assert "test/auroc_mean" in test.trainer.callback_metrics
     folder = tmp_path / str(lg.name) / str(lg.version)
-    assert f"test results: {folder} (metrics.csv, run_info.json)" in capsys.readouterr().out
-    assert (folder / "metrics.csv").is_file()
+    # the line names the files the test wrote: metrics.csv (run_info.json is a fit's; a7fdaaf named it here too)
+    assert f"test results: {folder} (metrics.csv)\n" in capsys.readouterr().out
+    assert (folder / "metrics.csv").is_file() and not (folder / "run_info.json").exists()
 
 
 def test_monitored_metric_summary_is_its_best():
