@@ -239,7 +239,12 @@ class TrainCLI(ProjectCLI):
             setup(subcommand)          # TurnFeatureDataModule: reads and checks every file once (idempotent)
         created = [d for d in run_paths(self.trainer) if not d.exists()]
         try:
-            super()._run_subcommand(subcommand)
+            with warnings.catch_warnings():
+                if subcommand in ("validate", "test"):
+                    # the evaluation writes to a run folder of its own, not the fit's checkpoint folder, so
+                    # Lightning's ModelCheckpoint says it will not reload the fit's best-model bookkeeping: expected
+                    warnings.filterwarnings("ignore", message="The dirpath has changed from")
+                super()._run_subcommand(subcommand)
         except BaseException:
             discard_failed_run(self.trainer, created)
             raise
