@@ -189,7 +189,7 @@ class BudgetedQA(LightningModule):
         raw_mode: ``phase3`` (raw frames capped at ``raw_max_tokens`` rows, checkpoint projector) or ``orig``
             (raw frames at the group grid through the original projector). Default ``phase3``, as seed 000's
             ablation runner (``BudgetedVideoLLM(..., "phase3", args.raw_max_tokens)``), so plain predict and the
-            ablation share it; seed 001's CLI defaults to ``orig`` (README, deviations table).
+            ablation share it; seed 001's CLI defaults to ``orig`` (docs/deviations.md).
         raw_max_tokens: row cap of a raw frame in ``phase3``.
         max_tokens_per_frame: encode cap per frame (merged tokens).
         max_new_tokens: greedy answer length.
@@ -220,7 +220,7 @@ class BudgetedQA(LightningModule):
             change from video to video); its kernels are faster once a plan exists.
         add_system_prompt: render the chat template with ``add_system_prompt=True`` as seed 001 does (VideoLLaMA3's
             system turn before the user turn; default); ``False`` as VideoLLaMA3's own ``evaluation/`` renders it
-            (no system turn). README, deviations table.
+            (no system turn). docs/deviations.md.
     """
 
     # settings recorded in run.json only when they differ from these defaults (absent there = the default, compared)

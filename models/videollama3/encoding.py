@@ -221,7 +221,7 @@ class VisionEncoding:
         ``x["pixel_values"].cuda().to(torch.bfloat16)``), turned back into ``28 gh x 28 gw`` images
         (:func:`unpatchify`), resized to ``28 gh' x 28 gw'`` with :data:`REENCODE_RESAMPLE` (fp32 inside), patched
         again by the processor's own ``patchify`` and encoded at ``(t, 2 gh', 2 gw')``. ``hybrid_raw.reencode_frames``
-        itself is not public (README, deviations table: the resize filter is the processor's own, bicubic with
+        itself is not public (docs/deviations.md: the resize filter is the processor's own, bicubic with
         antialiasing). When ``grid`` is the groups' grid nothing is resized: the rows are :meth:`encode`'s.
 
         Args:
