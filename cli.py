@@ -277,6 +277,13 @@ def quiet_console() -> None:
         pass
 
 
+def evaluation_line(subcommand: str, folder: Path) -> str:
+    """The line a ``validate`` / ``test`` ends with: its run folder and the files it holds of ``metrics.csv`` and
+    ``run_info.json`` (only those written: ``run_info.json`` is a fit's)."""
+    names = [n for n in ("metrics.csv", "run_info.json") if (folder / n).is_file()]
+    return f"{subcommand} results: {folder}" + (f" ({', '.join(names)})" if names else "")
+
+
 class TrainCLI(ProjectCLI):
     """LightningCLI that adds :class:`RunFolderCSVLogger` beside the configured loggers and, for a checkpoint of a
     run folder, resumes (``fit``) or joins (``test`` / ``validate``) that run's W&B id / group."""
@@ -311,14 +318,19 @@ class TrainCLI(ProjectCLI):
             setup(subcommand)          # TurnFeatureDataModule: reads and checks every file once (idempotent)
         created = [d for d in run_paths(self.trainer) if not d.exists()]
         try:
-            super()._run_subcommand(subcommand)
+            with warnings.catch_warnings():
+                if subcommand in ("validate", "test"):
+                    # the evaluation writes to a run folder of its own, not the fit's checkpoint folder, so
+                    # Lightning's ModelCheckpoint says it will not reload the fit's best-model bookkeeping: expected
+                    warnings.filterwarnings("ignore", message="The dirpath has changed from")
+                super()._run_subcommand(subcommand)
         except BaseException:
             discard_failed_run(self.trainer, created)
             raise
         if subcommand in ("validate", "test") and self.trainer.is_global_zero:
             folders = run_paths(self.trainer)[2::4]   # save_dir/project/<run id> of each W&B logger
             if folders:   # the metrics of this evaluation: a run folder of its own, beside the fit's
-                print(f"{subcommand} results: {folders[0]} (metrics.csv, run_info.json)", flush=True)
+                print(evaluation_line(subcommand, Path(folders[0])), flush=True)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         trainer = super().instantiate_trainer(**kwargs)

@@ -36,7 +36,7 @@ MIN_TOKENS_PER_FRAME = 16
 BASE_FPS = 1.0
 # seed 001/000 record ``fps_ok=fps >= bd.MIN_FPS - 1e-6``; ``bd.MIN_FPS`` is not in the seeds. 0.5: the lowest rate a
 # video decoded at the full 1 fps reaches (``floor(d) / d >= 1/2`` for d >= 1 s), so ``fps_ok`` is False exactly when
-# a budget's frames are thinned below one per 2 s (README, deviations table)
+# a budget's frames are thinned below one per 2 s (docs/deviations.md)
 MIN_FPS = 0.5
 
 PlanMode = Literal["raw", "hybrid", "forced8", "all_compressed", "qbase"]

@@ -329,7 +329,7 @@ def training_change(changes: torch.Tensor, seg_lens: list[int] | tuple[int, ...]
     A 1-frame group scores its step from the previous frame (the first frame: its step to the next). A video of one
     frame has no step at all: the seed's ``diff[0]`` of an empty list raises ``IndexError`` (``hivar`` of a 1-frame
     video that does not fit raw, e.g. a 256-row frame at B = 64, crashes the seed's run); here it scores 0.0, the
-    only group is compressed and the job is answered (README, deviations table).
+    only group is compressed and the job is answered (docs/deviations.md).
     """
     vals = changes.detach().to(device="cpu", dtype=torch.float64).tolist()
     out, s = [], 0

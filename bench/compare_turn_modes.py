@@ -15,9 +15,10 @@ training epoch time and training rows per second. W&B is off here unless ``--wan
 (mode, seed), grouped by mode).
 
 Results stay in the run folder (``--out``, default ``runs/compare_turn_modes/<date-time>``): ``results.md`` (the
-table), ``results.csv`` (one row per (mode, seed): every test metric, ``epoch_time_s``, ``rows_per_s``) and
-``results.json``; each run's ``metrics.csv`` stays in its sub-folder. Checkpoints are deleted once their run is
-tested (``--keep-checkpoints`` keeps them); ``--json`` also writes the per-run metrics elsewhere.
+table, under a line saying that it holds test metrics, mean ± sample std over seeds), ``results.csv`` (one row
+per (mode, seed): every test metric, ``epoch_time_s``, ``rows_per_s``) and ``results.json``; each run's
+``metrics.csv`` stays in its sub-folder. Checkpoints are deleted once their run is tested (``--keep-checkpoints``
+keeps them); ``--json`` also writes the per-run metrics elsewhere.
 """
 from __future__ import annotations
 
@@ -88,6 +89,16 @@ def write_results(out_root: Path, results: dict[str, list[dict[str, float]]], se
                 w.writerow([mode, seed, *[r.get(k, "") for k in keys]])
 
 
+def results_preamble(seeds: list[int]) -> str:
+    """What ``results.md``'s table holds, written above it: which split the metrics are of, which checkpoint, and
+    what ``±`` is."""
+    return ("# Turn heads: the three streaming modes compared\n\n"
+            "Metrics of the **test** split (`train.py test` on each run's best checkpoint by `val/auroc_mean`), "
+            f"each cell the mean ± the sample standard deviation over {len(seeds)} seed(s) "
+            f"({', '.join(str(s) for s in seeds)}; ± 0 for one seed). `epoch_time_s` and `rows_per_s`: training "
+            "epoch time and training rows per second, the same way. Per run: `results.csv`.\n\n")
+
+
 def format_table(results: dict[str, list[dict[str, float]]], columns: tuple[str, ...] = COLUMNS) -> str:
     """Markdown table: one row per mode, ``mean ± std`` over seeds (std = sample std; 0 for one seed)."""
     cols = list(columns) + ["epoch_time_s", "rows_per_s"]
@@ -124,7 +135,7 @@ def main(argv: list[str] | None = None) -> str:
         for seed in a.seeds:
             results.setdefault(mode, []).append(
                 run_one(a.config, mode, seed, out_root / f"{mode}_s{seed}", a.extra, a.wandb, a.keep_checkpoints))
-    table = format_table(results)
+    table = results_preamble(a.seeds) + format_table(results)   # says: test metrics, mean ± sample std over seeds
     print(table)
     write_results(out_root, results, a.seeds, table)
     print(f"results: {out_root / 'results.md'}, {out_root / 'results.csv'}", flush=True)

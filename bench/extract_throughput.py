@@ -248,7 +248,7 @@ def run_bench(tiny: bool = False, sessions: tuple[int, ...] = (8, 16), duration_
     per ``fuse_slide_rows`` value (``BatchedOmniRunner(fuse_slide_rows=...)``; the fused path ends ``, fused`` and
     records ``vs_unfused``, its session 0's largest state difference from the unfused row before it). Every batched
     row counts its LLM calls (``llm_calls``: calls of the language model in the timed run)."""
-    from models.kernels import fuse
+    from models.fused_forwards import fuse
     from models.omni.batch import BatchedOmniRunner, single_session_computed
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() and not tiny else "cpu"))
@@ -363,7 +363,7 @@ def profile_run(tiny: bool, n: int, duration_s: float, memory_s: float, mode: st
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() and not tiny else "cpu"))
     with tempfile.TemporaryDirectory() as tmp:
         runner = build_runner(tiny, str(dev), Path(tmp))
-    from models.kernels import fuse
+    from models.fused_forwards import fuse
     fuse(runner.thinker, fused)
     hw = TINY_FRAME_HW if tiny else FRAME_HW
     data = make_sessions(n, duration_s, hw)

@@ -18,6 +18,7 @@ from typing import Any
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from algorithms.streaming import MODES
+from callbacks.process_clock import process_age_s
 from datamodules.features import atomic_write_bytes, error_path, feature_path, load_features, save_features
 
 
@@ -77,8 +78,9 @@ class FeatureWriter(BasePredictionWriter):
 
     def on_predict_end(self, trainer, pl_module) -> None:
         """A summary per rank: files written, timeline seconds, the run's wall time (from the predict setup to its
-        end: decoding, the model's steps, writing; the model's own per-session step seconds, ``wall_time_s`` of the
-        feature files, beside it), the cache_replay checks, files kept (``overwrite=False``) and the sessions that
+        end: decoding, the model's steps, writing), the seconds since the process started (what the user waited for
+        the command, imports and model loading included; :func:`callbacks.process_clock.process_age_s`), the model's
+        own per-session step seconds (``wall_time_s`` of the feature files), the cache_replay checks, files kept (``overwrite=False``) and the sessions that
         failed, with their messages."""
         kept, skipped, errors, rank = self.kept, self.skipped, self.errors, trainer.global_rank
         run_s = time.perf_counter() - self._t0 if self._t0 is not None else float("nan")
@@ -97,8 +99,10 @@ class FeatureWriter(BasePredictionWriter):
             asked = getattr(getattr(pl_module, "hparams", None), "verify_rows", None)
             verdict = ("FAILED for " + ", ".join(failed) if failed else f"passed ({n_checked} rows checked)"
                        if n_checked else "not checked (verify_rows = 0)" if asked == 0 else "no row to check")
+            age = process_age_s()          # the whole command: imports, model load and set-up count too
+            since = f" ({age:.1f} s since the command started)" if age is not None else ""
             print(f"[rank {rank}] wrote {len(kept)} feature file(s) to {self.out_dir} ({rows} rows = "
-                  f"{rows / 5:.1f} s of session timeline in {run_s:.1f} s, of which model steps {wall:.1f} s; "
+                  f"{rows / 5:.1f} s of session timeline in {run_s:.1f} s{since}, of which model steps {wall:.1f} s; "
                   f"cache_replay {verdict})"
                   + (f"; {len(skipped)} already there, kept (overwrite=False)" if skipped else ""))
         if errors:

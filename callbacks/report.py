@@ -14,6 +14,7 @@ import html
 import json
 from pathlib import Path
 
+from callbacks.scoring.plots import plot_caption
 from callbacks.scoring.release import HEADLINES
 from callbacks.scoring.summary import (by_benchmark, flops_label, format_p, headline_rows, is_matrix, is_pruning,
                                        matrix, pruning_rows, variant_name)
@@ -138,11 +139,11 @@ def _answer(scores: dict) -> str:
             continue
         heads = headline_rows(groups)
         rows = [[h["job"], (_pct(h["value"]), "ref"),
-                 (f"{h['answered']} of {h['n']}" if h.get("answered") is not None else h["n"], ""),
+                 (f"{h['answered']} of {h['questions']}" if h.get("answered") is not None else h["n"], ""),
                  (f"{_pct(h['accuracy'])} {_ci(h['ci'])}", ""), (h["n_errors"], ""), (h["n_missing"], "")]
                 for h in heads]
         parts.append(f"<h3>{_e(bench)}: {_e(name)}</h3>" + _ctable(
-            ["job", "released figure %", "answered" if bench == "videomme" else "n",
+            ["job", "released figure %", "answered of questions" if bench == "videomme" else "n",
              "accuracy % [95 % CI] (unparsed = wrong)", "errors", "missing"], rows))
         tasks = sorted({t for h in heads for t in h["tasks"]})
         if tasks:
@@ -235,7 +236,7 @@ def _images(scores: dict, out_dir: Path) -> str:
         if p.is_file():
             data = base64.b64encode(p.read_bytes()).decode("ascii")
             parts.append(f'<figure><img alt="{_e(name)}" src="data:image/png;base64,{data}">'
-                         f"<figcaption>{_e(name)}</figcaption></figure>")
+                         f"<figcaption>{_e(plot_caption(name))} <code>{_e(name)}</code></figcaption></figure>")
     return "".join(parts) or "<p>No plots.</p>"
 
 
@@ -285,16 +286,25 @@ def _timing(out_dir: Path) -> str:
     return out
 
 
-def render_report(scores: dict, out_dir: str | Path, records: list[dict]) -> str:
-    """The report page's HTML for ``out_dir`` (reads ``run.json``, ``timing_rank*.json`` and the plots there)."""
+def render_report(scores: dict, out_dir: str | Path, records: list[dict], rules: list[str] | None = None) -> str:
+    """The report page's HTML for ``out_dir`` (reads ``run.json``, ``timing_rank*.json`` and the plots there).
+    ``rules``: a re-score with these extra rules (``python -m callbacks.scoring --rules``), named in the page's
+    title and heading, which then point to the run's own ``report.html``."""
     out_dir = Path(out_dir)
+    if rules:
+        title = f"{out_dir.name}: re-score with rules {', '.join(rules)}"
+        heading = (f"<h1>Re-score with rules {_e(', '.join(rules))}: {_e(out_dir)}</h1><p>The records of this run "
+                   f"scored again, each rule as a parser of its own beside <code>official</code> and "
+                   f"<code>robust</code>. The run's own report is <a href='{REPORT_FILE}'>{REPORT_FILE}</a>.</p>")
+    else:
+        title, heading = f"{out_dir.name} report", f"<h1>Run report: {_e(out_dir)}</h1>"
     run = out_dir / "run.json"
     settings = run.read_text() if run.is_file() else "(no run.json)"
     err, un = _record_lists(records)
     header = ["benchmark", "job", "variant", "budget", "parser", "rule", "n", "acc %", "95 % interval", "acc_all %",
               "err", "unparse", "miss"]
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(out_dir.name)} report</title>"
-            f"<style>{_CSS}</style></head><body><h1>Run report: {_e(out_dir)}</h1>{tiny_model_banner(out_dir)}"
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
+            f"<style>{_CSS}</style></head><body>{heading}{tiny_model_banner(out_dir)}"
             f"<h2>Result</h2>{_answer(scores)}"
             "<p>acc % = correct / scored questions (unparsed answers count as wrong); acc_all % also counts error "
             "records and missing questions as wrong; intervals are percentile-bootstrap 95 % intervals "
@@ -308,9 +318,10 @@ def render_report(scores: dict, out_dir: str | Path, records: list[dict]) -> str
             f"<h2>Settings (run.json)</h2><pre>{_e(settings)}</pre></body></html>")
 
 
-def write_report(scores: dict, out_dir: str | Path, records: list[dict], name: str = REPORT_FILE) -> Path:
-    """Write ``<out_dir>/<name>`` (``report.html``; ``report_<rules>.html`` for a re-score with extra rules)
-    atomically; returns its path."""
+def write_report(scores: dict, out_dir: str | Path, records: list[dict], name: str = REPORT_FILE,
+                 rules: list[str] | None = None) -> Path:
+    """Write ``<out_dir>/<name>`` (``report.html``; ``report_<rules>.html`` for a re-score with extra ``rules``,
+    see :func:`render_report`) atomically; returns its path."""
     path = Path(out_dir) / name
-    atomic_write_bytes(path, render_report(scores, out_dir, records).encode("utf-8"))
+    atomic_write_bytes(path, render_report(scores, out_dir, records, rules).encode("utf-8"))
     return path

@@ -543,7 +543,7 @@ class EasyComStreamDataModule(LightningDataModule):
         max_duration_s: truncate each session timeline (demo / debugging).
         num_workers: DataLoader workers that decode.
         sessions_per_batch: sessions handed to the extractor together (a list per batch when > 1; set the
-            extractor's ``sessions_per_batch`` to the same value to run them in lockstep, issue 12).
+            extractor's ``sessions_per_batch`` to the same value to run them in lockstep).
     """
 
     def __init__(self, root: str, sessions: list[str] | None = None, gap_policy: str = "reset",

@@ -214,7 +214,7 @@ class OmniQADataModule(VideoQADataModule):
             eval/eval.py:evaluate_sample) runs: it passes the processor no ``fps``, so transformers'
             ``Qwen2_5OmniProcessor`` takes its hard-coded 2.0 whatever the sampling. ``None``: the sampling's own
             rate (``omnizip``: qwen_omni_utils' ``sample_fps``, what ``process_mm_info(..., return_video_kwargs=True)``
-            gives the processor), a departure from the eval (README, deviations).
+            gives the processor), a departure from the eval (docs/deviations.md).
         max_audio_s: keep at most this much audio (``None``: the whole track).
         num_workers, prefetch_factor, decode_max_side, limit_videos: as :class:`VideoQADataModule`.
     """

@@ -203,7 +203,7 @@ def run_or_error_records(item: dict, run, make_errors) -> list[dict]:
 
 
 class BudgetedQA(LightningModule):
-    """Budgeted multiple-choice QA with VideoLLaMA3 (DESIGN §3).
+    """Budgeted multiple-choice QA with VideoLLaMA3.
 
     Args:
         model_path: local checkpoint directory (transformers VideoLLaMA3 + ``qbase/``).
@@ -211,7 +211,7 @@ class BudgetedQA(LightningModule):
         raw_mode: ``phase3`` (raw frames capped at ``raw_max_tokens`` rows, checkpoint projector) or ``orig``
             (raw frames at the group grid through the original projector). Default ``phase3``, as seed 000's
             ablation runner (``BudgetedVideoLLM(..., "phase3", args.raw_max_tokens)``), so plain predict and the
-            ablation share it; seed 001's CLI defaults to ``orig`` (README, deviations table).
+            ablation share it; seed 001's CLI defaults to ``orig`` (docs/deviations.md).
         raw_max_tokens: row cap of a raw frame in ``phase3``.
         max_tokens_per_frame: encode cap per frame (merged tokens).
         max_new_tokens: greedy answer length.
@@ -247,16 +247,16 @@ class BudgetedQA(LightningModule):
             change from video to video); its kernels are faster once a plan exists.
         add_system_prompt: render the chat template with ``add_system_prompt=True`` as seed 001 does (VideoLLaMA3's
             system turn before the user turn; default); ``False`` as VideoLLaMA3's own ``evaluation/`` renders it
-            (no system turn). README, deviations table.
+            (no system turn). docs/deviations.md.
         early_start: start the weight load (straight to the trainer's device) and, on CUDA, the early compilation
             of the fused kernels in background threads at the trainer's set-up (``setup("predict")``), so they
             overlap the rest of the set-up and the DataLoader's start; ``False``: both start at
-            ``on_predict_start``, the load in the main thread (before issue 41). The same model, the same tokens.
+            ``on_predict_start``, the load in the main thread. The same model, the same tokens.
         first_step: ``wait`` (default): the first step waits for the early compilation; ``eager``: steps that
             start while it still runs use the eager math of the fused kernels and decode ``static`` (no CUDA
             graph), and the compiled kernels take over once it has ended (:attr:`models.kernels.Fusable.
             eager_while`). On CUDA in half precision the eager math rounds differently from the compiled kernels,
-            so those first videos' tokens may differ: off by default (issue 41 asks to measure both).
+            so those first videos' tokens may differ: off by default.
     """
 
     # settings recorded in run.json only when they differ from these defaults (absent there = the default, compared)

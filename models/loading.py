@@ -82,7 +82,7 @@ def load_omni_thinker(model_dir: str | Path, dtype: str = "float32", attn_implem
         dtype: ``float32`` | ``bfloat16`` | ``float16``.
         attn_implementation: passed to ``from_pretrained``.
         thinker: an already built thinker (bench: random weights in memory), used as is.
-        fused_kernels: run RMSNorm, rotary and the SiLU gate as fused kernels on CUDA (:func:`models.kernels.fuse`;
+        fused_kernels: run RMSNorm, rotary and the SiLU gate as fused kernels on CUDA (:func:`models.fused_forwards.fuse`;
             the library's math, bit-identical on the CPU).
 
     Returns:
@@ -104,7 +104,7 @@ def load_omni_thinker(model_dir: str | Path, dtype: str = "float32", attn_implem
                 str(path), dtype=getattr(torch, dtype), attn_implementation=attn_implementation)
     thinker = thinker.eval()
     thinker.requires_grad_(False)
-    from .kernels import fuse
+    from .fused_forwards import fuse
     fuse(thinker, fused_kernels)
     return (str(path), thinker, AutoFeatureExtractor.from_pretrained(str(path)),
             AutoVideoProcessor.from_pretrained(str(path)))

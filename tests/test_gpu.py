@@ -113,7 +113,7 @@ def test_graph_decode_one_question_after_several(cuda_vlm, caplog):
     dec = decode_video(MEDIA / "cockatoo.mp4", 256)
     (bi,) = prepare_budgets(cuda_vlm, dec.frames.cuda(), dec.times_s, [256])
     qs = ["What animal is shown?\nA. A dog.\nB. A cockatoo.", "Colour?\nA. White.\nB. Green."]
-    with caplog.at_level(logging.WARNING, logger="models.videollama3.answering"):
+    with caplog.at_level(logging.WARNING, logger="models.videollama3.batched_decode"):
         for questions in (qs, qs[:1], qs):
             seq = [a.token_ids for a in cuda_vlm.answer_all(bi.prompt, questions, 9)]
             assert [a.token_ids for a in cuda_vlm.answer_batched(bi.prompt, questions, 9, decode="graph")] == seq
@@ -126,7 +126,7 @@ def test_padded_gate_up_on_cuda_bf16():
     up in one GEMM, within bf16 rounding of the library's forward."""
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniMLP
 
-    from models import kernels as fused
+    from models import fused_forwards as forwards
 
     cfg = type("Cfg", (), {"hidden_size": 256, "intermediate_size": 3420, "hidden_act": "silu"})()
     torch.manual_seed(0)
@@ -135,11 +135,11 @@ def test_padded_gate_up_on_cuda_bf16():
     x = torch.randn(37, 256, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         want = Qwen2_5OmniMLP.forward(mlp, x).float()
-        assert fused.fuse(holder, True) == 1
+        assert forwards.fuse(holder, True) == 1
         try:
             got = mlp(x).float()
         finally:
-            fused.fuse(holder, False)
+            forwards.fuse(holder, False)
     assert mlp.__dict__.get("_tb_padded") is None                  # unbinding drops the padded copies
     assert torch.allclose(got, want, atol=3e-2, rtol=3e-2)
 
@@ -154,6 +154,7 @@ def test_fused_vision_encoder_on_cuda_equal_library(dtype, tol):
     from transformers.models.video_llama_3.configuration_video_llama_3 import VideoLlama3VisionConfig
     from transformers.models.video_llama_3.modeling_video_llama_3 import VideoLlama3VisionModel
 
+    from models import fused_forwards as forwards
     from models import kernels as fused
 
     cfg = VideoLlama3VisionConfig(hidden_size=256, intermediate_size=1024, num_hidden_layers=3,
@@ -175,7 +176,7 @@ def test_fused_vision_encoder_on_cuda_equal_library(dtype, tol):
         want = vision(pixel_values=px, grid_thw=thw, merge_sizes=ms).last_hidden_state.float()
         want_mlp = mlp(x).float()
         want_ln = fused._add_layer_norm(x, x.flip(0), ln.weight, ln.bias, ln.eps)
-        assert fused.fuse(vision, True) == 2 * cfg.num_hidden_layers
+        assert forwards.fuse(vision, True) == 2 * cfg.num_hidden_layers
         try:
             got_mlp = mlp(x).float()
             got_ln = fused.add_layer_norm(x, x.flip(0), ln.weight, ln.bias, ln.eps)
@@ -183,7 +184,7 @@ def test_fused_vision_encoder_on_cuda_equal_library(dtype, tol):
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 got = vision(pixel_values=px, grid_thw=thw, merge_sizes=ms).last_hidden_state.float()
         finally:
-            fused.fuse(vision, False)
+            forwards.fuse(vision, False)
     ops = [e.key for e in prof.key_averages()]
     counts = {e.key: e.count for e in prof.key_averages()}
     assert fused.add_layer_norm.state == "ok"

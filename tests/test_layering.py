@@ -255,3 +255,11 @@ def test_what_a_spawned_decode_worker_imports_has_no_lightning():
     from datamodules import videoqa, video_items
 
     assert videoqa.VideoQADataset is video_items.VideoQADataset and videoqa.VideoTask is video_items.VideoTask
+
+
+def test_model_files_stay_under_500_lines():
+    """Issue 43 item 8: a file of ``models/`` is one concept a reader can hold (models/kernels.py had 509 lines,
+    models/videollama3/answering.py 501: split into kernels + fused_forwards and answering + batched_decode)."""
+    long = {str(f.relative_to(REPO)): n for f in files_of("models")
+            if (n := len(f.read_text(encoding="utf-8").splitlines())) >= 500}
+    assert not long, long

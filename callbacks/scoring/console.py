@@ -107,7 +107,7 @@ def _summary(scores: dict) -> list[str]:
                                           else ""))
         rows = [("job", "released %", "n", "acc% ±95 (unparsed = wrong)", "err", "miss")]
         for h in heads:
-            n = f"{h['answered']} answered of {h['n']}" if h.get("answered") is not None else str(h["n"])
+            n = f"{h['answered']} answered of {h['questions']}" if h.get("answered") is not None else str(h["n"])
             rows.append((h["job"], _pct(h["value"]), n, f"{_pct(h['accuracy'])} {_half(h['ci'])}",
                          str(h["n_errors"]), str(h["n_missing"])))
         out += _grid(rows)
@@ -171,8 +171,9 @@ def format_table(scores: dict) -> str:
         lines += [ln[2:] for ln in _grid(rows)]
     else:
         lines.append(f"per-group table ({len(groups)} groups x parsers): report.html and scores.json")
-    lines.append("acc% = correct / scored (unparsed = wrong); acc_all% also counts errors and missing questions as "
-                 "wrong; official = the benchmark's own released rule; unparse = no letter under the rule")
+    lines.append("n = questions scored (error records are not); acc% = correct / scored (unparsed = wrong); acc_all% "
+                 "also counts errors and missing questions as wrong; official = the benchmark's own released rule; "
+                 "unparse = no letter under the rule")
     lines.append("±95 = half-width of the 95 % bootstrap interval of acc% (scores.json: accuracy_ci95)")
     for rule in used:
         lines.append(f"  {rule}: {RULE_DESCRIPTIONS.get(rule, rule)}")

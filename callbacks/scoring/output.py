@@ -75,9 +75,34 @@ def save_scores(scores: dict, out_dir: Path, plots: bool = True, records: list[d
 
     out_dir = Path(out_dir)
     scores_file, report_file, suffix = output_files(tag)
+    earlier = _listed_plots(out_dir / scores_file)
     scores["plots"] = [p.name for p in plot_scores(scores, out_dir, suffix)] if plots else []
     data = json.dumps(scores, indent=1, sort_keys=False, default=str).encode("utf-8")
     atomic_write_bytes(out_dir / scores_file, data)
-    write_report(scores, out_dir, records if records is not None else read_records(out_dir)[0], report_file)
+    rules = tag.split("-") if tag else None
+    write_report(scores, out_dir, records if records is not None else read_records(out_dir)[0], report_file,
+                 rules=rules)
+    _remove_stale_plots(out_dir, earlier - set(scores["plots"]), suffix)
     return scores
+
+
+def _listed_plots(scores_path: Path) -> set[str]:
+    """The plot file names an earlier scoring listed in ``scores_path`` (empty when there is none or it is
+    unreadable)."""
+    try:
+        plots = json.loads(scores_path.read_text(encoding="utf-8")).get("plots") or []
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {p for p in plots if isinstance(p, str)}
+
+
+def _remove_stale_plots(out_dir: Path, names: set[str], suffix: str) -> None:
+    """Delete the PNGs an earlier scoring of the same files wrote and this one did not (``--no-plots``, a
+    benchmark or a variant no longer there), so the folder holds the plots its report shows. ``names`` come from
+    the same scores file (a re-score's own list for ``_<rules>`` files), and only plain ``<name><suffix>.png`` files
+    directly in ``out_dir`` are touched."""
+    for name in names:
+        path = out_dir / name
+        if Path(name).name == name and name.endswith(f"{suffix}.png") and path.is_file():
+            path.unlink(missing_ok=True)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from datamodules.features import atomic_write_bytes
 
+from .release import headline
 from .scores import DURATION_KEY, _sort_key, reference_variant
 from .summary import duration_sort as _duration_sort
 
@@ -20,7 +21,7 @@ def _save_figure(fig, path: Path) -> None:
 
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
-_ACC_TITLE = "accuracy = correct / scored questions (answered; unparsed = wrong)"
+_ACC_TITLE = "accuracy = correct / scored questions (unparsed = wrong)"
 
 
 def _series_style(k: int, cmap) -> dict:
@@ -139,7 +140,9 @@ def build_figures(scores: dict) -> dict[str, Any]:
     * ``acc_vs_budget_<benchmark>.png``: small multiples, one panel per parser (its rule in the panel title):
       accuracy (%) vs budget (vision tokens, log2 axis), one line per variant, each with its own colour and marker
       and its 95 % bootstrap interval as error bars; legend outside the axes. Groups without a numeric budget
-      are left out.
+      are left out. In the official panel the release's headline figure (the console's and report's first table:
+      Video-MME correct / answered, MLVU M-Avg, LongVideoBench with its random fallback) is drawn dashed with
+      hollow markers where it differs from the accuracy.
     * ``duration_<benchmark>.png`` (Video-MME, LongVideoBench): grouped bars, one panel per parser, one group per
       job and one bar (colour) per duration group, its value printed on it (so 0 % shows): as many colours as
       duration groups whatever the number of jobs.
@@ -173,9 +176,15 @@ def _build_figures(scores: dict) -> dict[str, Any]:
         rule_of = {pa: g["parsers"][pa].get("rule", pa) for g in groups for pa in g["parsers"]}
         # ---- accuracy vs budget, one panel per parser
         lines: dict[str, dict[str, list[tuple]]] = {pa: defaultdict(list) for pa in parsers}
+        released: dict[str, list[tuple]] = defaultdict(list)   # variant -> (budget, the release's headline %)
+        released_name = None
         for g in groups:
             if not isinstance(g["budget"], (int, float)):
                 continue
+            head = headline(bench, g["parsers"].get("official") or {})
+            if head and head[1] is not None:
+                released_name = head[0]
+                released[g["variant"] or "base"].append((g["budget"], 100 * head[1]))
             for parser, p in g["parsers"].items():
                 if p["accuracy"] is not None:
                     ci = p.get("accuracy_ci95") or [p["accuracy"], p["accuracy"]]
@@ -207,11 +216,16 @@ def _build_figures(scores: dict) -> dict[str, Any]:
                     err = [[a - lo for _, a, lo, _ in pts], [hi - a for _, a, _, hi in pts]]
                     ax.errorbar([b for b, *_ in pts], ys, yerr=err, capsize=3, linewidth=1.4, markersize=6,
                                 label=variant, **_series_style(k, cmap))
+                    rel = sorted(released.get(variant, [])) if parser == "official" else []
+                    if rel and [round(a, 9) for _, a in rel] != [round(a, 9) for a in ys]:
+                        ax.plot([b for b, _ in rel], [a for _, a in rel], linestyle="--", linewidth=1.2,
+                                markersize=7, markerfacecolor="white", label=f"{variant}: released figure",
+                                **_series_style(k, cmap))
                 ax.set_xscale("log", base=2)
                 ax.set_xticks(budgets)
                 ax.set_xticklabels([f"{b:g}" for b in budgets])
                 ax.minorticks_off()
-                ax.set_xlabel("budget (vision tokens)")
+                ax.set_xlabel("budget (vision tokens, log2 scale)")
                 ax.set_ylabel("accuracy (%)")
                 ax.set_ylim(-2, 102)
                 ax.set_title(f"{parser} parser, rule {rule_of[parser]}")
@@ -224,8 +238,15 @@ def _build_figures(scores: dict) -> dict[str, Any]:
                     if lab not in labels:
                         handles.append(h)
                         labels.append(lab)
+            # each variant's released-figure line right after the variant
+            order = sorted(range(len(labels)), key=lambda i: (labels[i].removesuffix(": released figure"),
+                                                              labels[i].endswith(": released figure")))
+            handles, labels = [handles[i] for i in order], [labels[i] for i in order]
             fig.legend(handles, labels, title="variant", loc="outside lower center", ncols=min(len(labels), 6))
-            fig.suptitle(f"{bench}: {_ACC_TITLE}, 95 % bootstrap intervals")
+            title = f"{bench}: {_ACC_TITLE}, 95 % bootstrap intervals"
+            if any(h.get_label().endswith(": released figure") for h in handles):
+                title += f"\ndashed, official panel: the released figure, {released_name}"
+            fig.suptitle(title)
             figures[f"acc_vs_budget_{bench}.png"] = fig
 
         cost_fig = _cost_figure(bench, groups, rule_of)
@@ -281,6 +302,24 @@ def _build_figures(scores: dict) -> dict[str, Any]:
         fig.suptitle(f"{bench}: {_ACC_TITLE}, per {dk}")
         figures[f"duration_{bench}.png"] = fig
     return figures
+
+
+# what each plot shows, by file-name prefix (the report's captions)
+_CAPTIONS = (
+    ("acc_vs_budget_", "Accuracy (correct / scored, %) against the vision-token budget (log2 axis), one panel per "
+                       "parser, one line per variant, 95 % bootstrap intervals."),
+    ("diff_vs_", "Each variant minus the reference variant at the same budget (accuracy points, paired bootstrap "
+                 "95 % intervals; filled: the interval excludes 0)."),
+    ("acc_vs_cost_", "Accuracy against kept tokens and prefill FLOPs per question, one point per variant; dashed: "
+                     "the reference variant."),
+    ("duration_", "Accuracy per duration group, one group of bars per job, one panel per parser."),
+)
+
+
+def plot_caption(name: str) -> str:
+    """What the plot file ``name`` (from :func:`build_figures`, optionally ``_<rules>``-suffixed) shows: one sentence
+    for a figure caption (the benchmark is in the figure's title); the name itself for another file."""
+    return next((text for prefix, text in _CAPTIONS if name.startswith(prefix)), name)
 
 
 def plot_scores(scores: dict, out_dir: str | Path, suffix: str = "") -> list[Path]:

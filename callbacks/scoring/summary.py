@@ -70,8 +70,10 @@ def is_pruning(groups: list[dict]) -> bool:
 
 
 def headline_rows(groups: list[dict]) -> list[dict]:
-    """Per group: ``{job, variant, budget, name, value, n, tasks}`` of the release's headline figure (official
-    parser; ``value`` None when the benchmark has no release block)."""
+    """Per group: ``{job, variant, budget, name, value, n, tasks, answered, questions, ...}`` of the release's headline
+    figure (official parser; ``value`` None when the benchmark has no release block). ``n``: questions scored;
+    ``answered``: those the release counts (Video-MME: a letter was extracted; else ``None``); ``questions``: every
+    question of the job, scored + error records + missing."""
     rows = []
     for g in groups:
         p = _official(g) or {}
@@ -83,7 +85,9 @@ def headline_rows(groups: list[dict]) -> list[dict]:
                      "n": g.get("n_scored"), "accuracy": p.get("accuracy"), "ci": p.get("accuracy_ci95"),
                      "n_errors": g.get("n_errors"), "n_missing": g.get("n_missing"), "n_reused": g.get("n_reused", 0),
                      "unparseable": p.get("unparseable"), "tasks": tasks,
-                     "answered": (p.get("release") or {}).get("answered")})
+                     "answered": (p.get("release") or {}).get("answered"),
+                     # every question of the job: scored + error records + questions without a record
+                     "questions": sum(g.get(k) or 0 for k in ("n_scored", "n_errors", "n_missing"))})
     return rows
 
 

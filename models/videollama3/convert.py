@@ -56,7 +56,9 @@ translates the config and the preprocessor, :mod:`models.videollama3.original_we
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -88,6 +90,28 @@ class OriginalCheckpoint:
 
 
 
+class _DropModelTypeWarning(logging.Filter):
+    """Drops transformers' "You are using a model of type `videollama3_qwen2` to instantiate a model of type ``"."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "to instantiate a model of type" not in str(record.getMessage())
+
+
+@contextlib.contextmanager
+def _without_model_type_warning():
+    """Inside the block, transformers' config loader does not warn about the original ``model_type``: AutoTokenizer
+    reads the original ``config.json`` (``videollama3_qwen2``, a type transformers does not register) through the base
+    config class only to look for a tokenizer class, and ``tokenizer_config.json`` names it; the warning said nothing
+    about the load, yet was printed on every original-layout load)."""
+    logger = logging.getLogger("transformers.configuration_utils")
+    drop = _DropModelTypeWarning()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
+
+
 def read_original(original_dir: str | Path, original_projector: str | Path | None = None,
                   vision_config_dir: str | Path | None = None) -> OriginalCheckpoint:
     """Read and map an original-layout directory (nothing written). See the module docstring for the layout.
@@ -108,7 +132,8 @@ def read_original(original_dir: str | Path, original_projector: str | Path | Non
     if not is_original_layout(src):
         raise ValueError(f"{src} is not in the original VideoLLaMA3 layout (config.json has text_config or no "
                          "vision_encoder_config)")
-    with warnings.catch_warnings():  # AutoTokenizer parses the original config.json, whose rope_scaling is legacy
+    with warnings.catch_warnings(), _without_model_type_warning():
+        # AutoTokenizer parses the original config.json, whose rope_scaling is legacy
         warnings.filterwarnings("ignore", message=".*rope_scaling.*", category=FutureWarning)
         tokenizer = AutoTokenizer.from_pretrained(src)
     tokenizer.chat_template = processor_chat_template(src)  # seed 001: Videollama3Processor's template (saved on)

@@ -164,7 +164,7 @@ class VisionEncoding:
         (:mod:`models.kernels`; the library's math, eager and bit-identical on the CPU), or restore the library's
         forwards (``on=False``; the project's own fused pieces, the vision rotary and the shared-prefix merge, stay
         compiled)."""
-        from ..kernels import fuse
+        from ..fused_forwards import fuse
 
         fuse(self.model.model.language_model, on)
         fuse(self.model.model.vision_model, on)
@@ -238,7 +238,7 @@ class VisionEncoding:
         ``x["pixel_values"].cuda().to(torch.bfloat16)``), turned back into ``28 gh x 28 gw`` images
         (:func:`unpatchify`), resized to ``28 gh' x 28 gw'`` with :data:`REENCODE_RESAMPLE` (fp32 inside), patched
         again by the processor's own ``patchify`` and encoded at ``(t, 2 gh', 2 gw')``. ``hybrid_raw.reencode_frames``
-        itself is not public (README, deviations table: the resize filter is the processor's own, bicubic with
+        itself is not public (docs/deviations.md: the resize filter is the processor's own, bicubic with
         antialiasing). When ``grid`` is the groups' grid nothing is resized: the rows are :meth:`encode`'s.
 
         Args:

@@ -393,7 +393,7 @@ def test_registry_is_declarative():
 
 
 def test_hivar_one_frame_video_scores_zero_where_the_seed_raises():
-    # seed 000 training_change: diff = [] for one frame, and ``diff[0]`` raises IndexError; here 0.0 (README row)
+    # seed 000 training_change: diff = [] for one frame, and ``diff[0]`` raises IndexError; here 0.0 (docs/deviations.md row)
     assert training_change(torch.empty(0), [1]) == [0.0]
     assert training_change(torch.tensor([0.25, 0.5]), [1, 2]) == [0.25, 0.5]   # first frame: its step to the next
 

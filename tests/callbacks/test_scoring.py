@@ -161,9 +161,10 @@ def test_table_and_cli(out_root, capsys):
     assert not (out_root / "acc_vs_budget_videomme.png").exists()
     assert format_table({"groups": []}).startswith("benchmark")
     # Video-MME: the released figure is correct / answered (q1, q3 right of q1, q3, q4 answered: 66.7), beside
-    # acc% = 2 of 4 scored
+    # acc% = 2 of 4 scored; "of" counts every question of the job: 4 scored + 1 error record + 0 missing = 5
+    # (issue 43: it read "of 4", the scored ones, for a job of 5 questions)
     (vm_head,) = [ln for ln in lines[:head] if ln.strip().startswith("b1024 ") and "answered of" in ln]
-    assert vm_head.split()[:6] == ["b1024", "66.7", "3", "answered", "of", "4"]
+    assert vm_head.split()[:6] == ["b1024", "66.7", "3", "answered", "of", "5"]
 
 
 def test_callback_fake_trainer(out_root, capsys):

@@ -3,6 +3,7 @@ CPU), bind and unbind cleanly, and the patched rotary is the library's function 
 import pytest
 import torch
 
+from models import fused_forwards as forwards
 from models import kernels as fused
 
 
@@ -19,7 +20,7 @@ def test_fused_functions_equal_library_math(dtype):
     assert torch.equal(fused.rms_norm(x, norm.weight, norm.variance_epsilon), mq.Qwen2RMSNorm.forward(norm, x))
     q, k = torch.randn(2, 4, 7, 16, dtype=dtype), torch.randn(2, 2, 7, 16, dtype=dtype)
     cos, sin = torch.randn(2, 7, 16, dtype=dtype), torch.randn(2, 7, 16, dtype=dtype)
-    original = fused._ROPE_ORIGINAL.get(mq.__name__, mq.apply_rotary_pos_emb)
+    original = forwards._ROPE_ORIGINAL.get(mq.__name__, mq.apply_rotary_pos_emb)
     for got, want in zip(fused.rope(q, k, cos, sin), original(q, k, cos, sin)):
         assert torch.equal(got, want)
     g, u = torch.randn(3, 40, dtype=dtype), torch.randn(3, 40, dtype=dtype)
@@ -34,14 +35,14 @@ def test_fuse_binds_unbinds_and_keeps_logits_on_cpu(tiny_vlm):
     ids = torch.randint(0, cfg.vocab_size, (2, 11))
     want_bound = 2 * cfg.num_hidden_layers + 1 + cfg.num_hidden_layers     # two norms per layer, final norm, MLPs
     try:
-        assert fused.fuse(lm, False) == want_bound
-        assert not any("forward" in m.__dict__ for m in lm.modules() if type(m).__name__ in fused.NORM_CLASSES)
+        assert forwards.fuse(lm, False) == want_bound
+        assert not any("forward" in m.__dict__ for m in lm.modules() if type(m).__name__ in forwards.NORM_CLASSES)
         ref = tiny_vlm.model(input_ids=ids).logits
-        assert fused.fuse(lm, True) == want_bound
+        assert forwards.fuse(lm, True) == want_bound
         assert all("forward" in m.__dict__ for m in lm.modules()
-                   if type(m).__name__ in fused.NORM_CLASSES | fused.MLP_CLASSES)
+                   if type(m).__name__ in forwards.NORM_CLASSES | forwards.MLP_CLASSES)
         from transformers.models.qwen2 import modeling_qwen2 as mq
-        assert mq.apply_rotary_pos_emb.__wrapped__ is fused._ROPE_ORIGINAL[mq.__name__]
+        assert mq.apply_rotary_pos_emb.__wrapped__ is forwards._ROPE_ORIGINAL[mq.__name__]
         got = tiny_vlm.model(input_ids=ids).logits
     finally:
         tiny_vlm.set_fused_kernels(True)
@@ -62,7 +63,7 @@ def test_fuse_covers_the_omni_thinker(tmp_path):
     assert n_text == 3 * text.config.num_hidden_layers + 1
     assert n_vision >= 3 * len(vision.blocks)
     assert not any("forward" in m.__dict__ for m in model.audio_tower.modules())
-    assert fused.fuse(runner.thinker, False) == n_text + n_vision
+    assert forwards.fuse(runner.thinker, False) == n_text + n_vision
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -75,17 +76,17 @@ def test_padded_gate_up_equals_the_library_mlp(bias):
     torch.manual_seed(0)
     mlp = Qwen2_5OmniMLP(cfg, bias=bias)
     x = torch.randn(5, 24)
-    w, b, dw = fused._padded_gate_up(mlp, x.device)
+    w, b, dw = forwards._padded_gate_up(mlp, x.device)
     assert w.shape == (128, 24) and dw.shape == (24, 64) and (b is None) == (not bias)
     assert torch.count_nonzero(w[37:64]) == 0 and torch.count_nonzero(dw[:, 37:]) == 0
     want = Qwen2_5OmniMLP.forward(mlp, x)
-    assert torch.allclose(fused._padded_mlp(mlp, x), want, atol=1e-6, rtol=1e-6)
+    assert torch.allclose(forwards._padded_mlp(mlp, x), want, atol=1e-6, rtol=1e-6)
     with torch.no_grad():
         mlp.up_proj.weight.mul_(2)                   # in place: a new weight version
-    assert torch.allclose(fused._padded_mlp(mlp, x), Qwen2_5OmniMLP.forward(mlp, x), atol=1e-6, rtol=1e-6)
+    assert torch.allclose(forwards._padded_mlp(mlp, x), Qwen2_5OmniMLP.forward(mlp, x), atol=1e-6, rtol=1e-6)
     assert "_tb_padded" in mlp.__dict__
     with torch.no_grad():                            # the eager (CPU) forward drops copies made for the GPU
-        assert torch.equal(fused._mlp_forward(mlp, x), Qwen2_5OmniMLP.forward(mlp, x))
+        assert torch.equal(forwards._mlp_forward(mlp, x), Qwen2_5OmniMLP.forward(mlp, x))
     assert "_tb_padded" not in mlp.__dict__
 
 
@@ -195,8 +196,8 @@ def _tiny_video_inputs(seed: int = 0, frames: int = 2, h: int = 4, w: int = 4):
 
 
 def _vision_fused_modules(vision):
-    layers = [m for m in vision.modules() if type(m).__name__ in fused.VISION_LAYER_CLASSES]
-    mlps = [m for m in vision.modules() if type(m).__name__ in fused.VISION_MLP_CLASSES]
+    layers = [m for m in vision.modules() if type(m).__name__ in forwards.VISION_LAYER_CLASSES]
+    mlps = [m for m in vision.modules() if type(m).__name__ in forwards.VISION_MLP_CLASSES]
     return layers, mlps
 
 
@@ -207,9 +208,9 @@ def test_vision_encoder_fused_forwards_equal_library_on_cpu(tiny_vlm, monkeypatc
     vision = tiny_vlm.model.model.vision_model
     layers, mlps = _vision_fused_modules(vision)
     assert len(layers) == len(mlps) == vision.config.num_hidden_layers == 2
-    assert all(m.forward.__func__ is fused._vision_layer_forward for m in layers)
-    assert all(m.forward.__func__ is fused._vision_mlp_forward for m in mlps)
-    assert layers[0].__dict__[fused._NEXT_NORM] is layers[1].layer_norm1 and fused._NEXT_NORM not in layers[1].__dict__
+    assert all(m.forward.__func__ is forwards._vision_layer_forward for m in layers)
+    assert all(m.forward.__func__ is forwards._vision_mlp_forward for m in mlps)
+    assert layers[0].__dict__[forwards._NEXT_NORM] is layers[1].layer_norm1 and forwards._NEXT_NORM not in layers[1].__dict__
     px, thw, ms = _tiny_video_inputs()
     torch.manual_seed(1)
     x = torch.randn(32, vision.config.hidden_size)
@@ -222,12 +223,12 @@ def test_vision_encoder_fused_forwards_equal_library_on_cpu(tiny_vlm, monkeypatc
             assert torch.equal(mlp(x.view(2, 16, -1)), type(mlp).forward(mlp, x.view(2, 16, -1)))
             got = layer(x, cu_seqlens=seg, position_embeddings=pos)
             assert torch.equal(got, type(layer).forward(layer, x, cu_seqlens=seg, position_embeddings=pos))
-        fused.fuse(vision, False)
+        forwards.fuse(vision, False)
         want = vision(pixel_values=px, grid_thw=thw, merge_sizes=ms).last_hidden_state
-        fused.fuse(vision, True)
+        forwards.fuse(vision, True)
         calls = []
         original = fused.add_layer_norm
-        monkeypatch.setattr(fused, "add_layer_norm", lambda *a: calls.append(1) or original(*a))
+        monkeypatch.setattr(forwards, "add_layer_norm", lambda *a: calls.append(1) or original(*a))
         got = vision(pixel_values=px, grid_thw=thw, merge_sizes=ms).last_hidden_state
     assert len(calls) == 2 * len(layers) - 1
     assert torch.equal(got, want)
@@ -243,23 +244,23 @@ def test_vision_layer_hand_off_is_checked():
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     enc = VideoLlama3VisionEncoder(cfg).eval()
-    assert fused.fuse(enc, True) == 4
+    assert forwards.fuse(enc, True) == 4
     x = torch.randn(8, 32)
     pos = (torch.randn(8, 16), torch.randn(8, 16))
     seg = torch.tensor([0, 8], dtype=torch.int32)
     first, second = enc.layers
     with torch.no_grad():
         out = first(x, cu_seqlens=seg, position_embeddings=pos)
-        assert torch.equal(fused._take_normed(out, second.layer_norm1), second.layer_norm1(out))
-        assert fused._take_normed(out, second.layer_norm1) is None                      # consumed
+        assert torch.equal(forwards._take_normed(out, second.layer_norm1), second.layer_norm1(out))
+        assert forwards._take_normed(out, second.layer_norm1) is None                      # consumed
         out = first(x, cu_seqlens=seg, position_embeddings=pos)
-        assert fused._take_normed(out, first.layer_norm1) is None                       # not that norm's
+        assert forwards._take_normed(out, first.layer_norm1) is None                       # not that norm's
         out = first(x, cu_seqlens=seg, position_embeddings=pos)
         out.mul_(2)
-        assert fused._take_normed(out, second.layer_norm1) is None                      # modified in place
+        assert forwards._take_normed(out, second.layer_norm1) is None                      # modified in place
     out = first(x.requires_grad_(), cu_seqlens=seg, position_embeddings=pos)
-    assert fused._HANDOFF not in out.__dict__ and out.requires_grad
-    assert fused.fuse(enc, False) == 4
+    assert forwards._HANDOFF not in out.__dict__ and out.requires_grad
+    assert forwards.fuse(enc, False) == 4
 
 
 def test_fused_videollama3_keeps_video_logits_and_unbinds_on_cpu(tiny_vlm):
@@ -283,7 +284,7 @@ def test_fused_videollama3_keeps_video_logits_and_unbinds_on_cpu(tiny_vlm):
         tiny_vlm.set_fused_kernels(False)
         for m in layers + mlps:
             assert "forward" not in m.__dict__ and m.forward.__func__ is type(m).forward
-            assert fused._NEXT_NORM not in m.__dict__
+            assert forwards._NEXT_NORM not in m.__dict__
         ref = logits()
         tiny_vlm.set_fused_kernels(True)
         assert all("forward" in m.__dict__ for m in layers + mlps)
@@ -291,7 +292,7 @@ def test_fused_videollama3_keeps_video_logits_and_unbinds_on_cpu(tiny_vlm):
     finally:
         tiny_vlm.set_fused_kernels(True)
     assert torch.equal(got, ref)
-    assert fused.fuse(vision, False) == len(layers) + len(mlps)
+    assert forwards.fuse(vision, False) == len(layers) + len(mlps)
     assert all(m.forward.__func__ is type(m).forward for m in layers + mlps)
     tiny_vlm.set_fused_kernels(True)
 
@@ -303,7 +304,7 @@ def test_fused_rope_on_token_rows_equals_the_library(dtype):
     same views, bit-identical to the library; other layouts take the 4-D kernel, also identical."""
     from transformers.models.qwen2 import modeling_qwen2 as mq
 
-    original = fused._ROPE_ORIGINAL.get(mq.__name__, mq.apply_rotary_pos_emb)
+    original = forwards._ROPE_ORIGINAL.get(mq.__name__, mq.apply_rotary_pos_emb)
     torch.manual_seed(0)
     for b, s in ((1, 37), (3, 5), (3, 1)):                        # prefill, suffix, decode step
         q = torch.randn(b, s, 4, 16, dtype=dtype).transpose(1, 2)

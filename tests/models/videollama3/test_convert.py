@@ -145,3 +145,31 @@ def test_wrong_compressor_shapes_are_listed(orig_dir, tmp_path):
     cfg_path.write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="compression_end_token_id=5"):
         convert(cfg_path.parent, tmp_path / "out2")
+
+
+def test_original_layout_load_has_no_model_type_warning(orig_dir):
+    """No transformers "model of type `videollama3_qwen2` to instantiate a model of type ``" line on an
+    original-layout load (issue 43 item 5: a7fdaaf printed it on every such load); other config warnings still
+    get through."""
+    import logging
+
+    from models.videollama3.convert import read_original
+
+    class Keep(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.DEBUG)
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    logger = logging.getLogger("transformers.configuration_utils")
+    keep = Keep()
+    logger.addHandler(keep)          # after the logger's filters: what its own handlers would print
+    try:
+        read_original(orig_dir)
+        logger.warning("another config warning")
+    finally:
+        logger.removeHandler(keep)
+    assert not [m for m in keep.messages if "to instantiate a model of type" in m]
+    assert "another config warning" in keep.messages
