@@ -297,13 +297,14 @@ def test_modules_record_defaults_match_their_record_settings(tiny_vl3_dir):
     from lightning_modules.budgeted_qa import BudgetedQA
 
     assert BudgetedQA.RECORD_DEFAULTS == {"original_projector": None, "cudnn_attention": False,
-                                          "add_system_prompt": True}
+                                          "add_system_prompt": True, "first_step": "wait"}
     off = BudgetedQA(model_path=str(tiny_vl3_dir)).record_settings()
     assert not set(off) & set(BudgetedQA.RECORD_DEFAULTS)
     on = BudgetedQA(model_path=str(tiny_vl3_dir), cudnn_attention=True, original_projector="/x/p.pt").record_settings()
     assert on["cudnn_attention"] is True and on["original_projector"] == "/x/p.pt"
     assert BudgetedQA(model_path=str(tiny_vl3_dir), add_system_prompt=False).record_settings()["add_system_prompt"] \
         is False
+    assert BudgetedQA(model_path=str(tiny_vl3_dir), first_step="eager").record_settings()["first_step"] == "eager"
     assert "max_replaced_frac" not in VideoQADataModule().record_settings()
     assert VideoQADataModule(max_replaced_frac=0.5).record_settings()["max_replaced_frac"] == 0.5
     assert VideoQADataModule.RECORD_DEFAULTS == {"max_replaced_frac": VideoQADataModule().max_replaced_frac}
