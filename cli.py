@@ -103,6 +103,8 @@ def use_persistent_compile_cache() -> str | None:
     if choice == "torch":
         return None
     path = str(Path(choice or INDUCTOR_CACHE_DEFAULT).expanduser())
+    if not os.path.isabs(path):   # no home directory to expand "~" to: PyTorch's own default, not a relative path
+        return None
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
     return path
 

@@ -63,6 +63,7 @@ class Fusable:
         self.options = options                 # backend options (Inductor config keys), e.g. emulate_precision_casts
         self._compiled: Callable | None = None
         self.state = "new"                     # new | ok (compiled and ran once) | failed (eager for good)
+        self.retried = False                   # one more try after a failure of the environment (OSError)
         self.__doc__ = fn.__doc__
 
     def _mark(self, args) -> None:
@@ -102,10 +103,30 @@ class Fusable:
         return out
 
     def _eager(self, what: str, error: Exception, args: tuple):
-        """Give up compiling for good (warning once, naming the function) and run the eager math."""
+        """Give up compiling for good (warning once, naming the function) and run the eager math; except that a
+        first failure caused by the process's environment (an ``OSError`` anywhere in the exception's chain: a file
+        or program the compiler's toolchain did not find) is retried once, at the next call, in whichever thread
+        makes it. Seen on the H200 once: every kernel of the early compilation, run in its thread at the trainer's
+        set-up, failed with ``FileNotFoundError: '12'``, which left the whole run on the eager math."""
+        if what == "failed" and not self.retried and _caused_by(error, OSError):
+            log.warning("torch.compile of %s failed (%s); compiling again at the next call", self.name, error,
+                        exc_info=error)
+            self.retried, self._compiled, self.state = True, None, "new"
+            return self.fn(*args)
         log.warning("torch.compile of %s %s (%s); using the eager function", self.name, what, error)
         self.state = "failed"
         return self.fn(*args)
+
+
+def _caused_by(error: BaseException, kind: type) -> bool:
+    """Whether ``error`` or an exception it was raised from / during is a ``kind``."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, kind):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def host_to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:

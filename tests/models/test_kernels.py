@@ -160,6 +160,49 @@ def test_fusable_falls_back_when_a_later_compilation_fails(cause, caplog):
     assert not isinstance(err.value, torch._dynamo.exc.BackendCompilerFailed) and g.state == "ok"
 
 
+def test_fusable_retries_once_after_an_environment_failure(caplog):
+    """A first compilation that fails with an ``OSError`` in its chain (a missing file or program, as the early
+    compilation's ``FileNotFoundError: '12'`` on the H200) runs the eager math and compiles again at the next call;
+    a second such failure, or a failure of another kind, is for good."""
+    import logging
+
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    calls = []
+
+    def flaky(gm, example_inputs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise FileNotFoundError(2, "No such file or directory", "12")
+        return gm.forward
+
+    f = fused.Fusable(fused._rms_norm, "test norm", devices=("cpu",), backend=flaky)
+    w, x = torch.ones(8), torch.randn(3, 8)
+    with caplog.at_level(logging.WARNING, logger="models.kernels"):
+        assert torch.equal(f(x, w, 1e-6), fused._rms_norm(x, w, 1e-6))
+    assert f.state == "new" and f.retried and "compiling again at the next call" in caplog.text
+    assert torch.equal(f(x, w, 1e-6), fused._rms_norm(x, w, 1e-6)) and f.state == "ok" and len(calls) == 2
+
+    torch._dynamo.reset()
+
+    def broken(gm, example_inputs):
+        raise FileNotFoundError(2, "No such file or directory", "12")
+
+    g = fused.Fusable(fused._rms_norm, "test norm 2", devices=("cpu",), backend=broken)
+    g(x, w, 1e-6)
+    g(x, w, 1e-6)
+    assert g.state == "failed"                         # retried once, then eager for good
+    torch._dynamo.reset()
+
+    def wrong(gm, example_inputs):
+        raise RuntimeError("not an environment failure")
+
+    h = fused.Fusable(fused._rms_norm, "test norm 3", devices=("cpu",), backend=wrong)
+    h(x, w, 1e-6)
+    assert h.state == "failed" and not h.retried
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_add_layer_norm_equals_layer_norm_of_the_sum(dtype):
     """The fused residual add + LayerNorm is the library's two steps: the sum in the model dtype, then
