@@ -184,6 +184,9 @@ def simplify_cli_error(message: str) -> str:
         names = _init_arg_names(cls.group(1))
         where = f"{key.group(1)}.init_args.{bad.group(1)}" if key else bad.group(1)
         close = difflib.get_close_matches(bad.group(1), names, n=3, cutoff=0.6)
+        if close:   # only the names about as close as the best (num_worker: num_workers, not also in_order)
+            ratio = [difflib.SequenceMatcher(None, bad.group(1), c).ratio() for c in close]
+            close = [c for c, r in zip(close, ratio) if r >= ratio[0] - 0.1]
         short = cls.group(1).rpartition(".")[2]
         if close:
             hint = "did you mean " + " or ".join(repr(c) for c in close) + "?"
