@@ -163,6 +163,21 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
     return DecodedVideo(frames=frames, times_s=plan.times_s, info=info)
 
 
+def _failing_on(opener, concealed: set[int]):
+    """``opener`` whose reads fail (``RuntimeError``, so the retries and replacement rule apply) when they include
+    a frame of ``concealed`` (``strict_frames``)."""
+    def open_strict(threads: int):
+        read = opener(threads)
+
+        def strict_read(ix):
+            bad = sorted(set(ix) & concealed)
+            if bad:
+                raise RuntimeError(f"the decoder reported errors (concealed) in native frames {bad[:5]}")
+            return read(ix)
+        return strict_read
+    return open_strict
+
+
 def _read_planned(path: Path, probe, plan, name: str, num_threads: int, max_replaced_frac: float,
                   sizing: EncoderSizing | None, hold_chunk_bytes: float, strict_frames: bool):
     """``(frames, replaced positions, readers opened, concealed native indices)`` of the planned frames read by
@@ -185,17 +200,7 @@ def _read_planned(path: Path, probe, plan, name: str, num_threads: int, max_repl
     opener = (lambda threads: lambda ix: _read_frames(path, ix, h, w, dh, dw, threads)) if name == "decord" else \
         open_reader
     if strict_frames and checked:
-        base = opener
-
-        def opener(threads: int):   # noqa: F811 - a read that includes a concealed frame fails
-            read = base(threads)
-
-            def strict_read(ix):
-                bad = sorted(set(ix) & checked)
-                if bad:
-                    raise RuntimeError(f"the decoder reported errors (concealed) in native frames {bad[:5]}")
-                return read(ix)
-            return strict_read
+        opener = _failing_on(opener, checked)
     if getattr(factory, "whole_video", False):   # one read of every planned frame (NVDEC decodes the stream once)
         hold_chunk_bytes = max(hold_chunk_bytes, float(len(unique) * dh * dw * 3))
     grids = sizing.grids(len(idx), dh, dw) if sizing is not None else None
@@ -240,7 +245,7 @@ def decord_frame_count(path: str | Path) -> tuple[int, float]:
 
 def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896, num_threads: int = 1,
                       native_decode_bytes: float = NATIVE_DECODE_BYTES, max_replaced_frac: float = MAX_REPLACED_FRAC,
-                      video_fps: float | None = None) -> DecodedVideo:
+                      video_fps: float | None = None, strict_frames: bool = STRICT_FRAMES) -> DecodedVideo:
     """The frames at explicit native (presentation-order) indices ``indices``, as ``vr.get_batch(idx)`` reads them
     in qwen_omni_utils' ``_read_video_decord`` (the frame choice is the caller's, e.g.
     :func:`algorithms.omni_sampling.qwen_omni_frame_indices`).
@@ -254,6 +259,9 @@ def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896,
     Args:
         video_fps: the rate the indices were chosen at: ``times_s = index / video_fps`` (``None``: the stream's
             average rate, ``avg_frame_rate``, which decord's ``get_avg_fps`` reads; 1 when unknown).
+        strict_frames: as :func:`decode_video`: ``False`` lists the concealed frames (``info["frames_concealed"]``,
+            by :func:`concealed_frames`); ``True`` makes them unreadable (then ``max_replaced_frac`` applies). A file
+            decord cannot read through stays an error here (no PyAV fallback on this path).
 
     Returns:
         :class:`DecodedVideo`; ``info``: ``duration_s`` (``format.duration``), ``native_hw``, ``decode_hw``,
@@ -278,6 +286,9 @@ def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896,
     unique = sorted(set(idx))
     opener = (lambda threads: lambda ix: _read_frames(path, ix, h, w, dh, dw, threads)) if name == "decord" else \
         (lambda threads: READERS[name](path, probe, dh, dw, threads))
+    concealed = concealed_frames(path, probe, unique)
+    if strict_frames and concealed:
+        opener = _failing_on(opener, concealed)
     frames, replaced = _decode_unique(path, unique, h, w, dh, dw, num_threads, max_replaced_frac, opener=opener)
     if len(unique) != len(idx):
         pos = {k: i for i, k in enumerate(unique)}
@@ -291,4 +302,6 @@ def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896,
     if replaced:
         bad_native = {unique[k] for k in replaced}
         info["frames_replaced"] = [j for j, k in enumerate(idx) if k in bad_native]
+    if concealed and not strict_frames:
+        info["frames_concealed"] = [j for j, k in enumerate(idx) if k in concealed]
     return DecodedVideo(frames=torch.from_numpy(frames), times_s=times, info=info)

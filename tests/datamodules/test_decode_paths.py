@@ -141,3 +141,14 @@ def test_damaged_first_idr_is_flagged_with_decoder_threads(media, threads):
     dec = D.decode_video(path, 1024, num_threads=threads, max_replaced_frac=0.5, strict_frames=True)
     assert dec.info["frames_replaced"] == [0]
     assert D.decode_video(path, 1024, num_threads=threads).info["frames_concealed"] == [0]
+
+
+def test_decode_at_indices_flags_concealed_frames(media):
+    """The Omni path (decord at explicit indices) lists the concealed frame as ``decode_video`` does (native 7,
+    in the damaged IDR's GOP, the frame FFmpeg conceals above) and fails on it under ``strict_frames``."""
+    path = _damaged_idr(media, 800, "idr_800.mp4")
+    dec = D.decode_at_indices(path, [7, 15, 23, 31])
+    assert dec.info["decoder"] == "decord" and dec.info["frames_concealed"] == [0]
+    with pytest.raises(D.DecodeError, match="concealed"):
+        D.decode_at_indices(path, [7, 15, 23, 31], strict_frames=True)
+    assert "frames_concealed" not in D.decode_at_indices(media.get("good"), [7, 15, 23, 31]).info
