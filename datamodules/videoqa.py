@@ -175,7 +175,8 @@ class VideoQADataModule(LightningDataModule):
                 "loader_kwargs": canonical_loader_kwargs(self.benchmark, self.loader_kwargs),
                 "decode_max_side": self.decode_max_side,
                 "native_decode_bytes": self.native_decode_bytes, "short_clip_first_frame": self.short_clip_first_frame,
-                **({"max_replaced_frac": self.max_replaced_frac} if self.max_replaced_frac != MAX_REPLACED_FRAC else {}),
+                **({"max_replaced_frac": self.max_replaced_frac}
+                   if self.max_replaced_frac != MAX_REPLACED_FRAC else {}),
                 **({"strict_frames": self.strict_frames} if self.strict_frames != STRICT_FRAMES else {})}
 
     @staticmethod

@@ -45,10 +45,9 @@ from datamodules.decode.held import HOLD_CHUNK_BYTES, EncoderFrames, EncoderSizi
 from datamodules.decode.video import (STRICT_FRAMES, DecodedVideo, decode_at_indices, decode_video,
                                       decord_frame_count)
 
-__all__ = ["DECODERS", "HOLD_CHUNK_BYTES", "MAX_REPLACED_FRAC", "NATIVE_DECODE_BYTES", "PYAV_SKIP_CODECS",
-           "PYAV_SKIP_PIX_FMTS", "READERS", "STRICT_FRAMES", "DecodeError", "DecodePlan", "DecodedVideo", "EncoderFrames",
-           "EncoderSizing", "NvdecError", "ReaderFactory", "VideoProbe", "auto_decode_threads", "concealed_frames",
-           "cpu_reader_for",
-           "decode_at_indices", "decode_frame_size", "decode_size", "decode_video", "decord_frame_count",
-           "held_bytes", "hold_chunk_frames", "is_variable_frame_rate", "plan_decode", "probe_video",
-           "replace_unreadable", "resolve_decoder", "short_error"]
+__all__ = ["DECODERS", "DecodeError", "DecodePlan", "DecodedVideo", "EncoderFrames", "EncoderSizing",
+           "HOLD_CHUNK_BYTES", "MAX_REPLACED_FRAC", "NATIVE_DECODE_BYTES", "NvdecError", "PYAV_SKIP_CODECS",
+           "PYAV_SKIP_PIX_FMTS", "READERS", "ReaderFactory", "STRICT_FRAMES", "VideoProbe", "auto_decode_threads",
+           "concealed_frames", "cpu_reader_for", "decode_at_indices", "decode_frame_size", "decode_size",
+           "decode_video", "decord_frame_count", "held_bytes", "hold_chunk_frames", "is_variable_frame_rate",
+           "plan_decode", "probe_video", "replace_unreadable", "resolve_decoder", "short_error"]

@@ -147,7 +147,8 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
     if late:   # the NVDEC reader failed on this file and read it on the CPU
         info["decoder"], fallback = late
         cpu = next(r.cpu for r in reversed(made) if getattr(r, "fallback", None))
-        concealed = set(cpu.concealed) if hasattr(cpu, "concealed") else concealed_frames(path, probe, unique)
+        concealed = set(cpu.concealed) if hasattr(cpu, "concealed") else \
+            concealed_frames(path, probe, unique, num_threads)
         if strict_frames and concealed:
             raise DecodeError(f"{path}: the decoder concealed damaged data in native frames "
                               f"{sorted(concealed)[:5]} (data.strict_frames)")
@@ -191,7 +192,7 @@ def _read_planned(path: Path, probe, plan, name: str, num_threads: int, max_repl
     h, w = probe.height, probe.width
     (dh, dw), idx, unique = plan.decode_hw, plan.idx, plan.unique
     made: list = []   # the readers opened (a reader may fall back to the CPU mid-file: ``read.fallback``)
-    checked = concealed_frames(path, probe, unique) if name in ("decord", "pyav") else set()
+    checked = concealed_frames(path, probe, unique, num_threads) if name in ("decord", "pyav") else set()
 
     def open_reader(threads: int):
         made.append(factory(path, probe, dh, dw, threads))
@@ -286,7 +287,7 @@ def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896,
     unique = sorted(set(idx))
     opener = (lambda threads: lambda ix: _read_frames(path, ix, h, w, dh, dw, threads)) if name == "decord" else \
         (lambda threads: READERS[name](path, probe, dh, dw, threads))
-    concealed = concealed_frames(path, probe, unique)
+    concealed = concealed_frames(path, probe, unique, num_threads)
     if strict_frames and concealed:
         opener = _failing_on(opener, concealed)
     frames, replaced = _decode_unique(path, unique, h, w, dh, dw, num_threads, max_replaced_frac, opener=opener)

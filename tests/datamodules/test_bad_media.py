@@ -343,10 +343,10 @@ def test_corrupt_packets_keep_the_readable_frames(media):
     """``corrupt_middle`` (32 frames at 8 fps, 2 kB overwritten): native frames 13-23 fail alone. Decoding all 32
     (base_fps 8) under ``strict_frames`` (the rule before issue 42): each unreadable frame is the nearest readable
     one (native distance, the earlier on a tie), its position listed; past the threshold the video is an error
-    naming the count; 0 makes any unreadable frame an error. Run in a fresh process: decord's decoder thread can carry a packet error from an
-    earlier reader of the same process into a new one, and other tests here read corrupt files; and it sometimes
-    also fails a frame after the damage, so the replaced set is checked to hold 13-23 and the rule is checked on the
-    set it reports."""
+    naming the count; 0 makes any unreadable frame an error. Run in a fresh process: decord's decoder thread can
+    carry a packet error from an earlier reader of the same process into a new one, and other tests here read
+    corrupt files; and it sometimes also fails a frame after the damage, so the replaced set is checked to hold
+    13-23 and the rule is checked on the set it reports."""
     res = subprocess.run([sys.executable, "-c", _CORRUPT_CHECK, str(media.get("corrupt_middle"))],
                          capture_output=True, text=True, cwd=REPO, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
