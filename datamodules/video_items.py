@@ -14,7 +14,7 @@ from torch.utils.data import Dataset
 from callbacks.process_clock import boot_s, process_start_boot_s
 
 from .benchmarks import Question
-from .decode import MAX_REPLACED_FRAC, NATIVE_DECODE_BYTES, DecodeError, EncoderSizing, decode_video
+from .decode import MAX_REPLACED_FRAC, STRICT_FRAMES, NATIVE_DECODE_BYTES, DecodeError, EncoderSizing, decode_video
 
 
 @dataclass
@@ -41,8 +41,9 @@ class VideoQADataset(Dataset):
     def __init__(self, tasks: list[VideoTask], max_budget: int, decode_max_side: int = 896, decode_threads: int = 1,
                  native_decode_bytes: float = NATIVE_DECODE_BYTES, short_clip_first_frame: bool = False,
                  max_replaced_frac: float = MAX_REPLACED_FRAC, sizing: EncoderSizing | None = None,
-                 decoder: str = "cpu"):
+                 decoder: str = "cpu", strict_frames: bool = STRICT_FRAMES):
         self.tasks, self.max_budget, self.decode_max_side = tasks, max_budget, decode_max_side
+        self.strict_frames = strict_frames
         self.decoder = decoder
         self.sizing = sizing   # None: frames at the decode size; else held at the encoder's sizes only
         self.max_replaced_frac = max_replaced_frac
@@ -63,7 +64,8 @@ class VideoQADataset(Dataset):
             dec = decode_video(task.video_path, self.max_budget, self.decode_max_side,
                                num_threads=self.decode_threads, native_decode_bytes=self.native_decode_bytes,
                                short_clip_first_frame=self.short_clip_first_frame,
-                               max_replaced_frac=self.max_replaced_frac, sizing=self.sizing, decoder=self.decoder)
+                               max_replaced_frac=self.max_replaced_frac, sizing=self.sizing, decoder=self.decoder,
+                               strict_frames=self.strict_frames)
             item.update(frames=dec.frames, times_s=dec.times_s, video_info=dec.info)
         except DecodeError as e:
             item["error"] = str(e)

@@ -18,7 +18,7 @@ from algorithms.errors import SettingError, check_int
 
 from .benchmarks import AnnotationError, Question, canonical_loader_kwargs, load_benchmark
 from .benchmarks.base import check_media_present
-from .decode import DECODERS, MAX_REPLACED_FRAC, NATIVE_DECODE_BYTES, auto_decode_threads
+from .decode import DECODERS, MAX_REPLACED_FRAC, STRICT_FRAMES, NATIVE_DECODE_BYTES, auto_decode_threads
 from .sharding import CostBalancedSampler, estimate_cost
 from .video_items import VideoQADataset, VideoTask  # noqa: F401 - re-exported (defined apart: see there)
 
@@ -97,10 +97,16 @@ class VideoQADataModule(LightningDataModule):
             its native size (seed 001's ``NATIVE_DECODE_BYTES = 2e9``); larger ones at ``decode_max_side``.
         short_clip_first_frame: keep the frame at 0 s of a clip shorter than one sampling step (seed 001 decodes
             none: an error record; deviation, off by default).
-        max_replaced_frac: 0 (default) = seed 001's behaviour (any unreadable frame makes the video an error
-            record). Above 0 (deviation): a video whose batch decode fails (corrupt packets) keeps its readable
-            frames, each unreadable sampled frame replaced by the nearest readable one (``meta.frames_replaced`` in
-            its records), unless more than this fraction is unreadable (then an error record).
+        strict_frames: ``false`` (default, seed 001: an error record only when ``ffmpeg.run`` exits non-zero or no
+            frame comes back): a video with damaged packets is answered with the frames the decoder gives,
+            concealed ones included, and its records list them (``video_info.frames_concealed``, positions in the
+            sampled frames; :func:`datamodules.decode.decode_video`). ``true`` (deviation): a concealed or missing
+            sampled frame is unreadable, so the video is an error record unless ``max_replaced_frac`` allows it.
+        max_replaced_frac: with ``strict_frames``, 0 (default) makes any unreadable sampled frame an error record.
+            Above 0 (deviation): a video whose batch decode fails (corrupt packets) keeps its readable frames, each
+            unreadable sampled frame replaced by the nearest readable one (``meta.frames_replaced`` in its
+            records), unless more than this fraction is unreadable (then an error record). Without
+            ``strict_frames`` it applies only to frames no reader can give at all.
         decoder: ``cpu`` (default), ``nvdec`` or ``auto``: the reader that decodes the planned frames
             (:func:`datamodules.decode.resolve_decoder`; records carry ``video_info.decoder``).
         in_order: deliver the decoded videos in the sampler's order (``True``), or each as soon as its worker has
@@ -123,8 +129,11 @@ class VideoQADataModule(LightningDataModule):
                  decode_max_side: int = 896, decode_threads: int | None = None, limit_videos: int | None = None,
                  native_decode_bytes: float = NATIVE_DECODE_BYTES, short_clip_first_frame: bool = False,
                  max_replaced_frac: float = MAX_REPLACED_FRAC, hold_encoder_sizes: bool = True,
-                 decoder: str = "cpu", in_order: bool = False):
+                 decoder: str = "cpu", in_order: bool = False, strict_frames: bool = STRICT_FRAMES):
         super().__init__()
+        if not isinstance(strict_frames, bool):
+            raise SettingError(f"data.strict_frames must be true or false, got {strict_frames!r}")
+        self.strict_frames = strict_frames
         if not isinstance(in_order, bool):
             raise SettingError(f"data.in_order must be true or false, got {in_order!r}")
         self.in_order = in_order
@@ -158,7 +167,7 @@ class VideoQADataModule(LightningDataModule):
         self.questions: list[Question] | None = None
 
     # settings recorded in run.json only when they differ from these defaults (absent there = the default, compared)
-    RECORD_DEFAULTS = {"max_replaced_frac": MAX_REPLACED_FRAC}
+    RECORD_DEFAULTS = {"max_replaced_frac": MAX_REPLACED_FRAC, "strict_frames": STRICT_FRAMES}
 
     def record_settings(self) -> dict:
         """Settings that determine a record (kept in the output folder's ``run.json``)."""
@@ -166,7 +175,9 @@ class VideoQADataModule(LightningDataModule):
                 "loader_kwargs": canonical_loader_kwargs(self.benchmark, self.loader_kwargs),
                 "decode_max_side": self.decode_max_side,
                 "native_decode_bytes": self.native_decode_bytes, "short_clip_first_frame": self.short_clip_first_frame,
-                **({"max_replaced_frac": self.max_replaced_frac} if self.max_replaced_frac != MAX_REPLACED_FRAC else {})}
+                **({"max_replaced_frac": self.max_replaced_frac}
+                   if self.max_replaced_frac != MAX_REPLACED_FRAC else {}),
+                **({"strict_frames": self.strict_frames} if self.strict_frames != STRICT_FRAMES else {})}
 
     @staticmethod
     def canonical_settings(recorded: dict) -> dict:
@@ -312,7 +323,7 @@ class VideoQADataModule(LightningDataModule):
         sizing = self._sizing
         ds = VideoQADataset(tasks, max_budget, self.decode_max_side, threads,
                             self.native_decode_bytes, self.short_clip_first_frame, self.max_replaced_frac, sizing,
-                            self.decoder)
+                            self.decoder, self.strict_frames)
         # frames pinned (in the loader's pin-memory thread, off the GPU's path) when the run is on CUDA: the
         # module's copy to the device then does not block the host
         strategy = getattr(self.trainer, "strategy", None)

@@ -175,6 +175,11 @@ def format_table(scores: dict) -> str:
                  "also counts errors and missing questions as wrong; official = the benchmark's own released rule; "
                  "unparse = no letter under the rule")
     lines.append("±95 = half-width of the 95 % bootstrap interval of acc% (scores.json: accuracy_ci95)")
+    concealed = [g for g in groups if g.get("n_concealed_videos")]
+    if concealed:   # issue 42 item 1: answered on frames the decoder concealed (damaged packets), as FFmpeg
+        lines.append("concealed frames (damaged packets decoded as FFmpeg does; data.strict_frames makes them "
+                     "errors): " + "; ".join(f"{_group_name(g)} {g['n_concealed_videos']} videos, "
+                                             f"{g['n_concealed_frames']} frames" for g in concealed))
     for rule in used:
         lines.append(f"  {rule}: {RULE_DESCRIPTIONS.get(rule, rule)}")
     n_res = (scores.get("bootstrap") or {}).get("n_resamples")

@@ -194,6 +194,18 @@ def cost_means(records: list[dict]) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in sums.items()}
 
 
+def _concealed_counts(scored: list[dict]) -> dict[str, int]:
+    """``{n_concealed_videos, n_concealed_frames}``: the distinct videos among answered records whose decode had
+    concealed or repeated frames (``video_info.frames_concealed``, issue 42 item 1: damaged packets are answered as
+    the seed's FFmpeg decodes them) and the sum of their concealed sampled-frame counts (each video once)."""
+    per_video = {}
+    for r in scored:
+        fc = (r.get("video_info") or {}).get("frames_concealed")
+        if fc:
+            per_video[str(r.get("video"))] = len(fc)
+    return {"n_concealed_videos": len(per_video), "n_concealed_frames": sum(per_video.values())}
+
+
 def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] | None = None,
                   rules: Iterable[str] | None = None, n_resamples: int = DEFAULT_RESAMPLES,
                   seed: int = DEFAULT_SEED) -> dict:
@@ -212,7 +224,8 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
 
     Returns:
         ``{"groups": [group, ...]}`` sorted by (benchmark, variant, budget, job), each group
-        ``{benchmark, job, variant, budget, n_records, n_duplicates, n_errors, n_scored, n_expected, n_missing,
+        ``{benchmark, job, variant, budget, n_records, n_duplicates, n_errors, n_scored, n_concealed_videos,
+        n_concealed_frames (:func:`_concealed_counts`), n_expected, n_missing,
         missing_qids, templates, parsers: {name: {correct, unparseable, accuracy, accuracy_all, by: {field:
         {value: {n, correct, accuracy}}}, accuracy_ci95, accuracy_all_ci95, [m_avg, pooled]}}}``, plus
         ``differences`` and ``bootstrap`` (module docstring); accuracies are fractions (``None`` when nothing was
@@ -252,6 +265,7 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
             "n_records": len(recs), "n_duplicates": dups[key], "n_retried": retried[key],
             "n_reused": sum(bool(r.get("reused")) for r in recs), "n_errors": len(errors),
             "n_scored": len(scored),
+            **_concealed_counts(scored),
             "n_expected": len(expected[benchmark]) if benchmark in expected else None,
             "n_missing": len(missing), "missing_qids": missing[:MAX_LISTED_MISSING], "templates": templates,
             "parsers": {},

@@ -39,14 +39,15 @@ from datamodules.decode.probe import VideoProbe, is_variable_frame_rate, probe_v
 from datamodules.decode.plan import (NATIVE_DECODE_BYTES, DecodePlan, auto_decode_threads, decode_frame_size,
                                      decode_size, plan_decode)
 from datamodules.decode.readers import DECODERS, READERS, ReaderFactory, resolve_decoder
-from datamodules.decode.cpu import PYAV_SKIP_CODECS, PYAV_SKIP_PIX_FMTS, cpu_reader_for
+from datamodules.decode.cpu import PYAV_SKIP_CODECS, PYAV_SKIP_PIX_FMTS, concealed_frames, cpu_reader_for
 from datamodules.decode.retry import MAX_REPLACED_FRAC, replace_unreadable
 from datamodules.decode.held import HOLD_CHUNK_BYTES, EncoderFrames, EncoderSizing, held_bytes, hold_chunk_frames
-from datamodules.decode.video import DecodedVideo, decode_at_indices, decode_video, decord_frame_count
+from datamodules.decode.video import (STRICT_FRAMES, DecodedVideo, decode_at_indices, decode_video,
+                                      decord_frame_count)
 
-__all__ = ["DECODERS", "HOLD_CHUNK_BYTES", "MAX_REPLACED_FRAC", "NATIVE_DECODE_BYTES", "PYAV_SKIP_CODECS",
-           "PYAV_SKIP_PIX_FMTS", "READERS", "DecodeError", "DecodePlan", "DecodedVideo", "EncoderFrames",
-           "EncoderSizing", "NvdecError", "ReaderFactory", "VideoProbe", "auto_decode_threads", "cpu_reader_for",
-           "decode_at_indices", "decode_frame_size", "decode_size", "decode_video", "decord_frame_count",
-           "held_bytes", "hold_chunk_frames", "is_variable_frame_rate", "plan_decode", "probe_video",
-           "replace_unreadable", "resolve_decoder", "short_error"]
+__all__ = ["DECODERS", "DecodeError", "DecodePlan", "DecodedVideo", "EncoderFrames", "EncoderSizing",
+           "HOLD_CHUNK_BYTES", "MAX_REPLACED_FRAC", "NATIVE_DECODE_BYTES", "NvdecError", "PYAV_SKIP_CODECS",
+           "PYAV_SKIP_PIX_FMTS", "READERS", "ReaderFactory", "STRICT_FRAMES", "VideoProbe", "auto_decode_threads",
+           "concealed_frames", "cpu_reader_for", "decode_at_indices", "decode_frame_size", "decode_size",
+           "decode_video", "decord_frame_count", "held_bytes", "hold_chunk_frames", "is_variable_frame_rate",
+           "plan_decode", "probe_video", "replace_unreadable", "resolve_decoder", "short_error"]

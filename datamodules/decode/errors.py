@@ -18,13 +18,15 @@ not a video / truncated before   error ``cannot read the container (truncated, c
 the index (mp4 ``moov`` lost)    <FFmpeg's cause>)``, e.g. ``moov atom not found``, ``STSZ atom truncated``
 truncated after the index        error ``cannot read the container (truncated: the data ends before the packets
                                  its index lists; ... partial file)``
-corrupted bytes mid-stream,      error ``decoding N frames failed (corrupted or truncated stream; ...)``, or
-a concealed (damaged) IDR        ``cannot read the container``; a concealed picture: ``the decoder reported
-                                 errors (concealed)`` (``pyav_skip``, from the log with one thread and from
-                                 FFmpeg's corrupt-frame flag with any; decord's pass unflagged); seed 001: any
-                                 decode error is an error record
-                                 (``max_replaced_frac=0``, the default); above 0 unreadable sampled frames are
-                                 replaced by the nearest readable one and listed (``frames_replaced``)
+corrupted bytes mid-stream,      seed 001 (default, ``strict_frames=False``): answered as the ffmpeg CLI decodes
+a concealed (damaged) IDR        it (refused packets skipped, concealed pictures kept, a missing sampled frame
+                                 the last decoded one), the positions listed (``frames_concealed``), on every
+                                 reader (decord's files checked by ``concealed_frames``; a file decord cannot
+                                 read through is read by ``pyav_skip``). ``strict_frames=True``: error
+                                 ``decoding N frames failed (corrupted or truncated stream; ...)`` or ``the
+                                 decoder reported errors (concealed)``; with ``max_replaced_frac`` above 0
+                                 unreadable sampled frames are replaced by the nearest readable one and listed
+                                 (``frames_replaced``). A damaged container index: ``cannot read the container``
 no video stream (audio only)     error ``has no video stream``
 a single frame                   error ``no frame at 1 fps: the clip ... ends before the first sampling step``
                                  when it lasts less than one step (seed 001: no frame decoded, an error);
@@ -54,9 +56,11 @@ non-ASCII, spaces in the path    decoded (paths passed as UTF-8 strings)
 ===============================  ==================================================================================
 
 Not covered: a decoder that crashes the process (segfault) on a file takes the DataLoader worker down with it; an
-external ffmpeg fallback is not used. Frames the decoder conceals (a corrupt IDR decoded without an error
-return) are flagged on the ``pyav_skip`` reader (every sampled frame of a GOP whose decode logged an error fails
-the read, then the replacement rule); decord reports no per-frame error, so on its files they pass. A video stream that
+external ffmpeg fallback is not used. A file whose first key frame the decoder refuses is an error where FFmpeg
+answers it (no earlier frame to repeat; ``tests/datamodules/test_decode_paths.py``, xfail); a file with unusable
+timestamps (PyAV in decode order) is an error on a refused packet (flagged, not read past); frames NVDEC itself
+decodes are not checked for concealment (a CPU check pass would cost the decode NVDEC saves; its CPU fallback
+is checked). A video stream that
 starts a whole output step after the file's start (audio first): the CLI's ``-f rawvideo`` output sync may add
 frames at the start that the filter rule alone does not (not tested).
 """

@@ -1,6 +1,7 @@
 """Step 4 of a decode, on any reader: one batch read, retried with one thread, then (``max_replaced_frac > 0``,
 a deviation) frame by frame with each unreadable frame replaced by the nearest readable one (:func:`_decode_unique`,
-:func:`replace_unreadable`; seed 001: any decode error is an error record, ``MAX_REPLACED_FRAC = 0``).
+:func:`replace_unreadable`). A frame is unreadable when no reader gives it, or, under ``strict_frames``, when the
+decoder concealed it; by default (seed 001) concealed frames are kept (:func:`datamodules.decode.decode_video`).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from datamodules.decode.cpu import _read_frames
 from datamodules.decode.errors import DecodeError, _check_shape, short_error
 
 
-MAX_REPLACED_FRAC = 0.0    # seed 001: any decode error is an error record (above 0: the replacement rule)
+MAX_REPLACED_FRAC = 0.0    # an unreadable sampled frame is an error record (above 0: the replacement rule)
 
 
 _PACKET_RETRIES = 3

@@ -5,18 +5,21 @@ The pipeline is described in :mod:`datamodules.decode`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from datamodules.decode.cpu import _read_frames, cpu_reader_for
-from datamodules.decode.errors import _check_file, _open_error
+from datamodules.decode.cpu import PYAV_SKIP_CODECS, _read_frames, concealed_frames, cpu_reader_for
+from datamodules.decode.errors import DecodeError, _check_file, _open_error
 from datamodules.decode.held import HOLD_CHUNK_BYTES, EncoderSizing, _decode_held, held_bytes
 from datamodules.decode.plan import NATIVE_DECODE_BYTES, decode_frame_size, plan_decode
 from datamodules.decode.probe import is_variable_frame_rate, probe_video
 from datamodules.decode.readers import READERS, resolve_decoder
-from datamodules.decode.retry import MAX_REPLACED_FRAC, _decode_unique
+from datamodules.decode.retry import MAX_REPLACED_FRAC, _decode_unique, replace_unreadable
+
+STRICT_FRAMES = False   # seed 001: an error record only when ffmpeg exits non-zero or gives no frame
 
 
 @dataclass
@@ -39,7 +42,8 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
                  num_threads: int = 1, native_decode_bytes: float = NATIVE_DECODE_BYTES,
                  short_clip_first_frame: bool = False,
                  max_replaced_frac: float = MAX_REPLACED_FRAC, sizing: EncoderSizing | None = None,
-                 hold_chunk_bytes: float = HOLD_CHUNK_BYTES, decoder: str = "cpu") -> DecodedVideo:
+                 hold_chunk_bytes: float = HOLD_CHUNK_BYTES, decoder: str = "cpu",
+                 strict_frames: bool = STRICT_FRAMES) -> DecodedVideo:
     """Decode the frames the largest budget of a run needs, as seed 001's ``decode_video`` chooses them.
 
     Three steps: (a) the plan, :func:`probe_video` and :func:`plan_decode`: seed 001's ``duration =
@@ -83,6 +87,17 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
         hold_chunk_bytes: decode-size bytes per chunk with ``sizing``.
         decoder: ``cpu`` (decord), ``nvdec`` or ``auto`` (:func:`resolve_decoder`); ``info["decoder"]`` records
             the reader that decoded the video.
+        strict_frames: ``False`` (default, seed 001:1038 ``out, _ = ffmpeg.run(...)`` and 1064 ``except Exception``:
+            an error record only on a non-zero exit or ``assert T > 0``; the ffmpeg CLI skips packets its decoder
+            refuses, conceals damaged pictures and exits 0): the video is answered with the frames the decoder
+            gives, concealed ones included, and a sampled frame the decoder gives nothing for is the last frame it
+            gave before (the ``fps`` filter's repeat); ``info["frames_concealed"]`` lists the positions (in the
+            returned frames) of the frames concealed or repeated (:func:`concealed_frames` for the readers that
+            report nothing: decord, PyAV in decode order, NVDEC's CPU fallback). A file decord cannot read through
+            (a refused packet fails its whole batch) is read by PyAV (``pyav_skip``, ``info["decoder_fallback"]``
+            names why; a reduced size then by :func:`_resize`, not decord's scaler). ``True`` (deviation, the
+            rule before issue 42): a concealed or missing sampled frame is unreadable, so the video is an error
+            record unless ``max_replaced_frac`` allows replacing it.
 
     Raises:
         DecodeError: missing, empty, truncated, corrupted or unreadable file, no video stream, no frame at the
@@ -93,13 +108,15 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
         raise ValueError(f"max_replaced_frac must be in [0, 1), got {max_replaced_frac!r}")
     resolve_decoder(decoder)   # a bad setting fails before any file is read
     return _decode_video(Path(path), budget_tokens, decode_max_side, base_fps, num_threads, native_decode_bytes,
-                         short_clip_first_frame, max_replaced_frac, sizing, hold_chunk_bytes, decoder)
+                         short_clip_first_frame, max_replaced_frac, sizing, hold_chunk_bytes, decoder,
+                         bool(strict_frames))
 
 
 def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps: float, num_threads: int,
                   native_decode_bytes: float, short_clip_first_frame: bool,
                   max_replaced_frac: float = 0.0, sizing: EncoderSizing | None = None,
-                  hold_chunk_bytes: float = HOLD_CHUNK_BYTES, decoder: str = "cpu") -> DecodedVideo:
+                  hold_chunk_bytes: float = HOLD_CHUNK_BYTES, decoder: str = "cpu",
+                  strict_frames: bool = STRICT_FRAMES) -> DecodedVideo:
     _check_file(path)
     probe = probe_video(path)
     plan = plan_decode(path, probe, budget_tokens, base_fps, native_decode_bytes, decode_max_side,
@@ -107,10 +124,75 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
     name, fallback = resolve_decoder(decoder, probe, path)
     if name == "cpu":
         name = cpu_reader_for(probe, plan.decode_hw)
+    try:
+        frames, replaced, made, concealed = _read_planned(path, probe, plan, name, num_threads, max_replaced_frac,
+                                                          sizing, hold_chunk_bytes, strict_frames)
+    except DecodeError as e:
+        if strict_frames or name not in ("decord", "nvdec") or probe.timestamps_unusable:
+            raise
+        # decord fails a whole batch on one refused packet, where the ffmpeg CLI skips it: PyAV reads the file
+        frames, replaced, made, concealed = _read_planned(path, probe, plan, "pyav_skip", num_threads,
+                                                          max_replaced_frac, sizing, hold_chunk_bytes, False)
+        fallback = f"{name} failed: {str(e)[len(str(path)) + 2:][:200]}"
+        name = "pyav_skip"
+    h, w = probe.height, probe.width
+    (dh, dw), idx, unique = plan.decode_hw, plan.idx, plan.unique
+    fps_ok = probe.fps > 0
+    vfr = (not probe.timestamps_unusable) and is_variable_frame_rate(probe.pts, probe.time_base, probe.fps)
+    native_fps = probe.fps if (fps_ok and not vfr) else len(probe.pts) / probe.duration_s
+    info = {"duration_s": round(probe.duration_s, 6), "native_hw": [int(h), int(w)], "decode_hw": [int(dh), int(dw)],
+            "n_frames": len(idx), "fps": round(native_fps, 4), "sample_fps": round(plan.sample_fps, 4),
+            "fps_ok": bool(fps_ok), "vfr": bool(vfr), "decoder": name}
+    late = next((r.fallback for r in reversed(made) if getattr(r, "fallback", None)), None)
+    if late:   # the NVDEC reader failed on this file and read it on the CPU
+        info["decoder"], fallback = late
+        cpu = next(r.cpu for r in reversed(made) if getattr(r, "fallback", None))
+        concealed = set(cpu.concealed) if hasattr(cpu, "concealed") else \
+            concealed_frames(path, probe, unique, num_threads)
+        if strict_frames and concealed:
+            raise DecodeError(f"{path}: the decoder concealed damaged data in native frames "
+                              f"{sorted(concealed)[:5]} (data.strict_frames)")
+    if fallback:
+        info["decoder_fallback"] = fallback
+    if probe.timestamps_unusable:
+        info["timestamps_unusable"] = True
+    if replaced:   # positions in the returned frames whose native frame could not be read
+        bad_native = {unique[k] for k in replaced}
+        info["frames_replaced"] = [j for j, k in enumerate(idx) if k in bad_native]
+    if concealed and not strict_frames:   # positions of the frames decoded from damaged data or repeated
+        info["frames_concealed"] = [j for j, k in enumerate(idx) if k in concealed]
+    return DecodedVideo(frames=frames, times_s=plan.times_s, info=info)
+
+
+def _failing_on(opener, concealed: set[int]):
+    """``opener`` whose reads fail (``RuntimeError``, so the retries and replacement rule apply) when they include
+    a frame of ``concealed`` (``strict_frames``)."""
+    def open_strict(threads: int):
+        read = opener(threads)
+
+        def strict_read(ix):
+            bad = sorted(set(ix) & concealed)
+            if bad:
+                raise RuntimeError(f"the decoder reported errors (concealed) in native frames {bad[:5]}")
+            return read(ix)
+        return strict_read
+    return open_strict
+
+
+def _read_planned(path: Path, probe, plan, name: str, num_threads: int, max_replaced_frac: float,
+                  sizing: EncoderSizing | None, hold_chunk_bytes: float, strict_frames: bool):
+    """``(frames, replaced positions, readers opened, concealed native indices)`` of the planned frames read by
+    reader ``name`` (the retries, replacement rule and held sizes of :func:`_decode_unique` / :func:`_decode_held`).
+    ``pyav_skip`` flags concealment itself; ``decord`` and ``pyav`` are checked first by :func:`concealed_frames`
+    (under ``strict_frames`` a read that includes a concealed frame then fails, so the replacement rule applies);
+    ``nvdec`` is checked only where it falls back to the CPU (the caller)."""
     factory = READERS[name]
+    if name == "pyav_skip":
+        factory = partial(factory, strict=strict_frames, skip_nonref=probe.codec in PYAV_SKIP_CODECS)
     h, w = probe.height, probe.width
     (dh, dw), idx, unique = plan.decode_hw, plan.idx, plan.unique
     made: list = []   # the readers opened (a reader may fall back to the CPU mid-file: ``read.fallback``)
+    checked = concealed_frames(path, probe, unique, num_threads) if name in ("decord", "pyav") else set()
 
     def open_reader(threads: int):
         made.append(factory(path, probe, dh, dw, threads))
@@ -118,6 +200,8 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
 
     opener = (lambda threads: lambda ix: _read_frames(path, ix, h, w, dh, dw, threads)) if name == "decord" else \
         open_reader
+    if strict_frames and checked:
+        opener = _failing_on(opener, checked)
     if getattr(factory, "whole_video", False):   # one read of every planned frame (NVDEC decodes the stream once)
         hold_chunk_bytes = max(hold_chunk_bytes, float(len(unique) * dh * dw * 3))
     grids = sizing.grids(len(idx), dh, dw) if sizing is not None else None
@@ -131,24 +215,13 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
     else:
         frames, replaced = _decode_held(path, unique, idx, h, w, dh, dw, num_threads, max_replaced_frac, sizing,
                                         grids, hold_chunk_bytes, opener=opener,
-                                        chunk_opener=None if name == "decord" else opener)
-    fps_ok = probe.fps > 0
-    vfr = (not probe.timestamps_unusable) and is_variable_frame_rate(probe.pts, probe.time_base, probe.fps)
-    native_fps = probe.fps if (fps_ok and not vfr) else len(probe.pts) / probe.duration_s
-    info = {"duration_s": round(probe.duration_s, 6), "native_hw": [int(h), int(w)], "decode_hw": [int(dh), int(dw)],
-            "n_frames": len(idx), "fps": round(native_fps, 4), "sample_fps": round(plan.sample_fps, 4),
-            "fps_ok": bool(fps_ok), "vfr": bool(vfr), "decoder": name}
-    late = next((r.fallback for r in reversed(made) if getattr(r, "fallback", None)), None)
-    if late:   # the NVDEC reader failed on this file and read it on the CPU
-        info["decoder"], fallback = late
-    if fallback:
-        info["decoder_fallback"] = fallback
-    if probe.timestamps_unusable:
-        info["timestamps_unusable"] = True
-    if replaced:   # positions in the returned frames whose native frame could not be read
-        bad_native = {unique[k] for k in replaced}
-        info["frames_replaced"] = [j for j, k in enumerate(idx) if k in bad_native]
-    return DecodedVideo(frames=frames, times_s=plan.times_s, info=info)
+                                        chunk_opener=None if (name == "decord" and not strict_frames) else opener)
+    concealed = set(checked)
+    for r in made:
+        concealed |= set(getattr(r, "concealed", ()))
+    if replaced:   # replaced frames are no longer the concealed ones
+        concealed -= {unique[k] for k in replaced}
+    return frames, replaced, made, concealed
 
 
 def decord_frame_count(path: str | Path) -> tuple[int, float]:
@@ -173,7 +246,7 @@ def decord_frame_count(path: str | Path) -> tuple[int, float]:
 
 def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896, num_threads: int = 1,
                       native_decode_bytes: float = NATIVE_DECODE_BYTES, max_replaced_frac: float = MAX_REPLACED_FRAC,
-                      video_fps: float | None = None) -> DecodedVideo:
+                      video_fps: float | None = None, strict_frames: bool = STRICT_FRAMES) -> DecodedVideo:
     """The frames at explicit native (presentation-order) indices ``indices``, as ``vr.get_batch(idx)`` reads them
     in qwen_omni_utils' ``_read_video_decord`` (the frame choice is the caller's, e.g.
     :func:`algorithms.omni_sampling.qwen_omni_frame_indices`).
@@ -187,6 +260,9 @@ def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896,
     Args:
         video_fps: the rate the indices were chosen at: ``times_s = index / video_fps`` (``None``: the stream's
             average rate, ``avg_frame_rate``, which decord's ``get_avg_fps`` reads; 1 when unknown).
+        strict_frames: as :func:`decode_video`: ``False`` lists the concealed frames (``info["frames_concealed"]``,
+            by :func:`concealed_frames`); ``True`` makes them unreadable (then ``max_replaced_frac`` applies). A file
+            decord cannot read through stays an error here (no PyAV fallback on this path).
 
     Returns:
         :class:`DecodedVideo`; ``info``: ``duration_s`` (``format.duration``), ``native_hw``, ``decode_hw``,
@@ -211,6 +287,9 @@ def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896,
     unique = sorted(set(idx))
     opener = (lambda threads: lambda ix: _read_frames(path, ix, h, w, dh, dw, threads)) if name == "decord" else \
         (lambda threads: READERS[name](path, probe, dh, dw, threads))
+    concealed = concealed_frames(path, probe, unique, num_threads)
+    if strict_frames and concealed:
+        opener = _failing_on(opener, concealed)
     frames, replaced = _decode_unique(path, unique, h, w, dh, dw, num_threads, max_replaced_frac, opener=opener)
     if len(unique) != len(idx):
         pos = {k: i for i, k in enumerate(unique)}
@@ -224,4 +303,6 @@ def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896,
     if replaced:
         bad_native = {unique[k] for k in replaced}
         info["frames_replaced"] = [j for j, k in enumerate(idx) if k in bad_native]
+    if concealed and not strict_frames:
+        info["frames_concealed"] = [j for j, k in enumerate(idx) if k in concealed]
     return DecodedVideo(frames=torch.from_numpy(frames), times_s=times, info=info)

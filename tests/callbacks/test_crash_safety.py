@@ -307,7 +307,11 @@ def test_modules_record_defaults_match_their_record_settings(tiny_vl3_dir):
     assert BudgetedQA(model_path=str(tiny_vl3_dir), first_step="eager").record_settings()["first_step"] == "eager"
     assert "max_replaced_frac" not in VideoQADataModule().record_settings()
     assert VideoQADataModule(max_replaced_frac=0.5).record_settings()["max_replaced_frac"] == 0.5
-    assert VideoQADataModule.RECORD_DEFAULTS == {"max_replaced_frac": VideoQADataModule().max_replaced_frac}
+    assert VideoQADataModule.RECORD_DEFAULTS == {"max_replaced_frac": VideoQADataModule().max_replaced_frac,
+                                                 "strict_frames": False}
+    # issue 42 item 1: seed 001 answers videos with concealed frames; the strict rule is recorded when on
+    assert "strict_frames" not in VideoQADataModule().record_settings()
+    assert VideoQADataModule(strict_frames=True).record_settings()["strict_frames"] is True
 
 
 def test_a_family_without_the_benchmarks_prompt_stops_before_run_json(tiny_vl3_dir):

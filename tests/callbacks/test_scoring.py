@@ -437,3 +437,20 @@ def test_official_parser_follows_the_jobs_recorded_rule():
     assert (vlm["rule"], vlm["correct"], vlm["unparseable"]) == ("worldsense", 1, 1) and "release" in vlm
     mixed = [recs[0], ws("q2", "B", "b) two", "worldsense")]
     assert _group(score_records(mixed), "worldsense", "full")["parsers"]["official"]["rule"] == "worldsense"
+
+
+def test_concealed_frames_counted_per_video():
+    """Issue 42 item 1: answered records whose decode had concealed frames (``video_info.frames_concealed``) are
+    counted once per video (two questions of v1: 2 frames, not 4); error records are not counted; the console
+    shows one line only when a group has any."""
+    recs = [dict(rec(q, "A", "A", "A", **VM), job="b1024", video=v, video_info=vi) for q, v, vi in (
+        ("q1", "v1", {"frames_concealed": [1, 2]}), ("q2", "v1", {"frames_concealed": [1, 2]}),
+        ("q3", "v2", {"frames_concealed": [0]}), ("q4", "v3", {}))]
+    recs.append(dict(err("q5", "videomme"), job="b1024", video="v4", video_info={"frames_concealed": [0]}))
+    g = _group(score_records(recs), "videomme", "b1024")
+    assert (g["n_concealed_videos"], g["n_concealed_frames"]) == (2, 3)
+    lines = [ln for ln in format_table(score_records(recs)).splitlines() if ln.startswith("concealed frames")]
+    assert len(lines) == 1 and lines[0].endswith("b1024 2 videos, 3 frames")
+    clean = [dict(r, video_info={}) for r in recs]
+    assert _group(score_records(clean), "videomme", "b1024")["n_concealed_videos"] == 0
+    assert "concealed frames" not in format_table(score_records(clean))

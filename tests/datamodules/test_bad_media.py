@@ -19,7 +19,8 @@ import torch
 
 from datamodules.decode import DecodeError, decode_video
 from tests.conftest import REPO
-from tests.media_factory import MediaFactory, decode_with_ffmpeg, ffmpeg_fps_filter, frame_numbers
+from tests.media_factory import (MediaFactory, decode_with_ffmpeg, ffmpeg_fps_filter, frame_numbers,
+                                 seed_ffmpeg_command)
 
 
 @pytest.fixture(scope="session")
@@ -50,9 +51,10 @@ ERRORS = {
 
 @pytest.mark.parametrize("kind", sorted(ERRORS))
 def test_broken_media_raise_decode_error_naming_the_file(media, kind):
+    """``corrupt_middle`` is an error only under ``strict_frames`` (seed 001's FFmpeg answers it: below)."""
     path = media.get(kind)
     with pytest.raises(DecodeError, match=ERRORS[kind]) as e:
-        decode_video(path, 1024)
+        decode_video(path, 1024, strict_frames=kind == "corrupt_middle")
     assert str(e.value).startswith(str(path))
 
 
@@ -262,10 +264,10 @@ def test_decoder_setting(media, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------ the run goes on
-BAD = ["missing", "zero_bytes", "truncated", "truncated_tail", "corrupt_middle", "garbage", "audio_only"]
+BAD = ["missing", "zero_bytes", "truncated", "truncated_tail", "garbage", "audio_only"]
 SHORT = ["single_frame", "sub_step"]   # shorter than one 1 fps step: an error record, as seed 001
 ODD = ["good", "vfr", "rotated", "odd_dims", "yuv444", "yuv420p10", "mkv", "webm",
-       "avi", "unicode_path", "uhd"]
+       "avi", "unicode_path", "uhd", "corrupt_middle"]   # corrupt_middle: answered, as seed 001's FFmpeg does
 
 
 def test_dataset_item_carries_the_error(media):
@@ -310,6 +312,9 @@ def test_predict_records_errors_and_goes_on(media, tiny_vl3_dir, tmp_path):
         assert "error" not in by[k] and by[k]["response"] is not None and by[k]["vision_tokens"] <= 128, by[k]
     assert by["rotated"]["video_info"]["native_hw"] == [64, 48]
     assert by["uhd"]["video_info"]["native_hw"] == [2160, 3840]
+    # the sampled frames 1 and 2 are FFmpeg's concealed / repeated ones (test_corrupt_middle_as_seed_ffmpeg)
+    assert by["corrupt_middle"]["video_info"]["frames_concealed"] == [1, 2]
+    assert all("frames_concealed" not in by[k]["video_info"] for k in ODD if k != "corrupt_middle")
 
 
 # ------------------------------------------------------------------------------------------ corrupt packets
@@ -319,14 +324,14 @@ import torch
 from datamodules.decode import DecodeError, decode_video
 path = sys.argv[1]
 out = {}
-dec = decode_video(path, 1024, base_fps=8.0, max_replaced_frac=0.5)
+dec = decode_video(path, 1024, base_fps=8.0, max_replaced_frac=0.5, strict_frames=True)
 replaced = dec.info["frames_replaced"]
 ok = [k for k in range(32) if k not in replaced]
 out["n"], out["replaced"] = dec.frames.shape[0], replaced
 out["rule"] = all(torch.equal(dec.frames[k], dec.frames[min(ok, key=lambda j: (abs(j - k), j))]) for k in replaced)
 for frac in (0.1, 0.0):
     try:
-        decode_video(path, 1024, base_fps=8.0, max_replaced_frac=frac)
+        decode_video(path, 1024, base_fps=8.0, max_replaced_frac=frac, strict_frames=True)
         out[str(frac)] = None
     except DecodeError as e:
         out[str(frac)] = str(e)
@@ -336,12 +341,12 @@ print(json.dumps(out))
 
 def test_corrupt_packets_keep_the_readable_frames(media):
     """``corrupt_middle`` (32 frames at 8 fps, 2 kB overwritten): native frames 13-23 fail alone. Decoding all 32
-    (base_fps 8): each unreadable frame is the nearest readable one (native distance, the earlier on a tie), its
-    position listed; past the threshold the video is an error naming the count; 0 keeps seed 001's rule (any
-    unreadable frame is an error). Run in a fresh process: decord's decoder thread can carry a packet error from an
-    earlier reader of the same process into a new one, and other tests here read corrupt files; and it sometimes
-    also fails a frame after the damage, so the replaced set is checked to hold 13-23 and the rule is checked on the
-    set it reports."""
+    (base_fps 8) under ``strict_frames`` (the rule before issue 42): each unreadable frame is the nearest readable
+    one (native distance, the earlier on a tie), its position listed; past the threshold the video is an error
+    naming the count; 0 makes any unreadable frame an error. Run in a fresh process: decord's decoder thread can
+    carry a packet error from an earlier reader of the same process into a new one, and other tests here read
+    corrupt files; and it sometimes also fails a frame after the damage, so the replaced set is checked to hold
+    13-23 and the rule is checked on the set it reports."""
     res = subprocess.run([sys.executable, "-c", _CORRUPT_CHECK, str(media.get("corrupt_middle"))],
                          capture_output=True, text=True, cwd=REPO, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -354,6 +359,46 @@ def test_corrupt_packets_keep_the_readable_frames(media):
     assert "avcodec_send_packet" in out["0.0"]   # PyAV's reader (H.264 4:2:0) or decord's names the same cause
     assert "AVERROR_INVALIDDATA" in out["0.0"] or "Invalid data found when processing input" in out["0.0"]
     assert "threaded_decoder.cc" not in out["0.0"]
+
+
+def _seed_frames(path):
+    """``(exit code, frames)`` of seed 001's exact ffmpeg command (1 fps here: 4 s, budget 1024) on ``path``."""
+    res = subprocess.run(seed_ffmpeg_command(path, 1.0), capture_output=True)
+    return res.returncode, np.frombuffer(res.stdout, np.uint8).reshape(-1, 48, 64, 3)
+
+
+def test_corrupt_middle_as_seed_ffmpeg(media):
+    """Seed 001:1038 ``ffmpeg.run`` raises only on a non-zero exit: FFmpeg skips the packets its decoder refuses,
+    conceals, and exits 0 with 4 frames, so the seed answers ``corrupt_middle``. The default decode gives exactly
+    those frames (the refused packets' frames are the fps filter's repeat of the last decoded one), and lists as
+    concealed the positions where FFmpeg's frames differ from its decode of the undamaged ``good``."""
+    rc, ref = _seed_frames(media.get("corrupt_middle"))
+    rc_good, clean = _seed_frames(media.get("good"))
+    assert (rc, rc_good, len(ref), len(clean)) == (0, 0, 4, 4)
+    damaged = [j for j in range(4) if not np.array_equal(ref[j], clean[j])]
+    assert damaged == [1, 2]
+    for threads in (1, 4):
+        dec = decode_video(media.get("corrupt_middle"), 1024, num_threads=threads)
+        assert np.array_equal(dec.frames.numpy(), ref)
+        assert dec.info["frames_concealed"] == damaged and dec.info["decoder"] == "pyav_skip"
+
+
+def test_corrupt_middle_strict_frames(media):
+    """``strict_frames`` (deviation): the old rule, a concealed or missing sampled frame is unreadable."""
+    path = media.get("corrupt_middle")
+    with pytest.raises(DecodeError, match=r"decoding 4 frames failed \(corrupted or truncated stream") as e:
+        decode_video(path, 1024, strict_frames=True)
+    assert str(e.value).startswith(str(path))
+    dec = decode_video(path, 1024, strict_frames=True, max_replaced_frac=0.5)
+    assert dec.info["frames_replaced"] == [1, 2] and "frames_concealed" not in dec.info
+
+
+def test_corrupt_middle_decord_size_reads_with_pyav(media):
+    """At a reduced size (decord's reader) decord fails the whole batch on a refused packet, where FFmpeg skips it:
+    PyAV reads the file instead, and the same positions are listed."""
+    dec = decode_video(media.get("corrupt_middle"), 1024, native_decode_bytes=1, decode_max_side=32)
+    assert dec.info["decode_hw"] == [24, 32] and dec.info["decoder"] == "pyav_skip"
+    assert dec.info["decoder_fallback"].startswith("decord failed") and dec.info["frames_concealed"] == [1, 2]
 
 
 def test_replacement_rule():
@@ -395,6 +440,10 @@ def test_replaced_frames_reach_the_records_meta():
         item = {"video_id": "v", "benchmark": "lvb", "video_info": {**info, **extra}}
         rec = qa_record(item, q, Answer([], "A", 10), stats, 4, "b128", 128, None, "t")
         assert rec["meta"].get("frames_replaced") == want
+    item_c = {"video_id": "v", "benchmark": "lvb", "video_info": {**info, "frames_concealed": [0, 3]}}
+    rec_c = qa_record(item_c, q, Answer([], "A", 10), stats, 4, "b128", 128, None, "t")
+    assert rec_c["video_info"]["frames_concealed"] == [0, 3]
+    assert "frames_concealed" not in rec["video_info"]
     # seed 001: fps = min(bd.FPS, len(idx) / max(duration, 1e-6)) per budget, not the container's 8 fps
     assert {k: rec["video_info"][k] for k in ("fps", "fps_ok", "native_fps", "native_fps_ok")} == \
         {"fps": 1.0, "fps_ok": True, "native_fps": 8.0, "native_fps_ok": True}

@@ -4,6 +4,7 @@ frames decoded from damaged data are flagged (issue 35 item 4)."""
 from __future__ import annotations
 
 import random
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 from datamodules import decode as D
 from datamodules.decode import cpu
 from tests.conftest import REPO
-from tests.media_factory import MediaFactory, decode_with_ffmpeg, run_ffmpeg
+from tests.media_factory import MediaFactory, decode_with_ffmpeg, run_ffmpeg, seed_ffmpeg_command
 
 
 @pytest.fixture(scope="module")
@@ -80,24 +81,74 @@ def _damaged_idr(media, offset: int, name: str) -> Path:
     return p
 
 
+def _seed_frames(path):
+    """``(exit code, frames)`` of seed 001's exact ffmpeg command at 1 fps on a 64x48 clip."""
+    res = subprocess.run(seed_ffmpeg_command(path, 1.0), capture_output=True)
+    return res.returncode, np.frombuffer(res.stdout, np.uint8).reshape(-1, 48, 64, 3)
+
+
 @pytest.mark.parametrize("offset, cause", [(800, "concealed"), (40, "Invalid data|Error splitting")])
-def test_damaged_first_idr_is_flagged(media, offset, cause):
+def test_damaged_first_idr_strict(media, offset, cause):
     """The first IDR's slice data overwritten: the decoder conceals (decord returns those frames unflagged) or
-    fails; seed 001's rule (default) makes the video an error, the replacement rule replaces frame 0 (GOP 0)."""
+    fails; under ``strict_frames`` the video is an error, with ``max_replaced_frac`` frame 0 (GOP 0) replaced."""
     path = _damaged_idr(media, offset, f"idr_{offset}.mp4")
     with pytest.raises(D.DecodeError, match=cause) as e:
-        D.decode_video(path, 1024)
+        D.decode_video(path, 1024, strict_frames=True)
     assert str(e.value).startswith(str(path))
-    dec = D.decode_video(path, 1024, max_replaced_frac=0.5)
+    dec = D.decode_video(path, 1024, max_replaced_frac=0.5, strict_frames=True)
     assert dec.info["frames_replaced"] == [0] and dec.frames.shape[0] == 4
+
+
+@pytest.mark.parametrize("kw", [{}, {"native_decode_bytes": 1, "decode_max_side": 32}])
+def test_damaged_first_idr_concealed_as_seed_ffmpeg(media, kw):
+    """Default (seed 001): FFmpeg conceals the damaged IDR and exits 0 with 4 frames; the video is answered and
+    the positions where FFmpeg's frames differ from its decode of the undamaged file are listed, on PyAV's reader
+    (native size) and on decord's (reduced size: decord reports nothing, ``concealed_frames`` finds them).
+    The undamaged frames equal FFmpeg's; the concealed picture itself is not compared (FFmpeg's concealment
+    output differs with the decoder's threads and skipped pictures)."""
+    path = _damaged_idr(media, 800, "idr_800.mp4")
+    rc, ref = _seed_frames(path)
+    _, clean = _seed_frames(media.get("good"))
+    damaged = [j for j in range(4) if not np.array_equal(ref[j], clean[j])]
+    assert rc == 0 and len(ref) == 4 and damaged == [0]
+    dec = D.decode_video(path, 1024, **kw)
+    assert dec.info["frames_concealed"] == damaged
+    assert dec.info["decoder"] == ("decord" if kw else "pyav_skip")
+    if not kw:
+        assert np.array_equal(dec.frames.numpy()[1:], ref[1:])
+    with pytest.raises(D.DecodeError, match="concealed"):
+        D.decode_video(path, 1024, strict_frames=True, **kw)
+    assert D.decode_video(path, 1024, strict_frames=True, max_replaced_frac=0.5, **kw).info["frames_replaced"] == [0]
+
+
+@pytest.mark.xfail(strict=True, reason="FFmpeg answers a file whose first IDR it refuses (exit 0, 4 frames); the "
+                   "decode has no earlier frame to repeat and records an error (issue 42 item 1, left)")
+def test_refused_first_idr_as_seed_ffmpeg(media):
+    path = _damaged_idr(media, 40, "idr_40.mp4")
+    rc, ref = _seed_frames(path)
+    assert rc == 0 and len(ref) == 4
+    assert D.decode_video(path, 1024).frames.shape[0] == 4
 
 
 @pytest.mark.parametrize("threads", [2, 4])
 def test_damaged_first_idr_is_flagged_with_decoder_threads(media, threads):
     """With frame threads the decoder's log is not read; the frames FFmpeg marks corrupt
-    (``AV_FRAME_FLAG_CORRUPT`` / ``decode_error_flags``, PyAV's ``Frame.is_corrupt``) still make it an error."""
+    (``AV_FRAME_FLAG_CORRUPT`` / ``decode_error_flags``, PyAV's ``Frame.is_corrupt``) still flag frame 0: listed
+    by default, an error under ``strict_frames``."""
     path = _damaged_idr(media, 800, f"idr_t{threads}.mp4")
     with pytest.raises(D.DecodeError, match="concealed|corrupt"):
-        D.decode_video(path, 1024, num_threads=threads)
-    dec = D.decode_video(path, 1024, num_threads=threads, max_replaced_frac=0.5)
+        D.decode_video(path, 1024, num_threads=threads, strict_frames=True)
+    dec = D.decode_video(path, 1024, num_threads=threads, max_replaced_frac=0.5, strict_frames=True)
     assert dec.info["frames_replaced"] == [0]
+    assert D.decode_video(path, 1024, num_threads=threads).info["frames_concealed"] == [0]
+
+
+def test_decode_at_indices_flags_concealed_frames(media):
+    """The Omni path (decord at explicit indices) lists the concealed frame as ``decode_video`` does (native 7,
+    in the damaged IDR's GOP, the frame FFmpeg conceals above) and fails on it under ``strict_frames``."""
+    path = _damaged_idr(media, 800, "idr_800.mp4")
+    dec = D.decode_at_indices(path, [7, 15, 23, 31])
+    assert dec.info["decoder"] == "decord" and dec.info["frames_concealed"] == [0]
+    with pytest.raises(D.DecodeError, match="concealed"):
+        D.decode_at_indices(path, [7, 15, 23, 31], strict_frames=True)
+    assert "frames_concealed" not in D.decode_at_indices(media.get("good"), [7, 15, 23, 31]).info
