@@ -144,11 +144,11 @@ def test_eager_first_step_does_not_wait_and_decodes_static_meanwhile(monkeypatch
     module._compiling, Fusable.eager_while = thread, thread
     try:
         assert module.decode_mode() == "static"
-        assert module.predict_step({"video_id": "v", "jobs": {}, "questions": []}) == ["answered"]
+        assert module.predict_step({"video_id": "v", "jobs": {}, "questions": [{"qid": "q1"}]}) == ["answered"]
         assert thread.is_alive() and module.eager_steps == 1 and module._compiling is thread   # not joined
         release.set()
         thread.join()
-        assert module.predict_step({"video_id": "v", "jobs": {}, "questions": []}) == ["answered"]
+        assert module.predict_step({"video_id": "v", "jobs": {}, "questions": [{"qid": "q1"}]}) == ["answered"]
         assert module._compiling is None and Fusable.eager_while is None
         assert module.warmup_report["eager_steps"] == 1 and "compile_wait_s" in module.warmup_report
         assert module.decode_mode() == "graph"
