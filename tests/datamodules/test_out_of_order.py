@@ -5,24 +5,20 @@ import json
 import time
 
 import pytest
-from torch.utils.data import Dataset
 
 from datamodules.sharding import CostBalancedSampler
 from datamodules.videoqa import VideoQADataModule, video_loader
+from tests.datamodules.slow_items import SlowItems
 
 
-class _Slow(Dataset):
-    """Item ``i`` takes ``delay[i]`` seconds to "decode"."""
+def _clean_workers():
+    """Workers forked from a fresh fork server, not from pytest's process: a plain fork of a process where an
+    earlier test left threads can deadlock on a lock one of them held (seen once in CI: two idle workers)."""
+    import multiprocessing
 
-    def __init__(self, delay):
-        self.delay = delay
-
-    def __len__(self):
-        return len(self.delay)
-
-    def __getitem__(self, i):
-        time.sleep(self.delay[i])
-        return i
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["tests.datamodules.slow_items"])   # (only if the server is not running yet)
+    return ctx
 
 
 def test_out_of_order_delivers_a_short_video_before_a_long_one_once_each():
@@ -32,11 +28,11 @@ def test_out_of_order_delivers_a_short_video_before_a_long_one_once_each():
     order = list(sampler)
     delay = {i: 0.0 for i in order}
     delay[order[0]] = 1.5               # the first video in the sampler's order is the slow one
-    ds = _Slow([delay[i] for i in range(len(costs))])
-    got = list(video_loader(ds, sampler, num_workers=2, prefetch_factor=1, in_order=False))
+    ds = SlowItems([delay[i] for i in range(len(costs))])
+    got = list(video_loader(ds, sampler, num_workers=2, prefetch_factor=1, context=_clean_workers(), in_order=False))
     assert sorted(got) == sorted(order) and len(got) == len(order)          # each once
     assert got[0] != order[0] and got.index(order[0]) > 0                  # not held behind the slow one
-    in_order = list(video_loader(ds, sampler, num_workers=2, prefetch_factor=1, in_order=True))
+    in_order = list(video_loader(ds, sampler, num_workers=2, prefetch_factor=1, context=_clean_workers(), in_order=True))
     assert in_order == order
 
 
@@ -45,8 +41,8 @@ def test_out_of_order_ddp_shares_are_disjoint_and_cover_the_run():
     seen = []
     for rank in range(2):
         sampler = CostBalancedSampler(costs, 2, rank, workers=2)
-        ds = _Slow([0.05 if i % 3 == 0 else 0.0 for i in range(len(costs))])
-        seen += list(video_loader(ds, sampler, num_workers=2, prefetch_factor=2, in_order=False))
+        ds = SlowItems([0.05 if i % 3 == 0 else 0.0 for i in range(len(costs))])
+        seen += list(video_loader(ds, sampler, num_workers=2, prefetch_factor=2, context=_clean_workers(), in_order=False))
     assert sorted(seen) == list(range(len(costs)))
 
 
