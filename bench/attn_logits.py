@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,18 +98,10 @@ def main(argv=None) -> None:
     ap.add_argument("--device", default=None, choices=("cpu", "cuda"))
     ap.add_argument("--json", action="store_true", help="print the result as one JSON line")
     args = ap.parse_args(argv)
-    tmp = None
-    model_dir = args.model_dir
-    if model_dir is None:
-        from models.videollama3.tiny import build_tiny_videollama3
+    from models.videollama3.tiny import model_dir_or_tiny
 
-        tmp = tempfile.mkdtemp(prefix="attn_logits_")
-        model_dir = str(build_tiny_videollama3(Path(tmp) / "tiny"))
-    try:
+    with model_dir_or_tiny(args.model_dir, prefix="attn_logits_") as model_dir:
         res = compare(model_dir, args.impls, Path(args.video), args.budget, args.device)
-    finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
         print(json.dumps(res))
         return

@@ -7,15 +7,7 @@
 #    cold then warm compile caches, with timeline_s (first worker start, first decode window, early compile).
 # Without network the wheels come from .whl/site312.tar.xz (built on the CPU machine, see docs/performance.md).
 set -u
-T0=$(date +%s)
-stamp() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
-OUT=${OUT:-/tmp/device_out}; mkdir -p "$OUT"
-if [ -f .whl/site312.tar.xz ]; then
-  mkdir -p /tmp/site && tar xJf .whl/site312.tar.xz -C /tmp/site && rm -rf /tmp/site/huggingface_hub* /tmp/site/tokenizers*
-  python3 -m compileall -q -j 16 /tmp/site >/dev/null 2>&1   # as pip does at install: no bytecode compiling in the timings
-  export PYTHONPATH=/tmp/site:$PWD
-fi
-export PYTHONUNBUFFERED=1
+. bench/device_site.sh
 python3 -m models.videollama3.tiny >/dev/null 2>&1; stamp "site + tiny model"
 echo "== 1. GPU tests"
 timeout 400 python3 -m pytest -q -p no:hypothesispytest -p no:cacheprovider -m gpu tests/test_gpu.py 2>&1 | tail -15

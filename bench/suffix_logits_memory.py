@@ -15,10 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -83,23 +81,15 @@ def main(argv=None) -> None:
     if args.run_one:
         print(json.dumps(run_one(args.run_one, args.model_dir, args.question_tokens, args.decode)))
         return
-    tmp = None
-    model_dir = args.model_dir
-    if model_dir is None:
-        from models.videollama3.tiny import build_tiny_videollama3
+    from models.videollama3.tiny import model_dir_or_tiny
 
-        tmp = tempfile.mkdtemp(prefix="suffix_logits_")
-        model_dir = str(build_tiny_videollama3(Path(tmp) / "tiny"))
-    try:
-        rows = []
+    rows = []
+    with model_dir_or_tiny(args.model_dir, prefix="suffix_logits_") as model_dir:
         for path in ("full", "last"):
             out = subprocess.run([sys.executable, __file__, "--run-one", path, "--model-dir", model_dir,
                                   "--question-tokens", str(args.question_tokens), "--decode", args.decode],
                                  check=True, capture_output=True, text=True).stdout
             rows.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
     r0 = rows[0]
     print(f"suffix prefill, {r0['device']}, decode={args.decode}: prefix {r0['prefix_len']} tokens, "
           f"{r0['rows']} questions (longest {r0['long_question_tokens']} tokens)")

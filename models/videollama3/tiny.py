@@ -9,7 +9,10 @@ the demo load them through the same ``from_pretrained`` path as a real checkpoin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -83,6 +86,20 @@ def build_tiny_videollama3(out_dir: str | Path = DEFAULT_TINY_DIR, seed: int = 0
         save_file({k: v.contiguous() for k, v in proj.state_dict().items()}, str(proj_dir / "model.safetensors"))
     (out / "TINY_RANDOM_MODEL.json").write_text(json.dumps({"seed": seed, "note": "random weights, for tests"}))
     return out
+
+
+@contextlib.contextmanager
+def model_dir_or_tiny(model_dir: str | None, prefix: str = "tiny_videollama3_"):
+    """Yield ``model_dir`` when given; else build the tiny random model in a temporary folder, yield its path and
+    remove the folder on exit (the benches' default checkpoint)."""
+    if model_dir is not None:
+        yield str(model_dir)
+        return
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield str(build_tiny_videollama3(Path(tmp) / "tiny"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:
