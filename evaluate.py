@@ -33,6 +33,11 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
 
 
 if __name__ == "__main__":
+    import sys
+
+    from datamodules.worker_server import start_early
+
+    start_early(sys.argv[1:])   # the decode workers' fork server imports beside this process's imports
     from cli import main
 
     main(cli_main)

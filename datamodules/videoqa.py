@@ -21,12 +21,11 @@ from .benchmarks.base import check_media_present
 from .decode import DECODERS, MAX_REPLACED_FRAC, STRICT_FRAMES, NATIVE_DECODE_BYTES, auto_decode_threads
 from .sharding import CostBalancedSampler, estimate_cost
 from .video_items import VideoQADataset, VideoTask  # noqa: F401 - re-exported (defined apart: see there)
+from .worker_server import WORKER_PRELOAD  # noqa: F401 - re-exported: decode_worker_context's list
 
 log = logging.getLogger(__name__)
 
 
-# what a decode worker started by the fork server finds imported (in this order: PyNvVideoCodec before decord)
-WORKER_PRELOAD = ("datamodules.decode.nvdec", "datamodules.video_items")
 
 
 def decode_worker_context(decoder: str, num_workers: int, cuda: bool, preload: tuple[str, ...] = ()):
@@ -328,6 +327,11 @@ class VideoQADataModule(LightningDataModule):
         # module's copy to the device then does not block the host
         strategy = getattr(self.trainer, "strategy", None)
         pin = strategy is not None and strategy.root_device.type == "cuda"
+        marks = getattr(self.trainer.lightning_module, "timeline_marks", None)
+        if isinstance(marks, dict):   # timeline_s: when Lightning had the loader (its workers start next)
+            from callbacks.process_clock import process_age_s
+
+            marks.setdefault("loader_built", process_age_s())
         return video_loader(ds, sampler, self.num_workers, self.prefetch_factor, pin, context, self.in_order)
 
 

@@ -48,7 +48,11 @@ def clips(tmp_path_factory) -> dict[str, Path]:
     given = os.environ.get("NVDEC_TEST_CLIPS")
     if given:
         return {name: Path(given) / name for name in CLIPS}
-    out = tmp_path_factory.mktemp("nvdec_clips")
+    return write_clips(tmp_path_factory.mktemp("nvdec_clips"))
+
+
+def write_clips(out: Path) -> dict[str, Path]:
+    """:data:`CLIPS` written to ``out`` with ffmpeg (``bench/make_nvdec_clips.py`` writes them for the GPU machine)."""
     made = {}
     for name, (src, args) in CLIPS.items():
         path = out / name
@@ -447,3 +451,39 @@ if __name__ == "__main__":   # write the clips for a machine without ffmpeg: pyt
         subprocess.run([ffmpeg_exe(), "-v", "error", "-y", "-f", "lavfi", "-i", source, "-t", "1", *arguments,
                         str(dest / clip)], check=True)
     print(f"{len(CLIPS)} clips -> {dest}")
+
+
+def test_check_and_read_probe_once_and_caps_once_per_kind(clips, monkeypatch):
+    """The capability check asks PyNvVideoCodec's limits once per (GPU, codec, pixel format) in a process, not per
+    video (no demuxer opened per file), and a file's PyAV probe is made once for the check and the read."""
+    import torch
+
+    asked, opened = [], []
+
+    class Nvc:
+        def CreateDemuxer(self, path):  # noqa: N802 - PyNvVideoCodec's names
+            opened.append(path)
+            return type("D", (), {"GetNvCodecId": lambda s: 4, "ChromaFormat": lambda s: 1, "BitDepth": lambda s: 8})()
+
+        def GetDecoderCaps(self, gpu, codec, chroma, depth):  # noqa: N802
+            asked.append((gpu, codec, chroma, depth))
+            return {"supported": True, "width_min": 48, "width_max": 4096, "height_min": 16, "height_max": 4096,
+                    "mb_num_max": 65536}
+
+    monkeypatch.setattr(nvdec, "_nvc", lambda: Nvc())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(nvdec, "_CAPS", {})
+    monkeypatch.setattr(nvdec, "_PROBES", {})
+    probed = []
+    real = nvdec._probe_uncached
+    monkeypatch.setattr(nvdec, "_probe_uncached", lambda p: probed.append(str(p)) or real(p))
+    a, b = clips["h264_642x362.mp4"], clips["h264_320x180_bt709.mp4"]
+    assert nvdec.nvdec_unsupported(a) is None and nvdec.nvdec_unsupported(b) is None
+    assert asked == [(0, 4, 1, 8)] and opened == [str(a)]
+    assert nvdec.probe(a) is nvdec.probe(a) and probed == [str(a), str(b)]
+    # a size outside the (cached) limits is still refused per file
+    monkeypatch.setattr(nvdec, "_CAPS", {(0, "h264", "yuv420p"): ({"supported": True, "width_min": 48,
+                        "width_max": 400, "height_min": 16, "height_max": 4096, "mb_num_max": 65536}, None)})
+    assert nvdec.nvdec_unsupported(a).startswith("size 642x362 outside NVDEC's 48..400")
+    assert nvdec.nvdec_unsupported(b) is None

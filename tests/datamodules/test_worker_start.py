@@ -64,3 +64,27 @@ def test_fork_server_workers_give_the_main_process_items(tiny_vl3_dir):
         for grid, (t, idx) in b["frames"].held.items():
             assert a["frames"].held[grid][1] == idx and torch.equal(a["frames"].held[grid][0], t)
         assert a["worker_start_boot_s"] != b["worker_start_boot_s"]     # decoded in another process
+
+
+def test_fork_server_started_at_interpreter_start_only_for_predict_on_a_gpu_machine(monkeypatch):
+    """``evaluate.py`` starts the workers' fork server before its own imports where a predict run may use it (an
+    NVIDIA device node exists), with the list the data module would give it; otherwise, or switched off, not."""
+    from multiprocessing import forkserver
+
+    from datamodules import worker_server
+
+    started = []
+    monkeypatch.setattr(forkserver, "ensure_running", lambda: started.append(
+        list(forkserver._forkserver._preload_modules)))
+    monkeypatch.setattr(worker_server.os.path, "exists", lambda p: p == "/dev/nvidiactl")
+    assert worker_server.start_early(["predict", "--config", "x.yaml"]) is True
+    assert started == [[*WORKER_PRELOAD, VL3_PROCESSOR]]
+    assert not worker_server.start_early(["fit"]) and not worker_server.start_early([])
+    monkeypatch.setenv(worker_server.ENV_SWITCH, "0")
+    assert not worker_server.start_early(["predict"])
+    monkeypatch.delenv(worker_server.ENV_SWITCH)
+    monkeypatch.setattr(worker_server.os.path, "exists", lambda p: False)
+    assert not worker_server.start_early(["predict"]) and len(started) == 1
+    code = "import sys, datamodules.worker_server; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"      # importable before anything heavy

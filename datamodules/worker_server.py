@@ -1,0 +1,40 @@
+"""The decode workers' fork server, started at the interpreter's start (issue 41, first answer).
+
+Where NVDEC may run in the DataLoader workers they are forked from a ``forkserver`` (one clean process, no CUDA
+context, that imports :data:`WORKER_PRELOAD` once: :func:`datamodules.videoqa.decode_worker_context`). Started at the
+data module's set-up, that server imported its modules while the main process loaded the weights, and was ready
+only ~9 s later on the H200 (2026-12-04: set-up at 12.7 s, first worker at 22.0 s, so the first video reached the
+step 2.8 s after the weights). :func:`start_early`, called by ``evaluate.py`` before it imports anything heavy,
+starts the same server beside the main process's own imports, where a predict run on a machine with an NVIDIA
+device may use one. This module imports nothing but the standard library.
+"""
+from __future__ import annotations
+
+import os
+
+# what a decode worker started by the fork server finds imported (in this order: PyNvVideoCodec before decord)
+WORKER_PRELOAD = ("datamodules.decode.nvdec", "datamodules.video_items")
+# the video processor's module, which the pickled dataset holds (VideoLLaMA3's)
+VL3_PROCESSOR_MODULE = "transformers.models.video_llama_3.video_processing_video_llama_3"
+ENV_SWITCH = "TOKENBUDGET_EARLY_WORKER_SERVER"   # "0": start the server at the data module's set-up instead
+GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0")
+
+
+def start_early(argv: list[str]) -> bool:
+    """Start the workers' fork server now when ``argv`` is a ``predict`` run on a machine with an NVIDIA device node
+    and ``TOKENBUDGET_EARLY_WORKER_SERVER`` is not ``0``. A run that then decodes on the CPU (``data.decoder: cpu``,
+    no workers) forks its workers as before and leaves the server idle; one that uses it finds it ready.
+
+    Returns:
+        whether the server was started here.
+    """
+    if not argv or argv[0] != "predict" or os.environ.get(ENV_SWITCH, "1") == "0":
+        return False
+    if not any(os.path.exists(n) for n in GPU_NODES):
+        return False
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload([*WORKER_PRELOAD, VL3_PROCESSOR_MODULE])
+    forkserver.ensure_running()
+    return True
