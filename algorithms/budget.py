@@ -268,20 +268,34 @@ def budget_fps(num_frames: int, duration_s: float, base_fps: float = BASE_FPS, m
 def frame_grid(height: int, width: int, max_tokens: int, min_tokens: int = MIN_TOKENS_PER_FRAME) -> tuple[int, int]:
     """Merged-token grid ``(gh, gw)`` a ``height × width`` frame is resized to, keeping its aspect ratio.
 
-    Follows VideoLLaMA3's ``smart_resize`` with ``factor = 28``, ``max_pixels = max_tokens * 28²`` and
-    ``min_pixels = min(min_tokens, max_tokens) * 28²``: the frame keeps its size rounded to multiples of 28
-    when that fits, else is scaled down (floor) to fit, or up (ceil) to reach the minimum.
+    Follows VideoLLaMA3's ``smart_resize`` (transformers 5.23, ``transformers/models/video_llama_3/
+    video_processing_video_llama_3.py:smart_resize``, the rule ``VideoLlama3VideoProcessor.resize`` applies) with
+    ``factor = 28``, ``max_pixels = max_tokens * 28²`` and ``min_pixels = min(min_tokens, max_tokens) * 28²``:
+
+    * ``h_bar = round(height / 28) * 28``, ``w_bar = round(width / 28) * 28`` (a side under 14 px rounds to 0);
+    * above ``max_pixels``: ``beta = sqrt(h w / max_pixels)``, each side ``max(28, floor(side / beta / 28) * 28)``;
+    * else below ``min_pixels`` (a side rounded to 0 always is): ``beta = sqrt(min_pixels / (h w))``, each side
+      ``ceil(side * beta / 28) * 28``. This path does not look at ``max_pixels``: a thin frame (2000x10 at 23
+      tokens: ``(1, 57)``) may get more cells than ``max_tokens``, as in the processor (issue 44 item 4).
+
+    An aspect ratio above 200, which ``smart_resize`` refuses (``ValueError``, the video's error record), keeps
+    each rounded side at least 28 here (a grid for the callers that plan before the processor refuses).
 
     Returns:
-        ``(gh, gw)`` with ``gh * gw <= max_tokens`` (when ``max_tokens >= 1``); the pixel size is ``28 gh × 28 gw``.
+        ``(gh, gw)``; the pixel size is ``28 gh × 28 gw``. ``gh * gw <= max_tokens`` except on the minimum path
+        above.
+
+    Raises:
+        ValueError: a side below 1 pixel.
     """
     if height < 1 or width < 1:
         raise ValueError(f"frame size must be positive, got {height}x{width}")
     f = CELL_PIXELS
     max_px = max_tokens * f * f
     min_px = min(min_tokens, max_tokens) * f * f
-    h_bar = max(f, round(height / f) * f)
-    w_bar = max(f, round(width / f) * f)
+    floor = f if max(height, width) / min(height, width) > 200 else 0   # smart_resize: no clamp (issue 44 item 4)
+    h_bar = max(floor, round(height / f) * f)
+    w_bar = max(floor, round(width / f) * f)
     if h_bar * w_bar > max_px:
         beta = math.sqrt(height * width / max_px)
         h_bar = max(f, math.floor(height / beta / f) * f)
