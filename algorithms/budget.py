@@ -147,7 +147,8 @@ def rescale_down(ts: int, time_base: Fraction, rate: Fraction) -> int:
     return (ts * time_base.numerator * rate.numerator) // (time_base.denominator * rate.denominator)
 
 
-def fps_filter_frames(pts: list[int], time_base: Fraction, end_pts: int, rate: Fraction) -> list[int]:
+def fps_filter_frames(pts: list[int], time_base: Fraction, end_pts: int, rate: Fraction, flush: bool = True
+                      ) -> list[int]:
     """Source frame shown by each output frame of FFmpeg's ``fps=fps:round=down`` filter, from integer timestamps.
 
     Follows FFmpeg libavfilter/vf_fps.c (FFmpeg/FFmpeg@01440e258827f77990d918bfeb77cb613bc3733a, the filter of the
@@ -167,6 +168,8 @@ def fps_filter_frames(pts: list[int], time_base: Fraction, end_pts: int, rate: F
         time_base: the stream's time base (the filter's input time base in the ffmpeg CLI).
         end_pts: the end-of-stream timestamp the CLI signals (``last pts + last frame duration``, same units).
         rate: the filter's rate, ``av_d2q(fps, INT_MAX)`` (:func:`av_d2q`).
+        flush: ``False``: the stream does not end here; the filter is dropped with its last frame still buffered
+            (the CLI rebuilding its filter graph on a new frame size: no end of stream, no output for that frame).
 
     Returns:
         N positions into ``pts`` (non-decreasing), one per output frame; empty when the rescaled end is not past
@@ -183,7 +186,7 @@ def fps_filter_frames(pts: list[int], time_base: Fraction, end_pts: int, rate: F
             if q[i + 1] <= n:
                 i += 1
                 continue
-        elif eof <= n:
+        elif not flush or eof <= n:
             break
         out.append(i)
         n += 1
@@ -199,7 +202,7 @@ def thin_linspace(num_frames: int, num_keep: int) -> list[int]:
 
 
 def sample_frames(pts: list[int], time_base: Fraction, end_pts: int, duration_s: float, budget_tokens: int,
-                  start_s: float = 0.0, base_fps: float = BASE_FPS, k: int = K_ROWS
+                  start_s: float = 0.0, base_fps: float = BASE_FPS, k: int = K_ROWS, segments: tuple[int, ...] = ()
                   ) -> tuple[float, list[int], list[float]]:
     """Which source frames the decode keeps and the time each is labelled with (seed 001, ``decode_video``).
 
@@ -214,6 +217,10 @@ def sample_frames(pts: list[int], time_base: Fraction, end_pts: int, duration_s:
         duration_s: the container's duration (s, ``format.duration``), which picks the rate.
         budget_tokens: the largest budget of the run.
         start_s: the video stream's ``start_time`` (s; added to the labels, ``start`` in the seed).
+        segments: positions into ``pts`` where the ffmpeg CLI rebuilds its filter graph (a new frame size
+            mid-stream: ``Reconfiguring filter graph because video parameters changed``): each part gets a new
+            ``fps`` filter (it starts at that part's first frame), and the old one is dropped unflushed
+            (``flush=False``), as the CLI does (checked against the binary on an MPEG-TS whose size changes).
 
     Returns:
         ``(fps, positions into pts, times_s)``; the lists are empty when the clip is too short for one output frame.
@@ -224,7 +231,12 @@ def sample_frames(pts: list[int], time_base: Fraction, end_pts: int, duration_s:
     if not duration_s > 0:
         raise ValueError(f"the duration must be positive, got {duration_s!r}")
     fps = sample_rate(duration_s, budget_tokens, base_fps, k)
-    src = fps_filter_frames(pts, time_base, end_pts, av_d2q(fps))
+    rate = av_d2q(fps)
+    bounds = [0, *[b for b in segments if 0 < b < len(pts)], len(pts)]
+    src = []
+    for a, b in zip(bounds, bounds[1:]):
+        last = b == len(pts)
+        src += [a + i for i in fps_filter_frames(pts[a:b], time_base, end_pts if last else 0, rate, flush=last)]
     times = (start_s + np.arange(len(src)) / fps).tolist()
     keep = thin_linspace(len(src), max_frames(budget_tokens, k))
     return fps, [src[i] for i in keep], [float(times[i]) for i in keep]

@@ -76,6 +76,12 @@ class DecodeError(RuntimeError):
     """A video could not be opened or decoded; the message names the file."""
 
 
+class FrameSizeChange(DecodeError):
+    """The frame size changes mid-stream (a reader saw a frame of another size than the first): the ffmpeg CLI then
+    rebuilds its filter graph, so the frame choice is made again on the decoder's timeline
+    (:func:`datamodules.decode.probe.probe_video` with ``timeline``)."""
+
+
 class NvdecError(RuntimeError):
     """NVDEC could not decode this file (the message names it); the caller decodes it on the CPU instead."""
 
