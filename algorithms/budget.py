@@ -175,11 +175,17 @@ def fps_filter_frames(pts: list[int], time_base: Fraction, end_pts: int, rate: F
         N positions into ``pts`` (non-decreasing), one per output frame; empty when the rescaled end is not past
         the rescaled first pts (``floor(end * fps) <= floor(t_0 * fps)``: the clip ends before one output step).
     """
+    return [i for _, i in _fps_outputs(pts, time_base, end_pts, rate, flush)]
+
+
+def _fps_outputs(pts: list[int], time_base: Fraction, end_pts: int, rate: Fraction, flush: bool = True
+                 ) -> list[tuple[int, int]]:
+    """:func:`fps_filter_frames` as ``(output pts in 1 / rate units, position into pts)`` pairs."""
     if not pts:
         return []
     q = [rescale_down(p, time_base, rate) for p in pts]
     eof = rescale_down(end_pts, time_base, rate)
-    out: list[int] = []
+    out: list[tuple[int, int]] = []
     i, n, last = 0, q[0], len(q) - 1
     while True:
         if i < last:
@@ -188,9 +194,41 @@ def fps_filter_frames(pts: list[int], time_base: Fraction, end_pts: int, rate: F
                 continue
         elif not flush or eof <= n:
             break
-        out.append(i)
+        out.append((n, i))
         n += 1
     return out
+
+
+def cfr_sync(outputs: list[tuple[int, int]]) -> list[int]:
+    """The frames the ffmpeg CLI writes for filter outputs ``(pts, frame)`` (pts in the output time base, one unit
+    per frame) to a ``-f rawvideo`` output: its constant-frame-rate sync (fftools/ffmpeg_enc.c
+    ``video_sync_process``, ``VSYNC_CFR``, the default for a muxer without ``AVFMT_VARIABLE_FPS``), from the first
+    output on.
+
+    For each output after the first, ``delta0 = pts - next_pts`` and ``delta = delta0 + 1``: ``delta < -1.1``
+    drops it; ``delta > 1.1`` writes it ``llrint(delta)`` times, the first ``llrint(delta0 - 0.6)`` of them (when
+    ``delta0 > 1.1``) being the previous frame again; ``next_pts`` advances by the frames written. A gap of one
+    output (the CLI rebuilding its filter graph drops the buffered frame) writes the next frame twice.
+    """
+    if not outputs:
+        return []
+    written = [outputs[0][1]]
+    nxt = outputs[0][0] + 1
+    prev = outputs[0][1]
+    for pts, k in outputs[1:]:
+        delta0 = pts - nxt
+        delta = delta0 + 1
+        if delta < -1.1:
+            continue
+        if delta > 1.1:
+            nb = math.floor(delta + 0.5)
+            nb_prev = math.floor(delta0 - 0.6 + 0.5) if delta0 > 1.1 else 0
+        else:
+            nb, nb_prev = 1, 0
+        written += [prev] * nb_prev + [k] * (nb - nb_prev)
+        nxt += nb
+        prev = k
+    return written
 
 
 def thin_linspace(num_frames: int, num_keep: int) -> list[int]:
@@ -220,7 +258,9 @@ def sample_frames(pts: list[int], time_base: Fraction, end_pts: int, duration_s:
         segments: positions into ``pts`` where the ffmpeg CLI rebuilds its filter graph (a new frame size
             mid-stream: ``Reconfiguring filter graph because video parameters changed``): each part gets a new
             ``fps`` filter (it starts at that part's first frame), and the old one is dropped unflushed
-            (``flush=False``), as the CLI does (checked against the binary on an MPEG-TS whose size changes).
+            (``flush=False``); the outputs then pass the CLI's constant-rate output sync (:func:`cfr_sync`: the
+            output lost to the rebuild is filled), as the CLI does (checked against the binary on an MPEG-TS whose
+            size changes).
 
     Returns:
         ``(fps, positions into pts, times_s)``; the lists are empty when the clip is too short for one output frame.
@@ -233,10 +273,15 @@ def sample_frames(pts: list[int], time_base: Fraction, end_pts: int, duration_s:
     fps = sample_rate(duration_s, budget_tokens, base_fps, k)
     rate = av_d2q(fps)
     bounds = [0, *[b for b in segments if 0 < b < len(pts)], len(pts)]
-    src = []
-    for a, b in zip(bounds, bounds[1:]):
-        last = b == len(pts)
-        src += [a + i for i in fps_filter_frames(pts[a:b], time_base, end_pts if last else 0, rate, flush=last)]
+    if len(bounds) == 2:
+        src = fps_filter_frames(pts, time_base, end_pts, rate)
+    else:
+        outs = []
+        for a, b in zip(bounds, bounds[1:]):
+            last = b == len(pts)
+            outs += [(n, a + i) for n, i in _fps_outputs(pts[a:b], time_base, end_pts if last else 0, rate,
+                                                         flush=last)]
+        src = cfr_sync(outs)
     times = (start_s + np.arange(len(src)) / fps).tolist()
     keep = thin_linspace(len(src), max_frames(budget_tokens, k))
     return fps, [src[i] for i in keep], [float(times[i]) for i in keep]

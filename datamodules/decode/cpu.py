@@ -102,8 +102,9 @@ def cpu_reader_for(probe: VideoProbe, decode_hw: tuple[int, int]) -> str:
       AVI with B-frames, pts = dts with B-frames, a frame size that changes; decord's index there is not the
       CLI's: issue 44 item 2);
     * ``pyav_skip`` for H.264/HEVC 8-bit 4:2:0 at native size (exact, faster: it skips what no sampled frame
-      needs), for a mirrored display matrix (decord applies the rotation angle only: issue 44 item 3), and for a
-      codec decord's FFmpeg 4.1 has no decoder for (AV1: :func:`decord_decodes`);
+      needs), for a mirrored display matrix (decord applies the rotation angle only: issue 44 item 3), for any
+      display transform at native size (decord's rotated frames can be resized back from a nearby width), and for
+      a codec decord's FFmpeg 4.1 has no decoder for (AV1: :func:`decord_decodes`);
     * else ``decord``."""
     if probe.timestamps_unusable or probe.decoded_timeline:
         return "pyav"
@@ -111,6 +112,9 @@ def cpu_reader_for(probe: VideoProbe, decode_hw: tuple[int, int]) -> str:
             and tuple(decode_hw) == (probe.height, probe.width)):
         return "pyav_skip"
     if mirrored(probe.display_matrix) or not decord_decodes(probe.codec_family or probe.codec):
+        return "pyav_skip"
+    if probe.display_matrix is not None and tuple(decode_hw) == (probe.height, probe.width) and \
+            autorotate_ops(probe.display_matrix):   # decord's rotated MPEG-4 at 64x48: 4.5/255 off the CLI's
         return "pyav_skip"
     return "decord"
 
