@@ -202,7 +202,8 @@ def _pyav_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threads: i
     the decoder's output count), where decord's pts-based seeking returns wrong frames. RGB by
     ``to_ndarray(format="rgb24")`` at native size (swscale's yuv->rgb, equal to decord's and the CLI's
     ``-pix_fmt rgb24`` on the test clips); a reduced size goes through :func:`_resize` of the native frame (not
-    decord's in-decoder scaler); the display rotation is applied (``frame.rotation``, counter-clockwise)."""
+    decord's in-decoder scaler); the display matrix is applied as the CLI applies it, flips included
+    (:func:`_frame_to_rgb`), and a frame of another size than the first is scaled to it (the CLI's autoscale)."""
     import av
 
     rgb = _frame_to_rgb(probe, resize_other_sizes=True)
@@ -259,7 +260,9 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
 
     H.264/HEVC decoding is exact whatever is skipped (the skipped pictures are not referenced), so the frames are
     the full decode's; RGB by ``to_ndarray(format="rgb24")`` (the same swscale conversion as decord and the ffmpeg
-    CLI at native size); the display rotation applied. Raises ``DecodeError`` naming the frames it could not get.
+    CLI at native size); the display matrix applied as the CLI applies it (:func:`_frame_to_rgb`). A decoded frame
+    of another size than the first raises :class:`FrameSizeChange` (the caller plans again on the decoder's
+    timeline). Raises ``DecodeError`` naming the frames it could not get.
     """
     import av
     import av.logging

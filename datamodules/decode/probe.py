@@ -191,7 +191,8 @@ def probe_video(path: Path, timeline: str = "") -> VideoProbe:
         pass
     elif None in raw:
         timeline = "the packets carry no pts (decode order only: AVI with reordered frames, or an elementary stream)"
-    elif len(raw) > 1 and all(p[0] == p[1] for p in packets) and reorders:
+    elif len(raw) > 1 and all(p[0] == p[1] for p in packets) and reorders and \
+            all(b > a for a, b in zip(raw, raw[1:])):   # (pts running backwards or repeated: unusable, below)
         timeline = "the packets carry pts = dts while the decoder reorders frames (B-frames)"
     if timeline and time_base > 0:
         off = 0 if file_start is None else _rescale_near(-file_start, Fraction(1, 1_000_000), time_base)

@@ -244,6 +244,10 @@ def decord_frame_count(path: str | Path) -> tuple[int, float]:
     v2_5/vision_process.py:_read_video_decord, ``total_frames, video_fps = len(vr), vr.get_avg_fps()``; decord's
     count is the container's frame count, e.g. mp4's sample count, else its duration-times-rate estimate).
 
+    A codec decord has no decoder for (AV1: decord cannot open the stream, "cannot find video stream with wanted
+    index: -1") is counted the same way from PyAV: the container's frame count (``nb_frames``), else the video
+    packets, and the average rate.
+
     Raises:
         DecodeError: the file is missing or decord cannot open it.
     """
@@ -255,7 +259,19 @@ def decord_frame_count(path: str | Path) -> tuple[int, float]:
         vr = decord.VideoReader(str(path), num_threads=1)
         return len(vr), float(vr.get_avg_fps())
     except Exception as e:  # noqa: BLE001 - decord raises its own error type for every open failure
-        raise _open_error(path, e) from e
+        probe = None
+        try:
+            probe = probe_video(path)
+        except DecodeError:
+            pass
+        if probe is None or decord_decodes(probe.codec_family or probe.codec):
+            raise _open_error(path, e) from e
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        n = int(stream.frames or 0) or len(probe.pts)
+    return n, float(probe.fps)
 
 
 def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896, num_threads: int = 1,
