@@ -153,7 +153,7 @@ def probe_video(path: Path, timeline: str = "") -> VideoProbe:
                             if first_hw is None:
                                 matrix, first_hw = matrix_of(f), (f.height, f.width)
                             out_pts.append(f.pts)
-                        if first_hw is not None and not whole_head:
+                        if first_hw is not None and (not whole_head or stream.codec_context.has_b_frames):
                             break
                 except av.error.FFmpegError:
                     pass   # a bad frame is the reader's to report
