@@ -147,7 +147,8 @@ def rescale_down(ts: int, time_base: Fraction, rate: Fraction) -> int:
     return (ts * time_base.numerator * rate.numerator) // (time_base.denominator * rate.denominator)
 
 
-def fps_filter_frames(pts: list[int], time_base: Fraction, end_pts: int, rate: Fraction) -> list[int]:
+def fps_filter_frames(pts: list[int], time_base: Fraction, end_pts: int, rate: Fraction, flush: bool = True
+                      ) -> list[int]:
     """Source frame shown by each output frame of FFmpeg's ``fps=fps:round=down`` filter, from integer timestamps.
 
     Follows FFmpeg libavfilter/vf_fps.c (FFmpeg/FFmpeg@01440e258827f77990d918bfeb77cb613bc3733a, the filter of the
@@ -167,27 +168,67 @@ def fps_filter_frames(pts: list[int], time_base: Fraction, end_pts: int, rate: F
         time_base: the stream's time base (the filter's input time base in the ffmpeg CLI).
         end_pts: the end-of-stream timestamp the CLI signals (``last pts + last frame duration``, same units).
         rate: the filter's rate, ``av_d2q(fps, INT_MAX)`` (:func:`av_d2q`).
+        flush: ``False``: the stream does not end here; the filter is dropped with its last frame still buffered
+            (the CLI rebuilding its filter graph on a new frame size: no end of stream, no output for that frame).
 
     Returns:
         N positions into ``pts`` (non-decreasing), one per output frame; empty when the rescaled end is not past
         the rescaled first pts (``floor(end * fps) <= floor(t_0 * fps)``: the clip ends before one output step).
     """
+    return [i for _, i in _fps_outputs(pts, time_base, end_pts, rate, flush)]
+
+
+def _fps_outputs(pts: list[int], time_base: Fraction, end_pts: int, rate: Fraction, flush: bool = True
+                 ) -> list[tuple[int, int]]:
+    """:func:`fps_filter_frames` as ``(output pts in 1 / rate units, position into pts)`` pairs."""
     if not pts:
         return []
     q = [rescale_down(p, time_base, rate) for p in pts]
     eof = rescale_down(end_pts, time_base, rate)
-    out: list[int] = []
+    out: list[tuple[int, int]] = []
     i, n, last = 0, q[0], len(q) - 1
     while True:
         if i < last:
             if q[i + 1] <= n:
                 i += 1
                 continue
-        elif eof <= n:
+        elif not flush or eof <= n:
             break
-        out.append(i)
+        out.append((n, i))
         n += 1
     return out
+
+
+def cfr_sync(outputs: list[tuple[int, int]]) -> list[int]:
+    """The frames the ffmpeg CLI writes for filter outputs ``(pts, frame)`` (pts in the output time base, one unit
+    per frame) to a ``-f rawvideo`` output: its constant-frame-rate sync (fftools/ffmpeg_enc.c
+    ``video_sync_process``, ``VSYNC_CFR``, the default for a muxer without ``AVFMT_VARIABLE_FPS``), from the first
+    output on.
+
+    For each output after the first, ``delta0 = pts - next_pts`` and ``delta = delta0 + 1``: ``delta < -1.1``
+    drops it; ``delta > 1.1`` writes it ``llrint(delta)`` times, the first ``llrint(delta0 - 0.6)`` of them (when
+    ``delta0 > 1.1``) being the previous frame again; ``next_pts`` advances by the frames written. A gap of one
+    output (the CLI rebuilding its filter graph drops the buffered frame) writes the next frame twice.
+    """
+    if not outputs:
+        return []
+    written = [outputs[0][1]]
+    nxt = outputs[0][0] + 1
+    prev = outputs[0][1]
+    for pts, k in outputs[1:]:
+        delta0 = pts - nxt
+        delta = delta0 + 1
+        if delta < -1.1:
+            continue
+        if delta > 1.1:
+            nb = math.floor(delta + 0.5)
+            nb_prev = math.floor(delta0 - 0.6 + 0.5) if delta0 > 1.1 else 0
+        else:
+            nb, nb_prev = 1, 0
+        written += [prev] * nb_prev + [k] * (nb - nb_prev)
+        nxt += nb
+        prev = k
+    return written
 
 
 def thin_linspace(num_frames: int, num_keep: int) -> list[int]:
@@ -199,7 +240,7 @@ def thin_linspace(num_frames: int, num_keep: int) -> list[int]:
 
 
 def sample_frames(pts: list[int], time_base: Fraction, end_pts: int, duration_s: float, budget_tokens: int,
-                  start_s: float = 0.0, base_fps: float = BASE_FPS, k: int = K_ROWS
+                  start_s: float = 0.0, base_fps: float = BASE_FPS, k: int = K_ROWS, segments: tuple[int, ...] = ()
                   ) -> tuple[float, list[int], list[float]]:
     """Which source frames the decode keeps and the time each is labelled with (seed 001, ``decode_video``).
 
@@ -214,6 +255,12 @@ def sample_frames(pts: list[int], time_base: Fraction, end_pts: int, duration_s:
         duration_s: the container's duration (s, ``format.duration``), which picks the rate.
         budget_tokens: the largest budget of the run.
         start_s: the video stream's ``start_time`` (s; added to the labels, ``start`` in the seed).
+        segments: positions into ``pts`` where the ffmpeg CLI rebuilds its filter graph (a new frame size
+            mid-stream: ``Reconfiguring filter graph because video parameters changed``): each part gets a new
+            ``fps`` filter (it starts at that part's first frame), and the old one is dropped unflushed
+            (``flush=False``); the outputs then pass the CLI's constant-rate output sync (:func:`cfr_sync`: the
+            output lost to the rebuild is filled), as the CLI does (checked against the binary on an MPEG-TS whose
+            size changes).
 
     Returns:
         ``(fps, positions into pts, times_s)``; the lists are empty when the clip is too short for one output frame.
@@ -224,7 +271,17 @@ def sample_frames(pts: list[int], time_base: Fraction, end_pts: int, duration_s:
     if not duration_s > 0:
         raise ValueError(f"the duration must be positive, got {duration_s!r}")
     fps = sample_rate(duration_s, budget_tokens, base_fps, k)
-    src = fps_filter_frames(pts, time_base, end_pts, av_d2q(fps))
+    rate = av_d2q(fps)
+    bounds = [0, *[b for b in segments if 0 < b < len(pts)], len(pts)]
+    if len(bounds) == 2:
+        src = fps_filter_frames(pts, time_base, end_pts, rate)
+    else:
+        outs = []
+        for a, b in zip(bounds, bounds[1:]):
+            last = b == len(pts)
+            outs += [(n, a + i) for n, i in _fps_outputs(pts[a:b], time_base, end_pts if last else 0, rate,
+                                                         flush=last)]
+        src = cfr_sync(outs)
     times = (start_s + np.arange(len(src)) / fps).tolist()
     keep = thin_linspace(len(src), max_frames(budget_tokens, k))
     return fps, [src[i] for i in keep], [float(times[i]) for i in keep]
@@ -268,20 +325,34 @@ def budget_fps(num_frames: int, duration_s: float, base_fps: float = BASE_FPS, m
 def frame_grid(height: int, width: int, max_tokens: int, min_tokens: int = MIN_TOKENS_PER_FRAME) -> tuple[int, int]:
     """Merged-token grid ``(gh, gw)`` a ``height × width`` frame is resized to, keeping its aspect ratio.
 
-    Follows VideoLLaMA3's ``smart_resize`` with ``factor = 28``, ``max_pixels = max_tokens * 28²`` and
-    ``min_pixels = min(min_tokens, max_tokens) * 28²``: the frame keeps its size rounded to multiples of 28
-    when that fits, else is scaled down (floor) to fit, or up (ceil) to reach the minimum.
+    Follows VideoLLaMA3's ``smart_resize`` (transformers 5.23, ``transformers/models/video_llama_3/
+    video_processing_video_llama_3.py:smart_resize``, the rule ``VideoLlama3VideoProcessor.resize`` applies) with
+    ``factor = 28``, ``max_pixels = max_tokens * 28²`` and ``min_pixels = min(min_tokens, max_tokens) * 28²``:
+
+    * ``h_bar = round(height / 28) * 28``, ``w_bar = round(width / 28) * 28`` (a side under 14 px rounds to 0);
+    * above ``max_pixels``: ``beta = sqrt(h w / max_pixels)``, each side ``max(28, floor(side / beta / 28) * 28)``;
+    * else below ``min_pixels`` (a side rounded to 0 always is): ``beta = sqrt(min_pixels / (h w))``, each side
+      ``ceil(side * beta / 28) * 28``. This path does not look at ``max_pixels``: a thin frame (2000x10 at 23
+      tokens: ``(1, 57)``) may get more cells than ``max_tokens``, as in the processor (issue 44 item 4).
+
+    An aspect ratio above 200, which ``smart_resize`` refuses (``ValueError``, the video's error record), keeps
+    each rounded side at least 28 here (a grid for the callers that plan before the processor refuses).
 
     Returns:
-        ``(gh, gw)`` with ``gh * gw <= max_tokens`` (when ``max_tokens >= 1``); the pixel size is ``28 gh × 28 gw``.
+        ``(gh, gw)``; the pixel size is ``28 gh × 28 gw``. ``gh * gw <= max_tokens`` except on the minimum path
+        above.
+
+    Raises:
+        ValueError: a side below 1 pixel.
     """
     if height < 1 or width < 1:
         raise ValueError(f"frame size must be positive, got {height}x{width}")
     f = CELL_PIXELS
     max_px = max_tokens * f * f
     min_px = min(min_tokens, max_tokens) * f * f
-    h_bar = max(f, round(height / f) * f)
-    w_bar = max(f, round(width / f) * f)
+    floor = f if max(height, width) / min(height, width) > 200 else 0   # smart_resize: no clamp (issue 44 item 4)
+    h_bar = max(floor, round(height / f) * f)
+    w_bar = max(floor, round(width / f) * f)
     if h_bar * w_bar > max_px:
         beta = math.sqrt(height * width / max_px)
         h_bar = max(f, math.floor(height / beta / f) * f)

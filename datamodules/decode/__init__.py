@@ -4,7 +4,10 @@ The pipeline, one file per step:
 
 ====================  ==========================================================================================
 ``probe.py``          :func:`probe_video` -> :class:`VideoProbe`: the container's integer pts and time base, packet
-                      durations, ``format.duration``, ``start_time``, key frames, codec (PyAV; one frame decoded)
+                      durations, ``format.duration``, ``start_time``, key frames, codec, display matrix (PyAV; one
+                      frame decoded), or the decoder's timeline where the packets' pts are not the CLI's (AVI with
+                      B-frames, pts = dts with B-frames, a frame size change: a full decode)
+``display.py``        the display matrix as the ffmpeg CLI's autorotation applies it (transposes and flips)
 ``plan.py``           :func:`plan_decode` -> :class:`DecodePlan`: seed 001's frames and the decode size;
                       :func:`auto_decode_threads`
 ``readers.py``        :data:`READERS`, the registry, and :func:`resolve_decoder` (``data.decoder``: cpu, nvdec, auto)

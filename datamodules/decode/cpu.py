@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from datamodules.decode.errors import DecodeError
+from datamodules.decode.display import apply_ops, autorotate_ops, mirrored, swaps_axes
+from datamodules.decode.errors import DecodeError, FrameSizeChange
 from datamodules.decode.probe import VideoProbe
 from datamodules.decode.readers import READERS
 
@@ -95,15 +96,104 @@ PYAV_SKIP_PIX_FMTS = ("yuv420p", "yuvj420p")
 
 
 def cpu_reader_for(probe: VideoProbe, decode_hw: tuple[int, int]) -> str:
-    """The CPU reader of a video: ``pyav`` (in decode order) when its timestamps are unusable; ``pyav_skip`` for
-    H.264/HEVC 8-bit 4:2:0 at native size (exact, faster: it skips what no sampled frame needs); else
-    ``decord``."""
-    if probe.timestamps_unusable:
+    """The CPU reader of a video:
+
+    * ``pyav`` (in decode order) when its timestamps are unusable or are the decoder's (``probe.decoded_timeline``:
+      AVI with B-frames, pts = dts with B-frames, a frame size that changes; decord's index there is not the
+      CLI's: issue 44 item 2);
+    * ``pyav_skip`` for H.264/HEVC 8-bit 4:2:0 at native size (exact, faster: it skips what no sampled frame
+      needs), for a mirrored display matrix (decord applies the rotation angle only: issue 44 item 3), for any
+      display transform at native size (decord's rotated frames can be resized back from a nearby width), and for
+      a codec decord's FFmpeg 4.1 has no decoder for (AV1: :func:`decord_decodes`);
+    * else ``decord``."""
+    if probe.timestamps_unusable or probe.decoded_timeline:
         return "pyav"
     if (probe.codec in PYAV_SKIP_CODECS and probe.pix_fmt in PYAV_SKIP_PIX_FMTS
             and tuple(decode_hw) == (probe.height, probe.width)):
         return "pyav_skip"
+    if mirrored(probe.display_matrix) or not decord_decodes(probe.codec_family or probe.codec):
+        return "pyav_skip"
+    if probe.display_matrix is not None and tuple(decode_hw) == (probe.height, probe.width) and \
+            autorotate_ops(probe.display_matrix):   # decord's rotated MPEG-4 at 64x48: 4.5/255 off the CLI's
+        return "pyav_skip"
     return "decord"
+
+
+def decord_decodes(codec: str) -> bool:
+    """Whether decord's bundled libavcodec (FFmpeg 4.1) has a decoder for ``codec`` (a codec name as FFmpeg's
+    descriptors spell it: ``h264``, ``av1``): ``avcodec_descriptor_get_by_name`` then ``avcodec_find_decoder`` in
+    that very library (``ctypes``; decord itself is not imported). ``True`` when the library cannot be asked."""
+    return _decord_decoders().get(codec, True) if codec else True
+
+
+_DECORD_CODECS: dict[str, bool] = {}
+
+
+def _decord_decoders() -> dict:
+    """A dict-like ``codec -> bool`` over decord's libavcodec (empty when it cannot be loaded)."""
+    import ctypes
+    import glob
+    import importlib.util
+
+    class _Ask(dict):
+        def __init__(self, lib):
+            super().__init__()
+            self.lib = lib
+
+        def get(self, name, default=None):
+            if name not in _DECORD_CODECS:
+                d = self.lib.avcodec_descriptor_get_by_name(name.encode())
+                if not d:
+                    _DECORD_CODECS[name] = False   # a codec FFmpeg 4.1 does not even name (vvc)
+                else:
+                    cid = ctypes.cast(d, ctypes.POINTER(ctypes.c_int))[0]   # AVCodecDescriptor.id comes first
+                    _DECORD_CODECS[name] = bool(self.lib.avcodec_find_decoder(cid))
+            return _DECORD_CODECS[name]
+
+    lib = _DECORD_LIB.get("lib")
+    if lib is None and "lib" not in _DECORD_LIB:
+        _DECORD_LIB["lib"] = None
+        try:
+            spec = importlib.util.find_spec("decord")
+            libdir = Path(spec.origin).resolve().parent.parent / "decord.libs"
+            for dep in ("libavutil", "libswresample", "libz", "libbz2", "libvpx", "libx264"):
+                for f in glob.glob(str(libdir / f"{dep}-*")):
+                    ctypes.CDLL(f)   # its dependencies first (the wheel's libraries carry no search path)
+            lib = ctypes.CDLL(glob.glob(str(libdir / "libavcodec-*"))[0])
+            lib.avcodec_descriptor_get_by_name.restype = ctypes.c_void_p
+            lib.avcodec_descriptor_get_by_name.argtypes = [ctypes.c_char_p]
+            lib.avcodec_find_decoder.restype = ctypes.c_void_p
+            lib.avcodec_find_decoder.argtypes = [ctypes.c_int]
+            _DECORD_LIB["lib"] = lib
+        except Exception:  # noqa: BLE001 - no decord wheel to ask: assume it decodes (its own error then says)
+            lib = None
+    return _Ask(lib) if lib is not None else {}
+
+
+_DECORD_LIB: dict = {}
+
+
+def _frame_to_rgb(probe: VideoProbe, resize_other_sizes: bool):
+    """``frame -> (h, w, 3)`` uint8 RGB as the ffmpeg CLI outputs it: ``to_ndarray(format="rgb24")``, then the
+    display matrix (:func:`datamodules.decode.display.autorotate_ops`: transposes and flips, issue 44 item 3).
+
+    A frame of another size than the first (``probe.height`` x ``probe.width`` before the display transform): with
+    ``resize_other_sizes`` it is scaled to the first size in the same swscale call as the conversion, bicubic
+    (the CLI's output keeps the first frame's size: ``-autoscale``, on by default, inserts ``scale=W:H`` with the
+    CLI's default ``flags=bicubic`` when its filter graph is rebuilt); without, :class:`FrameSizeChange`."""
+    ops = autorotate_ops(probe.display_matrix)
+    ch, cw = (probe.width, probe.height) if swaps_axes(ops) else (probe.height, probe.width)
+
+    def rgb(frame) -> np.ndarray:
+        if (frame.height, frame.width) != (ch, cw):
+            if not resize_other_sizes:
+                raise FrameSizeChange(f"the frame size changes mid-stream ({cw}x{ch} -> {frame.width}x"
+                                      f"{frame.height})")
+            x = frame.reformat(width=cw, height=ch, format="rgb24", interpolation="BICUBIC").to_ndarray()
+        else:
+            x = frame.to_ndarray(format="rgb24")
+        return apply_ops(x, ops)
+    return rgb
 
 
 def _pyav_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threads: int):
@@ -112,8 +202,11 @@ def _pyav_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threads: i
     the decoder's output count), where decord's pts-based seeking returns wrong frames. RGB by
     ``to_ndarray(format="rgb24")`` at native size (swscale's yuv->rgb, equal to decord's and the CLI's
     ``-pix_fmt rgb24`` on the test clips); a reduced size goes through :func:`_resize` of the native frame (not
-    decord's in-decoder scaler); the display rotation is applied (``frame.rotation``, counter-clockwise)."""
+    decord's in-decoder scaler); the display matrix is applied as the CLI applies it, flips included
+    (:func:`_frame_to_rgb`), and a frame of another size than the first is scaled to it (the CLI's autoscale)."""
     import av
+
+    rgb = _frame_to_rgb(probe, resize_other_sizes=True)
 
     def read(idx: list[int]) -> np.ndarray:
         want = {k: [] for k in idx}
@@ -126,11 +219,7 @@ def _pyav_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threads: i
             n = 0
             for frame in container.decode(stream):
                 if n in want:
-                    x = frame.to_ndarray(format="rgb24")
-                    rot = int(getattr(frame, "rotation", 0) or 0) % 360
-                    if rot:
-                        x = np.ascontiguousarray(np.rot90(x, k=rot // 90))
-                    out[n] = x
+                    out[n] = rgb(frame)
                 n += 1
                 if n > last:
                     break
@@ -171,19 +260,22 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
 
     H.264/HEVC decoding is exact whatever is skipped (the skipped pictures are not referenced), so the frames are
     the full decode's; RGB by ``to_ndarray(format="rgb24")`` (the same swscale conversion as decord and the ffmpeg
-    CLI at native size); the display rotation applied. Raises ``DecodeError`` naming the frames it could not get.
+    CLI at native size); the display matrix applied as the CLI applies it (:func:`_frame_to_rgb`). A decoded frame
+    of another size than the first raises :class:`FrameSizeChange` (the caller plans again on the decoder's
+    timeline). Raises ``DecodeError`` naming the frames it could not get.
     """
     import av
     import av.logging
 
     keyframes = probe.keyframes
+    to_rgb = _frame_to_rgb(probe, resize_other_sizes=False)
+    first_hw = (probe.width, probe.height) if swaps_axes(autorotate_ops(probe.display_matrix)) else \
+        (probe.height, probe.width)
 
     def _rgb(frame) -> np.ndarray:
         if check_only:
             return np.zeros((1, 1, 3), np.uint8)
-        x = frame.to_ndarray(format="rgb24")
-        rot = int(getattr(frame, "rotation", 0) or 0) % 360
-        return np.ascontiguousarray(np.rot90(x, k=rot // 90)) if rot else x
+        return to_rgb(frame)
 
     def _read(idx: list[int]) -> np.ndarray:
         off = probe.pts_offset
@@ -206,6 +298,8 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
                     repeated.add(k)
 
         def take(frame) -> None:
+            if (frame.height, frame.width) != first_hw and not check_only:
+                to_rgb(frame)   # raises FrameSizeChange: the CLI rebuilds its filter graph there
             n = raw.get(frame.pts)
             at = bisect.bisect_left(probe.pts, frame.pts + off) if frame.pts is not None else None
             if frame.is_corrupt and at is not None:   # FFmpeg's AV_FRAME_FLAG_CORRUPT / decode_error_flags:
@@ -339,6 +433,8 @@ def concealed_frames(path: Path, probe: VideoProbe, idx: list[int], num_threads:
     import av
 
     want = sorted(set(int(k) for k in idx))
+    if probe.decoded_timeline:   # the timeline pass decoded every frame: it saw any corrupt frame / refused packet
+        return set(want) if probe.damaged else set()
     if probe.timestamps_unusable:
         bad = False
         try:

@@ -44,9 +44,21 @@ pts all equal / run backwards    ``index / average rate`` (1 fps when unknown, `
                                  ``N / rate``, decoded in decode order (``pyav`` reader);
                                  ``info["timestamps_unusable"] = True``
 missing / zero fps               timestamps if usable; ``fps_ok = False``
-rotation metadata                decord applies the display rotation (frames upright, ``native_hw`` is the
-                                 displayed size). decord 0.6 mis-sizes its output buffer for some small 90/270-
-                                 rotated sizes; then the batch is decoded at a nearby width and resized back
+rotation metadata                the display matrix as the CLI's autorotation applies it, flips included
+                                 (``display.py``; ``native_hw`` is the displayed size): at native size and for
+                                 any mirrored matrix by ``pyav_skip``; at a reduced size decord applies a pure
+                                 rotation (decord 0.6 mis-sizes its output buffer for some small 90/270-rotated
+                                 sizes; then the batch is decoded at a nearby width and resized back). An angle
+                                 other than a multiple of 90 degrees: error ``the display matrix rotates by ...``
+packets without pts (AVI with    the CLI's timeline: every frame decoded once in the probe (PyAV, packets demuxed
+B-frames: MPEG-4 ASP, H.264),    without ``genpts`` as the CLI demuxes), each frame's pts the decoder's
+pts = dts with B-frames          best-effort timestamp (``probe._decoder_timeline``), native index = output
+                                 order, read by ``pyav``; ``info["timestamps_from_decoder"]`` says why
+frame size changes mid-stream    the CLI rebuilds its filter graph: a new ``fps`` filter per size (the old one's
+                                 buffered frame lost, its CFR output sync fills the gap), frames scaled to the
+                                 first size (bicubic, the CLI's autoscale); found when a reader decodes a frame
+                                 of another size, then planned again on the decoder's timeline
+AV1 (no decoder in decord)       ``pyav_skip`` (PyAV's FFmpeg decodes it); ``decord_frame_count`` from PyAV
 odd dimensions                   decoded at the exact odd size
 4:4:4, 10-bit                    decoded (converted to 8-bit RGB by decord's swscale)
 mkv / webm / avi                 decoded (any container and codec decord's FFmpeg reads)
@@ -55,7 +67,9 @@ non-ASCII, spaces in the path    decoded (paths passed as UTF-8 strings)
                                  at ``decode_max_side`` inside the decoder (bounded memory)
 ===============================  ==================================================================================
 
-Not covered: a decoder that crashes the process (segfault) on a file takes the DataLoader worker down with it; an
+Not covered: a frame size change inside a span ``pyav_skip`` seeks over or skips (no decoded frame shows it),
+or met by decord (reduced sizes, other codecs), keeps the one-filter plan; a decoder that crashes the process
+(segfault) on a file takes the DataLoader worker down with it; an
 external ffmpeg fallback is not used. A file whose first key frame the decoder refuses is an error where FFmpeg
 answers it (no earlier frame to repeat; ``tests/datamodules/test_decode_paths.py``, xfail); a file with unusable
 timestamps (PyAV in decode order) is an error on a refused packet (flagged, not read past); frames NVDEC itself
@@ -74,6 +88,12 @@ import numpy as np
 
 class DecodeError(RuntimeError):
     """A video could not be opened or decoded; the message names the file."""
+
+
+class FrameSizeChange(DecodeError):
+    """The frame size changes mid-stream (a reader saw a frame of another size than the first): the ffmpeg CLI then
+    rebuilds its filter graph, so the frame choice is made again on the decoder's timeline
+    (:func:`datamodules.decode.probe.probe_video` with ``timeline``)."""
 
 
 class NvdecError(RuntimeError):

@@ -102,7 +102,7 @@ def plan_decode(path: Path, probe: VideoProbe, budget_tokens: int, base_fps: flo
             ``assert T > 0``) unless ``short_clip_first_frame``.
     """
     sample_fps, idx, times = sample_frames(probe.pts, probe.time_base, probe.end_pts, probe.duration_s,
-                                           budget_tokens, probe.start_s, base_fps)
+                                           budget_tokens, probe.start_s, base_fps, segments=probe.segments)
     if not idx:
         if not short_clip_first_frame:
             raise DecodeError(f"{path}: no frame at {sample_fps:g} fps: the clip ({probe.duration_s:.3f} s) ends "

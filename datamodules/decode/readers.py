@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 
+from datamodules.decode.display import mirrored
 from datamodules.decode.probe import VideoProbe
 
 
@@ -43,6 +44,9 @@ def resolve_decoder(decoder: str, probe: VideoProbe | None = None, path: Path | 
         raise ValueError(f"data.decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
     if decoder == "cpu":
         return "cpu", None
+    if probe is not None and (probe.decoded_timeline or mirrored(probe.display_matrix)):
+        return "cpu", ("the frames are numbered by the decoder's output timestamps (" + probe.decoded_timeline + ")"
+                       if probe.decoded_timeline else "a mirrored display matrix (flips applied on the CPU)")
     nv = READERS.get("nvdec")
     if nv is None:
         if decoder == "nvdec":

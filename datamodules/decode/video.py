@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from datamodules.decode.cpu import PYAV_SKIP_CODECS, _read_frames, concealed_frames, cpu_reader_for
-from datamodules.decode.errors import DecodeError, _check_file, _open_error
+from datamodules.decode.cpu import PYAV_SKIP_CODECS, _read_frames, concealed_frames, cpu_reader_for, decord_decodes
+from datamodules.decode.errors import DecodeError, FrameSizeChange, _check_file, _open_error
 from datamodules.decode.held import HOLD_CHUNK_BYTES, EncoderSizing, _decode_held, held_bytes
 from datamodules.decode.plan import NATIVE_DECODE_BYTES, decode_frame_size, plan_decode
 from datamodules.decode.probe import is_variable_frame_rate, probe_video
@@ -125,8 +125,20 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
     if name == "cpu":
         name = cpu_reader_for(probe, plan.decode_hw)
     try:
-        frames, replaced, made, concealed = _read_planned(path, probe, plan, name, num_threads, max_replaced_frac,
-                                                          sizing, hold_chunk_bytes, strict_frames)
+        try:
+            frames, replaced, made, concealed = _read_planned(path, probe, plan, name, num_threads,
+                                                              max_replaced_frac, sizing, hold_chunk_bytes,
+                                                              strict_frames)
+        except FrameSizeChange as e:   # the CLI rebuilds its filter graph there: plan again on the decoder's
+            probe = probe_video(path, timeline=str(e))   # timeline, with a new fps filter per size (issue 44)
+            plan = plan_decode(path, probe, budget_tokens, base_fps, native_decode_bytes, decode_max_side,
+                               short_clip_first_frame)
+            if name == "nvdec":
+                fallback = f"nvdec: {e}"
+            name = "pyav"
+            frames, replaced, made, concealed = _read_planned(path, probe, plan, name, num_threads,
+                                                              max_replaced_frac, sizing, hold_chunk_bytes,
+                                                              strict_frames)
     except DecodeError as e:
         if strict_frames or name not in ("decord", "nvdec") or probe.timestamps_unusable:
             raise
@@ -156,6 +168,8 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
         info["decoder_fallback"] = fallback
     if probe.timestamps_unusable:
         info["timestamps_unusable"] = True
+    if probe.decoded_timeline:   # the frames are numbered and timed as the CLI's decoder outputs them
+        info["timestamps_from_decoder"] = probe.decoded_timeline
     if replaced:   # positions in the returned frames whose native frame could not be read
         bad_native = {unique[k] for k in replaced}
         info["frames_replaced"] = [j for j, k in enumerate(idx) if k in bad_native]
@@ -230,6 +244,10 @@ def decord_frame_count(path: str | Path) -> tuple[int, float]:
     v2_5/vision_process.py:_read_video_decord, ``total_frames, video_fps = len(vr), vr.get_avg_fps()``; decord's
     count is the container's frame count, e.g. mp4's sample count, else its duration-times-rate estimate).
 
+    A codec decord has no decoder for (AV1: decord cannot open the stream, "cannot find video stream with wanted
+    index: -1") is counted the same way from PyAV: the container's frame count (``nb_frames``), else the video
+    packets, and the average rate.
+
     Raises:
         DecodeError: the file is missing or decord cannot open it.
     """
@@ -241,7 +259,19 @@ def decord_frame_count(path: str | Path) -> tuple[int, float]:
         vr = decord.VideoReader(str(path), num_threads=1)
         return len(vr), float(vr.get_avg_fps())
     except Exception as e:  # noqa: BLE001 - decord raises its own error type for every open failure
-        raise _open_error(path, e) from e
+        probe = None
+        try:
+            probe = probe_video(path)
+        except DecodeError:
+            pass
+        if probe is None or decord_decodes(probe.codec_family or probe.codec):
+            raise _open_error(path, e) from e
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        n = int(stream.frames or 0) or len(probe.pts)
+    return n, float(probe.fps)
 
 
 def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896, num_threads: int = 1,
@@ -284,9 +314,12 @@ def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896,
     h, w = probe.height, probe.width
     dh, dw = decode_frame_size(h, w, len(idx), native_decode_bytes, max_side)
     name = "pyav" if probe.timestamps_unusable else "decord"
+    if name == "decord" and not decord_decodes(probe.codec_family or probe.codec):
+        name = "pyav_skip"   # decord has no decoder for it (AV1): PyAV's FFmpeg has (frames matched by pts)
     unique = sorted(set(idx))
+    kw = {"skip_nonref": probe.codec in PYAV_SKIP_CODECS} if name == "pyav_skip" else {}
     opener = (lambda threads: lambda ix: _read_frames(path, ix, h, w, dh, dw, threads)) if name == "decord" else \
-        (lambda threads: READERS[name](path, probe, dh, dw, threads))
+        (lambda threads: READERS[name](path, probe, dh, dw, threads, **kw))
     concealed = concealed_frames(path, probe, unique, num_threads)
     if strict_frames and concealed:
         opener = _failing_on(opener, concealed)

@@ -96,6 +96,26 @@ def test_frame_grid_matches_transformers_smart_resize():
             assert frame_grid(h, w, tok) == (hh // 28, ww // 28)
 
 
+
+def test_frame_grid_thin_frames_follow_the_processor():
+    """Issue 44 item 4: a side under 14 px rounds to 0 in ``smart_resize`` (no ``max(28, ...)``), so the minimum-pixels
+    path decides: 640x12 at 64 tokens is [3, 2, 60] patches from the processor itself, not (1, 23) cells."""
+    import torch
+    from transformers.models.video_llama_3.video_processing_video_llama_3 import (VideoLlama3VideoProcessor,
+                                                                                  smart_resize)
+
+    # by hand: 12x640 rounds to 0 x 644 px -> below 16 * 784 px: beta = sqrt(12544 / 7680) = 1.278,
+    # ceil(12 * 1.278 / 28) = 1, ceil(640 * 1.278 / 28) = ceil(29.2) = 30
+    assert frame_grid(12, 640, 64) == (1, 30)
+    proc = VideoLlama3VideoProcessor()
+    for h, w, tok in [(12, 640, 64), (10, 2000, 64), (10, 2000, 23), (13, 1000, 256), (640, 12, 16), (7, 1400, 8)]:
+        hh, ww = smart_resize(h, w, 28, min_pixels=min(16, tok) * 784, max_pixels=tok * 784)
+        assert frame_grid(h, w, tok) == (hh // 28, ww // 28), (h, w, tok)
+        clip = torch.zeros(3, 3, h, w, dtype=torch.uint8)
+        thw = proc(videos=[clip], do_sample_frames=False, use_token_compression=False, return_tensors="pt",
+                   size={"shortest_edge": min(16, tok) * 784, "longest_edge": tok * 784 * 3})["video_grid_thw"]
+        assert thw[0].tolist() == [3, 2 * (hh // 28), 2 * (ww // 28)]
+
 def test_frame_tokens_hand_cases():
     # 14 frames, B=256: cap = 8*256 // 14 = 146; 720x1280 -> beta = sqrt(921600/114464)=2.8375 -> 9 x 16 = 144
     assert frame_token_cap(256, 14) == 146
