@@ -8,6 +8,7 @@ unreadable ``--ckpt_path``.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import warnings
@@ -379,6 +380,8 @@ USER_ERROR_TYPES = ("SettingError", "BaselineRunError", "FeatureFileError", "Out
                     "OutputWriteError", "AnnotationError", "MediaMissingError", "EasyComFormatError", "DecodeError", "CheckpointError",
                     "MisconfigurationException")   # Lightning's own: conflicting trainer settings
 USER_OS_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+# an OSError of these kinds is the machine's state, not a bug: a full disk or quota, a read-only file system
+USER_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 def user_error(exc: BaseException) -> BaseException | None:
@@ -386,8 +389,9 @@ def user_error(exc: BaseException) -> BaseException | None:
 
     A user error is a bad setting, file or folder: one of the project's input-error types (``USER_ERROR_TYPES``:
     ``SettingError`` for configuration values, the data-format errors) or a missing / unreadable path
-    (``USER_OS_ERRORS``), or a full disk met while appending records (``OutputWriteError``). Everything else (a
-    ``ValueError`` of an internal check, a library error, another full-disk ``OSError``) keeps its traceback.
+    (``USER_OS_ERRORS``), a full disk or read-only output (``OutputWriteError``, and any ``OSError`` of
+    ``USER_ERRNOS`` that names its file). Everything else (a ``ValueError`` of an internal check, a library error,
+    a full-disk ``OSError`` that names no file) keeps its traceback.
     LightningCLI/jsonargparse wrap errors raised while building the model or data, so the chain (``__cause__``,
     and ``__context__`` unless suppressed) is followed; the outermost match wins, so a project error that wraps a
     ``FileNotFoundError`` is the one shown.
@@ -396,6 +400,8 @@ def user_error(exc: BaseException) -> BaseException | None:
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if type(exc).__name__ in USER_ERROR_TYPES or isinstance(exc, USER_OS_ERRORS):
+            return exc
+        if isinstance(exc, OSError) and exc.errno in USER_ERRNOS and exc.filename:
             return exc
         exc = exc.__cause__ if (exc.__cause__ is not None or exc.__suppress_context__) else exc.__context__
     return None
