@@ -7,11 +7,10 @@
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, resolve_media_path,
-                   text_field)
+                   text_field, load_json_annotation)
 from .subtitles import load_lvb_subtitles, subtitles_text
 
 _FIELDS = ("id", "video_id", "video_path", "question", "candidates")
@@ -44,12 +43,7 @@ def load_lvb(root: Path, annotation: str = "lvb_val.json", video_dir: str = "vid
     """
     root = Path(root)
     f = root / annotation
-    try:
-        rows = json.loads(f.read_text(encoding="utf-8"))
-    except FileNotFoundError as e:
-        raise AnnotationError(f"LongVideoBench: {f} not found") from e
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise AnnotationError(f"{f}: invalid JSON: {e}") from e
+    rows = load_json_annotation(f, "LongVideoBench annotation file")
     if not isinstance(rows, list):
         raise AnnotationError(f"{f}: expected a JSON list of questions")
     questions: list[Question] = []

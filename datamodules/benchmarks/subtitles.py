@@ -6,11 +6,10 @@ Interleaving subtitles with frames by time is done by the model input builder fr
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
-from .base import AnnotationError
+from .base import AnnotationError, load_json_annotation
 
 TimedLine = tuple[float, float, str]
 
@@ -167,10 +166,7 @@ def load_lvb_subtitles(path: str | Path, starting_timestamp_s: float = 0.0,
         AnnotationError: invalid JSON or items (the file is named).
     """
     path = Path(path)
-    try:
-        items = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise AnnotationError(f"{path}: invalid JSON: {e}") from e
+    items = load_json_annotation(path, "subtitle file")
     return parse_lvb_subtitles(items, starting_timestamp_s, duration_s, where=str(path))
 
 

@@ -319,3 +319,71 @@ def test_question_without_answer_is_accepted(tmp_path):
     _lvb(tmp_path, [{k: v for k, v in _lvb_row().items() if k != "correct_choice"}])
     (q,) = load_benchmark("lvb", tmp_path)
     assert isinstance(q, Question) and q.answer is None
+
+
+# ------------------------------------------------------------------------------------------ issue 44 items 7 and 9
+def test_video_ids_no_file_can_have_are_refused_naming_the_row(tmp_path):
+    """Before: ``ValueError: embedded null byte`` from ``os.path.getsize`` (datamodules/sharding.py) and ``OSError:
+    [Errno 36] File name too long`` from ``Path.exists`` (check_media_present), both tracebacks."""
+    f = _videomme(tmp_path, [_vm_row(), _vm_row("001-2", vid="v\x002")])
+    with pytest.raises(AnnotationError) as e:
+        load_benchmark("videomme", tmp_path)
+    assert str(e.value) == (f"{f} row 1 (question_id='001-2'): media path 'videos/v\\x002.mp4' holds a NUL byte, "
+                            "which no file name can; fix the row's video id")
+    long_id = "x" * 300
+    f = _videomme(tmp_path, [_vm_row(), _vm_row("001-2", vid=long_id)])
+    with pytest.raises(AnnotationError) as e:
+        load_benchmark("videomme", tmp_path)
+    # 300 characters + ".mp4" = 304 bytes in one name; ext4 and the others hold 255
+    assert str(e.value) == (f"{f} row 1 (question_id='001-2'): media path component '{'x' * 40}'... is 304 bytes; a "
+                            "file name holds at most 255, so no video can be there; fix the row's video id")
+    # the sharding cost of a path no file can have falls back to 1 s (a decode error record then says why)
+    from datamodules.sharding import estimate_cost
+
+    assert estimate_cost(None, "v\x00.mp4", 2, 3) == 6.0
+    assert estimate_cost(None, str(tmp_path / long_id), 2, 3) == 6.0
+
+
+def test_mlvu_json_nested_beyond_the_recursion_limit_is_one_line(tmp_path):
+    """Before: ``RecursionError: maximum recursion depth exceeded while decoding a JSON array``."""
+    import sys
+
+    (tmp_path / "json").mkdir()
+    f = tmp_path / "json" / "1_plotQA.json"
+    f.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(AnnotationError) as e:
+        load_benchmark("mlvu", tmp_path)
+    assert str(e.value) == (f"{f}: invalid JSON: nested too deeply (arrays or objects inside each other beyond "
+                            f"Python's recursion limit, {sys.getrecursionlimit()}); no benchmark annotation nests "
+                            "more than a few levels")
+
+
+def test_a_fifo_or_a_symlink_loop_as_annotation_is_named_as_what_it_is(tmp_path):
+    """Before: a FIFO parquet was "not a readable parquet file (FileNotFoundError ...)", a FIFO JSON annotation
+    waited for a writer for ever, and a symbolic link loop was an ``OSError`` traceback or "not found"."""
+    from algorithms.errors import SettingError
+    from datamodules.videoqa import VideoQADataModule
+
+    fifo = "is a named pipe (FIFO), not a regular file: reading it would wait for a writer; give the file itself"
+    loop = "is a symbolic link loop (its links lead back to themselves); point it at the real file"
+    for name, rel in (("videomme", "videomme/test.parquet"), ("lvb", "lvb_val.json"),
+                      ("worldsense", "worldsense_qa.json"), ("mlvu", "json/1_plotQA.json")):
+        root = tmp_path / name
+        (root / rel).parent.mkdir(parents=True)
+        os.mkfifo(root / rel)
+        label = {"videomme": "Video-MME", "lvb": "LongVideoBench", "worldsense": "WorldSense", "mlvu": "MLVU"}[name]
+        with pytest.raises(AnnotationError) as e:
+            load_benchmark(name, root)
+        assert str(e.value) == f"{root / rel}: {label} annotation file {fifo}"
+        (root / rel).unlink()
+        (root / rel).symlink_to(root / (rel + ".2"))
+        (root / (rel + ".2")).symlink_to(root / rel)
+        with pytest.raises(AnnotationError) as e:
+            load_benchmark(name, root)
+        assert str(e.value) == f"{root / rel}: {label} annotation file {loop}"
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(SettingError) as e:
+        VideoQADataModule(root=str(tmp_path / "a"), loader_kwargs={}).setup()
+    assert str(e.value) == (f"data.init_args.root={tmp_path / 'a'}: the benchmark root is a symbolic link loop (its "
+                            "links lead back to themselves); point it at the real folder")
