@@ -21,7 +21,13 @@ zero or one option                      error (a multiple-choice question needs 
                                         question's error (``Question.error``, its records are error records)
 many options                            error above 10 (letters A-J) or above the benchmark's own count
                                         (LongVideoBench 5); WorldSense above 10: that question's error
-no answer (test splits)                 accepted: ``answer = None``; records score as unanswered
+no answer (test splits), an empty or    accepted: ``answer = None``; one warning with the count and the first
+blank one                               row; records are left out of ``n_scored`` and counted (``n_no_answer``)
+a NaN or infinite number as text        error (a NaN option would become the text ``'nan'``)
+a duration NaN, negative or not a       error (LongVideoBench ``duration``)
+number
+more options than the released rule     accepted; one warning with the count (Video-MME, WorldSense: the regex
+reads (> 4)                             reads ``[ABCD]``, E-J never credited under the official parser)
 non-Latin / right-to-left text          accepted verbatim (no normalisation); the prompt carries it unchanged
 model special tokens in a question,     accepted verbatim: the model tokenizes dataset text with
 option or subtitle                      ``split_special_tokens=True``, so it can neither add a vision placeholder
@@ -50,6 +56,8 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
+import math
 import os
 import re
 import stat
@@ -59,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 LETTERS = "ABCDEFGHIJ"
+log = logging.getLogger(__name__)
 MIN_OPTIONS = 2
 
 
@@ -253,10 +262,14 @@ def text_field(value: Any, name: str, where: str, numbers_ok: bool = False, empt
         empty_ok: accept an empty or blank string.
 
     Raises:
-        AnnotationError: ``value`` is not a string (nor an accepted number), or is blank (``where`` named).
+        AnnotationError: ``value`` is not a string (nor an accepted number), is NaN or infinite, or is blank
+            (``where`` named).
     """
     if isinstance(value, str):
         text = value
+    elif numbers_ok and isinstance(value, float) and not math.isfinite(value):
+        # a NaN cell (a list<double> options column, a JSON NaN candidate) would become the option text 'nan'
+        raise AnnotationError(f"{where}: {name} is {value} (not a number), not a text; fix the row")
     elif numbers_ok and isinstance(value, (int, float)) and not isinstance(value, bool):
         text = str(value)
     else:
@@ -281,6 +294,21 @@ def strip_option_letters(options: list[str], where: str, prefix: "re.Pattern[str
     return out
 
 
+def duration_field(value: Any, name: str, where: str) -> float | None:
+    """An annotation's duration in seconds: ``None`` when absent, else a finite number >= 0.
+
+    Raises:
+        AnnotationError: NaN, infinite, negative, or not a number (``where`` named): it would order the videos by
+            a NaN cost and be written into every record's ``meta``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise AnnotationError(f"{where}: {name} must be a number of seconds >= 0, got {type(value).__name__} "
+                              f"{value!r:.80}")
+    return value
+
+
 def options_field(value: Any, name: str, where: str, min_n: int = MIN_OPTIONS, max_n: int = len(LETTERS)) -> list:
     """``value`` checked to be a list of ``min_n..max_n`` option texts (numbers accepted); returns it as strings.
 
@@ -296,6 +324,18 @@ def options_field(value: Any, name: str, where: str, min_n: int = MIN_OPTIONS, m
     return [text_field(v, f"option {j}", where, numbers_ok=True) for j, v in enumerate(value)]
 
 
+def warn_options_beyond_rule(questions: list[Question], wheres: list[str], n_letters: int, rule: str) -> int:
+    """Warn once when questions have more options than the benchmark's released rule can ever credit (Video-MME's
+    and WorldSense's regexes read only ``[ABCD]``: ``algorithms.choice``), with their count and the first row;
+    returns that count. Such rows are asked as released (the robust parser reads every letter)."""
+    beyond = [w for q, w in zip(questions, wheres) if q.error is None and len(q.options) > n_letters]
+    if beyond:
+        log.warning("%d questions have more than %d options (first: %s): the official rule (%s) reads only %s, so an "
+                    "answer %s is never credited under it; the robust parser reads every letter", len(beyond),
+                    n_letters, beyond[0], rule, LETTERS[:n_letters], "-".join((LETTERS[n_letters], LETTERS[-1])))
+    return len(beyond)
+
+
 def check_questions(questions: list[Question], wheres: list[str]) -> list[Question]:
     """Checks every loader's output: qid, question and option texts, answer letter, unique qids.
 
@@ -308,6 +348,11 @@ def check_questions(questions: list[Question], wheres: list[str]) -> list[Questi
             of the option letters, or a qid used twice (both rows named).
     """
     seen: dict[str, str] = {}
+    unanswered = [w for q, w in zip(questions, wheres) if q.answer is None and q.error is None]
+    if unanswered:   # asked and written, but scoring leaves them out of n: said once, not per question
+        log.warning("%d of %d questions have no answer (empty, blank or missing; first: %s): they are asked, but "
+                    "the scores leave them out (scores.json: n_no_answer)", len(unanswered), len(questions),
+                    unanswered[0])
     for q, where in zip(questions, wheres):
         text_field(q.qid, "qid", where)
         text_field(q.question, "question", where)

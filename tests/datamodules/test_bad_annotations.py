@@ -387,3 +387,80 @@ def test_a_fifo_or_a_symlink_loop_as_annotation_is_named_as_what_it_is(tmp_path)
         VideoQADataModule(root=str(tmp_path / "a"), loader_kwargs={}).setup()
     assert str(e.value) == (f"data.init_args.root={tmp_path / 'a'}: the benchmark root is a symbolic link loop (its "
                             "links lead back to themselves); point it at the real folder")
+
+
+# ------------------------------------------------------------------------------------------ issue 44 item 8
+def _warnings(caplog) -> list[str]:
+    out = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    caplog.clear()
+    return out
+
+
+def test_silent_scoring_cases_are_said_or_refused(tmp_path, caplog):
+    """Before: 5-10 Video-MME options accepted without a word though the released regex reads only [ABCD]; a NaN
+    option became the text 'nan'; a non-UTF-8 .srt was decoded with U+FFFD silently; an empty answer left the
+    question out of n silently; a LongVideoBench ``duration`` of NaN was accepted."""
+    import logging
+    import math
+
+    from callbacks.scoring import score_records
+    from callbacks.scoring.console import format_table
+
+    caplog.set_level(logging.WARNING)
+    # 1. Video-MME rows with 5 and 10 options: asked as released, one warning with the count and the first row
+    root = tmp_path / "vm"
+    root.mkdir()
+    f = _videomme(root, [_vm_row(), _vm_row("001-2", options=[f"{c}. o{c}" for c in "ABCDE"], answer="E"),
+                         _vm_row("001-3", options=[f"{c}. o{c}" for c in "ABCDEFGHIJ"], answer="J")])
+    qs = load_benchmark("videomme", root)
+    assert [len(q.options) for q in qs] == [4, 5, 10]
+    assert _warnings(caplog) == [
+        f"2 questions have more than 4 options (first: {f} row 1 (question_id='001-2')): the official rule (Video-MME "
+        "eval_your_results.py) reads only ABCD, so an answer E-J is never credited under it; the robust parser reads "
+        "every letter"]
+    # 2. a NaN option: a list<double> options column, an MLVU candidate NaN (JSON's NaN), a NaN MLVU answer
+    f = _videomme(root, [_vm_row(options=[1.0, math.nan, 3.0], answer="A")],
+                  schema=pa.schema([(k, pa.list_(pa.float64()) if k == "options" else pa.string())
+                                    for k in _vm_row()]))
+    with pytest.raises(AnnotationError) as e:
+        load_benchmark("videomme", root)
+    assert str(e.value) == f"{f} row 0 (question_id='001-1'): option 1 is nan (not a number), not a text; fix the row"
+    for row, field in ((_mlvu_row(candidates=["red", math.nan]), "option 1"),
+                       (_mlvu_row(candidates=["red", 2.0], answer=math.nan), "answer")):
+        f = _mlvu(tmp_path, [row])
+        assert "NaN" in f.read_text()
+        with pytest.raises(AnnotationError) as e:
+            load_benchmark("mlvu", tmp_path)
+        assert str(e.value) == f"{f} row 0: {field} is nan (not a number), not a text; fix the row"
+    # 3. a .srt that is not UTF-8: read as before (U+FFFD), one warning naming the file and the first bad byte
+    _videomme(root, [_vm_row(vid="v1")])
+    (root / "subtitles").mkdir()
+    srt = root / "subtitles" / "v1.srt"
+    srt.write_bytes(b"1\n00:00:01,000 --> 00:00:02,000\ncaf\xe9\n")
+    (q,) = load_benchmark("videomme", root, subtitles=True)
+    assert q.subtitles == "caf\ufffd"
+    assert _warnings(caplog) == [
+        f"{srt}: not UTF-8 (byte 0xe9 at offset 35); read with U+FFFD in place of the bad bytes, where VideoLLaMA3's "
+        "evaluation (pysubs2.load(encoding='utf-8')) would stop; re-encode it as UTF-8 for the released text"]
+    # 4. empty and blank answers: asked, counted once at load, and counted apart from n in the scores and table
+    f = _videomme(root, [_vm_row(), _vm_row("001-2", answer=""), _vm_row("001-3", answer="  ")])
+    qs = load_benchmark("videomme", root)
+    assert [q.answer for q in qs] == ["B", None, None]
+    assert _warnings(caplog) == [
+        f"2 of 3 questions have no answer (empty, blank or missing; first: {f} row 1 (question_id='001-2')): they are "
+        "asked, but the scores leave them out (scores.json: n_no_answer)"]
+    recs = [{"qid": q.qid, "job": "b128", "budget": 128, "answer": q.answer, "response": "B",
+             "meta": {"benchmark": "videomme"}} for q in qs]
+    (g,) = score_records(recs, n_resamples=0)["groups"]
+    assert (g["n_records"], g["n_scored"], g["n_no_answer"]) == (3, 1, 2)
+    assert "not scored, no gold answer in the annotation (empty, blank or missing): videomme b128 2" in \
+        format_table({"groups": [g]}).splitlines()
+    # 5. a LongVideoBench duration of NaN (or negative, or text): that row refused by name
+    for bad in (math.nan, -1.0, "10s"):
+        f = _lvb(tmp_path, [_lvb_row("a", duration=12.5), _lvb_row("b", duration=bad)])
+        with pytest.raises(AnnotationError) as e:
+            load_benchmark("lvb", tmp_path)
+        assert str(e.value) == (f"{f} row 1 (id='b'): duration must be a number of seconds >= 0, got "
+                                f"{type(bad).__name__} {bad!r}")
+    _lvb(tmp_path, [_lvb_row("a", duration=12.5), _lvb_row("b")])     # absent: still accepted
+    assert [q.meta["duration"] for q in load_benchmark("lvb", tmp_path)] == [12.5, None]
