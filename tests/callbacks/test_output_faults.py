@@ -80,7 +80,9 @@ def _score_at_predict_end(root: Path):
 
 def test_output_faults_are_one_line_naming_the_path(tiny_vl3_dir, demo_bench, tmp_path, monkeypatch, capsys):
     """Before: tracebacks (``OSError: [Errno 28]`` from report.html / run.json, ``[Errno 30]`` from the lock file
-    and from scores.json, ``FileExistsError`` for a file as out_dir, ``JSONDecodeError`` for a damaged run.json)."""
+    and from scores.json, ``FileExistsError`` for a file as out_dir, ``JSONDecodeError`` for a damaged run.json).
+    About 8 s on the 2-core CPU: six ``evaluate.py predict`` runs in-process, each refused before its first video
+    (the tiny model is built for each); in one test so that the cases share the CLI's imports."""
     import callbacks.jsonl_writer as jw
     import callbacks.report as report
 

@@ -55,6 +55,7 @@ def _config(tmp_path, model_dir, bench, out, stop: str):
 
 def test_sigterm_stops_the_run_with_143_saying_what_was_kept(tiny_vl3_dir, demo_bench, tmp_path, capsys,
                                                               monkeypatch):
+    """About 5 s on the 2-core CPU: one video answered in-process before the signal (the records to keep)."""
     import evaluate
     from callbacks.jsonl_writer import read_records
     from cli import main
