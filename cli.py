@@ -8,6 +8,7 @@ unreadable ``--ckpt_path``.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import warnings
@@ -379,6 +380,8 @@ USER_ERROR_TYPES = ("SettingError", "BaselineRunError", "FeatureFileError", "Out
                     "OutputWriteError", "AnnotationError", "MediaMissingError", "EasyComFormatError", "DecodeError", "CheckpointError",
                     "MisconfigurationException")   # Lightning's own: conflicting trainer settings
 USER_OS_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+# an OSError of these kinds is the machine's state, not a bug: a full disk or quota, a read-only file system
+USER_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 def user_error(exc: BaseException) -> BaseException | None:
@@ -386,8 +389,9 @@ def user_error(exc: BaseException) -> BaseException | None:
 
     A user error is a bad setting, file or folder: one of the project's input-error types (``USER_ERROR_TYPES``:
     ``SettingError`` for configuration values, the data-format errors) or a missing / unreadable path
-    (``USER_OS_ERRORS``), or a full disk met while appending records (``OutputWriteError``). Everything else (a
-    ``ValueError`` of an internal check, a library error, another full-disk ``OSError``) keeps its traceback.
+    (``USER_OS_ERRORS``), a full disk or read-only output (``OutputWriteError``, and any ``OSError`` of
+    ``USER_ERRNOS`` that names its file). Everything else (a ``ValueError`` of an internal check, a library error,
+    a full-disk ``OSError`` that names no file) keeps its traceback.
     LightningCLI/jsonargparse wrap errors raised while building the model or data, so the chain (``__cause__``,
     and ``__context__`` unless suppressed) is followed; the outermost match wins, so a project error that wraps a
     ``FileNotFoundError`` is the one shown.
@@ -397,46 +401,106 @@ def user_error(exc: BaseException) -> BaseException | None:
         seen.add(id(exc))
         if type(exc).__name__ in USER_ERROR_TYPES or isinstance(exc, USER_OS_ERRORS):
             return exc
+        if isinstance(exc, OSError) and exc.errno in USER_ERRNOS and exc.filename:
+            return exc
         exc = exc.__cause__ if (exc.__cause__ is not None or exc.__suppress_context__) else exc.__context__
     return None
 
 
 INTERRUPTED_STATUS = 130   # the shell's status of a command stopped by SIGINT (128 + 2)
+TERMINATED_STATUS = 143    # ... and by SIGTERM (128 + 15): what a scheduler or ``docker stop`` sends
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM received (:func:`stop_on_sigterm`). A ``KeyboardInterrupt``, so the run stops exactly as on Ctrl-C:
+    Lightning's graceful shutdown (``on_exception`` of every callback: the writer notes what it kept), a DataLoader
+    worker ends quietly (torch's worker loop ignores a ``KeyboardInterrupt``), then :func:`main` exits 143."""
+
+
+_TERMINATING = False
+
+
+def _raise_terminated(signum, frame) -> None:
+    """The SIGTERM handler: raise :class:`Terminated` in the main thread, once (a second SIGTERM during the
+    shutdown the first one started is ignored, as Lightning ignores a second Ctrl-C)."""
+    global _TERMINATING
+    if _TERMINATING:
+        return
+    _TERMINATING = True
+    raise Terminated(f"signal {signum} (SIGTERM)")
+
+
+def stop_on_sigterm():
+    """Make SIGTERM stop the run as Ctrl-C does (issue 44 item 5); returns the handler it replaced, or ``None``
+    when nothing was installed (not the main thread, or a handler other than the default is already set).
+
+    Lightning's own SIGTERM handler (``trainer/connectors/signal_connector.py``) only logs "Received SIGTERM" and
+    sets ``trainer.received_sigterm``, which the predict loop never reads, so a run went on through every video
+    and the scoring. Lightning composes its handler with one already installed (``_HandlersCompose``: its
+    notifier, then this one), and restores this one at teardown, so this handler runs inside a trainer too."""
+    import signal
+    import threading
+
+    global _TERMINATING
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous not in (signal.SIG_DFL, None):
+        return None
+    _TERMINATING = False
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    return previous
 
 
 def interrupted(exc: BaseException) -> bool:
-    """Whether ``exc`` ends a run the user interrupted (Ctrl-C): a ``KeyboardInterrupt``, or the ``SystemExit(1)``
-    Lightning raises after its own graceful shutdown of one (``lightning.pytorch.trainer.call.
-    _call_and_handle_interrupt`` calls ``sys.exit(1)`` inside its ``except KeyboardInterrupt``, so the interrupt is
-    that exit's ``__context__``)."""
+    """Whether ``exc`` ends a run the user interrupted (Ctrl-C or SIGTERM): a ``KeyboardInterrupt`` (:class:`
+    Terminated` included), or the ``SystemExit(1)`` Lightning raises after its own graceful shutdown of one
+    (``lightning.pytorch.trainer.call._call_and_handle_interrupt`` calls ``sys.exit(1)`` inside its ``except
+    KeyboardInterrupt``, so the interrupt is that exit's ``__context__``)."""
     if isinstance(exc, KeyboardInterrupt):
         return True
     return isinstance(exc, SystemExit) and isinstance(exc.__context__, KeyboardInterrupt)
+
+
+def terminated(exc: BaseException) -> bool:
+    """Whether ``exc`` (an :func:`interrupted` one) ends a run stopped by SIGTERM (:class:`Terminated`)."""
+    return isinstance(exc, Terminated) or isinstance(exc, SystemExit) and isinstance(exc.__context__, Terminated)
 
 
 def main(cli_main) -> None:
     """Run an entry point's ``cli_main()``; a user error (bad file, folder or setting) prints one line naming it
     and exits with status 2 instead of a traceback (``TOKENBUDGET_TRACEBACK=1`` shows the traceback). An interrupted
     run (Ctrl-C) exits with status 130 after the writer's note, "N records kept in <dir>; run the same command to
-    resume" (:func:`callbacks.run_log.note_interrupt`; just "interrupted" when no predict writer was set up)."""
+    resume" (:func:`callbacks.run_log.note_interrupt`; just "interrupted" when no predict writer was set up); a run
+    stopped by SIGTERM (:func:`stop_on_sigterm`) the same way with status 143, its lines starting "terminated"."""
     import os
+    import signal
     import sys
 
     from callbacks.run_log import take_interrupt_notes
 
+    previous = stop_on_sigterm()
     try:
         cli_main()
     except (KeyboardInterrupt, SystemExit) as e:
         if not interrupted(e):
             raise
         notes = take_interrupt_notes()
-        print("\n" + ("\n".join(f"interrupted: {n}" for n in notes) or "interrupted"), file=sys.stderr, flush=True)
-        sys.exit(INTERRUPTED_STATUS)
+        word = "terminated (SIGTERM)" if terminated(e) else "interrupted"
+        print("\n" + ("\n".join(f"{word}: {n}" for n in notes) or word), file=sys.stderr, flush=True)
+        sys.exit(TERMINATED_STATUS if terminated(e) else INTERRUPTED_STATUS)
     except Exception as e:  # noqa: BLE001 - re-raised unless it is a user error
         err = user_error(e)
         if err is None or os.environ.get("TOKENBUDGET_TRACEBACK"):
             raise
         # on a line of its own: a progress bar may have left the cursor at the end of its line
-        print(f"\nerror: {type(err).__name__}: {err}\n(set TOKENBUDGET_TRACEBACK=1 for the full traceback)",
+        hint = ""
+        if type(err) is OSError and err.errno in USER_ERRNOS:   # a write no project code named: what to do
+            hint = "; free space (or raise the quota)" if err.errno != errno.EROFS else \
+                "; the file system is read-only: choose an output folder on a writable one"
+        print(f"\nerror: {type(err).__name__}: {err}{hint}\n(set TOKENBUDGET_TRACEBACK=1 for the full traceback)",
               file=sys.stderr)
         sys.exit(2)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

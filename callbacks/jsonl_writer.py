@@ -130,6 +130,17 @@ class OutputWriteError(OSError):
 
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+# the errors of a folder or file that cannot be written (full disk or quota, read-only mount, no permission)
+UNWRITABLE = (*DISK_FULL, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def unwritable_reason(e: OSError) -> str:
+    """What to do about ``e`` (an :data:`UNWRITABLE` error), for the end of a one-line message."""
+    if e.errno in DISK_FULL:
+        return "free space (or raise the quota)"
+    if e.errno == errno.EROFS:
+        return "the file system is mounted read-only: choose an out_dir on a writable one"
+    return "make it writable (or choose another out_dir)"
 
 _LOCK_HOLDERS: "weakref.WeakSet[JsonlPredictionWriter]" = weakref.WeakSet()   # writers holding an output lock
 
@@ -170,6 +181,12 @@ def append_synced(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
     except OSError as e:
         if e.errno not in DISK_FULL:
+            if e.errno in UNWRITABLE:   # a read-only records file (or mount): nothing of this write reached it
+                err = OutputWriteError(f"{path}: {os.strerror(e.errno)}: the records file cannot be appended to; the "
+                                       f"records written before are intact. {unwritable_reason(e).capitalize()} "
+                                       "and run again: it resumes at this video")
+                err.errno = e.errno
+                raise err from e
             raise
         try:   # truncating needs no space; the next run would repair a torn line anyway (repair_jsonl)
             with open(path, "r+b") as f:
@@ -240,8 +257,18 @@ def check_run_settings(out_dir: Path, settings: dict, write: bool, defaults: dic
     path = out_dir / RUN_FILE
     defaults = defaults or {}
     if path.is_file():
-        old = json.loads(path.read_text(encoding="utf-8"))
-        if canonical is not None and isinstance(old, dict):
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, RecursionError) as e:   # JSONDecodeError, not UTF-8, nested past the recursion limit
+            why = "nested too deeply" if isinstance(e, RecursionError) else f"{type(e).__name__}: {e}"
+            raise OutputSettingsError(
+                f"{path} is not valid JSON ({why}); it records the settings of the records in {out_dir}. "
+                f"Restore it, use another output folder, or delete it to resume with this run's settings") from e
+        if not isinstance(old, dict):
+            raise OutputSettingsError(
+                f"{path} is not a JSON object of settings (a {type(old).__name__}); restore it, use another output "
+                "folder, or delete it to resume with this run's settings")
+        if canonical is not None:
             old = canonical(old)
         diffs = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in settings.items()
                  if k not in defaults and old.get(k, v) != v]
@@ -258,8 +285,17 @@ def check_run_settings(out_dir: Path, settings: dict, write: bool, defaults: dic
     if write and settings:
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(settings, indent=2, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps(settings, indent=2, sort_keys=True), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError as e:
+            if e.errno not in UNWRITABLE:
+                raise
+            tmp.unlink(missing_ok=True)
+            err = OutputWriteError(f"{path}: {os.strerror(e.errno)} while writing the run's settings (no record was "
+                                   f"written yet); {unwritable_reason(e)} and run again")
+            err.errno = e.errno
+            raise err from e
 
 
 def run_settings(trainer, pl_module) -> tuple[dict, dict]:
@@ -351,8 +387,19 @@ class JsonlPredictionWriter(BasePredictionWriter):
         for obj in (pl_module, getattr(trainer, "datamodule", None)):
             if hasattr(obj, "check_before_output"):
                 obj.check_before_output(trainer, settings, defaults)
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise OutputWriteError(f"{self.out_dir}: out_dir is a file, not a folder; choose another out_dir "
+                                   "(--trainer.callbacks.init_args.out_dir=DIR with the shipped configs)")
         # every rank reads before any rank writes; then ranks only ever append to their own file
-        self._lock(trainer.global_rank)
+        try:
+            self._lock(trainer.global_rank)
+        except OSError as e:   # out_dir (or a parent) read-only, on a read-only mount, or the disk full
+            if e.errno not in UNWRITABLE:
+                raise
+            err = OutputWriteError(f"{e.filename or self.out_dir}: {os.strerror(e.errno)}: the output folder "
+                                   f"{self.out_dir} cannot be created or written; {unwritable_reason(e)}")
+            err.errno = e.errno
+            raise err from e
         try:   # a folder that cannot take a new file fails now, not after the first video's work
             with tempfile.TemporaryFile(dir=self.out_dir):
                 pass

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -170,7 +171,15 @@ class StageTimer(Callback):
                     out = cb.out_dir
                     break
         if out is not None:
-            write_timing(Path(out) / f"timing_rank{trainer.global_rank}.json", s)   # earlier runs kept
+            path = Path(out) / f"timing_rank{trainer.global_rank}.json"
+            try:
+                write_timing(path, s)   # earlier runs kept
+            except OSError as e:        # a full disk or read-only folder: the stage times are not worth a stop
+                print(f"warning: {e.filename or path}: timing not written ({e.strerror or e})", file=sys.stderr)
+                try:
+                    path.with_suffix(".json.tmp").unlink(missing_ok=True)
+                except OSError:
+                    pass
         rows = "  ".join(f"{k} {s['stages_s'][k]:.2f}s ({100 * s['stages_share'][k]:.0f}%)" for k in self.STAGES)
         print(f"[rank {trainer.global_rank}] {s['videos']} videos in {s['wall_s']:.2f}s: {rows}")
         hint = self.wait_hint(s, getattr(trainer.datamodule, "num_workers", None) if trainer.datamodule else None)

@@ -21,7 +21,7 @@ def estimate_cost(duration_s: float | None, video_path: str, num_budgets_tokens:
     if duration_s is None or duration_s <= 0:
         try:
             duration_s = max(os.path.getsize(video_path) / 1e6 * 60.0, 1.0)
-        except OSError:
+        except (OSError, ValueError):   # missing, a name too long, a NUL byte: the decode's error record says so
             duration_s = 1.0
     return float(duration_s) * max(num_budgets_tokens, 1) * max(num_questions, 1)
 

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from algorithms.errors import SettingError, check_int
 
 from .benchmarks import AnnotationError, Question, canonical_loader_kwargs, load_benchmark
-from .benchmarks.base import check_media_present
+from .benchmarks.base import check_media_present, path_problem
 from .decode import DECODERS, MAX_REPLACED_FRAC, STRICT_FRAMES, NATIVE_DECODE_BYTES, auto_decode_threads
 from .sharding import CostBalancedSampler, estimate_cost
 from .video_items import VideoQADataset, VideoTask  # noqa: F401 - re-exported (defined apart: see there)
@@ -208,9 +208,10 @@ class VideoQADataModule(LightningDataModule):
                 raise SettingError(f"data.init_args.decoder=nvdec: {why}; use decoder cpu (or auto, which falls "
                                    "back to the CPU per file)")
         if self.questions is None:
-            if not Path(self.root).is_dir():
-                raise SettingError(f"data.init_args.root={self.root}: the benchmark root does not exist"
-                                   + ("" if not Path(self.root).exists() else " as a folder"))
+            problem = path_problem(self.root, "folder")
+            if problem is not None:   # said as what it is: a symbolic link loop is no "does not exist"
+                raise SettingError(f"data.init_args.root={self.root}: the benchmark root "
+                                   + ("does not exist" if problem == "not found" else f"is {problem}"))
             qs = load_benchmark(self.benchmark, self.root, **self.loader_kwargs)
             if not qs:
                 raise AnnotationError(f"{self.benchmark} at {self.root}: the annotation holds no questions"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,14 +25,63 @@ def local_checkpoint(path: str | Path, what: str, hint: str = "") -> Path:
     return p
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def _kind(mode: int) -> str:
+    return ("a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a folder" if stat.S_ISDIR(mode) else "not a regular file")
+
+
+def check_weight_files(path: str | Path) -> None:
+    """Refuse a weights file under ``path`` (a checkpoint directory, or one file) that is not a regular file: a
+    link to ``/dev/zero`` would be read for ever (or, as transformers tests ``os.path.isfile``, be reported as "no
+    file named model.safetensors"), a FIFO would wait for a writer.
+
+    Raises:
+        CheckpointError: naming the file, what it is and the link's target.
+    """
+    p = Path(path)
+    files = [f for f in p.iterdir() if f.suffix in WEIGHT_SUFFIXES] if p.is_dir() else [p]
+    for f in files:
+        try:
+            mode = os.stat(f).st_mode
+        except OSError as e:
+            if os.path.islink(f):
+                raise CheckpointError(f"{f}: a weights file that is a broken or looping symbolic link ({e.strerror}); "
+                                      "copy the checkpoint again") from e
+            continue
+        if not stat.S_ISREG(mode):
+            target = f" (a link to {os.readlink(f)})" if os.path.islink(f) else ""
+            raise CheckpointError(f"{f}: the weights file is {_kind(mode)}{target}, not a regular file; copy the "
+                                  "checkpoint again")
+
+
 @contextmanager
 def reading_checkpoint(path: str | Path):
     """Re-raise an unreadable weight or config file under ``path`` (a truncated or corrupted safetensors file,
-    invalid JSON) as :class:`~algorithms.errors.CheckpointError` naming ``path``; other errors pass unchanged."""
+    invalid JSON, a weights file that is a device or FIFO: :func:`check_weight_files`) as
+    :class:`~algorithms.errors.CheckpointError` naming ``path``, and a pickled weights file torch's
+    ``weights_only=True`` refuses as one line that says why (torch's own message ends "re-running with
+    weights_only=False will likely succeed", the unsafe way); other errors pass unchanged."""
+    import pickle
+
+    check_weight_files(path)
     try:
         yield
     except (json.JSONDecodeError, UnicodeDecodeError, EOFError) as e:
         raise CheckpointError(f"{path}: a config file is not valid ({type(e).__name__}: {e})") from e
+    except pickle.UnpicklingError as e:
+        if "weights_only" not in str(e):
+            raise
+        pickles = sorted(f.name for f in Path(path).glob("*") if f.suffix in WEIGHT_SUFFIXES[1:]) \
+            if Path(path).is_dir() else [Path(path).name]
+        names = f" {', '.join(pickles)}" if pickles else ""
+        raise CheckpointError(
+            f"{path}: refused the pickled weights file{'s' * (len(pickles) > 1)}{names}: it holds more than tensors, "
+            "and unpickling can run code, so it is read with weights_only=True only. Convert the checkpoint to "
+            "safetensors where you trust it (safetensors.torch.save_file of its state dict); do not load it with "
+            "weights_only=False") from e
     except Exception as e:  # noqa: BLE001 - only safetensors' own error is translated
         if type(e).__name__ != "SafetensorError":
             raise

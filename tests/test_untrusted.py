@@ -219,3 +219,50 @@ def test_truncated_omni_checkpoint_names_the_path(tmp_path):
         _truncate(f)
     with pytest.raises(CheckpointError, match=rf"^{ckpt}: a safetensors file cannot be read"):
         load_omni_thinker(ckpt)
+
+
+def test_refused_pickles_templates_and_device_weights_are_one_line(tiny_vl3_dir, tmp_path):
+    """Issue 44 item 9. Before: torch's refusal of a pickle ended "re-running with weights_only=False will likely
+    succeed" (the unsafe fix); a chat template the Jinja sandbox refuses was a ``SecurityError`` traceback; a
+    weights file linked to /dev/zero was transformers' ``OSError: Error no file named model.safetensors``."""
+    import pickle
+
+    from algorithms.errors import CheckpointError
+    from cli import user_error
+    from models.videollama3 import BudgetedVideoLlama3
+    from models.videollama3.weight_files import read_safetensors_dir
+
+    marker = tmp_path / "PWNED"
+    ckpt = tmp_path / "pickle"
+    shutil.copytree(tiny_vl3_dir, ckpt)
+    (ckpt / "pytorch_model.bin").write_bytes(pickle.dumps({"w": _Payload(marker)}))
+    (ckpt / "model.safetensors").unlink()
+    refused = (": refused the pickled weights file pytorch_model.bin: it holds more than tensors, and unpickling can "
+               "run code, so it is read with weights_only=True only. Convert the checkpoint to safetensors where "
+               "you trust it (safetensors.torch.save_file of its state dict); do not load it with weights_only=False")
+    with pytest.raises(CheckpointError) as info:
+        BudgetedVideoLlama3.from_pretrained(ckpt)
+    assert str(info.value) == f"{ckpt}{refused}" and user_error(info.value) is info.value
+    with pytest.raises(CheckpointError) as info:       # the original-layout reader: the file itself named
+        read_safetensors_dir(ckpt)
+    assert str(info.value) == f"{ckpt / 'pytorch_model.bin'}{refused}"
+    assert not marker.exists()
+
+    ckpt = tmp_path / "template"
+    shutil.copytree(tiny_vl3_dir, ckpt)
+    (ckpt / "chat_template.jinja").write_text("{{ ''.__class__.__mro__[1].__subclasses__() }}")
+    with pytest.raises(CheckpointError) as info:
+        BudgetedVideoLlama3.from_pretrained(ckpt)
+    assert str(info.value) == (
+        f"{ckpt}: the chat template (chat_template.jinja / tokenizer_config.json) does something transformers' "
+        "sandbox forbids, so it was refused, not run (SecurityError: access to attribute '__class__' of 'str' "
+        "object is unsafe.); use the template the checkpoint was released with")
+
+    ckpt = tmp_path / "zero"
+    shutil.copytree(tiny_vl3_dir, ckpt)
+    (ckpt / "model.safetensors").unlink()
+    (ckpt / "model.safetensors").symlink_to("/dev/zero")
+    with pytest.raises(CheckpointError) as info:
+        BudgetedVideoLlama3.from_pretrained(ckpt)
+    assert str(info.value) == (f"{ckpt / 'model.safetensors'}: the weights file is a device (a link to /dev/zero), "
+                               "not a regular file; copy the checkpoint again")

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections import defaultdict
 from pathlib import Path
 
 from lightning.pytorch import Callback
 
 from .console import format_table
-from .output import SCORES_FILE, write_scores
+from .output import SCORES_FILE, compute_scores, save_scores
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,24 @@ class ScoreOnPredictEnd(Callback):
             log.warning("ScoreOnPredictEnd: no out_root given and no writer callback exposes one; not scoring")
             return
         expected = self.expected_qids or _expected_from_datamodule(getattr(trainer, "datamodule", None))
-        scores = write_scores(root, expected, plots=self.plots)
+        scores = compute_scores(root, expected)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            save_scores(scores, root, plots=self.plots)
+        except OSError as e:   # a full disk or a read-only folder: the table still, then one line (issue 44 item 6)
+            from callbacks.jsonl_writer import UNWRITABLE, OutputWriteError, unwritable_reason
+
+            if e.errno not in UNWRITABLE:
+                raise
+            scores["plots"] = []
+            self.last_scores = scores
+            print(format_table(scores))
+            err = OutputWriteError(
+                f"{e.filename or root}: {os.strerror(e.errno)} while writing the scores and report; the records in "
+                f"{root} are intact. {unwritable_reason(e).capitalize()}, then write them with "
+                f"`python -m callbacks.scoring {root}`")
+            err.errno = e.errno
+            raise err from e
         self.last_scores = scores
         print(format_table(scores))
         print(f"scores: {root / SCORES_FILE}")

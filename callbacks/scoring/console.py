@@ -175,6 +175,10 @@ def format_table(scores: dict) -> str:
                  "also counts errors and missing questions as wrong; official = the benchmark's own released rule; "
                  "unparse = no letter under the rule")
     lines.append("±95 = half-width of the 95 % bootstrap interval of acc% (scores.json: accuracy_ci95)")
+    no_answer = [g for g in groups if g.get("n_no_answer")]
+    if no_answer:   # issue 44 item 8: questions without a gold answer leave n without a word otherwise
+        lines.append("not scored, no gold answer in the annotation (empty, blank or missing): "
+                     + "; ".join(f"{g['benchmark']} {_group_name(g)} {g['n_no_answer']}" for g in no_answer))
     concealed = [g for g in groups if g.get("n_concealed_videos")]
     if concealed:   # issue 42 item 1: answered on frames the decoder concealed (damaged packets), as FFmpeg
         lines.append("concealed frames (damaged packets decoded as FFmpeg does; data.strict_frames makes them "

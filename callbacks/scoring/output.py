@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable
 
@@ -78,12 +79,26 @@ def save_scores(scores: dict, out_dir: Path, plots: bool = True, records: list[d
     earlier = _listed_plots(out_dir / scores_file)
     scores["plots"] = [p.name for p in plot_scores(scores, out_dir, suffix)] if plots else []
     data = json.dumps(scores, indent=1, sort_keys=False, default=str).encode("utf-8")
-    atomic_write_bytes(out_dir / scores_file, data)
+    with _naming(out_dir / scores_file):
+        atomic_write_bytes(out_dir / scores_file, data)
     rules = tag.split("-") if tag else None
-    write_report(scores, out_dir, records if records is not None else read_records(out_dir)[0], report_file,
-                 rules=rules)
+    with _naming(out_dir / report_file):
+        write_report(scores, out_dir, records if records is not None else read_records(out_dir)[0], report_file,
+                     rules=rules)
     _remove_stale_plots(out_dir, earlier - set(scores["plots"]), suffix)
     return scores
+
+
+@contextmanager
+def _naming(path: Path):
+    """An ``OSError`` raised inside without a file name (a ``write`` that met a full disk) gets ``path`` as its
+    ``filename``, so the one-line message names the file that was being written."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None and e.errno is not None:   # (an OSError of a message only keeps its str())
+            e.filename = str(path)
+        raise
 
 
 def _listed_plots(scores_path: Path) -> set[str]:

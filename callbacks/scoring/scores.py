@@ -224,7 +224,8 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
 
     Returns:
         ``{"groups": [group, ...]}`` sorted by (benchmark, variant, budget, job), each group
-        ``{benchmark, job, variant, budget, n_records, n_duplicates, n_errors, n_scored, n_concealed_videos,
+        ``{benchmark, job, variant, budget, n_records, n_duplicates, n_errors, n_scored, n_no_answer (answered
+        records without a gold answer, left out of n_scored), n_concealed_videos,
         n_concealed_frames (:func:`_concealed_counts`), n_expected, n_missing,
         missing_qids, templates, parsers: {name: {correct, unparseable, accuracy, accuracy_all, by: {field:
         {value: {n, correct, accuracy}}}, accuracy_ci95, accuracy_all_ci95, [m_avg, pooled]}}}``, plus
@@ -265,6 +266,8 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
             "n_records": len(recs), "n_duplicates": dups[key], "n_retried": retried[key],
             "n_reused": sum(bool(r.get("reused")) for r in recs), "n_errors": len(errors),
             "n_scored": len(scored),
+            # answered records whose question has no gold answer (an empty, blank or missing one): not in n_scored
+            "n_no_answer": sum(1 for r in recs if not r.get("error") and r.get("answer") is None),
             **_concealed_counts(scored),
             "n_expected": len(expected[benchmark]) if benchmark in expected else None,
             "n_missing": len(missing), "missing_qids": missing[:MAX_LISTED_MISSING], "templates": templates,

@@ -21,7 +21,13 @@ zero or one option                      error (a multiple-choice question needs 
                                         question's error (``Question.error``, its records are error records)
 many options                            error above 10 (letters A-J) or above the benchmark's own count
                                         (LongVideoBench 5); WorldSense above 10: that question's error
-no answer (test splits)                 accepted: ``answer = None``; records score as unanswered
+no answer (test splits), an empty or    accepted: ``answer = None``; one warning with the count and the first
+blank one                               row; records are left out of ``n_scored`` and counted (``n_no_answer``)
+a NaN or infinite number as text        error (a NaN option would become the text ``'nan'``)
+a duration NaN, negative or not a       error (LongVideoBench ``duration``)
+number
+more options than the released rule     accepted; one warning with the count (Video-MME, WorldSense: the regex
+reads (> 4)                             reads ``[ABCD]``, E-J never credited under the official parser)
 non-Latin / right-to-left text          accepted verbatim (no normalisation); the prompt carries it unchanged
 model special tokens in a question,     accepted verbatim: the model tokenizes dataset text with
 option or subtitle                      ``split_special_tokens=True``, so it can neither add a vision placeholder
@@ -29,6 +35,11 @@ option or subtitle                      ``split_special_tokens=True``, so it can
 malformed subtitles                     error naming the subtitle file and cue / item (``subtitles.py``); an
                                         ``.srt`` with no timed cue at all gives no lines (Video-MME still
                                         prints the header over nothing: the file exists)
+media path no file can have             error for the annotation text: a NUL byte, a name over 255 bytes (a
+                                        300-character videoID)
+annotation file not a regular file      error saying what it is: a FIFO (never read: it would wait), a
+                                        symbolic link loop, a broken link, a folder, a device
+JSON nested beyond the recursion limit  error ``invalid JSON: nested too deeply`` (no ``RecursionError``)
 media path escaping the root            error for the annotation text: an absolute path or a ``..`` component.
                                         Symbolic links under the root are followed, also out of it (the user's
                                         own layout, e.g. ``videos/`` linked to other storage)
@@ -43,12 +54,20 @@ media file missing or unreadable        not an annotation error: one error recor
 """
 from __future__ import annotations
 
+import errno
+import json
+import logging
+import math
+import os
 import re
+import stat
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 LETTERS = "ABCDEFGHIJ"
+log = logging.getLogger(__name__)
 MIN_OPTIONS = 2
 
 
@@ -98,6 +117,16 @@ class MediaMissingError(AnnotationError):
 MAX_MISSING_MEDIA_FRAC = 0.5
 
 
+def _exists(path: str) -> bool:
+    """Whether ``path`` names something (``Path.exists``, but ``False`` instead of an ``OSError`` for a name too
+    long, or a ``ValueError`` for a NUL byte)."""
+    try:
+        os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def check_media_present(questions: list["Question"], where: str, max_missing_frac: float = MAX_MISSING_MEDIA_FRAC
                         ) -> list[str]:
     """Check that the questions' video files exist before a run writes anything.
@@ -119,7 +148,7 @@ def check_media_present(questions: list["Question"], where: str, max_missing_fra
             folder(s) they were looked for in, how many are missing and one example.
     """
     videos = list(dict.fromkeys(q.video_path for q in questions))
-    missing = [v for v in videos if not Path(v).exists()]
+    missing = [v for v in videos if not _exists(v)]
     if videos and len(missing) > max_missing_frac * len(videos):
         folders = sorted({str(Path(v).parent) for v in missing})
         folder = folders[0] if len(folders) == 1 else f"{folders[0]} (and {len(folders) - 1} other folders)"
@@ -127,6 +156,75 @@ def check_media_present(questions: list["Question"], where: str, max_missing_fra
             f"{where}: {len(missing)} of {len(videos)} videos are missing from {folder} (e.g. "
             f"{Path(missing[0]).name}); check data.init_args.root and data.init_args.loader_kwargs (video_dir)")
     return missing
+
+
+def path_problem(path: str | Path, want: str = "file") -> str | None:
+    """Why ``path`` is not a readable regular file (``want="file"``) or folder (``want="folder"``), in words, or
+    ``None`` when it is one (or a symbolic link to one).
+
+    Told apart: not found, a broken symbolic link (its target named), a symbolic link loop, a name the file
+    system cannot hold (too long), a named pipe (FIFO: reading it would wait for a writer), a socket, a device, a
+    folder where a file is wanted and the other way round, a file whose permissions refuse reading."""
+    try:
+        st = os.stat(path)
+    except ValueError:
+        return "not a usable path (it holds a NUL byte)"
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return f"a symbolic link loop (its links lead back to themselves); point it at the real {want}"
+        if e.errno == errno.ENAMETOOLONG:
+            return "a name longer than the file system allows"
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            if os.path.islink(path):
+                return f"a broken symbolic link (to {os.readlink(path)}, which does not exist)"
+            return "not found"
+        return f"not readable ({e.strerror})"
+    mode = st.st_mode
+    if stat.S_ISREG(mode):
+        return None if want == "file" else "a file, not a folder"
+    if stat.S_ISDIR(mode):
+        return None if want == "folder" else "a folder, not a file"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO), not a regular file: reading it would wait for a writer; give the file itself"
+    if stat.S_ISSOCK(mode):
+        return "a socket, not a regular file"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device, not a regular file"
+    return "not a regular file"
+
+
+def check_annotation_file(path: Path, what: str = "annotation file") -> None:
+    """Refuse an annotation ``path`` that is not a readable regular file, naming what it is (:func:`path_problem`)
+    instead of a hang on a FIFO or "not found" for a symbolic link loop.
+
+    Raises:
+        AnnotationError: ``<path>: <what> is <problem>``.
+    """
+    problem = path_problem(path)
+    if problem is not None:
+        raise AnnotationError(f"{path}: {what} is {problem}" if not problem.startswith("not ")
+                              else f"{path}: {what} {problem}")
+
+
+def load_json_annotation(path: Path, what: str = "annotation file"):
+    """``json.loads`` of a UTF-8 annotation file, every failure one :class:`AnnotationError` naming the file:
+    not a regular file (:func:`check_annotation_file`), not UTF-8 (byte offset), invalid JSON, nested deeper than
+    the parser's recursion limit (a ``RecursionError`` otherwise)."""
+    check_annotation_file(path, what)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise AnnotationError(f"{path}: invalid JSON: {e}") from e
+    except RecursionError as e:
+        raise AnnotationError(f"{path}: invalid JSON: nested too deeply (arrays or objects inside each other "
+                              f"beyond Python's recursion limit, {sys.getrecursionlimit()}); no "
+                              "benchmark annotation nests more than a few levels") from e
+    except OSError as e:
+        raise AnnotationError(f"{path}: {what} not readable ({e.strerror or e})") from e
+
+
+# the longest name of one path component most file systems hold (ext4, xfs, btrfs, tmpfs: NAME_MAX = 255 bytes)
+NAME_MAX = 255
 
 
 def resolve_media_path(root: str | Path, relative: str | Path, where: str) -> Path:
@@ -145,6 +243,14 @@ def resolve_media_path(root: str | Path, relative: str | Path, where: str) -> Pa
         raise AnnotationError(f"{where}: media path {rel!r} must be a non-empty path relative to {root}")
     if ".." in Path(rel).parts:
         raise AnnotationError(f"{where}: media path {rel!r} escapes the benchmark root {root} (a '..' component)")
+    if "\0" in rel:
+        raise AnnotationError(f"{where}: media path {rel!r:.120} holds a NUL byte, which no file name can; fix the "
+                              "row's video id")
+    for part in Path(rel).parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            raise AnnotationError(f"{where}: media path component {part[:40]!r}... is {len(os.fsencode(part))} bytes; "
+                                  f"a file name holds at most {NAME_MAX}, so no video can be there; fix the row's "
+                                  "video id")
     return Path(root).absolute() / rel
 
 
@@ -156,10 +262,14 @@ def text_field(value: Any, name: str, where: str, numbers_ok: bool = False, empt
         empty_ok: accept an empty or blank string.
 
     Raises:
-        AnnotationError: ``value`` is not a string (nor an accepted number), or is blank (``where`` named).
+        AnnotationError: ``value`` is not a string (nor an accepted number), is NaN or infinite, or is blank
+            (``where`` named).
     """
     if isinstance(value, str):
         text = value
+    elif numbers_ok and isinstance(value, float) and not math.isfinite(value):
+        # a NaN cell (a list<double> options column, a JSON NaN candidate) would become the option text 'nan'
+        raise AnnotationError(f"{where}: {name} is {value} (not a number), not a text; fix the row")
     elif numbers_ok and isinstance(value, (int, float)) and not isinstance(value, bool):
         text = str(value)
     else:
@@ -184,6 +294,21 @@ def strip_option_letters(options: list[str], where: str, prefix: "re.Pattern[str
     return out
 
 
+def duration_field(value: Any, name: str, where: str) -> float | None:
+    """An annotation's duration in seconds: ``None`` when absent, else a finite number >= 0.
+
+    Raises:
+        AnnotationError: NaN, infinite, negative, or not a number (``where`` named): it would order the videos by
+            a NaN cost and be written into every record's ``meta``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise AnnotationError(f"{where}: {name} must be a number of seconds >= 0, got {type(value).__name__} "
+                              f"{value!r:.80}")
+    return value
+
+
 def options_field(value: Any, name: str, where: str, min_n: int = MIN_OPTIONS, max_n: int = len(LETTERS)) -> list:
     """``value`` checked to be a list of ``min_n..max_n`` option texts (numbers accepted); returns it as strings.
 
@@ -199,6 +324,18 @@ def options_field(value: Any, name: str, where: str, min_n: int = MIN_OPTIONS, m
     return [text_field(v, f"option {j}", where, numbers_ok=True) for j, v in enumerate(value)]
 
 
+def warn_options_beyond_rule(questions: list[Question], wheres: list[str], n_letters: int, rule: str) -> int:
+    """Warn once when questions have more options than the benchmark's released rule can ever credit (Video-MME's
+    and WorldSense's regexes read only ``[ABCD]``: ``algorithms.choice``), with their count and the first row;
+    returns that count. Such rows are asked as released (the robust parser reads every letter)."""
+    beyond = [w for q, w in zip(questions, wheres) if q.error is None and len(q.options) > n_letters]
+    if beyond:
+        log.warning("%d questions have more than %d options (first: %s): the official rule (%s) reads only %s, so an "
+                    "answer %s is never credited under it; the robust parser reads every letter", len(beyond),
+                    n_letters, beyond[0], rule, LETTERS[:n_letters], "-".join((LETTERS[n_letters], LETTERS[-1])))
+    return len(beyond)
+
+
 def check_questions(questions: list[Question], wheres: list[str]) -> list[Question]:
     """Checks every loader's output: qid, question and option texts, answer letter, unique qids.
 
@@ -211,6 +348,11 @@ def check_questions(questions: list[Question], wheres: list[str]) -> list[Questi
             of the option letters, or a qid used twice (both rows named).
     """
     seen: dict[str, str] = {}
+    unanswered = [w for q, w in zip(questions, wheres) if q.answer is None and q.error is None]
+    if unanswered:   # asked and written, but scoring leaves them out of n: said once, not per question
+        log.warning("%d of %d questions have no answer (empty, blank or missing; first: %s): they are asked, but "
+                    "the scores leave them out (scores.json: n_no_answer)", len(unanswered), len(questions),
+                    unanswered[0])
     for q, where in zip(questions, wheres):
         text_field(q.qid, "qid", where)
         text_field(q.question, "question", where)

@@ -7,11 +7,10 @@
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, resolve_media_path,
-                   text_field)
+                   text_field, duration_field, load_json_annotation)
 from .subtitles import load_lvb_subtitles, subtitles_text
 
 _FIELDS = ("id", "video_id", "video_path", "question", "candidates")
@@ -44,12 +43,7 @@ def load_lvb(root: Path, annotation: str = "lvb_val.json", video_dir: str = "vid
     """
     root = Path(root)
     f = root / annotation
-    try:
-        rows = json.loads(f.read_text(encoding="utf-8"))
-    except FileNotFoundError as e:
-        raise AnnotationError(f"LongVideoBench: {f} not found") from e
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise AnnotationError(f"{f}: invalid JSON: {e}") from e
+    rows = load_json_annotation(f, "LongVideoBench annotation file")
     if not isinstance(rows, list):
         raise AnnotationError(f"{f}: expected a JSON list of questions")
     questions: list[Question] = []
@@ -71,19 +65,20 @@ def load_lvb(root: Path, annotation: str = "lvb_val.json", video_dir: str = "vid
             answer = LETTERS[c]
         video_path = resolve_media_path(root, Path(video_dir) / text_field(row["video_path"], "video_path", where),
                                         where)
+        duration = duration_field(row.get("duration"), "duration", where)
         lines = None
         if subtitles and row.get("subtitle_path"):
             sub = resolve_media_path(root, Path(subtitle_dir) / text_field(row["subtitle_path"], "subtitle_path", where),
                                      where)
             start = float(row.get("starting_timestamp_for_subtitles") or 0.0)
-            dur = row.get("duration")
+            dur = duration
             key = (str(sub), start, dur)
             if key not in cache:
                 cache[key] = load_lvb_subtitles(sub, start, dur) if sub.is_file() else None
             lines = cache[key]
         meta = {"benchmark": "lvb", "duration_group": row.get("duration_group"),
                 "question_category": row.get("question_category"), "level": row.get("level"),
-                "duration": row.get("duration")}
+                "duration": duration}
         if subtitles:
             meta["subtitles"] = bool(lines)
         questions.append(Question(

@@ -7,13 +7,12 @@ Question ids are synthesised stably as ``<task>_<index>`` (index = position in t
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
 
 from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, resolve_media_path,
-                   text_field)
+                   text_field, load_json_annotation)
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +57,7 @@ def load_mlvu(root: Path, json_dir: str = "json", video_dir: str = "video",
     wheres: list[str] = []
     skipped: dict[str, int] = {}
     for _, task, f in sorted(files):
-        try:
-            rows = json.loads(f.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise AnnotationError(f"{f}: invalid JSON: {e}") from e
+        rows = load_json_annotation(f, "MLVU annotation file")
         if not isinstance(rows, list):
             raise AnnotationError(f"{f}: expected a JSON list of questions")
         if task not in MC_TASKS:

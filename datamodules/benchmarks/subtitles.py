@@ -6,13 +6,14 @@ Interleaving subtitles with frames by time is done by the model input builder fr
 """
 from __future__ import annotations
 
-import json
+import logging
 import re
 from pathlib import Path
 
-from .base import AnnotationError
+from .base import AnnotationError, load_json_annotation
 
 TimedLine = tuple[float, float, str]
+log = logging.getLogger(__name__)
 
 _SRT_TIME = re.compile(
     r"(\d+):(\d{1,2}):(\d{1,2})(?:[,.](\d{1,3}))?\s*-->\s*(\d+):(\d{1,2}):(\d{1,2})(?:[,.](\d{1,3}))?"
@@ -76,7 +77,7 @@ def load_srt_as_videollama3(path: str | Path) -> list[TimedLine]:
     takes the *first* cue covering a frame and only then skips a blank text (:func:`lines_at_frames`).
 
     Where the release would stop the whole evaluation, one file does not: bytes that are not UTF-8 are replaced
-    (``errors="replace"``, the retry after the strict read), and a file with no cue pysubs2 recognises
+    (``errors="replace"``, the retry after the strict read, with a warning naming the file), and a file with no cue pysubs2 recognises
     (``FormatAutodetectionError``) has no lines. A cue ending before it starts is kept, as pysubs2 keeps it (it
     covers no frame).
 
@@ -88,7 +89,10 @@ def load_srt_as_videollama3(path: str | Path) -> list[TimedLine]:
     try:
         try:
             subs = pysubs2.load(str(path), encoding="utf-8")
-        except UnicodeDecodeError:
+        except UnicodeDecodeError as e:
+            log.warning("%s: not UTF-8 (byte 0x%02x at offset %d); read with U+FFFD in place of the bad bytes, where "
+                        "VideoLLaMA3's evaluation (pysubs2.load(encoding='utf-8')) would stop; re-encode it as UTF-8 "
+                        "for the released text", path, e.object[e.start], e.start)
             subs = pysubs2.load(str(path), encoding="utf-8", errors="replace")
     except pysubs2.exceptions.FormatAutodetectionError:
         return []
@@ -167,10 +171,7 @@ def load_lvb_subtitles(path: str | Path, starting_timestamp_s: float = 0.0,
         AnnotationError: invalid JSON or items (the file is named).
     """
     path = Path(path)
-    try:
-        items = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise AnnotationError(f"{path}: invalid JSON: {e}") from e
+    items = load_json_annotation(path, "subtitle file")
     return parse_lvb_subtitles(items, starting_timestamp_s, duration_s, where=str(path))
 
 

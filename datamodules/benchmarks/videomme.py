@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, resolve_media_path,
-                   strip_option_letters, text_field)
+                   strip_option_letters, text_field, check_annotation_file, warn_options_beyond_rule)
 from .subtitles import load_srt_as_videollama3, subtitles_text
 
 COLUMNS = ("video_id", "duration", "domain", "sub_category", "videoID", "question_id", "task_type", "question",
@@ -84,6 +84,7 @@ def load_videomme(root: Path, parquet: str | None = None, video_dir: str = "vide
     wheres: list[str] = []
     subs_cache: dict[str, list | None] = {}
     for f in files:
+        check_annotation_file(f, "Video-MME annotation file")
         try:
             table = pq.read_table(f)
         except Exception as e:  # noqa: BLE001 - pyarrow raises several types for unreadable files
@@ -130,4 +131,6 @@ def load_videomme(root: Path, parquet: str | None = None, video_dir: str = "vide
             ))
             wheres.append(where)
     check_questions(questions, wheres)
+    # thanku-all/parse_answer@afd52cfe eval_your_results.py extract_characters_regex: ``re.search(r"[ABCD]", s)``
+    warn_options_beyond_rule(questions, wheres, 4, "Video-MME eval_your_results.py")
     return questions

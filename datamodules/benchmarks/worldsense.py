@@ -17,12 +17,11 @@ the file and row), not the file's: the other questions are asked.
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from .base import (LETTERS, MIN_OPTIONS, AnnotationError, Question, check_questions, options_field,
-                   resolve_media_path, strip_option_letters, text_field)
+                   resolve_media_path, strip_option_letters, text_field, load_json_annotation, warn_options_beyond_rule)
 
 _LETTER_PREFIX = re.compile(r"^\s*\(?([A-J])[.):]\s*")
 NUM_OPTIONS = 4   # the release's count; others are accepted (lmms-eval's scorer takes 3-option rows too)
@@ -63,12 +62,7 @@ def load_worldsense(root: Path, annotation: str = "worldsense_qa.json", video_di
     """
     root = Path(root)
     f = root / annotation
-    try:
-        data = json.loads(f.read_text(encoding="utf-8"))
-    except FileNotFoundError as e:
-        raise AnnotationError(f"WorldSense: {f} not found") from e
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise AnnotationError(f"{f}: invalid JSON: {e}") from e
+    data = load_json_annotation(f, "WorldSense annotation file")
 
     items: list[tuple[str, str, dict, dict]] = []  # (qid, where, video-level fields, question fields)
     if isinstance(data, dict):
@@ -127,4 +121,8 @@ def load_worldsense(root: Path, annotation: str = "worldsense_qa.json", video_di
                      if q.get("audio_class", video.get("audio_class")) is not None else {})},
             option_lines=list(released),
         ))
-    return check_questions(questions, [w for _, w, _, _ in items])
+    wheres = [w for _, w, _, _ in items]
+    check_questions(questions, wheres)
+    # VLMEvalKit@e8e78f05 worldsense.py extract_characters_regex: ``re.search(r"[ABCD]", s)``
+    warn_options_beyond_rule(questions, wheres, 4, "VLMEvalKit WorldSense")
+    return questions

@@ -105,9 +105,15 @@ def plan_decode(path: Path, probe: VideoProbe, budget_tokens: int, base_fps: flo
                                            budget_tokens, probe.start_s, base_fps, segments=probe.segments)
     if not idx:
         if not short_clip_first_frame:
-            raise DecodeError(f"{path}: no frame at {sample_fps:g} fps: the clip ({probe.duration_s:.3f} s) ends "
-                              f"before the first sampling step (set data.short_clip_first_frame to keep its first "
-                              f"frame)")
+            # the clip's span on its own timeline (a stream may start at 10,000 s), and the container's duration
+            # when that is not the span's length (Matroska gives its end time: the rate comes from it, as the seed's)
+            a = probe.start_s + float(probe.pts[0] * probe.time_base) if probe.pts else probe.start_s
+            b = probe.start_s + float(probe.end_pts * probe.time_base)
+            said = "" if abs(probe.duration_s - (b - a)) <= 0.5 else \
+                f"; the container gives its duration as {probe.duration_s:.3f} s, which sets the rate"
+            raise DecodeError(f"{path}: no frame at {sample_fps:g} fps: the clip ({a:.3f}-{b:.3f} s, {b - a:.3f} s "
+                              f"long{said}) ends before the first sampling step (set data.short_clip_first_frame to "
+                              "keep its first frame)")
         idx, times = [0], [probe.start_s]
     n_est = min(int(probe.duration_s * sample_fps) + 1, max_frames(budget_tokens))
     dh, dw = decode_frame_size(probe.height, probe.width, n_est, native_decode_bytes, decode_max_side)

@@ -83,8 +83,20 @@ class PromptLayout:
         msgs = [{"role": "user", "content": _VIDEO_MARK + _TEXT_MARK}]
         if system is not None:
             msgs.insert(0, {"role": "system", "content": system})
-        text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True,
-                                                  add_system_prompt=self.add_system_prompt)
+        try:
+            text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True,
+                                                      add_system_prompt=self.add_system_prompt)
+        except Exception as e:  # noqa: BLE001 - jinja2's errors only (its sandbox, syntax, undefined names)
+            if not type(e).__module__.startswith("jinja2"):
+                raise
+            from algorithms.errors import CheckpointError
+
+            where = getattr(self.tokenizer, "name_or_path", "") or "the checkpoint"
+            what = ("does something transformers' sandbox forbids, so it was refused, not run"
+                    if type(e).__name__ == "SecurityError" else "cannot be rendered")
+            raise CheckpointError(f"{where}: the chat template (chat_template.jinja / tokenizer_config.json) {what} "
+                                  f"({type(e).__name__}: {e}); use the template the checkpoint was released with"
+                                  ) from e
         if _VIDEO_MARK not in text or _TEXT_MARK not in text:
             raise ValueError("the tokenizer's chat template does not place string user content verbatim")
         if system is not None and system not in text.split(_VIDEO_MARK)[0]:

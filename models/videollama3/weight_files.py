@@ -14,6 +14,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..loading import reading_checkpoint
+
 QBASE_DIR = "qbase"                        # the compressor's subdirectory of a checkpoint
 ORIGINAL_PROJECTOR_DIR = "original_projector"  # the original projector's (raw_mode="orig")
 SAFE_WEIGHTS = "model.safetensors"
@@ -63,7 +65,8 @@ def _read_weights_file(path: Path) -> dict[str, torch.Tensor]:
     """
     if path.suffix == ".safetensors":
         return _read_safetensors_file(path)
-    obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    with reading_checkpoint(path):   # a pickle weights_only refuses: one line saying why, not torch's advice
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
         obj = obj["state_dict"]
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):

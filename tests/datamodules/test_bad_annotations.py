@@ -319,3 +319,148 @@ def test_question_without_answer_is_accepted(tmp_path):
     _lvb(tmp_path, [{k: v for k, v in _lvb_row().items() if k != "correct_choice"}])
     (q,) = load_benchmark("lvb", tmp_path)
     assert isinstance(q, Question) and q.answer is None
+
+
+# ------------------------------------------------------------------------------------------ issue 44 items 7 and 9
+def test_video_ids_no_file_can_have_are_refused_naming_the_row(tmp_path):
+    """Before: ``ValueError: embedded null byte`` from ``os.path.getsize`` (datamodules/sharding.py) and ``OSError:
+    [Errno 36] File name too long`` from ``Path.exists`` (check_media_present), both tracebacks."""
+    f = _videomme(tmp_path, [_vm_row(), _vm_row("001-2", vid="v\x002")])
+    with pytest.raises(AnnotationError) as e:
+        load_benchmark("videomme", tmp_path)
+    assert str(e.value) == (f"{f} row 1 (question_id='001-2'): media path 'videos/v\\x002.mp4' holds a NUL byte, "
+                            "which no file name can; fix the row's video id")
+    long_id = "x" * 300
+    f = _videomme(tmp_path, [_vm_row(), _vm_row("001-2", vid=long_id)])
+    with pytest.raises(AnnotationError) as e:
+        load_benchmark("videomme", tmp_path)
+    # 300 characters + ".mp4" = 304 bytes in one name; ext4 and the others hold 255
+    assert str(e.value) == (f"{f} row 1 (question_id='001-2'): media path component '{'x' * 40}'... is 304 bytes; a "
+                            "file name holds at most 255, so no video can be there; fix the row's video id")
+    # the sharding cost of a path no file can have falls back to 1 s (a decode error record then says why)
+    from datamodules.sharding import estimate_cost
+
+    assert estimate_cost(None, "v\x00.mp4", 2, 3) == 6.0
+    assert estimate_cost(None, str(tmp_path / long_id), 2, 3) == 6.0
+
+
+def test_mlvu_json_nested_beyond_the_recursion_limit_is_one_line(tmp_path):
+    """Before: ``RecursionError: maximum recursion depth exceeded while decoding a JSON array``."""
+    import sys
+
+    (tmp_path / "json").mkdir()
+    f = tmp_path / "json" / "1_plotQA.json"
+    f.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(AnnotationError) as e:
+        load_benchmark("mlvu", tmp_path)
+    assert str(e.value) == (f"{f}: invalid JSON: nested too deeply (arrays or objects inside each other beyond "
+                            f"Python's recursion limit, {sys.getrecursionlimit()}); no benchmark annotation nests "
+                            "more than a few levels")
+
+
+def test_a_fifo_or_a_symlink_loop_as_annotation_is_named_as_what_it_is(tmp_path):
+    """Before: a FIFO parquet was "not a readable parquet file (FileNotFoundError ...)", a FIFO JSON annotation
+    waited for a writer for ever, and a symbolic link loop was an ``OSError`` traceback or "not found"."""
+    from algorithms.errors import SettingError
+    from datamodules.videoqa import VideoQADataModule
+
+    fifo = "is a named pipe (FIFO), not a regular file: reading it would wait for a writer; give the file itself"
+    loop = "is a symbolic link loop (its links lead back to themselves); point it at the real file"
+    for name, rel in (("videomme", "videomme/test.parquet"), ("lvb", "lvb_val.json"),
+                      ("worldsense", "worldsense_qa.json"), ("mlvu", "json/1_plotQA.json")):
+        root = tmp_path / name
+        (root / rel).parent.mkdir(parents=True)
+        os.mkfifo(root / rel)
+        label = {"videomme": "Video-MME", "lvb": "LongVideoBench", "worldsense": "WorldSense", "mlvu": "MLVU"}[name]
+        with pytest.raises(AnnotationError) as e:
+            load_benchmark(name, root)
+        assert str(e.value) == f"{root / rel}: {label} annotation file {fifo}"
+        (root / rel).unlink()
+        (root / rel).symlink_to(root / (rel + ".2"))
+        (root / (rel + ".2")).symlink_to(root / rel)
+        with pytest.raises(AnnotationError) as e:
+            load_benchmark(name, root)
+        assert str(e.value) == f"{root / rel}: {label} annotation file {loop}"
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(SettingError) as e:
+        VideoQADataModule(root=str(tmp_path / "a"), loader_kwargs={}).setup()
+    assert str(e.value) == (f"data.init_args.root={tmp_path / 'a'}: the benchmark root is a symbolic link loop (its "
+                            "links lead back to themselves); point it at the real folder")
+
+
+# ------------------------------------------------------------------------------------------ issue 44 item 8
+def _warnings(caplog) -> list[str]:
+    out = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    caplog.clear()
+    return out
+
+
+def test_silent_scoring_cases_are_said_or_refused(tmp_path, caplog):
+    """Before: 5-10 Video-MME options accepted without a word though the released regex reads only [ABCD]; a NaN
+    option became the text 'nan'; a non-UTF-8 .srt was decoded with U+FFFD silently; an empty answer left the
+    question out of n silently; a LongVideoBench ``duration`` of NaN was accepted."""
+    import logging
+    import math
+
+    from callbacks.scoring import score_records
+    from callbacks.scoring.console import format_table
+
+    caplog.set_level(logging.WARNING)
+    # 1. Video-MME rows with 5 and 10 options: asked as released, one warning with the count and the first row
+    root = tmp_path / "vm"
+    root.mkdir()
+    f = _videomme(root, [_vm_row(), _vm_row("001-2", options=[f"{c}. o{c}" for c in "ABCDE"], answer="E"),
+                         _vm_row("001-3", options=[f"{c}. o{c}" for c in "ABCDEFGHIJ"], answer="J")])
+    qs = load_benchmark("videomme", root)
+    assert [len(q.options) for q in qs] == [4, 5, 10]
+    assert _warnings(caplog) == [
+        f"2 questions have more than 4 options (first: {f} row 1 (question_id='001-2')): the official rule (Video-MME "
+        "eval_your_results.py) reads only ABCD, so an answer E-J is never credited under it; the robust parser reads "
+        "every letter"]
+    # 2. a NaN option: a list<double> options column, an MLVU candidate NaN (JSON's NaN), a NaN MLVU answer
+    f = _videomme(root, [_vm_row(options=[1.0, math.nan, 3.0], answer="A")],
+                  schema=pa.schema([(k, pa.list_(pa.float64()) if k == "options" else pa.string())
+                                    for k in _vm_row()]))
+    with pytest.raises(AnnotationError) as e:
+        load_benchmark("videomme", root)
+    assert str(e.value) == f"{f} row 0 (question_id='001-1'): option 1 is nan (not a number), not a text; fix the row"
+    for row, field in ((_mlvu_row(candidates=["red", math.nan]), "option 1"),
+                       (_mlvu_row(candidates=["red", 2.0], answer=math.nan), "answer")):
+        f = _mlvu(tmp_path, [row])
+        assert "NaN" in f.read_text()
+        with pytest.raises(AnnotationError) as e:
+            load_benchmark("mlvu", tmp_path)
+        assert str(e.value) == f"{f} row 0: {field} is nan (not a number), not a text; fix the row"
+    # 3. a .srt that is not UTF-8: read as before (U+FFFD), one warning naming the file and the first bad byte
+    _videomme(root, [_vm_row(vid="v1")])
+    (root / "subtitles").mkdir()
+    srt = root / "subtitles" / "v1.srt"
+    srt.write_bytes(b"1\n00:00:01,000 --> 00:00:02,000\ncaf\xe9\n")
+    (q,) = load_benchmark("videomme", root, subtitles=True)
+    assert q.subtitles == "caf\ufffd"
+    assert _warnings(caplog) == [
+        f"{srt}: not UTF-8 (byte 0xe9 at offset 35); read with U+FFFD in place of the bad bytes, where VideoLLaMA3's "
+        "evaluation (pysubs2.load(encoding='utf-8')) would stop; re-encode it as UTF-8 for the released text"]
+    # 4. empty and blank answers: asked, counted once at load, and counted apart from n in the scores and table
+    f = _videomme(root, [_vm_row(), _vm_row("001-2", answer=""), _vm_row("001-3", answer="  ")])
+    qs = load_benchmark("videomme", root)
+    assert [q.answer for q in qs] == ["B", None, None]
+    assert _warnings(caplog) == [
+        f"2 of 3 questions have no answer (empty, blank or missing; first: {f} row 1 (question_id='001-2')): they are "
+        "asked, but the scores leave them out (scores.json: n_no_answer)"]
+    recs = [{"qid": q.qid, "job": "b128", "budget": 128, "answer": q.answer, "response": "B",
+             "meta": {"benchmark": "videomme"}} for q in qs]
+    (g,) = score_records(recs, n_resamples=0)["groups"]
+    assert (g["n_records"], g["n_scored"], g["n_no_answer"]) == (3, 1, 2)
+    assert "not scored, no gold answer in the annotation (empty, blank or missing): videomme b128 2" in \
+        format_table({"groups": [g]}).splitlines()
+    # 5. a LongVideoBench duration of NaN (or negative, or text): that row refused by name
+    for bad in (math.nan, -1.0, "10s"):
+        f = _lvb(tmp_path, [_lvb_row("a", duration=12.5), _lvb_row("b", duration=bad)])
+        with pytest.raises(AnnotationError) as e:
+            load_benchmark("lvb", tmp_path)
+        assert str(e.value) == (f"{f} row 1 (id='b'): duration must be a number of seconds >= 0, got "
+                                f"{type(bad).__name__} {bad!r}")
+    _lvb(tmp_path, [_lvb_row("a", duration=12.5), _lvb_row("b")])     # absent: still accepted
+    assert [q.meta["duration"] for q in load_benchmark("lvb", tmp_path)] == [12.5, None]

@@ -86,12 +86,27 @@ def test_single_frame_is_shorter_than_one_step(media):
 
 def test_shorter_than_one_sampling_step(media):
     path = media.get("sub_step")   # 0.4 s: floor(0.4 * 1) = 0 frames at 1 fps
-    with pytest.raises(DecodeError, match=r"no frame at 1 fps: the clip \(0.400 s\)"):
+    with pytest.raises(DecodeError, match=r"no frame at 1 fps: the clip \(0.000-0.400 s, 0.400 s long\) ends"):
         decode_video(path, 1024)
     dec = decode_video(path, 1024, short_clip_first_frame=True)
     assert dec.frames.shape[0] == 1 and dec.times_s == [0.0]
     assert dec.info["duration_s"] == 0.4
     assert np.array_equal(dec.frames[0].numpy(), decode_with_ffmpeg(path, 64, 48)[0])
+
+
+def test_a_clip_far_into_its_timeline_is_named_by_its_span(tmp_path):
+    """Issue 44 item 9: a 5 s Matroska clip whose stream starts at 10,000 s (its container duration is its end time,
+    10,005 s, which sets the rate as the seed's ffprobe does) was called "the clip (10005.000 s)"."""
+    from tests.media_factory import run_ffmpeg
+
+    path = tmp_path / "late.mkv"
+    run_ffmpeg("-f", "lavfi", "-i", "testsrc2=size=64x48:rate=8:duration=5", "-c:v", "libx264", "-preset",
+               "ultrafast", "-threads", "1", "-output_ts_offset", "10000", str(path))
+    with pytest.raises(DecodeError) as e:
+        decode_video(path, 128)
+    assert str(e.value).startswith(f"{path}: no frame at ")
+    assert ("the clip (10000.000-10005.000 s, 5.000 s long; the container gives its duration as 10005.000 s, which "
+            "sets the rate) ends before the first sampling step") in str(e.value)
 
 
 def test_very_long_tiny_video_is_capped(media):
