@@ -120,8 +120,13 @@ def run_predict(code: Path, model_dir: Path, bench: Path, out: Path, guard: int)
             "rc": proc.returncode, "responses": responses, "log": str(out.with_suffix(".log"))}
 
 
-def checkout(ref: str, into: Path) -> Path:
-    """The tree of git revision ``ref`` extracted into ``into``."""
+def source(ref: str | None, into: Path) -> Path:
+    """The code to run: this tree (``ref`` None), the folder ``ref``, or git revision ``ref`` extracted into
+    ``into``."""
+    if ref is None:
+        return REPO
+    if Path(ref).is_dir():
+        return Path(ref).resolve()
     into.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
@@ -131,7 +136,9 @@ def checkout(ref: str, into: Path) -> Path:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", nargs="+", default=["demo", "long", "many"], choices=("demo", "long", "many"))
-    ap.add_argument("--before", default=None, help="git revision to compare with (its code, this environment)")
+    ap.add_argument("--before", default=None, help="git revision (of this repository) or source folder to compare "
+                                                   "with (its code, this environment)")
+    ap.add_argument("--after", default=None, help="git revision or folder to measure instead of this tree")
     ap.add_argument("--long-tokens", type=int, default=25_084)
     ap.add_argument("--many", type=int, default=10_000)
     ap.add_argument("--guard-gb", type=float, default=8.0)
@@ -145,15 +152,16 @@ def main(argv=None) -> None:
             from models.videollama3.tiny import build_tiny_videollama3
 
             model_dir = build_tiny_videollama3(tmp / "tiny")
-        codes = ([("before " + args.before, checkout(args.before, tmp / "before"))] if args.before else []) + \
-            [("this tree", REPO)]
+        model_dir = Path(model_dir).resolve()
+        codes = [(f"{label} {ref}" if ref else "this tree", source(ref, tmp / label))
+                 for label, ref in (("before", args.before), ("after", args.after)) if ref or label == "after"]
         guard = int(args.guard_gb * 1e9)
         results = []
         for case in args.cases:
             bench = make_bench(tmp / f"bench_{case}", _rows(case, args.long_tokens, args.many))
             per_code = []
             for name, code in codes:
-                r = run_predict(code, Path(model_dir), bench, tmp / f"out_{case}_{len(per_code)}", guard)
+                r = run_predict(code, model_dir, bench, tmp / f"out_{case}_{len(per_code)}", guard)
                 per_code.append(r)
                 outcome = (f"killed by the {args.guard_gb:g} GB guard at {r['killed_at']:.0f} s" if r["killed_at"]
                            else f"rc {r['rc']}, {len(r['responses'])} records")
