@@ -16,6 +16,7 @@ table shows before / after::
 
     python bench/qa_memory.py --before 79d1091              # all three cases, before and after
     python bench/qa_memory.py --cases long --long-tokens 8000
+    python bench/qa_memory.py --direct on --model-dir checkpoints/tiny-videollama3 --cases long   # one process
 """
 from __future__ import annotations
 
@@ -133,6 +134,48 @@ def source(ref: str | None, into: Path) -> Path:
     return into
 
 
+def direct(model_dir: str, case: str, long_tokens: int, many: int, decode: str, caps: bool) -> dict:
+    """``answer_batched`` of ``case``'s cockatoo questions in this process, at the demo's largest budget (1,024):
+    the peak memory it adds (CUDA: ``max_memory_allocated``; CPU: the growth of ``ru_maxrss``) and its seconds.
+    ``caps=False``: ``answer_rows`` and ``answer_chunk`` so large that every question is one batch and one chunk
+    (the path before issue 44)."""
+    import resource
+
+    import torch
+
+    from datamodules.decode import decode_video
+    from models.videollama3 import BudgetedVideoLlama3, prepare_budgets
+
+    cuda = torch.cuda.is_available()
+    vlm = BudgetedVideoLlama3.from_pretrained(model_dir, device="cuda" if cuda else None)
+    if not caps:
+        vlm.set_answer_batching(1 << 30, 1 << 30)
+    dec = decode_video(REPO / "assets" / "media" / "cockatoo.mp4", 1024)
+    (bi,) = prepare_budgets(vlm, dec.frames.to(vlm.device), dec.times_s, [1024], raw_mode="phase3")
+    texts = [r["question"] for r in _rows(case, long_tokens, many) if r["videoID"] == "cockatoo"]
+    vlm.answer_batched(bi.prompt, texts[-1:], max_new_tokens=16, decode=decode)       # warm-up (graph capture)
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    t0 = time.perf_counter()
+    try:
+        vlm.answer_batched(bi.prompt, texts, max_new_tokens=16, decode=decode)
+        outcome = "ok"
+    except torch.OutOfMemoryError:
+        outcome = "out of memory"
+    if cuda:
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    return {"case": case, "caps": caps, "decode": decode, "device": "cuda" if cuda else "cpu", "questions": len(texts),
+            "prefix": int(bi.prompt.ids.numel()), "peak_gb": peak / 1e9, "seconds": time.perf_counter() - t0,
+            "outcome": outcome}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", nargs="+", default=["demo", "long", "many"], choices=("demo", "long", "many"))
@@ -144,7 +187,16 @@ def main(argv=None) -> None:
     ap.add_argument("--guard-gb", type=float, default=8.0)
     ap.add_argument("--model-dir", default=None, help="a checkpoint (default: the tiny random model, built here)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, outputs)")
+    ap.add_argument("--direct", default=None, choices=("on", "off"),
+                    help="no CLI: answer_batched in this process with the caps on or off (prints one JSON line per "
+                         "case; CUDA when there is one)")
+    ap.add_argument("--decode", default="graph", help="--direct: the decode mode")
     args = ap.parse_args(argv)
+    if args.direct:
+        for case in args.cases:
+            print(json.dumps(direct(args.model_dir, case, args.long_tokens, args.many, args.decode,
+                                    args.direct == "on")), flush=True)
+        return
     tmp = Path(tempfile.mkdtemp(prefix="qa_memory_"))
     try:
         model_dir = args.model_dir

@@ -108,7 +108,7 @@ def test_small_batches_and_chunks_answer_as_one_question_at_a_time(tiny_vlm, pro
 
 
 @pytest.mark.parametrize("decode", ["dynamic", "static"])
-def test_a_long_question_builds_no_mask_quadratic_in_its_length(tiny_vlm, prompt, spies, decode):
+def test_a_long_question_builds_no_mask_quadratic_in_its_length(tiny_vlm, prompt, spies, decode, monkeypatch):
     """A ~2,600-token question beside two short ones (the issue's [3, 1, n, L + n] mask, scaled down): it is
     batched alone and prefilled in two query chunks, so no attention mask has more than ``answer_chunk`` query rows
     in all (rows x queries), and the short questions' masks are as wide as their own suffixes; the answers are those
@@ -127,38 +127,30 @@ def test_a_long_question_builds_no_mask_quadratic_in_its_length(tiny_vlm, prompt
     assert max(m[-1] for m in masks) <= L + lengths[1] + 4
     short = [m for m in masks if m[0] == 2]           # the two short questions' batch
     assert short and max(m[-1] for m in short) <= L + max(lengths[0], lengths[2]) + 4
-    whole = SharedPrefixAnswering.answer_chunk
-    try:
-        SharedPrefixAnswering.answer_chunk = 1 << 20   # the long question alone, one unchunked pass
-        alone = tiny_vlm.answer_batched(prompt, [long_q], max_new_tokens=4, decode=decode)
-    finally:
-        SharedPrefixAnswering.answer_chunk = whole
+    monkeypatch.setattr(tiny_vlm, "answer_chunk", 1 << 20)      # the long question alone, one unchunked pass
+    alone = tiny_vlm.answer_batched(prompt, [long_q], max_new_tokens=4, decode=decode)
     assert got[1].token_ids == alone[0].token_ids
     assert [a.token_ids for a in (got[0], got[2])] == \
         [a.token_ids for a in tiny_vlm.answer_all(prompt, [texts[0], texts[2]], max_new_tokens=4)]
 
 
-def test_many_questions_are_decoded_in_batches_of_answer_rows(tiny_vlm, prompt, spies):
-    """300 short questions on one video: every forward (suffix prefill and decode step) and every logits tensor
-    holds at most ``answer_rows`` (64) rows, and the prefix cache is repeated to at most 64 rows; the tokens are
-    those of one batch of all 300 (the path before the cap)."""
-    texts = [f"Question {i}: what does the bird do {'now ' * (i % 5)}?" for i in range(300)]
+def test_many_questions_are_decoded_in_batches_of_answer_rows(tiny_vlm, prompt, spies, monkeypatch):
+    """70 short questions on one video with ``answer_rows`` = 16 (the slow test: 2,000 with the default 64): every
+    forward (suffix prefill and decode step) and every logits tensor holds at most 16 rows, and the prefix cache is
+    repeated to at most 16 rows; the tokens are those of one batch of all 70 (the path before the cap)."""
+    texts = [f"Question {i}: what does the bird do {'now ' * (i % 5)}?" for i in range(70)]
     repeats = []
     real = SharedPrefixAnswering._repeated_prefix
-    SharedPrefixAnswering._repeated_prefix = lambda self, cache, rows: repeats.append(rows) or real(self, cache, rows)
-    try:
-        got = tiny_vlm.answer_batched(prompt, texts, max_new_tokens=3)
-    finally:
-        SharedPrefixAnswering._repeated_prefix = real
+    monkeypatch.setattr(SharedPrefixAnswering, "_repeated_prefix",
+                        lambda self, cache, rows: repeats.append(rows) or real(self, cache, rows))
+    monkeypatch.setattr(tiny_vlm, "answer_rows", 16)
+    got = tiny_vlm.answer_batched(prompt, texts, max_new_tokens=3, ignore_eos=True)
     rows = [r for r, _ in spies["forwards"]]
-    assert max(rows) == 64 and rows.count(64) >= 4 * 3            # 4 full batches x (prefill + 2 steps)
-    assert [tuple(t.shape[:2]) for t in spies["logits"]] == [(64, 1)] * 4 + [(44, 1)]
-    assert repeats == [64] * 4                                     # the last batch repeats the prefill cache itself
-    try:
-        SharedPrefixAnswering.answer_rows = 300
-        one = tiny_vlm.answer_batched(prompt, texts, max_new_tokens=3)
-    finally:
-        SharedPrefixAnswering.answer_rows = 64
+    assert max(rows) == 16 and rows.count(16) == 4 * 3              # 4 full batches x (prefill + 2 steps)
+    assert [tuple(t.shape[:2]) for t in spies["logits"]] == [(16, 1)] * 4 + [(6, 1)]
+    assert repeats == [16] * 4                                     # the last batch repeats the prefill cache itself
+    monkeypatch.setattr(tiny_vlm, "answer_rows", 70)
+    one = tiny_vlm.answer_batched(prompt, texts, max_new_tokens=3, ignore_eos=True)
     assert [a.token_ids for a in got] == [a.token_ids for a in one]
 
 
@@ -206,3 +198,16 @@ def test_peak_rss_of_an_8k_question_and_of_2000_questions(tiny_vl3_dir):
     one = _peak_growth(tiny_vl3_dir, [QUESTIONS[1], long_q, QUESTIONS[2]])
     many = _peak_growth(tiny_vl3_dir, [f"Question {i}: what does the bird do?" for i in range(2000)])
     assert one["growth_mb"] < 600 and many["growth_mb"] < 600, (one, many)
+
+
+def test_budgeted_qa_passes_and_checks_the_settings(tiny_vl3_dir):
+    from algorithms.errors import SettingError
+    from lightning_modules.budgeted_qa import BudgetedQA
+
+    with pytest.raises(SettingError, match="model.answer_rows must be an integer >= 1, got 0"):
+        BudgetedQA(model_path=str(tiny_vl3_dir), answer_rows=0)
+    with pytest.raises(SettingError, match="model.answer_chunk must be an integer >= 1, got 1.5"):
+        BudgetedQA(model_path=str(tiny_vl3_dir), answer_chunk=1.5)
+    vlm = BudgetedQA(model_path=str(tiny_vl3_dir), answer_rows=8, answer_chunk=100)._read_model(torch.device("cpu"))
+    assert (vlm.answer_rows, vlm.answer_chunk) == (8, 100)
+    assert "answer_rows" not in BudgetedQA(model_path=str(tiny_vl3_dir)).record_settings()
