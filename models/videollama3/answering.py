@@ -214,8 +214,11 @@ class SharedPrefixAnswering(BatchedDecoding):
                        ignore_eos: bool = False, decode: str = "dynamic") -> list[Answer]:
         """Answer all questions of a (video, budget) together from one prefilled prefix, greedy.
 
-        The prefix cache (batch 1) is repeated to Q rows; the question suffixes are left-padded *inside the
-        suffix region* so they end in the same column, with a 2-D attention mask hiding the pads and explicit
+        The questions are answered in batches of at most ``answer_rows``, batched by length (one batch for a video's
+        ordinary questions; see the class docstring). Per batch, the prefix cache (batch 1) is repeated to its Q rows
+        (``dynamic``) or attended once for all rows (``static``/``graph``); the question suffixes are left-padded
+        *inside the suffix region* so they end in the same column, and prefilled in query chunks of at most
+        ``answer_chunk`` tokens, with a 2-D attention mask hiding the pads and explicit
         position ids ``L + j`` for the j-th real suffix token (so every row sees exactly the positions of the
         one-by-one path); then Q tokens are decoded per step until every row has produced an end token or
         ``max_new_tokens``. Token-identical to :meth:`answer_all` up to floating-point reduction order (tested
@@ -246,6 +249,9 @@ class SharedPrefixAnswering(BatchedDecoding):
         records the next budget's graph and builds its inputs (``BudgetedQA(overlap_budgets=True)``: 1.524 -> 1.446 s
         per video for 4k + 16k on the H200, ``bench/cli_throughput.py``, same machine); the price is that every
         started prefix's cache is held until its ``finish``. The tokens are those of :meth:`answer_batched` (same kernels, same shapes).
+        Only the first answer batch is started here; later ones (more than ``answer_rows`` questions, or questions
+        of very different lengths) are prefilled and decoded in ``finish``, one after the other, so that one batch's
+        suffix state is held at a time.
         Fallback questions (DESIGN §3.7) are answered from scratch here, before returning. A question whose prompt
         does not fit the model's context (:meth:`context_error`) is left out of the batch (no prefill, no logits) and
         gets an :class:`Answer` with ``error`` set; the suffix prefill computes logits for each row's last position
