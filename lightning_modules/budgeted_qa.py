@@ -255,7 +255,7 @@ class BudgetedQA(LightningModule):
             ``on_predict_start``, the load in the main thread. The same model, the same tokens.
         answer_rows: most questions of one (video, budget) prefix prefilled and decoded together (default 64); more are
             answered in several batches one after the other, so the decode batch and its question x vocabulary logits
-            stay bounded however many questions a video has (issue 44: 10,000 questions on one video passed 8 GB).
+            stay bounded however many questions a video has (10,000 questions on one video passed 8 GB before).
         answer_chunk: most question-suffix tokens (questions x tokens) in one suffix-prefill forward (default 2,048):
             questions are batched by length, and a longer batch (a long question) is prefilled in causal query chunks
             against the cached prefix, so its attention masks grow with the question, not with its square (a
