@@ -3,7 +3,9 @@ questions. Questions are batched by length (at most ``answer_rows`` per batch), 
 causal query chunks of at most ``answer_chunk`` tokens, and the answers stay those of one question at a time.
 
 The masks and row counts are read with hooks (torch's own allocations are invisible to ``tracemalloc``); the slow
-tests measure the peak RSS of a fresh process."""
+tests measure the peak RSS of a fresh process. The fast tests take 2-8 s each on the 2-core CPU machine (with
+another suite running beside them): each computes its reference answers (one question at a time, or one unchunked
+batch) besides the batched ones, in both ``dynamic`` and ``static`` decoding."""
 from __future__ import annotations
 
 import json
@@ -81,7 +83,7 @@ def test_small_batches_and_chunks_answer_as_one_question_at_a_time(tiny_vlm, pro
     chunks; the tokens are those of the one-question path (``answer_all``, the reference) and the first-step logits
     those of each question answered alone in one unchunked pass."""
     lengths = _lengths(tiny_vlm, prompt, QUESTIONS)
-    ref = [a.token_ids for a in tiny_vlm.answer_all(prompt, QUESTIONS, max_new_tokens=6)]
+    ref = [a.token_ids for a in tiny_vlm.answer_all(prompt, QUESTIONS, max_new_tokens=4)]
     alone = []
     for text in QUESTIONS:
         spies["logits"].clear()
@@ -91,7 +93,7 @@ def test_small_batches_and_chunks_answer_as_one_question_at_a_time(tiny_vlm, pro
     monkeypatch.setattr(tiny_vlm, "answer_chunk", 16)
     spies["forwards"].clear()
     spies["logits"].clear()
-    got = tiny_vlm.answer_batched(prompt, QUESTIONS, max_new_tokens=6, decode=decode)
+    got = tiny_vlm.answer_batched(prompt, QUESTIONS, max_new_tokens=4, decode=decode)
     assert [a.token_ids for a in got] == ref
     assert [a.seq_len for a in got] == [prompt.ids.numel() + n for n in lengths]
     groups = length_batches(lengths, 2, 16)
@@ -138,21 +140,21 @@ def test_a_long_question_builds_no_mask_quadratic_in_its_length(tiny_vlm, prompt
 
 
 def test_many_questions_are_decoded_in_batches_of_answer_rows(tiny_vlm, prompt, spies, monkeypatch):
-    """70 short questions on one video with ``answer_rows`` = 16 (the slow test: 2,000 with the default 64): every
-    forward (suffix prefill and decode step) and every logits tensor holds at most 16 rows, and the prefix cache is
-    repeated to at most 16 rows; the tokens are those of one batch of all 70 (the path before the cap)."""
-    texts = [f"Question {i}: what does the bird do {'now ' * (i % 5)}?" for i in range(70)]
+    """38 short questions on one video with ``answer_rows`` = 8 (the slow test: 2,000 with the default 64): every
+    forward (suffix prefill and decode step) and every logits tensor holds at most 8 rows, and the prefix cache is
+    repeated to at most 8 rows; the tokens are those of one batch of all 38 (the path before the cap)."""
+    texts = [f"Question {i}: what does the bird do {'now ' * (i % 5)}?" for i in range(38)]
     repeats = []
     real = SharedPrefixAnswering._repeated_prefix
     monkeypatch.setattr(SharedPrefixAnswering, "_repeated_prefix",
                         lambda self, cache, rows: repeats.append(rows) or real(self, cache, rows))
-    monkeypatch.setattr(tiny_vlm, "answer_rows", 16)
+    monkeypatch.setattr(tiny_vlm, "answer_rows", 8)
     got = tiny_vlm.answer_batched(prompt, texts, max_new_tokens=3, ignore_eos=True)
     rows = [r for r, _ in spies["forwards"]]
-    assert max(rows) == 16 and rows.count(16) == 4 * 3              # 4 full batches x (prefill + 2 steps)
-    assert [tuple(t.shape[:2]) for t in spies["logits"]] == [(16, 1)] * 4 + [(6, 1)]
-    assert repeats == [16] * 4                                     # the last batch repeats the prefill cache itself
-    monkeypatch.setattr(tiny_vlm, "answer_rows", 70)
+    assert max(rows) == 8 and rows.count(8) == 4 * 3                # 4 full batches x (prefill + 2 steps)
+    assert [tuple(t.shape[:2]) for t in spies["logits"]] == [(8, 1)] * 4 + [(6, 1)]
+    assert repeats == [8] * 4                                     # the last batch repeats the prefill cache itself
+    monkeypatch.setattr(tiny_vlm, "answer_rows", 38)
     one = tiny_vlm.answer_batched(prompt, texts, max_new_tokens=3, ignore_eos=True)
     assert [a.token_ids for a in got] == [a.token_ids for a in one]
 
