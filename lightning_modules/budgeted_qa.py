@@ -253,6 +253,15 @@ class BudgetedQA(LightningModule):
             of the fused kernels in background threads at the trainer's set-up (``setup("predict")``), so they
             overlap the rest of the set-up and the DataLoader's start; ``False``: both start at
             ``on_predict_start``, the load in the main thread. The same model, the same tokens.
+        answer_rows: most questions of one (video, budget) prefix prefilled and decoded together (default 64); more are
+            answered in several batches one after the other, so the decode batch and its question x vocabulary logits
+            stay bounded however many questions a video has (10,000 questions on one video passed 8 GB before).
+        answer_chunk: most question-suffix tokens (questions x tokens) in one suffix-prefill forward (default 2,048):
+            questions are batched by length, and a longer batch (a long question) is prefilled in causal query chunks
+            against the cached prefix, so its attention masks grow with the question, not with its square (a
+            25,084-token question passed 8 GB on the CPU demo). A video's ordinary questions fit one batch and one
+            chunk (the same tokens); split ones give the same tokens up to floating-point rounding
+            (:class:`~models.videollama3.answering.SharedPrefixAnswering`). Not recorded in ``run.json``.
         first_step: ``wait`` (default): the first step waits for the early compilation; ``eager``: steps that
             start while it still runs use the eager math of the fused kernels and decode ``static`` (no CUDA
             graph), and the compiled kernels take over once it has ended (:attr:`models.kernels.Fusable.
@@ -271,7 +280,7 @@ class BudgetedQA(LightningModule):
                  vision_attn_implementation: str | None = "frame_batched", decode: str = "auto",
                  original_projector: str | None = None, vision_config_dir: str | None = None,
                  overlap_budgets: bool = True, cudnn_attention: bool = False, add_system_prompt: bool = True,
-                 early_start: bool = True, first_step: str = "wait"):
+                 early_start: bool = True, first_step: str = "wait", answer_rows: int = 64, answer_chunk: int = 2048):
         super().__init__()
         if not budgets:
             raise SettingError("budgets must not be empty")
@@ -288,6 +297,9 @@ class BudgetedQA(LightningModule):
                             ("add_system_prompt", add_system_prompt), ("early_start", early_start)):
             if not isinstance(value, bool):   # (the CLI lets null through for a bool)
                 raise SettingError(f"model.{name} must be true or false, got {value!r}")
+        for name, value in (("answer_rows", answer_rows), ("answer_chunk", answer_chunk)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SettingError(f"model.{name} must be an integer >= 1, got {value!r}")
         if first_step not in FIRST_STEP_MODES:
             raise SettingError(f"model.first_step must be one of {FIRST_STEP_MODES}, got {first_step!r}")
         check_template(prompt_template)
@@ -473,6 +485,7 @@ class BudgetedQA(LightningModule):
                                                   vision_attn_implementation=hp.vision_attn_implementation,
                                                   original_projector=hp.get("original_projector"),
                                                   vision_config_dir=hp.get("vision_config_dir"), device=device)
+        vlm.set_answer_batching(int(hp.get("answer_rows", 64)), int(hp.get("answer_chunk", 2048)))
         return vlm.set_system_prompt(bool(hp.get("add_system_prompt", True)))
 
     def predict_step(self, item: dict, batch_idx: int = 0) -> list[dict]:

@@ -31,6 +31,23 @@ def test_graph_decode_equals_sequential_on_cuda(cuda_vlm):
         assert [len(a.token_ids) for a in forced] == [7, 7, 7]
 
 
+def test_graph_decode_in_batches_and_query_chunks_equals_sequential_on_cuda(cuda_vlm, monkeypatch):
+    """Issue 44 item 1 on CUDA: with caps below the questions (2 rows per batch, 16 suffix tokens per prefill
+    forward) every decode mode answers as the sequential path, each later batch capturing its own decode graph."""
+    from datamodules.decode import decode_video
+    from models.videollama3 import prepare_budgets
+
+    dec = decode_video(MEDIA / "cockatoo.mp4", 256)
+    (bi,) = prepare_budgets(cuda_vlm, dec.frames.cuda(), dec.times_s, [256])
+    qs = ["What animal is shown?\nA. A dog.\nB. A cockatoo.", "Colour?\nA. White.\nB. Green.", "x",
+          "A much longer question that makes the left padding inside the suffix region matter " * 3]
+    seq = [a.token_ids for a in cuda_vlm.answer_all(bi.prompt, qs, 8)]
+    monkeypatch.setattr(cuda_vlm, "answer_rows", 2)
+    monkeypatch.setattr(cuda_vlm, "answer_chunk", 16)
+    for mode in ("dynamic", "static", "graph"):
+        assert [a.token_ids for a in cuda_vlm.answer_batched(bi.prompt, qs, 8, decode=mode)] == seq, mode
+
+
 def test_frame_batched_attention_on_cuda(cuda_vlm):
     from datamodules.decode import decode_video
 

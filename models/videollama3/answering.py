@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from algorithms.answer_batches import length_batches, query_chunks
 from algorithms.errors import SettingError
 from ..kernels import host_to_device
 from ..vision_attention import sdpa_without_cudnn
@@ -54,7 +55,41 @@ class SharedPrefixAnswering(BatchedDecoding):
     ``model``, ``tokenizer``, ``eos_ids``, ``_fused``, ``device``/``dtype``, and provides ``question_ids`` and
     ``embed`` (:class:`~models.videollama3.layout.PromptLayout`). The decoding steps, the static cache and the CUDA
     graph capture are :class:`~models.videollama3.batched_decode.BatchedDecoding`'s.
+
+    Memory of batched answering (issue 44 item 1), two settings (:meth:`set_answer_batching`):
+
+    * ``answer_rows`` (default 64): most questions prefilled and decoded together; more
+      questions of one prefix are answered in several batches one after the other, so the decode batch, its
+      (Q, 1, V) logits and the per-row caches stay bounded however many questions a video has (10,000 questions on
+      one video made 10,000 x V fp32 logits and 10,000 copies of the prefix cache);
+    * ``answer_chunk`` (default 2048): question-suffix tokens (rows x columns) per
+      suffix-prefill forward. Questions are batched by length (:func:`algorithms.answer_batches.length_batches`:
+      a batch's pads stay within its real tokens unless the whole padded batch fits ``answer_chunk``), and a batch
+      larger than ``answer_chunk`` is prefilled in causal query chunks against the cached prefix and the earlier
+      chunks (:func:`~algorithms.answer_batches.query_chunks`), so the attention mask of a forward is
+      ``(Q, 1, chunk, L + n)``, not ``(Q, 1, n, L + n)`` (a 25,084-token question beside two short ones made a
+      [3, 1, n, L + n] mask).
+
+    A video's 1-10 ordinary questions (each ~100 tokens) fit one batch and one chunk: the same inputs, kernels and
+    tokens as without these limits. Split batches and chunks give the same tokens in exact arithmetic; in floating
+    point the chunks' matrix products may round differently (tested equal to the one-question path on the tiny
+    fp32 model).
     """
+
+    answer_rows: int = 64
+    answer_chunk: int = 2048
+
+    def set_answer_batching(self, rows: int = 64, chunk: int = 2048):
+        """Set ``answer_rows`` and ``answer_chunk`` (see the class docstring); returns ``self``.
+
+        Raises:
+            SettingError: a value that is not an integer >= 1 (named).
+        """
+        for name, value in (("answer_rows", rows), ("answer_chunk", chunk)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SettingError(f"{name} must be an integer >= 1, got {value!r}")
+        self.answer_rows, self.answer_chunk = rows, chunk
+        return self
 
     def _generate(self, input_ids: torch.Tensor, max_new_tokens: int, cache=None, inputs_embeds=None,
                   ignore_eos: bool = False) -> list[int]:
@@ -179,8 +214,11 @@ class SharedPrefixAnswering(BatchedDecoding):
                        ignore_eos: bool = False, decode: str = "dynamic") -> list[Answer]:
         """Answer all questions of a (video, budget) together from one prefilled prefix, greedy.
 
-        The prefix cache (batch 1) is repeated to Q rows; the question suffixes are left-padded *inside the
-        suffix region* so they end in the same column, with a 2-D attention mask hiding the pads and explicit
+        The questions are answered in batches of at most ``answer_rows``, batched by length (one batch for a video's
+        ordinary questions; see the class docstring). Per batch, the prefix cache (batch 1) is repeated to its Q rows
+        (``dynamic``) or attended once for all rows (``static``/``graph``); the question suffixes are left-padded
+        *inside the suffix region* so they end in the same column, and prefilled in query chunks of at most
+        ``answer_chunk`` tokens, with a 2-D attention mask hiding the pads and explicit
         position ids ``L + j`` for the j-th real suffix token (so every row sees exactly the positions of the
         one-by-one path); then Q tokens are decoded per step until every row has produced an end token or
         ``max_new_tokens``. Token-identical to :meth:`answer_all` up to floating-point reduction order (tested
@@ -211,6 +249,9 @@ class SharedPrefixAnswering(BatchedDecoding):
         records the next budget's graph and builds its inputs (``BudgetedQA(overlap_budgets=True)``: 1.524 -> 1.446 s
         per video for 4k + 16k on the H200, ``bench/cli_throughput.py``, same machine); the price is that every
         started prefix's cache is held until its ``finish``. The tokens are those of :meth:`answer_batched` (same kernels, same shapes).
+        Only the first answer batch is started here; later ones (more than ``answer_rows`` questions, or questions
+        of very different lengths) are prefilled and decoded in ``finish``, one after the other, so that one batch's
+        suffix state is held at a time.
         Fallback questions (DESIGN §3.7) are answered from scratch here, before returning. A question whose prompt
         does not fit the model's context (:meth:`context_error`) is left out of the batch (no prefill, no logits) and
         gets an :class:`Answer` with ``error`` set; the suffix prefill computes logits for each row's last position
@@ -239,13 +280,44 @@ class SharedPrefixAnswering(BatchedDecoding):
                 rows.append(i)
         if not batch:
             return lambda: answers
-        dev = self.device
         prefix_len = prompt.ids.numel()
+        groups = length_batches([len(x) for x in batch], self.answer_rows, self.answer_chunk)
+        eos = host_to_device(torch.tensor(self.eos_ids), self.device)
+        # the first batch as before: its inputs (and static cache) are on the device before the prefix prefill is
+        # launched, so that from here to the final read of the tokens nothing waits for the GPU and the host-side work
+        # of the answer stage overlaps the prefill
+        first = self._suffix_inputs([batch[r] for r in groups[0]], prefix_len, max_new_tokens, decode)
+        cache = self.prefill(prompt, max_new_tokens)                            # batch 1
+        started = [self._start_group(cache, *first, max_new_tokens, ignore_eos, decode, eos,
+                                     keep_prefix=len(groups) > 1)]
+
+        def finish() -> list[Answer]:
+            for g, group in enumerate(groups):
+                if g:   # later batches: prefilled and decoded one after the other (one batch's memory at a time)
+                    inputs = self._suffix_inputs([batch[r] for r in group], prefix_len, max_new_tokens, decode)
+                    started.append(self._start_group(cache, *inputs, max_new_tokens, ignore_eos, decode, eos,
+                                                     keep_prefix=g < len(groups) - 1))
+                gen = started.pop()()                                           # (the batch's state goes with it)
+                for r, toks in zip(group, gen):
+                    if not ignore_eos:
+                        for j, t in enumerate(toks):
+                            if t in self.eos_ids:
+                                toks = toks[:j]
+                                break
+                    answers[rows[r]] = self._answer(toks, prefix_len + len(batch[r]), False)
+            return answers
+
+        return finish
+
+    def _suffix_inputs(self, batch: list[list[int]], prefix_len: int, max_new_tokens: int, decode: str) -> tuple:
+        """One answer batch's suffix inputs on the device: ``(inp (Q, n) left-padded question ids, valid (Q, L + n)
+        keys a row may attend (pads excluded), pos (Q, n) position ids L + j of the j-th real suffix token, the
+        suffix ``StaticCache`` of n + R positions or None for ``dynamic``)``."""
         q = len(batch)
         longest = max(len(x) for x in batch)
         pad = self.tokenizer.pad_token_id or 0
         inp = torch.full((q, longest), pad, dtype=torch.long)
-        valid = torch.zeros(q, prefix_len + longest, dtype=torch.bool)   # keys a row may attend (pads excluded)
+        valid = torch.zeros(q, prefix_len + longest, dtype=torch.bool)
         valid[:, :prefix_len] = True
         pos = torch.full((q, longest), prefix_len, dtype=torch.long)
         for r, ids in enumerate(batch):
@@ -253,20 +325,26 @@ class SharedPrefixAnswering(BatchedDecoding):
             inp[r, longest - n:] = torch.tensor(ids)
             valid[r, prefix_len + longest - n:] = True
             pos[r, longest - n:] = prefix_len + torch.arange(n)
-        # everything the host sends is on the device before the prefill is launched: from here to the final read of
-        # the tokens nothing waits for the GPU, so the host-side work of the answer stage overlaps the prefill
-        inp, valid, pos = (host_to_device(t, dev) for t in (inp, valid, pos))
-        eos = host_to_device(torch.tensor(self.eos_ids), dev)
-        static = None
-        if decode != "dynamic":
-            static = self._suffix_cache(q, longest + max_new_tokens)
-        cache = self.prefill(prompt, max_new_tokens)                            # batch 1
+        inp, valid, pos = (host_to_device(t, self.device) for t in (inp, valid, pos))
+        static = self._suffix_cache(q, longest + max_new_tokens) if decode != "dynamic" else None
+        return inp, valid, pos, static
+
+    def _start_group(self, cache, inp: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor, static,
+                     max_new_tokens: int, ignore_eos: bool, decode: str, eos: torch.Tensor,
+                     keep_prefix: bool) -> Callable[[], list[list[int]]]:
+        """Prefill one answer batch's suffixes over the prefix ``cache`` (batch 1) and return ``decode_all()`` ->
+        its (Q, steps) greedy tokens. ``keep_prefix``: later batches need ``cache`` as it is (``dynamic`` then
+        repeats the prefix into a new cache instead of repeating ``cache`` itself in place)."""
+        q = inp.shape[0]
         if decode == "dynamic":
-            if q > 1:
+            if keep_prefix:
+                cache = self._repeated_prefix(cache, q)
+            elif q > 1:
                 cache.batch_repeat_interleave(q)
             mask = valid.long()
-            logits = self._last_logits(input_ids=inp, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                                       use_cache=True)                          # (Q, 1, V)
+            prefix_len = valid.shape[1] - inp.shape[1]
+            logits = self._chunked_prefill(lambda a, b: dict(attention_mask=mask[:, :prefix_len + b]), inp, pos,
+                                           cache)                               # (Q, 1, V)
 
             def step_fn(nxt: torch.Tensor, step: int) -> torch.Tensor:
                 nonlocal mask
@@ -274,27 +352,42 @@ class SharedPrefixAnswering(BatchedDecoding):
                 return self.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos[:, -1:] + step,
                                   past_key_values=cache, use_cache=True).logits
 
-            def decode_all() -> list[list[int]]:
+            return lambda: self._greedy(logits, step_fn, q, max_new_tokens, ignore_eos, eos)
+        with self._shared_prefix_attention(cache):
+            logits, step_fn = self._static_decoder(static, inp, valid, pos, max_new_tokens, graph=decode == "graph")
+
+        def decode_all() -> list[list[int]]:
+            with self._shared_prefix_attention(cache):   # eager steps attend to this prefix (a graph has it)
                 return self._greedy(logits, step_fn, q, max_new_tokens, ignore_eos, eos)
-        else:
-            with self._shared_prefix_attention(cache):
-                logits, step_fn = self._static_decoder(static, inp, valid, pos, max_new_tokens,
-                                                       graph=decode == "graph")
+        return decode_all
 
-            def decode_all() -> list[list[int]]:
-                with self._shared_prefix_attention(cache):   # eager steps attend to this prefix (a graph has it)
-                    return self._greedy(logits, step_fn, q, max_new_tokens, ignore_eos, eos)
+    def _repeated_prefix(self, cache, rows: int):
+        """A new ``DynamicCache`` holding the prefix keys/values of ``cache`` (batch 1) repeated to ``rows`` rows;
+        ``cache`` is left as it is."""
+        from transformers import DynamicCache
 
-        def finish() -> list[Answer]:
-            gen = decode_all()
-            for r, i in enumerate(rows):
-                toks = gen[r]
-                if not ignore_eos:
-                    for j, t in enumerate(toks):
-                        if t in self.eos_ids:
-                            toks = toks[:j]
-                            break
-                answers[i] = self._answer(toks, prefix_len + len(batch[r]), False)
-            return answers
+        out = DynamicCache(config=self.model.config.get_text_config())
+        for i, layer in enumerate(cache.layers):
+            out.update(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1), i)
+        return out
 
-        return finish
+    def _chunked_prefill(self, mask_of: Callable[[int, int], dict], inp: torch.Tensor, pos: torch.Tensor,
+                         cache) -> torch.Tensor:
+        """Prefill the (Q, n) suffix ``inp`` into ``cache`` in causal query chunks of at most ``answer_chunk``
+        tokens (:func:`algorithms.answer_batches.query_chunks`; one chunk, the whole suffix, when it fits): chunk
+        ``[a, b)`` attends to the cached prefix, the earlier chunks and itself, with the mask arguments
+        ``mask_of(a, b)``. Only the last chunk goes through ``lm_head``, at its last position (:meth:`_last_logits`).
+
+        Returns:
+            logits (Q, 1, V) of each row's last suffix position.
+        """
+        chunks = query_chunks(inp.shape[0], inp.shape[1], self.answer_chunk)
+        for a, b in chunks[:-1]:
+            self.model.model(input_ids=inp[:, a:b], position_ids=pos[:, a:b], past_key_values=cache, use_cache=True,
+                             **mask_of(a, b))
+        a, b = chunks[-1]
+        if len(chunks) == 1:                        # the whole suffix (the very tensors, as before chunking)
+            return self._last_logits(input_ids=inp, position_ids=pos, past_key_values=cache, use_cache=True,
+                                     **mask_of(a, b))
+        return self._last_logits(input_ids=inp[:, a:b], position_ids=pos[:, a:b], past_key_values=cache,
+                                 use_cache=True, **mask_of(a, b))

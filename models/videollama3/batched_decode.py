@@ -167,7 +167,10 @@ class BatchedDecoding:
         Layout of the static cache per row: ``[suffix (left-padded to n) | decode steps]``; the prefix stays in the
         prefill's batch-1 cache. The mask covers the suffix region only: an additive 4-D ``(Q, 1, 1, n + R)``
         buffer whose column for the step's own key is opened in place before each step, so the step itself has
-        fixed shapes and addresses (what a CUDA graph needs).
+        fixed shapes and addresses (what a CUDA graph needs). The suffix prefill runs in causal query chunks of at
+        most ``answer_chunk`` tokens (:meth:`~models.videollama3.answering.SharedPrefixAnswering._chunked_prefill`),
+        each with its own additive ``(Q, 1, chunk, n + R)`` mask, so no ``(Q, 1, n, n + R)`` mask is built for a
+        long question.
 
         Returns:
             ``(suffix logits (Q, 1, V) of each row's last position, step_fn)`` with
@@ -183,8 +186,12 @@ class BatchedDecoding:
         key_ok = torch.ones(q, total, dtype=torch.bool, device=dev)
         key_ok[:, :s0] = valid[:, prefix_len:]
         query_at = torch.arange(longest, device=dev)                           # cache index of suffix queries
-        allowed = key_ok[:, None, :] & (keys[None, None, :] <= query_at[None, :, None])  # (Q, n, total)
-        mask = torch.zeros(q, 1, longest, total, dtype=dtype, device=dev).masked_fill(~allowed[:, None], neg)
+
+        def chunk_mask(a: int, b: int) -> dict:
+            """The additive (Q, 1, b - a, n + R) mask of suffix queries a..b-1 (the prefill's query chunk)."""
+            allowed = key_ok[:, None, :] & (keys[None, None, :] <= query_at[None, a:b, None])   # (Q, b - a, total)
+            mask = torch.zeros(q, 1, b - a, total, dtype=dtype, device=dev).masked_fill(~allowed[:, None], neg)
+            return {"attention_mask": {"full_attention": mask}}
         tok_buf = torch.zeros(q, 1, dtype=torch.long, device=dev)
         pos_buf = pos[:, -1:] + 1
         mask_buf = torch.zeros(q, 1, 1, total, dtype=dtype, device=dev).masked_fill(
@@ -213,8 +220,7 @@ class BatchedDecoding:
         # prefill on the GPU, while the ~1,000 launches of an eager suffix prefill fill the driver's command queue and
         # would block the host until the GPU drains it (measured: the capture then added ~40 ms per (video, budget)).
         # The graph reads the cache write position on the device, so it does not matter that it was recorded first.
-        logits = self._last_logits(input_ids=inp, attention_mask={"full_attention": mask}, position_ids=pos,
-                                   past_key_values=sc, use_cache=True)
+        logits = self._chunked_prefill(chunk_mask, inp, pos, sc)
 
         def step_fn(nxt: torch.Tensor, step: int) -> torch.Tensor:
             tok_buf.copy_(nxt[:, None])
