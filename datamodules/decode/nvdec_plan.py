@@ -196,7 +196,11 @@ def split_runs_at_periods(indices: list[int], period: list[int], sessions: int,
     """:func:`split_runs`, with each cut moved to the nearest start of an IDR period, so that no two runs need the
     same reference pictures (a packet-fed session decodes from its period's IDR): ``period[k]`` is the period of
     ``indices[k]``. Cuts that meet are merged (one period: one run). Where the periods are not non-decreasing
-    along ``indices`` (not a closed-GOP stream), the plain :func:`split_runs` cuts."""
+    along ``indices`` (not a closed-GOP stream), the plain :func:`split_runs` cuts.
+
+    Raises:
+        ValueError: ``period`` and ``indices`` differ in length.
+    """
     if len(period) != len(indices):
         raise ValueError(f"{len(period)} periods for {len(indices)} indices")
     if any(b < a for a, b in zip(period, period[1:])):

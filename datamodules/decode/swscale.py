@@ -155,6 +155,7 @@ class Yuv420ToRgb:
         return np.ascontiguousarray(out[: self.dh, : self.dw * 3].reshape(self.dh, self.dw, 3))
 
     def close(self) -> None:
+        """Free the ``SwsContext`` (idempotent); a later call raises ``RuntimeError``."""
         with self._lock:
             if self._ctx is not None:
                 _libs()[0].sws_freeContext(self._ctx)
