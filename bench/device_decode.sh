@@ -8,14 +8,7 @@
 # records:  the CLI with decoder=cpu and decoder=auto on the whole set, records compared byte for byte.
 # The wheels come from .whl/site312.tar.xz (bench/make_device_site.sh builds it on the CPU machine).
 set -u
-T0=$(date +%s)
-stamp() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
-OUT=${OUT:-/tmp/device_out}; mkdir -p "$OUT"
-if [ -f .whl/site312.tar.xz ] && [ ! -d /tmp/site/transformers ]; then
-  mkdir -p /tmp/site && tar xJf .whl/site312.tar.xz -C /tmp/site && rm -rf /tmp/site/huggingface_hub* /tmp/site/tokenizers*
-  python3 -m compileall -q -j 16 /tmp/site >/dev/null 2>&1
-fi
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+source bench/device_site.sh   # T0, stamp, OUT; the wheels on PYTHONPATH
 nproc; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 stamp "site"
 python3 bench/workload.py --make /tmp/wl 2>&1 | tail -1; stamp "set made"

@@ -2,14 +2,7 @@
 # The last GPU call of the 2026-12-03 evening session: why the fused kernels' compilation failed in the CLI
 # ("FileNotFoundError: '12'"), and the first answer cold / warm with the new start-up (issue 41).
 set -u
-T0=$(date +%s)
-stamp() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
-OUT=${OUT:-/tmp/device_out}; mkdir -p "$OUT"
-if [ -f .whl/site312.tar.xz ] && [ ! -d /tmp/site/transformers ]; then
-  mkdir -p /tmp/site && tar xJf .whl/site312.tar.xz -C /tmp/site && rm -rf /tmp/site/huggingface_hub* /tmp/site/tokenizers*
-  python3 -m compileall -q -j 16 /tmp/site >/dev/null 2>&1
-fi
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+source bench/device_site.sh   # T0, stamp, OUT; the wheels on PYTHONPATH
 echo "HOME=${HOME-unset} TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR-unset} TRITON_CACHE_DIR=${TRITON_CACHE_DIR-unset}"
 for opts in "--no-cli" "" "--thread --forkserver"; do
   TORCHDYNAMO_VERBOSE=1 timeout 120 python3 bench/compile_probe.py $opts 2>&1 | grep -v "^W1203" | tail -25
