@@ -36,6 +36,7 @@ def attach_traceback_file(path: Path) -> logging.Handler:
 
 
 def detach_traceback_file(handler: logging.Handler | None) -> None:
+    """Stop writing :data:`TRACEBACKS` to ``handler``'s file and close it (``None``: nothing to do)."""
     if handler is not None:
         TRACEBACKS.removeHandler(handler)
         handler.close()

@@ -223,6 +223,8 @@ def fused_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
         qo, ko = rope_rows(qt.view(b * s, h, d), kt.view(b * s, k.shape[1], d), cos.view(b * s, d), sin.view(b * s, d))
         return qo.view(b, s, h, d).transpose(1, 2), ko.view(b, s, k.shape[1], d).transpose(1, 2)
     return rope(q, k, cos, sin)
+
+
 # x, residual (rows..., D). emulate_precision_casts: Inductor would otherwise normalise the float32 sum; eager PyTorch
 # (the library) normalises the sum rounded to the model dtype, and so does this kernel (H200, 16,128 x 1152 bf16:
 # 675 of 18.6 M normed values 1 bf16 step off eager instead of 503,308). multi_kernel: at D = 1152 Inductor's
@@ -234,6 +236,7 @@ def fused_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
 add_layer_norm = Fusable(_add_layer_norm, "add+LayerNorm", dynamic=(1, 1),
                          options={"emulate_precision_casts": True, "triton.multi_kernel": 1,
                                   "fx_graph_cache": False})
+
 
 def gelu_tanh_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``gelu_tanh(x @ weight.T + bias)`` as ONE cuBLASLt GEMM with its GELU epilogue (CUDA only).

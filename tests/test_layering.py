@@ -203,8 +203,8 @@ def test_benchmark_formats_import_base_only():
 
 
 # the decode room (issue 40): its file names are the pipeline, in this order; the NVDEC reader comes last
-DECODE_STEPS = ("errors", "probe", "plan", "readers", "cpu", "retry", "held", "video", "packet_filter", "swscale",
-                "convert", "nvdec")
+DECODE_STEPS = ("errors", "display", "probe", "plan", "readers", "cpu", "retry", "held", "video", "packet_filter",
+                "swscale",                "convert", "nvdec_plan", "nvdec")
 
 
 def test_decode_steps_import_one_way():
@@ -219,9 +219,9 @@ def test_decode_steps_import_one_way():
     assert not bad, bad
     assert graph["datamodules.decode.nvdec"] & {"datamodules.decode"} and not any(
         "datamodules.decode" in graph[m] for m in rank if m != "datamodules.decode.nvdec")
-    assert graph["datamodules.decode"] == set(rank) - {"datamodules.decode.packet_filter",
+    assert graph["datamodules.decode"] == set(rank) - {"datamodules.decode.packet_filter", "datamodules.decode.display",
                                                        "datamodules.decode.swscale", "datamodules.decode.convert",
-                                                       "datamodules.decode.nvdec"}
+                                                       "datamodules.decode.nvdec_plan", "datamodules.decode.nvdec"}
     eager = [f"{f.name} imports {a.name if isinstance(n, ast.Import) else n.module}"
              for f in sorted((REPO / "datamodules/decode").glob("*.py"))
              for n in ast.parse(f.read_text(encoding="utf-8")).body if isinstance(n, (ast.Import, ast.ImportFrom))

@@ -14,7 +14,8 @@ The pipeline, one file per step:
 ``cpu.py``            the CPU readers ``decord``, ``pyav``, ``pyav_skip`` and :func:`cpu_reader_for`
 ``nvdec.py``          the ``nvdec`` reader (registered when imported; import it before decord), fed by
                       ``packet_filter.py`` (the packets the sampled frames need) and converted by ``swscale.py``
-                      (decord's own libswscale, so its frames are the CPU path's) on ``convert.py``'s threads
+                      (decord's own libswscale, so its frames are the CPU path's) on ``convert.py``'s threads;
+                      ``nvdec_plan.py``: which files it decodes exactly and how their frames are cut over sessions
 ``retry.py``          the retries with one thread and the replacement rule, on any reader
 ``held.py``           :class:`EncoderSizing`, :class:`EncoderFrames`: frames held at the encoder's sizes only
 ``video.py``          :func:`decode_video`, :func:`decode_at_indices`, :func:`decord_frame_count`: the steps above
@@ -35,7 +36,7 @@ names the reader used (``decord``, ``pyav_skip``, ``pyav``, ``nvdec``).
 
 Importing this package imports neither decord nor PyNvVideoCodec: the readers import decord when they first read,
 and ``from datamodules.decode import nvdec`` imports PyNvVideoCodec (it must come before decord in a process:
-:func:`datamodules.decode.nvdec._import_nvc`).
+:func:`datamodules.decode.nvdec_plan._import_nvc`).
 """
 from datamodules.decode.errors import DecodeError, NvdecError, short_error
 from datamodules.decode.probe import VideoProbe, is_variable_frame_rate, probe_video

@@ -75,6 +75,8 @@ class ConvertPool:
             self.close()
 
     def close(self) -> None:
+        """Stop the threads (conversions not started are cancelled, running ones finish) and free each thread's
+        ``SwsContext``; idempotent. :meth:`finish` calls it."""
         self._pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             for c in self._converters:

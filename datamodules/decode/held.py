@@ -79,9 +79,11 @@ class EncoderFrames:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the held frames, all grids (not the decode size of :attr:`shape`)."""
         return sum(t.numel() * t.element_size() for t, _ in self.held.values())
 
     def to(self, *args, **kwargs) -> "EncoderFrames":
+        """The held frames moved / cast by ``torch.Tensor.to(*args, **kwargs)`` (positions unchanged)."""
         return EncoderFrames(self.shape, {g: (t.to(*args, **kwargs), pos) for g, (t, pos) in self.held.items()})
 
     def pin_memory(self) -> "EncoderFrames":

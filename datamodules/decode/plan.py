@@ -97,6 +97,18 @@ def plan_decode(path: Path, probe: VideoProbe, budget_tokens: int, base_fps: flo
     """Seed 001's frame choice and decode size on a probe (:func:`algorithms.budget.sample_frames`,
     :func:`decode_frame_size`).
 
+    Args:
+        path: the video (named in the error only).
+        probe: its :func:`~datamodules.decode.probe.probe_video`.
+        budget_tokens: the run's largest budget (vision tokens; sets the frame cap,
+            :func:`algorithms.budget.max_frames`).
+        base_fps: the sampling rate before the cap (frames/s; seed 001's ``bd.FPS`` = 1).
+        native_decode_bytes, decode_max_side: the decode size rule (:func:`decode_frame_size`).
+        short_clip_first_frame: a clip shorter than one sampling step keeps its frame 0 at ``start_s``.
+
+    Returns:
+        :class:`DecodePlan`.
+
     Raises:
         DecodeError: no frame at the sampling rate (the clip ends before the first step; seed 001's
             ``assert T > 0``) unless ``short_clip_first_frame``.

@@ -99,6 +99,7 @@ class Yuv420ToRgb:
         self.width, self.height = int(width), int(height)
         self.dh, self.dw = int(out_hw[0]), int(out_hw[1])
         self._lock = threading.Lock()   # one SwsContext is not safe to run from two threads at once
+        self._padded: dict = {}   # (plane, rows, width) -> its padded input buffer; "out": the output's (reused)
         ctx = sws.sws_alloc_context()
         opts = [("srcw", self.width), ("srch", self.height), ("src_format", AV_PIX_FMT[pix_fmt]),
                 ("dstw", self.dw), ("dsth", self.dh), ("dst_format", AV_PIX_FMT["rgb24"]),
@@ -127,35 +128,44 @@ class Yuv420ToRgb:
     def __call__(self, y: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
         """``(height, >= width)``, 2 x ``(ceil(h/2), >= ceil(w/2))`` uint8 planes (any row stride) ->
         ``(dh, dw, 3)`` uint8 RGB."""
-        planes = [np.ascontiguousarray(p) if p.strides[-1] != 1 else p for p in (y, u, v)]
+        planes = (y, u, v)
         ch, cw = (self.height + 1) // 2, (self.width + 1) // 2
         for p, (h, w) in zip(planes, ((self.height, self.width), (ch, cw), (ch, cw))):
             if p.dtype != np.uint8 or p.ndim != 2 or p.shape[0] < h or p.shape[1] < w:
                 raise ValueError(f"plane {p.shape} {p.dtype}: expected uint8 of at least {h} x {w}")
-        # rows padded to 64 bytes + 64 slack: swscale's SIMD reads whole vectors past the last pixel of a row
-        padded = []
-        for p, w in zip(planes, (self.width, cw, cw)):
-            stride = (w + 63) // 64 * 64 + 64
-            buf = np.zeros((p.shape[0] + 1, stride), np.uint8)
-            buf[: p.shape[0], :w] = p[:, :w]
-            padded.append(buf)
         out_stride = (self.dw * 3 + 63) // 64 * 64 + 64
-        out = np.empty((self.dh + 1, out_stride), np.uint8)
-        src = (ctypes.c_void_p * 4)(*[b.ctypes.data for b in padded], None)
-        src_stride = (ctypes.c_int * 4)(*[b.strides[0] for b in padded], 0)
-        dst = (ctypes.c_void_p * 4)(out.ctypes.data, None, None, None)
-        dst_stride = (ctypes.c_int * 4)(out_stride, 0, 0, 0)
         sws, _ = _libs()
-        with self._lock:
+        with self._lock:   # (the padded buffers are this converter's, reused from call to call)
             if self._ctx is None:
                 raise RuntimeError("Yuv420ToRgb is closed")
+            # rows padded to 64 bytes + 64 slack: swscale's SIMD reads whole vectors past the last pixel of a row.
+            # Each plane is copied straight from its (possibly strided: NV12's interleaved U, V) view into a
+            # zeroed buffer kept per plane and size; only the pixels are rewritten, so the padding stays zero. (A
+            # fresh buffer per frame cost a new zeroed mapping of its pages every call: 1080p, ~3x the swscale time)
+            padded = []
+            for k, (p, w) in enumerate(zip(planes, (self.width, cw, cw))):
+                key = (k, p.shape[0], w)
+                buf = self._padded.get(key)
+                if buf is None:
+                    buf = self._padded[key] = np.zeros((p.shape[0] + 1, (w + 63) // 64 * 64 + 64), np.uint8)
+                buf[: p.shape[0], :w] = p[:, :w]
+                padded.append(buf)
+            src = (ctypes.c_void_p * 4)(*[b.ctypes.data for b in padded], None)
+            src_stride = (ctypes.c_int * 4)(*[b.strides[0] for b in padded], 0)
+            out = self._padded.get("out")
+            if out is None:
+                out = self._padded["out"] = np.empty((self.dh + 1, out_stride), np.uint8)
+            dst = (ctypes.c_void_p * 4)(out.ctypes.data, None, None, None)
+            dst_stride = (ctypes.c_int * 4)(out_stride, 0, 0, 0)
             rows = sws.sws_scale(self._ctx, src, src_stride, 0, self.height, dst, dst_stride)
-        if rows != self.dh:
-            raise NvdecError(f"swscale wrote {rows} of {self.dh} rows")
-        return np.ascontiguousarray(out[: self.dh, : self.dw * 3].reshape(self.dh, self.dw, 3))
+            if rows != self.dh:
+                raise NvdecError(f"swscale wrote {rows} of {self.dh} rows")
+            return out[: self.dh, : self.dw * 3].reshape(self.dh, self.dw, 3).copy()   # (not a view of ``out``)
 
     def close(self) -> None:
+        """Free the ``SwsContext`` and the buffers (idempotent); a later call raises ``RuntimeError``."""
         with self._lock:
+            self._padded.clear()
             if self._ctx is not None:
                 _libs()[0].sws_freeContext(self._ctx)
                 self._ctx = None

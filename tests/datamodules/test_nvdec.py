@@ -458,6 +458,8 @@ def test_check_and_read_probe_once_and_caps_once_per_kind(clips, monkeypatch):
     video (no demuxer opened per file), and a file's PyAV probe is made once for the check and the read."""
     import torch
 
+    from datamodules.decode import nvdec_plan
+
     asked, opened = [], []
 
     class Nvc:
@@ -470,20 +472,20 @@ def test_check_and_read_probe_once_and_caps_once_per_kind(clips, monkeypatch):
             return {"supported": True, "width_min": 48, "width_max": 4096, "height_min": 16, "height_max": 4096,
                     "mb_num_max": 65536}
 
-    monkeypatch.setattr(nvdec, "_nvc", lambda: Nvc())
+    monkeypatch.setattr(nvdec_plan, "_nvc", lambda: Nvc())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(nvdec, "_CAPS", {})
-    monkeypatch.setattr(nvdec, "_PROBES", {})
+    monkeypatch.setattr(nvdec_plan, "_CAPS", {})
+    monkeypatch.setattr(nvdec_plan, "_PROBES", {})
     probed = []
-    real = nvdec._probe_uncached
-    monkeypatch.setattr(nvdec, "_probe_uncached", lambda p: probed.append(str(p)) or real(p))
+    real = nvdec_plan._probe_uncached
+    monkeypatch.setattr(nvdec_plan, "_probe_uncached", lambda p: probed.append(str(p)) or real(p))
     a, b = clips["h264_642x362.mp4"], clips["h264_320x180_bt709.mp4"]
     assert nvdec.nvdec_unsupported(a) is None and nvdec.nvdec_unsupported(b) is None
     assert asked == [(0, 4, 1, 8)] and opened == [str(a)]
     assert nvdec.probe(a) is nvdec.probe(a) and probed == [str(a), str(b)]
     # a size outside the (cached) limits is still refused per file
-    monkeypatch.setattr(nvdec, "_CAPS", {(0, "h264", "yuv420p"): ({"supported": True, "width_min": 48,
+    monkeypatch.setattr(nvdec_plan, "_CAPS", {(0, "h264", "yuv420p"): ({"supported": True, "width_min": 48,
                         "width_max": 400, "height_min": 16, "height_max": 4096, "mb_num_max": 65536}, None)})
     assert nvdec.nvdec_unsupported(a).startswith("size 642x362 outside NVDEC's 48..400")
     assert nvdec.nvdec_unsupported(b) is None
