@@ -18,7 +18,8 @@ interpreter start, so imports and the CLI's set-up count): ``predict_start``, ``
 written next), ``predict_end``. ``first_answer`` is the cold-start figure a user waits for. Where they are known
 also: ``first_worker_start`` (the first video's DataLoader worker process started), ``first_decode_start`` /
 ``first_decode_end`` (its decode window in that worker, on the machine's boot clock), and the module's own
-``timeline_marks`` (``BudgetedQA``: ``module_built``, ``setup``, ``early_compile_start``, ``early_compile_end``).
+``timeline_marks`` (``BudgetedQA``: ``module_built``, ``setup``, ``early_compile_start``, ``early_compile_end``;
+``VideoQADataModule`` adds ``loader_built``: Lightning had the loader, its workers start next).
 """
 from __future__ import annotations
 

@@ -235,9 +235,9 @@ def test_ddp_two_processes_equal_one_process(tiny_vl3_dir, tmp_path, n_videos):
         # before the run: the module built by the CLI, then set up; the first video's decode window (in its worker,
         # on the boot clock) ends before it reaches the step; no early compilation on the CPU
         assert set(tl) - set(order) == {"module_built", "setup", "first_decode_start", "first_decode_end",
-                                        "load_start", "load_end"} | (
+                                        "load_start", "load_end", "loader_built"} | (
             {"first_worker_start"} if "first_worker_start" in tl else set())
-        assert 0 < tl["module_built"] <= tl["setup"] <= tl["predict_start"]
+        assert 0 < tl["module_built"] <= tl["setup"] <= tl["loader_built"] <= tl["predict_start"]
         # the weights load in a thread started at set-up (issue 41); 'load' is the step's wait for it
         assert tl["setup"] <= tl["load_start"] <= tl["load_end"] <= tl["model_loaded"] + 0.01
         assert tl["first_decode_start"] <= tl["first_decode_end"] <= tl["first_video"] + 0.01
