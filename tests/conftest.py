@@ -67,9 +67,10 @@ def demo_bench(tmp_path) -> Path:
 
 
 def run_predict(model_dir: Path, bench_root: Path, out_dir: Path, budgets=(128, 256, 1024), extra: list[str] = (),
-                model_args: dict | None = None) -> list[dict]:
+                model_args: dict | None = None, plots: bool = False) -> list[dict]:
     """``python evaluate.py predict`` in-process on a benchmark root (a config file layered over the default, as a
-    user would); returns the records written."""
+    user would); returns the records written. The scores are written without plots unless ``plots`` (matplotlib's
+    figures cost about a second a run; tests/callbacks/test_scoring.py checks them)."""
     import yaml
 
     import evaluate
@@ -78,7 +79,7 @@ def run_predict(model_dir: Path, bench_root: Path, out_dir: Path, budgets=(128, 
     cfg = {
         "trainer": {"enable_progress_bar": False, "callbacks": [
             {"class_path": "callbacks.jsonl_writer.JsonlPredictionWriter", "init_args": {"out_dir": str(out_dir)}},
-            {"class_path": "callbacks.scoring.ScoreOnPredictEnd"}]},
+            {"class_path": "callbacks.scoring.ScoreOnPredictEnd", "init_args": {"plots": plots}}]},
         "model": {"class_path": "lightning_modules.budgeted_qa.BudgetedQA",
                   "init_args": {"model_path": str(model_dir), "budgets": list(budgets), **(model_args or {})}},
         "data": {"class_path": "datamodules.videoqa.VideoQADataModule",
@@ -106,3 +107,18 @@ def train_env(monkeypatch, tmp_path):
     yield
     if "wandb" in sys.modules and sys.modules["wandb"].run is not None:   # the next test's logger starts its own run
         sys.modules["wandb"].finish()
+
+
+@pytest.fixture
+def bench_tiny_model_from_session(tiny_vl3_dir, monkeypatch):
+    """``bench/qa_throughput.py``'s ``build_tiny_model`` (used by its ``--tiny`` and by ``bench/qa_step_profile.py``)
+    loads the session's tiny checkpoint instead of writing a new one: the same checkpoint (``build_tiny_videollama3``
+    with its default seed 0, as ``tiny_vl3_dir``), a fresh model object, without the ~5 s write. ``bench/`` is on
+    ``sys.path`` for the test (the bench scripts import each other by name)."""
+    from models.videollama3 import BudgetedVideoLlama3
+
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import qa_throughput
+
+    monkeypatch.setattr(qa_throughput, "build_tiny_model", lambda: BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir))
+    return qa_throughput
