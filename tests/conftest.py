@@ -25,9 +25,11 @@ def _one_intra_op_thread():
     """One intra-op thread for the session (``torch.set_num_threads(1)``; a test may raise it for itself). The tests'
     models are tiny: an op is microseconds of work, so a second OpenMP thread buys little and every op waits at the
     pool's barrier, badly so when the other core is busy (the decoders' threads, DataLoader workers, a test's own
-    subprocesses, another job on the machine). A ``run_predict`` of the demo (2 budgets, 8 answer tokens) on 2 cores
-    with other work on the machine: 11-17 s with two threads, 5 s with one. The subprocesses the tests start run
-    with ``OMP_NUM_THREADS=1`` as well, so a reference run here and a subprocess's run reduce in the same order."""
+    subprocesses, another job on the machine). Measured pinned to 2 cores: a ``run_predict`` of the demo (2 budgets,
+    8 answer tokens) with other work on the machine took 11-17 s with two threads, 5 s with one; on a quiet machine
+    the e2e, hold-sizes, qa-floor and ablation modules took 72 s with two threads, 70 s with one. The subprocesses
+    the tests start run with ``OMP_NUM_THREADS=1`` as well, so a reference run here and a subprocess's run reduce in
+    the same order."""
     import torch
 
     threads = torch.get_num_threads()
