@@ -20,6 +20,24 @@ def _program_only_argv():
     sys.argv = saved
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_intra_op_thread():
+    """One intra-op thread for the session (``torch.set_num_threads(1)``; a test may raise it for itself). The tests'
+    models are tiny: an op is microseconds of work, so a second OpenMP thread buys little and every op waits at the
+    pool's barrier, badly so when the other core is busy (the decoders' threads, DataLoader workers, a test's own
+    subprocesses, another job on the machine). Measured pinned to 2 cores: a ``run_predict`` of the demo (2 budgets,
+    8 answer tokens) with other work on the machine took 11-17 s with two threads, 5 s with one; on a quiet machine
+    the e2e, hold-sizes, qa-floor and ablation modules took 72 s with two threads, 70 s with one. The subprocesses
+    the tests start run with ``OMP_NUM_THREADS=1`` as well, so a reference run here and a subprocess's run reduce in
+    the same order."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_process_state(monkeypatch):
     """``sys.argv`` = the program only (LightningCLI given ``args=`` warns when it also sees pytest's own arguments,
@@ -67,9 +85,10 @@ def demo_bench(tmp_path) -> Path:
 
 
 def run_predict(model_dir: Path, bench_root: Path, out_dir: Path, budgets=(128, 256, 1024), extra: list[str] = (),
-                model_args: dict | None = None) -> list[dict]:
+                model_args: dict | None = None, plots: bool = False) -> list[dict]:
     """``python evaluate.py predict`` in-process on a benchmark root (a config file layered over the default, as a
-    user would); returns the records written."""
+    user would); returns the records written. The scores are written without plots unless ``plots`` (matplotlib's
+    figures cost about a second a run; tests/callbacks/test_scoring.py checks them)."""
     import yaml
 
     import evaluate
@@ -78,7 +97,7 @@ def run_predict(model_dir: Path, bench_root: Path, out_dir: Path, budgets=(128, 
     cfg = {
         "trainer": {"enable_progress_bar": False, "callbacks": [
             {"class_path": "callbacks.jsonl_writer.JsonlPredictionWriter", "init_args": {"out_dir": str(out_dir)}},
-            {"class_path": "callbacks.scoring.ScoreOnPredictEnd"}]},
+            {"class_path": "callbacks.scoring.ScoreOnPredictEnd", "init_args": {"plots": plots}}]},
         "model": {"class_path": "lightning_modules.budgeted_qa.BudgetedQA",
                   "init_args": {"model_path": str(model_dir), "budgets": list(budgets), **(model_args or {})}},
         "data": {"class_path": "datamodules.videoqa.VideoQADataModule",
@@ -106,3 +125,18 @@ def train_env(monkeypatch, tmp_path):
     yield
     if "wandb" in sys.modules and sys.modules["wandb"].run is not None:   # the next test's logger starts its own run
         sys.modules["wandb"].finish()
+
+
+@pytest.fixture
+def bench_tiny_model_from_session(tiny_vl3_dir, monkeypatch):
+    """``bench/qa_throughput.py``'s ``build_tiny_model`` (used by its ``--tiny`` and by ``bench/qa_step_profile.py``)
+    loads the session's tiny checkpoint instead of writing a new one: the same checkpoint (``build_tiny_videollama3``
+    with its default seed 0, as ``tiny_vl3_dir``), a fresh model object, without the ~5 s write. ``bench/`` is on
+    ``sys.path`` for the test (the bench scripts import each other by name)."""
+    from models.videollama3 import BudgetedVideoLlama3
+
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import qa_throughput
+
+    monkeypatch.setattr(qa_throughput, "build_tiny_model", lambda: BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir))
+    return qa_throughput

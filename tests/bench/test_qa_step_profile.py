@@ -24,8 +24,10 @@ def test_union_merges_overlapping_kernel_intervals():
     assert bench.classify("triton_per_fused_add_native_layer_norm_1") == "triton (fused)"
 
 
-def test_tiny_run_times_every_host_stage(capsys):
-    _bench().main(["--tiny", "--no-cprofile"])
+def test_tiny_run_times_every_host_stage(bench_tiny_model_from_session, capsys):
+    # (its tiny model: the session's checkpoint, see the fixture; one budget: every stage runs at B = 128 too, the
+    # cockatoo steps at 128 alone cost a third of those with 1024's 12 x 21 grids)
+    _bench().main(["--tiny", "--no-cprofile", "--budgets", "128"])
     out = capsys.readouterr().out
     assert "## warm-up step cockatoo.mp4" in out and "## profiled steady step, realshort.mp4" in out
     table = out.split("host stage")[1].split("\n\n")[0]

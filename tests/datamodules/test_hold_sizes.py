@@ -167,10 +167,11 @@ def test_predict_records_equal_with_and_without_holding(tiny_vl3_dir, demo_bench
         return dec
 
     monkeypatch.setattr(vq, "decode_video", spy)
-    on = run_predict(tiny_vl3_dir, demo_bench, tmp_path / "on", budgets=(256, 1024))
+    # (two answer tokens: the records compared carry the plans, fed by the encoder's rows, and the first tokens)
+    on = run_predict(tiny_vl3_dir, demo_bench, tmp_path / "on", budgets=(256, 1024), model_args={"max_new_tokens": 2})
     assert "EncoderFrames" in kinds          # cockatoo (720p) is held at the encoder's sizes
     off = run_predict(tiny_vl3_dir, demo_bench, tmp_path / "off", budgets=(256, 1024),
-                      extra=["--data.init_args.hold_encoder_sizes=false"])
+                      extra=["--data.init_args.hold_encoder_sizes=false"], model_args={"max_new_tokens": 2})
     assert kinds.count("EncoderFrames") == 1
     key = lambda r: (r["job"], r["qid"])  # noqa: E731
     assert len(on) == 14 and sorted(on, key=key) == sorted(off, key=key)

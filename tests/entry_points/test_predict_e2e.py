@@ -206,7 +206,7 @@ def test_restart_writes_nothing_and_deleted_lines_rerun(first_run, tiny_vl3_dir,
 def test_corrupt_video_gives_error_record(tiny_vl3_dir, demo_bench, tmp_path):
     data = (demo_bench / "videos" / "realshort.mp4").read_bytes()
     (demo_bench / "videos" / "realshort.mp4").write_bytes(data[:2000] + b"\x00" * 5000)  # header survives, stream does not
-    recs = run_predict(tiny_vl3_dir, demo_bench, tmp_path / "out", budgets=(256,))
+    recs = run_predict(tiny_vl3_dir, demo_bench, tmp_path / "out", budgets=(256,), model_args={"max_new_tokens": 2})
     bad = [r for r in recs if r["video"] == "realshort"]
     good = [r for r in recs if r["video"] == "cockatoo"]
     assert len(bad) == 3 and all("error" in r and "realshort.mp4" in r["error"] for r in bad)
@@ -282,10 +282,10 @@ def test_settings_of_a_run_without_records_are_replaced(tiny_vl3_dir, demo_bench
     out = tmp_path / "out"
     out.mkdir()
     (out / RUN_FILE).write_text(json.dumps({"model_path": "/elsewhere", "max_new_tokens": 99}))   # no records
-    records = run_predict(tiny_vl3_dir, demo_bench, out, budgets=(256,))
+    records = run_predict(tiny_vl3_dir, demo_bench, out, budgets=(256,), model_args={"max_new_tokens": 2})
     assert len(records) == 7 and json.loads((out / RUN_FILE).read_text())["model_path"] == str(tiny_vl3_dir)
     with pytest.raises(FileNotFoundError, match="missing_model"):
-        run_predict(tmp_path / "missing_model", demo_bench, out, budgets=(256,))
+        run_predict(tmp_path / "missing_model", demo_bench, out, budgets=(256,), model_args={"max_new_tokens": 2})
     assert read_json_lines(out) == records
 
 

@@ -311,24 +311,39 @@ def _omni_predict(omni_dir, demo_root, out, tmp_path, variants, name):
     return evaluate.cli_main(["predict", f"--config={CONFIG}", f"--config={cfg}"]).model
 
 
-def test_the_pruning_job_reports_its_model_load(omni_dir, demo_root, tmp_path):
+@pytest.fixture(scope="module")
+def first_pruning_run(omni_dir, demo_root, tmp_path_factory):
+    """One fresh run of the pruning job (``full`` only), shared by the two tests below: (its output folder, its
+    module, what it printed)."""
+    import contextlib
+    import io
+
+    tmp = tmp_path_factory.mktemp("pruning_first")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        module = _omni_predict(omni_dir, demo_root, tmp / "out", tmp, ["full"], "first")
+    return tmp / "out", module, printed.getvalue()
+
+
+def test_the_pruning_job_reports_its_model_load(first_pruning_run):
     """The job's timing holds the real model load: it loads at predict start, like the VideoLLaMA3 job (it read
     0.00 s when the model loaded in ``setup``, outside the timer's view)."""
-    out = tmp_path / "out"
-    module = _omni_predict(omni_dir, demo_root, out, tmp_path, ["full"], "first")
+    out, module, _ = first_pruning_run
     timing = json.loads((out / "timing_rank0.json").read_text())
     assert module.load_seconds > 0 and timing["stages_s"]["load"] == round(module.load_seconds, 4)
     t = timing["timeline_s"]
     assert t["model_loaded"] - t["predict_start"] >= module.load_seconds - 0.01
 
 
-def test_a_resumed_pruning_job_says_how_much_is_written(omni_dir, demo_root, tmp_path, capsys):
+def test_a_resumed_pruning_job_says_how_much_is_written(first_pruning_run, omni_dir, demo_root, tmp_path, capsys):
     """As the QA job: ``N of M (job, question) records already written`` when resuming, nothing on a fresh run."""
+    import shutil
+
     from callbacks.jsonl_writer import read_records
 
-    out = tmp_path / "out"
-    _omni_predict(omni_dir, demo_root, out, tmp_path, ["full"], "first")
-    assert "already written" not in capsys.readouterr().out
+    first_out, _, printed = first_pruning_run
+    assert "already written" not in printed and "[rank 0] 3 videos in " in printed   # (the timer's line: caught)
+    out = Path(shutil.copytree(first_out, tmp_path / "out"))   # the fresh run's folder, resumed here
     assert len(read_records(out)) == 4                         # 4 questions x full
     _omni_predict(omni_dir, demo_root, out, tmp_path, ["full", "baseline"], "second")
     assert ("[rank 0] worldsense: 4 of 8 (job, question) records already written; 3 videos left to run, 3 on this "

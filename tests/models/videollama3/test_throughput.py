@@ -179,14 +179,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _predict(cfg):
+def _start_predict(cfg) -> subprocess.Popen:
+    """``python evaluate.py predict --config=cfg`` started in a subprocess (wait with :func:`_finish_predict`)."""
     # a free port of our own, so concurrent test runs on one machine never share a DDP rendezvous
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(_free_port())}
-    r = subprocess.run([sys.executable, str(REPO / "evaluate.py"), "predict", f"--config={cfg}"], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r
+    return subprocess.Popen([sys.executable, str(REPO / "evaluate.py"), "predict", f"--config={cfg}"], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish_predict(proc: subprocess.Popen) -> None:
+    try:
+        _, err = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert proc.returncode == 0, err[-3000:]
 
 
 def _predict_here(cfg):
@@ -208,9 +216,14 @@ def test_ddp_two_processes_equal_one_process(tiny_vl3_dir, tmp_path, n_videos):
     make_bench(tmp_path / "bench", n_videos)
     one = tmp_path / "one"
     two = tmp_path / "two"
-    _predict_here(_config(tmp_path / "one.yaml", tiny_vl3_dir, tmp_path / "bench", one))   # the reference
-    _predict(_config(tmp_path / "two.yaml", tiny_vl3_dir, tmp_path / "bench", two,
-                     {"strategy": "ddp", "accelerator": "cpu", "devices": 2}))
+    # the DDP run starts first (its two interpreters' imports are mostly on one core at a time); the reference runs
+    # in this process meanwhile
+    ddp = _start_predict(_config(tmp_path / "two.yaml", tiny_vl3_dir, tmp_path / "bench", two,
+                                 {"strategy": "ddp", "accelerator": "cpu", "devices": 2}))
+    try:
+        _predict_here(_config(tmp_path / "one.yaml", tiny_vl3_dir, tmp_path / "bench", one))   # the reference
+    finally:
+        _finish_predict(ddp)
     r1, r2 = read_records(one), read_records(two)
     assert len(r1) == len(r2) == n_videos * 2 * 2
     keys2 = [(r["job"], r["qid"]) for r in r2]
@@ -328,7 +341,8 @@ def test_loader_integers_are_checked_when_the_datamodule_is_built(field, bad):
 def test_process_age_counts_from_the_interpreter_start():
     """process_age_s is the time since the process started, the imports before it included: a child that sleeps
     1 s before importing the module reads at least 1 s, and no more than the child's whole life."""
-    code = "import time; time.sleep(1.0); from callbacks.timing import process_age_s; print(process_age_s())"
+    # (process_age_s of callbacks.timing is this function; its own module imports nothing heavy: a short child)
+    code = "import time; time.sleep(1.0); from callbacks.process_clock import process_age_s; print(process_age_s())"
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -447,17 +461,22 @@ def test_frame_batched_forward_matches_library_attention(tiny_vlm):
     assert not torch.allclose(plain, ref_uneq, atol=1e-3)                  # the boundaries matter
 
 
-def test_qa_bench_runs_on_the_cpu(tmp_path):
-    """bench/qa_throughput.py --tiny: the comparison table is produced and every path answers the same tokens."""
+def test_qa_bench_runs_on_the_cpu(bench_tiny_model_from_session, tmp_path, capsys):
+    """bench/qa_throughput.py --tiny: the comparison table is produced and every path answers the same tokens (its
+    ``main`` in this process, on one thread as the script's own run with OMP_NUM_THREADS=1; the tiny model is the
+    session's checkpoint, the one ``--tiny`` writes)."""
     import json
 
     out = tmp_path / "qa.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, str(REPO / "bench" / "qa_throughput.py"), "--tiny", "--budgets", "128",
-                        "--repeats", "1", "--workers", "0", "--wait-repeat", "1", "--new-tokens", "4",
-                        "--json", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "(a) s" in r.stdout and "cockatoo.mp4" in r.stdout
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        bench_tiny_model_from_session.main(["--tiny", "--budgets", "128", "--repeats", "1", "--workers", "0",
+                                            "--wait-repeat", "1", "--new-tokens", "4", "--json", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    stdout = capsys.readouterr().out
+    assert "(a) s" in stdout and "cockatoo.mp4" in stdout
     res = json.loads(out.read_text())
     (row,) = res["rows"]
     assert row["same_tokens_ab"] and row["same_tokens_bc"] and row["vision_tokens"] <= 128
@@ -468,7 +487,7 @@ def test_qa_bench_runs_on_the_cpu(tmp_path):
     # earlier floor kept as floor_prefill
     from algorithms.qa_floor import PART_NAMES
 
-    parts = r.stdout.split("floor of (d), part by part")[1].splitlines()
+    parts = stdout.split("floor of (d), part by part")[1].splitlines()
     assert parts[1].split() == ["video", "budget", *PART_NAMES, "floor", "floor_prefill"]
     printed = parts[2].split()
     assert printed[:2] == ["cockatoo.mp4", "128"]
