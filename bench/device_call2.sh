@@ -18,10 +18,4 @@ grep -E "pool of|busy while|not decoded|^CLI|Video-MME|GPU step|needs|rror" "$OU
 grep -A25 "Traceback" "$OUT/mix_full.txt" | head -50
 stamp "mix"
 V=/tmp/fa_videos; python3 bench/cli_throughput.py --make-videos $V --n-videos 3 > $OUT/make.log 2>&1
-for name in first second; do
-  echo "== first answer, $name run"
-  timeout 120 python3 bench/cli_throughput.py --videos $V --n-videos 3 > "$OUT/fa_$name.log" 2>&1
-  grep -E "^(records|first answer|first-video wait|steady step per video, mean|wait share)|^timeline|^warm-up" \
-    "$OUT/fa_$name.log" | cut -c1-700
-  stamp "$name"
-done
+cli_runs $V first second

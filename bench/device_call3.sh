@@ -10,13 +10,7 @@ NVDEC_TEST_CLIPS=$PWD/.whl/nvdec_clips timeout 170 python3 -m pytest -q -p no:ca
   tests/test_gpu.py tests/datamodules/test_nvdec.py 2>&1 | tail -8
 stamp "gpu tests"
 V=/tmp/fa_videos; python3 bench/cli_throughput.py --make-videos $V --n-videos 3 > $OUT/make.log 2>&1
-for name in cold warm; do
-  echo "== CLI, $name compile cache"
-  timeout 120 python3 bench/cli_throughput.py --videos $V --n-videos 3 > "$OUT/fa_$name.log" 2>&1
-  grep -E "^(records|first answer|first-video wait|steady step per video, mean|wait share)|^timeline|^warm-up|^\[rank|compile of" \
-    "$OUT/fa_$name.log" | cut -c1-700
-  stamp "$name"
-done
+cli_runs $V cold warm
 python3 bench/workload.py --make /tmp/wl 2>&1 | tail -1; stamp "set made"
 echo "== mix: the set x 3 in flight, 16 workers"
 timeout 150 python3 bench/workload.py --videos /tmp/wl --paths nvdec --workers 16 --copies 3 --json "$OUT/mix.json" \

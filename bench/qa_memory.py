@@ -139,8 +139,6 @@ def direct(model_dir: str, case: str, long_tokens: int, many: int, decode: str, 
     the peak memory it adds (CUDA: ``max_memory_allocated``; CPU: the growth of ``ru_maxrss``) and its seconds.
     ``caps=False``: ``answer_rows`` and ``answer_chunk`` so large that every question is one batch and one chunk
     (the path before issue 44)."""
-    import resource
-
     import torch
 
     from datamodules.decode import decode_video
@@ -154,25 +152,17 @@ def direct(model_dir: str, case: str, long_tokens: int, many: int, decode: str, 
     (bi,) = prepare_budgets(vlm, dec.frames.to(vlm.device), dec.times_s, [1024], raw_mode="phase3")
     texts = [r["question"] for r in _rows(case, long_tokens, many) if r["videoID"] == "cockatoo"]
     vlm.answer_batched(bi.prompt, texts[-1:], max_new_tokens=16, decode=decode)       # warm-up (graph capture)
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    from suffix_logits_memory import added_peak
+
     t0 = time.perf_counter()
-    try:
-        vlm.answer_batched(bi.prompt, texts, max_new_tokens=16, decode=decode)
-        outcome = "ok"
-    except torch.OutOfMemoryError:
-        outcome = "out of memory"
-    if cuda:
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    with added_peak(cuda) as peak:
+        try:
+            vlm.answer_batched(bi.prompt, texts, max_new_tokens=16, decode=decode)
+            outcome = "ok"
+        except torch.OutOfMemoryError:
+            outcome = "out of memory"
     return {"case": case, "caps": caps, "decode": decode, "device": "cuda" if cuda else "cpu", "questions": len(texts),
-            "prefix": int(bi.prompt.ids.numel()), "peak_gb": peak / 1e9, "seconds": time.perf_counter() - t0,
+            "prefix": int(bi.prompt.ids.numel()), "peak_gb": peak["bytes"] / 1e9, "seconds": time.perf_counter() - t0,
             "outcome": outcome}
 
 
@@ -193,9 +183,12 @@ def main(argv=None) -> None:
     ap.add_argument("--decode", default="graph", help="--direct: the decode mode")
     args = ap.parse_args(argv)
     if args.direct:
-        for case in args.cases:
-            print(json.dumps(direct(args.model_dir, case, args.long_tokens, args.many, args.decode,
-                                    args.direct == "on")), flush=True)
+        from models.videollama3.tiny import model_dir_or_tiny
+
+        with model_dir_or_tiny(args.model_dir, prefix="qa_memory_") as model_dir:
+            for case in args.cases:
+                print(json.dumps(direct(model_dir, case, args.long_tokens, args.many, args.decode,
+                                        args.direct == "on")), flush=True)
         return
     tmp = Path(tempfile.mkdtemp(prefix="qa_memory_"))
     try:

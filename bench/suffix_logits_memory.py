@@ -13,6 +13,7 @@ CUDA it is ``torch.cuda.max_memory_allocated`` over the call. The greedy tokens 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import subprocess
@@ -52,24 +53,38 @@ def run_one(path: str, model_dir: str, question_tokens: int, decode: str) -> dic
     questions = [_long_question(vlm.tokenizer, question_tokens)] + SHORT
     n_long = len(vlm.question_ids(bi.prompt, questions[0])[0])
     vlm.answer_batched(bi.prompt, SHORT, max_new_tokens=4, decode=decode)          # warm-up
+    t0 = time.perf_counter()
+    with added_peak(cuda) as peak:
+        answers = vlm.answer_batched(bi.prompt, questions, max_new_tokens=4, decode=decode)
+    seconds = time.perf_counter() - t0
+    return {"path": path, "device": "cuda" if cuda else "cpu", "prefix_len": int(bi.prompt.ids.numel()),
+            "long_question_tokens": n_long, "rows": len(questions), "peak_mib": peak["bytes"] / 2**20,
+            "seconds": seconds, "tokens": [a.token_ids for a in answers]}
+
+
+
+@contextlib.contextmanager
+def added_peak(cuda: bool):
+    """The peak memory the block adds, in bytes, as ``out["bytes"]`` on exit: CUDA ``max_memory_allocated`` over
+    what was allocated before it (peak statistics reset first); on the CPU the growth of the process's peak RSS
+    (``ru_maxrss``), so only a block that raises the process's peak counts."""
+    import torch
+
+    out: dict = {}
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    t0 = time.perf_counter()
-    answers = vlm.answer_batched(bi.prompt, questions, max_new_tokens=4, decode=decode)
-    if cuda:
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
-    seconds = time.perf_counter() - t0
-    return {"path": path, "device": "cuda" if cuda else "cpu", "prefix_len": int(bi.prompt.ids.numel()),
-            "long_question_tokens": n_long, "rows": len(questions), "peak_mib": peak / 2**20, "seconds": seconds,
-            "tokens": [a.token_ids for a in answers]}
-
+    try:
+        yield out
+    finally:
+        if cuda:
+            torch.cuda.synchronize()
+            out["bytes"] = torch.cuda.max_memory_allocated() - base
+        else:
+            out["bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
