@@ -84,6 +84,21 @@ def demo_bench(tmp_path) -> Path:
     return root
 
 
+def predict_in_process(cfg: Path) -> None:
+    """``python evaluate.py predict --config=cfg`` in this process (one interpreter less to start), on one
+    intra-op thread as the tests' subprocess runs (``OMP_NUM_THREADS=1``)."""
+    import torch
+
+    import evaluate
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        evaluate.cli_main(["predict", f"--config={cfg}"])
+    finally:
+        torch.set_num_threads(threads)
+
+
 def run_predict(model_dir: Path, bench_root: Path, out_dir: Path, budgets=(128, 256, 1024), extra: list[str] = (),
                 model_args: dict | None = None, plots: bool = False) -> list[dict]:
     """``python evaluate.py predict`` in-process on a benchmark root (a config file layered over the default, as a

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import REPO, predict_in_process
 from tests.media_factory import MediaFactory
 
 
@@ -63,20 +63,6 @@ def _start(cfg: Path, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "evaluate.py", "predict", f"--config={cfg}"], cwd=str(REPO), env=env,
                             stdout=open(log, "ab"), stderr=subprocess.STDOUT)
-
-
-def _predict_here(cfg: Path) -> None:
-    """``python evaluate.py predict --config=cfg`` in this process, on one thread (as ``_start``'s runs)."""
-    import torch
-
-    import evaluate
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        evaluate.cli_main(["predict", f"--config={cfg}"])
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _lines(out: Path) -> int:
@@ -150,7 +136,7 @@ def _check_against_reference(tiny_vl3_dir, crash_media, tmp_path, n_videos: int,
     # process's main thread (one interpreter start less; on one thread, as the subprocesses run) share the cores
     with ThreadPoolExecutor(1) as pool:
         killed = pool.submit(_kill_and_restart_until_done, cfg, out, log, n_records, kills, rng, timeout_s)
-        _predict_here(ref_cfg)
+        predict_in_process(ref_cfg)
         history = killed.result(timeout=timeout_s)
     print(f"seed {seed}: {history}")
     msg = f"seed {seed}: {history}\n{log.read_text()[-2000:]}"

@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from datamodules.sharding import CostBalancedSampler, balanced_assignment, estimate_cost
-from tests.conftest import MEDIA, REPO
+from tests.conftest import MEDIA, REPO, predict_in_process
 
 
 def test_batched_answers_equal_sequential(tiny_vlm):
@@ -197,18 +197,6 @@ def _finish_predict(proc: subprocess.Popen) -> None:
     assert proc.returncode == 0, err[-3000:]
 
 
-def _predict_here(cfg):
-    """``_predict`` in this process (one interpreter less to start), on one thread as the subprocesses run."""
-    import evaluate
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        evaluate.cli_main(["predict", f"--config={cfg}"])
-    finally:
-        torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("n_videos", [2, pytest.param(5, marks=pytest.mark.slow)])   # 2: the default run's twin
 def test_ddp_two_processes_equal_one_process(tiny_vl3_dir, tmp_path, n_videos):
     from callbacks.jsonl_writer import read_records
@@ -221,7 +209,7 @@ def test_ddp_two_processes_equal_one_process(tiny_vl3_dir, tmp_path, n_videos):
     ddp = _start_predict(_config(tmp_path / "two.yaml", tiny_vl3_dir, tmp_path / "bench", two,
                                  {"strategy": "ddp", "accelerator": "cpu", "devices": 2}))
     try:
-        _predict_here(_config(tmp_path / "one.yaml", tiny_vl3_dir, tmp_path / "bench", one))   # the reference
+        predict_in_process(_config(tmp_path / "one.yaml", tiny_vl3_dir, tmp_path / "bench", one))   # the reference
     finally:
         _finish_predict(ddp)
     r1, r2 = read_records(one), read_records(two)
