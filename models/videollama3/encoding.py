@@ -67,10 +67,10 @@ def resize_pixel_rows(pixels: torch.Tensor, t: int, grid: tuple[int, int], out_g
 
 def device_map_kwargs(device: torch.device | str | None) -> dict:
     """``{"device_map": "<device>"}`` for ``from_pretrained`` when ``device`` is given and ``accelerate`` is
-    installed (transformers 5.23 raises without it), else ``{}`` (load on the CPU)."""
+    installed (transformers 5.23 raises without it), else ``{}`` (load on the CPU: also for a CPU ``device``)."""
     import importlib.util
 
-    if device is None or importlib.util.find_spec("accelerate") is None:
+    if device is None or torch.device(device).type == "cpu" or importlib.util.find_spec("accelerate") is None:
         return {}
     return {"device_map": str(torch.device(device))}
 
