@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -31,6 +32,15 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 VARIANTS = ("raw_safetensors", "cpu_then_to", "device_map", "cpu_then_to_compile", "device_map_compile")
+# more (issue 41, second call): the compilation alone (``compile_alone``; ``compile_profile`` runs it in the main
+# thread under cProfile and prints the top functions), transformers' loader without its thread pool
+# (``HF_DEACTIVATE_ASYNC_LOAD=1``: ``device_map_serial`` / ``device_map_serial_compile``), the compilation then the
+# load in one thread (``compile_then_load``) and Inductor compiling in-process (``..._threads1``:
+# ``TORCHINDUCTOR_COMPILE_THREADS=1``)
+MORE = ("compile_alone", "compile_profile", "device_map_serial", "device_map_serial_compile", "compile_then_load",
+        "device_map_compile_threads1")
+ENV = {"device_map_serial": {"HF_DEACTIVATE_ASYNC_LOAD": "1"}, "device_map_serial_compile": {"HF_DEACTIVATE_ASYNC_LOAD": "1"},
+       "device_map_compile_threads1": {"TORCHINDUCTOR_COMPILE_THREADS": "1"}}
 
 
 def run_variant(variant: str, model_dir: str, device: str) -> dict:
@@ -60,8 +70,35 @@ def run_variant(variant: str, model_dir: str, device: str) -> dict:
     from models.videollama3.model import BudgetedVideoLlama3
     from models.videollama3 import warm
 
+    if variant in ("compile_alone", "compile_then_load", "compile_profile"):
+        from transformers import VideoLlama3Config
+
+        config = VideoLlama3Config.from_pretrained(model_dir)
+        if variant == "compile_profile":
+            import cProfile
+            import io
+            import pstats
+
+            prof = cProfile.Profile()
+            with torch.inference_mode():
+                prof.runcall(warm.compile_fused_kernels, config, device, torch.bfloat16, True)
+            out["compile_s"] = round(time.perf_counter() - t0, 2)
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(30)
+            print(buf.getvalue(), file=sys.stderr)
+            return out
+        with torch.inference_mode():
+            warm.compile_fused_kernels(config, device, torch.bfloat16, True)
+        out["compile_s"] = round(time.perf_counter() - t0, 2)
+        if variant == "compile_alone":
+            return out
+        t1 = time.perf_counter()
+        BudgetedVideoLlama3.from_pretrained(model_dir, dtype="bfloat16", device=device)
+        torch.cuda.synchronize()
+        out.update(load_s=round(time.perf_counter() - t1, 2), total_s=round(time.perf_counter() - t0, 2))
+        return out
     thread = None
-    if variant.endswith("_compile"):
+    if "_compile" in variant:
         thread = warm.start(model_dir, device, torch.bfloat16, inference=True)
     t0 = time.perf_counter()
     if variant.startswith("device_map"):
@@ -86,7 +123,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-dir", type=Path)
     ap.add_argument("--tiny", action="store_true", help="build the tiny model (CPU smoke run)")
-    ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    ap.add_argument("--variants", nargs="*", default=list(VARIANTS), help=f"of {VARIANTS + MORE}")
     ap.add_argument("--one", help=argparse.SUPPRESS)     # internal: run one variant, print its JSON
     args = ap.parse_args()
     import torch
@@ -99,7 +136,7 @@ def main() -> None:
 
     with model_dir_or_tiny(None if args.tiny else args.model_dir) as d:
         table(Path(d), args.variants if device == "cuda" else
-              [v for v in args.variants if not v.endswith("_compile")])
+              [v for v in args.variants if "compile" not in v])
 
 
 def table(model_dir: Path, variants: list[str]) -> None:
@@ -112,15 +149,17 @@ def table(model_dir: Path, variants: list[str]) -> None:
     for v in variants:
         t0 = time.perf_counter()
         p = subprocess.run([sys.executable, __file__, "--model-dir", str(model_dir), "--one", v],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, env={**os.environ, **ENV.get(v, {})})
+        if v == "compile_profile":
+            print(p.stderr[-6000:])
         line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
         row = json.loads(line[7:]) if line else {"variant": v, "error": (p.stderr.strip().splitlines() or ["?"])[-1]}
         row["process_s"] = round(time.perf_counter() - t0, 1)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print(f"\n{'variant':<22}{'load s':>8}{'compile s':>11}{'compile end - load end':>24}{'process s':>11}")
+    print(f"\n{'variant':<28}{'load s':>8}{'compile s':>11}{'compile end - load end':>24}{'process s':>11}")
     for r in rows:
-        print(f"{r['variant']:<22}{r.get('load_s', '-')!s:>8}{r.get('compile_s', '-')!s:>11}"
+        print(f"{r['variant']:<28}{r.get('load_s', '-')!s:>8}{r.get('compile_s', '-')!s:>11}"
               f"{r.get('compile_end_minus_load_end_s', '-')!s:>24}{r['process_s']!s:>11}  "
               f"{r.get('skipped', r.get('error', ''))}")
 
