@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -317,7 +318,13 @@ class BudgetedQA(LightningModule):
         self._loading = None            # the background weight load (early_start), joined by load_model
         self._compiling = None          # the early compilation thread, joined by the first step
         self._compile_started = False
+        self._early_key = None          # (device, inference) the early compilation and load were started for
         self.eager_steps = 0            # steps run with eager kernels while the compilation ran (first_step=eager)
+        if early_start and torch.cuda.is_available():
+            # issue 41: start both now, on the device a predict run will use (this process's LOCAL_RANK GPU,
+            # inference mode: Lightning's defaults), instead of at the trainer's set-up 2.6-2.7 s later (H200); set-up
+            # starts them again where the trainer then says otherwise (another device, the CPU, grad mode)
+            self._start_early(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0") or 0)), True)
 
     def setup(self, stage: str) -> None:
         self.timeline_marks.setdefault("setup", process_age_s())
@@ -326,10 +333,24 @@ class BudgetedQA(LightningModule):
             device = getattr(strategy, "root_device", None) or self.device
             # the predict loop runs in inference mode unless the trainer says otherwise (the thread compiles the
             # graphs in the model's grad mode, warm.start)
-            self._start_compile(device, bool(getattr(self._trainer, "_inference_mode", True)))
-            if self._loading is None:
-                self.timeline_marks["load_start"] = process_age_s()
-                self._loading = warm.in_background(lambda: self._read_model(device), "weight-load")
+            self._start_early(torch.device(device), bool(getattr(self._trainer, "_inference_mode", True)))
+
+    def _start_early(self, device: torch.device, inference: bool) -> None:
+        """Start the early compilation and the background weight load for ``(device, inference)``, once per key: a
+        start made in ``__init__`` on the guessed device is kept when the trainer's set-up asks for the same; for
+        another key the guessed load is dropped (its thread ends on its own; its GPU memory is freed with it) and both
+        start anew."""
+        key = (device, bool(inference))
+        if self._early_key == key:
+            return
+        if self._early_key is not None:
+            self._loading, self._compiling, self._compile_started = None, None, False
+            Fusable.eager_while = None
+        self._early_key = key
+        self._start_compile(device, inference)
+        if self._loading is None:
+            self.timeline_marks["load_start"] = process_age_s()
+            self._loading = warm.in_background(lambda: self._read_model(device), "weight-load")
 
     def _start_compile(self, device: torch.device, inference: bool | None) -> None:
         """Start the early compilation of the fused kernels (once; nothing off CUDA, :func:`warm.start`)."""

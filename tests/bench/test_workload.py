@@ -150,3 +150,15 @@ def test_videomme_run_is_the_decode_bound_when_the_engine_is_slow():
     instant = [dict(r, decode_s=1e-6) for r in rows]     # decoding at 3e9 frames/s: the GPU alone bounds the run
     fast = bench.videomme_run(instant, steps, 8, capacity_fps=float("inf"))
     assert abs(fast["hours"] * 3600 - 1500.0) < 1.0 and fast["wait_share"] < 1e-3   # 300 x 1 s + 600 x 2 s
+
+
+def test_steady_rate_counts_frames_evenly_over_each_window_up_to_the_last_start():
+    from bench.workload import steady_rate
+
+    # worker A: 0-10 s, 100 frames; B: 0-4 s, 40 frames, then 4-20 s, 160 frames (the last job starts at 4 s)
+    w = [(0.0, 10.0, 100.0), (0.0, 4.0, 40.0), (4.0, 20.0, 160.0)]
+    r = steady_rate(w)
+    assert r["steady_s"] == 4.0
+    assert r["steady_fps"] == (100 * 4 / 10 + 40) / 4      # 20 frames/s: A's 40 of 100 + B's first 40
+    assert steady_rate([(0.0, 5.0, 10.0), (0.0, 3.0, 9.0)]) == {"steady_s": None, "steady_fps": None}
+    assert steady_rate([]) == {"steady_s": None, "steady_fps": None}

@@ -46,6 +46,30 @@ def test_setup_starts_the_load_in_the_background_and_predict_start_joins_it(tiny
     assert len(loads) == 1 and module.load_seconds == 0.0
 
 
+def test_on_a_gpu_machine_the_module_starts_the_compilation_and_load_when_built(monkeypatch):
+    """Issue 41: on a machine with CUDA the compilation and the weight load start in ``__init__`` on this rank's
+    GPU in inference mode (Lightning's predict defaults), 2.6 s before the trainer's set-up on the H200; a set-up
+    that asks for the same keeps them, one that asks for another device starts both anew there."""
+    from lightning_modules import budgeted_qa
+    from lightning_modules.budgeted_qa import BudgetedQA
+
+    starts, loads_started = [], []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(budgeted_qa.warm, "start", lambda path, device, dtype, inference: starts.append(
+        (torch.device(device), inference)) or None)
+    monkeypatch.setattr(budgeted_qa.warm, "in_background", lambda fn, name: loads_started.append(name) or
+                        SimpleNamespace(name=name))
+    module = BudgetedQA(model_path="/nowhere")
+    assert starts == [(torch.device("cuda", 1), True)] and loads_started == ["weight-load"]
+    first = module._loading
+    _attach(module, "cuda:1").setup("predict")                   # the same device and mode: nothing restarted
+    assert len(starts) == 1 and module._loading is first
+    _attach(module, "cpu").setup("predict")                      # the trainer chose the CPU: both start there
+    assert starts[1:] == [(torch.device("cpu"), True)] and module._loading is not first
+    assert not BudgetedQA(model_path="/nowhere", early_start=False)._loading
+
+
 @pytest.mark.slow
 def test_without_early_start_the_load_runs_at_predict_start(tiny_vl3_dir, loads):
     from lightning_modules.budgeted_qa import BudgetedQA
@@ -99,11 +123,12 @@ def test_the_device_reaches_the_loaders(tiny_vl3_dir, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "accelerate"
                         else real_find(name, *a))
     assert encoding.device_map_kwargs(torch.device("cuda", 1)) == {"device_map": "cuda:1"}
+    assert encoding.device_map_kwargs("cpu") == {}       # a CPU load reads to the CPU as it always did
     seen = {}
     real_model, real_load = VideoLlama3ForConditionalGeneration.from_pretrained.__func__, qbase.load_file
 
     def model_loader(cls, path, **kw):
-        seen["device_map"] = kw.pop("device_map", None)             # (accelerate is not installed here)
+        seen["device_map"] = kw.pop("device_map", None)
         return real_model(cls, path, **kw)
 
     def load_file(path, device="cpu"):
@@ -112,7 +137,7 @@ def test_the_device_reaches_the_loaders(tiny_vl3_dir, monkeypatch):
     monkeypatch.setattr(VideoLlama3ForConditionalGeneration, "from_pretrained", classmethod(model_loader))
     monkeypatch.setattr(qbase, "load_file", load_file)
     vlm = BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir, raw_mode="orig", device="cpu")
-    assert seen == {"device_map": "cpu", "qbase": "cpu"}
+    assert seen == {"device_map": None, "qbase": "cpu"}
     assert {p.device.type for p in vlm.compressor.parameters()} == {"cpu"}
 
 
