@@ -347,18 +347,23 @@ class BudgetedQA(LightningModule):
             self._loading, self._compiling, self._compile_started = None, None, False
             Fusable.eager_while = None
         self._early_key = key
-        self._start_compile(device, inference)
+        self._start_compile(device, inference, inference_weights=False)   # the weights come from the load thread
         if self._loading is None:
             self.timeline_marks["load_start"] = process_age_s()
             self._loading = warm.in_background(lambda: self._read_model(device), "weight-load")
 
-    def _start_compile(self, device: torch.device, inference: bool | None) -> None:
-        """Start the early compilation of the fused kernels (once; nothing off CUDA, :func:`warm.start`)."""
+    def _start_compile(self, device: torch.device, inference: bool | None,
+                       inference_weights: bool | None = None) -> None:
+        """Start the early compilation of the fused kernels (once; nothing off CUDA, :func:`warm.start`).
+        ``inference_weights``: whether the weights will be inference tensors (``False`` for the background load:
+        a thread does not inherit the predict loop's inference mode, and the kernels taking weights, RMSNorm and
+        add + LayerNorm, are guarded on it: compiled for the other kind they compiled again in the first step)."""
         if self._compile_started:
             return
         self._compile_started = True
         started = process_age_s()
-        self._compiling = warm.start(self.hparams.model_path, device, getattr(torch, self.hparams.dtype), inference)
+        self._compiling = warm.start(self.hparams.model_path, device, getattr(torch, self.hparams.dtype), inference,
+                                     inference_weights)
         if self._compiling is not None:
             self.timeline_marks["early_compile_start"] = started
             if self.hparams.get("first_step", "wait") == "eager":

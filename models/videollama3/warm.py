@@ -143,7 +143,7 @@ def _counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, i
 
 
 def start(model_path: str | Path, device: torch.device | str, dtype: torch.dtype,
-          inference: bool | None = None) -> threading.Thread | None:
+          inference: bool | None = None, inference_weights: bool | None = None) -> threading.Thread | None:
     """Start :func:`compile_fused_kernels` for the checkpoint at ``model_path`` in a daemon thread (``None`` when
     there is nothing to compile: not CUDA, or a config transformers' ``VideoLlama3Config`` cannot read, such as the
     original VideoLLaMA3 layout).
@@ -154,6 +154,9 @@ def start(model_path: str | Path, device: torch.device | str, dtype: torch.dtype
         dtype: the model's dtype.
         inference: the grad mode the model will be called in (default: the calling thread's,
             ``torch.is_inference_mode_enabled()``; the thread's own mode is not inherited).
+        inference_weights: whether the model's weights will be inference tensors (see
+            :func:`compile_fused_kernels`; default: ``inference``). Weights read in another thread (the background
+            load) are plain tensors whatever the predict loop's mode: inference mode is per thread.
 
     Returns:
         The started thread (join it before the model's first forward; its ``timings`` dict gets ``seconds`` and
@@ -178,7 +181,7 @@ def start(model_path: str | Path, device: torch.device | str, dtype: torch.dtype
     def run() -> None:
         before, t0 = cache_counters(), time.perf_counter()
         try:
-            compile_fused_kernels(config, device, dtype, inference)
+            compile_fused_kernels(config, device, dtype, inference, inference_weights)
         except Exception as e:  # noqa: BLE001 - the kernels compile at their first call instead
             log.warning("early compilation of the fused kernels failed (%s); they compile at their first call", e)
         timings.update(seconds=round(time.perf_counter() - t0, 3), cache=_counter_delta(before, cache_counters()),

@@ -53,11 +53,11 @@ def test_on_a_gpu_machine_the_module_starts_the_compilation_and_load_when_built(
     from lightning_modules import budgeted_qa
     from lightning_modules.budgeted_qa import BudgetedQA
 
-    starts, loads_started = [], []
+    starts, loads_started, weights_kind = [], [], []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("LOCAL_RANK", "1")
-    monkeypatch.setattr(budgeted_qa.warm, "start", lambda path, device, dtype, inference: starts.append(
-        (torch.device(device), inference)) or None)
+    monkeypatch.setattr(budgeted_qa.warm, "start", lambda path, device, dtype, inference, weights: starts.append(
+        (torch.device(device), inference)) or weights_kind.append(weights) or None)
     monkeypatch.setattr(budgeted_qa.warm, "in_background", lambda fn, name: loads_started.append(name) or
                         SimpleNamespace(name=name))
     module = BudgetedQA(model_path="/nowhere")
@@ -68,6 +68,9 @@ def test_on_a_gpu_machine_the_module_starts_the_compilation_and_load_when_built(
     _attach(module, "cpu").setup("predict")                      # the trainer chose the CPU: both start there
     assert starts[1:] == [(torch.device("cpu"), True)] and module._loading is not first
     assert not BudgetedQA(model_path="/nowhere", early_start=False)._loading
+    # the weights come from the load thread (not in inference mode): the kernels that take weights are compiled
+    # for plain tensors (they recompiled in the first step when compiled for inference tensors: H200, 2 graphs)
+    assert weights_kind == [False, False]
 
 
 @pytest.mark.slow

@@ -85,8 +85,12 @@ def test_the_thread_compiles_for_the_callers_mode_and_reports_its_time(tiny_conf
     monkeypatch.setattr(warm, "compile_fused_kernels", lambda *a, **k: calls.append(a) or list(warm.KERNELS))
     thread = warm.start(tiny_config_dir, "cuda", torch.bfloat16, inference=True)   # the thread itself needs no GPU
     thread.join()
-    (config, device, dtype, inference), = calls
-    assert (type(config).__name__, device, dtype, inference) == ("VideoLlama3Config", "cuda", torch.bfloat16, True)
+    (config, device, dtype, inference, weights), = calls
+    assert (type(config).__name__, device, dtype, inference, weights) == ("VideoLlama3Config", "cuda", torch.bfloat16,
+                                                                          True, None)
+    calls.clear()
+    warm.start(tiny_config_dir, "cuda", torch.bfloat16, inference=True, inference_weights=False).join()
+    assert calls[0][3:] == (True, False)     # weights loaded in another thread: plain tensors
     assert set(thread.timings) == {"seconds", "cache", "end_perf_counter"} and thread.timings["seconds"] >= 0
 
     def fail(*a, **k):
