@@ -16,6 +16,7 @@ table shows before / after::
 
     python bench/qa_memory.py --before 79d1091              # all three cases, before and after
     python bench/qa_memory.py --cases long --long-tokens 8000
+    python bench/qa_memory.py --before 6058e55 --cases demo long --answer-mode sequential   # answer_all
     python bench/qa_memory.py --direct on --model-dir checkpoints/tiny-videollama3 --cases long   # one process
 """
 from __future__ import annotations
@@ -85,12 +86,15 @@ def _rss(pid: int) -> int:
     return 0
 
 
-def run_predict(code: Path, model_dir: Path, bench: Path, out: Path, guard: int) -> dict:
-    """``evaluate.py predict`` of checkout ``code`` on ``bench``; returns peak RSS (bytes), seconds, whether the guard
-    killed it, and the responses by (job, qid)."""
+def run_predict(code: Path, model_dir: Path, bench: Path, out: Path, guard: int, answer_mode: str = "batched"
+                ) -> dict:
+    """``evaluate.py predict`` of checkout ``code`` on ``bench`` (``answer_mode``: the model's setting); returns peak
+    RSS (bytes), seconds, whether the guard killed it, and the responses by (job, qid)."""
     cmd = [sys.executable, "evaluate.py", "predict", f"--model.init_args.model_path={model_dir}",
            f"--data.init_args.root={bench}", "--data.init_args.loader_kwargs.video_dir=videos",
            f"--trainer.callbacks.init_args.out_dir={out}"]
+    if answer_mode != "batched":
+        cmd.append(f"--model.init_args.answer_mode={answer_mode}")
     env = {**os.environ, "PYTHONPATH": str(code)}
     log = open(out.with_suffix(".log"), "w")
     t0 = time.perf_counter()
@@ -181,6 +185,8 @@ def main(argv=None) -> None:
                     help="no CLI: answer_batched in this process with the caps on or off (prints one JSON line per "
                          "case; CUDA when there is one)")
     ap.add_argument("--decode", default="graph", help="--direct: the decode mode")
+    ap.add_argument("--answer-mode", default="batched", choices=("batched", "sequential"),
+                    help="the CLI runs' model.answer_mode (sequential: one question after another, answer_all)")
     args = ap.parse_args(argv)
     if args.direct:
         from models.videollama3.tiny import model_dir_or_tiny
@@ -206,7 +212,7 @@ def main(argv=None) -> None:
             bench = make_bench(tmp / f"bench_{case}", _rows(case, args.long_tokens, args.many))
             per_code = []
             for name, code in codes:
-                r = run_predict(code, model_dir, bench, tmp / f"out_{case}_{len(per_code)}", guard)
+                r = run_predict(code, model_dir, bench, tmp / f"out_{case}_{len(per_code)}", guard, args.answer_mode)
                 per_code.append(r)
                 outcome = (f"killed by the {args.guard_gb:g} GB guard at {r['killed_at']:.0f} s" if r["killed_at"]
                            else f"rc {r['rc']}, {len(r['responses'])} records")
@@ -217,8 +223,8 @@ def main(argv=None) -> None:
                 a, b = (r["responses"] for r in per_code)
                 same = sum(a[k] == b.get(k) for k in a)
                 results.append((case, "same responses", None, None, f"{same} of {len(a)}"))
-        print(f"\nCPU demo (tiny model, fp32, decode auto=dynamic); long question ~{args.long_tokens} tokens, "
-              f"many = {args.many} questions on one video")
+        print(f"\nCPU demo (tiny model, fp32, decode auto=dynamic, answer_mode={args.answer_mode}); long question "
+              f"~{args.long_tokens} tokens, many = {args.many} questions on one video")
         print(f"| case | code | peak RSS (GB) | wall (s) | outcome |\n|---|---|---:|---:|---|")
         for case, name, peak, sec, outcome in results:
             print(f"| {case} | {name} | {'' if peak is None else f'{peak:.2f}'} | "
