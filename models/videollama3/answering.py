@@ -418,6 +418,27 @@ class SharedPrefixAnswering(BatchedDecoding):
         ``[a, b)`` attends to the cached prefix, the earlier chunks and itself, with the mask arguments
         ``mask_of(a, b)``. Only the last chunk goes through ``lm_head``, at its last position (:meth:`_last_logits`).
 
+        The masks stay dense, one per chunk (issue 44 item 2): ``dynamic`` hands transformers a 2-D mask, from which
+        its sdpa path builds a boolean (Q, 1, b - a, L + b) mask (torch's SDPA converts it to an additive float mask
+        of that shape inside each layer, the ``aten::where`` of the issue's profile); ``static`` builds its additive
+        (Q, 1, b - a, n + R) suffix-region mask itself (the prefix part takes none, :mod:`.shared_prefix`). Neither
+        can be replaced by a causal flag or lengths in transformers 5.23's sdpa path on torch 2.14:
+
+        * a chunk after cached keys needs a *lower-right* causal mask (query ``j`` sees keys up to ``L + a + j``);
+          SDPA's ``is_causal`` is upper-left aligned (it would hide every key after the chunk's own width), so
+          ``masking_utils._ignore_causal_mask_sdpa`` returns the mask unless ``q_length == 1`` or ``q_length ==
+          kv_length`` -- never true for a chunk after a cache. ``torch.nn.attention.bias.causal_lower_right`` is
+          taken without a mask only by the CUDA flash / memory-efficient kernels; on the CPU torch materializes it
+          (``CausalBias._materialize``) as the same (b - a) x (L + b) boolean;
+        * rows of a batch are left-padded inside the suffix region: which keys are pads differs per row, and SDPA
+          has no per-row key-length argument (transformers' padding-free / varlen paths need ``flash_attention_2``);
+        * the ``static`` suffix part is explicit float32 math (:func:`.shared_prefix._partial_math`), whose scores
+          (Q, Hkv, G (b - a), n + R) are H times the mask's size: the mask is not its peak.
+
+        What bounds them instead: ``answer_chunk`` caps rows x chunk columns, so a mask holds at most
+        ``answer_chunk x (L + n)`` entries, linear in the question (2,048 x 27k booleans, 55 MB, for the 25k-token
+        question), where the unchunked prefill's was ``Q x n x (L + n)``.
+
         Returns:
             logits (Q, 1, V) of each row's last suffix position.
         """
