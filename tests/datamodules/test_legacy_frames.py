@@ -185,3 +185,26 @@ def test_av1_frame_count_for_the_omni_path(clips):
     from datamodules.decode import decord_frame_count
 
     assert decord_frame_count(clips("av1.mp4")) == (30, 10.0)
+
+
+@pytest.mark.parametrize("name", ["asp.avi", "h264.avi", "pts_dts.mp4"])
+def test_omni_path_keeps_decord_s_numbering_in_legacy_containers(clips, name):
+    """The omni path's reference reader is decord itself (qwen_omni_utils' ``_read_video_decord``: ``len(vr)``,
+    ``vr.get_batch(idx)``), so on the legacy containers ``decode_at_indices`` gives decord's very frames for
+    qwen_omni_utils' indices, not the decoder timeline's that ``decode_video`` uses, and the record says so
+    (``decord_numbering``). On the MPEG-4 ASP AVI decord's frames are not the indices asked for."""
+    import decord
+
+    from algorithms.omni_sampling import qwen_omni_frame_indices
+    from datamodules.decode import decord_frame_count
+
+    path = clips(name)
+    vr = decord.VideoReader(str(path), num_threads=1)
+    total, rate = decord_frame_count(path)
+    idx = qwen_omni_frame_indices(total, rate, fps=1.0, max_frames=128)
+    ref = vr.get_batch(idx).asnumpy()
+    dec = decode_at_indices(path, idx, video_fps=rate)
+    assert dec.info["decoder"] == "decord" and np.array_equal(dec.frames.numpy(), ref)
+    assert dec.info["decord_numbering"] == probe_video(path).decoded_timeline != ""
+    if name == "asp.avi":
+        assert digit_indices(ref) != idx
