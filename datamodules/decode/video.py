@@ -293,7 +293,9 @@ def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896,
     (qwen_omni_utils' ``_read_video_decord``: ``total_frames = len(vr)``, ``vr.get_batch(idx)``), so the indices,
     chosen from decord's count, are read by decord and give decord's frames, even where decord's numbering is
     not the decoder's (on an MPEG-4 ASP AVI with B-frames decord's frame 18 is a display frame 8; on a pts = dts
-    mp4 its frames come out of temporal order). ``info["decord_numbering"]`` then says so (the probe's reason).
+    mp4 its frames come out of temporal order; on an H.264 AVI with B-frames decord is not even repeatable: the same
+    index gave one of two frames from one fresh reader to the next, so no reader reproduces the reference there).
+    ``info["decord_numbering"]`` then says so (the probe's reason).
     A file whose timestamps are unusable (pts all equal or running backwards) is the one exception, read by PyAV in
     decode order (docs/deviations.md, "omni QA decord failure").
 
