@@ -16,7 +16,9 @@ table shows before / after::
 
     python bench/qa_memory.py --before 79d1091              # all three cases, before and after
     python bench/qa_memory.py --cases long --long-tokens 8000
+    python bench/qa_memory.py --before 6058e55 --cases demo long --answer-mode sequential   # answer_all
     python bench/qa_memory.py --direct on --model-dir checkpoints/tiny-videollama3 --cases long   # one process
+    python bench/qa_memory.py --direct on --path fallback --cases long --decode dynamic   # the fallback path
 """
 from __future__ import annotations
 
@@ -85,12 +87,15 @@ def _rss(pid: int) -> int:
     return 0
 
 
-def run_predict(code: Path, model_dir: Path, bench: Path, out: Path, guard: int) -> dict:
-    """``evaluate.py predict`` of checkout ``code`` on ``bench``; returns peak RSS (bytes), seconds, whether the guard
-    killed it, and the responses by (job, qid)."""
+def run_predict(code: Path, model_dir: Path, bench: Path, out: Path, guard: int, answer_mode: str = "batched"
+                ) -> dict:
+    """``evaluate.py predict`` of checkout ``code`` on ``bench`` (``answer_mode``: the model's setting); returns peak
+    RSS (bytes), seconds, whether the guard killed it, and the responses by (job, qid)."""
     cmd = [sys.executable, "evaluate.py", "predict", f"--model.init_args.model_path={model_dir}",
            f"--data.init_args.root={bench}", "--data.init_args.loader_kwargs.video_dir=videos",
            f"--trainer.callbacks.init_args.out_dir={out}"]
+    if answer_mode != "batched":
+        cmd.append(f"--model.init_args.answer_mode={answer_mode}")
     env = {**os.environ, "PYTHONPATH": str(code)}
     log = open(out.with_suffix(".log"), "w")
     t0 = time.perf_counter()
@@ -134,11 +139,15 @@ def source(ref: str | None, into: Path) -> Path:
     return into
 
 
-def direct(model_dir: str, case: str, long_tokens: int, many: int, decode: str, caps: bool) -> dict:
-    """``answer_batched`` of ``case``'s cockatoo questions in this process, at the demo's largest budget (1,024):
-    the peak memory it adds (CUDA: ``max_memory_allocated``; CPU: the growth of ``ru_maxrss``) and its seconds.
+def direct(model_dir: str, case: str, long_tokens: int, many: int, decode: str, caps: bool,
+           path: str = "batched") -> dict:
+    """``case``'s cockatoo questions answered in this process, at the demo's largest budget (1,024): the peak memory
+    it adds (CUDA: ``max_memory_allocated``; CPU: the growth of ``ru_maxrss``) and its seconds.
     ``caps=False``: ``answer_rows`` and ``answer_chunk`` so large that every question is one batch and one chunk
-    (the path before issue 44)."""
+    (the path before issue 44). ``path``: ``batched`` (``answer_batched``), ``sequential`` (``answer_all``),
+    ``fallback`` (each question with two leading newlines, which merge with the prefix's last piece: DESIGN §3.7's
+    fallback through ``answer_all``) or ``one_pass`` (those questions by ``answer_from_scratch(one_pass=True)``,
+    what the fallback ran before issue 44 item 1)."""
     import torch
 
     from datamodules.decode import decode_video
@@ -151,17 +160,28 @@ def direct(model_dir: str, case: str, long_tokens: int, many: int, decode: str, 
     dec = decode_video(REPO / "assets" / "media" / "cockatoo.mp4", 1024)
     (bi,) = prepare_budgets(vlm, dec.frames.to(vlm.device), dec.times_s, [1024], raw_mode="phase3")
     texts = [r["question"] for r in _rows(case, long_tokens, many) if r["videoID"] == "cockatoo"]
-    vlm.answer_batched(bi.prompt, texts[-1:], max_new_tokens=16, decode=decode)       # warm-up (graph capture)
+    if path in ("fallback", "one_pass"):
+        texts = ["\n\n" + t for t in texts]
+        assert all(vlm.question_ids(bi.prompt, t)[1] for t in texts)
+
+    def answer(qs):
+        if path == "batched":
+            return vlm.answer_batched(bi.prompt, qs, max_new_tokens=16, decode=decode)
+        if path == "one_pass":
+            return [vlm.answer_from_scratch(bi.prompt, t, max_new_tokens=16, one_pass=True) for t in qs]
+        return vlm.answer_all(bi.prompt, qs, max_new_tokens=16)
+
+    answer(texts[-1:])                                                                  # warm-up (graph capture)
     from suffix_logits_memory import added_peak
 
     t0 = time.perf_counter()
     with added_peak(cuda) as peak:
         try:
-            vlm.answer_batched(bi.prompt, texts, max_new_tokens=16, decode=decode)
+            answer(texts)
             outcome = "ok"
         except torch.OutOfMemoryError:
             outcome = "out of memory"
-    return {"case": case, "caps": caps, "decode": decode, "device": "cuda" if cuda else "cpu", "questions": len(texts),
+    return {"case": case, "path": path, "caps": caps, "decode": decode, "device": "cuda" if cuda else "cpu", "questions": len(texts),
             "prefix": int(bi.prompt.ids.numel()), "peak_gb": peak["bytes"] / 1e9, "seconds": time.perf_counter() - t0,
             "outcome": outcome}
 
@@ -181,6 +201,10 @@ def main(argv=None) -> None:
                     help="no CLI: answer_batched in this process with the caps on or off (prints one JSON line per "
                          "case; CUDA when there is one)")
     ap.add_argument("--decode", default="graph", help="--direct: the decode mode")
+    ap.add_argument("--path", default="batched", choices=("batched", "sequential", "fallback", "one_pass"),
+                    help="--direct: the answer path (see direct())")
+    ap.add_argument("--answer-mode", default="batched", choices=("batched", "sequential"),
+                    help="the CLI runs' model.answer_mode (sequential: one question after another, answer_all)")
     args = ap.parse_args(argv)
     if args.direct:
         from models.videollama3.tiny import model_dir_or_tiny
@@ -188,7 +212,7 @@ def main(argv=None) -> None:
         with model_dir_or_tiny(args.model_dir, prefix="qa_memory_") as model_dir:
             for case in args.cases:
                 print(json.dumps(direct(model_dir, case, args.long_tokens, args.many, args.decode,
-                                        args.direct == "on")), flush=True)
+                                        args.direct == "on", args.path)), flush=True)
         return
     tmp = Path(tempfile.mkdtemp(prefix="qa_memory_"))
     try:
@@ -206,7 +230,7 @@ def main(argv=None) -> None:
             bench = make_bench(tmp / f"bench_{case}", _rows(case, args.long_tokens, args.many))
             per_code = []
             for name, code in codes:
-                r = run_predict(code, model_dir, bench, tmp / f"out_{case}_{len(per_code)}", guard)
+                r = run_predict(code, model_dir, bench, tmp / f"out_{case}_{len(per_code)}", guard, args.answer_mode)
                 per_code.append(r)
                 outcome = (f"killed by the {args.guard_gb:g} GB guard at {r['killed_at']:.0f} s" if r["killed_at"]
                            else f"rc {r['rc']}, {len(r['responses'])} records")
@@ -217,8 +241,8 @@ def main(argv=None) -> None:
                 a, b = (r["responses"] for r in per_code)
                 same = sum(a[k] == b.get(k) for k in a)
                 results.append((case, "same responses", None, None, f"{same} of {len(a)}"))
-        print(f"\nCPU demo (tiny model, fp32, decode auto=dynamic); long question ~{args.long_tokens} tokens, "
-              f"many = {args.many} questions on one video")
+        print(f"\nCPU demo (tiny model, fp32, decode auto=dynamic, answer_mode={args.answer_mode}); long question "
+              f"~{args.long_tokens} tokens, many = {args.many} questions on one video")
         print(f"| case | code | peak RSS (GB) | wall (s) | outcome |\n|---|---|---:|---:|---|")
         for case, name, peak, sec, outcome in results:
             print(f"| {case} | {name} | {'' if peak is None else f'{peak:.2f}'} | "

@@ -12,7 +12,11 @@ instead of the console, and the note printed when the run is interrupted (Ctrl-C
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 # a logger outside logging's tree (no parent, so nothing set up on the root or by a library, e.g. a console or
 # pytest's capture handler, ever receives these records): a traceback of a video is for the log file only
@@ -26,10 +30,38 @@ def errors_log_path(out_dir: str | Path, rank: int) -> Path:
     return Path(out_dir) / f"errors_rank{rank}.log"
 
 
+class _TracebackFile(logging.FileHandler):
+    """``FileHandler`` whose write failures (a full disk, a quota, a folder made read-only mid-run) are one console
+    line, once per file, and never end the run (issue 44 item 4): logging's own ``handleError`` printed its
+    ``--- Logging error ---`` block with a traceback for every record, and ``close`` re-raised the failed flush.
+    The error records themselves are written by :class:`callbacks.jsonl_writer.JsonlPredictionWriter` (its
+    ``OutputWriteError`` stops the run when *they* cannot be written); only the traceback is lost here."""
+
+    failed = False
+
+    def _report(self, e: BaseException | None) -> None:
+        if self.failed:
+            return
+        self.failed = True
+        why = os.strerror(e.errno) if isinstance(e, OSError) and e.errno else f"{type(e).__name__}: {e}"
+        log.warning("%s: %s: a failed video's traceback could not be written there (its error record is kept; "
+                    "later tracebacks may be lost); free space or choose another out_dir", self.baseFilename, why)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self._report(sys.exc_info()[1])
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError as e:   # the buffered traceback's flush on close failed too
+            self._report(e)
+            self.stream = None
+
+
 def attach_traceback_file(path: Path) -> logging.Handler:
     """Append :data:`TRACEBACKS` to ``path`` (the file is created at the first traceback); returns the handler for
-    :func:`detach_traceback_file`."""
-    handler = logging.FileHandler(path, mode="a", encoding="utf-8", delay=True)
+    :func:`detach_traceback_file`. A write that fails is one warning line (:class:`_TracebackFile`)."""
+    handler = _TracebackFile(path, mode="a", encoding="utf-8", delay=True)
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     TRACEBACKS.addHandler(handler)
     return handler

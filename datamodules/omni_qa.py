@@ -11,7 +11,8 @@ Frames (``frame_sampling``):
   (:func:`datamodules.decode.decord_frame_count`), ``nframes = smart_nframes(...)`` at ``fps`` with at most
   ``max_frames`` (seed 003's 1 fps / 128 by default; the package's own 2 fps / 768, which OmniZip's eval gets when
   nothing is edited, by setting them), the source frames ``linspace(0, total_frames - 1, nframes).round()``
-  decoded at exactly those indices (:func:`datamodules.decode.decode_at_indices`), labelled ``index /
+  decoded at exactly those indices (:func:`datamodules.decode.decode_at_indices`: by decord, the release's
+  reader, so legacy containers keep decord's numbering, flagged ``decord_numbering``), labelled ``index /
   video_fps``; TMRoPE's seconds per temporal patch ``temporal_patch_size / sample_fps`` with the release's
   ``sample_fps = nframes / total_frames * video_fps`` (``frame_interval_s = 1 / sample_fps``), or ``1 /
   processor_fps`` when that is set (``2.0``: what OmniZip's eval gets, see :class:`OmniQADataModule`).

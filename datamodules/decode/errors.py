@@ -57,7 +57,10 @@ pts = dts with B-frames          best-effort timestamp (``probe._decoder_timelin
 frame size changes mid-stream    the CLI rebuilds its filter graph: a new ``fps`` filter per size (the old one's
                                  buffered frame lost, its CFR output sync fills the gap), frames scaled to the
                                  first size (bicubic, the CLI's autoscale); found when a reader decodes a frame
-                                 of another size, then planned again on the decoder's timeline
+                                 of another size, then planned again on the decoder's timeline, or, in MPEG-TS /
+                                 PS, FLV and elementary streams, by the probe decoding the key frames alone
+                                 (``probe.SIZE_SCAN_FORMATS``: a change no reader decodes, e.g. inside a span
+                                 ``pyav_skip`` seeks over, or at a reduced size, where decord scales every frame)
 AV1 (no decoder in decord)       ``pyav_skip`` (PyAV's FFmpeg decodes it); ``decord_frame_count`` from PyAV
 odd dimensions                   decoded at the exact odd size
 4:4:4, 10-bit                    decoded (converted to 8-bit RGB by decord's swscale)
@@ -67,8 +70,10 @@ non-ASCII, spaces in the path    decoded (paths passed as UTF-8 strings)
                                  at ``decode_max_side`` inside the decoder (bounded memory)
 ===============================  ==================================================================================
 
-Not covered: a frame size change inside a span ``pyav_skip`` seeks over or skips (no decoded frame shows it),
-or met by decord (reduced sizes, other codecs), keeps the one-filter plan; a decoder that crashes the process
+Not covered: a frame size change in another container (mp4, mkv, webm, avi: not scanned, their key frames are
+not decoded in the probe) inside a span ``pyav_skip`` seeks over or skips (no decoded frame shows it), or met by
+decord (reduced sizes, other codecs), keeps the one-filter plan; an MPEG-2 stream's size change is not seen by the
+key-frame scan (on a concatenated MPEG-2 TS its key frames decoded alone all came out at the first size); a decoder that crashes the process
 (segfault) on a file takes the DataLoader worker down with it; an
 external ffmpeg fallback is not used. A file whose first key frame the decoder refuses is an error where FFmpeg
 answers it (no earlier frame to repeat; ``tests/datamodules/test_decode_paths.py``, xfail); a file with unusable

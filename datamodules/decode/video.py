@@ -287,6 +287,18 @@ def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896,
     at most ``native_decode_bytes``, else the long side at most ``max_side``, inside the decoder); the retry with
     one thread and ``max_replaced_frac`` as :func:`decode_video`. Repeated indices are decoded once.
 
+    Legacy containers (issue 44 item 3): where the packets carry no pts (AVI with B-frames: MPEG-4 ASP, H.264) or
+    pts = dts with B-frames, :func:`decode_video` numbers and times the frames by the decoder's output
+    (``probe.decoded_timeline``, the ffmpeg CLI's frames). This path does not: its reference is decord itself
+    (qwen_omni_utils' ``_read_video_decord``: ``total_frames = len(vr)``, ``vr.get_batch(idx)``), so the indices,
+    chosen from decord's count, are read by decord and give decord's frames, even where decord's numbering is
+    not the decoder's (on an MPEG-4 ASP AVI with B-frames decord's frame 18 is a display frame 8; on a pts = dts
+    mp4 its frames come out of temporal order; on an H.264 AVI with B-frames decord is not even repeatable: the same
+    index gave one of two frames from one fresh reader to the next, so no reader reproduces the reference there).
+    ``info["decord_numbering"]`` then says so (the probe's reason).
+    A file whose timestamps are unusable (pts all equal or running backwards) is the one exception, read by PyAV in
+    decode order (docs/deviations.md, "omni QA decord failure").
+
     Args:
         video_fps: the rate the indices were chosen at: ``times_s = index / video_fps`` (``None``: the stream's
             average rate, ``avg_frame_rate``, which decord's ``get_avg_fps`` reads; 1 when unknown).
@@ -297,7 +309,8 @@ def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896,
     Returns:
         :class:`DecodedVideo`; ``info``: ``duration_s`` (``format.duration``), ``native_hw``, ``decode_hw``,
         ``n_frames``, ``decoder``, ``frames_replaced`` when some frame was replaced, ``timestamps_unusable`` when
-        set.
+        set, ``decord_numbering`` (why decord's index is not the decoder's output order) for a legacy container
+        read by decord.
 
     Raises:
         DecodeError: as :func:`decode_video` (an index past the stream's last frame fails the read).
@@ -333,6 +346,8 @@ def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896,
             "n_frames": len(idx), "decoder": name}
     if probe.timestamps_unusable:
         info["timestamps_unusable"] = True
+    if probe.decoded_timeline and name == "decord":   # the release's numbering, kept (see above)
+        info["decord_numbering"] = probe.decoded_timeline
     if replaced:
         bad_native = {unique[k] for k in replaced}
         info["frames_replaced"] = [j for j, k in enumerate(idx) if k in bad_native]

@@ -3,8 +3,8 @@
 Legend: L prefix tokens, Q question rows answered together, n the longest question suffix, R decode steps, V vocab.
 
 Three paths give the same greedy tokens (DESIGN §3.7): :meth:`SharedPrefixAnswering.answer_from_scratch` (the
-reference: the whole prompt in one pass), :meth:`~SharedPrefixAnswering.answer_all` (one prefilled prefix, one
-question at a time) and :meth:`~SharedPrefixAnswering.answer_batched` (all questions together; ``static``/``graph``
+reference: the whole prompt in one pass; with ``one_pass=False`` the fallback's bounded form),
+:meth:`~SharedPrefixAnswering.answer_all` (one prefilled prefix, one question at a time) and :meth:`~SharedPrefixAnswering.answer_batched` (all questions together; ``static``/``graph``
 decoding attends to the batch-1 prefix cache through :mod:`models.videollama3.shared_prefix`, with the decode step
 optionally captured once as a CUDA graph, :mod:`models.videollama3.batched_decode`).
 
@@ -144,27 +144,66 @@ class SharedPrefixAnswering(BatchedDecoding):
 
     @torch.no_grad()
     def answer_from_scratch(self, prompt: VideoPrompt, question_text: str, max_new_tokens: int = 16,
-                            ignore_eos: bool = False) -> Answer:
-        """Reference path: prefill the whole prompt (prefix + question) in one pass and decode greedily
-        (``ignore_eos``: exactly ``max_new_tokens`` tokens)."""
+                            ignore_eos: bool = False, one_pass: bool = True) -> Answer:
+        """Answer one question without the shared prefix cache and decode greedily (``ignore_eos``: exactly
+        ``max_new_tokens`` tokens).
+
+        ``one_pass=True`` (the reference of the tests): the whole prompt (prefix + question) in one ``generate``
+        pass; its memory grows with the prompt (``generate`` through ``VideoLlama3ForConditionalGeneration`` makes
+        (L + n) x V logits, and a long question asks for an attention over (L + n) x (L + n)).
+        ``one_pass=False`` (the fallback of :meth:`answer_all` / :meth:`start_batched`, DESIGN §3.7): the prompt's
+        prefix (without its last text piece) prefilled through the base model (no ``lm_head``, as :meth:`prefill`),
+        the question by :meth:`_prefill_question` (causal chunks of at most ``answer_chunk`` tokens), so the peak
+        grows with the chunk, not with the question (issue 44 item 1); the same tokens in exact arithmetic.
+        """
         q_ids, fallback = self.question_ids(prompt, question_text)
         base = prompt.ids if not fallback else prompt.ids[: len(prompt.ids) - prompt.last_text_len]
         full = torch.cat([base, torch.tensor(q_ids, dtype=torch.long)])
         error = self.context_error(full.numel(), max_new_tokens)
         if error:
             return self._skipped(full.numel(), fallback, error)
-        emb = self.embed(full, prompt.vision_embeds)
-        return self._answer(self._generate(full, max_new_tokens, inputs_embeds=emb, ignore_eos=ignore_eos), full.numel(),
+        if one_pass:
+            emb = self.embed(full, prompt.vision_embeds)
+            return self._answer(self._generate(full, max_new_tokens, inputs_embeds=emb, ignore_eos=ignore_eos),
+                                full.numel(), fallback)
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config.get_text_config())
+        with sdpa_without_cudnn(self.device):
+            self.model.model(inputs_embeds=self.embed(base, prompt.vision_embeds), past_key_values=cache,
+                             use_cache=True)
+        self._prefill_question(cache, full, base.numel())
+        return self._answer(self._generate(full, max_new_tokens, cache=cache, ignore_eos=ignore_eos), full.numel(),
                             fallback)
+
+    def _prefill_question(self, cache, full: torch.Tensor, start: int) -> None:
+        """Feed the question tokens ``full[start:-1]`` (all but the last) into ``cache`` (batch 1, holding
+        ``full[:start]``) in causal chunks of at most ``answer_chunk`` tokens
+        (:func:`algorithms.answer_batches.query_chunks`), through the base model: no ``lm_head``, so no logits.
+        ``generate`` then feeds only the last token (it skips the cached positions), whose logits (1, 1, V) are the
+        only ones greedy decoding reads; before, ``generate`` fed the n question tokens in one forward and
+        ``VideoLlama3ForConditionalGeneration`` made n x V logits (issue 44 item 1: the sequential and fallback
+        paths). Positions follow the cache (``L + j``), as in one pass. One row, no pads: no 2-D mask is passed
+        (transformers still builds its (1, 1, chunk, L + b) boolean causal mask per chunk, see
+        :meth:`_chunked_prefill`)."""
+        body = full[start:-1]
+        if not body.numel():
+            return
+        body = host_to_device(body.view(1, -1), self.device)
+        for a, b in query_chunks(1, body.shape[1], self.answer_chunk):
+            self.model.model(input_ids=body[:, a:b], past_key_values=cache, use_cache=True)
 
     @torch.no_grad()
     def answer_all(self, prompt: VideoPrompt, question_texts: list[str], max_new_tokens: int = 16,
                    ignore_eos: bool = False) -> list[Answer]:
         """Answer every question of a (video, budget) from one prefilled prefix (DESIGN §3.7).
 
-        The prefix is prefilled once into a ``DynamicCache``; each question then runs ``generate`` on the full
-        ids, which only feeds the uncached question tokens, and the cache is cropped back to the prefix.
-        A question whose text merges with the prefix's last piece falls back to :meth:`answer_from_scratch`.
+        The prefix is prefilled once into a ``DynamicCache``; each question's tokens but the last are then fed
+        in causal chunks of at most ``answer_chunk`` tokens (:meth:`_prefill_question`: no logits), ``generate`` on
+        the full ids feeds the last one and decodes, and the cache is cropped back to the prefix (memory grows with
+        ``answer_chunk``, not with the question: issue 44 item 1).
+        A question whose text merges with the prefix's last piece falls back to
+        :meth:`answer_from_scratch` (``one_pass=False``: chunked the same way).
         A question too long for the model's context gets an :class:`Answer` with ``error`` set.
 
         Raises:
@@ -176,13 +215,14 @@ class SharedPrefixAnswering(BatchedDecoding):
         for text in question_texts:
             q_ids, fallback = self.question_ids(prompt, text)
             if fallback:
-                answers.append(self.answer_from_scratch(prompt, text, max_new_tokens, ignore_eos))
+                answers.append(self.answer_from_scratch(prompt, text, max_new_tokens, ignore_eos, one_pass=False))
                 continue
             error = self.context_error(prefix_len + len(q_ids), max_new_tokens)
             if error:
                 answers.append(self._skipped(prefix_len + len(q_ids), False, error))
                 continue
             full = torch.cat([prompt.ids, torch.tensor(q_ids, dtype=torch.long)])
+            self._prefill_question(cache, full, prefix_len)       # chunks of at most answer_chunk, no logits
             tokens = self._generate(full, max_new_tokens, cache=cache, ignore_eos=ignore_eos)
             cache.crop(prefix_len - cache.get_seq_length())  # negative: tokens to drop (transformers 5 API)
             answers.append(self._answer(tokens, full.numel(), False))
@@ -270,7 +310,7 @@ class SharedPrefixAnswering(BatchedDecoding):
         for i, text in enumerate(question_texts):
             ids, fallback = self.question_ids(prompt, text)
             if fallback:
-                answers[i] = self.answer_from_scratch(prompt, text, max_new_tokens, ignore_eos)
+                answers[i] = self.answer_from_scratch(prompt, text, max_new_tokens, ignore_eos, one_pass=False)
                 continue
             error = self.context_error(prompt.ids.numel() + len(ids), max_new_tokens)
             if error:
@@ -377,6 +417,27 @@ class SharedPrefixAnswering(BatchedDecoding):
         tokens (:func:`algorithms.answer_batches.query_chunks`; one chunk, the whole suffix, when it fits): chunk
         ``[a, b)`` attends to the cached prefix, the earlier chunks and itself, with the mask arguments
         ``mask_of(a, b)``. Only the last chunk goes through ``lm_head``, at its last position (:meth:`_last_logits`).
+
+        The masks stay dense, one per chunk (issue 44 item 2): ``dynamic`` hands transformers a 2-D mask, from which
+        its sdpa path builds a boolean (Q, 1, b - a, L + b) mask (torch's SDPA converts it to an additive float mask
+        of that shape inside each layer, the ``aten::where`` of the issue's profile); ``static`` builds its additive
+        (Q, 1, b - a, n + R) suffix-region mask itself (the prefix part takes none, :mod:`.shared_prefix`). Neither
+        can be replaced by a causal flag or lengths in transformers 5.23's sdpa path on torch 2.14:
+
+        * a chunk after cached keys needs a *lower-right* causal mask (query ``j`` sees keys up to ``L + a + j``);
+          SDPA's ``is_causal`` is upper-left aligned (it would hide every key after the chunk's own width), so
+          ``masking_utils._ignore_causal_mask_sdpa`` returns the mask unless ``q_length == 1`` or ``q_length ==
+          kv_length`` -- never true for a chunk after a cache. ``torch.nn.attention.bias.causal_lower_right`` is
+          taken without a mask only by the CUDA flash / memory-efficient kernels; on the CPU torch materializes it
+          (``CausalBias._materialize``) as the same (b - a) x (L + b) boolean;
+        * rows of a batch are left-padded inside the suffix region: which keys are pads differs per row, and SDPA
+          has no per-row key-length argument (transformers' padding-free / varlen paths need ``flash_attention_2``);
+        * the ``static`` suffix part is explicit float32 math (:func:`.shared_prefix._partial_math`), whose scores
+          (Q, Hkv, G (b - a), n + R) are H times the mask's size: the mask is not its peak.
+
+        What bounds them instead: ``answer_chunk`` caps rows x chunk columns, so a mask holds at most
+        ``answer_chunk x (L + n)`` entries, linear in the question (2,048 x 27k booleans, 55 MB, for the 25k-token
+        question), where the unchunked prefill's was ``Q x n x (L + n)``.
 
         Returns:
             logits (Q, 1, V) of each row's last suffix position.

@@ -170,7 +170,9 @@ class BatchedDecoding:
         fixed shapes and addresses (what a CUDA graph needs). The suffix prefill runs in causal query chunks of at
         most ``answer_chunk`` tokens (:meth:`~models.videollama3.answering.SharedPrefixAnswering._chunked_prefill`),
         each with its own additive ``(Q, 1, chunk, n + R)`` mask, so no ``(Q, 1, n, n + R)`` mask is built for a
-        long question.
+        long question. The chunk masks stay dense (per-row pads and a lower-right causal edge, which SDPA cannot
+        take as a flag or lengths; the suffix part's float32 scores are larger anyway): see
+        :meth:`~models.videollama3.answering.SharedPrefixAnswering._chunked_prefill`.
 
         Returns:
             ``(suffix logits (Q, 1, V) of each row's last position, step_fn)`` with

@@ -54,6 +54,7 @@ def clips(tmp_path_factory):
              "av1.mp4": lambda: run_ffmpeg(*_digits_src(3, 10), "-c:v", "libaom-av1", "-cpu-used", "8", "-crf",
                                            "20", "-pix_fmt", "yuv420p", str(p)),
              "size_change.ts": lambda: _size_change(root, p),
+             "size_there_and_back.ts": lambda: _size_there_and_back(root, p),
              }[name]()
             made[name] = p
         return made[name]
@@ -70,6 +71,21 @@ def _size_change(root, path) -> None:
     src[-1] += ",scale=160:32:flags=neighbor"
     run_ffmpeg(*src, *ts, "-output_ts_offset", "3", str(b))
     path.write_bytes(a.read_bytes() + b.read_bytes())
+
+
+def _size_there_and_back(root, path) -> None:
+    """2 s at 80x16, 0.5 s at 160x32 (frames 20-24), 2.5 s at 80x16 (frames 25-49), 10 fps, one MPEG-TS: at 1 fps
+    no sampled frame lies in the 160x32 span and ``pyav_skip`` seeks from frame 19 to the key frame 25."""
+    ts = ["-c:v", "libx264", "-crf", "10", "-bf", "0", "-threads", "1", "-pix_fmt", "yuv420p", "-muxdelay", "0",
+          "-muxpreload", "0", "-f", "mpegts"]
+    parts = []
+    for k, (seconds, first, big) in enumerate(((2.0, 0, False), (0.5, 20, True), (2.5, 25, False))):
+        src = _digits_src(seconds, 10, first=first)
+        if big:
+            src[-1] += ",scale=160:32:flags=neighbor"
+        parts.append(root / f"there_and_back_{k}.ts")
+        run_ffmpeg(*src, *ts, *(["-output_ts_offset", str(first / 10)] if first else []), str(parts[-1]))
+    path.write_bytes(b"".join(q.read_bytes() for q in parts))
 
 
 # ------------------------------------------------------------------------------------------------ item 2
@@ -160,6 +176,26 @@ def test_frame_size_change_is_the_cli_s(clips):
     assert "frame size changes" in dec.info["timestamps_from_decoder"]
 
 
+def test_frame_size_change_no_reader_decodes_is_the_cli_s(clips):
+    """Issue 44 item 5: 80x16, 160x32 for half a second, 80x16 again, in one MPEG-TS. The CLI rebuilds its filter
+    graph twice (frame 19's output is lost, filled by 29): 9, 29, 29, 39, 49. No sampled frame is 160x32, so
+    neither ``pyav_skip`` (native size: it seeks over the span) nor decord (a reduced size) saw the change and both
+    kept the one-filter plan (9, 19, 29, 39, 49). The probe decodes the key frames of such containers: the plan is
+    made on the decoder's timeline, read by ``pyav``, and the record says why."""
+    from datamodules.decode.cpu import _resize
+
+    path = clips("size_there_and_back.ts")
+    assert "frame size changes" in probe_video(path).decoded_timeline
+    want = _seed_frames(path, 16384, 16, 80)
+    dec = decode_video(path, 16384)
+    assert digit_indices(want) == [9, 29, 29, 39, 49] == digit_indices(dec.frames.numpy())
+    assert np.array_equal(dec.frames.numpy(), want)
+    assert dec.info["decoder"] == "pyav" and "key frames of 80x16, 160x32" in dec.info["timestamps_from_decoder"]
+    small = decode_video(path, 16384, decode_max_side=40, native_decode_bytes=1)   # decord's case before
+    assert small.info["decoder"] == "pyav" and small.info["decode_hw"] == [8, 40]
+    assert np.array_equal(small.frames.numpy(), _resize(want, 8, 40))
+
+
 def test_cfr_sync_by_hand():
     """video_sync_process (VSYNC_CFR): a gap of one output writes the next frame twice; of two, the previous frame
     once more and the next twice (llrint(2 - 0.6) = 1 of 3); an overlap of one is written; of three, dropped."""
@@ -185,3 +221,30 @@ def test_av1_frame_count_for_the_omni_path(clips):
     from datamodules.decode import decord_frame_count
 
     assert decord_frame_count(clips("av1.mp4")) == (30, 10.0)
+
+
+@pytest.mark.parametrize("name", ["asp.avi", "h264.avi", "pts_dts.mp4"])
+def test_omni_path_keeps_decord_s_numbering_in_legacy_containers(clips, name):
+    """The omni path's reference reader is decord itself (qwen_omni_utils' ``_read_video_decord``: ``len(vr)``,
+    ``vr.get_batch(idx)``), so on the legacy containers ``decode_at_indices`` gives decord's very frames for
+    qwen_omni_utils' indices, not the decoder timeline's that ``decode_video`` uses, and the record says so
+    (``decord_numbering``). On the MPEG-4 ASP AVI decord's frames are not the indices asked for. On the H.264 AVI
+    decord itself is not repeatable (the last of [0, 33, 66, 99] came out as frame 66 in 6 of 8 fresh readers, 99
+    in 2): there only the reader and the flag are checked."""
+    import decord
+
+    from algorithms.omni_sampling import qwen_omni_frame_indices
+    from datamodules.decode import decord_frame_count
+
+    path = clips(name)
+    vr = decord.VideoReader(str(path), num_threads=1)
+    total, rate = decord_frame_count(path)
+    idx = qwen_omni_frame_indices(total, rate, fps=1.0, max_frames=128)
+    ref = vr.get_batch(idx).asnumpy()
+    dec = decode_at_indices(path, idx, video_fps=rate)
+    assert dec.info["decoder"] == "decord"
+    if name != "h264.avi":
+        assert np.array_equal(dec.frames.numpy(), ref)
+    assert dec.info["decord_numbering"] == probe_video(path).decoded_timeline != ""
+    if name == "asp.avi":
+        assert digit_indices(ref) != idx

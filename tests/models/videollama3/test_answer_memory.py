@@ -216,3 +216,42 @@ def test_budgeted_qa_passes_and_checks_the_settings(tiny_vl3_dir):
     vlm = BudgetedQA(model_path=str(tiny_vl3_dir), answer_rows=8, answer_chunk=100)._read_model(torch.device("cpu"))
     assert (vlm.answer_rows, vlm.answer_chunk) == (8, 100)
     assert "answer_rows" not in BudgetedQA(model_path=str(tiny_vl3_dir)).record_settings()
+
+
+def test_sequential_and_fallback_paths_prefill_a_long_question_in_chunks(tiny_vlm, prompt, monkeypatch):
+    """``answer_mode=sequential`` (``answer_all``) and the fallback of DESIGN §3.7 (a question that merges with the
+    prefix's last piece, here by its leading newlines) with a ~600-token question and ``answer_chunk`` = 256: no
+    forward of the language model takes more than 256 question tokens (besides the fallback's prefix, L tokens at
+    most) and ``lm_head`` only ever sees one position (before: ``generate`` fed the whole question, or for the
+    fallback the whole prompt, in one forward and made n x V logits); the tokens are the one-pass reference's
+    (``answer_from_scratch``), for the long and for ordinary questions. 3.3 s on the 2-core machine: the four
+    one-pass references and both chunked paths (the fallback's prefix is prefilled once per question)."""
+    long_q = SENTENCE * 38 + "What does the bird do?\nA. It flies.\nB. It opens its crest."
+    texts = [QUESTIONS[2], long_q, "\n\n" + long_q, "\n\nleading newlines force the fallback path"]
+    assert [tiny_vlm.question_ids(prompt, t)[1] for t in texts] == [False, False, True, True]
+    ref = [tiny_vlm.answer_from_scratch(prompt, t, max_new_tokens=4).token_ids for t in texts]
+    L = prompt.ids.numel()
+    assert 512 < len(tiny_vlm.question_ids(prompt, long_q)[0]) <= 768
+    seen = {"queries": [], "logits": []}
+
+    def pre(m, a, kw):
+        x = kw.get("input_ids") if kw.get("input_ids") is not None else kw.get("inputs_embeds")
+        seen["queries"].append((x.shape[1], kw.get("inputs_embeds") is not None))
+
+    hooks = [tiny_vlm.model.model.register_forward_pre_hook(pre, with_kwargs=True),
+             tiny_vlm.model.lm_head.register_forward_hook(lambda m, a, out: seen["logits"].append(out.shape[1]))]
+    monkeypatch.setattr(tiny_vlm, "answer_chunk", 256)
+    try:
+        got = tiny_vlm.answer_all(prompt, texts, max_new_tokens=4)
+        assert max(n for n, embeds in seen["queries"] if not embeds) <= 256
+        assert all(n <= L for n, embeds in seen["queries"] if embeds)      # the prefixes (answer_all's, fallback's)
+        assert set(seen["logits"]) == {1}
+        assert [a.token_ids for a in got] == ref and [a.fallback for a in got] == [False, False, True, True]
+        seen["queries"].clear()
+        seen["logits"].clear()
+        batched = tiny_vlm.answer_batched(prompt, texts, max_new_tokens=4)  # its fallback rows: the same bound
+        assert max(n for n, embeds in seen["queries"] if not embeds) <= 256 and set(seen["logits"]) == {1}
+        assert [a.token_ids for a in batched] == ref
+    finally:
+        for h in hooks:
+            h.remove()
