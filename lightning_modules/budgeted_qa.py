@@ -250,10 +250,13 @@ class BudgetedQA(LightningModule):
         add_system_prompt: render the chat template with ``add_system_prompt=True`` as seed 001 does (VideoLLaMA3's
             system turn before the user turn; default); ``False`` as VideoLLaMA3's own ``evaluation/`` renders it
             (no system turn). docs/deviations.md.
-        early_start: start the weight load (straight to the trainer's device) and, on CUDA, the early compilation
-            of the fused kernels in background threads at the trainer's set-up (``setup("predict")``), so they
-            overlap the rest of the set-up and the DataLoader's start; ``False``: both start at
-            ``on_predict_start``, the load in the main thread. The same model, the same tokens.
+        early_start: start the weight load (straight to the device) and, on CUDA, the early compilation of the
+            fused kernels in background threads: on a machine with CUDA when the module is built (this process's
+            ``LOCAL_RANK`` GPU, inference mode: Lightning's predict defaults; issue 41, 2.6-3.0 s before the
+            trainer's set-up on the H200), else, or where the trainer then asks for another device or grad mode, at
+            the trainer's set-up (``setup("predict")``); either way they overlap the rest of the set-up and the
+            DataLoader's start. ``False``: both start at ``on_predict_start``, the load in the main thread. The same
+            model, the same tokens.
         answer_rows: most questions of one (video, budget) prefix prefilled and decoded together (default 64); more are
             answered in several batches one after the other, so the decode batch and its question x vocabulary logits
             stay bounded however many questions a video has (10,000 questions on one video passed 8 GB before).
