@@ -252,7 +252,7 @@ class BudgetedQA(LightningModule):
             (no system turn). docs/deviations.md.
         early_start: start the weight load (straight to the device) and, on CUDA, the early compilation of the
             fused kernels in background threads: on a machine with CUDA when the module is built (this process's
-            ``LOCAL_RANK`` GPU, inference mode: Lightning's predict defaults; issue 41, 2.6-3.0 s before the
+            ``LOCAL_RANK`` GPU, inference mode: Lightning's predict defaults; 2.6-3.0 s before the
             trainer's set-up on the H200), else, or where the trainer then asks for another device or grad mode, at
             the trainer's set-up (``setup("predict")``); either way they overlap the rest of the set-up and the
             DataLoader's start. ``False``: both start at ``on_predict_start``, the load in the main thread. The same
