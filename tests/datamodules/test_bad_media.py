@@ -254,7 +254,7 @@ def test_seed_rule_for_decode_errors_is_the_default(media):
 
 def test_decoder_setting(media, monkeypatch):
     from datamodules import decode
-    from datamodules.decode import cpu
+    from datamodules.decode import pyav_skip
 
     monkeypatch.delitem(decode.READERS, "nvdec", raising=False)   # datamodules.decode.nvdec registers it when imported
     assert decode_video(media.get("good"), 1024, decoder="auto").info["decoder"] == "pyav_skip"   # no NVDEC: cpu
@@ -266,7 +266,7 @@ def test_decoder_setting(media, monkeypatch):
 
     def nvdec(path, probe, dh, dw, threads):   # a registered reader decodes through the same plan
         calls.append((dh, dw))
-        return cpu._pyav_skip_reader(path, probe, dh, dw, threads)
+        return pyav_skip._pyav_skip_reader(path, probe, dh, dw, threads)
 
     nvdec.supports = lambda probe, path: None if probe.codec == "h264" else f"codec {probe.codec}"
     monkeypatch.setitem(decode.READERS, "nvdec", nvdec)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from datamodules import decode as D
-from datamodules.decode import cpu
+from datamodules.decode import cpu, pyav_skip
 from tests.conftest import REPO
 from tests.media_factory import MediaFactory, decode_with_ffmpeg, run_ffmpeg, seed_ffmpeg_command
 
@@ -26,7 +26,7 @@ def _both(path: Path, budget: int, **kw):
     plan = D.plan_decode(path, probe, budget)
     dh, dw = plan.decode_hw
     ref = cpu._read_frames(path, plan.unique, probe.height, probe.width, dh, dw, 1)
-    return ref, cpu._pyav_skip_reader(path, probe, dh, dw, 2, **kw)(plan.unique)
+    return ref, pyav_skip._pyav_skip_reader(path, probe, dh, dw, 2, **kw)(plan.unique)
 
 
 @pytest.mark.parametrize("kw", [{}, {"seek": False}, {"skip_nonref": False}])
