@@ -24,7 +24,7 @@ from datamodules.decode.swscale import Yuv420ToRgb
 
 def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threads: int,
                       skip_nonref: bool | None = None, seek: bool = True, strict: bool = False,
-                      check_only: bool = False, convert=None):
+                      check_only: bool = False, convert=None, codec_options: dict | None = None):
     """``read(idx)`` with PyAV that decodes only what the sampled frames need (issue 31 §2), at native size.
 
     Damaged data (issue 42 item 1). ``strict=False`` (``data.strict_frames: false``, the default of a run, seed 001:
@@ -48,7 +48,8 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
       only unreferenced pictures).
 
     ``convert``: ``frame -> (dh, dw, 3)`` uint8 in place of the CLI's conversion (``pyav_sws``: decord's
-    libswscale); the decode, and so the flags, are the same whatever it is.
+    libswscale); the decode, and so the flags, are the same whatever it is. ``codec_options``: FFmpeg decoder
+    options (measurements only: ``bench/conceal_check.py`` tries ``skip_loop_filter``).
 
     H.264/HEVC decoding is exact whatever is skipped (the skipped pictures are not referenced), so the frames are
     the full decode's; RGB by ``to_ndarray(format="rgb24")`` (the same swscale conversion as decord and the ffmpeg
@@ -116,6 +117,8 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
         with av.open(str(path)) as container, av.logging.Capture() as logs:
             stream = container.streams.video[0]
             cc = stream.codec_context
+            if codec_options:
+                cc.options = dict(codec_options)
             stream.thread_type = "AUTO"
             stream.thread_count = max(1, num_threads)
             if watch:
