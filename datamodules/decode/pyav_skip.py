@@ -31,7 +31,10 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
     ``ffmpeg.run`` fails only on a non-zero exit): as the ffmpeg CLI, a packet the decoder refuses is skipped and
     decoding goes on, pictures decoded from damaged data (concealed) are kept, and a sampled frame the decoder
     gives nothing for is the last frame it gave before it (the ``fps`` filter repeats the previous frame over a
-    gap); ``read.concealed`` collects the native indices of the sampled frames so concealed (in a GOP the decoder
+    gap), or, before the first frame it gives at all (a refused first IDR), the first sampled frame it gives (the
+    CLI's constant-rate output, ``-fps_mode cfr`` for rawvideo, fills the start by duplicating the filter's first
+    frame: seed 001's command answers such a file with 4 frames, native 15, 15, 23, 31 of ``good``; exact where
+    that first output is a sampled frame, always when the plan is not thinned to the frame cap); ``read.concealed`` collects the native indices of the sampled frames so concealed (in a GOP the decoder
     reported an error in: a refused packet, a frame marked corrupt, a concealment logged) or repeated.
     ``strict=True``: any of these raises ``RuntimeError`` (the caller's retries and replacement rule apply).
     ``check_only``: no RGB conversion; ``read`` returns ``(n, 1, 1, 3)`` zeros and fills ``read.concealed`` only
@@ -80,6 +83,14 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
         todo = sorted(set(idx))
         t = 0                                   # todo[t]: the next sampled frame not yet decoded
         prev: list = [None, -1]                 # the last frame the decoder gave and its native index
+        first: list = [None]                    # native index of the first frame the decoder gave
+
+        def settled(j: int) -> bool:            # todo[j] has its frame, or lies before the decoder's first frame
+            if todo[j] in out:                  # and a later sampled frame (its stand-in) has one
+                return True
+            while not strict and first[0] is not None and j < len(todo) and todo[j] < first[0]:
+                j += 1
+            return j < len(todo) and todo[j] in out and j > 0 and todo[j - 1] < first[0]
         repeated: set[int] = set()
 
         def fill_gap(upto: int) -> None:        # sampled frames in (prev, upto) the decoder gave nothing for
@@ -102,6 +113,8 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
                 tainted.add(_next_key(keyframes, at) if keyframes else 0)   # seen with any decoder threads
                 causes.append(f"native frame {at} marked corrupt by the decoder")
             if at is not None:
+                if first[0] is None:
+                    first[0] = at
                 fill_gap(at)
                 if at > prev[1]:
                     prev[:] = [frame, at]
@@ -156,7 +169,7 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
                         tainted.add(_next_key(keyframes, fed) if keyframes else 0)
                         causes.append(f"packet of native frame {fed} refused: {e}")
                     check(fed)
-                    while t < len(todo) and todo[t] in out:
+                    while t < len(todo) and settled(t):
                         t += 1
                     if t >= len(todo) or (seek and keyframes and _next_key(keyframes, todo[t]) > fed + 1):
                         ended = False
@@ -166,10 +179,16 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
                     for frame in cc.decode(None):
                         take(frame)
                     fill_gap(len(probe.pts))   # past the last frame: the fps filter repeats it
-                    while t < len(todo) and todo[t] in out:
+                    while t < len(todo) and settled(t):
                         t += 1
                     break
         av.logging.set_level(None)
+        lead = [k for k in todo if first[0] is not None and k < first[0] and k not in out and not strict]
+        stand_in = next((k for k in todo if k in out and k >= (first[0] or 0)), None)
+        if lead and stand_in is not None:   # the CLI's constant-rate output duplicates its first frame back to 0
+            for k in lead:
+                out[k] = out[stand_in]
+                repeated.add(k)
         missing = [k for k in todo if k not in out]
         if missing:   # not a DecodeError: the caller's retries and replacement rule apply
             raise RuntimeError(f"the decoder gave no frame for native frames {missing[:5]}")

@@ -150,13 +150,22 @@ def test_damaged_first_idr_concealed_as_seed_ffmpeg(media, kw):
     assert D.decode_video(path, 1024, strict_frames=True, max_replaced_frac=0.5, **kw).info["frames_replaced"] == [0]
 
 
-@pytest.mark.xfail(strict=True, reason="FFmpeg answers a file whose first IDR it refuses (exit 0, 4 frames); the "
-                   "decode has no earlier frame to repeat and records an error (issue 42 item 1, left)")
-def test_refused_first_idr_as_seed_ffmpeg(media):
+@pytest.mark.parametrize("kw", [{}, {"native_decode_bytes": 1, "decode_max_side": 32}])
+def test_refused_first_idr_as_seed_ffmpeg(media, kw):
+    """FFmpeg refuses the first IDR (frames 0-7 never decoded) and exits 0 with 4 frames: its constant-rate output
+    duplicates the first frame the ``fps`` filter gives (slot 1, native 15) back to slot 0, so the frames are
+    native 15, 15, 23, 31 of the undamaged ``good``; position 0 is listed as repeated."""
     path = _damaged_idr(media, 40, "idr_40.mp4")
     rc, ref = _seed_frames(path)
+    _, clean = _seed_frames(media.get("good"))
     assert rc == 0 and len(ref) == 4
-    assert D.decode_video(path, 1024).frames.shape[0] == 4
+    assert all(np.array_equal(ref[j], clean[k]) for j, k in enumerate([1, 1, 2, 3]))   # native 15, 15, 23, 31
+    dec = D.decode_video(path, 1024, **kw)
+    assert dec.info["frames_concealed"] == [0] and dec.frames.shape[0] == 4
+    if not kw:
+        assert dec.info["decoder"] == "pyav_skip" and np.array_equal(dec.frames.numpy(), ref)
+    else:   # decord's scaler on FFmpeg's frames: position 0 is position 1's frame
+        assert dec.info["decoder"] == "pyav_sws" and np.array_equal(dec.frames[0], dec.frames[1])
 
 
 @pytest.mark.parametrize("threads", [2, 4])
@@ -195,20 +204,17 @@ def test_one_pass_flags_equal_the_check(media, monkeypatch, threads, max_side):
     (:func:`concealed_frames`) on every corrupt fixture, native and reduced size, 1 and 2 decoder threads; and
     ``decord`` + that check (forced: the reader of other codecs) lists the same positions. Hand-known values
     (the seed's FFmpeg output vs its decode of ``good``: test_corrupt_middle_as_seed_ffmpeg and
-    test_damaged_first_idr_concealed_as_seed_ffmpeg): ``corrupt_middle`` [1, 2], ``idr_800`` [0]."""
+    test_damaged_first_idr_concealed_as_seed_ffmpeg, test_refused_first_idr_as_seed_ffmpeg): ``corrupt_middle``
+    [1, 2], ``idr_800`` [0], ``idr_40`` [0]."""
     from datamodules.decode import video
 
     kw = {"native_decode_bytes": 1, "decode_max_side": max_side} if max_side else {}
-    expect = {"corrupt_middle.mp4": [1, 2], "idr_800.mp4": [0]}
+    expect = {"corrupt_middle.mp4": [1, 2], "idr_800.mp4": [0], "idr_40.mp4": [0]}
     for path in _corrupt_fixtures(media):
         probe = D.probe_video(path)
         plan = D.plan_decode(path, probe, 1024, **kw)
         old = D.concealed_frames(path, probe, plan.unique, threads)
-        try:
-            dec = D.decode_video(path, 1024, num_threads=threads, **kw)
-        except D.DecodeError:   # idr_40: no frame before the refused IDR to repeat (test_refused_first_idr_...)
-            assert path.name == "idr_40.mp4"
-            continue
+        dec = D.decode_video(path, 1024, num_threads=threads, **kw)
         assert dec.info["decoder"] == ("pyav_sws" if max_side else "pyav_skip")
         got = dec.info.get("frames_concealed", [])
         assert got == [j for j, k in enumerate(plan.idx) if k in old], path.name
