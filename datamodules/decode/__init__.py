@@ -31,7 +31,8 @@ pts and time base, packet durations, ``format.duration``, ``start_time``; no dec
 (:func:`algorithms.budget.fps_filter_frames`, checked index by index against imageio-ffmpeg's binary in
 ``tests/datamodules/test_frame_identity.py``) and the decode size; (b) a reader from :data:`READERS` returns
 ``(n, dh, dw, 3)`` uint8 RGB for ascending native (presentation-order) indices. ``decoder=cpu`` picks one per file
-(:func:`cpu_reader_for`: ``pyav_skip``, ``pyav_sws``, ``decord`` or ``pyav``, :mod:`datamodules.decode.cpu` says when). ``nvdec``
+(:func:`cpu_reader_for`: ``pyav_skip``, ``pyav_sws``, ``decord`` or ``pyav``, :mod:`datamodules.decode.cpu` says
+when). ``nvdec``
 is registered by :mod:`datamodules.decode.nvdec`; ``decoder=auto`` takes it per file where its ``supports(probe)``
 allows; (c) retries, the replacement rule and the encoder-size holding work on any reader; ``info["decoder"]``
 names the reader used (``decord``, ``pyav_skip``, ``pyav_sws``, ``pyav``, ``nvdec``).
@@ -54,7 +55,8 @@ from datamodules.decode.video import (STRICT_FRAMES, DecodedVideo, decode_at_ind
 
 __all__ = ["DECODERS", "DecodeError", "DecodePlan", "DecodedVideo", "EncoderFrames", "EncoderSizing",
            "HOLD_CHUNK_BYTES", "MAX_REPLACED_FRAC", "NATIVE_DECODE_BYTES", "NvdecError", "PYAV_SKIP_CODECS",
-           "PYAV_SKIP_PIX_FMTS", "PYAV_SWS_CODECS", "READERS", "ReaderFactory", "STRICT_FRAMES", "VideoProbe", "auto_decode_threads",
+           "PYAV_SKIP_PIX_FMTS", "PYAV_SWS_CODECS", "READERS", "ReaderFactory", "STRICT_FRAMES", "VideoProbe",
+           "auto_decode_threads",
            "concealed_frames", "cpu_reader_for", "decode_at_indices", "decode_frame_size", "decode_size",
            "decode_video", "decord_frame_count", "held_bytes", "hold_chunk_frames", "is_variable_frame_rate",
            "plan_decode", "probe_video", "replace_unreadable", "resolve_decoder", "short_error"]

@@ -34,7 +34,8 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
     gap), or, before the first frame it gives at all (a refused first IDR), the first sampled frame it gives (the
     CLI's constant-rate output, ``-fps_mode cfr`` for rawvideo, fills the start by duplicating the filter's first
     frame: seed 001's command answers such a file with 4 frames, native 15, 15, 23, 31 of ``good``; exact where
-    that first output is a sampled frame, always when the plan is not thinned to the frame cap); ``read.concealed`` collects the native indices of the sampled frames so concealed (in a GOP the decoder
+    that first output is a sampled frame, always when the plan is not thinned to the frame cap); ``read.concealed``
+    collects the native indices of the sampled frames so concealed (in a GOP the decoder
     reported an error in: a refused packet, a frame marked corrupt, a concealment logged) or repeated.
     ``strict=True``: any of these raises ``RuntimeError`` (the caller's retries and replacement rule apply).
     ``check_only``: no RGB conversion; ``read`` returns ``(n, 1, 1, 3)`` zeros and fills ``read.concealed`` only
@@ -269,7 +270,20 @@ def concealed_frames(path: Path, probe: VideoProbe, idx: list[int], num_threads:
     under frame threads) and only the last two flag. A frame is flagged when its GOP (key frame to key frame)
     reported a decoder error, or the decoder gave nothing for it. The cost: one more decode of the GOPs that hold
     sampled frames, without the colour conversion (measured on 60 s 1280x720 25 fps clips decoded by decord at
-    448 px, one thread, 2 shared cores: H.264 5.5 s -> 9.5 s, VP9 3.6-4.2 s -> 8.0 s). Exact for the pictures
+    448 px, one thread, 2 shared cores: H.264 5.5 s -> 9.5 s, VP9 3.6-4.2 s -> 8.0 s; the profile is all
+    ``CodecContext.decode``). So the files it cost most on are no longer read by decord: ``pyav_sws`` (H.264/HEVC/
+    VP9 8-bit 4:2:0 without a display transform, :func:`datamodules.decode.cpu.pyav_sws_reads`) reads the frames
+    and sets these very flags in one pass, 2.1-4.4x less CPU than decord + this check (``bench/conceal_check.py``,
+    docs/performance.md). Why its flags are this function's: both are :func:`_pyav_skip_reader` with the same
+    ``idx``, thread count, ``skip_nonref`` and ``seek``, so the same packets reach the same decoder with the same
+    settings in the same order; the conversion (``check_only`` here, decord's swscale there) runs on the decoded
+    frame after the decoder is done with it and feeds nothing back, and the flags come only from the decoder (its
+    log, ``is_corrupt``, refused packets) and from which pts it gives (checked on every corrupt fixture, 1 and 2
+    threads: ``tests/datamodules/test_decode_paths.py::test_one_pass_flags_equal_the_check``). This check remains
+    for the rest (other codecs and pixel formats, rotated reduced sizes, PyAV in decode order, NVDEC's CPU
+    fallback). Measured and not kept: ``skip_loop_filter=all`` in this pass (the same flags: H.264's errors are
+    found while a slice is parsed and reconstructed, before the deblocking filter, which reports nothing) saves
+    7-10% of the check on H.264 and nothing on VP9. Exact for the pictures
     FFmpeg's decoder itself conceals; a file whose timestamps are unusable (``probe.timestamps_unusable``, frames
     not matched by pts) is scanned in decode order: all its frames are flagged when any frame is marked corrupt or
     any packet is refused.

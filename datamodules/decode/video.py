@@ -297,8 +297,9 @@ def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896,
         video_fps: the rate the indices were chosen at: ``times_s = index / video_fps`` (``None``: the stream's
             average rate, ``avg_frame_rate``, which decord's ``get_avg_fps`` reads; 1 when unknown).
         strict_frames: as :func:`decode_video`: ``False`` lists the concealed frames (``info["frames_concealed"]``,
-            by the PyAV reader's own pass, else :func:`concealed_frames`); ``True`` makes them unreadable (then ``max_replaced_frac`` applies). A file
-            decord cannot read through stays an error here (no PyAV fallback on this path).
+            by the PyAV reader's own pass, else :func:`concealed_frames`); ``True`` makes them unreadable (then
+            ``max_replaced_frac`` applies). A file decord reads and cannot read through stays an error here (no
+            PyAV fallback on this path).
 
     Returns:
         :class:`DecodedVideo`; ``info``: ``duration_s`` (``format.duration``), ``native_hw``, ``decode_hw``,
