@@ -84,7 +84,8 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
         todo = sorted(set(idx))
         t = 0                                   # todo[t]: the next sampled frame not yet decoded
         prev: list = [None, -1]                 # the last frame the decoder gave and its native index
-        first: list = [None]                    # native index of the first frame the decoder gave
+        first: list = [None]                    # native index of the first frame the decoder gave, when it was the
+        sought = [False]                        # first of the whole stream (no seek before it); ``sought``: a seek
 
         def settled(j: int) -> bool:            # todo[j] has its frame, or lies before the decoder's first frame
             if todo[j] in out:                  # and a later sampled frame (its stand-in) has one
@@ -114,7 +115,7 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
                 tainted.add(_next_key(keyframes, at) if keyframes else 0)   # seen with any decoder threads
                 causes.append(f"native frame {at} marked corrupt by the decoder")
             if at is not None:
-                if first[0] is None:
+                if first[0] is None and not sought[0]:
                     first[0] = at
                 fill_gap(at)
                 if at > prev[1]:
@@ -151,6 +152,7 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
                 kf = _next_key(keyframes, todo[t]) if keyframes else 0
                 if seek and kf > fed + 1:       # a whole span no sampled frame needs: seek over it
                     container.seek(probe.pts[kf] - off, stream=stream, backward=True, any_frame=False)
+                    sought[0] = True
                     cc.flush_buffers()
                     fed = kf - 1
                 ended = True
@@ -184,6 +186,8 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
                         t += 1
                     break
         av.logging.set_level(None)
+        # before the first frame of the stream (a read that decoded from the start; after a seek the CLI would
+        # repeat a frame this read did not decode, and the frame stays missing)
         lead = [k for k in todo if first[0] is not None and k < first[0] and k not in out and not strict]
         stand_in = next((k for k in todo if k in out and k >= (first[0] or 0)), None)
         if lead and stand_in is not None:   # the CLI's constant-rate output duplicates its first frame back to 0
