@@ -9,7 +9,7 @@ frames of :func:`datamodules.decode.plan_decode` (native size) are read by
 * ``pyav``: PyAV, every frame in order up to the last sampled one;
 * ``pyav+nonref``: PyAV with ``skip_frame=NONREF`` on packets no sampled frame is;
 * ``pyav+seek``: PyAV seeking over spans with a key frame and no sampled frame;
-* ``pyav+both``: both (:func:`datamodules.decode.cpu._pyav_skip_reader`).
+* ``pyav+both``: both (:func:`datamodules.decode.pyav_skip._pyav_skip_reader`).
 
 Columns: seconds per video, source frames per second (the clip's frames over the time: the rate a video of that
 kind is got through), the speed-up over decord, and whether the frames equal decord's bit for bit.
@@ -59,7 +59,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from datamodules import decode as D
-    from datamodules.decode import cpu
+    from datamodules.decode import cpu, pyav_skip
 
     paths = {"pyav": dict(skip_nonref=False, seek=False), "pyav+nonref": dict(seek=False),
              "pyav+seek": dict(skip_nonref=False), "pyav+both": {}}
@@ -78,7 +78,7 @@ def main() -> None:
             rows = [("decord", base, True)]
             for label, kw in paths.items():
                 t = time.perf_counter()
-                got = cpu._pyav_skip_reader(path, probe, dh, dw, args.threads, **kw)(plan.unique)
+                got = pyav_skip._pyav_skip_reader(path, probe, dh, dw, args.threads, **kw)(plan.unique)
                 rows.append((label, time.perf_counter() - t, bool(np.array_equal(got, ref))))
                 del got
             for label, sec, eq in rows:

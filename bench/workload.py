@@ -15,7 +15,11 @@
    with the reason) or decoding every frame of the runs' GOPs (``nvdec_full``: what ``nvdec`` was in
    ``bench/results/workload_h200_2026-12-02.*``), or by FFmpeg's software decoder (PyAV) fed only the needed
    packets and converted by decord's swscale (``cpu_skip``: the CPU proof on the workload; its hashes must equal
-   ``cpu``'s). Each packet-filtered video prints how many of its covered source frames were never decoded. Each video's frames are hashed, so the paths are compared frame for
+   ``cpu``'s), or as ``decode_video``'s CPU path reads with its concealment flags (``cpu_checked``: decord then
+   :func:`datamodules.decode.concealed_frames`, before issue 42's one pass; ``cpu_run``: the reader
+   ``cpu_reader_for`` picks now, ``pyav_sws`` giving frames and flags in one pass). Each packet-filtered video
+   prints how many of its covered source frames were never decoded. Each video's frames are hashed, so the paths
+   are compared frame for
    frame. ``--window-s`` decodes only the sampled frames of the first N seconds of each video (both paths alike)
    and scales the seconds to the whole video by its source-frame count (the decode cost is linear in the frames
    decoded); the table says when it did.
@@ -235,6 +239,8 @@ def _decode_task(job) -> dict:
                                                      nvdec_skip_nonref=decoder == "nvdec")
     elif decoder == "cpu_skip":
         frames, used, why = _cpu_skip(path, idx, (dh, dw), cpu, st)
+    elif decoder in ("cpu_checked", "cpu_run"):
+        frames, used, why = _cpu_run(path, idx, (dh, dw), threads, decoder == "cpu_checked")
     else:
         frames, used, why = cpu(path, idx, (dh, dw)), "cpu", None
     dt = time.perf_counter() - t0
@@ -265,6 +271,23 @@ def _stages(st: dict) -> dict | None:
             out[k] = round(sum(vals), 3)
     out["sessions"] = len(runs)
     return out
+
+
+def _cpu_run(path: str, idx: list[int], hw: tuple[int, int], threads: int, before: bool):
+    """``decode_video``'s CPU read with its concealment flags (issue 42 item 1): ``cpu_run``, today's, the reader
+    :func:`datamodules.decode.cpu_reader_for` picks (``pyav_sws`` / ``pyav_skip``: frames and flags in one pass;
+    ``decord`` / ``pyav``: then :func:`datamodules.decode.concealed_frames`); ``cpu_checked``, before it: decord
+    (where the reader was decord or now is ``pyav_sws``) then the check. Frames hash as ``cpu``'s."""
+    from datamodules.decode import READERS, concealed_frames, cpu_reader_for, probe_video
+
+    probe = probe_video(Path(path))
+    name = cpu_reader_for(probe, hw)
+    if before and name == "pyav_sws":
+        name = "decord"
+    frames = READERS[name](Path(path), probe, hw[0], hw[1], threads)(list(idx))
+    if name in ("decord", "pyav"):
+        concealed_frames(Path(path), probe, list(idx), threads)
+    return frames, name, None
 
 
 def _cpu_skip(path: str, idx: list[int], hw: tuple[int, int], cpu, st: dict):
@@ -598,9 +621,12 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--make", default=None, help="only write the set to this folder")
     ap.add_argument("--videos", default="/tmp/workload")
-    ap.add_argument("--paths", nargs="+", default=["cpu", "nvdec"], choices=["cpu", "cpu_skip", "nvdec", "nvdec_full"],
-                    help="cpu: decord; cpu_skip: PyAV fed only the needed packets; nvdec: NVDEC fed only the "
-                         "needed packets (nvdec_skip_nonref, the default); nvdec_full: NVDEC decoding every frame")
+    ap.add_argument("--paths", nargs="+", default=["cpu", "nvdec"],
+                    choices=["cpu", "cpu_skip", "cpu_checked", "cpu_run", "nvdec", "nvdec_full"],
+                    help="cpu: decord; cpu_checked / cpu_run: decode_video's CPU read with its concealment flags, "
+                         "before / after issue 42's one pass; cpu_skip: PyAV fed only the needed packets; "
+                         "nvdec: NVDEC fed only the needed packets (nvdec_skip_nonref, the default); nvdec_full: "
+                         "NVDEC decoding every frame")
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--threads", type=int, default=None, help="decoder threads per CPU worker (auto from cores)")
     ap.add_argument("--sessions", type=int, default=None, help="NVDEC sessions per video (default: auto_sessions, as the CLI)")

@@ -11,7 +11,9 @@ The pipeline, one file per step:
 ``plan.py``           :func:`plan_decode` -> :class:`DecodePlan`: seed 001's frames and the decode size;
                       :func:`auto_decode_threads`
 ``readers.py``        :data:`READERS`, the registry, and :func:`resolve_decoder` (``data.decoder``: cpu, nvdec, auto)
-``cpu.py``            the CPU readers ``decord``, ``pyav``, ``pyav_skip`` and :func:`cpu_reader_for`
+``cpu.py``            the CPU readers ``decord``, ``pyav`` and :func:`cpu_reader_for`
+``pyav_skip.py``      the CPU readers ``pyav_skip``, ``pyav_sws`` (decord's frames and the concealment flags in
+                      one pass) and :func:`concealed_frames` (the flags for the other readers)
 ``nvdec.py``          the ``nvdec`` reader (registered when imported; import it before decord), fed by
                       ``packet_filter.py`` (the packets the sampled frames need) and converted by ``swscale.py``
                       (decord's own libswscale, so its frames are the CPU path's) on ``convert.py``'s threads;
@@ -29,10 +31,11 @@ pts and time base, packet durations, ``format.duration``, ``start_time``; no dec
 (:func:`algorithms.budget.fps_filter_frames`, checked index by index against imageio-ffmpeg's binary in
 ``tests/datamodules/test_frame_identity.py``) and the decode size; (b) a reader from :data:`READERS` returns
 ``(n, dh, dw, 3)`` uint8 RGB for ascending native (presentation-order) indices. ``decoder=cpu`` picks one per file
-(:func:`cpu_reader_for`: ``pyav_skip``, ``decord`` or ``pyav``, :mod:`datamodules.decode.cpu` says when). ``nvdec``
+(:func:`cpu_reader_for`: ``pyav_skip``, ``pyav_sws``, ``decord`` or ``pyav``, :mod:`datamodules.decode.cpu` says
+when). ``nvdec``
 is registered by :mod:`datamodules.decode.nvdec`; ``decoder=auto`` takes it per file where its ``supports(probe)``
 allows; (c) retries, the replacement rule and the encoder-size holding work on any reader; ``info["decoder"]``
-names the reader used (``decord``, ``pyav_skip``, ``pyav``, ``nvdec``).
+names the reader used (``decord``, ``pyav_skip``, ``pyav_sws``, ``pyav``, ``nvdec``).
 
 Importing this package imports neither decord nor PyNvVideoCodec: the readers import decord when they first read,
 and ``from datamodules.decode import nvdec`` imports PyNvVideoCodec (it must come before decord in a process:
@@ -43,7 +46,8 @@ from datamodules.decode.probe import VideoProbe, is_variable_frame_rate, probe_v
 from datamodules.decode.plan import (NATIVE_DECODE_BYTES, DecodePlan, auto_decode_threads, decode_frame_size,
                                      decode_size, plan_decode)
 from datamodules.decode.readers import DECODERS, READERS, ReaderFactory, resolve_decoder
-from datamodules.decode.cpu import PYAV_SKIP_CODECS, PYAV_SKIP_PIX_FMTS, concealed_frames, cpu_reader_for
+from datamodules.decode.cpu import PYAV_SKIP_CODECS, PYAV_SKIP_PIX_FMTS, PYAV_SWS_CODECS, cpu_reader_for
+from datamodules.decode.pyav_skip import concealed_frames
 from datamodules.decode.retry import MAX_REPLACED_FRAC, replace_unreadable
 from datamodules.decode.held import HOLD_CHUNK_BYTES, EncoderFrames, EncoderSizing, held_bytes, hold_chunk_frames
 from datamodules.decode.video import (STRICT_FRAMES, DecodedVideo, decode_at_indices, decode_video,
@@ -51,7 +55,8 @@ from datamodules.decode.video import (STRICT_FRAMES, DecodedVideo, decode_at_ind
 
 __all__ = ["DECODERS", "DecodeError", "DecodePlan", "DecodedVideo", "EncoderFrames", "EncoderSizing",
            "HOLD_CHUNK_BYTES", "MAX_REPLACED_FRAC", "NATIVE_DECODE_BYTES", "NvdecError", "PYAV_SKIP_CODECS",
-           "PYAV_SKIP_PIX_FMTS", "READERS", "ReaderFactory", "STRICT_FRAMES", "VideoProbe", "auto_decode_threads",
+           "PYAV_SKIP_PIX_FMTS", "PYAV_SWS_CODECS", "READERS", "ReaderFactory", "STRICT_FRAMES", "VideoProbe",
+           "auto_decode_threads",
            "concealed_frames", "cpu_reader_for", "decode_at_indices", "decode_frame_size", "decode_size",
            "decode_video", "decord_frame_count", "held_bytes", "hold_chunk_frames", "is_variable_frame_rate",
            "plan_decode", "probe_video", "replace_unreadable", "resolve_decoder", "short_error"]

@@ -20,9 +20,11 @@ truncated after the index        error ``cannot read the container (truncated: t
                                  its index lists; ... partial file)``
 corrupted bytes mid-stream,      seed 001 (default, ``strict_frames=False``): answered as the ffmpeg CLI decodes
 a concealed (damaged) IDR        it (refused packets skipped, concealed pictures kept, a missing sampled frame
-                                 the last decoded one), the positions listed (``frames_concealed``), on every
-                                 reader (decord's files checked by ``concealed_frames``; a file decord cannot
-                                 read through is read by ``pyav_skip``). ``strict_frames=True``: error
+                                 the last decoded one, or before the first decoded frame the first one), the
+                                 positions listed (``frames_concealed``), on every reader (the PyAV readers flag
+                                 in their own pass; decord's files are checked by ``concealed_frames``; a file
+                                 decord cannot read through is read by ``pyav_sws`` / ``pyav_skip``).
+                                 ``strict_frames=True``: error
                                  ``decoding N frames failed (corrupted or truncated stream; ...)`` or ``the
                                  decoder reported errors (concealed)``; with ``max_replaced_frac`` above 0
                                  unreadable sampled frames are replaced by the nearest readable one and listed

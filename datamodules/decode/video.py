@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from datamodules.decode.cpu import PYAV_SKIP_CODECS, _read_frames, concealed_frames, cpu_reader_for, decord_decodes
+from datamodules.decode.cpu import _read_frames, cpu_reader_for, decord_decodes, pyav_sws_reads
+from datamodules.decode.pyav_skip import concealed_frames
 from datamodules.decode.errors import DecodeError, FrameSizeChange, _check_file, _open_error
 from datamodules.decode.held import HOLD_CHUNK_BYTES, EncoderSizing, _decode_held, held_bytes
 from datamodules.decode.plan import NATIVE_DECODE_BYTES, decode_frame_size, plan_decode
@@ -94,8 +95,9 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
             gave before (the ``fps`` filter's repeat); ``info["frames_concealed"]`` lists the positions (in the
             returned frames) of the frames concealed or repeated (:func:`concealed_frames` for the readers that
             report nothing: decord, PyAV in decode order, NVDEC's CPU fallback). A file decord cannot read through
-            (a refused packet fails its whole batch) is read by PyAV (``pyav_skip``, ``info["decoder_fallback"]``
-            names why; a reduced size then by :func:`_resize`, not decord's scaler). ``True`` (deviation, the
+            (a refused packet fails its whole batch) is read by PyAV (``info["decoder_fallback"]`` names why;
+            ``pyav_sws`` where it reads the file, else ``pyav_skip``: a reduced size then by :func:`_resize`, not
+            decord's scaler). ``True`` (deviation, the
             rule before issue 42): a concealed or missing sampled frame is unreadable, so the video is an error
             record unless ``max_replaced_frac`` allows replacing it.
 
@@ -143,10 +145,11 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
         if strict_frames or name not in ("decord", "nvdec") or probe.timestamps_unusable:
             raise
         # decord fails a whole batch on one refused packet, where the ffmpeg CLI skips it: PyAV reads the file
-        frames, replaced, made, concealed = _read_planned(path, probe, plan, "pyav_skip", num_threads,
+        alt = "pyav_sws" if pyav_sws_reads(probe) else "pyav_skip"
+        frames, replaced, made, concealed = _read_planned(path, probe, plan, alt, num_threads,
                                                           max_replaced_frac, sizing, hold_chunk_bytes, False)
         fallback = f"{name} failed: {str(e)[len(str(path)) + 2:][:200]}"
-        name = "pyav_skip"
+        name = alt
     h, w = probe.height, probe.width
     (dh, dw), idx, unique = plan.decode_hw, plan.idx, plan.unique
     fps_ok = probe.fps > 0
@@ -197,12 +200,13 @@ def _read_planned(path: Path, probe, plan, name: str, num_threads: int, max_repl
                   sizing: EncoderSizing | None, hold_chunk_bytes: float, strict_frames: bool):
     """``(frames, replaced positions, readers opened, concealed native indices)`` of the planned frames read by
     reader ``name`` (the retries, replacement rule and held sizes of :func:`_decode_unique` / :func:`_decode_held`).
-    ``pyav_skip`` flags concealment itself; ``decord`` and ``pyav`` are checked first by :func:`concealed_frames`
+    ``pyav_skip`` / ``pyav_sws`` flag concealment in their own pass; ``decord`` and ``pyav`` are checked first by
+    :func:`concealed_frames`
     (under ``strict_frames`` a read that includes a concealed frame then fails, so the replacement rule applies);
     ``nvdec`` is checked only where it falls back to the CPU (the caller)."""
     factory = READERS[name]
-    if name == "pyav_skip":
-        factory = partial(factory, strict=strict_frames, skip_nonref=probe.codec in PYAV_SKIP_CODECS)
+    if name in ("pyav_skip", "pyav_sws"):
+        factory = partial(factory, strict=strict_frames)
     h, w = probe.height, probe.width
     (dh, dw), idx, unique = plan.decode_hw, plan.idx, plan.unique
     made: list = []   # the readers opened (a reader may fall back to the CPU mid-file: ``read.fallback``)
@@ -281,7 +285,9 @@ def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896,
     in qwen_omni_utils' ``_read_video_decord`` (the frame choice is the caller's, e.g.
     :func:`algorithms.omni_sampling.qwen_omni_frame_indices`).
 
-    The reader is decord (:func:`_frame_reader`: the release's reader, with its rotation fix), or PyAV in decode
+    The reader is decord (:func:`_frame_reader`: the release's reader, with its rotation fix; ``pyav_sws``, decord's
+    frames and the concealment flags in one PyAV pass, where :func:`pyav_sws_reads` and every index is one of the
+    stream's frames; ``pyav_skip`` for a codec decord has no decoder for), or PyAV in decode
     order for a file whose timestamps are unusable (:func:`cpu_reader_for`'s rule: decord's seeking returns wrong
     frames there); the size as :func:`decode_frame_size` with ``n_est = len(indices)`` (native while the frames take
     at most ``native_decode_bytes``, else the long side at most ``max_side``, inside the decoder); the retry with
@@ -303,8 +309,9 @@ def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896,
         video_fps: the rate the indices were chosen at: ``times_s = index / video_fps`` (``None``: the stream's
             average rate, ``avg_frame_rate``, which decord's ``get_avg_fps`` reads; 1 when unknown).
         strict_frames: as :func:`decode_video`: ``False`` lists the concealed frames (``info["frames_concealed"]``,
-            by :func:`concealed_frames`); ``True`` makes them unreadable (then ``max_replaced_frac`` applies). A file
-            decord cannot read through stays an error here (no PyAV fallback on this path).
+            by the PyAV reader's own pass, else :func:`concealed_frames`); ``True`` makes them unreadable (then
+            ``max_replaced_frac`` applies). A file decord reads and cannot read through stays an error here (no
+            PyAV fallback on this path).
 
     Returns:
         :class:`DecodedVideo`; ``info``: ``duration_s`` (``format.duration``), ``native_hw``, ``decode_hw``,
@@ -329,14 +336,26 @@ def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896,
     name = "pyav" if probe.timestamps_unusable else "decord"
     if name == "decord" and not decord_decodes(probe.codec_family or probe.codec):
         name = "pyav_skip"   # decord has no decoder for it (AV1): PyAV's FFmpeg has (frames matched by pts)
+    elif name == "decord" and pyav_sws_reads(probe) and max(idx) < len(probe.pts):
+        name = "pyav_sws"    # decord's frames, and the concealment flags from the same pass (no second decode)
     unique = sorted(set(idx))
-    kw = {"skip_nonref": probe.codec in PYAV_SKIP_CODECS} if name == "pyav_skip" else {}
+    made: list = []
+
+    def open_reader(threads: int):
+        kw = {"strict": strict_frames} if name in ("pyav_skip", "pyav_sws") else {}
+        made.append(READERS[name](path, probe, dh, dw, threads, **kw))
+        return made[-1]
+
     opener = (lambda threads: lambda ix: _read_frames(path, ix, h, w, dh, dw, threads)) if name == "decord" else \
-        (lambda threads: READERS[name](path, probe, dh, dw, threads, **kw))
-    concealed = concealed_frames(path, probe, unique, num_threads)
+        open_reader
+    concealed = concealed_frames(path, probe, unique, num_threads) if name in ("decord", "pyav") else set()
     if strict_frames and concealed:
         opener = _failing_on(opener, concealed)
     frames, replaced = _decode_unique(path, unique, h, w, dh, dw, num_threads, max_replaced_frac, opener=opener)
+    for r in made:
+        concealed |= set(getattr(r, "concealed", ()))
+    if replaced:   # replaced frames are no longer the concealed ones
+        concealed -= {unique[k] for k in replaced}
     if len(unique) != len(idx):
         pos = {k: i for i, k in enumerate(unique)}
         frames = np.ascontiguousarray(frames[[pos[k] for k in idx]])

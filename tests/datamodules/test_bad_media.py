@@ -254,7 +254,7 @@ def test_seed_rule_for_decode_errors_is_the_default(media):
 
 def test_decoder_setting(media, monkeypatch):
     from datamodules import decode
-    from datamodules.decode import cpu
+    from datamodules.decode import pyav_skip
 
     monkeypatch.delitem(decode.READERS, "nvdec", raising=False)   # datamodules.decode.nvdec registers it when imported
     assert decode_video(media.get("good"), 1024, decoder="auto").info["decoder"] == "pyav_skip"   # no NVDEC: cpu
@@ -266,7 +266,7 @@ def test_decoder_setting(media, monkeypatch):
 
     def nvdec(path, probe, dh, dw, threads):   # a registered reader decodes through the same plan
         calls.append((dh, dw))
-        return cpu._pyav_skip_reader(path, probe, dh, dw, threads)
+        return pyav_skip._pyav_skip_reader(path, probe, dh, dw, threads)
 
     nvdec.supports = lambda probe, path: None if probe.codec == "h264" else f"codec {probe.codec}"
     monkeypatch.setitem(decode.READERS, "nvdec", nvdec)
@@ -274,7 +274,7 @@ def test_decoder_setting(media, monkeypatch):
     assert dec.info["decoder"] == "nvdec" and calls == [(48, 64)]
     assert torch.equal(dec.frames, decode_video(media.get("good"), 1024).frames)
     webm = decode_video(media.get("webm"), 1024, decoder="auto").info   # VP9: to the CPU, per file, with why
-    assert webm["decoder"] == "decord" and webm["decoder_fallback"] == "codec vp9"
+    assert webm["decoder"] == "pyav_sws" and webm["decoder_fallback"] == "codec vp9"
     assert "decoder_fallback" not in dec.info
 
 
@@ -408,12 +408,20 @@ def test_corrupt_middle_strict_frames(media):
     assert dec.info["frames_replaced"] == [1, 2] and "frames_concealed" not in dec.info
 
 
-def test_corrupt_middle_decord_size_reads_with_pyav(media):
-    """At a reduced size (decord's reader) decord fails the whole batch on a refused packet, where FFmpeg skips it:
-    PyAV reads the file instead, and the same positions are listed."""
+def test_corrupt_middle_decord_size_reads_with_pyav(media, monkeypatch):
+    """At a reduced size ``pyav_sws`` reads it in one pass (decord's frames, FFmpeg's skipping of the refused
+    packet) and lists the positions; where decord is the reader (forced here: the reader of other codecs) decord
+    fails the whole batch on a refused packet, where FFmpeg skips it: PyAV reads the file instead (``pyav_sws``,
+    decord's scaler), and the same frames and positions come out."""
+    from datamodules.decode import video
+
     dec = decode_video(media.get("corrupt_middle"), 1024, native_decode_bytes=1, decode_max_side=32)
-    assert dec.info["decode_hw"] == [24, 32] and dec.info["decoder"] == "pyav_skip"
-    assert dec.info["decoder_fallback"].startswith("decord failed") and dec.info["frames_concealed"] == [1, 2]
+    assert dec.info["decode_hw"] == [24, 32] and dec.info["decoder"] == "pyav_sws"
+    assert "decoder_fallback" not in dec.info and dec.info["frames_concealed"] == [1, 2]
+    monkeypatch.setattr(video, "cpu_reader_for", lambda probe, hw: "decord")
+    forced = decode_video(media.get("corrupt_middle"), 1024, native_decode_bytes=1, decode_max_side=32)
+    assert forced.info["decoder"] == "pyav_sws" and forced.info["decoder_fallback"].startswith("decord failed")
+    assert forced.info["frames_concealed"] == [1, 2] and torch.equal(forced.frames, dec.frames)
 
 
 def test_replacement_rule():
