@@ -336,8 +336,10 @@ def decode_at_indices(path: str | Path, indices: list[int], max_side: int = 896,
     name = "pyav" if probe.timestamps_unusable else "decord"
     if name == "decord" and not decord_decodes(probe.codec_family or probe.codec):
         name = "pyav_skip"   # decord has no decoder for it (AV1): PyAV's FFmpeg has (frames matched by pts)
-    elif name == "decord" and pyav_sws_reads(probe) and max(idx) < len(probe.pts):
-        name = "pyav_sws"    # decord's frames, and the concealment flags from the same pass (no second decode)
+    elif name == "decord" and pyav_sws_reads(probe) and max(idx) < len(probe.pts) and not probe.decoded_timeline:
+        # decord's frames, and the concealment flags from the same pass (no second decode); not for a legacy
+        # container, where decord's numbering (the reference here) is not the decoder timeline pyav_sws reads by
+        name = "pyav_sws"
     unique = sorted(set(idx))
     made: list = []
 
