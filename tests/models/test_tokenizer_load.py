@@ -85,3 +85,18 @@ def test_added_tokens_read_alone(tmp_path):
     f.write_text('{"added_tokens": [')   # cut short: AutoTokenizer reports the file
     assert _added_tokens_of(f) is None
 
+
+
+def test_built_tokenizer_is_a_new_copy_each_call():
+    """build_qwen_tokenizer converts the ranks once per process; every call gets its own equal object."""
+    from models.tokenizer import _build_qwen_tokenizer, build_qwen_tokenizer
+
+    a, b = build_qwen_tokenizer(), build_qwen_tokenizer()
+    assert a is not b and a._tokenizer is not b._tokenizer
+    a.chat_template = "{{ 'changed' }}"
+    a.add_tokens(["<only-in-a>"])
+    fresh = _build_qwen_tokenizer()
+    assert b.chat_template == fresh.chat_template and "<only-in-a>" not in b.get_vocab()
+    assert b._tokenizer.to_str() == fresh._tokenizer.to_str() and b.init_kwargs == fresh.init_kwargs
+    text = "<|im_start|>user\n<|video_pad|>héllo<|compression_end|><|im_end|>"
+    assert b(text).input_ids == fresh(text).input_ids == [151644, 872, 198, 151656, 71, 18503, 385, 151666, 151645]
