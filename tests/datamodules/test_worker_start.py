@@ -47,6 +47,9 @@ def test_fork_server_workers_give_the_main_process_items(tiny_vl3_dir, tmp_path)
                        [Question(f"{name}_q", name, str(MEDIA / name), "Q?", ["a", "b"], "A")],
                        {f"{name}_q": ["b128", "b256"]}) for name in ("cockatoo.mp4", "cockatoo.mp4")]
     ds = VideoQADataset(tasks, 256, sizing=sizing, decoder="auto")
+    from multiprocessing import forkserver
+
+    forkserver._forkserver._stop()   # a server another test started has its own preload list: start ours
     ctx = decode_worker_context("auto", 2, True, (type(processor).__module__,))
     forked = list(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=ctx,
                              worker_init_fn=functools.partial(report_worker_state, str(tmp_path / "worker"))))
