@@ -88,15 +88,15 @@ def test_added_tokens_read_alone(tmp_path):
 
 
 def test_built_tokenizer_is_a_new_copy_each_call():
-    """build_qwen_tokenizer converts the ranks once per process; every call gets its own equal object."""
-    from models.tokenizer import _build_qwen_tokenizer, build_qwen_tokenizer
+    """build_qwen_tokenizer converts the ranks once per process; every call gets its own object, the full tokenizer
+    (151,643 ranks + 24 added tokens, ChatML template), untouched by what a caller did to an earlier one."""
+    from models.tokenizer import CHATML_TEMPLATE, build_qwen_tokenizer
 
     a, b = build_qwen_tokenizer(), build_qwen_tokenizer()
     assert a is not b and a._tokenizer is not b._tokenizer
     a.chat_template = "{{ 'changed' }}"
     a.add_tokens(["<only-in-a>"])
-    fresh = _build_qwen_tokenizer()
-    assert b.chat_template == fresh.chat_template and "<only-in-a>" not in b.get_vocab()
-    assert b._tokenizer.to_str() == fresh._tokenizer.to_str() and b.init_kwargs == fresh.init_kwargs
+    assert len(a) == 151668 and len(b) == 151667 and "<only-in-a>" not in b.get_vocab()
+    assert b.chat_template == CHATML_TEMPLATE
     text = "<|im_start|>user\n<|video_pad|>héllo<|compression_end|><|im_end|>"
-    assert b(text).input_ids == fresh(text).input_ids == [151644, 872, 198, 151656, 71, 18503, 385, 151666, 151645]
+    assert b(text).input_ids == [151644, 872, 198, 151656, 71, 18503, 385, 151666, 151645]
