@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 
 
 
-def decode_worker_context(decoder: str, num_workers: int, cuda: bool, preload: tuple[str, ...] = ()):
+def decode_worker_context(decoder: str, num_workers: int, cuda: bool, preload: tuple[str, ...] = (),
+                          set_preload: bool = True):
     """How the DataLoader starts its decode workers: ``None`` (fork, the default) unless NVDEC may be used in them.
 
     NVDEC in a worker needs a CUDA context of its own, and a forked child of a process that holds one cannot make
@@ -43,6 +44,7 @@ def decode_worker_context(decoder: str, num_workers: int, cuda: bool, preload: t
         num_workers: DataLoader workers (0: decoding in the main process).
         cuda: whether this process has a CUDA device (NVDEC is only tried there).
         preload: more modules for the server to import (the video processor's, which the pickled dataset holds).
+        set_preload: ``False``: only say whether a fork server is used (the context, its preload list untouched).
 
     Returns:
         ``None`` or the ``forkserver`` context, its preload set (the server is process-wide: the list applies when
@@ -53,7 +55,8 @@ def decode_worker_context(decoder: str, num_workers: int, cuda: bool, preload: t
     import multiprocessing
 
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(list(dict.fromkeys([*WORKER_PRELOAD, *preload])))
+    if set_preload:
+        ctx.set_forkserver_preload(list(dict.fromkeys([*WORKER_PRELOAD, *preload])))
     return ctx
 
 
@@ -241,8 +244,19 @@ class VideoQADataModule(LightningDataModule):
 
     def _start_worker_server(self) -> None:
         """Start the fork server now (it imports the workers' modules while the model loads), when this run's
-        workers are started by one."""
-        if self.trainer is None or self._worker_context() is None:
+        workers are started by one.
+
+        The module's frame sizing (its video processor: ~1.5 s of transformers imports and reading on the 2-core
+        CPU machine) is read here only when it can still change the server's preload list; otherwise (no fork
+        server: the CPU path, ``decoder: cpu``, no workers; or a server already started by
+        :func:`datamodules.worker_server.start_early`) it is read when the loader is built, after the module's
+        set-up has started the weight load (``timeline_s``: ``setup`` earlier by that much)."""
+        if self.trainer is None or decode_worker_context(self.decoder, self.num_workers, torch.cuda.is_available(),
+                                                         set_preload=False) is None:
+            return
+        from .worker_server import started_early
+
+        if not started_early() and self._worker_context() is None:
             return
         from multiprocessing import forkserver
 

@@ -37,4 +37,15 @@ def start_early(argv: list[str]) -> bool:
 
     multiprocessing.get_context("forkserver").set_forkserver_preload([*WORKER_PRELOAD, VL3_PROCESSOR_MODULE])
     forkserver.ensure_running()
+    global _STARTED_EARLY
+    _STARTED_EARLY = True
     return True
+
+
+_STARTED_EARLY = False
+
+
+def started_early() -> bool:
+    """Whether :func:`start_early` started this process's fork server (its preload list is then fixed: a later
+    ``set_forkserver_preload`` does not reach a running server)."""
+    return _STARTED_EARLY

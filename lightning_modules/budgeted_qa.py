@@ -467,6 +467,16 @@ class BudgetedQA(LightningModule):
 
         return finish
 
+    def check_before_output(self, trainer, settings: dict, defaults: dict) -> None:
+        """A missing checkpoint is named before the writer creates anything or compares the output folder's
+        settings (called by :class:`callbacks.jsonl_writer.JsonlPredictionWriter` first thing in its ``setup``;
+        the data module no longer reads the checkpoint's video processor at its set-up on the CPU path).
+
+        Raises:
+            FileNotFoundError: ``model_path`` is not a checkpoint directory (the path named).
+        """
+        BudgetedVideoLlama3.checkpoint_dir(self.hparams.model_path)
+
     def frame_sizing(self) -> EncoderSizing:
         """The sizes this module's encodes read the frames at (every budget's grid, and the raw grid), with the
         checkpoint's video processor: the data module then holds each video at those sizes only

@@ -123,7 +123,9 @@ class LayoutAblationQA(BudgetedQA):
 
         Raises:
             callbacks.baseline_run.BaselineRunError: naming the folder and the setting, budget or video.
+            FileNotFoundError: ``model_path`` is not a checkpoint directory (:meth:`BudgetedQA.check_before_output`).
         """
+        super().check_before_output(trainer, settings, defaults)
         if self.baseline_run is None:
             return
         from callbacks.baseline_run import load_baseline_run

@@ -52,11 +52,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor, nn
-from transformers import AutoTokenizer, DynamicCache
+from transformers import DynamicCache
 
 from algorithms.pruning import PruneResult, apply_variant, merge_tokens
 
 from ..loading import load_omni_thinker
+from ..tokenizer import load_tokenizer
 from .qa_inputs import EncodedClip, PromptInputs, interleave_media_ids, model_shape
 
 __all__ = ["FULL", "SYSTEM_PROMPT", "Answer", "OmniQA"]
@@ -139,7 +140,7 @@ class OmniQA(nn.Module):
         self.model_dir, self.thinker, self.feature_extractor, self.video_processor = load_omni_thinker(
             model_dir, dtype, attn_implementation)
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+            self.tokenizer = load_tokenizer(self.model_dir)
         except Exception:  # noqa: BLE001 - tiny test models ship no tokenizer
             self.tokenizer = _offline_tokenizer()
         self.config = self.thinker.config

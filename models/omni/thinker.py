@@ -71,12 +71,13 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoTokenizer, Qwen2_5OmniThinkerForConditionalGeneration
+from transformers import Qwen2_5OmniThinkerForConditionalGeneration
 
 from algorithms.errors import SettingError
 from algorithms.streaming import StreamGeometry
 
 from ..loading import load_omni_thinker
+from ..tokenizer import load_tokenizer
 from .thinker_cache import ThinkerKVCache
 from .thinker_media import AUDIO_SAMPLE_RATE, LogMel, ThinkerMediaInputs
 from .thinker_stream import ThinkerStreamSchedule
@@ -143,7 +144,7 @@ class OmniThinkerRunner(ThinkerStreamSchedule, ThinkerKVCache, ThinkerMediaInput
 
     def _default_prompt(self) -> tuple[list[int], str]:
         try:
-            tok = AutoTokenizer.from_pretrained(self.model_dir)
+            tok = load_tokenizer(self.model_dir)
         except Exception:  # no tokenizer saved next to a tiny model
             return list(DEFAULT_PROMPT_TOKEN_IDS), "DEFAULT_PROMPT_TOKEN_IDS"
         return tok(DEFAULT_PROMPT, add_special_tokens=False)["input_ids"], "tokenizer(DEFAULT_PROMPT)"

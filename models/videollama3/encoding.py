@@ -118,7 +118,9 @@ class VisionEncoding:
             FileNotFoundError: the directory or a required file is missing (path named).
             ValueError: missing/unexpected weight keys (listed).
         """
-        from transformers import AutoTokenizer, AutoVideoProcessor, VideoLlama3ForConditionalGeneration
+        from transformers import AutoVideoProcessor, VideoLlama3ForConditionalGeneration
+
+        from ..tokenizer import load_tokenizer
 
         path = cls.checkpoint_dir(path)
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
@@ -136,7 +138,7 @@ class VisionEncoding:
             if bad:
                 raise CheckpointError(f"{path}: checkpoint weights do not match VideoLlama3ForConditionalGeneration: "
                                       f"{bad}")
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            tokenizer = load_tokenizer(path)   # tokenizer.json parsed once (models/tokenizer.py)
             tokenizer.chat_template = processor_chat_template(path)  # seed 001: Videollama3Processor's template
             video_processor = AutoVideoProcessor.from_pretrained(path)
         compressor = TransformerDecoderFlatCompressor.from_pretrained(path / QBASE_DIR, device=device).to(dtype)

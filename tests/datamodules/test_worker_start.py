@@ -27,21 +27,15 @@ def test_fork_unless_nvdec_may_run_in_the_workers():
     assert WORKER_PRELOAD[0] == "datamodules.decode.nvdec"
 
 
-def test_what_the_fork_server_preloads_has_no_lightning_and_no_cuda_context():
-    """The server imports the preload list in a fresh interpreter: no Lightning (seconds per start), and no CUDA
-    context (its forked workers make their own for NVDEC)."""
-    mods = [*WORKER_PRELOAD, VL3_PROCESSOR]
-    code = (f"import sys, importlib; [importlib.import_module(m) for m in {mods!r}]; import torch; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning', "
-            "'lightning_fabric')), torch.cuda.is_initialized())")
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip().splitlines()[-1] == "[] False"
-
-
-def test_fork_server_workers_give_the_main_process_items(tiny_vl3_dir):
+def test_fork_server_workers_give_the_main_process_items(tiny_vl3_dir, tmp_path):
     """Items decoded by workers forked from the server (decoder ``auto``: on this CPU machine every file falls back
-    to the CPU reader) equal the main process's, frame for frame at every held grid."""
+    to the CPU reader) equal the main process's, frame for frame at every held grid. And the workers (which hold
+    what the server preloaded) have imported the preload list without Lightning (seconds per start) and without a
+    CUDA context, neither their own nor one inherited from the server (their NVDEC decoders make their own)."""
+    import functools
+    import json
+
+    from tests.datamodules.slow_items import report_worker_state
     from datamodules.benchmarks import Question
     from datamodules.decode import EncoderSizing
     from datamodules.video_items import VideoQADataset, VideoTask
@@ -53,8 +47,18 @@ def test_fork_server_workers_give_the_main_process_items(tiny_vl3_dir):
                        [Question(f"{name}_q", name, str(MEDIA / name), "Q?", ["a", "b"], "A")],
                        {f"{name}_q": ["b128", "b256"]}) for name in ("cockatoo.mp4", "cockatoo.mp4")]
     ds = VideoQADataset(tasks, 256, sizing=sizing, decoder="auto")
+    from multiprocessing import forkserver
+
+    forkserver._forkserver._stop()   # a server another test started has its own preload list: start ours
     ctx = decode_worker_context("auto", 2, True, (type(processor).__module__,))
-    forked = list(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=ctx))
+    forked = list(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=ctx,
+                             worker_init_fn=functools.partial(report_worker_state, str(tmp_path / "worker"))))
+    for w in range(2):
+        state = json.loads((tmp_path / f"worker.{w}.json").read_text())
+        assert set(WORKER_PRELOAD) | {VL3_PROCESSOR} <= set(state["modules"])
+        assert [m for m in state["modules"] if m.split(".")[0] in ("lightning", "pytorch_lightning",
+                                                                  "lightning_fabric")] == []
+        assert state["cuda_initialized"] is False and state["cuda_from_parent"] is False
     here = [ds[i] for i in range(len(ds))]
     assert len(forked) == len(here) == 2
     for a, b in zip(forked, here):
@@ -74,10 +78,12 @@ def test_fork_server_started_at_interpreter_start_only_for_predict_on_a_gpu_mach
     from datamodules import worker_server
 
     started = []
+    monkeypatch.setattr(worker_server, "_STARTED_EARLY", False)   # restored after the test (start_early sets it)
     monkeypatch.setattr(forkserver, "ensure_running", lambda: started.append(
         list(forkserver._forkserver._preload_modules)))
     monkeypatch.setattr(worker_server.os.path, "exists", lambda p: p == "/dev/nvidiactl")
-    assert worker_server.start_early(["predict", "--config", "x.yaml"]) is True
+    assert not worker_server.started_early()
+    assert worker_server.start_early(["predict", "--config", "x.yaml"]) is True and worker_server.started_early()
     assert started == [[*WORKER_PRELOAD, VL3_PROCESSOR]]
     assert not worker_server.start_early(["fit"]) and not worker_server.start_early([])
     monkeypatch.setenv(worker_server.ENV_SWITCH, "0")
@@ -88,3 +94,33 @@ def test_fork_server_started_at_interpreter_start_only_for_predict_on_a_gpu_mach
     code = "import sys, datamodules.worker_server; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"      # importable before anything heavy
+
+
+def test_setup_reads_the_frame_sizing_only_where_it_sets_the_servers_preload(monkeypatch):
+    """The module's frame sizing (its video processor, ~1.5 s) is read at the data module's set-up only when the
+    fork server is still to be started with it; on the CPU path (fork), or with a server already started by
+    ``start_early``, it is read when the loader is built, after the module's set-up has started the weight load."""
+    from multiprocessing import forkserver
+    from types import SimpleNamespace
+
+    from datamodules import worker_server
+    from datamodules.videoqa import VideoQADataModule
+
+    reads, started = [], []
+    module = SimpleNamespace(frame_sizing=lambda: reads.append(1))
+    monkeypatch.setattr(forkserver, "ensure_running", lambda: started.append(1))
+    monkeypatch.setattr(worker_server, "_STARTED_EARLY", False)
+
+    def setup(decoder: str, cuda: bool) -> tuple[int, int]:
+        reads.clear(), started.clear()
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+        dm = VideoQADataModule("videomme", str(REPO / "assets"), {"video_dir": "media"}, num_workers=2,
+                               decoder=decoder)
+        dm.trainer = SimpleNamespace(lightning_module=module)
+        dm.setup("predict")
+        return len(reads), len(started)
+
+    assert setup("cpu", True) == (0, 0) and setup("auto", False) == (0, 0)     # fork: nothing to start
+    assert setup("auto", True) == (1, 1)          # the server starts here, with the processor's module preloaded
+    monkeypatch.setattr(worker_server, "_STARTED_EARLY", True)
+    assert setup("auto", True) == (0, 1)          # already running (ensure_running: nothing to do)

@@ -179,3 +179,24 @@ def test_every_module_with_a_dtype_checks_it_at_construction():
         with pytest.raises(SettingError, match=r"^model.init_args.dtype: 'half' is not a torch dtype"):
             make("half")
     assert BudgetedQA(dtype="bfloat16").hparams.dtype == "bfloat16"
+
+
+def test_a_command_line_builds_only_its_subcommands_parser(monkeypatch, capsys, tmp_path):
+    """``evaluate.py predict ...`` builds predict's parser only (each subcommand's resolves the Trainer's, model's
+    and data module's signatures); the parsed settings are those of a CLI with every subcommand. Without a
+    subcommand first, every one is offered."""
+    import evaluate
+    from lightning.pytorch.cli import LightningCLI
+
+    monkeypatch.setattr(LightningCLI, "_run_subcommand", lambda self, subcommand: None)
+    argv = ["predict", "--model.init_args.budgets=[128]", f"--trainer.callbacks.init_args.out_dir={tmp_path / 'o'}"]
+    only = evaluate.cli_main(argv)
+    assert set(only._subcommand_parsers) == {"predict"}
+    monkeypatch.setattr("cli.ProjectCLI.subcommands", lambda self: LightningCLI.subcommands())
+    every = evaluate.cli_main(argv)
+    assert set(every._subcommand_parsers) == {"fit", "validate", "test", "predict"}
+    assert only.parser.dump(only.config) == every.parser.dump(every.config)
+    assert dict(only.model.hparams) == dict(every.model.hparams) and dict(only.model.hparams)["budgets"] == [128]
+    with pytest.raises(SystemExit):
+        evaluate.cli_main(["--help"])
+    assert "{fit,validate,test,predict}" in capsys.readouterr().out
