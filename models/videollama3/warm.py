@@ -43,8 +43,34 @@ KERNELS = ("RMSNorm", "SiLU*up", "rotary (rows)", "add+LayerNorm", "vision rotar
 MERGE_ROWS = 3
 
 
+DTYPE_WAIT_S = 30.0   # the most one kernel's call waits for the process's default dtype to come back
+
+
+def await_default_dtype(expected: torch.dtype | None, timeout_s: float = DTYPE_WAIT_S, poll_s: float = 0.005) -> bool:
+    """Wait until ``torch.get_default_dtype()`` is ``expected`` (``None``: do not wait).
+
+    Why: the default dtype is process-wide and TorchDynamo guards every graph on it (a graph traced while it is
+    bfloat16 is traced again when the step calls it under float32); ``from_pretrained`` sets it to the model's dtype
+    while it builds the model, in the weight-load thread that runs beside the early compilation. A graph traced in
+    that window was compiled again in the first step (2 to 6 graphs on the H200, as the two threads' timing fell).
+
+    Returns:
+        ``True`` when the default dtype is ``expected`` (at once or after waiting), ``False`` after ``timeout_s``
+        (the caller goes on; such a graph is compiled again at its first call, as before).
+    """
+    if expected is None:
+        return True
+    end = time.monotonic() + timeout_s
+    while torch.get_default_dtype() != expected:
+        if time.monotonic() >= end:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
 def compile_fused_kernels(config, device: torch.device | str, dtype: torch.dtype, inference: bool = False,
-                          inference_weights: bool | None = None, kernels: Sequence[str] | None = None) -> list[str]:
+                          inference_weights: bool | None = None, kernels: Sequence[str] | None = None,
+                          default_dtype: torch.dtype | None = None) -> list[str]:
     """Call the fused kernels the VideoLLaMA3 model will call, on stand-in tensors of the model's fixed sizes
     (rows dynamic, as the kernels mark them), so each graph is compiled now (on a device the kernels compile for;
     elsewhere they run eagerly, and this is a few small eager calls).
@@ -61,6 +87,8 @@ def compile_fused_kernels(config, device: torch.device | str, dtype: torch.dtype
             default: ``inference``.
         kernels: names from :data:`KERNELS` to call (in the order given, each once); default: all of them. Each
             kernel's call is independent of the others', so one can be compiled alone and give the same graph.
+        default_dtype: the process's default dtype the model's steps will run under: each kernel is called only
+            once ``torch.get_default_dtype()`` is that again (:func:`await_default_dtype`; ``None``: no wait).
 
     Returns:
         The names of the kernels called. The decode step's shared-prefix merge
@@ -120,6 +148,9 @@ def compile_fused_kernels(config, device: torch.device | str, dtype: torch.dtype
     }
     with torch.inference_mode() if inference else torch.no_grad():
         for name in selected:
+            if not await_default_dtype(default_dtype):
+                log.info("default dtype still %s, not %s, after %.0f s: %s compiled under it", torch.get_default_dtype(),
+                         default_dtype, DTYPE_WAIT_S, name)
             calls[name]()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -169,6 +200,7 @@ def start(model_path: str | Path, device: torch.device | str, dtype: torch.dtype
         return None
     if inference is None:
         inference = torch.is_inference_mode_enabled()
+    default_dtype = torch.get_default_dtype()   # now, before the weight load (started after this) changes it
     try:
         from transformers import VideoLlama3Config
 
@@ -181,7 +213,7 @@ def start(model_path: str | Path, device: torch.device | str, dtype: torch.dtype
     def run() -> None:
         before, t0 = cache_counters(), time.perf_counter()
         try:
-            compile_fused_kernels(config, device, dtype, inference, inference_weights)
+            compile_fused_kernels(config, device, dtype, inference, inference_weights, default_dtype=default_dtype)
         except Exception as e:  # noqa: BLE001 - the kernels compile at their first call instead
             log.warning("early compilation of the fused kernels failed (%s); they compile at their first call", e)
         timings.update(seconds=round(time.perf_counter() - t0, 3), cache=_counter_delta(before, cache_counters()),

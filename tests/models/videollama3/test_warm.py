@@ -82,7 +82,9 @@ def test_the_thread_compiles_for_the_callers_mode_and_reports_its_time(tiny_conf
     grad mode given; its ``timings`` get the seconds and the cache counters (what ``BudgetedQA`` writes to the
     timing json). A failure is logged as a warning and still fills the timings (nothing is raised at ``join``)."""
     calls = []
-    monkeypatch.setattr(warm, "compile_fused_kernels", lambda *a, **k: calls.append(a) or list(warm.KERNELS))
+    monkeypatch.setattr(warm, "compile_fused_kernels", lambda *a, **k: calls.append(a) or kws.append(k)
+                        or list(warm.KERNELS))
+    kws = []
     thread = warm.start(tiny_config_dir, "cuda", torch.bfloat16, inference=True)   # the thread itself needs no GPU
     thread.join()
     (config, device, dtype, inference, weights), = calls
@@ -91,6 +93,7 @@ def test_the_thread_compiles_for_the_callers_mode_and_reports_its_time(tiny_conf
     calls.clear()
     warm.start(tiny_config_dir, "cuda", torch.bfloat16, inference=True, inference_weights=False).join()
     assert calls[0][3:] == (True, False)     # weights loaded in another thread: plain tensors
+    assert kws[0] == {"default_dtype": torch.float32}   # the default dtype when started (before the load's)
     assert set(thread.timings) == {"seconds", "cache", "end_perf_counter"} and thread.timings["seconds"] >= 0
 
     def fail(*a, **k):
@@ -140,3 +143,49 @@ def test_merge_stand_ins_have_the_decode_steps_layouts(tiny_vlm):
     keys = step[1][0][2]                                  # the suffix region's length S of this video
     stand = shared_prefix.decode_step_stand_ins(3, h, hkv, d, keys, 23, torch.float32, "cpu")
     assert [(tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in stand] == step
+
+
+def test_a_kernel_waits_for_the_default_dtype_the_load_thread_changed(tiny_config_dir):
+    """``from_pretrained`` sets the process-wide default dtype to the model's while it builds the model (in the load
+    thread), and TorchDynamo guards each graph on it: a kernel traced then is traced again at the step. So each
+    stand-in call waits until the default dtype is the one the steps run under (here another thread holds bfloat16
+    for 0.3 s); a wait that times out says so and goes on."""
+    import threading
+    import time
+
+    from transformers import VideoLlama3Config
+
+    seen = []
+    real = torch.randn
+
+    def randn(*a, **k):
+        seen.append(torch.get_default_dtype())
+        return real(*a, **k)
+
+    config = VideoLlama3Config.from_pretrained(tiny_config_dir)
+    held = threading.Event()
+
+    def hold():
+        torch.set_default_dtype(torch.bfloat16)
+        held.set()
+        time.sleep(0.3)
+        torch.set_default_dtype(torch.float32)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait()
+    t0 = time.monotonic()
+    try:
+        torch.randn = randn
+        warm.compile_fused_kernels(config, "cpu", torch.float32, kernels=["SiLU*up"], default_dtype=torch.float32)
+    finally:
+        torch.randn = real
+        t.join()
+        torch.set_default_dtype(torch.float32)
+    assert time.monotonic() - t0 >= 0.25 and seen and set(seen) == {torch.float32}
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        assert warm.await_default_dtype(torch.float32, timeout_s=0.05) is False
+        assert warm.await_default_dtype(None) is True and warm.await_default_dtype(torch.bfloat16) is True
+    finally:
+        torch.set_default_dtype(torch.float32)
