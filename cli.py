@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -291,9 +292,26 @@ class _DropAdvert(logging.Filter):
         return not str(record.getMessage()).startswith("💡 Tip")
 
 
+class _LineOfItsOwn(logging.Handler):
+    """Logging's last-resort handler (the one the project's module loggers reach: message only, WARNING and up, to
+    stderr) printing through ``tqdm.write``, which clears a progress bar drawn on the terminal, prints the line and
+    draws the bar again: a bad video's one line starts a line of its own instead of being glued after the bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # noqa: BLE001 - as logging's own handlers: a failed console line never ends the run
+            self.handleError(record)
+
+
 def quiet_console() -> None:
-    """Keep the console to the run's own output: no Lightning advert line, and no FFmpeg ``[h264 @ 0x…]`` lines
-    from decord (a failed frame is reported by the decoder's error message, which names the file and the cause)."""
+    """Keep the console to the run's own output: no Lightning advert line, no FFmpeg ``[h264 @ 0x…]`` lines
+    from decord (a failed frame is reported by the decoder's error message, which names the file and the cause),
+    and the project's warning lines each on a line of its own beside the progress bar (:class:`_LineOfItsOwn`)."""
+    if not isinstance(logging.lastResort, _LineOfItsOwn):
+        logging.lastResort = _LineOfItsOwn(logging.WARNING)
     rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(f, _DropAdvert) for f in rank_zero.filters):
         rank_zero.addFilter(_DropAdvert())

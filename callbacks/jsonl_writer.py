@@ -28,6 +28,7 @@ import errno
 import json
 import logging
 import os
+import re
 import tempfile
 import weakref
 from pathlib import Path
@@ -234,6 +235,22 @@ def _holds_results(out_dir: Path) -> bool:
     return False
 
 
+def _other_kind_of_run(out_dir: Path, old: dict, settings: dict) -> str | None:
+    """Why a plain predict and a layout ablation cannot share ``out_dir`` (``None`` when they do not meet): the
+    ablation keeps ``decode_budget`` in ``run.json`` (the frames of every job), a plain predict does not (it decodes
+    for its largest budget), so the key's absence on one side is not "written before the setting existed" but
+    another kind of run. An ablation folder written before ``decode_budget`` was kept has no plain ``b<B>/`` job
+    folder, and resumes."""
+    if "decode_budget" in old and "decode_budget" not in settings:
+        return (f"{out_dir} holds a layout ablation's records (decode_budget {old['decode_budget']} in "
+                f"{out_dir / RUN_FILE}); a plain predict's records would not be decoded for that budget")
+    if "decode_budget" in settings and "decode_budget" not in old and any(
+            re.fullmatch(r"b\d+", d.name) for d in out_dir.iterdir() if d.is_dir()):
+        return (f"{out_dir} holds a plain predict's records (b<B>/ folders, decoded for their largest budget); the "
+                f"layout ablation's (decode_budget {settings['decode_budget']}) would not be decoded for that budget")
+    return None
+
+
 def check_run_settings(out_dir: Path, settings: dict, write: bool, defaults: dict | None = None,
                        canonical=None) -> None:
     """Compare the settings that determine a record with ``<out_dir>/run.json`` (written on the first run).
@@ -274,6 +291,10 @@ def check_run_settings(out_dir: Path, settings: dict, write: bool, defaults: dic
                  if k not in defaults and old.get(k, v) != v]
         diffs += [f"{k}: {old.get(k, d)!r} there, {settings.get(k, d)!r} now" for k, d in defaults.items()
                   if old.get(k, d) != settings.get(k, d)]
+        other_kind = _other_kind_of_run(out_dir, old, settings)
+        if other_kind and _holds_results(out_dir):
+            raise OutputSettingsError(f"{other_kind}. Use another output folder (--trainer.callbacks.init_args."
+                                      "out_dir=DIR with the shipped configs, where the writer is the last callback)")
         if not diffs:
             return
         if _holds_results(out_dir):

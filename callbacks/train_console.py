@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 import math
+import shlex
+import sys
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+
+from .run_log import note_interrupt
 
 
 class EpochScores(Callback):
@@ -21,6 +26,24 @@ class EpochScores(Callback):
         self.best: float | None = None
         self.best_epoch: int | None = None
         self.monitor: str | None = None
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        """A fit stopped by Ctrl-C (or SIGTERM) notes where its last finished epoch is (``last.ckpt``) and the command
+        that resumes it (this command with ``--ckpt_path`` at it); ``cli.main`` prints the note."""
+        if not isinstance(exception, KeyboardInterrupt) or trainer.state.fn != "fit" or not trainer.is_global_zero:
+            return
+        last = getattr(trainer.checkpoint_callback, "last_model_path", "") or ""
+        if last and Path(last).is_file():
+            args, skip = [], False
+            for a in sys.argv[1:]:
+                if skip:
+                    skip = False
+                elif a == "--ckpt_path":
+                    skip = True
+                elif not a.startswith("--ckpt_path="):
+                    args.append(a)
+            cmd = shlex.join(["python", "train.py", *args, f"--ckpt_path={last}"])
+            note_interrupt(f"the last finished epoch is in {last}; resume it: {cmd}")
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         ckpt = trainer.checkpoint_callback

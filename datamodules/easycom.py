@@ -31,6 +31,7 @@ frame_width`` inside the DataLoader workers.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from algorithms.errors import SettingError, check_int
 from datamodules.decode import short_error
+
+log = logging.getLogger(__name__)
 
 VIDEO_DIR = "Main/Video_Compressed"
 AUDIO_DIR = "Main/Glasses_Microphone_Array_Audio"
@@ -136,9 +139,12 @@ def list_sessions(root: str | Path) -> list[str]:
     return sorted(names, key=lambda s: (int(re.sub(r"\D", "", s) or 0), s))
 
 
+_NAMED_ORPHANS: set[str] = set()   # orphan-wav lines already printed by this process (and its forked workers)
+
+
 def list_segments(root: str | Path, session: str) -> list[Segment]:
     """Segments of ``session`` in time-code order; every video needs its wav (EasyComFormatError otherwise); a wav
-    without its video is left out with a warning naming it."""
+    without its video is left out with a console line naming it (logged once per folder and set of wavs)."""
     root = Path(root)
     folder = root / VIDEO_DIR / session
     if not folder.is_dir():
@@ -152,11 +158,10 @@ def list_segments(root: str | Path, session: str) -> list[Segment]:
     if not vids:
         raise EasyComFormatError(f"{folder}: no mm-ss-SSS.mp4 segments")
     orphans = sorted(w.name for w in wavs if not (folder / f"{w.stem}.mp4").is_file())
-    if orphans:
-        import warnings
-
-        warnings.warn(f"{audio}: {', '.join(orphans)} without a video in {folder}; "
-                      "those segments are left out of the session", stacklevel=2)
+    msg = f"{audio}: {', '.join(orphans)} without a video in {folder}; those segments are left out of the session"
+    if orphans and msg not in _NAMED_ORPHANS:   # one console line per folder, however often it is listed
+        _NAMED_ORPHANS.add(msg)
+        log.warning(msg)
     out = []
     for start, v in vids:
         wav = audio / f"{v.stem}.wav"

@@ -83,8 +83,9 @@ def save_scores(scores: dict, out_dir: Path, plots: bool = True, records: list[d
         atomic_write_bytes(out_dir / scores_file, data)
     rules = tag.split("-") if tag else None
     with _naming(out_dir / report_file):
-        write_report(scores, out_dir, records if records is not None else read_records(out_dir)[0], report_file,
-                     rules=rules)
+        # the records of the folder just scored: their unreadable lines were named then (compute_scores)
+        write_report(scores, out_dir, records if records is not None else read_records(out_dir, warn=False)[0],
+                     report_file, rules=rules)
     _remove_stale_plots(out_dir, earlier - set(scores["plots"]), suffix)
     return scores
 

@@ -28,13 +28,14 @@ REFERENCE_VARIANTS = ("base", "full", None)
 
 
 # ----------------------------------------------------------------------------------------------------- reading
-def read_records(out_root: str | Path) -> tuple[list[dict], dict[str, int]]:
+def read_records(out_root: str | Path, warn: bool = True) -> tuple[list[dict], dict[str, int]]:
     """All records under ``out_root`` (every ``*.jsonl``, sorted by path, lines in order).
 
     Each record gets ``job`` (first folder under ``out_root`` unless the record has one) and ``benchmark``
     (``meta["benchmark"]``, else the second folder) keys if missing; a record without a budget takes it (and, if
     it has no ``variant`` key, the variant) from a job name ``b<B>`` / ``<variant>_b<B>``. Unreadable lines (e.g. a line cut by a crash)
-    are skipped and counted.
+    are skipped and counted, each named in a console line when ``warn`` (``False`` for a second read of a folder
+    whose lines were already named).
 
     Returns:
         ``(records, stats)`` with ``stats = {"n_files", "n_bad_lines"}``.
@@ -55,7 +56,8 @@ def read_records(out_root: str | Path) -> tuple[list[dict], dict[str, int]]:
                     rec = json.loads(line)
                 except json.JSONDecodeError:
                     n_bad += 1
-                    log.warning("scoring: skipping unreadable line %d of %s", k + 1, path)
+                    if warn:
+                        log.warning("scoring: skipping unreadable line %d of %s", k + 1, path)
                     continue
                 if not isinstance(rec, dict) or "qid" not in rec:
                     n_bad += 1

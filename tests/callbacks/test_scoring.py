@@ -454,3 +454,14 @@ def test_concealed_frames_counted_per_video():
     clean = [dict(r, video_info={}) for r in recs]
     assert _group(score_records(clean), "videomme", "b1024")["n_concealed_videos"] == 0
     assert "concealed frames" not in format_table(score_records(clean))
+
+
+def test_rescore_names_a_cut_line_once(out_root, caplog):
+    """`python -m callbacks.scoring` on a folder with a line cut by a crash: one console line naming it, not one per
+    read of the folder (scoring and the report both read the records)."""
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        main([str(out_root), "--no-plots"])
+    cut = [r.getMessage() for r in caplog.records if "unreadable line" in r.getMessage()]
+    assert cut == [f"scoring: skipping unreadable line 4 of {out_root / 'b1024' / 'videomme' / 'rank1.jsonl'}"]

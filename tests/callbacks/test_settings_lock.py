@@ -73,3 +73,26 @@ def test_predict_resumes_a_folder_written_with_the_default_video_dir_spelled_out
     # accepted: the run resumed, answering only the other video (realshort, 3 questions); nothing written twice
     assert again == read_records(out) and all(r in again for r in first)
     assert len(again) == 7 and len({(r["job"], r["qid"]) for r in again}) == 7
+
+
+def test_a_plain_predict_and_a_layout_ablation_do_not_share_a_folder(tmp_path):
+    """The ablation's run.json keeps ``decode_budget`` (the frames of every job), a plain predict's does not (it
+    decodes for its largest budget). Run into each other's folder, the missing key was not compared, so the two
+    kinds of records (decoded for different budgets) mixed in one folder and its run.json no longer said which
+    frames its records have. Each is refused, naming the folder; an ablation folder written before
+    ``decode_budget`` was kept (``base_b<B>/`` records, no key) still resumes."""
+    from callbacks.jsonl_writer import OutputSettingsError, check_run_settings
+
+    plain, settings = _locked_folder(tmp_path, {"video_dir": "media"})     # b128/ records, no decode_budget
+    ablation = {**settings, "decode_budget": 16384, "no_reuse": False}
+    with pytest.raises(OutputSettingsError, match=f"{plain} holds a plain predict's records .*decode_budget"):
+        check_run_settings(plain, ablation, write=True)
+    assert json.loads((plain / "run.json").read_text()) == settings
+    abl = tmp_path / "abl"
+    check_run_settings(abl, ablation, write=True)
+    (abl / "base_b128" / "videomme").mkdir(parents=True)
+    (abl / "base_b128" / "videomme" / "rank0.jsonl").write_text(json.dumps({"qid": "q", "pred": "A"}) + "\n")
+    with pytest.raises(OutputSettingsError, match=f"{abl} holds a layout ablation's records \\(decode_budget 16384"):
+        check_run_settings(abl, settings, write=True)
+    (abl / "run.json").write_text(json.dumps(settings))                     # written before decode_budget was kept
+    check_run_settings(abl, ablation, write=True)

@@ -105,3 +105,21 @@ def test_empty_root_and_missing_channels_fail_at_construction(root, tmp_path):
                                            rf"\(0-based indices 0..{n - 1}\), so \[{n + 2}\] do not exist"):
         EasyComSessionStreams(root, audio_channels=[4, n + 2])
     assert EasyComSessionStreams(root, audio_channels=[n - 1]).audio_channels == (n - 1,)
+
+
+def test_wav_without_video_is_one_line_once(tmp_path, caplog):
+    """A segment video renamed by accident leaves its wav an orphan: the run says so in one console line naming the
+    wav, once, though the session's segments are listed several times (setting check, planning, decoding)."""
+    import logging
+    import shutil
+
+    root = build_easycom_fixture(tmp_path / "ec", width=96, height=56,
+                                 sessions={"Session_1": [("00-00-000", "cockatoo.mp4", 0.0, 2.0, "realshort.mp4")]})
+    wav = root / "Main/Glasses_Microphone_Array_Audio/Session_1/00-00-000.wav"
+    shutil.copy(wav, wav.parent / "00-05-000.wav")
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            assert [s.name for s in list_segments(root, "Session_1")] == ["00-00-000"]
+    msgs = [r.getMessage() for r in caplog.records]
+    assert msgs == [f"{wav.parent}: 00-05-000.wav without a video in {root / 'Main/Video_Compressed/Session_1'}; "
+                    "those segments are left out of the session"]

@@ -200,3 +200,30 @@ def test_a_command_line_builds_only_its_subcommands_parser(monkeypatch, capsys, 
     with pytest.raises(SystemExit):
         evaluate.cli_main(["--help"])
     assert "{fit,validate,test,predict}" in capsys.readouterr().out
+
+
+def test_a_warning_during_the_progress_bar_gets_a_line_of_its_own(monkeypatch):
+    """A bad video's one console line (``log.warning`` of a project module, which has no handler of its own) is
+    printed while the predict progress bar is drawn on the same terminal: it must start a line of its own, not be
+    glued after the bar's text."""
+    import io
+    import logging
+    import sys
+
+    from tqdm import tqdm
+
+    from cli import quiet_console
+
+    term = io.StringIO()                          # stdout and stderr on one terminal
+    monkeypatch.setattr(sys, "stdout", term)
+    monkeypatch.setattr(sys, "stderr", term)
+    monkeypatch.setattr(logging, "lastResort", logging.lastResort)   # restored after the test
+    quiet_console()
+    bar = tqdm(total=5, desc="Predicting DataLoader 0", file=sys.stdout, ascii=True)
+    bar.update(2)
+    quiet = logging.getLogger("tests.no_handler_here")   # as on the console: no handler up its chain (pytest's
+    monkeypatch.setattr(quiet, "propagate", False)       # capture handler sits on the root logger)
+    quiet.warning("video c2: /x/c2.mp4: cannot read the container")
+    bar.close()
+    (line,) = [ln for ln in term.getvalue().split("\n") if "c2.mp4" in ln]
+    assert line.split("\r")[-1] == "video c2: /x/c2.mp4: cannot read the container"
