@@ -32,7 +32,7 @@ import sys  # noqa: E402
 from lightning.pytorch.cli import LightningCLI  # noqa: E402
 
 from callbacks.run_folder import RequireCheckpoint, RunInfo, WandbConfigCallback, WandbSummaryMetric
-from callbacks.train_console import EpochScores
+from callbacks.train_console import EpochScores, train_command
 from cli import TrainCLI, build_cli, check_checkpoint_file, ckpt_path_arg, main
 
 
@@ -59,19 +59,8 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
 def command_for_test(fit_args: list[str], ckpt_path: str) -> str:
     """The ``python train.py test ...`` command line of a fit's arguments: the same configs and options, ``fit``
     replaced by ``test`` and ``--ckpt_path`` set to ``ckpt_path`` (shell-quoted)."""
-    import shlex
+    return train_command(fit_args, ckpt_path, "test")
 
-    out, skip = [], False
-    for a in fit_args:
-        if skip:
-            skip = False
-        elif a == "--ckpt_path":
-            skip = True
-        elif not a.startswith("--ckpt_path="):
-            out.append(a)
-    if "fit" in out:
-        out[out.index("fit")] = "test"
-    return shlex.join(["python", "train.py", *out, f"--ckpt_path={ckpt_path}"])
 
 if __name__ == "__main__":
     main(cli_main)

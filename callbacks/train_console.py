@@ -12,6 +12,23 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from .run_log import note_interrupt
 
 
+def train_command(args: list[str], ckpt_path: str, subcommand: str | None = None) -> str:
+    """The shell-quoted ``python train.py ...`` command line of ``args`` (a run's command-line arguments) with
+    ``--ckpt_path`` set to ``ckpt_path`` (any ``--ckpt_path`` given is dropped) and, when ``subcommand`` is given,
+    ``fit`` replaced by it."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--ckpt_path":
+            skip = True
+        elif not a.startswith("--ckpt_path="):
+            out.append(a)
+    if subcommand is not None and "fit" in out:
+        out[out.index("fit")] = subcommand
+    return shlex.join(["python", "train.py", *out, f"--ckpt_path={ckpt_path}"])
+
+
 class EpochScores(Callback):
     """After each fit validation epoch (not the sanity check) print, on rank 0,
     ``epoch 3/49: val/auroc_mean 0.9125 (best 0.9310 at epoch 2)  val/loss 0.4012``.
@@ -34,16 +51,7 @@ class EpochScores(Callback):
             return
         last = getattr(trainer.checkpoint_callback, "last_model_path", "") or ""
         if last and Path(last).is_file():
-            args, skip = [], False
-            for a in sys.argv[1:]:
-                if skip:
-                    skip = False
-                elif a == "--ckpt_path":
-                    skip = True
-                elif not a.startswith("--ckpt_path="):
-                    args.append(a)
-            cmd = shlex.join(["python", "train.py", *args, f"--ckpt_path={last}"])
-            note_interrupt(f"the last finished epoch is in {last}; resume it: {cmd}")
+            note_interrupt(f"the last finished epoch is in {last}; resume it: {train_command(sys.argv[1:], last)}")
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         ckpt = trainer.checkpoint_callback
