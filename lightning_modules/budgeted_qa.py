@@ -560,6 +560,9 @@ class BudgetedQA(LightningModule):
                                         lambda msg: error_records(item, jobs, msg))
         if first:   # graphs the first step still compiled (the early compilation's guards missed, or new kernels)
             self.warmup_report["graphs_compiled_in_first_step"] = _graphs_compiled() - graphs
+            # the steps' intra-op thread count, which every graph is guarded on (early_compile's num_threads: the
+            # one it compiled under; they differ where the launcher set a count after the module was built)
+            self.warmup_report["step_num_threads"] = torch.get_num_threads()
         return out
 
     def _answer_video(self, item: dict) -> list[dict]:

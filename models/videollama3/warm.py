@@ -157,6 +157,23 @@ def compile_fused_kernels(config, device: torch.device | str, dtype: torch.dtype
     return selected
 
 
+def caller_num_threads() -> int:
+    """``torch.get_num_threads()`` of the calling thread, fixed now.
+
+    Why: TorchDynamo guards every graph on the intra-op thread count of the thread that calls it (its global-state
+    guard), and that count is per thread, set at the thread's first use from the process's last
+    ``torch.set_num_threads``. The DataLoader's pin-memory thread calls ``torch.set_num_threads(1)``, so a main thread
+    whose first use came after it ran its steps with 1 thread while the early compilation's thread, started before
+    the loader, had the machine's count: every graph of the early compilation was compiled again in the first step
+    (``GLOBAL_STATE changed: num_threads``, 6 graphs on the H200, 2026-12-04). Calling this in the thread that will
+    run the steps fixes that thread's count; the compilation thread then sets the same count for itself.
+
+    Returns:
+        The calling thread's intra-op thread count (``>= 1``).
+    """
+    return torch.get_num_threads()
+
+
 def cache_counters() -> dict[str, int]:
     """This process's compile-cache counters so far (cumulative; a bench prints them, or the difference over a
     pass): ``torch._dynamo.utils.counters`` entries whose name has ``cache`` in it, of the groups ``inductor``
@@ -201,6 +218,7 @@ def start(model_path: str | Path, device: torch.device | str, dtype: torch.dtype
     if inference is None:
         inference = torch.is_inference_mode_enabled()
     default_dtype = torch.get_default_dtype()   # now, before the weight load (started after this) changes it
+    threads = caller_num_threads()
     try:
         from transformers import VideoLlama3Config
 
@@ -211,13 +229,14 @@ def start(model_path: str | Path, device: torch.device | str, dtype: torch.dtype
     timings: dict = {}
 
     def run() -> None:
+        torch.set_num_threads(threads)          # the caller's, which every graph is guarded on (see caller_num_threads)
         before, t0 = cache_counters(), time.perf_counter()
         try:
             compile_fused_kernels(config, device, dtype, inference, inference_weights, default_dtype=default_dtype)
         except Exception as e:  # noqa: BLE001 - the kernels compile at their first call instead
             log.warning("early compilation of the fused kernels failed (%s); they compile at their first call", e)
         timings.update(seconds=round(time.perf_counter() - t0, 3), cache=_counter_delta(before, cache_counters()),
-                       end_perf_counter=time.perf_counter())
+                       num_threads=threads, end_perf_counter=time.perf_counter())
         log.info("fused kernels compiled in %.1f s; cache counters %s", timings["seconds"], timings["cache"])
 
     thread = threading.Thread(target=run, name="fused-kernel-compile", daemon=True)

@@ -94,7 +94,8 @@ def test_the_thread_compiles_for_the_callers_mode_and_reports_its_time(tiny_conf
     warm.start(tiny_config_dir, "cuda", torch.bfloat16, inference=True, inference_weights=False).join()
     assert calls[0][3:] == (True, False)     # weights loaded in another thread: plain tensors
     assert kws[0] == {"default_dtype": torch.float32}   # the default dtype when started (before the load's)
-    assert set(thread.timings) == {"seconds", "cache", "end_perf_counter"} and thread.timings["seconds"] >= 0
+    assert set(thread.timings) == {"seconds", "cache", "num_threads", "end_perf_counter"}
+    assert thread.timings["seconds"] >= 0 and thread.timings["num_threads"] == torch.get_num_threads()
 
     def fail(*a, **k):
         raise RuntimeError("inductor broke")
@@ -189,3 +190,41 @@ def test_a_kernel_waits_for_the_default_dtype_the_load_thread_changed(tiny_confi
         assert warm.await_default_dtype(None) is True and warm.await_default_dtype(torch.bfloat16) is True
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+_THREADS_SCRIPT = r"""
+import sys, threading, torch
+from models.videollama3 import warm
+seen = {}
+def fake_compile(*args, **kwargs):           # what Dynamo does while tracing: capture the thread's global state
+    seen["guard"] = torch._C._dynamo.guards.GlobalStateGuard()
+    seen["threads"] = torch.get_num_threads()
+warm.compile_fused_kernels = fake_compile
+warm.start(sys.argv[1], "cuda", torch.float32, inference=False).join()
+# the DataLoader's pin-memory thread, started after the model is built, sets one thread for itself (and for every
+# thread whose first use comes later)
+pin = threading.Thread(target=lambda: torch.set_num_threads(1)); pin.start(); pin.join()
+print(seen["threads"], torch.get_num_threads(), seen["guard"].check())
+"""
+
+
+def test_the_compile_thread_runs_with_the_callers_thread_count(tiny_config_dir):
+    """The H200's first step recompiled all 6 graphs (``GLOBAL_STATE changed: num_threads``): the pin-memory thread's
+    ``set_num_threads(1)`` came before the main thread's first use of its count. ``start`` fixes the caller's count
+    and gives it to the compile thread, so a graph traced there passes the main thread's global-state guard (a fresh
+    process: a thread's count is set once, at its first use; the default count must not be 1 for the pin thread's
+    1 to show)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(repo)}
+    out = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, str(tiny_config_dir)], capture_output=True,
+                         text=True, env=env, cwd=repo, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    compile_threads, main_threads, guard_ok = out.stdout.split()
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: every thread's count is 1 anyway")
+    assert (compile_threads, main_threads, guard_ok) == ("2", "2", "True")
