@@ -282,3 +282,42 @@ def test_eager_first_step_runs_while_the_early_compilation_runs(tiny_vl3_dir):
         Fusable.eager_while = None
     compiled = f(x, w, 1e-6)
     assert f.state == "ok" and torch.allclose(eager, compiled, atol=1e-5)
+
+
+def test_graph_decode_reuses_one_capture_across_prefixes_on_cuda(cuda_vlm):
+    """One decode slot (one captured graph) serves prefixes of different lengths in its bucket: every answer equals
+    the sequential path's, and only the first one captured (the slot pool built one slot)."""
+    from datamodules.decode import decode_video
+    from models.videollama3 import prepare_budgets
+
+    dec = decode_video(MEDIA / "cockatoo.mp4", 256)
+    a, b = (bi.prompt for bi in prepare_budgets(cuda_vlm, dec.frames.cuda(), dec.times_s, [128, 256]))
+    qs = ["What animal is shown?\nA. A dog.\nB. A cockatoo.", "Colour?\nA. White.\nB. Green."]
+    pool = cuda_vlm.decode_slots()
+    pool.clear()
+    made = pool.made
+    for prompt in (a, b, a, b):
+        seq = [x.token_ids for x in cuda_vlm.answer_all(prompt, qs, 8)]
+        assert [x.token_ids for x in cuda_vlm.answer_batched(prompt, qs, 8, decode="graph")] == seq
+    assert pool.made - made == 1 and callable(pool.slots[0].replay)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_bounded_prefix_part_equals_the_flash_prefix_part_on_cuda(dtype):
+    """The decode step's prefix part over a fixed-capacity buffer (FlashAttention's variable-length kernel with
+    seqused_k) against the dense flash kernel over the exact prefix: stale rows past L must not count."""
+    from models.videollama3 import shared_prefix as sp
+
+    torch.manual_seed(0)
+    kv_heads, m, d, length, cap = 4, 21, 128, 3000, 4096
+    q = torch.randn(1, kv_heads, m, d, device="cuda", dtype=dtype)
+    pk, pv = (torch.randn(1, kv_heads, length, d, device="cuda", dtype=dtype) for _ in range(2))
+    keys, values = (torch.randn(cap, kv_heads, d, device="cuda", dtype=dtype) * 8 for _ in range(2))
+    keys[:length], values[:length] = pk[0].transpose(0, 1), pv[0].transpose(0, 1)
+    used = torch.tensor([length], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, cap], dtype=torch.int32, device="cuda")
+    cu_q = torch.tensor([0, m], dtype=torch.int32, device="cuda")
+    out_b, lse_b = sp.bounded_prefix_part(q, keys, values, used, cu_k, cu_q, d ** -0.5)
+    out, lse = sp._prefix_part(q, pk, pv, d ** -0.5)
+    torch.testing.assert_close(out_b, out, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(lse_b, lse, atol=1e-3, rtol=1e-4)

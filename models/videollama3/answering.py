@@ -13,6 +13,7 @@ optionally captured once as a CUDA graph, :mod:`models.videollama3.batched_decod
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,6 +24,7 @@ from algorithms.errors import SettingError
 from ..kernels import host_to_device
 from ..vision_attention import sdpa_without_cudnn
 from .batched_decode import BatchedDecoding
+from .decode_slots import SUFFIX_BUCKET, DecodeSlotPool, bucket
 from .layout import VideoPrompt
 
 log = logging.getLogger(__name__)
@@ -327,7 +329,12 @@ class SharedPrefixAnswering(BatchedDecoding):
         # launched, so that from here to the final read of the tokens nothing waits for the GPU and the host-side work
         # of the answer stage overlaps the prefill
         first = self._suffix_inputs([batch[r] for r in groups[0]], prefix_len, max_new_tokens, decode)
-        cache = self.prefill(prompt, max_new_tokens)                            # batch 1
+        try:
+            cache = self.prefill(prompt, max_new_tokens)                        # batch 1
+        except BaseException:
+            if first[3] is not None:                                            # the decode slot taken for it
+                self.decode_slots().release(first[3])
+            raise
         started = [self._start_group(cache, *first, max_new_tokens, ignore_eos, decode, eos,
                                      keep_prefix=len(groups) > 1)]
 
@@ -352,9 +359,13 @@ class SharedPrefixAnswering(BatchedDecoding):
     def _suffix_inputs(self, batch: list[list[int]], prefix_len: int, max_new_tokens: int, decode: str) -> tuple:
         """One answer batch's suffix inputs on the device: ``(inp (Q, n) left-padded question ids, valid (Q, L + n)
         keys a row may attend (pads excluded), pos (Q, n) position ids L + j of the j-th real suffix token, the
-        suffix ``StaticCache`` of n + R positions or None for ``dynamic``)``."""
+        busy :class:`~models.videollama3.decode_slots.DecodeSlot` (suffix ``StaticCache`` of n + R positions) or
+        None for ``dynamic``)``; for ``static``/``graph`` n is the longest suffix rounded up to
+        :data:`~models.videollama3.decode_slots.SUFFIX_BUCKET` (the extra left pads are masked)."""
         q = len(batch)
         longest = max(len(x) for x in batch)
+        if decode != "dynamic":     # the decode slot's suffix bucket: more left pads, masked (decode_slots)
+            longest = bucket(longest, SUFFIX_BUCKET)
         pad = self.tokenizer.pad_token_id or 0
         inp = torch.full((q, longest), pad, dtype=torch.long)
         valid = torch.zeros(q, prefix_len + longest, dtype=torch.bool)
@@ -366,8 +377,8 @@ class SharedPrefixAnswering(BatchedDecoding):
             valid[r, prefix_len + longest - n:] = True
             pos[r, longest - n:] = prefix_len + torch.arange(n)
         inp, valid, pos = (host_to_device(t, self.device) for t in (inp, valid, pos))
-        static = self._suffix_cache(q, longest + max_new_tokens) if decode != "dynamic" else None
-        return inp, valid, pos, static
+        slot = self._decode_slot(q, longest, max_new_tokens, prefix_len) if decode != "dynamic" else None
+        return inp, valid, pos, slot
 
     def _start_group(self, cache, inp: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor, static,
                      max_new_tokens: int, ignore_eos: bool, decode: str, eos: torch.Tensor,
@@ -393,12 +404,23 @@ class SharedPrefixAnswering(BatchedDecoding):
                                   past_key_values=cache, use_cache=True).logits
 
             return lambda: self._greedy(logits, step_fn, q, max_new_tokens, ignore_eos, eos)
-        with self._shared_prefix_attention(cache):
-            logits, step_fn = self._static_decoder(static, inp, valid, pos, max_new_tokens, graph=decode == "graph")
+        slot = static
+        try:
+            with self._shared_prefix_attention(cache, slot):
+                logits, step_fn = self._static_decoder(slot, cache, inp, valid, pos, max_new_tokens,
+                                                       graph=decode == "graph")
+        except BaseException:
+            self.decode_slots().release(slot)
+            raise
 
         def decode_all() -> list[list[int]]:
-            with self._shared_prefix_attention(cache):   # eager steps attend to this prefix (a graph has it)
-                return self._greedy(logits, step_fn, q, max_new_tokens, ignore_eos, eos)
+            try:
+                with self._shared_prefix_attention(cache, slot):   # eager steps attend to this prefix
+                    return self._greedy(logits, step_fn, q, max_new_tokens, ignore_eos, eos)
+            finally:
+                self.decode_slots().release(slot)                  # the next batch of its bucket may take it
+        # a batch never decoded (another budget's answer failed first) gives its slot back when dropped
+        weakref.finalize(decode_all, DecodeSlotPool.release, slot)
         return decode_all
 
     def _repeated_prefix(self, cache, rows: int):

@@ -1,6 +1,7 @@
 """The batched decoding machinery of :class:`~models.videollama3.answering.SharedPrefixAnswering`: greedy steps with a
 lagged end check, shared-prefix attention over the batch-1 prefix cache, the suffix-only ``StaticCache`` and the
-decode step captured once as a CUDA graph.
+decode step captured as a CUDA graph once per shape bucket (:mod:`models.videollama3.decode_slots`) and replayed
+for every (video, budget) of that bucket.
 
 Legend: L prefix tokens, Q question rows answered together, n the longest question suffix, R decode steps, V vocab.
 
@@ -16,6 +17,8 @@ import logging
 from typing import Callable
 
 import torch
+
+from .decode_slots import PREFIX_BUCKET, DecodeSlot, DecodeSlotPool, PrefixBuffer, bucket
 
 log = logging.getLogger(__name__)
 
@@ -85,19 +88,55 @@ class BatchedDecoding:
         return torch.stack(tokens, 1).tolist()
 
     @contextlib.contextmanager
-    def _shared_prefix_attention(self, cache):
-        """Inside the block the LLM attends through :mod:`models.videollama3.shared_prefix` over ``cache`` (the prefill's)."""
+    def _shared_prefix_attention(self, cache, slot: DecodeSlot | None = None):
+        """Inside the block the LLM attends through :mod:`models.videollama3.shared_prefix` over ``cache`` (the
+        prefill's); with ``slot``, the one-token decode steps read the prefix from the slot's prefix buffer."""
         from . import shared_prefix
 
         name = shared_prefix.register()
         text_cfg = self.model.config.get_text_config()
         old = text_cfg._attn_implementation
         self.model.set_attn_implementation({"text_config": name})
+        bounded = slot.prefix.bounded(0, slot.cu_q) if slot is not None else None
         try:
-            with shared_prefix.shared_prefix(cache.layers):
+            with shared_prefix.shared_prefix(cache.layers, bounded):
                 yield
         finally:
             self.model.set_attn_implementation({"text_config": old})
+
+    def decode_slots(self) -> DecodeSlotPool:
+        """This model's :class:`~models.videollama3.decode_slots.DecodeSlotPool` (made at the first use)."""
+        pool = self.__dict__.get("_decode_slot_pool")
+        if pool is None:
+            pool = self.__dict__["_decode_slot_pool"] = DecodeSlotPool()
+        return pool
+
+    def _decode_slot(self, rows: int, suffix_len: int, max_new_tokens: int, prefix_len: int) -> DecodeSlot:
+        """A busy :class:`~models.videollama3.decode_slots.DecodeSlot` for ``rows`` question rows, a suffix region of
+        ``suffix_len`` (already bucketed) + ``max_new_tokens`` positions and a prefix of ``prefix_len`` keys (its
+        capacity bucket), from :meth:`decode_slots`; its suffix cache rewound to position 0. Release it with
+        ``decode_slots().release`` after decoding."""
+        cfg = self.model.config.get_text_config()
+        heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        cap, total = bucket(prefix_len, PREFIX_BUCKET), suffix_len + max_new_tokens
+        dev, dtype = self.device, self.dtype
+        key = (rows, suffix_len, total, cap, dtype, dev, id(self.model))
+        prefix_key = (cfg.num_hidden_layers, cap, kv_heads, head_dim, dtype, dev)
+
+        def build(shared: PrefixBuffer | None) -> DecodeSlot:
+            prefix = shared or PrefixBuffer(cfg.num_hidden_layers, cap, kv_heads, head_dim, dtype, dev)
+            cu_q = torch.zeros(2, dtype=torch.int32, device=dev)
+            cu_q[1] = rows * (heads // kv_heads)
+            return DecodeSlot(key=key, sc=self._suffix_cache(rows, total),
+                              tok=torch.zeros(rows, 1, dtype=torch.long, device=dev),
+                              pos=torch.zeros(rows, 1, dtype=torch.long, device=dev),
+                              mask=torch.zeros(rows, 1, 1, total, dtype=dtype, device=dev), cu_q=cu_q, prefix=prefix)
+
+        slot = self.decode_slots().acquire(key, prefix_key, build)
+        for layer in slot.sc.layers:
+            layer.cumulative_length.zero_()
+        return slot
 
     def _suffix_cache(self, rows: int, length: int):
         """A ``StaticCache`` of ``length`` positions for ``rows`` question rows, allocated now (not lazily at the
@@ -158,20 +197,23 @@ class BatchedDecoding:
             return static_logits
         return replay
 
-    def _static_decoder(self, sc, inp: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor, max_new_tokens: int,
-                        graph: bool):
-        """Suffix prefill + a fixed-shape decode step over the suffix-only ``StaticCache`` ``sc`` (optionally a replayed
-        CUDA graph), attending to the shared prefix through :mod:`models.videollama3.shared_prefix` (call inside
-        :meth:`_shared_prefix_attention`).
+    def _static_decoder(self, slot: DecodeSlot, cache, inp: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor,
+                        max_new_tokens: int, graph: bool):
+        """Suffix prefill + a fixed-shape decode step over the slot's suffix-only ``StaticCache`` (optionally the
+        slot's CUDA graph, captured at its first use and replayed for every later (video, budget) of its bucket),
+        attending to the shared prefix through :mod:`models.videollama3.shared_prefix` (call inside
+        :meth:`_shared_prefix_attention` with ``slot``).
 
-        Layout of the static cache per row: ``[suffix (left-padded to n) | decode steps]``; the prefix stays in the
-        prefill's batch-1 cache. The mask covers the suffix region only: an additive 4-D ``(Q, 1, 1, n + R)``
-        buffer whose column for the step's own key is opened in place before each step, so the step itself has
-        fixed shapes and addresses (what a CUDA graph needs). The suffix prefill runs in causal query chunks of at
-        most ``answer_chunk`` tokens (:meth:`~models.videollama3.answering.SharedPrefixAnswering._chunked_prefill`),
-        each with its own additive ``(Q, 1, chunk, n + R)`` mask, so no ``(Q, 1, n, n + R)`` mask is built for a
-        long question. The chunk masks stay dense (per-row pads and a lower-right causal edge, which SDPA cannot
-        take as a flag or lengths; the suffix part's float32 scores are larger anyway): see
+        Layout of the static cache per row: ``[suffix (left-padded to n_b) | decode steps]``; the prefix stays in the
+        prefill's batch-1 ``cache`` for the suffix prefill and is copied into the slot's prefix buffer for the decode
+        steps (:mod:`models.videollama3.decode_slots`). The mask covers the suffix region only: an additive 4-D
+        ``(Q, 1, 1, n_b + R)`` buffer whose column for the step's own key is opened in place before each step, so the
+        step itself has fixed shapes and addresses (what a CUDA graph needs). The suffix prefill runs in causal query
+        chunks of at most ``answer_chunk`` tokens
+        (:meth:`~models.videollama3.answering.SharedPrefixAnswering._chunked_prefill`), each with its own additive
+        ``(Q, 1, chunk, n_b + R)`` mask, so no ``(Q, 1, n, n + R)`` mask is built for a long question. The chunk
+        masks stay dense (per-row pads and a lower-right causal edge, which SDPA cannot take as a flag or lengths;
+        the suffix part's float32 scores are larger anyway): see
         :meth:`~models.videollama3.answering.SharedPrefixAnswering._chunked_prefill`.
 
         Returns:
@@ -194,34 +236,40 @@ class BatchedDecoding:
             allowed = key_ok[:, None, :] & (keys[None, None, :] <= query_at[None, a:b, None])   # (Q, b - a, total)
             mask = torch.zeros(q, 1, b - a, total, dtype=dtype, device=dev).masked_fill(~allowed[:, None], neg)
             return {"attention_mask": {"full_attention": mask}}
-        tok_buf = torch.zeros(q, 1, dtype=torch.long, device=dev)
-        pos_buf = pos[:, -1:] + 1
-        mask_buf = torch.zeros(q, 1, 1, total, dtype=dtype, device=dev).masked_fill(
-            ~(key_ok & (keys[None] < s0))[:, None, None], neg)
+        sc, tok_buf, pos_buf, mask_buf = slot.sc, slot.tok, slot.pos, slot.mask
+        slot.prefix.load(cache.layers)                                         # queued after the prefix prefill
+        pos_buf.copy_(pos[:, -1:] + 1)
+        mask_buf.zero_().masked_fill_(~(key_ok & (keys[None] < s0))[:, None, None], neg)
 
-        def forward() -> torch.Tensor:
-            return self.model(input_ids=tok_buf, attention_mask={"full_attention": mask_buf}, position_ids=pos_buf,
-                              past_key_values=sc, use_cache=True).logits
+        if slot.forward is None:
+            def forward() -> torch.Tensor:
+                return self.model(input_ids=tok_buf, attention_mask={"full_attention": mask_buf},
+                                  position_ids=pos_buf, past_key_values=sc, use_cache=True).logits
+            slot.forward = forward
 
-        run = forward
+        run = slot.forward
         if graph and max_new_tokens > 1:
-            warm_key = (id(self.model), self.dtype, self._fused, q == 1)
-            replay = self._capture_step(forward, sc, warm=warm_key not in BatchedDecoding._graph_warm)
-            if replay is not None:
-                # later captures skip the warm-up: lazy initialisation (cuBLAS handles, workspaces, compiled
-                # kernels) is done
-                BatchedDecoding._graph_warm.add(warm_key)
-                # The graph holds raw addresses of what the step reads and writes: the suffix cache's keys, values
-                # and write positions, and the step's token / position / mask buffers (``forward``'s closure holds
-                # them all). Nothing else refers to the suffix cache once the caller returns, so without this
-                # reference its memory went back to the allocator while the graph still wrote into it: a write
-                # position reused by, e.g., the next step's argmax made ``index_copy_`` write out of bounds (the
-                # device-side assert of 2026-12-02, also under CUDA_LAUNCH_BLOCKING=1).
-                run = functools.partial(_replay_keeping, replay, (forward, sc))
-        # the suffix prefill is launched after the capture: recording the graph is host work that overlaps the prefix
-        # prefill on the GPU, while the ~1,000 launches of an eager suffix prefill fill the driver's command queue and
-        # would block the host until the GPU drains it (measured: the capture then added ~40 ms per (video, budget)).
-        # The graph reads the cache write position on the device, so it does not matter that it was recorded first.
+            if slot.replay is None:
+                warm_key = (id(self.model), self.dtype, self._fused, q == 1)
+                replay = self._capture_step(slot.forward, sc, warm=warm_key not in BatchedDecoding._graph_warm)
+                if replay is None:              # not capturable: this slot decodes eagerly from now on
+                    slot.replay = slot.forward
+                else:
+                    # later captures skip the warm-up: lazy initialisation (cuBLAS handles, workspaces, compiled
+                    # kernels) is done
+                    BatchedDecoding._graph_warm.add(warm_key)
+                    # The graph holds raw addresses of what the step reads and writes: the suffix cache's keys,
+                    # values and write positions, the step's token / position / mask buffers and the prefix buffer
+                    # (the slot holds them all, and ``forward``'s closure the first four). Without such a reference
+                    # the suffix cache's memory went back to the allocator while the graph still wrote into it: a
+                    # write position reused by, e.g., the next step's argmax made ``index_copy_`` write out of
+                    # bounds (the device-side assert of 2026-12-02, also under CUDA_LAUNCH_BLOCKING=1).
+                    slot.replay = functools.partial(_replay_keeping, replay, (slot.forward, sc, slot.prefix))
+            run = slot.replay
+        # at a slot's first use the suffix prefill is launched after the capture: recording the graph is host work
+        # that overlaps the prefix prefill on the GPU, while the ~1,000 launches of an eager suffix prefill fill the
+        # driver's command queue and would block the host until the GPU drains it. The graph reads the cache write
+        # position on the device, so it does not matter that it was recorded first.
         logits = self._chunked_prefill(chunk_mask, inp, pos, sc)
 
         def step_fn(nxt: torch.Tensor, step: int) -> torch.Tensor:
@@ -232,4 +280,3 @@ class BatchedDecoding:
             return run()
 
         return logits, step_fn
-

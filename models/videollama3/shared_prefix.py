@@ -30,24 +30,34 @@ from ..kernels import Fusable
 
 SHARED_PREFIX_SDPA = "shared_prefix_sdpa"
 _PREFIX: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # layer_idx -> prefix (keys, values), (1, Hkv, L, d)
+# layer_idx -> the same prefix in a fixed-capacity buffer (keys, values (C, Hkv, d), used (1,) int32, cu_k, cu_q (2,)
+# int32), read by the one-token decode steps (models.videollama3.decode_slots)
+_BOUNDED: dict[int, tuple] = {}
 
 
 @contextlib.contextmanager
-def shared_prefix(layers):
+def shared_prefix(layers, bounded: dict[int, tuple] | None = None):
     """Make the prefix keys/values of every layer visible to :func:`shared_prefix_sdpa` inside the block.
 
     Args:
         layers: the prefill cache's layers (``DynamicCache.layers``), layer ``i`` with ``keys``/``values`` of shape
             (1, Hkv, L, d).
+        bounded: layer -> ``(keys, values, used, cu_k, cu_q)``, the same prefix copied into a fixed-capacity buffer
+            (:meth:`models.videollama3.decode_slots.PrefixBuffer.bounded`); the decode steps (one query token per
+            row) then attend through :func:`bounded_prefix_part`, whose addresses and launch sizes do not depend on L.
     """
-    old = dict(_PREFIX)
+    old, old_bounded = dict(_PREFIX), dict(_BOUNDED)
     _PREFIX.clear()
     _PREFIX.update({i: (layer.keys, layer.values) for i, layer in enumerate(layers)})
+    _BOUNDED.clear()
+    _BOUNDED.update(bounded or {})
     try:
         yield
     finally:
         _PREFIX.clear()
         _PREFIX.update(old)
+        _BOUNDED.clear()
+        _BOUNDED.update(old_bounded)
 
 
 def _partial_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -88,6 +98,37 @@ def _prefix_part(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: flo
     return _partial_math(q, k, v, None, scaling)
 
 
+def bounded_prefix_part(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, used: torch.Tensor,
+                        cu_k: torch.Tensor, cu_q: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_prefix_part` over a prefix held in a fixed-capacity buffer whose valid row count is on the device, so
+    the launch does not depend on L (what a CUDA graph replayed for many prefixes needs).
+
+    On CUDA in half precision: FlashAttention's variable-length kernel
+    (``torch.nn.attention.varlen.varlen_attn``) with ``seqused_k = used``: one sequence of M folded queries per KV
+    head over the buffer's first ``used`` keys (the key blocks past ``used`` are not visited). Elsewhere: the float32
+    math of :func:`_partial_math` with the keys past ``used`` masked by ``-inf`` (exactly zero weight).
+
+    Args:
+        q: (1, Hkv, M, d) folded queries.
+        keys, values: (C, Hkv, d) buffers.
+        used: (1,) int32, the valid keys L <= C.
+        cu_k, cu_q: (2,) int32 ``[0, C]`` and ``[0, M]`` (the kernel's sequence offsets; made once per buffer).
+
+    Returns:
+        ``(out (1, Hkv, M, d), lse (1, Hkv, M))`` in float32, as :func:`_prefix_part`.
+    """
+    m, cap = q.shape[2], keys.shape[0]
+    if _flash_ok(q):
+        from torch.nn.attention.varlen import AuxRequest, varlen_attn
+
+        out, lse = varlen_attn(q[0].transpose(0, 1).contiguous(), keys, values, cu_q, cu_k, m, cap,
+                               return_aux=AuxRequest(lse=True), scale=scaling, seqused_k=used)
+        return out.transpose(0, 1)[None].float(), lse[None].float()      # (M, Hkv, d) -> (1, Hkv, M, d); (Hkv, M)
+    mask = torch.zeros(cap, dtype=torch.float32, device=q.device).masked_fill(
+        torch.arange(cap, device=q.device) >= used, float("-inf"))
+    return _partial_math(q, keys.permute(1, 0, 2)[None], values.permute(1, 0, 2)[None], mask, scaling)
+
+
 def shared_prefix_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                        attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                        **kwargs) -> tuple[torch.Tensor, None]:
@@ -117,7 +158,11 @@ def shared_prefix_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: to
     scale = float(scaling if scaling is not None else d ** -0.5)
     # prefix: fold (rows, G, s) into one query axis per KV head; query head h = kv * G + j (repeat_kv's layout)
     folded = query.view(rows, kv_heads, g, s, d).permute(1, 0, 2, 3, 4).reshape(1, kv_heads, rows * g * s, d)
-    out_p, lse_p = _prefix_part(folded, pk, pv, scale)
+    bounded = _BOUNDED.get(module.layer_idx) if s == 1 else None
+    if bounded is not None:   # the decode step: the prefix at fixed addresses (one graph for many prefixes)
+        out_p, lse_p = bounded_prefix_part(folded, *bounded, scale)
+    else:
+        out_p, lse_p = _prefix_part(folded, pk, pv, scale)
     # the decode step (s = 1, every step, inside the CUDA graph) runs the compiled chain; the question suffixes
     # (s = n, once per layer and (video, budget)) the same math eagerly: one compiled graph, not two
     if s == 1:
@@ -166,7 +211,8 @@ def decode_step_stand_ins(rows: int, heads: int, kv_heads: int, head_dim: int, k
     """Random arguments of :data:`_suffix_and_merge` as :func:`shared_prefix_sdpa` passes them in a decode step, in
     the same layouts (a compiled graph guards on strides as well as shapes): the query, the suffix keys / values and
     the mask contiguous (the decode step hands the query over with contiguous strides), the prefix part computed by
-    :func:`_prefix_part` itself over the folded query (on CUDA in half precision the flash kernel's output layout).
+    :func:`bounded_prefix_part` itself over the folded query, as the decode step computes it (on CUDA in half
+    precision the variable-length flash kernel's output layout).
 
     Returns:
         ``(query (Q, H, 1, d), key, value (Q, Hkv, S, d), mask (Q, 1, 1, S), out_p (1, Hkv, Q G, d), lse_p
@@ -181,8 +227,14 @@ def decode_step_stand_ins(rows: int, heads: int, kv_heads: int, head_dim: int, k
     g = heads // kv_heads
     scale = float(head_dim ** -0.5)
     folded = query.view(rows, kv_heads, g, 1, head_dim).permute(1, 0, 2, 3, 4).reshape(1, kv_heads, rows * g, head_dim)
-    pk, pv = randn(1, kv_heads, prefix_len, head_dim), randn(1, kv_heads, prefix_len, head_dim)
-    out_p, lse_p = _prefix_part(folded, pk, pv, scale)
+    # the decode step's prefix part reads a fixed-capacity buffer (models.videollama3.decode_slots)
+    cap = -(-prefix_len // 64) * 64
+    pk, pv = randn(cap, kv_heads, head_dim), randn(cap, kv_heads, head_dim)
+    used = torch.full((1,), prefix_len, dtype=torch.int32, device=device)
+    cu_k = torch.zeros(2, dtype=torch.int32, device=device)
+    cu_q = torch.zeros(2, dtype=torch.int32, device=device)
+    cu_k[1], cu_q[1] = cap, rows * g
+    out_p, lse_p = bounded_prefix_part(folded, pk, pv, used, cu_k, cu_q, scale)
     return query, key, value, mask, out_p, lse_p, scale
 
 

@@ -56,7 +56,8 @@ def test_last_position_logits_equal_the_full_logits_path(tiny_vlm, prompt, decod
         hook.remove()
     q, vocab = len(QUESTIONS), tiny_vlm.model.config.get_text_config().vocab_size
     longest = max(len(tiny_vlm.question_ids(prompt, t)[0]) for t in QUESTIONS)
-    assert longest > 60 and _full_logits.shapes == [(q, longest, vocab)]   # what the old path made
+    width = longest if decode == "dynamic" else -(-longest // 64) * 64     # static: the decode slot's suffix bucket
+    assert longest > 60 and _full_logits.shapes == [(q, width, vocab)]     # what the old path made
     assert [tuple(t.shape) for t in got] == [(q, 1, vocab)]                 # what is made now
     assert head_rows[0] == (q, 1, tiny_vlm.model.config.get_text_config().hidden_size)
     assert torch.equal(got[0], ref_logits[0])
@@ -80,7 +81,8 @@ def test_a_question_longer_than_the_context_is_an_error_not_a_prefill(tiny_vlm, 
     for decode in ("dynamic", "static"):
         prefilled.clear()
         got = tiny_vlm.answer_batched(prompt, QUESTIONS, max_new_tokens=4, decode=decode)
-        assert prefilled == [(3, n_mid)]                   # the long one is not in the batch
+        width = n_mid if decode == "dynamic" else -(-n_mid // 64) * 64   # static: the slot's suffix bucket
+        assert prefilled == [(3, width)]                   # the long one is not in the batch
         assert [a.token_ids for a in got[:3]] == [a.token_ids for a in ref[:3]]
         assert got[3].token_ids == [] and got[3].seq_len == L + n_long
         assert got[3].error == (f"prompt of {L + n_long} tokens + 4 answer tokens is longer than the model's "

@@ -45,8 +45,9 @@ def test_replayed_decode_step_keeps_what_it_writes_alive(tiny_vlm, monkeypatch):
     step's buffers must outlive ``start_batched`` while the graph is replayed. Here the capture is a stand-in that
     holds the step only through a weak reference (as a CUDA graph holds no Python reference) and replays it by
     calling it: the answers must be the sequential path's, the step and the suffix cache must still be alive at
-    every replay (with the suffix cache unreferenced by the caller, the 2026-12-02 index_copy_ assert), and after
-    the answers the suffix cache must be freed (no leak of one cache per (video, budget))."""
+    every replay (with the suffix cache unreferenced by the caller, the 2026-12-02 index_copy_ assert). The decode
+    slot keeps them for the next (video, budget) of its bucket: a second answer replays the same capture (one
+    capture in all), and once the slot pool lets the slot go the suffix cache is freed (no leak)."""
     import gc
     import weakref
 
@@ -69,7 +70,9 @@ def test_replayed_decode_step_keeps_what_it_writes_alive(tiny_vlm, monkeypatch):
     monkeypatch.setattr(BudgetedVideoLlama3, "_graph_warm", set())
     monkeypatch.setattr(BudgetedVideoLlama3, "_capture_step", fake_capture)
     monkeypatch.setattr(BudgetedVideoLlama3, "_static_decoder",
-                        lambda self, sc, inp, valid, pos, n, graph: real(self, sc, inp, valid, pos, n, True))
+                        lambda self, slot, cache, inp, valid, pos, n, graph: real(self, slot, cache, inp, valid, pos,
+                                                                                  n, True))
+    tiny_vlm.decode_slots().clear()
     dec = decode_video(MEDIA / "cockatoo.mp4", 256)
     (bi,) = prepare_budgets(tiny_vlm, dec.frames, dec.times_s, [256], raw_mode="orig")
     qs = ["What animal is shown?\nA. A dog.\nB. A cockatoo.", "Colour?\nA. White.\nB. Green."]
@@ -80,7 +83,12 @@ def test_replayed_decode_step_keeps_what_it_writes_alive(tiny_vlm, monkeypatch):
     assert replays == [(True, True)] * 5        # 6 tokens: the suffix prefill's, then 5 replayed steps
     del finish
     gc.collect()
-    assert len(caches) == 1 and caches[0]() is None
+    assert len(caches) == 1 and caches[0]() is not None          # held by the idle slot
+    assert [a.token_ids for a in tiny_vlm.answer_batched(bi.prompt, qs, 6, ignore_eos=True, decode="static")] == seq
+    assert len(caches) == 1 and replays == [(True, True)] * 10   # the same capture replayed
+    tiny_vlm.decode_slots().clear()
+    gc.collect()
+    assert caches[0]() is None
 
 
 def test_balanced_assignment_hand_case():
