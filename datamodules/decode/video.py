@@ -99,16 +99,15 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
             gave before (the ``fps`` filter's repeat); ``info["frames_concealed"]`` lists the positions (in the
             returned frames) of the frames concealed or repeated (:func:`concealed_frames` for the readers that
             report nothing: decord, PyAV in decode order, NVDEC's CPU fallback). Frames NVDEC decodes are not
-            checked (PyNvVideoCodec reports no decode status; :mod:`datamodules.decode.nvdec`): ``info
-            ["concealment_checked"]`` is ``False`` for them (deviation, docs/deviations.md; a packet the NVDEC
-            path's scan finds damaged sends the file to the CPU reader, which flags). A file decord cannot read through
-            (a refused packet fails its whole batch) is read by PyAV (``info["decoder_fallback"]`` names why;
-            ``pyav_sws`` where it reads the file, else ``pyav_skip``: a reduced size then by :func:`_resize`, not
-            decord's scaler). ``True`` (deviation, the
-            rule before issue 42): a concealed or missing sampled frame is unreadable, so the video is an error
-            record unless ``max_replaced_frac`` allows replacing it. The rule needs the flags, so with
-            ``decoder`` ``nvdec`` / ``auto`` every file is read on the CPU (``info["decoder_fallback"]`` says why:
-            :data:`NVDEC_UNCHECKED`).
+            checked (PyNvVideoCodec reports no decode status; :mod:`datamodules.decode.nvdec`):
+            ``info["concealment_checked"]`` is ``False`` for them (deviation, docs/deviations.md; a packet the
+            NVDEC path's scan finds damaged sends the file to the CPU reader, which flags). A file decord cannot
+            read through (a refused packet fails its whole batch) is read by PyAV (``info["decoder_fallback"]``
+            names why; ``pyav_sws`` where it reads the file, else ``pyav_skip``: a reduced size then by
+            :func:`_resize`, not decord's scaler). ``True`` (deviation, the rule before issue 42): a concealed or
+            missing sampled frame is unreadable, so the video is an error record unless ``max_replaced_frac``
+            allows replacing it. The rule needs the flags, so with ``decoder`` ``nvdec`` / ``auto`` every file is
+            read on the CPU (``info["decoder_fallback"]`` says why: :data:`NVDEC_UNCHECKED`).
 
     Raises:
         DecodeError: missing, empty, truncated, corrupted or unreadable file, no video stream, no frame at the

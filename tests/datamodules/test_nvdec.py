@@ -522,10 +522,10 @@ def test_damaged_clips_on_nvdec(tmp_path):
 
     * its NAL length prefix destroyed: the packet scan refuses it, so ``decoder: nvdec`` reads the file on the CPU:
       the CPU path's frames and flags exactly (position 1, native 15, listed), the reason recorded;
-    * its second half (slice data: one slice NAL unit) overwritten: the scan passes; NVDEC either decodes it, and the record then
-      lists nothing and says ``concealment_checked: False`` (PyNvVideoCodec reports no decode status), or fails on
-      it, and the file is the CPU path's as above. The CPU path itself lists position 1 (checked on the CPU by
-      ``test_damaged_clip_flags_on_the_cpu``)."""
+    * its second half (slice data: one slice NAL unit) overwritten: the scan passes; NVDEC either decodes it, and
+      the record then lists nothing and says ``concealment_checked: False`` (PyNvVideoCodec reports no decode
+      status), or fails on it, and the file is the CPU path's as above. The CPU path itself lists position 1
+      (checked on the CPU by ``test_damaged_clip_flags_on_the_cpu``)."""
     from datamodules.decode import decode_video
 
     if not _nvdec_ready():
