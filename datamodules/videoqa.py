@@ -102,15 +102,18 @@ class VideoQADataModule(LightningDataModule):
         strict_frames: ``false`` (default, seed 001: an error record only when ``ffmpeg.run`` exits non-zero or no
             frame comes back): a video with damaged packets is answered with the frames the decoder gives,
             concealed ones included, and its records list them (``video_info.frames_concealed``, positions in the
-            sampled frames; :func:`datamodules.decode.decode_video`). ``true`` (deviation): a concealed or missing
-            sampled frame is unreadable, so the video is an error record unless ``max_replaced_frac`` allows it.
+            sampled frames; :func:`datamodules.decode.decode_video`); a video NVDEC decoded is not checked
+            (``video_info.concealment_checked: false``, docs/deviations.md). ``true`` (deviation): a concealed or
+            missing sampled frame is unreadable, so the video is an error record unless ``max_replaced_frac``
+            allows it; it needs the flags, so ``decoder: nvdec`` is refused and ``auto`` reads on the CPU.
         max_replaced_frac: with ``strict_frames``, 0 (default) makes any unreadable sampled frame an error record.
             Above 0 (deviation): a video whose batch decode fails (corrupt packets) keeps its readable frames, each
             unreadable sampled frame replaced by the nearest readable one (``meta.frames_replaced`` in its
             records), unless more than this fraction is unreadable (then an error record). Without
             ``strict_frames`` it applies only to frames no reader can give at all.
         decoder: ``cpu`` (default), ``nvdec`` or ``auto``: the reader that decodes the planned frames
-            (:func:`datamodules.decode.resolve_decoder`; records carry ``video_info.decoder``).
+            (:func:`datamodules.decode.resolve_decoder`; records carry ``video_info.decoder``). Frames NVDEC
+            decodes are not checked for concealment (``video_info.concealment_checked: false``); ``cpu`` checks.
         in_order: deliver the decoded videos in the sampler's order (``True``), or each as soon as its worker has
             decoded it (``False``, the default: ``DataLoader(in_order=False)``), so that a short video is not held
             behind a long one that an earlier worker is still decoding. Records are keyed by question id, so the
@@ -141,6 +144,10 @@ class VideoQADataModule(LightningDataModule):
         self.in_order = in_order
         if decoder not in DECODERS:
             raise SettingError(f"data.decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
+        if decoder == "nvdec" and strict_frames:   # the rule needs concealment flags; NVDEC's frames have none
+            raise SettingError("data.strict_frames=true needs the decoder's concealment flags, which frames decoded "
+                               "by NVDEC lack (docs/deviations.md): use data.decoder cpu (or auto, which then reads "
+                               "every video on the CPU)")
         self.decoder = decoder
         if not isinstance(hold_encoder_sizes, bool):
             raise SettingError(f"data.hold_encoder_sizes must be true or false, got {hold_encoder_sizes!r}")

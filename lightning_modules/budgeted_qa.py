@@ -133,9 +133,10 @@ def qa_record(item: dict, q: Question, answer, stats: dict, n_frames_used: int, 
                   "fps": fps, "fps_ok": fps_ok, "native_fps": info["fps"], "native_fps_ok": info["fps_ok"],
                   "sample_fps": info["sample_fps"],
                   "decode_hw": info["decode_hw"], "vfr": info["vfr"],
-                  # the reader that decoded the video (decord / pyav_skip / pyav / nvdec) and why not NVDEC
-                  **{k: info[k] for k in ("decoder", "decoder_fallback", "timestamps_unusable", "frames_concealed")
-                     if k in info},
+                  # the reader that decoded the video (decord / pyav_skip / pyav / nvdec) and why not NVDEC;
+                  # concealment_checked: False where NVDEC's frames went unchecked (issue 42 item 1)
+                  **{k: info[k] for k in ("decoder", "decoder_fallback", "timestamps_unusable", "frames_concealed",
+                                          "concealment_checked") if k in info},
                   "capped": n_frames_used < round(info["duration_s"]) or info["sample_fps"] < 1.0 or
                   n_frames_used < info["n_frames"]}
     return {

@@ -184,6 +184,11 @@ def format_table(scores: dict) -> str:
         lines.append("concealed frames (damaged packets decoded as FFmpeg does; data.strict_frames makes them "
                      "errors): " + "; ".join(f"{_group_name(g)} {g['n_concealed_videos']} videos, "
                                              f"{g['n_concealed_frames']} frames" for g in concealed))
+    unchecked = [g for g in groups if g.get("n_unchecked_videos")]
+    if unchecked:   # NVDEC reports no decode status: those videos' frames were not checked (docs/deviations.md)
+        lines.append("not checked for concealment (decoded by NVDEC, which reports no decode status; data.decoder: cpu "
+                     "checks them): "
+                     + "; ".join(f"{_group_name(g)} {g['n_unchecked_videos']} videos" for g in unchecked))
     for rule in used:
         lines.append(f"  {rule}: {RULE_DESCRIPTIONS.get(rule, rule)}")
     n_res = (scores.get("bootstrap") or {}).get("n_resamples")

@@ -80,8 +80,10 @@ key-frame scan (on a concatenated MPEG-2 TS its key frames decoded alone all cam
 external ffmpeg fallback is not used. A file whose first key frame the decoder refuses is an error where FFmpeg
 answers it (no earlier frame to repeat; ``tests/datamodules/test_decode_paths.py``, xfail); a file with unusable
 timestamps (PyAV in decode order) is an error on a refused packet (flagged, not read past); frames NVDEC itself
-decodes are not checked for concealment (a CPU check pass would cost the decode NVDEC saves; its CPU fallback
-is checked). A video stream that
+decodes are not checked for concealment (PyNvVideoCodec reports no decode status, damage inside slice data shows
+in no demuxer signal, and a CPU check pass would cost the decode NVDEC saves): their records say
+``concealment_checked: false``; its CPU fallback is checked, a packet whose NAL lengths contradict its size sends
+the file to that fallback, and ``strict_frames`` reads every file on the CPU (docs/deviations.md). A video stream that
 starts a whole output step after the file's start (audio first): the CLI's ``-f rawvideo`` output sync may add
 frames at the start that the filter rule alone does not (not tested).
 """

@@ -27,6 +27,17 @@ pts, one by one); frames are taken by pts. The runs are then cut at IDR periods 
 so no reference picture is decoded by two sessions (an open-GOP stream, one period, is one session). Where anything in that fails (or the stream is VP9), the run is decoded
 by ``SimpleDecoder`` as before and ``stats`` says why.
 
+Damaged data (issue 42 item 1). PyNvVideoCodec reports no per-picture decode status: its ``NvDecoder``
+(``HandlePictureDisplay``) calls ``cuvidGetDecodeStatus`` and only ``printf``\ s "Decode Error occurred for picture
+%d" on ``cuvidDecodeStatus_Error`` / ``_Error_Concealed``; ``DecodedFrame`` has no status field (2.2.4: its
+``timestamp``, ``format``, SEI and decode-statistics (QP, CU type, motion vector) members). So the frames NVDEC
+decodes are not checked for concealment: :func:`datamodules.decode.decode_video` records them
+``concealment_checked: False``, and under ``strict_frames`` reads every file on the CPU (docs/deviations.md). The
+one damage this path sees for free is the packet scan's: a payload whose NAL unit lengths contradict its size
+(:class:`datamodules.decode.packet_filter.DamagedPacket`) makes :func:`read_nvdec` raise :class:`NvdecError`, so
+the file is read on the CPU, whose reader flags what FFmpeg's decoder conceals. Damage inside slice data passes
+the scan (no demuxer signal shows it: ``packet.is_corrupt`` stays unset on every corrupt test clip).
+
 Frame identity. ``SimpleDecoder`` indexes frames in presentation order as decord does; its count is checked
 against the container's per file (a mismatch is an :class:`NvdecError`, so a CPU fallback), and the frames of every
 test clip and workload video are equal to decord's at the same indices. Variable-frame-rate files are not tested
@@ -238,7 +249,9 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
 
     Raises:
         NvdecError: the file is not one NVDEC decodes exactly (:func:`nvdec_unsupported`'s reasons, checked from
-            the probe) or decoding failed; the message names the file. The caller then uses the CPU path.
+            the probe), the packet scan found a damaged packet (:class:`~datamodules.decode.packet_filter.
+            DamagedPacket`: NVDEC would conceal it unflagged), or decoding failed; the message names the file. The
+            caller then uses the CPU path.
     """
     path = str(path)
     idx = [int(i) for i in indices]
@@ -269,6 +282,9 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
                     scanned, skip_why = None, f"{len(scanned.pts)} packets, the container counts {p.frames} frames"
                 elif idx[-1] >= len(scanned.pts):
                     raise NvdecError(f"{path}: {len(scanned.pts)} frames, index {idx[-1]} asked")
+            except pf.DamagedPacket as e:   # NVDEC would conceal unflagged: FFmpeg's decoder flags it (module doc)
+                raise NvdecError(f"{e} (damaged stream: read on the CPU, whose decoder flags concealed frames)") \
+                    from e
             except pf.PacketFilterError as e:
                 scanned, skip_why = None, str(e)
     if sessions is None:

@@ -48,6 +48,12 @@ class PacketFilterError(ValueError):
     """A payload or extradata that cannot be parsed (the message says which field)."""
 
 
+class DamagedPacket(PacketFilterError):
+    """A packet whose NAL unit lengths contradict its size (ISO/IEC 14496-15 length prefixes): the stream's bytes are
+    damaged, which no valid encoder writes. FFmpeg's decoder refuses or conceals such data, so the NVDEC reader
+    sends the file to the CPU, whose reader flags what FFmpeg's decoder conceals (issue 42 item 1)."""
+
+
 @dataclass(frozen=True)
 class PacketKind:
     """What one packet (access unit) holds.
@@ -100,7 +106,7 @@ def nal_headers(payload: bytes, length_size: int | None, header_bytes: int = 2) 
     big-endian lengths, or Annex-B start codes ``00 00 01`` / ``00 00 00 01`` when ``length_size`` is ``None``).
 
     Raises:
-        PacketFilterError: a length prefix runs past the payload's end.
+        DamagedPacket: a length prefix, or the NAL unit it announces, runs past the payload's end.
     """
     data = memoryview(payload).cast("B") if not isinstance(payload, bytes) else payload
     n = len(data)
@@ -117,13 +123,13 @@ def nal_headers(payload: bytes, length_size: int | None, header_bytes: int = 2) 
     pos = 0
     while pos < n:
         if pos + length_size > n:
-            raise PacketFilterError(f"NAL length prefix at byte {pos} runs past the packet's {n} bytes")
+            raise DamagedPacket(f"NAL length prefix at byte {pos} runs past the packet's {n} bytes")
         size = int.from_bytes(bytes(data[pos: pos + length_size]), "big")
         pos += length_size
         if size == 0:
             continue
         if pos + size > n:
-            raise PacketFilterError(f"NAL unit at byte {pos} of {size} bytes runs past the packet's {n} bytes")
+            raise DamagedPacket(f"NAL unit at byte {pos} of {size} bytes runs past the packet's {n} bytes")
         out.append(bytes(data[pos: pos + min(header_bytes, size)]))
         pos += size
     return out
@@ -266,7 +272,7 @@ def scan(path: str) -> StreamScan:
 
     Raises:
         PacketFilterError: not H.264 / HEVC, a packet without pts, or a payload that cannot be parsed (the message
-            names the file and the packet).
+            names the file and the packet); :class:`DamagedPacket` when a payload's NAL lengths contradict its size.
     """
     import av
 
@@ -285,9 +291,9 @@ def scan(path: str) -> StreamScan:
                 try:
                     kinds.append(classify(codec, memoryview(p), size))
                 except PacketFilterError as e:
-                    raise PacketFilterError(f"packet {j} (pts {p.pts}): {e}") from e
+                    raise type(e)(f"packet {j} (pts {p.pts}): {e}") from e
     except PacketFilterError as e:
-        raise PacketFilterError(f"{path}: {e}") from e
+        raise type(e)(f"{path}: {e}") from e
     except Exception as e:  # noqa: BLE001 - PyAV's errors for unreadable files
         raise PacketFilterError(f"{path}: cannot demux ({type(e).__name__}: {e})") from e
     return StreamScan(codec, pts, reference_flags(kinds), [k.idr for k in kinds])
@@ -319,7 +325,7 @@ def decode_planes_pyav(path: str, indices: list[int], skip: bool = True, stats: 
             else:
                 keep, counts = [True] * len(packets), {"packets": len(packets), "kept": len(packets), "skipped": 0}
         except PacketFilterError as e:
-            raise PacketFilterError(f"{path}: {e}") from e
+            raise type(e)(f"{path}: {e}") from e
         ordered = sorted(pts)
         wanted = {ordered[int(i)]: k for k, i in enumerate(indices)}
         out: list[list[bytes] | None] = [None] * len(indices)
@@ -353,5 +359,5 @@ def _plane_bytes(plane) -> bytes:
     return a[:, : plane.width].tobytes()
 
 
-__all__ = ["FILTERED_CODECS", "PacketFilterError", "PacketKind", "StreamScan", "classify", "decode_planes_pyav",
-           "nal_headers", "nal_length_size", "needed_packets", "plan", "reference_flags", "scan"]
+__all__ = ["DamagedPacket", "FILTERED_CODECS", "PacketFilterError", "PacketKind", "StreamScan", "classify",
+           "decode_planes_pyav", "nal_headers", "nal_length_size", "needed_packets", "plan", "reference_flags", "scan"]

@@ -21,6 +21,9 @@ from datamodules.decode.readers import READERS, resolve_decoder
 from datamodules.decode.retry import MAX_REPLACED_FRAC, _decode_unique, replace_unreadable
 
 STRICT_FRAMES = False   # seed 001: an error record only when ffmpeg exits non-zero or gives no frame
+# why ``strict_frames`` reads a file NVDEC could decode on the CPU (``video_info.decoder_fallback``; issue 42 item 1)
+NVDEC_UNCHECKED = ("data.strict_frames: NVDEC frames are not checked for concealment (PyNvVideoCodec reports no "
+                   "decode status), so the CPU reader decodes and flags them")
 
 
 @dataclass
@@ -31,7 +34,8 @@ class DecodedVideo:
         frames: (T, H, W, 3) uint8 RGB at the decode size, upright (display rotation applied).
         times_s: T frame labels in seconds: the sampling grid ``j / sample_fps`` (seed 001
             ``ts = (start + np.arange(len(frames)) / fps)``), not the source frames' own times.
-        info: ``duration_s, native_hw, decode_hw, n_frames, fps, sample_fps, fps_ok, vfr``.
+        info: ``duration_s, native_hw, decode_hw, n_frames, fps, sample_fps, fps_ok, vfr``, ``decoder``; and
+            :func:`decode_video`'s optional keys (``frames_concealed``, ``concealment_checked``, ...).
     """
 
     frames: torch.Tensor
@@ -94,12 +98,16 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
             gives, concealed ones included, and a sampled frame the decoder gives nothing for is the last frame it
             gave before (the ``fps`` filter's repeat); ``info["frames_concealed"]`` lists the positions (in the
             returned frames) of the frames concealed or repeated (:func:`concealed_frames` for the readers that
-            report nothing: decord, PyAV in decode order, NVDEC's CPU fallback). A file decord cannot read through
-            (a refused packet fails its whole batch) is read by PyAV (``info["decoder_fallback"]`` names why;
-            ``pyav_sws`` where it reads the file, else ``pyav_skip``: a reduced size then by :func:`_resize`, not
-            decord's scaler). ``True`` (deviation, the
-            rule before issue 42): a concealed or missing sampled frame is unreadable, so the video is an error
-            record unless ``max_replaced_frac`` allows replacing it.
+            report nothing: decord, PyAV in decode order, NVDEC's CPU fallback). Frames NVDEC decodes are not
+            checked (PyNvVideoCodec reports no decode status; :mod:`datamodules.decode.nvdec`):
+            ``info["concealment_checked"]`` is ``False`` for them (deviation, docs/deviations.md; a packet the
+            NVDEC path's scan finds damaged sends the file to the CPU reader, which flags). A file decord cannot
+            read through (a refused packet fails its whole batch) is read by PyAV (``info["decoder_fallback"]``
+            names why; ``pyav_sws`` where it reads the file, else ``pyav_skip``: a reduced size then by
+            :func:`_resize`, not decord's scaler). ``True`` (deviation, the rule before issue 42): a concealed or
+            missing sampled frame is unreadable, so the video is an error record unless ``max_replaced_frac``
+            allows replacing it. The rule needs the flags, so with ``decoder`` ``nvdec`` / ``auto`` every file is
+            read on the CPU (``info["decoder_fallback"]`` says why: :data:`NVDEC_UNCHECKED`).
 
     Raises:
         DecodeError: missing, empty, truncated, corrupted or unreadable file, no video stream, no frame at the
@@ -124,6 +132,8 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
     plan = plan_decode(path, probe, budget_tokens, base_fps, native_decode_bytes, decode_max_side,
                        short_clip_first_frame)
     name, fallback = resolve_decoder(decoder, probe, path)
+    if strict_frames and name == "nvdec":   # the rule needs concealment flags, which NVDEC's frames lack
+        name, fallback = "cpu", NVDEC_UNCHECKED
     if name == "cpu":
         name = cpu_reader_for(probe, plan.decode_hw)
     try:
@@ -178,6 +188,8 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
         info["frames_replaced"] = [j for j, k in enumerate(idx) if k in bad_native]
     if concealed and not strict_frames:   # positions of the frames decoded from damaged data or repeated
         info["frames_concealed"] = [j for j, k in enumerate(idx) if k in concealed]
+    if info["decoder"] == "nvdec":   # NVDEC's own frames: no decoder flags, no check pass (module nvdec)
+        info["concealment_checked"] = False
     return DecodedVideo(frames=frames, times_s=plan.times_s, info=info)
 
 
@@ -203,7 +215,7 @@ def _read_planned(path: Path, probe, plan, name: str, num_threads: int, max_repl
     ``pyav_skip`` / ``pyav_sws`` flag concealment in their own pass; ``decord`` and ``pyav`` are checked first by
     :func:`concealed_frames`
     (under ``strict_frames`` a read that includes a concealed frame then fails, so the replacement rule applies);
-    ``nvdec`` is checked only where it falls back to the CPU (the caller)."""
+    ``nvdec`` is checked only where it falls back to the CPU (the caller), and never runs under ``strict_frames``."""
     factory = READERS[name]
     if name in ("pyav_skip", "pyav_sws"):
         factory = partial(factory, strict=strict_frames)

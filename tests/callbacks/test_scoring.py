@@ -456,6 +456,23 @@ def test_concealed_frames_counted_per_video():
     assert "concealed frames" not in format_table(score_records(clean))
 
 
+def test_unchecked_videos_counted_per_video():
+    """Issue 42 item 1: videos whose frames NVDEC decoded (``video_info.concealment_checked: false``: no decode
+    status to check) are counted once per video in their group (v1's two questions count once; v3, checked, and the
+    error record of v4 not), and the console names the count, only when a group has any."""
+    recs = [dict(rec(q, "A", "A", "A", **VM), job="b1024", video=v, video_info=vi) for q, v, vi in (
+        ("q1", "v1", {"concealment_checked": False}), ("q2", "v1", {"concealment_checked": False}),
+        ("q3", "v2", {"decoder": "nvdec", "concealment_checked": False}), ("q4", "v3", {"decoder": "pyav_skip"}))]
+    recs.append(dict(err("q5", "videomme"), job="b1024", video="v4", video_info={"concealment_checked": False}))
+    g = _group(score_records(recs), "videomme", "b1024")
+    assert (g["n_unchecked_videos"], g["n_concealed_videos"]) == (2, 0)
+    lines = [ln for ln in format_table(score_records(recs)).splitlines() if ln.startswith("not checked for conceal")]
+    assert len(lines) == 1 and lines[0].endswith("b1024 2 videos")
+    clean = [dict(r, video_info={}) for r in recs]
+    assert _group(score_records(clean), "videomme", "b1024")["n_unchecked_videos"] == 0
+    assert "not checked for concealment" not in format_table(score_records(clean))
+
+
 def test_rescore_names_a_cut_line_once(out_root, caplog):
     """`python -m callbacks.scoring` on a folder with a line cut by a crash: one console line naming it, not one per
     read of the folder (scoring and the report both read the records)."""

@@ -467,6 +467,10 @@ def test_replaced_frames_reach_the_records_meta():
     rec_c = qa_record(item_c, q, Answer([], "A", 10), stats, 4, "b128", 128, None, "t")
     assert rec_c["video_info"]["frames_concealed"] == [0, 3]
     assert "frames_concealed" not in rec["video_info"]
+    item_n = {"video_id": "v", "benchmark": "lvb", "video_info": {**info, "decoder": "nvdec",
+                                                                  "concealment_checked": False}}
+    rec_n = qa_record(item_n, q, Answer([], "A", 10), stats, 4, "b128", 128, None, "t")
+    assert rec_n["video_info"]["concealment_checked"] is False and "concealment_checked" not in rec["video_info"]
     # seed 001: fps = min(bd.FPS, len(idx) / max(duration, 1e-6)) per budget, not the container's 8 fps
     assert {k: rec["video_info"][k] for k in ("fps", "fps_ok", "native_fps", "native_fps_ok")} == \
         {"fps": 1.0, "fps_ok": True, "native_fps": 8.0, "native_fps_ok": True}

@@ -386,6 +386,192 @@ def test_read_nvdec_stats_with_packet_sessions_on_cpu(clips, monkeypatch):
     assert stats["frames_skipped"] == 30 - fake.fed > 0
 
 
+class _FakeNvcSimple(_FakeNvc):
+    """:class:`_FakeNvc` plus ``SimpleDecoder``: NVDEC decoding whatever it is given without a word, played by grey
+    NV12 surfaces (``len`` = the container's frames), as NVDEC returns its own concealment of a damaged picture
+    unflagged (PyNvVideoCodec 2.2.4 reports no decode status; module ``nvdec``)."""
+
+    def SimpleDecoder(self, path, gpu_id=0, use_device_memory=True, output_color_type=None):  # noqa: N802
+        import torch
+
+        p = nvdec.probe(path)
+
+        class Decoder:
+            def __len__(self):
+                return p.frames
+
+            def get_batch_frames_by_index(self, run):
+                return [torch.full((p.height * 3 // 2, p.width), 128, dtype=torch.uint8) for _ in run]
+
+        return Decoder()
+
+
+def _damaged(src: Path, dst: Path, start: int | float, stop: int | None = None, packet: int = 0) -> Path:
+    """``src`` with the bytes ``start..stop`` of its video packet ``packet`` (decode order; ``start`` a float: that
+    fraction of the packet; ``stop`` default: the packet's end) replaced by random bytes (``random.Random(3)``, as
+    ``test_decode_paths._damaged_idr``)."""
+    import random
+
+    import av
+
+    data = bytearray(src.read_bytes())
+    with av.open(str(src)) as c:
+        pk = [p for p in c.demux(video=0) if p.size][packet]
+    start = int(pk.size * start) if isinstance(start, float) else start
+    stop = pk.size if stop is None else stop
+    rng = random.Random(3)
+    for i in range(pk.pos + start, pk.pos + stop):
+        data[i] = rng.randrange(256)
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+def _pyav_h264(path: Path, n: int = 32, fps: int = 8, width: int = 128, height: int = 96, gop: int = 8) -> Path:
+    """An H.264 mp4 made with PyAV's libx264 (the GPU machine has no ffmpeg binary): ``n`` frames of a moving
+    colour gradient at ``fps``, a key frame every ``gop`` frames, no B-frames (packet ``j`` is frame ``j``)."""
+    from fractions import Fraction
+
+    import av
+
+    yy, xx = np.mgrid[0:height, 0:width]
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("libx264", rate=Fraction(fps, 1))
+        s.width, s.height, s.pix_fmt = width, height, "yuv420p"
+        s.options = {"preset": "veryfast", "crf": "23",
+                     "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes=0"}
+        for k in range(n):
+            rgb = np.stack([(2 * xx + 5 * k) % 256, (2 * yy + 3 * k) % 256, (xx + yy + 7 * k) % 256], -1)
+            for pkt in s.encode(av.VideoFrame.from_ndarray(rgb.astype(np.uint8), format="rgb24")):
+                c.mux(pkt)
+        for pkt in s.encode():
+            c.mux(pkt)
+    return path
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory) -> dict[str, Path]:
+    """The corrupt clips of the CPU readers' tests (64x48 H.264, 4 s at 8 fps, GOP 8 as ``media_factory``'s
+    ``good``) and the flags the CPU path gives them at budget 1024 (hand-checked against seed 001's ffmpeg command
+    in tests/datamodules/test_bad_media.py and test_decode_paths.py): ``corrupt_middle`` [1, 2], the first IDR's
+    slice data overwritten from byte 800 [0] (concealed), from byte 40 [0] (its NAL length destroyed: refused)."""
+    from tests.media_factory import MediaFactory
+
+    media = MediaFactory(tmp_path_factory.mktemp("nvdec_broken"))
+    good = media.get("good")
+    return {"good": good, "corrupt_middle": media.get("corrupt_middle"),
+            "idr_800": _damaged(good, media.root / "idr_800.mp4", 800),
+            "idr_40": _damaged(good, media.root / "idr_40.mp4", 40)}
+
+
+def _fake_nvdec(monkeypatch, fake=None):
+    """PyNvVideoCodec played by :class:`_FakeNvcSimple` and every file taken by the NVDEC reader (no GPU here)."""
+    import contextlib
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device", lambda _gpu: contextlib.nullcontext())
+    monkeypatch.setattr(nvdec, "_nvc", lambda: fake or _FakeNvcSimple())
+    monkeypatch.setattr(nvdec.reader, "supports", lambda probe, path: None)
+
+
+def test_damaged_packet_sends_the_file_to_the_cpu_reader(broken, monkeypatch):
+    """Issue 42 item 1, the one damage the NVDEC path sees for free: a packet whose NAL unit lengths contradict its
+    size (found by the packet scan it already makes) is an NvdecError, so the file is read by the CPU reader, with
+    the CPU path's frames and concealment flags (``corrupt_middle``: [1, 2], hand-known above), instead of NVDEC's
+    unflagged concealment (the fake's grey frames, which the SimpleDecoder fallback of a failed scan gave before).
+    (``idr_40``, whose first packet is refused, already goes to the CPU: NVDEC's probe cannot decode its first
+    frame.)"""
+    from datamodules.decode import decode_video
+
+    path, flags = broken["corrupt_middle"], [1, 2]
+    assert "cannot probe" in nvdec.nvdec_unsupported(broken["idr_40"])
+    _fake_nvdec(monkeypatch)
+    with pytest.raises(nvdec.NvdecError, match=r"runs past the packet's \d+ bytes \(damaged stream: read on the CPU"):
+        nvdec.read_nvdec(path, [7, 15], (48, 64))
+    dec = decode_video(path, 1024, decoder="nvdec")
+    ref = decode_video(path, 1024)
+    assert dec.info["decoder"] == ref.info["decoder"] == "pyav_skip"
+    assert dec.info["frames_concealed"] == ref.info["frames_concealed"] == flags
+    assert "damaged stream" in dec.info["decoder_fallback"] and "concealment_checked" not in dec.info
+    assert np.array_equal(dec.frames.numpy(), ref.frames.numpy())
+
+
+def test_nvdec_frames_are_recorded_unchecked(broken, monkeypatch):
+    """What the NVDEC path cannot see (issue 42 item 1: PyNvVideoCodec reports no decode status): damage inside
+    slice data passes the packet scan, so NVDEC's frames come back unflagged, and the record says so
+    (``concealment_checked: False``) where the CPU path lists frame 0 as concealed; an undamaged file decoded by
+    the packet-fed session (played by FFmpeg's decoder) gives the CPU path's frames, also marked unchecked."""
+    from datamodules.decode import decode_video
+
+    _fake_nvdec(monkeypatch)
+    dec = decode_video(broken["idr_800"], 1024, decoder="nvdec")
+    assert dec.info["decoder"] == "nvdec" and dec.info["concealment_checked"] is False
+    assert "frames_concealed" not in dec.info and "decoder_fallback" not in dec.info
+    assert decode_video(broken["idr_800"], 1024).info["frames_concealed"] == [0]   # the CPU path's flag
+    good = decode_video(broken["good"], 1024, decoder="nvdec")
+    ref = decode_video(broken["good"], 1024)
+    assert good.info["decoder"] == "nvdec" and good.info["concealment_checked"] is False
+    assert np.array_equal(good.frames.numpy(), ref.frames.numpy()) and "concealment_checked" not in ref.info
+
+
+@pytest.mark.gpu
+def test_damaged_clips_on_nvdec(tmp_path):
+    """On the GPU (issue 42 item 1), clips made with PyAV's encoder (128x96, 4 s at 8 fps, GOP 8; at budget 1024
+    the sampled frames are native 7, 15, 23, 31) and damaged in the packet of native frame 12 (a P picture of the
+    GOP holding native 15):
+
+    * its NAL length prefix destroyed: the packet scan refuses it, so ``decoder: nvdec`` reads the file on the CPU:
+      the CPU path's frames and flags exactly (position 1, native 15, listed), the reason recorded;
+    * its second half (slice data: one slice NAL unit) overwritten: the scan passes; NVDEC either decodes it, and
+      the record then lists nothing and says ``concealment_checked: False`` (PyNvVideoCodec reports no decode
+      status), or fails on it, and the file is the CPU path's as above. The CPU path itself lists position 1
+      (checked on the CPU by ``test_damaged_clip_flags_on_the_cpu``)."""
+    from datamodules.decode import decode_video
+
+    if not _nvdec_ready():
+        pytest.skip(f"NVDEC not usable here: {nvdec._nvc()}")
+    good = _pyav_h264(tmp_path / "good.mp4")
+    assert nvdec.nvdec_unsupported(good) is None
+    clean = decode_video(good, 1024, decoder="nvdec")
+    assert clean.info["decoder"] == "nvdec" and clean.info["concealment_checked"] is False
+    assert np.array_equal(clean.frames.numpy(), decode_video(good, 1024).frames.numpy())
+    length = _damaged(good, tmp_path / "length.mp4", 0, 4, packet=12)
+    dec, ref = decode_video(length, 1024, decoder="nvdec"), decode_video(length, 1024)
+    assert dec.info["decoder"] == ref.info["decoder"] and "damaged stream" in dec.info["decoder_fallback"]
+    assert dec.info["frames_concealed"] == ref.info["frames_concealed"] and 1 in ref.info["frames_concealed"]
+    assert np.array_equal(dec.frames.numpy(), ref.frames.numpy())
+    sliced = _damaged(good, tmp_path / "slice.mp4", 0.5, packet=12)
+    dec, ref = decode_video(sliced, 1024, decoder="nvdec"), decode_video(sliced, 1024)
+    assert 1 in ref.info["frames_concealed"]
+    if dec.info["decoder"] == "nvdec":
+        assert dec.info["concealment_checked"] is False and "frames_concealed" not in dec.info
+        assert np.array_equal(dec.frames.numpy()[[0]], ref.frames.numpy()[[0]])   # native 7: GOP 0, undamaged
+    else:
+        assert dec.info["decoder"] == ref.info["decoder"] and "decoder_fallback" in dec.info
+        assert dec.info["frames_concealed"] == ref.info["frames_concealed"]
+        assert np.array_equal(dec.frames.numpy(), ref.frames.numpy())
+
+
+def test_damaged_clip_flags_on_the_cpu(tmp_path, monkeypatch):
+    """The CPU half of ``test_damaged_clips_on_nvdec`` (the clips it makes, the CPU path's flags it relies on), with
+    NVDEC played by :class:`_FakeNvcSimple`: the length-damaged clip goes to the CPU reader with the CPU path's
+    flags (position 1, native 15); the slice-damaged one passes the scan, so its NVDEC record is unchecked."""
+    from datamodules.decode import decode_video
+
+    good = _pyav_h264(tmp_path / "good.mp4")
+    length = _damaged(good, tmp_path / "length.mp4", 0, 4, packet=12)
+    sliced = _damaged(good, tmp_path / "slice.mp4", 0.5, packet=12)
+    refs = {p.name: decode_video(p, 1024) for p in (length, sliced)}
+    assert [refs[k].info["frames_concealed"] for k in ("length.mp4", "slice.mp4")] == [[1], [1]]
+    _fake_nvdec(monkeypatch)
+    dec = decode_video(length, 1024, decoder="nvdec")
+    assert "damaged stream" in dec.info["decoder_fallback"] and dec.info["frames_concealed"] == [1]
+    assert np.array_equal(dec.frames.numpy(), refs["length.mp4"].frames.numpy())
+    dec = decode_video(sliced, 1024, decoder="nvdec")
+    assert dec.info["decoder"] == "nvdec" and dec.info["concealment_checked"] is False
+    assert "frames_concealed" not in dec.info
+
+
 def test_conversion_pool_off_the_sessions_equals_decord(clips, monkeypatch):
     """read_nvdec with two packet-fed sessions handing their surfaces to three conversion threads
     (:class:`ConvertPool`, at most 2 surfaces pending): decord's frames, byte for byte, at every index; the

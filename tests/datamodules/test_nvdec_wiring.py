@@ -47,3 +47,39 @@ def test_decoder_nvdec_without_nvdec_stops_the_run_before_it_writes(tmp_path):
         pytest.skip("NVDEC is usable here")
     with pytest.raises(SettingError, match="decoder=nvdec: .*use decoder cpu"):
         VideoQADataModule(root=str(tmp_path), decoder="nvdec").setup("predict")
+
+
+def test_strict_frames_reads_every_file_on_the_cpu(tmp_path, monkeypatch):
+    """``strict_frames`` needs the decoder's concealment flags, which NVDEC's frames lack (issue 42 item 1): with
+    ``decoder: auto`` (and ``nvdec`` at this level) every file is read by the CPU reader, which applies the rule
+    (``corrupt_middle``: an error, or frames 1 and 2 replaced, as in test_bad_media.py), and the record says why;
+    NVDEC is never asked."""
+    from datamodules.decode import DecodeError, video
+    from tests.media_factory import MediaFactory
+
+    def never(*a, **k):
+        raise AssertionError("NVDEC read under strict_frames")
+
+    monkeypatch.setattr(nvdec, "read_nvdec", never)
+    monkeypatch.setattr(nvdec.reader, "supports", lambda probe, path: None)
+    media = MediaFactory(tmp_path)
+    path = media.get("corrupt_middle")
+    with pytest.raises(DecodeError, match=r"decoding 4 frames failed \(corrupted or truncated stream"):
+        decode_video(path, 1024, decoder="auto", strict_frames=True)
+    dec = decode_video(path, 1024, decoder="auto", strict_frames=True, max_replaced_frac=0.5)
+    assert dec.info["frames_replaced"] == [1, 2] and dec.info["decoder"] == "pyav_skip"
+    assert dec.info["decoder_fallback"] == video.NVDEC_UNCHECKED and "concealment_checked" not in dec.info
+    good = decode_video(media.get("good"), 1024, decoder="nvdec", strict_frames=True)
+    assert good.info["decoder"] == "pyav_skip" and good.info["decoder_fallback"] == video.NVDEC_UNCHECKED
+
+
+def test_strict_frames_with_decoder_nvdec_stops_the_run_before_it_writes(tmp_path):
+    """A run asking for every video on NVDEC and for the strict rule cannot have both: one line at construction,
+    naming the settings and the way out; ``auto`` is accepted (it reads on the CPU then)."""
+    from algorithms.errors import SettingError
+    from datamodules.videoqa import VideoQADataModule
+
+    with pytest.raises(SettingError, match=r"data.strict_frames=true needs the decoder's concealment flags, which "
+                                           r"frames decoded by NVDEC lack .*use data.decoder cpu"):
+        VideoQADataModule(root=str(tmp_path), decoder="nvdec", strict_frames=True)
+    assert VideoQADataModule(root=str(tmp_path), decoder="auto", strict_frames=True).decoder == "auto"
