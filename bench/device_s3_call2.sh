@@ -5,6 +5,7 @@
 #   bash bench/device_s3_call2.sh   (carry .whl)
 set -u
 . bench/device_site.sh
+python3 -c "import torch; print(\"torch\", torch.__version__, torch.version.cuda)"
 echo "== GPU tests"
 NVDEC_TEST_CLIPS=$PWD/.whl/nvdec_clips timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
   tests/test_gpu.py tests/datamodules/test_nvdec.py 2>&1 | grep -E "passed|failed|Error|^E " | head -30

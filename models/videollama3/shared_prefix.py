@@ -23,6 +23,7 @@ L prefix tokens, S suffix-region keys, d head dim.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
@@ -98,15 +99,26 @@ def _prefix_part(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: flo
     return _partial_math(q, k, v, None, scaling)
 
 
+@functools.cache
+def _varlen_flash_takes_seqused_k() -> bool:
+    """Whether this PyTorch's ``aten::_flash_attention_forward`` takes ``seqused_k`` (the variable-length kernel's
+    valid key counts; ``torch.nn.attention.varlen.varlen_attn`` exposes it only from torch 2.14)."""
+    try:
+        return "seqused_k" in str(torch.ops.aten._flash_attention_forward.default._schema)
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def bounded_prefix_part(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, used: torch.Tensor,
                         cu_k: torch.Tensor, cu_q: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`_prefix_part` over a prefix held in a fixed-capacity buffer whose valid row count is on the device, so
     the launch does not depend on L (what a CUDA graph replayed for many prefixes needs).
 
-    On CUDA in half precision: FlashAttention's variable-length kernel
-    (``torch.nn.attention.varlen.varlen_attn``) with ``seqused_k = used``: one sequence of M folded queries per KV
-    head over the buffer's first ``used`` keys (the key blocks past ``used`` are not visited). Elsewhere: the float32
-    math of :func:`_partial_math` with the keys past ``used`` masked by ``-inf`` (exactly zero weight).
+    On CUDA in half precision: FlashAttention's variable-length kernel (``aten::_flash_attention_forward``, what
+    ``torch.nn.attention.varlen.varlen_attn`` calls) with ``seqused_k = used``: one sequence of M folded queries per
+    KV head over the buffer's first ``used`` keys (the key blocks past ``used`` are not visited). Elsewhere, or where
+    the kernel takes no ``seqused_k``: the float32 math of :func:`_partial_math` with the keys past ``used`` masked
+    by ``-inf`` (exactly zero weight).
 
     Args:
         q: (1, Hkv, M, d) folded queries.
@@ -118,12 +130,12 @@ def bounded_prefix_part(q: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
         ``(out (1, Hkv, M, d), lse (1, Hkv, M))`` in float32, as :func:`_prefix_part`.
     """
     m, cap = q.shape[2], keys.shape[0]
-    if _flash_ok(q):
-        from torch.nn.attention.varlen import AuxRequest, varlen_attn
-
-        out, lse = varlen_attn(q[0].transpose(0, 1).contiguous(), keys, values, cu_q, cu_k, m, cap,
-                               return_aux=AuxRequest(lse=True), scale=scaling, seqused_k=used)
-        return out.transpose(0, 1)[None].float(), lse[None].float()      # (M, Hkv, d) -> (1, Hkv, M, d); (Hkv, M)
+    if _flash_ok(q) and _varlen_flash_takes_seqused_k():
+        out, lse = torch.ops.aten._flash_attention_forward(
+            q[0].transpose(0, 1).contiguous(), keys, values, cu_q, cu_k, m, cap, 0.0, False, False, scale=scaling,
+            seqused_k=used)[:2]
+        # out (M, Hkv, d) -> (1, Hkv, M, d); lse (Hkv, M) or, in older kernels, (1, Hkv, M)
+        return out.transpose(0, 1)[None].float(), lse.reshape(1, -1, m).float()
     mask = torch.zeros(cap, dtype=torch.float32, device=q.device).masked_fill(
         torch.arange(cap, device=q.device) >= used, float("-inf"))
     return _partial_math(q, keys.permute(1, 0, 2)[None], values.permute(1, 0, 2)[None], mask, scaling)
