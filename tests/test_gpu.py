@@ -303,21 +303,25 @@ def test_graph_decode_reuses_one_capture_across_prefixes_on_cuda(cuda_vlm):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_bounded_prefix_part_equals_the_flash_prefix_part_on_cuda(dtype):
+@pytest.mark.parametrize("length", [3000, 4096, 100])
+def test_bounded_prefix_part_equals_the_flash_prefix_part_on_cuda(dtype, length):
     """The decode step's prefix part over a fixed-capacity buffer (FlashAttention's variable-length kernel with
-    seqused_k) against the dense flash kernel over the exact prefix: stale rows past L must not count."""
+    seqused_k, 8 chunks of 512 keys merged by hand) against the dense flash kernel over the exact prefix: stale
+    rows past L must not count, empty chunks weigh nothing."""
+    from types import SimpleNamespace
+
     from models.videollama3 import shared_prefix as sp
+    from models.videollama3.decode_slots import PrefixBuffer
 
     torch.manual_seed(0)
-    kv_heads, m, d, length, cap = 4, 21, 128, 3000, 4096
+    kv_heads, m, d, cap = 4, 21, 128, 4096
+    buf = PrefixBuffer(1, cap, kv_heads, d, dtype, torch.device("cuda"))
+    buf.keys[0].normal_().mul_(8), buf.values[0].normal_().mul_(8)
     q = torch.randn(1, kv_heads, m, d, device="cuda", dtype=dtype)
     pk, pv = (torch.randn(1, kv_heads, length, d, device="cuda", dtype=dtype) for _ in range(2))
-    keys, values = (torch.randn(cap, kv_heads, d, device="cuda", dtype=dtype) * 8 for _ in range(2))
-    keys[:length], values[:length] = pk[0].transpose(0, 1), pv[0].transpose(0, 1)
-    used = torch.tensor([length], dtype=torch.int32, device="cuda")
-    cu_k = torch.tensor([0, cap], dtype=torch.int32, device="cuda")
-    cu_q = torch.tensor([0, m], dtype=torch.int32, device="cuda")
-    out_b, lse_b = sp.bounded_prefix_part(q, keys, values, used, cu_k, cu_q, d ** -0.5)
+    buf.load([SimpleNamespace(keys=pk, values=pv)])
+    out_b, lse_b = sp.bounded_prefix_part(q, buf.keys[0], buf.values[0], buf.used, buf.cu_k, buf.cu_q(m), d ** -0.5)
     out, lse = sp._prefix_part(q, pk, pv, d ** -0.5)
+    assert sp._varlen_flash_takes_seqused_k()
     torch.testing.assert_close(out_b, out, atol=2e-3, rtol=2e-3)
     torch.testing.assert_close(lse_b, lse, atol=1e-3, rtol=1e-4)

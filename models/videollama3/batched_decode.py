@@ -97,7 +97,7 @@ class BatchedDecoding:
         text_cfg = self.model.config.get_text_config()
         old = text_cfg._attn_implementation
         self.model.set_attn_implementation({"text_config": name})
-        bounded = slot.prefix.bounded(0, slot.cu_q) if slot is not None else None
+        bounded = slot.prefix.bounded(slot.cu_q) if slot is not None else None
         try:
             with shared_prefix.shared_prefix(cache.layers, bounded):
                 yield
@@ -126,8 +126,7 @@ class BatchedDecoding:
 
         def build(shared: PrefixBuffer | None) -> DecodeSlot:
             prefix = shared or PrefixBuffer(cfg.num_hidden_layers, cap, kv_heads, head_dim, dtype, dev)
-            cu_q = torch.zeros(2, dtype=torch.int32, device=dev)
-            cu_q[1] = rows * (heads // kv_heads)
+            cu_q = prefix.cu_q(rows * (heads // kv_heads))
             return DecodeSlot(key=key, sc=self._suffix_cache(rows, total),
                               tok=torch.zeros(rows, 1, dtype=torch.long, device=dev),
                               pos=torch.zeros(rows, 1, dtype=torch.long, device=dev),

@@ -33,6 +33,8 @@ import torch
 
 SUFFIX_BUCKET = 64      # question-suffix tokens: a slot's suffix region is the longest suffix rounded up to this
 PREFIX_BUCKET = 2048    # prefix keys: a slot's prefix capacity is L rounded up to this
+PREFIX_CHUNK = 512      # prefix keys per split of the decode step's prefix attention (split-KV: S = C / 512 chunks
+                        # x Hkv heads of work, where one sequence of M <= 128 folded queries is Hkv blocks only)
 MAX_SLOTS = 8           # slots kept per model (each holds a prefix buffer of C x Hkv x d per layer, keys and values)
 
 
@@ -45,9 +47,11 @@ class PrefixBuffer:
     """The prefix keys/values of one (video, budget) at fixed addresses.
 
     Attributes:
-        keys, values: per layer (C, Hkv, d) tensors (the variable-length kernel's layout), rows ``>= used`` stale.
-        used: (1,) int32 on the device, the valid rows L (FlashAttention's ``seqused_k``).
-        cu_k: (2,) int32 ``[0, C]`` on the device (the variable-length kernel's key offsets).
+        keys, values: per layer (C, Hkv, d) tensors (the variable-length kernel's layout), rows ``>= L`` stale.
+        splits: S, the key chunks of :data:`PREFIX_CHUNK` rows the buffer is attended in (C / chunk; 1 when C is not
+            a multiple of it).
+        used: (S,) int32 on the device, the valid rows of each chunk (FlashAttention's ``seqused_k``), from L.
+        cu_k: (S + 1,) int32 ``[0, chunk, 2 chunk, ..., C]`` on the device (the variable-length kernel's key offsets).
     """
 
     def __init__(self, layers: int, capacity: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -57,9 +61,12 @@ class PrefixBuffer:
         # zero-filled: rows past ``used`` are read by no kernel on CUDA and masked (finite, so 0 x value) elsewhere
         self.keys = [torch.zeros(capacity, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros(capacity, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(layers)]
-        self.used = torch.zeros(1, dtype=torch.int32, device=device)
-        self.cu_k = torch.zeros(2, dtype=torch.int32, device=device)
-        self.cu_k[1] = capacity                      # a fill on the device, no host copy
+        self.splits = capacity // PREFIX_CHUNK if capacity % PREFIX_CHUNK == 0 else 1
+        self.chunk = capacity // self.splits
+        # made on the device (no host copy): chunk starts, and the rows of each chunk (filled by load)
+        self.starts = torch.arange(self.splits, dtype=torch.int32, device=device) * self.chunk
+        self.used = torch.zeros(self.splits, dtype=torch.int32, device=device)
+        self.cu_k = torch.arange(self.splits + 1, dtype=torch.int32, device=device) * self.chunk
 
     def load(self, layers) -> None:
         """Copy the prefill cache's prefix (layer ``i``: ``keys``/``values`` (1, Hkv, L, d)) in; device work only.
@@ -75,11 +82,15 @@ class PrefixBuffer:
         for layer, k, v in zip(layers, self.keys, self.values):
             k[:length].copy_(layer.keys[0].transpose(0, 1))
             v[:length].copy_(layer.values[0].transpose(0, 1))
-        self.used.fill_(length)
+        torch.clamp(length - self.starts, 0, self.chunk, out=self.used)
 
-    def bounded(self, rows_folded: int, cu_q: torch.Tensor) -> dict[int, tuple]:
+    def cu_q(self, rows_folded: int) -> torch.Tensor:
+        """(S + 1,) int32 ``[0, M, 2 M, ..., S M]`` on the device for M folded queries (each chunk gets them all)."""
+        return torch.arange(self.splits + 1, dtype=torch.int32, device=self.used.device) * rows_folded
+
+    def bounded(self, cu_q: torch.Tensor) -> dict[int, tuple]:
         """Per layer ``(keys, values, used, cu_k, cu_q)`` as :func:`models.videollama3.shared_prefix.shared_prefix`
-        takes them (``cu_q``: (2,) int32 ``[0, Q G]``)."""
+        takes them (``cu_q``: :meth:`cu_q` of the slot's folded queries)."""
         return {i: (k, v, self.used, self.cu_k, cu_q) for i, (k, v) in enumerate(zip(self.keys, self.values))}
 
 
@@ -92,7 +103,7 @@ class DecodeSlot:
         sc: the suffix ``StaticCache`` (Q rows, n_b + R positions).
         tok, pos: (Q, 1) long buffers of the step's token and position.
         mask: additive (Q, 1, 1, n_b + R) mask of the suffix region.
-        cu_q: (2,) int32 ``[0, Q G]`` on the device.
+        cu_q: (S + 1,) int32 ``[0, Q G, 2 Q G, ...]`` on the device (:meth:`PrefixBuffer.cu_q`).
         prefix: its :class:`PrefixBuffer`.
         replay: the captured step (``replay() -> logits``), or ``None`` (not captured yet, or ``static``).
         forward: the step itself (the closure the graph was captured from; kept alive with it).

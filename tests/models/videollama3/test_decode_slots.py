@@ -53,28 +53,30 @@ def test_prefix_buffer_load_copies_the_prefix_and_its_length():
     buf = PrefixBuffer(2, 8, 2, 3, torch.float32, torch.device("cpu"))
     layers = [SimpleNamespace(keys=torch.randn(1, 2, 5, 3), values=torch.randn(1, 2, 5, 3)) for _ in range(2)]
     buf.load(layers)
-    assert buf.used.tolist() == [5] and buf.cu_k.tolist() == [0, 8]
+    assert buf.used.tolist() == [5] and buf.cu_k.tolist() == [0, 8] and buf.cu_q(3).tolist() == [0, 3]
     for layer, k, v in zip(layers, buf.keys, buf.values):
         assert torch.equal(k[:5], layer.keys[0].transpose(0, 1)) and torch.equal(v[:5], layer.values[0].transpose(0, 1))
     with pytest.raises(ValueError, match="does not fit"):
         buf.load([SimpleNamespace(keys=torch.randn(1, 2, 9, 3), values=torch.randn(1, 2, 9, 3))] * 2)
 
 
-def test_bounded_prefix_part_equals_the_exact_prefix_part_whatever_lies_past_the_valid_rows():
+@pytest.mark.parametrize("length", [11, 600, 1024])   # one chunk partly filled (one empty), 1.2 chunks, both full
+def test_bounded_prefix_part_equals_the_exact_prefix_part_whatever_lies_past_the_valid_rows(length):
     torch.manual_seed(0)
-    kv_heads, m, d, length, cap = 2, 6, 8, 11, 16
+    kv_heads, m, d, cap = 2, 6, 8, 1024                  # two chunks of 512 (split-KV by hand)
+    buf = PrefixBuffer(1, cap, kv_heads, d, torch.float32, torch.device("cpu"))
+    assert (buf.splits, buf.chunk, buf.cu_k.tolist()) == (2, 512, [0, 512, 1024])
     q = torch.randn(1, kv_heads, m, d)
     pk, pv = torch.randn(1, kv_heads, length, d), torch.randn(1, kv_heads, length, d)
-    keys = torch.randn(cap, kv_heads, d) * 50            # stale rows past L: large, finite
-    values = torch.randn(cap, kv_heads, d) * 50
-    keys[:length], values[:length] = pk[0].transpose(0, 1), pv[0].transpose(0, 1)
-    used = torch.tensor([length], dtype=torch.int32)
-    cu = torch.tensor([0, cap], dtype=torch.int32)
-    out_b, lse_b = sp.bounded_prefix_part(q, keys, values, used, cu, torch.tensor([0, m], dtype=torch.int32), 0.3)
+    buf.keys[0].normal_().mul_(50), buf.values[0].normal_().mul_(50)     # stale rows past L: large, finite
+    from types import SimpleNamespace
+    buf.load([SimpleNamespace(keys=pk, values=pv)])
+    assert buf.used.tolist() == [min(length, 512), max(0, length - 512)]
+    out_b, lse_b = sp.bounded_prefix_part(q, buf.keys[0], buf.values[0], buf.used, buf.cu_k, buf.cu_q(m), 0.3)
     out, lse = sp._prefix_part(q, pk, pv, 0.3)
     assert out_b.shape == out.shape == (1, kv_heads, m, d) and lse_b.shape == lse.shape == (1, kv_heads, m)
-    torch.testing.assert_close(out_b, out, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(lse_b, lse, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(out_b, out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse_b, lse, atol=1e-5, rtol=1e-5)
 
 
 @pytest.fixture(scope="module")
