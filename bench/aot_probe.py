@@ -197,7 +197,7 @@ def _graphs() -> int:
 def _profiled(enabled: bool):
     """(start, stop) of a cProfile over the timed region; ``stop`` returns the top functions by cumulative time."""
     if not enabled:
-        return (lambda: None), (lambda: [])
+        return (lambda: None), (lambda: {})
     import cProfile
     import pstats
 
@@ -206,9 +206,12 @@ def _profiled(enabled: bool):
     def stop():
         prof.disable()
         st = pstats.Stats(prof)
-        rows = sorted(st.stats.items(), key=lambda kv: -kv[1][3])[:25]
-        return [{"fn": f"{Path(k[0]).name}:{k[1]}:{k[2]}", "cum_s": round(v[3], 3), "tot_s": round(v[2], 3),
-                 "calls": v[1]} for k, v in rows]
+
+        def top(col: int, n: int) -> list[dict]:
+            rows = sorted(st.stats.items(), key=lambda kv: -kv[1][col])[:n]
+            return [{"fn": f"{Path(k[0]).name}:{k[1]}:{k[2]}", "cum_s": round(v[3], 3), "tot_s": round(v[2], 3),
+                     "calls": v[1]} for k, v in rows]
+        return {"by_cumulative": top(3, 40), "by_self": top(2, 25)}
     return prof.enable, stop
 
 
@@ -227,6 +230,7 @@ def child_compile(a, out: dict) -> None:
 
     sizes = json.loads(a.sizes)
     config = namespace_config(sizes)
+    out["inductor_modules_before"] = sum(m.startswith("torch._inductor") for m in sys.modules)
     start, stop = _profiled(a.profile)
     start()
     t_all = time.perf_counter()
@@ -353,7 +357,7 @@ def child_aot_load(a, out: dict) -> None:
     sizes = json.loads(a.sizes)
     manifest = json.loads((Path(a.aot_dir) / "manifest.json").read_text())
     fus = fusables()                                # imports models.* (and torch._dynamo), not torch._inductor
-    out["inductor_imported_before_load"] = "torch._inductor" in sys.modules
+    out["inductor_modules_before"] = sum(m.startswith("torch._inductor") for m in sys.modules)
     inference_weights = a.inference if a.inference_weights is None else a.inference_weights
     weights = make_weights(sizes, device, dtype, inference_weights)
     tol = TOL[a.dtype]
@@ -408,8 +412,33 @@ def child_aot_load(a, out: dict) -> None:
         checks[name] = c
     out["checks"] = checks
     out["refuses_other_torch_version"] = refuses_other_version(a, fus)
+    if a.compare_compiled:   # after the timings: the graph torch.compile builds here (warm cache) gives the same bits
+        out["equal_to_torch_compile"] = equal_to_compiled(loaded, fus, sizes, device, dtype, a.inference, weights)
     out["system"] = system_key(device)
     out["key_matches_manifest"] = {k: v == manifest["system"].get(k) for k, v in out["system"].items()}
+
+
+def equal_to_compiled(loaded: dict, fus: dict, sizes, device, dtype, inference: bool, weights: dict) -> dict:
+    """Per kernel: the loaded function's output ``torch.equal`` to the Fusable's own compiled graph's on the same
+    inputs (the Fusable compiled on this device, as the model would; ``None`` when it fell back to eager)."""
+    import torch
+
+    res = {}
+    for name, (fn, _, _) in loaded.items():
+        f = fus[name]
+        if device.type not in f.devices:
+            f.devices = (*f.devices, device.type)
+        with _mode(inference):
+            args = stand_ins(name, sizes, OTHER_ROWS[1], device, dtype, weights)
+            got = fn(*args)                      # first: the Fusable marks its arguments' rows dynamic
+            want = f(*args)
+            marked = True if fn.guard_check(*args) else _reason(fn, args)
+        got = got if isinstance(got, tuple) else (got,)
+        want = want if isinstance(want, tuple) else (want,)
+        res[name] = {"equal": None if f.state != "ok" else
+                     all(g.shape == w.shape and torch.equal(g, w) for g, w in zip(got, want)),
+                     "guard_on_marked_args": marked}
+    return res
 
 
 def guard_probes(fn, name, sizes, device, dtype, inference: bool, inference_weights: bool) -> dict:
@@ -502,7 +531,7 @@ def child_main(a) -> int:
 
 # ---------------------------------------------------------------------------------------------------------- parent
 
-def run_child(variant: str, a, sizes: dict, cache_dir: Path, aot_dir: Path) -> dict:
+def run_child(variant: str, a, sizes: dict, cache_dir: Path, aot_dir: Path, compare: bool = False) -> dict:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir), PYTHONPATH=str(REPO))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", variant, "--sizes", json.dumps(sizes),
            "--device", a.device, "--dtype", a.dtype, "--aot-dir", str(aot_dir)]
@@ -511,6 +540,7 @@ def run_child(variant: str, a, sizes: dict, cache_dir: Path, aot_dir: Path) -> d
         cmd += ["--inference-weights"] if a.inference_weights else ["--no-inference-weights"]
     if a.profile:
         cmd += ["--profile"]
+    cmd += ["--compare-compiled"] if compare else ["--no-compare-compiled"]
     t = time.perf_counter()
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
@@ -552,6 +582,10 @@ def findings(results: list[dict]) -> list[str]:
     by = {}
     for r in results:
         by.setdefault(r["variant"], []).append(r)
+    for r in results:
+        if r.get("profile"):
+            out.append(f"profile {r['variant']}#{r.get('repeat')} (top by own s): " + "; ".join(
+                f"{p['fn']} {p['tot_s']}" for p in r["profile"]["by_self"][:10]))
     for r in by.get("warm", []):
         if "graphs_added_on_other_rows" in r:
             out.append(f"warm: graphs added on other row counts: {r['graphs_added_on_other_rows']} (must be 0); "
@@ -572,13 +606,21 @@ def findings(results: list[dict]) -> list[str]:
             out.append(f"{v}: load {sum(r.get('load_s', {}).values()):.2f} s + first calls "
                        f"{sum(r.get('first_call_s', {}).values()):.2f} s; heavy Inductor modules imported by the "
                        f"load: {r.get('heavy_inductor_modules_imported_by_load')} "
-                       f"({r.get('inductor_modules_imported_by_load')} torch._inductor modules); errors {r.get('errors')}")
+                       f"({r.get('inductor_modules_imported_by_load')} torch._inductor modules, "
+                       f"{r.get('inductor_modules_before')} before); errors {r.get('errors')}")
             for name, c in r.get("checks", {}).items():
                 g = c["guards"]
                 out.append(f"  {SHORT[name]}: rows A close {c['rows_a_close']} (max err {c['rows_a_max_err']:.2g}), "
                            f"rows B guard {c['rows_b_guard_ok']} close {c.get('rows_b_close')}, 1 row guard "
                            f"{c['one_row_guard_ok']}; guards pass: " + ", ".join(
                                f"{k}={'yes' if v is True else 'NO'}" for k, v in g.items()))
+            if "equal_to_torch_compile" in r:
+                eq = r["equal_to_torch_compile"]
+                out.append("  equal bit for bit to this process's torch.compile graph: "
+                           + ", ".join(f"{SHORT[k]}={v['equal']}" for k, v in eq.items())
+                           + "; guards pass on arguments the Fusable marked dynamic: "
+                           + ", ".join(f"{SHORT[k]}={'yes' if v['guard_on_marked_args'] is True else 'NO'}"
+                                       for k, v in eq.items()))
             out.append(f"  refuses another torch version: {r.get('refuses_other_torch_version')}; key matches the "
                        f"saving process: {r.get('key_matches_manifest')}")
     return out
@@ -599,8 +641,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2, help="fresh processes for warm and aot_load (default 2)")
     ap.add_argument("--work", help="directory for the cache and artifacts (default: a new temporary one, removed)")
     ap.add_argument("--cache-dir", help="Inductor cache directory (default <work>/cache, empty at the start)")
-    ap.add_argument("--profile", action="store_true", help="cProfile each child's timed region (top 25 in --json)")
-    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per child (default 300)")
+    ap.add_argument("--profile", action="store_true",
+                    help="cProfile each child's timed region (top functions by cumulative and own time in --json)")
+    ap.add_argument("--timeout", type=float, default=180.0, help="seconds per child (default 180)")
+    ap.add_argument("--budget", type=float, default=220.0,
+                    help="no child starts after this many seconds of the probe (default 220: under 4 min in all)")
+    ap.add_argument("--compare-compiled", action=argparse.BooleanOptionalAction, default=True,
+                    help="the first aot_load checks, after its timings, that the loaded kernels equal torch.compile's "
+                         "bit for bit (costs it one warm compile of the 6; default on)")
     ap.add_argument("--json", help="write all results here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--sizes", help=argparse.SUPPRESS)
@@ -630,7 +678,11 @@ def main(argv: list[str] | None = None) -> int:
             if v == "aot_load_empty_cache":
                 c = work / f"empty_cache_{i}"
                 shutil.rmtree(c, ignore_errors=True)
-            r = run_child(v, a, sizes, c, aot_dir)
+            if time.perf_counter() - t0 > a.budget:
+                results.append({"variant": v, "repeat": i, "error": f"skipped: the probe's {a.budget:.0f} s budget"})
+                print(f"  {v}#{i}: skipped (budget)", flush=True)
+                continue
+            r = run_child(v, a, sizes, c, aot_dir, compare=a.compare_compiled and v == "aot_load" and i == 0)
             r["repeat"] = i
             results.append(r)
             print(f"  {v}#{i}: {'ERROR ' + r['error'] if r.get('error') else str(r.get('total_s')) + ' s'} "
