@@ -316,15 +316,20 @@ def guard_summary(text: str) -> dict:
     return {"kinds": kinds, "global_state": global_state, "value_guards": lambdas}
 
 
-def child_aot_save(a, out: dict) -> None:
-    """aot_compile each kernel's function on warm.py's stand-ins, call it once, save it."""
+def _child_start(a, out: dict):
+    """Import torch (timed into ``out``), initialise CUDA where asked; returns ``(torch, device, dtype, sizes)``."""
     t0 = time.perf_counter()
     import torch
     out["import_torch_s"] = round(time.perf_counter() - t0, 3)
     device, dtype = torch.device(a.device), getattr(torch, a.dtype)
     if device.type == "cuda":
         torch.cuda.init()
-    sizes = json.loads(a.sizes)
+    return torch, device, dtype, json.loads(a.sizes)
+
+
+def child_aot_save(a, out: dict) -> None:
+    """aot_compile each kernel's function on warm.py's stand-ins, call it once, save it."""
+    torch, device, dtype, sizes = _child_start(a, out)
     aot_dir = Path(a.aot_dir)
     aot_dir.mkdir(parents=True, exist_ok=True)
     inference_weights = a.inference if a.inference_weights is None else a.inference_weights
@@ -363,13 +368,7 @@ def child_aot_save(a, out: dict) -> None:
 
 def child_aot_load(a, out: dict) -> None:
     """Load each saved kernel, call it on two other row counts (compared with the eager math), probe its guards."""
-    t0 = time.perf_counter()
-    import torch
-    out["import_torch_s"] = round(time.perf_counter() - t0, 3)
-    device, dtype = torch.device(a.device), getattr(torch, a.dtype)
-    if device.type == "cuda":
-        torch.cuda.init()
-    sizes = json.loads(a.sizes)
+    torch, device, dtype, sizes = _child_start(a, out)
     manifest = json.loads((Path(a.aot_dir) / "manifest.json").read_text())
     fus = fusables()                                # imports models.* (and torch._dynamo), not torch._inductor
     out["inductor_modules_before"] = sum(m.startswith("torch._inductor") for m in sys.modules)
