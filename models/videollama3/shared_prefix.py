@@ -122,9 +122,10 @@ def bounded_prefix_part(q: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
 
     Per chunk, on CUDA in half precision: FlashAttention's variable-length kernel (``aten::_flash_attention_forward``,
     what ``torch.nn.attention.varlen.varlen_attn`` calls) with ``seqused_k = used``: the key blocks past a chunk's
-    valid rows are not visited. Elsewhere, or where the kernel takes no ``seqused_k``: the float32 math of
+    valid rows are not visited. On another device, or where the kernel takes no ``seqused_k``: the float32 math of
     :func:`_partial_math` with the rows past ``used`` masked by ``-inf`` (exactly zero weight). A chunk without valid
-    rows gets weight zero.
+    rows gets weight zero. On the CPU (nothing is captured there, and the counts are host memory) the math attends
+    the first L rows as one sequence: :func:`_prefix_part`'s inputs and arithmetic.
 
     Args:
         q: (1, Hkv, M, d) folded queries.
@@ -135,6 +136,16 @@ def bounded_prefix_part(q: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
     Returns:
         ``(out (1, Hkv, M, d), lse (1, Hkv, M))`` in float32, as :func:`_prefix_part`.
     """
+    if q.device.type == "cpu":   # the host holds the counts (no graph to capture): the exact prefix, no padding
+        n = int(used.sum())
+        return _partial_math(q, keys[:n].permute(1, 0, 2)[None], values[:n].permute(1, 0, 2)[None], None, scaling)
+    return split_prefix_part(q, keys, values, used, cu_k, cu_q, scaling)
+
+
+def split_prefix_part(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, used: torch.Tensor,
+                      cu_k: torch.Tensor, cu_q: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`bounded_prefix_part` on a device: the S chunks attended apart (varlen flash, or the masked float32 math)
+    and merged through their log-sum-exp, with no host read of the counts (arguments and returns as there)."""
     _, kv_heads, m, d = q.shape
     splits, cap = used.shape[0], keys.shape[0]
     chunk = cap // splits

@@ -74,14 +74,15 @@ def test_floor_parts_match_a_counted_step(tiny_vlm, budget):
     the static decode path on the CPU) under FlopCounterMode with the math SDPA backend (every attention a matmul,
     full squares) against the floor's parts with ``causal=False``: equal but for the patch embedding, which the
     floor leaves out (added here: ``2 * patches * 3 * 14^2 * C``), and padding, which the step computes and the
-    floor does not (the compressor's windows padded to the longest, the suffixes left-padded, the static cache's
-    decode region): measured - analytic is >= 0 and under 2 %."""
+    floor does not (the compressor's windows padded to the longest, the static cache's decode region; the suffixes'
+    left pads up to the decode slot's bucket are counted in): measured - analytic is >= 0 and under 2 %."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
     from datamodules.decode import decode_video
     from models.videollama3 import EncodeCache, prepare_budgets
+    from models.videollama3.decode_slots import SUFFIX_BUCKET, bucket
 
     bench = _bench()
     dec = decode_video(str(Path(__file__).resolve().parents[2] / "assets" / "media" / "cockatoo.mp4"), budget)
@@ -94,14 +95,18 @@ def test_floor_parts_match_a_counted_step(tiny_vlm, budget):
     assert all(len(a.token_ids) == 4 for a in answers)
     row = bench.step_fields(tiny_vlm, bi, bench.QUESTIONS)
     assert len(row["suffix_lens"]) == 3 and row["compressor_windows"]
-    parts = {p.name: p.flops for p in bench.floor_parts(tiny_vlm, row, 4, causal=False)}
+    # the static path computes every row at the decode slot's suffix bucket (left pads included): the floor of
+    # what it computes counts n_b tokens per row (the real lengths' floor is below by those pads)
+    n_b = bucket(max(row["suffix_lens"]), SUFFIX_BUCKET)
+    padded = dict(row, suffix_lens=[n_b] * len(row["suffix_lens"]))
+    parts = {p.name: p.flops for p in bench.floor_parts(tiny_vlm, padded, 4, causal=False)}
     c = tiny_vlm.model.config.vision_config.hidden_size
     embed = 2 * 4 * (row["frames"] * row["hw"] + row["raw_reencoded"] * row["raw_hw"]) * 3 * 14 ** 2 * c
     front = parts["vision"] + parts["compress"] + parts["project"] + embed
     back = parts["prefix"] + parts["suffix"] + parts["decode"]
     assert 0 <= encode - front < 0.02 * front
     assert 0 <= answer - back < 0.02 * back
-    causal = {p.name: p.flops for p in bench.floor_parts(tiny_vlm, row, 4)}
+    causal = {p.name: p.flops for p in bench.floor_parts(tiny_vlm, padded, 4)}
     assert causal["prefix"] < parts["prefix"] and causal["decode"] == parts["decode"]
 
 

@@ -72,11 +72,14 @@ def test_bounded_prefix_part_equals_the_exact_prefix_part_whatever_lies_past_the
     from types import SimpleNamespace
     buf.load([SimpleNamespace(keys=pk, values=pv)])
     assert buf.used.tolist() == [min(length, 512), max(0, length - 512)]
-    out_b, lse_b = sp.bounded_prefix_part(q, buf.keys[0], buf.values[0], buf.used, buf.cu_k, buf.cu_q(m), 0.3)
+    args = (q, buf.keys[0], buf.values[0], buf.used, buf.cu_k, buf.cu_q(m), 0.3)
     out, lse = sp._prefix_part(q, pk, pv, 0.3)
-    assert out_b.shape == out.shape == (1, kv_heads, m, d) and lse_b.shape == lse.shape == (1, kv_heads, m)
-    torch.testing.assert_close(out_b, out, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(lse_b, lse, atol=1e-5, rtol=1e-5)
+    out_b, lse_b = sp.bounded_prefix_part(*args)          # on the CPU: the first L rows, the exact inputs
+    assert torch.equal(out_b, out) and torch.equal(lse_b, lse)
+    out_s, lse_s = sp.split_prefix_part(*args)            # a device's path: chunks masked and merged
+    assert out_s.shape == out.shape == (1, kv_heads, m, d) and lse_s.shape == lse.shape == (1, kv_heads, m)
+    torch.testing.assert_close(out_s, out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse_s, lse, atol=1e-5, rtol=1e-5)
 
 
 @pytest.fixture(scope="module")
