@@ -122,7 +122,7 @@ class BatchedDecoding:
         cap, total = bucket(prefix_len, PREFIX_BUCKET), suffix_len + max_new_tokens
         dev, dtype = self.device, self.dtype
         key = (rows, suffix_len, total, cap, dtype, dev, id(self.model))
-        prefix_key = (cfg.num_hidden_layers, cap, kv_heads, head_dim, dtype, dev)
+        prefix_key = PrefixBuffer.key_of(cfg.num_hidden_layers, cap, kv_heads, head_dim, dtype, dev)
 
         def build(shared: PrefixBuffer | None) -> DecodeSlot:
             prefix = shared or PrefixBuffer(cfg.num_hidden_layers, cap, kv_heads, head_dim, dtype, dev)

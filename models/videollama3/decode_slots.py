@@ -57,7 +57,7 @@ class PrefixBuffer:
     def __init__(self, layers: int, capacity: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device):
         self.capacity = capacity
-        self.key = (layers, capacity, kv_heads, head_dim, dtype, torch.device(device))
+        self.key = self.key_of(layers, capacity, kv_heads, head_dim, dtype, device)
         # zero-filled: rows past ``used`` are read by no kernel on CUDA and masked (finite, so 0 x value) elsewhere
         self.keys = [torch.zeros(capacity, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros(capacity, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(layers)]
@@ -67,6 +67,15 @@ class PrefixBuffer:
         self.starts = torch.arange(self.splits, dtype=torch.int32, device=device) * self.chunk
         self.used = torch.zeros(self.splits, dtype=torch.int32, device=device)
         self.cu_k = torch.arange(self.splits + 1, dtype=torch.int32, device=device) * self.chunk
+
+    @staticmethod
+    def key_of(layers: int, capacity: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device) -> tuple:
+        """What makes two buffers interchangeable (:attr:`key`; :meth:`DecodeSlotPool.acquire` shares by it)."""
+        return (layers, capacity, kv_heads, head_dim, dtype, torch.device(device))
+
+    def set_length(self, length: int) -> None:
+        """Set the valid rows to the first ``length`` of the buffer (each chunk's count, on the device)."""
+        torch.clamp(length - self.starts, 0, self.chunk, out=self.used)
 
     def load(self, layers) -> None:
         """Copy the prefill cache's prefix (layer ``i``: ``keys``/``values`` (1, Hkv, L, d)) in; device work only.
@@ -82,7 +91,7 @@ class PrefixBuffer:
         for layer, k, v in zip(layers, self.keys, self.values):
             k[:length].copy_(layer.keys[0].transpose(0, 1))
             v[:length].copy_(layer.values[0].transpose(0, 1))
-        torch.clamp(length - self.starts, 0, self.chunk, out=self.used)
+        self.set_length(length)
 
     def cu_q(self, rows_folded: int) -> torch.Tensor:
         """(S + 1,) int32 ``[0, M, 2 M, ..., S M]`` on the device for M folded queries (each chunk gets them all)."""

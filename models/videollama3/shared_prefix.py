@@ -272,7 +272,7 @@ def decode_step_stand_ins(rows: int, heads: int, kv_heads: int, head_dim: int, k
 
     buf = PrefixBuffer(1, bucket(prefix_len, PREFIX_BUCKET), kv_heads, head_dim, dtype, device)
     buf.keys[0].normal_(), buf.values[0].normal_()
-    torch.clamp(prefix_len - buf.starts, 0, buf.chunk, out=buf.used)
+    buf.set_length(prefix_len)
     out_p, lse_p = bounded_prefix_part(folded, buf.keys[0], buf.values[0], buf.used, buf.cu_k,
                                        buf.cu_q(rows * g), scale)
     return query, key, value, mask, out_p, lse_p, scale
