@@ -641,6 +641,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--cli-max-s", type=float, default=None, help="only videos up to this length go to the CLI")
     ap.add_argument("--gpu-step-s", type=json.loads, default=None, help='e.g. {"short": 1.5, ...}')
     ap.add_argument("--sweep", action="store_true", help="NVDEC frames/s of the largest video per session count")
+    ap.add_argument("--sweep-counts", nargs="+", type=int, default=[1, 2, 4, 7],
+                    help="the session counts of --sweep")
     ap.add_argument("--json", default=None, help="write the rows and the summary here")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny clips, the tiny model, the CLI")
     ap.add_argument("--table-from", default=None, help="print the table of an earlier --json file and stop")
@@ -694,7 +696,7 @@ def main(argv=None) -> dict:
                   f"source frames not decoded ({len(fed)} of {len(rows_by_path[kind])} videos packet-filtered)",
                   flush=True)
     if args.sweep and "nvdec" in args.paths:
-        sweep_sessions(max(videos, key=lambda v: v.stat().st_size), args.window_s)
+        sweep_sessions(max(videos, key=lambda v: v.stat().st_size), args.window_s, tuple(args.sweep_counts))
     if len(rows_by_path) > 1:
         ref = {r["path"]: r["sha1"] for r in rows_by_path[args.paths[0]]}
         for kind in args.paths[1:]:
@@ -714,7 +716,8 @@ def main(argv=None) -> dict:
             rest = t["step_s"][1:] or t["step_s"]
             print(f"CLI decoder={d}: {len(cli_videos)} videos, first answer {t['first_answer_s']:.1f} s after "
                   f"process start, steady step {statistics.mean(rest):.2f} s, wait share "
-                  f"{t.get('wait_share', float('nan')):.1%}, decoders used {t['decoders']}", flush=True)
+                  f"{t['wait_share']:.1%} (after the first video {t['steady_wait_share']:.1%}; wall / steps after it "
+                  f"{t['wall_over_steps']:.2f}), decoders used {t['decoders']}", flush=True)
             print(f"CLI decoder={d}: timeline (s after process start) "
                   + ", ".join(f"{k} {v:.1f}" for k, v in sorted(t["timeline_s"].items(), key=lambda kv: kv[1]))
                   + f"; warm-up {t.get('warmup')}", flush=True)
@@ -740,17 +743,28 @@ def main(argv=None) -> dict:
 
 def sweep_sessions(path: Path, window_s: float | None, counts=(1, 2, 4, 7)) -> dict[int, float]:
     """Source frames/s of :func:`datamodules.decode.nvdec.read_nvdec` on one video (its sampled frames in the window),
-    per NVDEC session count, in this process."""
+    per NVDEC session count, in this process, alone on the machine; each line also gives the NVDEC / SM / CPU busy
+    shares over that decode (:class:`UtilSampler`) and the summed per-session stage seconds (``read_nvdec``'s
+    ``stats``: demux, decode calls, copies), so that what bounds one video's latency can be read off."""
     p = plan(path)
     cut = int(window_s * p["fps"]) if window_s else p["n"]
     idx = [i for i in p["idx"] if i < cut]
     covered = min(cut, p["n"])
     out = {}
     for k in counts:
-        t0 = time.perf_counter()
-        nvdec.read_nvdec(path, idx, p["decode_hw"], sessions=k)
-        out[k] = covered / (time.perf_counter() - t0)
-        print(f"sweep {path.name}: {k} sessions: {out[k]:.0f} source frames/s ({len(idx)} sampled)", flush=True)
+        stats: dict = {}
+        with UtilSampler() as util:
+            t0 = time.perf_counter()
+            nvdec.read_nvdec(path, idx, p["decode_hw"], sessions=k, stats=stats)
+            wall = time.perf_counter() - t0
+        out[k] = covered / wall
+        u = util.summary()
+        runs = stats.get("runs") or []
+        stages = {key: round(sum(r.get(key, 0.0) for r in runs), 2) for key in ("demux_s", "decode_s", "copy_s")}
+        stages.update({key: stats[key] for key in ("scan_s", "convert_s") if key in stats})
+        busy = {key: u[key] for key in ("nvdec_busy", "gpu_sm_busy", "cpu_busy")}
+        print(f"sweep {path.name}: {k} sessions ({len(runs)} runs): {out[k]:.0f} source frames/s ({len(idx)} "
+              f"sampled, {wall:.1f} s); busy {busy}; summed stage s {stages}", flush=True)
     return out
 
 
@@ -813,7 +827,23 @@ def run_cli(videos: list[Path], tiny: bool, work: Path = Path("/tmp/workload_cli
     # the run's own clock from the process start (callbacks.timing.process_age_s); the earlier estimate (process
     # wall minus the run's wall, plus load, first wait and first step) also counted the scoring after the run
     timing["first_answer_s"] = timing["timeline_s"]["first_answer"]
+    timing.update(wait_figures(timing))
     return timing
+
+
+def wait_figures(timing: dict) -> dict:
+    """The GPU's data wait in a CLI run's ``timing_rank0.json`` summary: ``wait_share`` (waits over the wall after
+    the load, the first video's pipeline fill included), ``steady_wait_share`` (waits after the first video over
+    the wall after it) and ``wall_over_steps`` (that wall over the sum of the steps after the first video: the
+    issue's "within 1.1x the sum of its steps")."""
+    stages = timing.get("stages_s") or {}
+    load, first = stages.get("load", 0.0), timing.get("first_wait_s", 0.0)
+    steps = timing.get("step_s") or []
+    span = max(timing["wall_s"] - load, 1e-9)
+    after_first = max(span - first - (steps[0] if steps else 0.0), 1e-9)
+    steady_wait = max(stages.get("wait", 0.0) - first, 0.0)
+    return {"wait_share": stages.get("wait", 0.0) / span, "steady_wait_share": steady_wait / after_first,
+            "wall_over_steps": after_first / max(sum(steps[1:]), 1e-9) if len(steps) > 1 else float("nan")}
 
 
 if __name__ == "__main__":

@@ -162,3 +162,15 @@ def test_steady_rate_counts_frames_evenly_over_each_window_up_to_the_last_start(
     assert r["steady_fps"] == (100 * 4 / 10 + 40) / 4      # 20 frames/s: A's 40 of 100 + B's first 40
     assert steady_rate([(0.0, 5.0, 10.0), (0.0, 3.0, 9.0)]) == {"steady_s": None, "steady_fps": None}
     assert steady_rate([]) == {"steady_s": None, "steady_fps": None}
+
+
+def test_wait_figures_of_a_cli_timing_by_hand():
+    """A run: load 5 s, first video waited 3 s and stepped 2 s, then 3 steps of 1 s with 1 s of waits between:
+    wall 5 + 3 + 2 + 3 + 1 = 14 s; after the load 9 s, 4 s of it waiting; after the first video 4 s, 1 s waiting."""
+    from bench.workload import wait_figures
+
+    timing = {"wall_s": 14.0, "stages_s": {"load": 5.0, "wait": 4.0}, "first_wait_s": 3.0,
+              "step_s": [2.0, 1.0, 1.0, 1.0]}
+    f = wait_figures(timing)
+    assert f["wait_share"] == pytest.approx(4 / 9) and f["steady_wait_share"] == pytest.approx(1 / 4)
+    assert f["wall_over_steps"] == pytest.approx(4 / 3)
