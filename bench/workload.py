@@ -641,8 +641,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--cli-max-s", type=float, default=None, help="only videos up to this length go to the CLI")
     ap.add_argument("--gpu-step-s", type=json.loads, default=None, help='e.g. {"short": 1.5, ...}')
     ap.add_argument("--sweep", action="store_true", help="NVDEC frames/s of the largest video per session count")
-    ap.add_argument("--sweep-counts", nargs="+", type=int, default=[1, 2, 4, 7],
-                    help="the session counts of --sweep")
+    ap.add_argument("--sweep-counts", nargs="+", default=["1", "2", "4", "7"],
+                    help="the session counts of --sweep; a count ending in 's' (e.g. 8s) gives each session its own "
+                         "CUDA stream (read_nvdec's session_streams)")
     ap.add_argument("--json", default=None, help="write the rows and the summary here")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny clips, the tiny model, the CLI")
     ap.add_argument("--table-from", default=None, help="print the table of an earlier --json file and stop")
@@ -741,7 +742,7 @@ def main(argv=None) -> dict:
     return result
 
 
-def sweep_sessions(path: Path, window_s: float | None, counts=(1, 2, 4, 7)) -> dict[int, float]:
+def sweep_sessions(path: Path, window_s: float | None, counts=("1", "2", "4", "7")) -> dict[str, float]:
     """Source frames/s of :func:`datamodules.decode.nvdec.read_nvdec` on one video (its sampled frames in the window),
     per NVDEC session count, in this process, alone on the machine; each line also gives the NVDEC / SM / CPU busy
     shares over that decode (:class:`UtilSampler`) and the summed per-session stage seconds (``read_nvdec``'s
@@ -750,13 +751,17 @@ def sweep_sessions(path: Path, window_s: float | None, counts=(1, 2, 4, 7)) -> d
     cut = int(window_s * p["fps"]) if window_s else p["n"]
     idx = [i for i in p["idx"] if i < cut]
     covered = min(cut, p["n"])
-    out = {}
+    out, first_sha = {}, None
     for k in counts:
+        k = str(k)
         stats: dict = {}
         with UtilSampler() as util:
             t0 = time.perf_counter()
-            nvdec.read_nvdec(path, idx, p["decode_hw"], sessions=k, stats=stats)
+            frames = nvdec.read_nvdec(path, idx, p["decode_hw"], sessions=int(k.rstrip("s")), stats=stats,
+                                      session_streams=k.endswith("s"))
             wall = time.perf_counter() - t0
+        sha = hashlib.sha1(frames.tobytes()).hexdigest()
+        first_sha = first_sha or sha
         out[k] = covered / wall
         u = util.summary()
         runs = stats.get("runs") or []
@@ -764,7 +769,8 @@ def sweep_sessions(path: Path, window_s: float | None, counts=(1, 2, 4, 7)) -> d
         stages.update({key: stats[key] for key in ("scan_s", "convert_s") if key in stats})
         busy = {key: u[key] for key in ("nvdec_busy", "gpu_sm_busy", "cpu_busy")}
         print(f"sweep {path.name}: {k} sessions ({len(runs)} runs): {out[k]:.0f} source frames/s ({len(idx)} "
-              f"sampled, {wall:.1f} s); busy {busy}; summed stage s {stages}", flush=True)
+              f"sampled, {wall:.1f} s); busy {busy}; summed stage s {stages}; frames "
+              f"{'equal to the first count' if sha == first_sha else 'DIFFER from the first count'}", flush=True)
     return out
 
 

@@ -28,7 +28,7 @@ so no reference picture is decoded by two sessions (an open-GOP stream, one peri
 by ``SimpleDecoder`` as before and ``stats`` says why.
 
 Damaged data (issue 42 item 1). PyNvVideoCodec reports no per-picture decode status: its ``NvDecoder``
-(``HandlePictureDisplay``) calls ``cuvidGetDecodeStatus`` and only ``printf``\ s "Decode Error occurred for picture
+(``HandlePictureDisplay``) calls ``cuvidGetDecodeStatus`` and only prints "Decode Error occurred for picture
 %d" on ``cuvidDecodeStatus_Error`` / ``_Error_Concealed``; ``DecodedFrame`` has no status field (2.2.4: its
 ``timestamp``, ``format``, SEI and decode-statistics (QP, CU type, motion vector) members). So the frames NVDEC
 decodes are not checked for concealment: :func:`datamodules.decode.decode_video` records them
@@ -49,6 +49,7 @@ decoder used and why.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -106,16 +107,39 @@ def _decode_run(path: str, run: list[int], gpu_id: int, p: StreamProbe, convert:
     return info
 
 
-def _packet_decoder(nvc, gpu_id: int, codec_id):
+_PRIMARY_CONTEXTS: dict[int, int] = {}
+
+
+def _primary_context(gpu_id: int) -> int:
+    """The handle of ``gpu_id``'s primary CUDA context (the one PyTorch uses), retained once per process through the
+    driver API (``cuDevicePrimaryCtxRetain``; never released: it lives as long as the process's CUDA)."""
+    if gpu_id not in _PRIMARY_CONTEXTS:
+        import ctypes
+
+        cuda = ctypes.CDLL("libcuda.so.1")
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        for call, args in (("cuInit", (0,)), ("cuDeviceGet", (ctypes.byref(dev), int(gpu_id))),
+                           ("cuDevicePrimaryCtxRetain", (ctypes.byref(ctx), dev))):
+            rc = getattr(cuda, call)(*args)
+            if rc != 0:
+                raise NvdecError(f"{call} failed with CUDA error {rc}")
+        _PRIMARY_CONTEXTS[gpu_id] = int(ctx.value)
+    return _PRIMARY_CONTEXTS[gpu_id]
+
+
+def _packet_decoder(nvc, gpu_id: int, codec_id, stream=None):
     """A packet-fed NVDEC session: ``PyNvVideoCodec.CreateDecoder`` where the wheel has it (1.x / 2.0), else the
-    ``PyNvDecoder`` class it wraps (2.2.4 binds only the class; same keyword names in its docstring)."""
-    kwargs = dict(gpuid=gpu_id, codec=codec_id, cudacontext=0, cudastream=0, usedevicememory=True,
+    ``PyNvDecoder`` class it wraps (2.2.4 binds only the class; same keyword names in its docstring). With
+    ``stream`` (a ``torch.cuda.Stream``) the session runs its copies on that stream in PyTorch's primary context,
+    instead of the wheel's defaults (context and stream 0)."""
+    ctx, handle = (0, 0) if stream is None else (_primary_context(gpu_id), int(stream.cuda_stream))
+    kwargs = dict(gpuid=gpu_id, codec=codec_id, cudacontext=ctx, cudastream=handle, usedevicememory=True,
                   outputColorType=nvc.OutputColorType.NATIVE)
     factory = getattr(nvc, "CreateDecoder", None) or nvc.PyNvDecoder
     try:
         return factory(**kwargs)
     except TypeError:   # keyword names differ between wheels: the docstring's order (gpu, codec, ctx, stream, ...)
-        return factory(gpu_id, codec_id, 0, 0, True)
+        return factory(gpu_id, codec_id, ctx, handle, True)
 
 
 def _frame_pts(frame) -> int:
@@ -124,14 +148,16 @@ def _frame_pts(frame) -> int:
 
 
 def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, convert: Yuv420ToRgb,
-                        out: np.ndarray, offset: int, scanned: pf.StreamScan, sink: "ConvertPool | None" = None
-                        ) -> dict:
+                        out: np.ndarray, offset: int, scanned: pf.StreamScan, sink: "ConvertPool | None" = None,
+                        session_stream: bool = False) -> dict:
     """Decode ``run`` in one NVDEC session fed only the packets :func:`datamodules.decode.packet_filter.needed_packets`
     keeps (``PyNvVideoCodec.CreateDemuxer`` packets, Annex-B, in the order PyAV demuxed them: checked by pts).
     Frames are identified by pts (frame ``i`` = the ``i``-th smallest packet pts), so a frame that does not come
     out, or a packet order that differs from the scan's, is an :class:`NvdecError`, never a wrong frame. Each
     wanted surface is copied to the host at once (the decoder reuses its surfaces) and converted here by
-    ``convert``, or by ``sink`` on its own threads, so that this session goes back to feeding its engine."""
+    ``convert``, or by ``sink`` on its own threads, so that this session goes back to feeding its engine. With
+    ``session_stream`` the session's copies and this thread's copy to the host run on a CUDA stream of its own
+    (:func:`read_nvdec`'s ``session_streams``)."""
     import torch
 
     keep, counts = scanned.plan(run)
@@ -140,7 +166,8 @@ def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, 
     last = max(j for j, k in enumerate(keep) if k)
     nvc = _nvc()
     dmx = nvc.CreateDemuxer(path)
-    dec = _packet_decoder(nvc, gpu_id, dmx.GetNvCodecId())
+    stream = torch.cuda.Stream(gpu_id) if session_stream else None
+    dec = _packet_decoder(nvc, gpu_id, dmx.GetNvCodecId(), stream)
     done = [False] * len(run)
     info: dict = {"frames": len(run), "path": "packets", **counts}
     clock = {"demux_s": 0.0, "decode_s": 0.0, "copy_s": 0.0, "convert_s": 0.0, "packets_read": 0}
@@ -151,9 +178,10 @@ def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, 
             if k is None or done[k]:
                 continue
             t0 = time.perf_counter()
-            surface = torch.from_dlpack(frame)
-            info.setdefault("surface_shape", tuple(surface.shape))
-            host = surface.cpu().numpy()
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                surface = torch.from_dlpack(frame)
+                info.setdefault("surface_shape", tuple(surface.shape))
+                host = surface.cpu().numpy()
             t1 = time.perf_counter()
             clock["copy_s"] += t1 - t0
             if sink is not None:
@@ -208,11 +236,11 @@ def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, 
     return info
 
 
-def _decode_run_any(path, run, gpu_id, p, convert, out, offset, scanned, sink=None) -> dict:
+def _decode_run_any(path, run, gpu_id, p, convert, out, offset, scanned, sink=None, session_stream=False) -> dict:
     """The packet-fed session where the stream was scanned, falling back (per run, recorded) to SimpleDecoder."""
     if scanned is not None:
         try:
-            return _decode_run_packets(path, run, gpu_id, p, convert, out, offset, scanned, sink)
+            return _decode_run_packets(path, run, gpu_id, p, convert, out, offset, scanned, sink, session_stream)
         except Exception as e:  # noqa: BLE001 - PyNvVideoCodec raises its own types; SimpleDecoder is the fallback
             why = f"{type(e).__name__}: {e}".splitlines()[0]
             info = _decode_run(path, run, gpu_id, p, convert, out, offset, sink)
@@ -223,7 +251,7 @@ def _decode_run_any(path, run, gpu_id, p, convert, out, offset, scanned, sink=No
 def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int], gpu_id: int = 0,
                sessions: int | None = None, probed: StreamProbe | None = None,
                stats: dict | None = None, nvdec_skip_nonref: bool = True,
-               convert_threads: int | None = None) -> np.ndarray:
+               convert_threads: int | None = None, session_streams: bool = False) -> np.ndarray:
     """``(len(indices), dh, dw, 3)`` uint8 RGB frames at ascending native presentation-order ``indices``, decoded
     by NVDEC and converted by decord's own swscale (equal to the CPU path's frames, see the module docstring).
 
@@ -246,6 +274,9 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
             the scan or a packet-fed session fails, ``SimpleDecoder`` decodes every frame of the run's GOPs.
         convert_threads: threads converting the frames to RGB (:class:`ConvertPool`), off the sessions' threads
             (default: one per session).
+        session_streams: give each packet-fed session a CUDA stream of its own in PyTorch's primary context (else
+            the wheel's defaults, context and stream 0); the frames are the same either way (a setting of the
+            speed only, measured by ``bench/workload.py --sweep``).
 
     Raises:
         NvdecError: the file is not one NVDEC decodes exactly (:func:`nvdec_unsupported`'s reasons, checked from
@@ -299,10 +330,11 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
                        p.height, p.width, out, convert_threads or len(runs))
     try:
         if len(runs) == 1:
-            infos = [_decode_run_any(path, runs[0], gpu_id, p, None, out, 0, scanned, sink)]
+            infos = [_decode_run_any(path, runs[0], gpu_id, p, None, out, 0, scanned, sink, session_streams)]
         else:
             with ThreadPoolExecutor(len(runs)) as pool:
-                futures = [pool.submit(_decode_run_any, path, r, gpu_id, p, None, out, o, scanned, sink)
+                futures = [pool.submit(_decode_run_any, path, r, gpu_id, p, None, out, o, scanned, sink,
+                                       session_streams)
                            for r, o in zip(runs, offsets)]
                 infos = [f.result() for f in futures]
         sink.finish()

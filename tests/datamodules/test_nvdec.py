@@ -258,6 +258,9 @@ def test_read_nvdec_packet_filter_equals_decord(clips, name, scale):
     off: dict = {}
     full = nvdec.read_nvdec(clips[name], idx, (dh, dw), sessions=1, stats=off, nvdec_skip_nonref=False)
     assert np.array_equal(full, ref) and [r["path"] for r in off["runs"]] == ["simple"]
+    streams: dict = {}   # each packet-fed session on a CUDA stream of its own: the same frames
+    own = nvdec.read_nvdec(clips[name], idx, (dh, dw), sessions=2, stats=streams, session_streams=True)
+    assert np.array_equal(own, ref) and {r["path"] for r in streams["runs"]} == {"packets"}, streams["runs"]
 
 
 @pytest.mark.parametrize("name", ["h264_642x362.mp4", "h264_320x180_bt709.mp4", "h264_jpeg_256x144.mp4",

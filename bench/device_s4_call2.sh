@@ -1,0 +1,23 @@
+#!/bin/bash
+# 2026-12-06 (session 4), second GPU call: the GPU tests (written to $OUT, call 1 lost their lines), one long video's
+# NVDEC latency with each session on a CUDA stream of its own (call 1: 8 sessions 18.3 s, 16 sessions 29.3 s, the
+# engines 45 % / 29 % busy), the demuxer's seek, and the ahead-of-time probe's errors.
+#   bash bench/device_s4_call2.sh
+set -u
+. bench/device_site.sh
+export NVDEC_TEST_CLIPS=$PWD/.whl/nvdec_clips
+python3 bench/workload.py --make /tmp/wl > /dev/null 2>&1; stamp "set made"
+echo "== one long video alone: sessions x own streams"
+timeout 170 python3 bench/workload.py --videos /tmp/wl --paths nvdec --only short --workers 1 --sweep \
+  --sweep-counts 8 8s 16s 4 4s 24s > "$OUT/sweep.txt" 2>&1
+grep -E "^sweep" "$OUT/sweep.txt" | cut -c1-700
+stamp "sweep"
+echo "== demuxer seek"
+timeout 40 python3 bench/demux_seek_probe.py /tmp/wl/l1_h264_1080p2997_g250_1800s.mp4 0 61 900 > "$OUT/seek.txt" 2>&1
+grep -v "Seek accuracy" "$OUT/seek.txt" | cut -c1-400 | head -12
+stamp "seek"
+echo "== GPU tests"
+timeout 200 python3 -m pytest -q -p no:hypothesispytest -p no:cacheprovider -m gpu tests/test_gpu.py \
+  tests/datamodules/test_nvdec.py > "$OUT/gpu_tests.txt" 2>&1
+grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu_tests.txt" | head -20
+stamp "gpu tests"
