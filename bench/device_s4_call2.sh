@@ -21,3 +21,8 @@ timeout 200 python3 -m pytest -q -p no:hypothesispytest -p no:cacheprovider -m g
   tests/datamodules/test_nvdec.py > "$OUT/gpu_tests.txt" 2>&1
 grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu_tests.txt" | head -20
 stamp "gpu tests"
+echo "== aot probe: save + load only (call 1 loaded nothing: why)"
+timeout 90 python3 bench/aot_probe.py --config 7b --variants aot_save,aot_load --repeats 1 --no-compare-compiled \
+  --json "$OUT/aot.json" > "$OUT/aot.txt" 2>&1
+echo "rc $?"; grep -v "^\s*$" "$OUT/aot.txt" | tail -25 | cut -c1-400
+stamp "aot"
