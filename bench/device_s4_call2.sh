@@ -9,7 +9,7 @@ export NVDEC_TEST_CLIPS=$PWD/.whl/nvdec_clips
 python3 bench/workload.py --make /tmp/wl > /dev/null 2>&1; stamp "set made"
 echo "== one long video alone: sessions x own streams"
 timeout 170 python3 bench/workload.py --videos /tmp/wl --paths nvdec --only short --workers 1 --sweep \
-  --sweep-counts 8 8s 16s 4 4s 24s > "$OUT/sweep.txt" 2>&1
+  --sweep-counts 8 8s 8k 8sk 16sk 4 24sk > "$OUT/sweep.txt" 2>&1
 grep -E "^sweep" "$OUT/sweep.txt" | cut -c1-700
 stamp "sweep"
 echo "== demuxer seek"
@@ -17,8 +17,8 @@ timeout 40 python3 bench/demux_seek_probe.py /tmp/wl/l1_h264_1080p2997_g250_1800
 grep -v "Seek accuracy" "$OUT/seek.txt" | cut -c1-400 | head -12
 stamp "seek"
 echo "== GPU tests"
-timeout 200 python3 -m pytest -q -p no:hypothesispytest -p no:cacheprovider -m gpu tests/test_gpu.py \
-  tests/datamodules/test_nvdec.py > "$OUT/gpu_tests.txt" 2>&1
+timeout 200 python3 -m pytest -q -p no:hypothesispytest -p no:cacheprovider -m gpu tests/datamodules/test_nvdec.py tests/test_gpu.py \
+  > "$OUT/gpu_tests.txt" 2>&1
 grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu_tests.txt" | head -20
 stamp "gpu tests"
 echo "== aot probe: save + load only (call 1 loaded nothing: why)"

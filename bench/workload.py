@@ -642,8 +642,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--gpu-step-s", type=json.loads, default=None, help='e.g. {"short": 1.5, ...}')
     ap.add_argument("--sweep", action="store_true", help="NVDEC frames/s of the largest video per session count")
     ap.add_argument("--sweep-counts", nargs="+", default=["1", "2", "4", "7"],
-                    help="the session counts of --sweep; a count ending in 's' (e.g. 8s) gives each session its own "
-                         "CUDA stream (read_nvdec's session_streams)")
+                    help="the session counts of --sweep; a count with 's' (e.g. 8s) gives each session its own "
+                         "CUDA stream (read_nvdec's session_streams), with 'k' its demuxer seeks (demux_seek)")
     ap.add_argument("--json", default=None, help="write the rows and the summary here")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny clips, the tiny model, the CLI")
     ap.add_argument("--table-from", default=None, help="print the table of an earlier --json file and stop")
@@ -757,8 +757,8 @@ def sweep_sessions(path: Path, window_s: float | None, counts=("1", "2", "4", "7
         stats: dict = {}
         with UtilSampler() as util:
             t0 = time.perf_counter()
-            frames = nvdec.read_nvdec(path, idx, p["decode_hw"], sessions=int(k.rstrip("s")), stats=stats,
-                                      session_streams=k.endswith("s"))
+            frames = nvdec.read_nvdec(path, idx, p["decode_hw"], sessions=int(k.rstrip("sk")), stats=stats,
+                                      session_streams="s" in k, demux_seek="k" in k)
             wall = time.perf_counter() - t0
         sha = hashlib.sha1(frames.tobytes()).hexdigest()
         first_sha = first_sha or sha
@@ -767,6 +767,10 @@ def sweep_sessions(path: Path, window_s: float | None, counts=("1", "2", "4", "7
         runs = stats.get("runs") or []
         stages = {key: round(sum(r.get(key, 0.0) for r in runs), 2) for key in ("demux_s", "decode_s", "copy_s")}
         stages.update({key: stats[key] for key in ("scan_s", "convert_s") if key in stats})
+        seeks = [r["seek"] for r in runs if "seek" in r]
+        if seeks:
+            stages["seek_hits"] = f"{seeks.count('hit')} of {len(seeks)}" + (
+                f" ({next(x for x in seeks if x != 'hit')})" if any(x != "hit" for x in seeks) else "")
         busy = {key: u[key] for key in ("nvdec_busy", "gpu_sm_busy", "cpu_busy")}
         print(f"sweep {path.name}: {k} sessions ({len(runs)} runs): {out[k]:.0f} source frames/s ({len(idx)} "
               f"sampled, {wall:.1f} s); busy {busy}; summed stage s {stages}; frames "

@@ -149,7 +149,7 @@ def _frame_pts(frame) -> int:
 
 def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, convert: Yuv420ToRgb,
                         out: np.ndarray, offset: int, scanned: pf.StreamScan, sink: "ConvertPool | None" = None,
-                        session_stream: bool = False) -> dict:
+                        session_stream: bool = False, demux_seek: bool = False) -> dict:
     """Decode ``run`` in one NVDEC session fed only the packets :func:`datamodules.decode.packet_filter.needed_packets`
     keeps (``PyNvVideoCodec.CreateDemuxer`` packets, Annex-B, in the order PyAV demuxed them: checked by pts).
     Frames are identified by pts (frame ``i`` = the ``i``-th smallest packet pts), so a frame that does not come
@@ -157,7 +157,12 @@ def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, 
     wanted surface is copied to the host at once (the decoder reuses its surfaces) and converted here by
     ``convert``, or by ``sink`` on its own threads, so that this session goes back to feeding its engine. With
     ``session_stream`` the session's copies and this thread's copy to the host run on a CUDA stream of its own
-    (:func:`read_nvdec`'s ``session_streams``)."""
+    (:func:`read_nvdec`'s ``session_streams``). With ``demux_seek`` the demuxer seeks to the run's first kept
+    packet (its period's IDR) instead of reading from the start of the file; the packet it lands on and every one
+    after it are checked against the scan's pts as before, and a seek that lands elsewhere (or fails) reads from
+    the start (``info["seek"]`` says which)."""
+    import itertools
+
     import torch
 
     keep, counts = scanned.plan(run)
@@ -171,6 +176,21 @@ def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, 
     done = [False] * len(run)
     info: dict = {"frames": len(run), "path": "packets", **counts}
     clock = {"demux_s": 0.0, "decode_s": 0.0, "copy_s": 0.0, "convert_s": 0.0, "packets_read": 0}
+    j, landed = 0, []
+    first_kept = keep.index(True)
+    if demux_seek and first_kept > 0 and scanned.time_base > 0:
+        t_seek = time.perf_counter()
+        try:
+            packet = dmx.Seek(scanned.pts[first_kept] * scanned.time_base)
+            if int(packet.bsl) > 0 and int(packet.pts) == scanned.pts[first_kept]:
+                j, landed, info["seek"] = first_kept, [packet], "hit"
+            else:
+                info["seek"] = f"landed on pts {int(packet.pts)}, not {scanned.pts[first_kept]}: read from the start"
+        except Exception as e:  # noqa: BLE001 - PyNvVideoCodec's own exception types
+            info["seek"] = f"{type(e).__name__}: {e}: read from the start".splitlines()[0]
+        if not landed:
+            dmx = nvc.CreateDemuxer(path)
+        info["seek_s"] = round(time.perf_counter() - t_seek, 4)
 
     def take(frames) -> None:
         for frame in frames:
@@ -199,9 +219,8 @@ def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, 
         take(frames)
 
     with torch.cuda.device(gpu_id):
-        j = 0
         t_read = time.perf_counter()
-        for packet in dmx:
+        for packet in itertools.chain(landed, dmx):
             clock["demux_s"] += time.perf_counter() - t_read
             clock["packets_read"] += 1
             if int(packet.bsl) == 0:                    # end of stream: flush what the decoder holds
@@ -236,11 +255,13 @@ def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, 
     return info
 
 
-def _decode_run_any(path, run, gpu_id, p, convert, out, offset, scanned, sink=None, session_stream=False) -> dict:
+def _decode_run_any(path, run, gpu_id, p, convert, out, offset, scanned, sink=None, session_stream=False,
+                    demux_seek=False) -> dict:
     """The packet-fed session where the stream was scanned, falling back (per run, recorded) to SimpleDecoder."""
     if scanned is not None:
         try:
-            return _decode_run_packets(path, run, gpu_id, p, convert, out, offset, scanned, sink, session_stream)
+            return _decode_run_packets(path, run, gpu_id, p, convert, out, offset, scanned, sink, session_stream,
+                                       demux_seek)
         except Exception as e:  # noqa: BLE001 - PyNvVideoCodec raises its own types; SimpleDecoder is the fallback
             why = f"{type(e).__name__}: {e}".splitlines()[0]
             info = _decode_run(path, run, gpu_id, p, convert, out, offset, sink)
@@ -251,7 +272,8 @@ def _decode_run_any(path, run, gpu_id, p, convert, out, offset, scanned, sink=No
 def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int], gpu_id: int = 0,
                sessions: int | None = None, probed: StreamProbe | None = None,
                stats: dict | None = None, nvdec_skip_nonref: bool = True,
-               convert_threads: int | None = None, session_streams: bool = False) -> np.ndarray:
+               convert_threads: int | None = None, session_streams: bool = False,
+               demux_seek: bool = False) -> np.ndarray:
     """``(len(indices), dh, dw, 3)`` uint8 RGB frames at ascending native presentation-order ``indices``, decoded
     by NVDEC and converted by decord's own swscale (equal to the CPU path's frames, see the module docstring).
 
@@ -277,6 +299,8 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
         session_streams: give each packet-fed session a CUDA stream of its own in PyTorch's primary context (else
             the wheel's defaults, context and stream 0); the frames are the same either way (a setting of the
             speed only, measured by ``bench/workload.py --sweep``).
+        demux_seek: each packet-fed session's demuxer seeks to its run's first needed packet instead of reading
+            the file from the start (checked packet by packet against the scan; a miss reads from the start).
 
     Raises:
         NvdecError: the file is not one NVDEC decodes exactly (:func:`nvdec_unsupported`'s reasons, checked from
@@ -330,11 +354,12 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
                        p.height, p.width, out, convert_threads or len(runs))
     try:
         if len(runs) == 1:
-            infos = [_decode_run_any(path, runs[0], gpu_id, p, None, out, 0, scanned, sink, session_streams)]
+            infos = [_decode_run_any(path, runs[0], gpu_id, p, None, out, 0, scanned, sink, session_streams,
+                                     demux_seek)]
         else:
             with ThreadPoolExecutor(len(runs)) as pool:
                 futures = [pool.submit(_decode_run_any, path, r, gpu_id, p, None, out, o, scanned, sink,
-                                       session_streams)
+                                       session_streams, demux_seek)
                            for r, o in zip(runs, offsets)]
                 infos = [f.result() for f in futures]
         sink.finish()
