@@ -109,6 +109,16 @@ def _decode_run(path: str, run: list[int], gpu_id: int, p: StreamProbe, convert:
 
 _PRIMARY_CONTEXTS: dict[int, int] = {}
 
+SESSION_STREAMS = False   # read_nvdec's session_streams default
+DEMUX_SEEK = False        # read_nvdec's demux_seek default
+
+
+def _default(name: str, value: bool) -> bool:
+    """A speed setting's default: ``TOKENBUDGET_NVDEC_<NAME>`` (``1`` / ``0``) where set, so that a bench can
+    switch it in the DataLoader's worker processes too; else ``value``."""
+    env = os.environ.get(f"TOKENBUDGET_NVDEC_{name.upper()}")
+    return value if env is None else env.strip().lower() not in ("", "0", "false", "no", "off")
+
 
 def _primary_context(gpu_id: int) -> int:
     """The handle of ``gpu_id``'s primary CUDA context (the one PyTorch uses), retained once per process through the
@@ -272,8 +282,8 @@ def _decode_run_any(path, run, gpu_id, p, convert, out, offset, scanned, sink=No
 def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int], gpu_id: int = 0,
                sessions: int | None = None, probed: StreamProbe | None = None,
                stats: dict | None = None, nvdec_skip_nonref: bool = True,
-               convert_threads: int | None = None, session_streams: bool = False,
-               demux_seek: bool = False) -> np.ndarray:
+               convert_threads: int | None = None, session_streams: bool | None = None,
+               demux_seek: bool | None = None) -> np.ndarray:
     """``(len(indices), dh, dw, 3)`` uint8 RGB frames at ascending native presentation-order ``indices``, decoded
     by NVDEC and converted by decord's own swscale (equal to the CPU path's frames, see the module docstring).
 
@@ -298,9 +308,11 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
             (default: one per session).
         session_streams: give each packet-fed session a CUDA stream of its own in PyTorch's primary context (else
             the wheel's defaults, context and stream 0); the frames are the same either way (a setting of the
-            speed only, measured by ``bench/workload.py --sweep``).
+            speed only, measured by ``bench/workload.py --sweep``). ``None``: :data:`SESSION_STREAMS`, or
+            ``TOKENBUDGET_NVDEC_SESSION_STREAMS=1/0`` where set.
         demux_seek: each packet-fed session's demuxer seeks to its run's first needed packet instead of reading
             the file from the start (checked packet by packet against the scan; a miss reads from the start).
+            ``None``: :data:`DEMUX_SEEK`, or ``TOKENBUDGET_NVDEC_DEMUX_SEEK=1/0`` where set.
 
     Raises:
         NvdecError: the file is not one NVDEC decodes exactly (:func:`nvdec_unsupported`'s reasons, checked from
@@ -309,6 +321,8 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
             caller then uses the CPU path.
     """
     path = str(path)
+    session_streams = _default("session_streams", SESSION_STREAMS) if session_streams is None else session_streams
+    demux_seek = _default("demux_seek", DEMUX_SEEK) if demux_seek is None else demux_seek
     idx = [int(i) for i in indices]
     if any(b <= a for a, b in zip(idx, idx[1:])) or (idx and idx[0] < 0):
         raise ValueError(f"{path}: indices must be ascending and >= 0")
