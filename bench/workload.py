@@ -722,6 +722,10 @@ def main(argv=None) -> dict:
             print(f"CLI decoder={d}: timeline (s after process start) "
                   + ", ".join(f"{k} {v:.1f}" for k, v in sorted(t["timeline_s"].items(), key=lambda kv: kv[1]))
                   + f"; warm-up {t.get('warmup')}", flush=True)
+            print(f"CLI decoder={d}: per video (s after process start: decoded start-end, step start, wait) "
+                  + "; ".join(f"{r.get('video_id')} {r.get('decode_start', float('nan')):.1f}-"
+                              f"{r.get('decode_end', float('nan')):.1f}, {r.get('step_start', float('nan')):.1f}, "
+                              f"{r['wait_s']:.2f}" for r in t.get("per_video") or []), flush=True)
         if len(timings) > 1:
             first, *others = timings
             for d in others:

@@ -85,6 +85,7 @@ class StageTimer(Callback):
         self.decode_worker_s = 0.0      # decoding seconds spent in DataLoader workers (off the GPU's path)
         self.first_wait_s = 0.0         # the pipeline fill left after the load (more workers do not shorten it)
         self.step_s: list[float] = []   # per video, in order: seconds of its predict step (encode + plan + answer)
+        self.per_video: list[dict] = []   # per video, in order: decode window, step start, wait (_video_row)
         self._step_start: float | None = None
         self._start = 0.0
         self.timeline: dict[str, float] = {}   # seconds after the process started (process_age_s), milestones
@@ -113,8 +114,26 @@ class StageTimer(Callback):
                     self.timeline["model_loaded"] = round(self._mark + load - self._t0, 3)
                 self._stamp("first_video")
                 self._first_worker_marks(batch)
-            self.totals["wait"] += max(now - self._mark - load, 0.0)
+            wait = max(now - self._mark - load, 0.0)
+            self.totals["wait"] += wait
+            self._video_row(batch, now, wait)
         self._step_start = now
+
+    def _video_row(self, batch, now: float, wait: float) -> None:
+        """One ``per_video`` row: the video, its decode window in its worker and when its step started (seconds
+        after the process start), and how long the step waited for it, so that a wait can be traced to the video
+        that caused it."""
+        if not isinstance(batch, dict):
+            return
+        row = {"video_id": batch.get("video_id"), "wait_s": round(wait, 4)}
+        if self._t0 is not None:
+            row["step_start"] = round(now - self._t0, 3)
+            window = batch.get("decode_boot_s")
+            if window:
+                origin = boot_s() - (time.perf_counter() - self._t0)
+                row["decode_start"] = round(float(window[0]) - origin, 3)
+                row["decode_end"] = round(float(window[1]) - origin, 3)
+        self.per_video.append(row)
 
     def _first_worker_marks(self, batch) -> None:
         """The first video's worker on this timeline: when its process started (``first_worker_start``; absent for
@@ -155,7 +174,7 @@ class StageTimer(Callback):
                 "stages_s": {k: round(v, 4) for k, v in self.totals.items()},
                 "stages_share": {k: round(v / wall, 4) for k, v in self.totals.items()},
                 "decode_worker_s": round(self.decode_worker_s, 4), "first_wait_s": round(self.first_wait_s, 4),
-                "step_s": list(self.step_s), "timeline_s": dict(self.timeline)}
+                "step_s": list(self.step_s), "timeline_s": dict(self.timeline), "per_video": list(self.per_video)}
 
     def on_predict_end(self, trainer, pl_module) -> None:
         self._stamp("predict_end")

@@ -42,6 +42,11 @@ def test_a_resumed_run_with_an_added_budget_keeps_the_first_runs_timing(tiny_vl3
                         model_args={"max_new_tokens": 2})
     one = json.loads((out / "timing_rank0.json").read_text())
     assert one["videos"] == 2 and one["previous_runs"] == [] and len(first) == 7
+    rows = one["per_video"]      # a wait is traced to its video: the rows' waits are the run's wait
+    assert len({r["video_id"] for r in rows}) == 2 and None not in {r["video_id"] for r in rows}
+    assert abs(sum(r["wait_s"] for r in rows) - one["stages_s"]["wait"]) < 1e-3
+    for r in rows:   # decoded before its step started (the boot clock and the process clock agree to ms)
+        assert r["decode_start"] <= r["decode_end"] <= r["step_start"] + 0.05, r
     second = run_predict(tiny_vl3_dir, demo_bench, out, budgets=(128, 256), extra=timer,
                          model_args={"max_new_tokens": 2})
     two = json.loads((out / "timing_rank0.json").read_text())
