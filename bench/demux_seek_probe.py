@@ -4,6 +4,12 @@ returned packet (pts, key flag as PyAV sees that pts) and whether the packets th
 PyAV's order from there, and how long it took against demuxing from the start up to the same packet.
 
     python bench/demux_seek_probe.py VIDEO [SECONDS ...]
+
+Measured on the lent H100 (2026-12-06, PyNvVideoCodec 2.2.4, the workload's 30-minute 1080p H.264 file,
+``bench/results/s4call2_seek_h100_2026-12-06.txt``): ``Seek`` takes an ``int`` only (a float is a ``TypeError``);
+``Seek(0)`` returns the first packet and the next 30 follow in PyAV's order, but ``Seek(1830000)`` (the pts of 61 s
+in the stream's 1/30000 time base) raises ``PyNvVCException`` (error code 1). The unit is not documented, so the
+packet-fed sessions still demux from the start (about 0.75 s of a session's 14 s on that file).
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 # the NVDEC GPU tests (the new per-session streams and demuxer seek against decord) and the split-KV decode test,
 # one long video's NVDEC latency per variant (call 1: 8 sessions 18.3 s, 16 sessions 29.3 s, the engines 45 % /
 # 29 % busy), the demuxer's seek, then the user's CLI on the whole set with the fastest exact variant.
-#   bash bench/device_s4_call2.sh
+#   bash bench/device_s4_call2.sh   (ran at 13e7f58: the 's' / 'k' sweep variants and the TOKENBUDGET_NVDEC_* switches
+#   were removed after it, neither was faster)
 set -u
 . bench/device_site.sh
 export NVDEC_TEST_CLIPS=$PWD/.whl/nvdec_clips

@@ -641,9 +641,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--cli-max-s", type=float, default=None, help="only videos up to this length go to the CLI")
     ap.add_argument("--gpu-step-s", type=json.loads, default=None, help='e.g. {"short": 1.5, ...}')
     ap.add_argument("--sweep", action="store_true", help="NVDEC frames/s of the largest video per session count")
-    ap.add_argument("--sweep-counts", nargs="+", default=["1", "2", "4", "7"],
-                    help="the session counts of --sweep; a count with 's' (e.g. 8s) gives each session its own "
-                         "CUDA stream (read_nvdec's session_streams), with 'k' its demuxer seeks (demux_seek)")
+    ap.add_argument("--sweep-counts", nargs="+", type=int, default=[1, 2, 4, 7],
+                    help="the session counts of --sweep")
     ap.add_argument("--json", default=None, help="write the rows and the summary here")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny clips, the tiny model, the CLI")
     ap.add_argument("--table-from", default=None, help="print the table of an earlier --json file and stop")
@@ -746,7 +745,7 @@ def main(argv=None) -> dict:
     return result
 
 
-def sweep_sessions(path: Path, window_s: float | None, counts=("1", "2", "4", "7")) -> dict[str, float]:
+def sweep_sessions(path: Path, window_s: float | None, counts=(1, 2, 4, 7)) -> dict[int, float]:
     """Source frames/s of :func:`datamodules.decode.nvdec.read_nvdec` on one video (its sampled frames in the window),
     per NVDEC session count, in this process, alone on the machine; each line also gives the NVDEC / SM / CPU busy
     shares over that decode (:class:`UtilSampler`) and the summed per-session stage seconds (``read_nvdec``'s
@@ -757,12 +756,10 @@ def sweep_sessions(path: Path, window_s: float | None, counts=("1", "2", "4", "7
     covered = min(cut, p["n"])
     out, first_sha = {}, None
     for k in counts:
-        k = str(k)
         stats: dict = {}
         with UtilSampler() as util:
             t0 = time.perf_counter()
-            frames = nvdec.read_nvdec(path, idx, p["decode_hw"], sessions=int(k.rstrip("sk")), stats=stats,
-                                      session_streams="s" in k, demux_seek="k" in k)
+            frames = nvdec.read_nvdec(path, idx, p["decode_hw"], sessions=int(k), stats=stats)
             wall = time.perf_counter() - t0
         sha = hashlib.sha1(frames.tobytes()).hexdigest()
         first_sha = first_sha or sha
@@ -771,10 +768,6 @@ def sweep_sessions(path: Path, window_s: float | None, counts=("1", "2", "4", "7
         runs = stats.get("runs") or []
         stages = {key: round(sum(r.get(key, 0.0) for r in runs), 2) for key in ("demux_s", "decode_s", "copy_s")}
         stages.update({key: stats[key] for key in ("scan_s", "convert_s") if key in stats})
-        seeks = [r["seek"] for r in runs if "seek" in r]
-        if seeks:
-            stages["seek_hits"] = f"{seeks.count('hit')} of {len(seeks)}" + (
-                f" ({next(x for x in seeks if x != 'hit')})" if any(x != "hit" for x in seeks) else "")
         busy = {key: u[key] for key in ("nvdec_busy", "gpu_sm_busy", "cpu_busy")}
         print(f"sweep {path.name}: {k} sessions ({len(runs)} runs): {out[k]:.0f} source frames/s ({len(idx)} "
               f"sampled, {wall:.1f} s); busy {busy}; summed stage s {stages}; frames "

@@ -49,7 +49,6 @@ decoder used and why.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -107,49 +106,16 @@ def _decode_run(path: str, run: list[int], gpu_id: int, p: StreamProbe, convert:
     return info
 
 
-_PRIMARY_CONTEXTS: dict[int, int] = {}
-
-SESSION_STREAMS = False   # read_nvdec's session_streams default
-DEMUX_SEEK = False        # read_nvdec's demux_seek default
-
-
-def _default(name: str, value: bool) -> bool:
-    """A speed setting's default: ``TOKENBUDGET_NVDEC_<NAME>`` (``1`` / ``0``) where set, so that a bench can
-    switch it in the DataLoader's worker processes too; else ``value``."""
-    env = os.environ.get(f"TOKENBUDGET_NVDEC_{name.upper()}")
-    return value if env is None else env.strip().lower() not in ("", "0", "false", "no", "off")
-
-
-def _primary_context(gpu_id: int) -> int:
-    """The handle of ``gpu_id``'s primary CUDA context (the one PyTorch uses), retained once per process through the
-    driver API (``cuDevicePrimaryCtxRetain``; never released: it lives as long as the process's CUDA)."""
-    if gpu_id not in _PRIMARY_CONTEXTS:
-        import ctypes
-
-        cuda = ctypes.CDLL("libcuda.so.1")
-        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-        for call, args in (("cuInit", (0,)), ("cuDeviceGet", (ctypes.byref(dev), int(gpu_id))),
-                           ("cuDevicePrimaryCtxRetain", (ctypes.byref(ctx), dev))):
-            rc = getattr(cuda, call)(*args)
-            if rc != 0:
-                raise NvdecError(f"{call} failed with CUDA error {rc}")
-        _PRIMARY_CONTEXTS[gpu_id] = int(ctx.value)
-    return _PRIMARY_CONTEXTS[gpu_id]
-
-
-def _packet_decoder(nvc, gpu_id: int, codec_id, stream=None):
+def _packet_decoder(nvc, gpu_id: int, codec_id):
     """A packet-fed NVDEC session: ``PyNvVideoCodec.CreateDecoder`` where the wheel has it (1.x / 2.0), else the
-    ``PyNvDecoder`` class it wraps (2.2.4 binds only the class; same keyword names in its docstring). With
-    ``stream`` (a ``torch.cuda.Stream``) the session runs its copies on that stream in PyTorch's primary context,
-    instead of the wheel's defaults (context and stream 0)."""
-    ctx, handle = (0, 0) if stream is None else (_primary_context(gpu_id), int(stream.cuda_stream))
-    kwargs = dict(gpuid=gpu_id, codec=codec_id, cudacontext=ctx, cudastream=handle, usedevicememory=True,
+    ``PyNvDecoder`` class it wraps (2.2.4 binds only the class; same keyword names in its docstring)."""
+    kwargs = dict(gpuid=gpu_id, codec=codec_id, cudacontext=0, cudastream=0, usedevicememory=True,
                   outputColorType=nvc.OutputColorType.NATIVE)
     factory = getattr(nvc, "CreateDecoder", None) or nvc.PyNvDecoder
     try:
         return factory(**kwargs)
     except TypeError:   # keyword names differ between wheels: the docstring's order (gpu, codec, ctx, stream, ...)
-        return factory(gpu_id, codec_id, ctx, handle, True)
+        return factory(gpu_id, codec_id, 0, 0, True)
 
 
 def _frame_pts(frame) -> int:
@@ -158,21 +124,14 @@ def _frame_pts(frame) -> int:
 
 
 def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, convert: Yuv420ToRgb,
-                        out: np.ndarray, offset: int, scanned: pf.StreamScan, sink: "ConvertPool | None" = None,
-                        session_stream: bool = False, demux_seek: bool = False) -> dict:
+                        out: np.ndarray, offset: int, scanned: pf.StreamScan, sink: "ConvertPool | None" = None
+                        ) -> dict:
     """Decode ``run`` in one NVDEC session fed only the packets :func:`datamodules.decode.packet_filter.needed_packets`
     keeps (``PyNvVideoCodec.CreateDemuxer`` packets, Annex-B, in the order PyAV demuxed them: checked by pts).
     Frames are identified by pts (frame ``i`` = the ``i``-th smallest packet pts), so a frame that does not come
     out, or a packet order that differs from the scan's, is an :class:`NvdecError`, never a wrong frame. Each
     wanted surface is copied to the host at once (the decoder reuses its surfaces) and converted here by
-    ``convert``, or by ``sink`` on its own threads, so that this session goes back to feeding its engine. With
-    ``session_stream`` the session's copies and this thread's copy to the host run on a CUDA stream of its own
-    (:func:`read_nvdec`'s ``session_streams``). With ``demux_seek`` the demuxer seeks to the run's first kept
-    packet (its period's IDR) instead of reading from the start of the file; the packet it lands on and every one
-    after it are checked against the scan's pts as before, and a seek that lands elsewhere (or fails) reads from
-    the start (``info["seek"]`` says which)."""
-    import itertools
-
+    ``convert``, or by ``sink`` on its own threads, so that this session goes back to feeding its engine."""
     import torch
 
     keep, counts = scanned.plan(run)
@@ -181,26 +140,10 @@ def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, 
     last = max(j for j, k in enumerate(keep) if k)
     nvc = _nvc()
     dmx = nvc.CreateDemuxer(path)
-    stream = torch.cuda.Stream(gpu_id) if session_stream else None
-    dec = _packet_decoder(nvc, gpu_id, dmx.GetNvCodecId(), stream)
+    dec = _packet_decoder(nvc, gpu_id, dmx.GetNvCodecId())
     done = [False] * len(run)
     info: dict = {"frames": len(run), "path": "packets", **counts}
     clock = {"demux_s": 0.0, "decode_s": 0.0, "copy_s": 0.0, "convert_s": 0.0, "packets_read": 0}
-    j, landed = 0, []
-    first_kept = keep.index(True)
-    if demux_seek and first_kept > 0 and scanned.time_base > 0:
-        t_seek = time.perf_counter()
-        try:
-            packet = dmx.Seek(scanned.pts[first_kept] * scanned.time_base)
-            if int(packet.bsl) > 0 and int(packet.pts) == scanned.pts[first_kept]:
-                j, landed, info["seek"] = first_kept, [packet], "hit"
-            else:
-                info["seek"] = f"landed on pts {int(packet.pts)}, not {scanned.pts[first_kept]}: read from the start"
-        except Exception as e:  # noqa: BLE001 - PyNvVideoCodec's own exception types
-            info["seek"] = f"{type(e).__name__}: {e}: read from the start".splitlines()[0]
-        if not landed:
-            dmx = nvc.CreateDemuxer(path)
-        info["seek_s"] = round(time.perf_counter() - t_seek, 4)
 
     def take(frames) -> None:
         for frame in frames:
@@ -208,10 +151,9 @@ def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, 
             if k is None or done[k]:
                 continue
             t0 = time.perf_counter()
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                surface = torch.from_dlpack(frame)
-                info.setdefault("surface_shape", tuple(surface.shape))
-                host = surface.cpu().numpy()
+            surface = torch.from_dlpack(frame)
+            info.setdefault("surface_shape", tuple(surface.shape))
+            host = surface.cpu().numpy()
             t1 = time.perf_counter()
             clock["copy_s"] += t1 - t0
             if sink is not None:
@@ -229,8 +171,9 @@ def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, 
         take(frames)
 
     with torch.cuda.device(gpu_id):
+        j = 0
         t_read = time.perf_counter()
-        for packet in itertools.chain(landed, dmx):
+        for packet in dmx:
             clock["demux_s"] += time.perf_counter() - t_read
             clock["packets_read"] += 1
             if int(packet.bsl) == 0:                    # end of stream: flush what the decoder holds
@@ -265,13 +208,11 @@ def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, 
     return info
 
 
-def _decode_run_any(path, run, gpu_id, p, convert, out, offset, scanned, sink=None, session_stream=False,
-                    demux_seek=False) -> dict:
+def _decode_run_any(path, run, gpu_id, p, convert, out, offset, scanned, sink=None) -> dict:
     """The packet-fed session where the stream was scanned, falling back (per run, recorded) to SimpleDecoder."""
     if scanned is not None:
         try:
-            return _decode_run_packets(path, run, gpu_id, p, convert, out, offset, scanned, sink, session_stream,
-                                       demux_seek)
+            return _decode_run_packets(path, run, gpu_id, p, convert, out, offset, scanned, sink)
         except Exception as e:  # noqa: BLE001 - PyNvVideoCodec raises its own types; SimpleDecoder is the fallback
             why = f"{type(e).__name__}: {e}".splitlines()[0]
             info = _decode_run(path, run, gpu_id, p, convert, out, offset, sink)
@@ -282,8 +223,7 @@ def _decode_run_any(path, run, gpu_id, p, convert, out, offset, scanned, sink=No
 def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int], gpu_id: int = 0,
                sessions: int | None = None, probed: StreamProbe | None = None,
                stats: dict | None = None, nvdec_skip_nonref: bool = True,
-               convert_threads: int | None = None, session_streams: bool | None = None,
-               demux_seek: bool | None = None) -> np.ndarray:
+               convert_threads: int | None = None) -> np.ndarray:
     """``(len(indices), dh, dw, 3)`` uint8 RGB frames at ascending native presentation-order ``indices``, decoded
     by NVDEC and converted by decord's own swscale (equal to the CPU path's frames, see the module docstring).
 
@@ -306,13 +246,6 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
             the scan or a packet-fed session fails, ``SimpleDecoder`` decodes every frame of the run's GOPs.
         convert_threads: threads converting the frames to RGB (:class:`ConvertPool`), off the sessions' threads
             (default: one per session).
-        session_streams: give each packet-fed session a CUDA stream of its own in PyTorch's primary context (else
-            the wheel's defaults, context and stream 0); the frames are the same either way (a setting of the
-            speed only, measured by ``bench/workload.py --sweep``). ``None``: :data:`SESSION_STREAMS`, or
-            ``TOKENBUDGET_NVDEC_SESSION_STREAMS=1/0`` where set.
-        demux_seek: each packet-fed session's demuxer seeks to its run's first needed packet instead of reading
-            the file from the start (checked packet by packet against the scan; a miss reads from the start).
-            ``None``: :data:`DEMUX_SEEK`, or ``TOKENBUDGET_NVDEC_DEMUX_SEEK=1/0`` where set.
 
     Raises:
         NvdecError: the file is not one NVDEC decodes exactly (:func:`nvdec_unsupported`'s reasons, checked from
@@ -321,8 +254,6 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
             caller then uses the CPU path.
     """
     path = str(path)
-    session_streams = _default("session_streams", SESSION_STREAMS) if session_streams is None else session_streams
-    demux_seek = _default("demux_seek", DEMUX_SEEK) if demux_seek is None else demux_seek
     idx = [int(i) for i in indices]
     if any(b <= a for a, b in zip(idx, idx[1:])) or (idx and idx[0] < 0):
         raise ValueError(f"{path}: indices must be ascending and >= 0")
@@ -368,12 +299,10 @@ def read_nvdec(path: str | Path, indices: list[int], decode_hw: tuple[int, int],
                        p.height, p.width, out, convert_threads or len(runs))
     try:
         if len(runs) == 1:
-            infos = [_decode_run_any(path, runs[0], gpu_id, p, None, out, 0, scanned, sink, session_streams,
-                                     demux_seek)]
+            infos = [_decode_run_any(path, runs[0], gpu_id, p, None, out, 0, scanned, sink)]
         else:
             with ThreadPoolExecutor(len(runs)) as pool:
-                futures = [pool.submit(_decode_run_any, path, r, gpu_id, p, None, out, o, scanned, sink,
-                                       session_streams, demux_seek)
+                futures = [pool.submit(_decode_run_any, path, r, gpu_id, p, None, out, o, scanned, sink)
                            for r, o in zip(runs, offsets)]
                 infos = [f.result() for f in futures]
         sink.finish()

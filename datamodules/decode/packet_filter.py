@@ -246,7 +246,6 @@ class StreamScan:
     pts: list[int]
     reference: list[bool]
     idr: list[bool]
-    time_base: float = 0.0    # seconds per pts unit (the stream's); 0.0: unknown
 
     def periods(self) -> list[int]:
         """Per presentation-order frame, the IDR period (0, 1, ...) its packet lies in (decode order)."""
@@ -281,7 +280,6 @@ def scan(path: str) -> StreamScan:
         with av.open(str(path)) as container:
             stream = container.streams.video[0]
             codec = stream.codec_context.name
-            time_base = float(stream.time_base or 0.0)
             size = nal_length_size(codec, stream.codec_context.extradata)
             pts, kinds = [], []
             for j, p in enumerate(container.demux(stream)):
@@ -298,7 +296,7 @@ def scan(path: str) -> StreamScan:
         raise type(e)(f"{path}: {e}") from e
     except Exception as e:  # noqa: BLE001 - PyAV's errors for unreadable files
         raise PacketFilterError(f"{path}: cannot demux ({type(e).__name__}: {e})") from e
-    return StreamScan(codec, pts, reference_flags(kinds), [k.idr for k in kinds], time_base)
+    return StreamScan(codec, pts, reference_flags(kinds), [k.idr for k in kinds])
 
 
 def decode_planes_pyav(path: str, indices: list[int], skip: bool = True, stats: dict | None = None

@@ -8,7 +8,6 @@ comparing the RGB with decord's ``get_batch`` (the CPU path's reader), byte for 
 """
 from __future__ import annotations
 
-import itertools
 import os
 import subprocess
 import sys
@@ -259,28 +258,6 @@ def test_read_nvdec_packet_filter_equals_decord(clips, name, scale):
     off: dict = {}
     full = nvdec.read_nvdec(clips[name], idx, (dh, dw), sessions=1, stats=off, nvdec_skip_nonref=False)
     assert np.array_equal(full, ref) and [r["path"] for r in off["runs"]] == ["simple"]
-    streams: dict = {}   # each packet-fed session on a CUDA stream of its own: the same frames
-    own = nvdec.read_nvdec(clips[name], idx, (dh, dw), sessions=2, stats=streams, session_streams=True)
-    assert np.array_equal(own, ref) and {r["path"] for r in streams["runs"]} == {"packets"}, streams["runs"]
-    seek: dict = {}      # and each session's demuxer seeking to its first needed packet: the same frames
-    got = nvdec.read_nvdec(clips[name], idx, (dh, dw), sessions=2, stats=seek, session_streams=True, demux_seek=True)
-    assert np.array_equal(got, ref) and {r["path"] for r in seek["runs"]} == {"packets"}, seek["runs"]
-
-
-@pytest.mark.gpu
-def test_demux_seek_on_nvdec_equals_decord(tmp_path):
-    """PyNvVideoCodec's demuxer seek on a clip with key frames every 8 frames: a session starting in a later period
-    lands on its IDR (``seek == "hit"``) and the frames equal decord's."""
-    if not _nvdec_ready():
-        pytest.skip(f"NVDEC not usable here: {nvdec._nvc()}")
-    clip = _pyav_h264(tmp_path / "gop8.mp4", n=48, gop=8)
-    p = nvdec.probe(clip)
-    idx = [3, 12, 21, 29, 37, 45]
-    stats: dict = {}
-    got = nvdec.read_nvdec(clip, idx, (p.height, p.width), sessions=3, stats=stats, demux_seek=True)
-    assert np.array_equal(got, _decord(clip, idx, p.height, p.width, p.height, p.width))
-    seeks = [r.get("seek") for r in stats["runs"]]
-    assert seeks.count("hit") == 2, stats["runs"]
 
 
 @pytest.mark.parametrize("name", ["h264_642x362.mp4", "h264_320x180_bt709.mp4", "h264_jpeg_256x144.mp4",
@@ -305,8 +282,8 @@ class _FakeNvc:
     class OutputColorType:
         NATIVE = 0
 
-    def __init__(self, pts_shift: int = 0, seek_to: int | None = None):
-        self.fed, self.pts_shift, self.seek_to, self.seeks = 0, pts_shift, seek_to, 0
+    def __init__(self, pts_shift: int = 0):
+        self.fed, self.pts_shift = 0, pts_shift
 
     def CreateDemuxer(self, path):  # noqa: N802 - PyNvVideoCodec's names
         import av
@@ -316,33 +293,15 @@ class _FakeNvc:
         container = av.open(str(path))
         stream = container.streams.video[0]
 
-        def packet(pk):
-            return SimpleNamespace(pts=pk.pts + fake.pts_shift, bsl=pk.size, av=pk)
-
-        def from_start():
-            for pk in container.demux(stream):
-                if pk.size:
-                    yield packet(pk)
-            yield SimpleNamespace(pts=0, bsl=0, av=None)
-
-        class Demuxer:   # one pass, as PyNvVideoCodec's: iterating again goes on where it stopped
-            def __init__(self):
-                self._it = from_start()
-
+        class Demuxer:
             def GetNvCodecId(self):  # noqa: N802
                 return stream.codec_context
 
             def __iter__(self):
-                return self._it
-
-            def Seek(self, t):  # noqa: N802 - the nearest key frame at or before t seconds (or fake.seek_to)
-                pks = [pk for pk in av.open(str(path)).demux(video=0) if pk.size]
-                tb = float(stream.time_base)
-                k = max(i for i, pk in enumerate(pks) if pk.is_keyframe and pk.pts * tb <= t + 1e-9)
-                k = fake.seek_to if fake.seek_to is not None else k
-                fake.seeks += 1
-                self._it = itertools.chain((packet(pk) for pk in pks[k + 1:]), [SimpleNamespace(pts=0, bsl=0, av=None)])
-                return packet(pks[k])
+                for pk in container.demux(stream):
+                    if pk.size:
+                        yield SimpleNamespace(pts=pk.pts + fake.pts_shift, bsl=pk.size, av=pk)
+                yield SimpleNamespace(pts=0, bsl=0, av=None)
 
         return Demuxer()
 
@@ -405,41 +364,6 @@ def test_packet_session_control_flow_on_cpu(clips, name, monkeypatch):
     monkeypatch.setattr(nvdec, "_nvc", lambda: _FakeNvc(pts_shift=1))
     with pytest.raises(nvdec.NvdecError, match="demuxer packet 0 has pts"):
         nvdec._decode_run_packets(str(clips[name]), run, 0, p, conv, out, 0, scan)
-
-
-def test_packet_session_seeks_to_its_first_period_on_cpu(tmp_path, monkeypatch):
-    """``demux_seek``: a run whose first needed packet is not the file's first starts its demuxer at that packet
-    (the scan's pts checked there and after), feeds exactly the packets it fed from the start, and gives decord's
-    frames; a seek that lands on another packet reads from the start, with the same frames."""
-    import contextlib
-
-    import torch
-
-    from datamodules.decode import packet_filter as pf
-
-    monkeypatch.setattr(torch.cuda, "device", lambda _gpu: contextlib.nullcontext())
-    clip = _pyav_h264(tmp_path / "gop8.mp4", n=32, gop=8)      # key frames at 0, 8, 16, 24
-    clips, name = {"gop8": clip}, "gop8"
-    p = nvdec.probe(clips[name])
-    scan = pf.scan(str(clips[name]))
-    run = [19, 29]
-    keep, _ = scan.plan(run)
-    assert keep.index(True) > 0 and scan.time_base > 0
-    conv = nvdec.Yuv420ToRgb(p.width, p.height, p.pix_fmt, (p.height, p.width), p.colorspace, p.color_range)
-    ref = _decord(clips[name], run, p.height, p.width, p.height, p.width)
-    plain = _FakeNvc()
-    monkeypatch.setattr(nvdec, "_nvc", lambda: plain)
-    out = np.zeros((len(run), p.height, p.width, 3), np.uint8)
-    base = nvdec._decode_run_packets(str(clips[name]), run, 0, p, conv, out, 0, scan)
-    assert np.array_equal(out, ref) and "seek" not in base and plain.seeks == 0
-    for fake, expect in ((_FakeNvc(), "hit"), (_FakeNvc(seek_to=0), "landed on pts")):
-        monkeypatch.setattr(nvdec, "_nvc", lambda fake=fake: fake)
-        out = np.zeros_like(out)
-        info = nvdec._decode_run_packets(str(clips[name]), run, 0, p, conv, out, 0, scan, demux_seek=True)
-        assert np.array_equal(out, ref) and info["seek"].startswith(expect) and fake.seeks == 1, info
-        assert fake.fed == plain.fed == info["kept"]
-        if expect == "hit":
-            assert info["packets_read"] < base["packets_read"], (info, base)
 
 
 def test_read_nvdec_stats_with_packet_sessions_on_cpu(clips, monkeypatch):
