@@ -205,6 +205,25 @@ class StageTimer(Callback):
         hint = self.wait_hint(s, getattr(trainer.datamodule, "num_workers", None) if trainer.datamodule else None)
         if hint:
             print(f"[rank {trainer.global_rank}] {hint}")
+        waits = self.longest_waits(s)
+        if waits:
+            print(f"[rank {trainer.global_rank}] {waits}")
+
+    @staticmethod
+    def longest_waits(s: dict, top: int = 3, min_s: float = 0.5) -> str | None:
+        """The videos the GPU waited longest for after the first one (the first is the pipeline fill), each with
+        its decode window in seconds after the process start: ``None`` when no wait reached ``min_s`` seconds."""
+        rows = sorted((r for r in (s.get("per_video") or [])[1:] if r.get("wait_s", 0.0) >= min_s),
+                      key=lambda r: -r["wait_s"])[:top]
+        if not rows:
+            return None
+
+        def window(r):
+            if "decode_start" not in r:
+                return ""
+            return f" (decoded {r['decode_start']:.1f}-{r['decode_end']:.1f} s, its step at {r['step_start']:.1f} s)"
+
+        return "longest data waits: " + "; ".join(f"{r['video_id']} {r['wait_s']:.2f} s{window(r)}" for r in rows)
 
     @staticmethod
     def wait_hint(s: dict, workers: int | None, threshold: float = 0.05) -> str | None:

@@ -77,3 +77,15 @@ def test_timeline_counts_from_the_interpreters_start_not_the_shells(tmp_path):
     wall = time.perf_counter() - t0
     age = float(r.stdout.strip().splitlines()[-1])
     assert wall >= 1.5 and 0.0 < age < wall - 1.5 + 0.05     # the interpreter's life, not the shell's sleep
+
+
+def test_longest_waits_names_the_videos_after_the_first():
+    from callbacks.timing import StageTimer
+
+    rows = [{"video_id": "fill", "wait_s": 9.0},                       # the first video: the pipeline fill, left out
+            {"video_id": "a", "wait_s": 0.2},
+            {"video_id": "long", "wait_s": 2.5, "decode_start": 16.6, "decode_end": 42.6, "step_start": 43.0},
+            {"video_id": "b", "wait_s": 0.7}, {"video_id": "c", "wait_s": 0.6}, {"video_id": "d", "wait_s": 0.55}]
+    assert StageTimer.longest_waits({"per_video": rows}) == (
+        "longest data waits: long 2.50 s (decoded 16.6-42.6 s, its step at 43.0 s); b 0.70 s; c 0.60 s")
+    assert StageTimer.longest_waits({"per_video": rows[:2]}) is None and StageTimer.longest_waits({}) is None
