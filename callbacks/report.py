@@ -267,7 +267,7 @@ def _timing(out_dir: Path) -> str:
         st = t.get("stages_s") or {k: v for k, v in t.items() if isinstance(v, (int, float))}
         return ", ".join(f"{k} {float(v):.2f} s" for k, v in st.items())
 
-    rows, earlier = [], []
+    rows, earlier, latest = [], [], {}
     for f in sorted(out_dir.glob("timing_rank*.json")):
         try:
             runs = timing_runs(json.loads(f.read_text()))
@@ -275,15 +275,34 @@ def _timing(out_dir: Path) -> str:
             continue
         if not runs:
             continue
+        latest[f.name] = runs[-1]
         rows.append([f.name, runs[-1].get("videos"), stages(runs[-1])])
         earlier += [[f.name, f"{i + 1} of {len(runs)}", r.get("videos"), stages(r)] for i, r in enumerate(runs[:-1])]
     if not rows:
         return "<p>No timing files.</p>"
     out = "<p>The latest run of this folder.</p>" + _table(["file", "videos", "stages"], rows, {1})
+    out += _timeline(latest)
     if earlier:
         out += (f"<details><summary>{len(earlier)} earlier run(s) into this folder (resumed)</summary>"
                 + _table(["file", "run", "videos", "stages"], earlier, {2}) + "</details>")
     return out
+
+
+def _timeline(latest: dict[str, dict]) -> str:
+    """The latest runs' per-video timeline (:func:`callbacks.scoring.plots.timeline_figure`) as an embedded PNG;
+    empty when there is none, or when it cannot be drawn (a report is never lost for a plot)."""
+    from callbacks.scoring.plots import figure_png, timeline_figure
+
+    try:
+        fig = timeline_figure(latest)
+        if fig is None:
+            return ""
+        data = base64.b64encode(figure_png(fig)).decode("ascii")
+    except Exception as e:  # noqa: BLE001 - matplotlib's errors: the page says why, the rest of it stays
+        return f"<p>(no timeline plot: {_e(type(e).__name__)}: {_e(e)})</p>"
+    return (f'<figure><img alt="timeline" src="data:image/png;base64,{data}"><figcaption>Per video, in the order '
+            "the step took them: decoded in its worker (grey), the step waiting for it (red), its step (blue); "
+            "seconds after the process start.</figcaption></figure>")
 
 
 def render_report(scores: dict, out_dir: str | Path, records: list[dict], rules: list[str] | None = None) -> str:

@@ -13,11 +13,7 @@ from .scores import DURATION_KEY, _sort_key, reference_variant
 from .summary import duration_sort as _duration_sort
 
 def _save_figure(fig, path: Path) -> None:
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, figure_png(fig))
 
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
@@ -314,6 +310,59 @@ _CAPTIONS = (
                      "the reference variant."),
     ("duration_", "Accuracy per duration group, one group of bars per job, one panel per parser."),
 )
+
+
+MAX_TIMELINE_ROWS = 400   # videos drawn one per row; a longer run shows its first ones (the tables have the rest)
+
+
+def timeline_figure(per_rank: dict[str, dict]):
+    """Where a run's time went, per video: for each rank's latest ``timing_rank<r>.json`` run (``{file name:
+    run}``), one row per video in the order its step took them, with its decode window in its worker (grey), the
+    step's wait for it (red) and the step itself (blue), in seconds after the process start, with the model's load
+    end and the first answer marked. ``None`` when no run has ``per_video`` rows with decode windows (a run without
+    workers, or a file written before they existed)."""
+    panels = []
+    for name, run in sorted(per_rank.items()):
+        rows = [r for r in (run.get("per_video") or []) if "decode_start" in r and "step_start" in r]
+        if rows:
+            panels.append((name, run, rows[:MAX_TIMELINE_ROWS]))
+    if not panels:
+        return None
+    tallest = max(len(rows) for _, _, rows in panels)
+    fig = _figure(figsize=(9, min(2.0 + 0.22 * tallest, 14.0) * len(panels)))
+    axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
+    for ax, (name, run, rows) in zip(axes, panels):
+        steps = run.get("step_s") or []
+        for k, r in enumerate(rows):
+            ax.barh(k, r["decode_end"] - r["decode_start"], left=r["decode_start"], height=0.7, color="0.7",
+                    label="decoded in a worker" if k == 0 else None)
+            if r.get("wait_s", 0.0) > 0:
+                ax.barh(k, r["wait_s"], left=r["step_start"] - r["wait_s"], height=0.7, color="tab:red",
+                        label="step waiting for it" if k == 0 else None)
+            if k < len(steps):
+                ax.barh(k, steps[k], left=r["step_start"], height=0.7, color="tab:blue",
+                        label="its step (encode, plan, answer)" if k == 0 else None)
+        for mark, style in (("model_loaded", ":"), ("first_answer", "--")):
+            t = (run.get("timeline_s") or {}).get(mark)
+            if t is not None:
+                ax.axvline(t, color="k", linestyle=style, linewidth=1, label=mark.replace("_", " "))
+        labels = [str(r.get("video_id")) for r in rows]
+        ax.set_yticks(range(len(rows)), labels if len(rows) <= 40 else [""] * len(rows))
+        ax.invert_yaxis()
+        ax.set_xlabel("seconds after the process start")
+        ax.set_title(f"{name}: {len(rows)} videos" + (f" (first {MAX_TIMELINE_ROWS})" if len(rows) ==
+                                                       MAX_TIMELINE_ROWS else ""))
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+def figure_png(fig) -> bytes:
+    """``fig`` as PNG bytes (100 dpi, tight)."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    return buf.getvalue()
 
 
 def plot_caption(name: str) -> str:

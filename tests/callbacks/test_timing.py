@@ -57,6 +57,7 @@ def test_a_resumed_run_with_an_added_budget_keeps_the_first_runs_timing(tiny_vl3
     rescore([str(out), "--no-plots"])
     page = (out / "report.html").read_text()
     assert "1 earlier run(s) into this folder (resumed)" in page
+    assert '<img alt="timeline" src="data:image/png;base64,' in page      # the latest run's per-video timeline
 
 
 def test_timeline_counts_from_the_interpreters_start_not_the_shells(tmp_path):
@@ -89,3 +90,19 @@ def test_longest_waits_names_the_videos_after_the_first():
     assert StageTimer.longest_waits({"per_video": rows}) == (
         "longest data waits: long 2.50 s (decoded 16.6-42.6 s, its step at 43.0 s); b 0.70 s; c 0.60 s")
     assert StageTimer.longest_waits({"per_video": rows[:2]}) is None and StageTimer.longest_waits({}) is None
+
+
+def test_timeline_figure_draws_each_videos_decode_wait_and_step_where_they_were():
+    from callbacks.scoring.plots import timeline_figure
+
+    run = {"step_s": [3.0, 1.5], "timeline_s": {"model_loaded": 10.0, "first_answer": 14.0},
+           "per_video": [{"video_id": "a", "wait_s": 1.0, "decode_start": 2.0, "decode_end": 6.0, "step_start": 11.0},
+                         {"video_id": "b", "wait_s": 0.0, "decode_start": 2.5, "decode_end": 9.0, "step_start": 14.0}]}
+    fig = timeline_figure({"timing_rank0.json": run, "timing_rank1.json": {"per_video": [{"video_id": "x"}]}})
+    (ax,) = fig.axes                                      # rank 1 has no decode windows: no panel
+    bars = sorted((round(p.get_x(), 3), round(p.get_width(), 3), round(p.get_y() + p.get_height() / 2, 3))
+                  for p in ax.patches)
+    assert bars == [(2.0, 4.0, 0.0), (2.5, 6.5, 1.0), (10.0, 1.0, 0.0), (11.0, 3.0, 0.0), (14.0, 1.5, 1.0)]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b"]
+    assert sorted(line.get_xdata()[0] for line in ax.lines) == [10.0, 14.0]
+    assert timeline_figure({"timing_rank0.json": {"per_video": []}}) is None and timeline_figure({}) is None
