@@ -122,7 +122,7 @@ class StageTimer(Callback):
     def _video_row(self, batch, now: float, wait: float) -> None:
         """One ``per_video`` row: the video, its decode window in its worker and when its step started (seconds
         after the process start), and how long the step waited for it, so that a wait can be traced to the video
-        that caused it."""
+        that caused it; the step's seconds (``step_s``) are added when it ends."""
         if not isinstance(batch, dict):
             return
         row = {"video_id": batch.get("video_id"), "wait_s": round(wait, 4)}
@@ -158,6 +158,8 @@ class StageTimer(Callback):
         self.videos += 1
         if self._step_start is not None:
             self.step_s.append(round(time.perf_counter() - self._step_start, 4))
+            if self.per_video and "step_s" not in self.per_video[-1]:
+                self.per_video[-1]["step_s"] = self.step_s[-1]
         self._stamp("first_answer")
         if isinstance(batch, dict):
             self.decode_worker_s += float(batch.get("decode_s") or 0.0)

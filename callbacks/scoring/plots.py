@@ -325,22 +325,21 @@ def timeline_figure(per_rank: dict[str, dict]):
     for name, run in sorted(per_rank.items()):
         rows = [r for r in (run.get("per_video") or []) if "decode_start" in r and "step_start" in r]
         if rows:
-            panels.append((name, run, rows[:MAX_TIMELINE_ROWS]))
+            panels.append((name, run, rows[:MAX_TIMELINE_ROWS], len(rows)))
     if not panels:
         return None
-    tallest = max(len(rows) for _, _, rows in panels)
+    tallest = max(len(rows) for _, _, rows, _ in panels)
     fig = _figure(figsize=(9, min(2.0 + 0.22 * tallest, 14.0) * len(panels)))
     axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
-    for ax, (name, run, rows) in zip(axes, panels):
-        steps = run.get("step_s") or []
+    for ax, (name, run, rows, total) in zip(axes, panels):
         for k, r in enumerate(rows):
             ax.barh(k, r["decode_end"] - r["decode_start"], left=r["decode_start"], height=0.7, color="0.7",
                     label="decoded in a worker" if k == 0 else None)
             if r.get("wait_s", 0.0) > 0:
                 ax.barh(k, r["wait_s"], left=r["step_start"] - r["wait_s"], height=0.7, color="tab:red",
                         label="step waiting for it" if k == 0 else None)
-            if k < len(steps):
-                ax.barh(k, steps[k], left=r["step_start"], height=0.7, color="tab:blue",
+            if "step_s" in r:
+                ax.barh(k, r["step_s"], left=r["step_start"], height=0.7, color="tab:blue",
                         label="its step (encode, plan, answer)" if k == 0 else None)
         for mark, style in (("model_loaded", ":"), ("first_answer", "--")):
             t = (run.get("timeline_s") or {}).get(mark)
@@ -350,8 +349,7 @@ def timeline_figure(per_rank: dict[str, dict]):
         ax.set_yticks(range(len(rows)), labels if len(rows) <= 40 else [""] * len(rows))
         ax.invert_yaxis()
         ax.set_xlabel("seconds after the process start")
-        ax.set_title(f"{name}: {len(rows)} videos" + (f" (first {MAX_TIMELINE_ROWS})" if len(rows) ==
-                                                       MAX_TIMELINE_ROWS else ""))
+        ax.set_title(f"{name}: {total} videos" + (f" (the first {len(rows)} drawn)" if total > len(rows) else ""))
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 

@@ -47,6 +47,7 @@ def test_a_resumed_run_with_an_added_budget_keeps_the_first_runs_timing(tiny_vl3
     assert abs(sum(r["wait_s"] for r in rows) - one["stages_s"]["wait"]) < 1e-3
     for r in rows:   # decoded before its step started (the boot clock and the process clock agree to ms)
         assert r["decode_start"] <= r["decode_end"] <= r["step_start"] + 0.05, r
+    assert [r["step_s"] for r in rows] == one["step_s"]
     second = run_predict(tiny_vl3_dir, demo_bench, out, budgets=(128, 256), extra=timer,
                          model_args={"max_new_tokens": 2})
     two = json.loads((out / "timing_rank0.json").read_text())
@@ -95,9 +96,11 @@ def test_longest_waits_names_the_videos_after_the_first():
 def test_timeline_figure_draws_each_videos_decode_wait_and_step_where_they_were():
     from callbacks.scoring.plots import timeline_figure
 
-    run = {"step_s": [3.0, 1.5], "timeline_s": {"model_loaded": 10.0, "first_answer": 14.0},
-           "per_video": [{"video_id": "a", "wait_s": 1.0, "decode_start": 2.0, "decode_end": 6.0, "step_start": 11.0},
-                         {"video_id": "b", "wait_s": 0.0, "decode_start": 2.5, "decode_end": 9.0, "step_start": 14.0}]}
+    run = {"timeline_s": {"model_loaded": 10.0, "first_answer": 14.0},
+           "per_video": [{"video_id": "a", "wait_s": 1.0, "decode_start": 2.0, "decode_end": 6.0, "step_start": 11.0,
+                          "step_s": 3.0},
+                         {"video_id": "b", "wait_s": 0.0, "decode_start": 2.5, "decode_end": 9.0, "step_start": 14.0,
+                          "step_s": 1.5}]}
     fig = timeline_figure({"timing_rank0.json": run, "timing_rank1.json": {"per_video": [{"video_id": "x"}]}})
     (ax,) = fig.axes                                      # rank 1 has no decode windows: no panel
     bars = sorted((round(p.get_x(), 3), round(p.get_width(), 3), round(p.get_y() + p.get_height() / 2, 3))
