@@ -708,6 +708,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"(wall {r.get('wall_s')} s)", flush=True)
             if r.get("error") and r.get("stderr"):
                 print(r.get("traceback") or r["stderr"][-1500:], flush=True)
+            for name, why in (r.get("errors") or {}).items():   # per kernel, at once (a cut run keeps them)
+                print(f"    {name}: {str(why)[:600]}", flush=True)
+            if a.json:   # after every child, so that a run cut by a time limit keeps what it measured
+                Path(a.json).write_text(json.dumps({"device": a.device, "dtype": a.dtype, "partial": True,
+                                                    "results": results}, indent=1, default=str))
     print()
     print(table(results))
     print()
