@@ -45,6 +45,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from algorithms.errors import SettingError, check_int
 from datamodules.decode import short_error
+from datamodules.fork_context import fork_context
 
 log = logging.getLogger(__name__)
 
@@ -570,8 +571,10 @@ class EasyComStreamDataModule(LightningDataModule):
         if self.dataset is None:
             self.setup("predict")
         n = self.hparams.sessions_per_batch
+        workers = self.hparams.num_workers
+        context = fork_context() if workers > 0 else None   # the parent's garbage collected before each fork
         if n > 1:
-            return DataLoader(self.dataset, batch_size=n, collate_fn=list, shuffle=False,
-                              num_workers=self.hparams.num_workers, persistent_workers=False)
-        return DataLoader(self.dataset, batch_size=None, shuffle=False, num_workers=self.hparams.num_workers,
-                          persistent_workers=False)
+            return DataLoader(self.dataset, batch_size=n, collate_fn=list, shuffle=False, num_workers=workers,
+                              persistent_workers=False, multiprocessing_context=context)
+        return DataLoader(self.dataset, batch_size=None, shuffle=False, num_workers=workers,
+                          persistent_workers=False, multiprocessing_context=context)

@@ -42,6 +42,7 @@ from algorithms.errors import SettingError, check_int
 from algorithms.omni_sampling import frame_times, linspace_round_indices, qwen_omni_nframes, qwen_omni_sample_fps
 
 from .decode import DecodeError, decode_at_indices, decode_video, decord_frame_count
+from .fork_context import fork_context
 from .sharding import CostBalancedSampler, estimate_cost
 from .videoqa import VideoQADataModule, VideoTask, _duration_s
 
@@ -282,7 +283,8 @@ class OmniQADataModule(VideoQADataModule):
         self.report_resume(jobs, done, tasks, len(sampler))   # "N of M (job, question) records already written"
         return DataLoader(self.dataset(tasks), batch_size=None, sampler=sampler, num_workers=self.num_workers,
                           prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
-                          persistent_workers=False)
+                          persistent_workers=False,
+                          multiprocessing_context=fork_context() if self.num_workers > 0 else None)
 
 
 # --------------------------------------------------------------------------------------------------- demo

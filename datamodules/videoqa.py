@@ -19,6 +19,7 @@ from algorithms.errors import SettingError, check_int
 from .benchmarks import AnnotationError, Question, canonical_loader_kwargs, load_benchmark
 from .benchmarks.base import check_media_present, path_problem
 from .decode import DECODERS, MAX_REPLACED_FRAC, STRICT_FRAMES, NATIVE_DECODE_BYTES, auto_decode_threads
+from .fork_context import fork_context
 from .sharding import CostBalancedSampler, estimate_cost
 from .video_items import VideoQADataset, VideoTask  # noqa: F401 - re-exported (defined apart: see there)
 from .worker_server import WORKER_PRELOAD  # noqa: F401 - re-exported: decode_worker_context's list
@@ -361,7 +362,11 @@ def video_loader(ds, sampler, num_workers: int, prefetch_factor: int, pin_memory
                  in_order: bool = False) -> DataLoader:
     """The predict loader of one rank: one item per video (``batch_size=None``), ``sampler``'s videos decoded by
     ``num_workers`` workers, ``prefetch_factor`` ahead each; with ``in_order=False`` an item is delivered as soon as
-    its worker has it (``torch.utils.data.DataLoader(in_order=False)``), else in the sampler's order."""
+    its worker has it (``torch.utils.data.DataLoader(in_order=False)``), else in the sampler's order. Workers are
+    started by ``context`` (the fork server where NVDEC may run), else forked after the parent's garbage is
+    collected (:mod:`datamodules.fork_context`)."""
+    if context is None and num_workers > 0:
+        context = fork_context()
     return DataLoader(ds, batch_size=None, sampler=sampler, num_workers=num_workers,
                       prefetch_factor=prefetch_factor if num_workers > 0 else None,
                       persistent_workers=False, pin_memory=pin_memory, multiprocessing_context=context,
