@@ -263,7 +263,7 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
     correct_by: dict[int, dict[str, dict[str, int]]] = {}
     for key, by_qid in groups.items():
         benchmark, job, variant, budget = key
-        recs = list(by_qid.values())
+        recs = [by_qid[q] for q in sorted(by_qid, key=str)]   # qid order: the intervals never see the file order
         errors = [r for r in recs if r.get("error")]
         scored = [r for r in recs if not r.get("error") and r.get("answer") is not None]
         missing = sorted(expected[benchmark] - set(by_qid)) if benchmark in expected else []

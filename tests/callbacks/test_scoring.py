@@ -482,3 +482,13 @@ def test_rescore_names_a_cut_line_once(out_root, caplog):
         main([str(out_root), "--no-plots"])
     cut = [r.getMessage() for r in caplog.records if "unreadable line" in r.getMessage()]
     assert cut == [f"scoring: skipping unreadable line 4 of {out_root / 'b1024' / 'videomme' / 'rank1.jsonl'}"]
+
+
+def test_intervals_do_not_depend_on_the_order_of_the_records():
+    """Records come in worker / resume order; the bootstrap resamples them in question-id order, so any order of
+    the same records gives the same interval (a run and its resumed twin report the same ±95)."""
+    recs = [rec(f"q{i}", "A", "A" if i % 3 else "B", "A", bench="videomme", duration="short", domain="d",
+                task_type="t") | {"job": "b1024"} for i in range(12)]
+    a = _group(score_records(recs), "videomme", "b1024")["parsers"]["official"]["accuracy_ci95"]
+    b = _group(score_records(recs[::-1]), "videomme", "b1024")["parsers"]["official"]["accuracy_ci95"]
+    assert a is not None and a == b
