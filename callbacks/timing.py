@@ -203,7 +203,8 @@ class StageTimer(Callback):
                 except OSError:
                     pass
         rows = "  ".join(f"{k} {s['stages_s'][k]:.2f}s ({100 * s['stages_share'][k]:.0f}%)" for k in self.STAGES)
-        print(f"[rank {trainer.global_rank}] {s['videos']} videos in {s['wall_s']:.2f}s: {rows}")
+        print(f"[rank {trainer.global_rank}] {s['videos']} video{'' if s['videos'] == 1 else 's'} in "
+              f"{s['wall_s']:.2f}s: {rows}")
         hint = self.wait_hint(s, getattr(trainer.datamodule, "num_workers", None) if trainer.datamodule else None)
         if hint:
             print(f"[rank {trainer.global_rank}] {hint}")
@@ -245,7 +246,7 @@ class StageTimer(Callback):
         if per_video / decoders <= gpu:
             return None
         where = f"one of {workers} workers" if workers else "the main process (data.num_workers = 0)"
-        return (f"the GPU waited {100 * steady / span:.0f}% of the time after the first video: decoding took "
-                f"{per_video:.2f}s per video in {where} against {gpu:.2f}s of GPU work per video; about "
+        return (f"the step waited for data {100 * steady / span:.0f}% of the time after the first video: decoding "
+                f"took {per_video:.2f}s per video in {where} against {gpu:.2f}s of model work per video; about "
                 f"{math.ceil(per_video / gpu)} workers would keep up (data.num_workers; data.decode_threads sets the "
                 f"decoder threads of each) if the host has the CPUs")

@@ -272,6 +272,8 @@ def text_field(value: Any, name: str, where: str, numbers_ok: bool = False, empt
         raise AnnotationError(f"{where}: {name} is {value} (not a number), not a text; fix the row")
     elif numbers_ok and isinstance(value, (int, float)) and not isinstance(value, bool):
         text = str(value)
+    elif value is None:
+        raise AnnotationError(f"{where}: {name} is missing (null); fix the row")
     else:
         raise AnnotationError(f"{where}: {name} must be text, got {type(value).__name__} {value!r:.80}")
     if not empty_ok and not text.strip():

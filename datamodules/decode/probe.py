@@ -127,7 +127,7 @@ def _log_cause(logs) -> str:
     """The FFmpeg log lines of a failed open/demux (``moov atom not found``, ``partial file``, ...), one line."""
     seen: list[str] = []
     for _, _, msg in logs:
-        m = " ".join(str(msg).split())
+        m = " ".join(str(msg).split()).rstrip(".")      # (joined by "; " below: no ".;")
         if m and m not in seen:
             seen.append(m)
     return "; ".join(seen[-3:])

@@ -82,7 +82,7 @@ def _ws_row(**kw):
     ({"options": [f"{c}. o" for c in "ABCDEFGHIJK"], "answer": "A"}, "has 11 options; expected 2..10"),
     ({"options": ["A. one", "C. two"]}, "option 1 is lettered 'C'"),
     ({"options": ["A. one", "B. "]}, "option 1 is empty"),
-    ({"question_id": None}, "question_id must be text, got NoneType"),
+    ({"question_id": None}, r"question_id is missing \(null\)"),
 ])
 def test_videomme_bad_row_names_file_and_row(tmp_path, change, message):
     f = _videomme(tmp_path, [_vm_row(), _vm_row("001-2", **change)])
@@ -137,7 +137,7 @@ def test_duplicate_qids_name_both_rows(tmp_path):
     ({"candidates": "yes/no"}, "candidates must be a list"),
     ({"candidates": ["only"]}, "has 1 options"),
     ({"candidates": list("abcdef")}, "has 6 options; expected 2..5"),
-    ({"candidates": ["yes", None]}, "option 1 must be text, got NoneType"),
+    ({"candidates": ["yes", None]}, r"option 1 is missing \(null\)"),
     ({"correct_choice": "1"}, "correct_choice '1' is not an index"),
     ({"correct_choice": True}, "correct_choice True is not an index"),
     ({"correct_choice": 2}, "correct_choice 2 is not an index into 2 candidates"),

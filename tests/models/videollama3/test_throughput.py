@@ -354,8 +354,8 @@ def test_wait_hint_names_the_remedy_only_when_decoding_is_the_bottleneck():
          "stages_s": {"load": 10.0, "wait": 4.0, "encode": 6.0, "plan_build": 0.0, "answer": 10.0}}
     hint = StageTimer.wait_hint(s, 2)
     # wait 4 of the 20 s after the load; 6.00 s decoding per video / 2 workers = 3 s > 1.60 s of GPU work per video
-    assert hint.startswith("the GPU waited 20% ") and "6.00s per video in one of 2 workers" in hint
-    assert "1.60s of GPU work" in hint and "about 4 workers would keep up" in hint       # ceil(6.00 / 1.60)
+    assert hint.startswith("the step waited for data 20% ") and "6.00s per video in one of 2 workers" in hint
+    assert "1.60s of model work" in hint and "about 4 workers would keep up" in hint       # ceil(6.00 / 1.60)
     assert "in the main process" in StageTimer.wait_hint(s, 0)
     assert StageTimer.wait_hint(s, 4) is None              # 6 / 4 = 1.5 s <= 1.6 s: decoding keeps up
     s["first_wait_s"] = 3.5                                 # the wait was the pipeline fill: no hint
