@@ -74,14 +74,15 @@ def test_scoring_reports_intervals_and_paired_differences():
     g128 = next(g for g in s["groups"] if g["budget"] == 128 and g["variant"] is None)
     p = g128["parsers"]["official"]
     assert p["accuracy"] == 0.5
-    assert p["accuracy_ci95"] == list(bootstrap_interval([int(o) for o in ok128]))
-    assert p["accuracy_all_ci95"] == list(bootstrap_interval([int(o) for o in ok128] + [0]))
+    order = sorted(range(40), key=lambda i: qids[i])   # resampled in question-id order, whatever the file order
+    assert p["accuracy_ci95"] == list(bootstrap_interval([int(ok128[i]) for i in order]))
+    every = sorted(zip(qids + ["q40"], ok128 + [False]))           # the error record (q40) counts as wrong
+    assert p["accuracy_all_ci95"] == list(bootstrap_interval([int(ok) for _, ok in every]))
     pairs = {(d["a"]["variant"], d["a"]["budget"], d["b"]["variant"], d["b"]["budget"]): d
              for d in s["differences"] if d["parser"] == "official"}
     assert set(pairs) == {(None, 1024, None, 128), ("rho", 128, None, 128)}   # rho b128 vs b1024 differs in both
     d = pairs[(None, 1024, None, 128)]
     assert d["compared"] == "budget" and d["n_common"] == 40 and d["difference"] == 0.25 and d["ci95"][0] >= 0
-    order = sorted(range(40), key=lambda i: qids[i])                  # paired over the sorted common qids
     ref = paired_bootstrap_difference([int(ok1024[i]) for i in order], [int(ok128[i]) for i in order])
     assert d["ci95"] == [ref["low"], ref["high"]]
     v = pairs[("rho", 128, None, 128)]
