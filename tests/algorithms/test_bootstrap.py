@@ -76,8 +76,8 @@ def test_scoring_reports_intervals_and_paired_differences():
     assert p["accuracy"] == 0.5
     order = sorted(range(40), key=lambda i: qids[i])   # resampled in question-id order, whatever the file order
     assert p["accuracy_ci95"] == list(bootstrap_interval([int(ok128[i]) for i in order]))
-    every = sorted(zip(qids + ["q40"], ok128 + [False]))           # the error record (q40) counts as wrong
-    assert p["accuracy_all_ci95"] == list(bootstrap_interval([int(ok) for _, ok in every]))
+    # the scored answers, then a 0 per error record (q40) and missing question
+    assert p["accuracy_all_ci95"] == list(bootstrap_interval([int(ok128[i]) for i in order] + [0]))
     pairs = {(d["a"]["variant"], d["a"]["budget"], d["b"]["variant"], d["b"]["budget"]): d
              for d in s["differences"] if d["parser"] == "official"}
     assert set(pairs) == {(None, 1024, None, 128), ("rho", 128, None, 128)}   # rho b128 vs b1024 differs in both
