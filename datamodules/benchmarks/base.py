@@ -198,12 +198,13 @@ def check_annotation_file(path: Path, what: str = "annotation file") -> None:
     instead of a hang on a FIFO or "not found" for a symbolic link loop.
 
     Raises:
-        AnnotationError: ``<path>: <what> is <problem>``.
+        AnnotationError: ``<path>: <what> is <problem>`` (a relative path also shown as the absolute one looked at).
     """
     problem = path_problem(path)
     if problem is not None:
-        raise AnnotationError(f"{path}: {what} is {problem}" if not problem.startswith("not ")
-                              else f"{path}: {what} {problem}")
+        shown = path if Path(path).is_absolute() else f"{path} (looked for at {Path(path).absolute()})"
+        raise AnnotationError(f"{shown}: {what} is {problem}" if not problem.startswith("not ")
+                              else f"{shown}: {what} {problem}")
 
 
 def load_json_annotation(path: Path, what: str = "annotation file"):

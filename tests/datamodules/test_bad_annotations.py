@@ -464,3 +464,12 @@ def test_silent_scoring_cases_are_said_or_refused(tmp_path, caplog):
                                 f"{type(bad).__name__} {bad!r}")
     _lvb(tmp_path, [_lvb_row("a", duration=12.5), _lvb_row("b")])     # absent: still accepted
     assert [q.meta["duration"] for q in load_benchmark("lvb", tmp_path)] == [12.5, None]
+
+
+def test_a_relative_annotation_path_that_is_missing_names_where_it_was_looked_for(tmp_path):
+    """A relative ``loader_kwargs.parquet`` is resolved against the working directory (not ``root``): the error
+    says which absolute path was looked at."""
+    rel = "no such folder/a.parquet"
+    with pytest.raises(AnnotationError) as e:
+        load_benchmark("videomme", tmp_path, parquet=rel)
+    assert str(e.value) == f"{rel} (looked for at {Path.cwd() / rel}): Video-MME annotation file not found"
