@@ -18,7 +18,10 @@ import pyarrow.parquet as pq
 
 from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, resolve_media_path,
                    strip_option_letters, text_field, check_annotation_file, warn_options_beyond_rule)
+from .base import log
 from .subtitles import load_srt_as_videollama3, subtitles_text
+
+BREAKDOWN_FIELDS = ("duration", "domain", "task_type")   # the score table's Video-MME breakdowns
 
 COLUMNS = ("video_id", "duration", "domain", "sub_category", "videoID", "question_id", "task_type", "question",
            "options", "answer")
@@ -133,4 +136,9 @@ def load_videomme(root: Path, parquet: str | None = None, video_dir: str = "vide
     check_questions(questions, wheres)
     # thanku-all/parse_answer@afd52cfe eval_your_results.py extract_characters_regex: ``re.search(r"[ABCD]", s)``
     warn_options_beyond_rule(questions, wheres, 4, "Video-MME eval_your_results.py")
+    for field in BREAKDOWN_FIELDS:   # said once per field, as the missing answers are
+        blank = [w for q, w in zip(questions, wheres) if not str(q.meta.get(field) or "").strip()]
+        if blank:
+            log.warning("%d of %d questions have no %s (first: %s): their breakdown cell is 'unknown'",
+                        len(blank), len(questions), field, blank[0])
     return questions

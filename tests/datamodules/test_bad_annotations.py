@@ -464,6 +464,13 @@ def test_silent_scoring_cases_are_said_or_refused(tmp_path, caplog):
                                 f"{type(bad).__name__} {bad!r}")
     _lvb(tmp_path, [_lvb_row("a", duration=12.5), _lvb_row("b")])     # absent: still accepted
     assert [q.meta["duration"] for q in load_benchmark("lvb", tmp_path)] == [12.5, None]
+    # 6. a Video-MME row without its duration: asked, one warning naming the first row, 'unknown' in the breakdown
+    caplog.clear()
+    f = _videomme(root, [_vm_row(), _vm_row("001-2", duration=None)])
+    qs = load_benchmark("videomme", root)
+    assert [q.meta["duration"] for q in qs] == ["short", None]
+    assert _warnings(caplog) == [f"1 of 2 questions have no duration (first: {f} row 1 (question_id='001-2')): "
+                                 "their breakdown cell is 'unknown'"]
 
 
 def test_a_relative_annotation_path_that_is_missing_names_where_it_was_looked_for(tmp_path):
