@@ -130,10 +130,14 @@ class StageTimer(Callback):
             row["step_start"] = round(now - self._t0, 3)
             window = batch.get("decode_boot_s")
             if window:
-                origin = boot_s() - (time.perf_counter() - self._t0)
+                origin = self._boot_origin()
                 row["decode_start"] = round(float(window[0]) - origin, 3)
                 row["decode_end"] = round(float(window[1]) - origin, 3)
         self.per_video.append(row)
+
+    def _boot_origin(self) -> float:
+        """This process's start on the boot clock (the workers' stamps are on it; ``timeline_s`` counts from it)."""
+        return boot_s() - (time.perf_counter() - self._t0)
 
     def _first_worker_marks(self, batch) -> None:
         """The first video's worker on this timeline: when its process started (``first_worker_start``; absent for
@@ -141,7 +145,7 @@ class StageTimer(Callback):
         the item's boot-clock stamps (:mod:`callbacks.process_clock`)."""
         if self._t0 is None or not isinstance(batch, dict):
             return
-        origin = boot_s() - (time.perf_counter() - self._t0)      # this process's start on the boot clock
+        origin = self._boot_origin()
         window = batch.get("decode_boot_s")
         if window:
             self.timeline["first_decode_start"] = round(float(window[0]) - origin, 3)

@@ -465,6 +465,10 @@ def test_silent_scoring_cases_are_said_or_refused(tmp_path, caplog):
     _lvb(tmp_path, [_lvb_row("a", duration=12.5), _lvb_row("b")])     # absent: still accepted
     assert [q.meta["duration"] for q in load_benchmark("lvb", tmp_path)] == [12.5, None]
     # 6. a Video-MME row without its duration: asked, one warning naming the first row, 'unknown' in the breakdown
+    from callbacks.scoring.release import BREAKDOWNS
+    from datamodules.benchmarks.videomme import BREAKDOWN_FIELDS
+
+    assert BREAKDOWN_FIELDS == BREAKDOWNS["videomme"]    # the loader warns about the fields the scores break down by
     caplog.clear()
     f = _videomme(root, [_vm_row(), _vm_row("001-2", duration=None)])
     qs = load_benchmark("videomme", root)
