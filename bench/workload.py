@@ -636,7 +636,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--only", nargs="+", default=None, choices=["short", "medium", "long"],
                     help="decode only these duration classes (the CLI still gets the whole set)")
     ap.add_argument("--cli", action="store_true", help="run evaluate.py predict on the set for the GPU step")
-    ap.add_argument("--cli-decoders", nargs="+", default=["cpu"], choices=["cpu", "nvdec", "auto"],
+    ap.add_argument("--cli-decoders", nargs="+", default=["cpu"], type=_cli_variant,
                     help="data.decoder of each CLI run (--cli); the records of the runs are compared")
     ap.add_argument("--cli-max-s", type=float, default=None, help="only videos up to this length go to the CLI")
     ap.add_argument("--gpu-step-s", type=json.loads, default=None, help='e.g. {"short": 1.5, ...}')
@@ -711,7 +711,10 @@ def main(argv=None) -> dict:
         if not cli_videos:
             raise SystemExit(f"--cli-max-s {args.cli_max_s}: no video that short (durations "
                              f"{[round(duration_s(v), 1) for v in videos]})")
-        timings = {d: run_cli(cli_videos, tiny=args.tiny, decoder=d) for d in args.cli_decoders}
+        timings = {}
+        for k, d in enumerate(args.cli_decoders):   # a variant named twice is run twice (e.g. cold, then warm)
+            label = d if d not in timings else f"{d}#{k + 1}"
+            timings[label] = run_cli(cli_videos, tiny=args.tiny, decoder=d)
         for d, t in timings.items():
             rest = t["step_s"][1:] or t["step_s"]
             print(f"CLI decoder={d}: {len(cli_videos)} videos, first answer {t['first_answer_s']:.1f} s after "
@@ -724,14 +727,15 @@ def main(argv=None) -> dict:
             print(f"CLI decoder={d}: per video (s after process start: decoded start-end, step start, wait) "
                   + "; ".join(f"{r.get('video_id')} {r.get('decode_start', float('nan')):.1f}-"
                               f"{r.get('decode_end', float('nan')):.1f}, {r.get('step_start', float('nan')):.1f}, "
-                              f"{r['wait_s']:.2f}" for r in t.get("per_video") or []), flush=True)
+                              f"{r['wait_s']:.2f}" + (f" ({r['decode_parts']} parts)" if r.get("decode_parts") else "")
+                              for r in t.get("per_video") or []), flush=True)
         if len(timings) > 1:
             first, *others = timings
             for d in others:
                 same, total = compare_records(timings[first]["out"], timings[d]["out"])
                 print(f"records identical decoder={first} vs decoder={d} (video_info.decoder* left out): "
                       f"{same} of {total}", flush=True)
-        timing = timings[args.cli_decoders[-1]]
+        timing = timings[list(timings)[-1]]
         rest = timing["step_s"][1:] or timing["step_s"]
         steps = dict.fromkeys(VIDEO_MME, statistics.mean(rest))
         step_source = (f"the CLI's timing_rank0.json (mean steady step of {len(rest)} videos; first answer "
@@ -803,11 +807,23 @@ def compare_records(a: Path, b: Path) -> tuple[int, int]:
     return sum(rb.get(k) == v for k, v in ra.items()), len(ra)
 
 
+def _cli_variant(spec: str) -> str:
+    """``--cli-decoders`` entry: ``cpu | nvdec | auto``, optionally followed by ``/setting=value`` data settings
+    (e.g. ``auto/decode_part_mb=0``: the run without decode parts)."""
+    name, *opts = spec.split("/")
+    if name not in ("cpu", "nvdec", "auto") or any("=" not in o for o in opts):
+        raise argparse.ArgumentTypeError(f"{spec!r}: cpu | nvdec | auto, then /setting=value ...")
+    return spec
+
+
 def run_cli(videos: list[Path], tiny: bool, work: Path = Path("/tmp/workload_cli"), decoder: str = "cpu") -> dict:
     """The user's command on the set (``bench/cli_throughput.py``'s root and runner); adds ``first_answer_s``:
-    process start to the end of the first predict step (the timing json's ``timeline_s.first_answer``)."""
+    process start to the end of the first predict step (the timing json's ``timeline_s.first_answer``).
+    ``decoder`` is a ``--cli-decoders`` entry (:func:`_cli_variant`: its ``/setting=value`` parts become
+    ``--data.init_args.setting=value``)."""
     import cli_throughput as ct
 
+    decoder, *opts = decoder.split("/")
     if tiny:
         from models.videollama3.tiny import build_tiny_videollama3
 
@@ -823,7 +839,8 @@ def run_cli(videos: list[Path], tiny: bool, work: Path = Path("/tmp/workload_cli
         shutil.rmtree(root)
     ct.write_benchmark(root, videos)
     out = work / f"out_{decoder}_{int(time.time() * 1000)}"
-    timing, total_s = ct.run_predict(ckpt, root, out, config, extra + [f"--data.init_args.decoder={decoder}"])
+    timing, total_s = ct.run_predict(ckpt, root, out, config, extra + [f"--data.init_args.decoder={decoder}"]
+                                     + [f"--data.init_args.{o}" for o in opts])
     timing["out"] = out
     used: dict = {}
     for f in out.glob("*/*/rank*.jsonl"):

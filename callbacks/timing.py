@@ -133,6 +133,8 @@ class StageTimer(Callback):
                 origin = self._boot_origin()
                 row["decode_start"] = round(float(window[0]) - origin, 3)
                 row["decode_end"] = round(float(window[1]) - origin, 3)
+        if batch.get("decode_parts", 1) > 1:   # decoded in parts by as many workers (data.decode_part_mb)
+            row["decode_parts"] = int(batch["decode_parts"])
         self.per_video.append(row)
 
     def _boot_origin(self) -> float:

@@ -32,6 +32,11 @@ class VideoQADataset(Dataset):
     """Decodes each video once (for ``max_budget``) and returns a dict item; a failed decode yields an item with
     ``error`` set instead of frames, so the run records it and goes on.
 
+    ``parts`` (one count per task, or ``None``: one each) makes task ``t`` ``parts[t]`` items, consecutive, each
+    decoding part ``k`` of the planned frames (:func:`datamodules.decode.decode_video` ``part``) with ``part: (k, K)``
+    and ``task: t`` in the item; :class:`datamodules.part_join.JoiningLoader` joins them. :meth:`items_of` gives a
+    task's item indices, :meth:`whole_item` decodes a task whole (the join's way out when its parts do not fit).
+
     ``error`` always starts with the video path: a :class:`~datamodules.decode.DecodeError` message as is (see
     :mod:`datamodules.decode.errors` for the per-case table), any other exception of the decoder (including
     ``MemoryError``) as ``"<path>: unexpected decode failure (<type>: <message>)"``. ``KeyboardInterrupt`` and
@@ -41,8 +46,18 @@ class VideoQADataset(Dataset):
     def __init__(self, tasks: list[VideoTask], max_budget: int, decode_max_side: int = 896, decode_threads: int = 1,
                  native_decode_bytes: float = NATIVE_DECODE_BYTES, short_clip_first_frame: bool = False,
                  max_replaced_frac: float = MAX_REPLACED_FRAC, sizing: EncoderSizing | None = None,
-                 decoder: str = "cpu", strict_frames: bool = STRICT_FRAMES):
+                 decoder: str = "cpu", strict_frames: bool = STRICT_FRAMES, parts: list[int] | None = None):
         self.tasks, self.max_budget, self.decode_max_side = tasks, max_budget, decode_max_side
+        if parts is not None and (len(parts) != len(tasks) or any(int(k) < 1 for k in parts)):
+            raise ValueError(f"parts: one count >= 1 per task ({len(tasks)}), got {parts!r}")
+        self.parts = [int(k) for k in parts] if parts is not None else None
+        # item -> (task, part, parts); without parts, item i is task i
+        self._items = [(t, k, n) for t, n in enumerate(self.parts) for k in range(n)] if self.parts else None
+        self._first = None
+        if self._items is not None:
+            self._first = [0]
+            for n in self.parts:
+                self._first.append(self._first[-1] + n)
         self.strict_frames = strict_frames
         self.decoder = decoder
         self.sizing = sizing   # None: frames at the decode size; else held at the encoder's sizes only
@@ -51,12 +66,30 @@ class VideoQADataset(Dataset):
         self.native_decode_bytes, self.short_clip_first_frame = native_decode_bytes, short_clip_first_frame
 
     def __len__(self) -> int:
-        return len(self.tasks)
+        return len(self._items) if self._items is not None else len(self.tasks)
+
+    def items_of(self, task: int) -> list[int]:
+        """The item indices of task ``task`` (its parts, in order; ``[task]`` without parts)."""
+        if self._first is None:
+            return [task]
+        return list(range(self._first[task], self._first[task + 1]))
 
     def __getitem__(self, i: int) -> dict:
+        if self._items is None:
+            return self._decode(i, None)
+        t, k, n = self._items[i]
+        return self._decode(t, (k, n) if n > 1 else None)
+
+    def whole_item(self, task: int) -> dict:
+        """Task ``task`` decoded whole (no part), as without ``parts``."""
+        return self._decode(task, None)
+
+    def _decode(self, i: int, part: tuple[int, int] | None) -> dict:
         task = self.tasks[i]
         item = {"video_id": task.video_id, "video_path": task.video_path, "benchmark": task.benchmark,
                 "questions": [asdict(q) for q in task.questions], "jobs": task.jobs, "error": None}
+        if part is not None:
+            item.update(task=i, part=part)
         start, start_boot = time.perf_counter(), boot_s()
         if self.decoder != "cpu":   # registers READERS["nvdec"] in this process (a spawned worker starts without it)
             import datamodules.decode.nvdec  # noqa: F401
@@ -65,8 +98,10 @@ class VideoQADataset(Dataset):
                                num_threads=self.decode_threads, native_decode_bytes=self.native_decode_bytes,
                                short_clip_first_frame=self.short_clip_first_frame,
                                max_replaced_frac=self.max_replaced_frac, sizing=self.sizing, decoder=self.decoder,
-                               strict_frames=self.strict_frames)
+                               strict_frames=self.strict_frames, part=part)
             item.update(frames=dec.frames, times_s=dec.times_s, video_info=dec.info)
+            if part is not None:
+                item["part_bounds"] = dec.part
         except DecodeError as e:
             item["error"] = str(e)
         except Exception as e:  # noqa: BLE001 - any decoder failure must become an error record, not a crash

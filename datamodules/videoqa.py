@@ -20,6 +20,7 @@ from .benchmarks import AnnotationError, Question, canonical_loader_kwargs, load
 from .benchmarks.base import check_media_present, path_problem
 from .decode import DECODERS, MAX_REPLACED_FRAC, STRICT_FRAMES, NATIVE_DECODE_BYTES, auto_decode_threads
 from .fork_context import fork_context
+from .part_join import DECODE_PART_MB, JoiningLoader, PartSampler, decode_parts
 from .sharding import CostBalancedSampler, estimate_cost
 from .video_items import VideoQADataset, VideoTask  # noqa: F401 - re-exported (defined apart: see there)
 from .worker_server import WORKER_PRELOAD  # noqa: F401 - re-exported: decode_worker_context's list
@@ -128,6 +129,14 @@ class VideoQADataModule(LightningDataModule):
             pixels, not the decode (an hour of 1080p at B = 16384: ~0.3 GB instead of ~2.8 GB). The encoder's
             inputs are bit-identical on the CPU (the resize runs in the worker, on the CPU, as seed 001's processor
             does). ``False``, or a module without ``frame_sizing`` (the layout ablation): frames at the decode size.
+        decode_part_mb: where the videos may be decoded by NVDEC in the workers (``decoder`` ``nvdec`` or ``auto``
+            on a CUDA machine, ``num_workers`` >= 2), a file larger than this many MB is decoded as
+            ``ceil(MB / decode_part_mb)`` parts (at most ``num_workers``), each by its own worker, and joined in the
+            main process before its step (:mod:`datamodules.part_join`): the NVDEC sessions of one process
+            serialise, so one long video decoded by one worker bounded the feed. The joined frames, labels and
+            ``video_info`` are the whole decode's (a video whose parts do not fit is decoded whole).
+            ``0`` or ``null``: every video whole. Not applied with ``strict_frames`` or ``max_replaced_frac > 0``
+            (their rules look across the whole video).
     """
 
     def __init__(self, benchmark: str = "videomme", root: str = "assets/demo_videomme",
@@ -135,8 +144,13 @@ class VideoQADataModule(LightningDataModule):
                  decode_max_side: int = 896, decode_threads: int | None = None, limit_videos: int | None = None,
                  native_decode_bytes: float = NATIVE_DECODE_BYTES, short_clip_first_frame: bool = False,
                  max_replaced_frac: float = MAX_REPLACED_FRAC, hold_encoder_sizes: bool = True,
-                 decoder: str = "cpu", in_order: bool = False, strict_frames: bool = STRICT_FRAMES):
+                 decoder: str = "cpu", in_order: bool = False, strict_frames: bool = STRICT_FRAMES,
+                 decode_part_mb: float | None = DECODE_PART_MB):
         super().__init__()
+        if decode_part_mb is not None and (isinstance(decode_part_mb, bool)
+                                           or not isinstance(decode_part_mb, (int, float)) or decode_part_mb < 0):
+            raise SettingError(f"data.decode_part_mb must be a number >= 0 (MB) or null, got {decode_part_mb!r}")
+        self.decode_part_mb = decode_part_mb
         if not isinstance(strict_frames, bool):
             raise SettingError(f"data.strict_frames must be true or false, got {strict_frames!r}")
         self.strict_frames = strict_frames
@@ -323,7 +337,7 @@ class VideoQADataModule(LightningDataModule):
         print(msg, flush=True)
         return msg
 
-    def predict_dataloader(self) -> DataLoader:
+    def predict_dataloader(self) -> "DataLoader | JoiningLoader":
         """This rank's videos: done (job, qid) pairs removed first, then whole videos assigned to ranks by
         :class:`datamodules.sharding.CostBalancedSampler` (needs ``trainer.use_distributed_sampler: false`` when
         running on several processes, so Lightning does not shard a second time)."""
@@ -338,6 +352,12 @@ class VideoQADataModule(LightningDataModule):
                                "false` (Lightning would otherwise split this rank's share again)")
         sampler = CostBalancedSampler(costs, world, rank, self.num_workers)
         self.report_resume(jobs, done, tasks, len(sampler))
+        parts = None
+        if self._splits():   # a long video as parts over several workers (this rank's videos only are stat'ed)
+            mine = set(sampler.indices)
+            parts = [k if i in mine else 1 for i, k in
+                     enumerate(decode_parts([t.video_path if i in mine else "" for i, t in enumerate(tasks)],
+                                            self.decode_part_mb, self.num_workers))]
         threads = self.decode_threads
         if threads is None:
             threads = auto_decode_threads(self.num_workers, self.trainer.num_devices)
@@ -345,7 +365,7 @@ class VideoQADataModule(LightningDataModule):
         sizing = self._sizing
         ds = VideoQADataset(tasks, max_budget, self.decode_max_side, threads,
                             self.native_decode_bytes, self.short_clip_first_frame, self.max_replaced_frac, sizing,
-                            self.decoder, self.strict_frames)
+                            self.decoder, self.strict_frames, parts if parts and max(parts) > 1 else None)
         # frames pinned (in the loader's pin-memory thread, off the GPU's path) when the run is on CUDA: the
         # module's copy to the device then does not block the host
         strategy = getattr(self.trainer, "strategy", None)
@@ -355,7 +375,19 @@ class VideoQADataModule(LightningDataModule):
             from callbacks.process_clock import process_age_s
 
             marks.setdefault("loader_built", process_age_s())
-        return video_loader(ds, sampler, self.num_workers, self.prefetch_factor, pin, context, self.in_order)
+        if ds.parts is None:
+            return video_loader(ds, sampler, self.num_workers, self.prefetch_factor, pin, context, self.in_order)
+        n_split = sum(k > 1 for k in ds.parts)
+        log.info("%s: %d long video%s decoded in parts (data.decode_part_mb=%g)", self.benchmark, n_split,
+                 "s" * (n_split != 1), self.decode_part_mb)
+        loader = video_loader(ds, PartSampler(sampler, ds), self.num_workers, self.prefetch_factor, pin, context,
+                              self.in_order)
+        return JoiningLoader(loader, ds, len(sampler))
+
+    def _splits(self) -> bool:
+        """Whether this run decodes long videos in parts (``decode_part_mb``'s conditions)."""
+        return bool(self.decode_part_mb) and self.decoder != "cpu" and self.num_workers >= 2 \
+            and torch.cuda.is_available() and not self.strict_frames and self.max_replaced_frac == 0
 
 
 def video_loader(ds, sampler, num_workers: int, prefetch_factor: int, pin_memory: bool = False, context=None,

@@ -14,7 +14,8 @@ import torch
 from datamodules.decode.cpu import _read_frames, cpu_reader_for, decord_decodes, pyav_sws_reads
 from datamodules.decode.pyav_skip import concealed_frames
 from datamodules.decode.errors import DecodeError, FrameSizeChange, _check_file, _open_error
-from datamodules.decode.held import HOLD_CHUNK_BYTES, EncoderSizing, _decode_held, held_bytes
+from datamodules.decode.held import HOLD_CHUNK_BYTES, EncoderFrames, EncoderSizing, _decode_held, held_bytes
+from datamodules.decode.parts import part_bounds, part_grids, plan_part
 from datamodules.decode.plan import NATIVE_DECODE_BYTES, decode_frame_size, plan_decode
 from datamodules.decode.probe import is_variable_frame_rate, probe_video
 from datamodules.decode.readers import READERS, resolve_decoder
@@ -36,11 +37,15 @@ class DecodedVideo:
             ``ts = (start + np.arange(len(frames)) / fps)``), not the source frames' own times.
         info: ``duration_s, native_hw, decode_hw, n_frames, fps, sample_fps, fps_ok, vfr``, ``decoder``; and
             :func:`decode_video`'s optional keys (``frames_concealed``, ``concealment_checked``, ...).
+        part: ``None`` for a whole video; for one part (``decode_video(part=...)``) the planned positions
+            ``(lo, hi)`` its ``frames`` and ``times_s`` are (``info`` is the whole plan's, except that its position
+            lists count from ``lo``; :mod:`datamodules.decode.parts` joins the parts).
     """
 
     frames: torch.Tensor
     times_s: list[float]
     info: dict = field(default_factory=dict)
+    part: tuple[int, int] | None = None   # (lo, hi): the planned positions these frames are (``decode_video(part=)``)
 
 
 def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 896, base_fps: float = 1.0,
@@ -48,7 +53,7 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
                  short_clip_first_frame: bool = False,
                  max_replaced_frac: float = MAX_REPLACED_FRAC, sizing: EncoderSizing | None = None,
                  hold_chunk_bytes: float = HOLD_CHUNK_BYTES, decoder: str = "cpu",
-                 strict_frames: bool = STRICT_FRAMES) -> DecodedVideo:
+                 strict_frames: bool = STRICT_FRAMES, part: tuple[int, int] | None = None) -> DecodedVideo:
     """Decode the frames the largest budget of a run needs, as seed 001's ``decode_video`` chooses them.
 
     Three steps: (a) the plan, :func:`probe_video` and :func:`plan_decode`: seed 001's ``duration =
@@ -108,25 +113,30 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
             missing sampled frame is unreadable, so the video is an error record unless ``max_replaced_frac``
             allows replacing it. The rule needs the flags, so with ``decoder`` ``nvdec`` / ``auto`` every file is
             read on the CPU (``info["decoder_fallback"]`` says why: :data:`NVDEC_UNCHECKED`).
+        part: ``(k, K)``: decode only part ``k`` of ``K`` of the planned frames (the positions of
+            :func:`datamodules.decode.parts.part_bounds`; the plan is made whole, the reader is the whole video's,
+            the held grids are the whole video's restricted to the part). ``None``: the whole video.
 
     Raises:
         DecodeError: missing, empty, truncated, corrupted or unreadable file, no video stream, no frame at the
             sampling rate, or no decodable frame; the message starts with the file path.
-        ValueError: a bad ``max_replaced_frac`` or ``decoder``.
+        ValueError: a bad ``max_replaced_frac``, ``decoder`` or ``part``.
     """
     if not 0.0 <= max_replaced_frac < 1.0:
         raise ValueError(f"max_replaced_frac must be in [0, 1), got {max_replaced_frac!r}")
     resolve_decoder(decoder)   # a bad setting fails before any file is read
+    if part is not None:
+        part_bounds(1, *part)   # checks 0 <= k < K
     return _decode_video(Path(path), budget_tokens, decode_max_side, base_fps, num_threads, native_decode_bytes,
                          short_clip_first_frame, max_replaced_frac, sizing, hold_chunk_bytes, decoder,
-                         bool(strict_frames))
+                         bool(strict_frames), part)
 
 
 def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps: float, num_threads: int,
                   native_decode_bytes: float, short_clip_first_frame: bool,
                   max_replaced_frac: float = 0.0, sizing: EncoderSizing | None = None,
                   hold_chunk_bytes: float = HOLD_CHUNK_BYTES, decoder: str = "cpu",
-                  strict_frames: bool = STRICT_FRAMES) -> DecodedVideo:
+                  strict_frames: bool = STRICT_FRAMES, part: tuple[int, int] | None = None) -> DecodedVideo:
     _check_file(path)
     probe = probe_video(path)
     plan = plan_decode(path, probe, budget_tokens, base_fps, native_decode_bytes, decode_max_side,
@@ -140,7 +150,7 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
         try:
             frames, replaced, made, concealed = _read_planned(path, probe, plan, name, num_threads,
                                                               max_replaced_frac, sizing, hold_chunk_bytes,
-                                                              strict_frames)
+                                                              strict_frames, _bounds(plan, part))
         except FrameSizeChange as e:   # the CLI rebuilds its filter graph there: plan again on the decoder's
             probe = probe_video(path, timeline=str(e))   # timeline, with a new fps filter per size (issue 44)
             plan = plan_decode(path, probe, budget_tokens, base_fps, native_decode_bytes, decode_max_side,
@@ -150,23 +160,28 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
             name = "pyav"
             frames, replaced, made, concealed = _read_planned(path, probe, plan, name, num_threads,
                                                               max_replaced_frac, sizing, hold_chunk_bytes,
-                                                              strict_frames)
+                                                              strict_frames, _bounds(plan, part))
     except DecodeError as e:
         if strict_frames or name not in ("decord", "nvdec") or probe.timestamps_unusable:
             raise
         # decord fails a whole batch on one refused packet, where the ffmpeg CLI skips it: PyAV reads the file
         alt = "pyav_sws" if pyav_sws_reads(probe) else "pyav_skip"
         frames, replaced, made, concealed = _read_planned(path, probe, plan, alt, num_threads,
-                                                          max_replaced_frac, sizing, hold_chunk_bytes, False)
+                                                          max_replaced_frac, sizing, hold_chunk_bytes, False,
+                                                          _bounds(plan, part))
         fallback = f"{name} failed: {str(e)[len(str(path)) + 2:][:200]}"
         name = alt
     h, w = probe.height, probe.width
+    n_planned = len(plan.idx)
+    bounds = _bounds(plan, part)
+    if bounds is not None:   # the part's positions (its position lists count from its first, lo)
+        plan = plan_part(plan, *bounds)
     (dh, dw), idx, unique = plan.decode_hw, plan.idx, plan.unique
     fps_ok = probe.fps > 0
     vfr = (not probe.timestamps_unusable) and is_variable_frame_rate(probe.pts, probe.time_base, probe.fps)
     native_fps = probe.fps if (fps_ok and not vfr) else len(probe.pts) / probe.duration_s
     info = {"duration_s": round(probe.duration_s, 6), "native_hw": [int(h), int(w)], "decode_hw": [int(dh), int(dw)],
-            "n_frames": len(idx), "fps": round(native_fps, 4), "sample_fps": round(plan.sample_fps, 4),
+            "n_frames": n_planned, "fps": round(native_fps, 4), "sample_fps": round(plan.sample_fps, 4),
             "fps_ok": bool(fps_ok), "vfr": bool(vfr), "decoder": name}
     late = next((r.fallback for r in reversed(made) if getattr(r, "fallback", None)), None)
     if late:   # the NVDEC reader failed on this file and read it on the CPU
@@ -190,7 +205,12 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
         info["frames_concealed"] = [j for j, k in enumerate(idx) if k in concealed]
     if info["decoder"] == "nvdec":   # NVDEC's own frames: no decoder flags, no check pass (module nvdec)
         info["concealment_checked"] = False
-    return DecodedVideo(frames=frames, times_s=plan.times_s, info=info)
+    return DecodedVideo(frames=frames, times_s=plan.times_s, info=info, part=bounds)
+
+
+def _bounds(plan, part: tuple[int, int] | None) -> tuple[int, int] | None:
+    """The planned positions ``(lo, hi)`` of ``part`` = ``(k, K)`` (``None``: the whole video)."""
+    return None if part is None else part_bounds(len(plan.idx), *part)
 
 
 def _failing_on(opener, concealed: set[int]):
@@ -209,18 +229,30 @@ def _failing_on(opener, concealed: set[int]):
 
 
 def _read_planned(path: Path, probe, plan, name: str, num_threads: int, max_replaced_frac: float,
-                  sizing: EncoderSizing | None, hold_chunk_bytes: float, strict_frames: bool):
+                  sizing: EncoderSizing | None, hold_chunk_bytes: float, strict_frames: bool,
+                  bounds: tuple[int, int] | None = None):
     """``(frames, replaced positions, readers opened, concealed native indices)`` of the planned frames read by
     reader ``name`` (the retries, replacement rule and held sizes of :func:`_decode_unique` / :func:`_decode_held`).
     ``pyav_skip`` / ``pyav_sws`` flag concealment in their own pass; ``decord`` and ``pyav`` are checked first by
     :func:`concealed_frames`
     (under ``strict_frames`` a read that includes a concealed frame then fails, so the replacement rule applies);
-    ``nvdec`` is checked only where it falls back to the CPU (the caller), and never runs under ``strict_frames``."""
+    ``nvdec`` is checked only where it falls back to the CPU (the caller), and never runs under ``strict_frames``.
+    ``bounds`` = ``(lo, hi)``: only the planned positions ``lo <= j < hi`` (a part; the held grids and whether to
+    hold are the whole plan's, so every part of a video holds as the whole would)."""
     factory = READERS[name]
     if name in ("pyav_skip", "pyav_sws"):
         factory = partial(factory, strict=strict_frames)
     h, w = probe.height, probe.width
-    (dh, dw), idx, unique = plan.decode_hw, plan.idx, plan.unique
+    n_planned, (dh, dw) = len(plan.idx), plan.decode_hw
+    grids = sizing.grids(n_planned, dh, dw) if sizing is not None else None
+    hold = grids is not None and held_bytes(grids) < n_planned * dh * dw * 3   # else holding saves no memory
+    if bounds is not None:
+        plan = plan_part(plan, *bounds)
+        grids = part_grids(grids, *bounds) if grids is not None else None
+    idx, unique = plan.idx, plan.unique
+    if not idx:   # a part with no planned position (a video with fewer sampled frames than parts)
+        empty = torch.empty((0, dh, dw, 3), dtype=torch.uint8)
+        return (EncoderFrames(empty.shape, {}) if hold else empty), [], [], set()
     made: list = []   # the readers opened (a reader may fall back to the CPU mid-file: ``read.fallback``)
     checked = concealed_frames(path, probe, unique, num_threads) if name in ("decord", "pyav") else set()
 
@@ -234,8 +266,7 @@ def _read_planned(path: Path, probe, plan, name: str, num_threads: int, max_repl
         opener = _failing_on(opener, checked)
     if getattr(factory, "whole_video", False):   # one read of every planned frame (NVDEC decodes the stream once)
         hold_chunk_bytes = max(hold_chunk_bytes, float(len(unique) * dh * dw * 3))
-    grids = sizing.grids(len(idx), dh, dw) if sizing is not None else None
-    if grids is None or held_bytes(grids) >= len(idx) * dh * dw * 3:   # holding would not save memory
+    if not hold:
         frames, replaced = _decode_unique(path, unique, h, w, dh, dw, num_threads, max_replaced_frac,
                                           opener=opener)
         if len(unique) != len(idx):

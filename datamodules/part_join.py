@@ -1,0 +1,138 @@
+"""A long video's decode parts: which videos are split (:func:`decode_parts`), the order the loader takes the parts
+in (:class:`PartSampler`) and their join in the main process (:class:`JoiningLoader`, :func:`join_items`).
+
+Why split: the NVDEC sessions of one process serialise (:mod:`datamodules.decode.parts` has the figures), so a long
+video decoded by one worker bounds the run's feed; as parts its decode is spread over several workers. The parts of
+one video are consecutive in the sampler's order, so the DataLoader hands them to consecutive workers; with
+``in_order=False`` they arrive in any order, and the join yields the video once all its parts are in. Whole videos
+pass through unchanged. Records, resume and the per-rank shards are by video, as without parts.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Iterator, Sequence
+
+from torch.utils.data import Sampler
+
+from datamodules.decode.parts import PartMismatch, join_frames, join_info
+
+log = logging.getLogger(__name__)
+
+DECODE_PART_MB = 256.0   # data.decode_part_mb: a file larger than this is decoded in ceil(size / this) parts
+
+
+def decode_parts(paths: Sequence[str], part_mb: float | None, max_parts: int) -> list[int]:
+    """Parts per video: ``min(max_parts, ceil(file MB / part_mb))``, at least 1; 1 for every video when ``part_mb``
+    is ``None`` or ``<= 0``, and for a file that cannot be stat'ed (its decode's error record says why).
+
+    The file size stands in for the decode work (the bits the decoder parses; a 30-minute 1080p video is several
+    hundred MB, a 30-minute 360p one a few tens), and costs one ``stat`` per video, where reading each container's
+    duration before the first answer would cost a demuxer open per video.
+    """
+    if part_mb is None or part_mb <= 0 or max_parts <= 1:
+        return [1] * len(paths)
+    out = []
+    for p in paths:
+        try:
+            mb = os.path.getsize(p) / 1e6
+        except (OSError, ValueError):
+            mb = 0.0
+        out.append(int(min(max_parts, max(1, math.ceil(mb / part_mb)))))
+    return out
+
+
+class PartSampler(Sampler[int]):
+    """The dataset's item indices in ``videos``' order, each video expanded into its parts' items
+    (``dataset.items_of``), consecutively; ``len`` counts items."""
+
+    def __init__(self, videos: Sampler[int], dataset):
+        self.videos, self.dataset = videos, dataset
+
+    def __iter__(self) -> Iterator[int]:
+        for v in self.videos:
+            yield from self.dataset.items_of(v)
+
+    def __len__(self) -> int:
+        return sum(len(self.dataset.items_of(v)) for v in self.videos)
+
+
+def join_items(items: list[dict], dataset=None) -> dict:
+    """One video's item from its parts' items (``items[k]`` is part ``k``): the frames and labels concatenated, the
+    ``video_info`` of :func:`datamodules.decode.parts.join_info`, ``decode_s`` summed (worker seconds), the decode
+    window from the first start to the last end, ``decode_parts`` the part count.
+
+    Every part failing: the first part's error item. Parts that do not fit (some failed and some did not, different
+    plans, positions that do not tile the plan; :class:`~datamodules.decode.parts.PartMismatch`): the video is
+    decoded whole here, in the main process (``dataset.whole_item``; logged), so its record is the whole decode's.
+
+    Raises:
+        PartMismatch: the parts do not fit and no ``dataset`` was given.
+    """
+    n = len(items)
+    try:
+        failed = [it for it in items if it.get("error")]
+        if len(failed) == n:
+            out = dict(failed[0])
+        elif failed:
+            raise PartMismatch(f"{len(failed)} of {n} parts failed ({failed[0]['error'][:200]})")
+        else:
+            lows = [it["part_bounds"][0] for it in items]
+            ends = [it["part_bounds"][1] for it in items]
+            total = items[0]["video_info"]["n_frames"]
+            if lows[0] != 0 or ends[-1] != total or any(a != b for a, b in zip(ends, lows[1:])):
+                raise PartMismatch(f"part bounds {list(zip(lows, ends))} do not tile {total} planned frames")
+            out = dict(items[0])
+            out["video_info"] = join_info([it["video_info"] for it in items], lows)
+            out["frames"] = join_frames([it["frames"] for it in items], lows, total)
+            out["times_s"] = [t for it in items for t in it["times_s"]]
+    except PartMismatch as e:
+        if dataset is None:
+            raise
+        it = items[0]
+        log.warning("%s: its %d decode parts do not fit together (%s): decoding it whole in the main process",
+                    it["video_path"], n, e)
+        out = dataset.whole_item(it["task"])
+        out["decode_parts"] = 1
+        return out
+    starts = [it["decode_boot_s"][0] for it in items]
+    ends_s = [it["decode_boot_s"][1] for it in items]
+    out.update(decode_s=sum(it["decode_s"] for it in items), decoded_unix=max(it["decoded_unix"] for it in items),
+               decode_boot_s=(min(starts), max(ends_s)),
+               worker_start_boot_s=min(it["worker_start_boot_s"] for it in items), decode_parts=n)
+    for k in ("part", "part_bounds", "task"):
+        out.pop(k, None)
+    return out
+
+
+class JoiningLoader:
+    """Iterates ``loader`` (items of a dataset with parts) and yields one item per video: a whole video's item as
+    it comes, a split one's once all its parts have come (:func:`join_items`). ``len`` is the videos'.
+
+    Raises (while iterating):
+        RuntimeError: the loader ended with a video's parts missing (a sampler that did not give them all).
+    """
+
+    def __init__(self, loader, dataset, num_videos: int):
+        self.loader, self.dataset, self.num_videos = loader, dataset, num_videos
+
+    def __len__(self) -> int:
+        return self.num_videos
+
+    def __iter__(self) -> Iterator[dict]:
+        pending: dict[int, dict[int, dict]] = {}
+        for item in self.loader:
+            part = item.get("part")
+            if part is None:
+                yield item
+                continue
+            k, n = part
+            got = pending.setdefault(item["task"], {})
+            got[k] = item
+            if len(got) == n:
+                del pending[item["task"]]
+                yield join_items([got[j] for j in range(n)], self.dataset)
+        if pending:
+            names = [self.dataset.tasks[t].video_path for t in pending]
+            raise RuntimeError(f"the loader ended with decode parts missing for {names[:3]}")

@@ -1,0 +1,223 @@
+"""A long video decoded in parts and joined (``data.decode_part_mb``): the join is the whole decode.
+
+The reference is the whole decode (``decode_video`` without ``part``) on the same file: frames, labels and
+``video_info`` must be equal, on the CPU readers, held at the encoder's sizes or not, for part counts that do and do
+not divide the planned frames, and with more parts than frames.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from datamodules.decode import EncoderFrames, EncoderSizing, decode_video
+from datamodules.decode.parts import (INFO_ORDER, PartMismatch, join_frames, join_info, part_bounds, part_grids,
+                                      plan_part)
+from datamodules.decode.plan import DecodePlan
+from datamodules.part_join import JoiningLoader, PartSampler, decode_parts, join_items
+from tests.media_factory import _X264, run_ffmpeg
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory):
+    """30 s of testsrc2 at 4 fps (120 native frames), 320x180, GOP 8."""
+    path = tmp_path_factory.mktemp("parts") / "clip.mp4"
+    run_ffmpeg("-f", "lavfi", "-i", "testsrc2=size=320x180:rate=4:duration=30", *_X264, "-pix_fmt", "yuv420p",
+               str(path))
+    return path
+
+
+# ------------------------------------------------------------------ hand-computed pieces
+def test_part_bounds_tile_the_plan():
+    # 10 frames in 3 parts: 0-3, 3-6, 6-10 (lo = k T // K); 2 frames in 4 parts: two empty parts
+    assert [part_bounds(10, k, 3) for k in range(3)] == [(0, 3), (3, 6), (6, 10)]
+    assert [part_bounds(2, k, 4) for k in range(4)] == [(0, 0), (0, 1), (1, 1), (1, 2)]
+    for bad in ((0, 0), (3, 3), (-1, 2)):
+        with pytest.raises(ValueError, match="part"):
+            part_bounds(10, *bad)
+
+
+def test_plan_part_and_part_grids():
+    # repeated native indices (the fps filter's repeat): a part's unique frames are its own
+    plan = DecodePlan([0, 0, 3, 5, 5, 9], [0, 3, 5, 9], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0], 1.0, (18, 32))
+    p = plan_part(plan, 1, 4)
+    assert (p.idx, p.unique, p.times_s, p.decode_hw) == ([0, 3, 5], [0, 3, 5], [1.0, 2.0, 3.0], (18, 32))
+    grids = {(6, 10): ([0, 2, 4, 5], 64), (3, 5): ([1], 16)}
+    assert part_grids(grids, 2, 6) == {(6, 10): ([0, 2, 3], 64)}     # (3, 5) has no position in 2..5: left out
+    assert part_grids(grids, 0, 2) == {(6, 10): ([0], 64), (3, 5): ([1], 16)}
+
+
+def test_join_info_shifts_positions_and_names_the_odd_reader():
+    base = {"duration_s": 30.0, "native_hw": [180, 320], "decode_hw": [180, 320], "n_frames": 9, "fps": 4.0,
+            "sample_fps": 1.0, "fps_ok": True, "vfr": False}
+    a = {**base, "decoder": "nvdec", "concealment_checked": False}
+    b = {**base, "decoder": "pyav_skip", "decoder_fallback": "nvdec: counts differ"}
+    c = {**base, "decoder": "nvdec", "frames_concealed": [1], "concealment_checked": False}
+    out = join_info([a, b, c], [0, 3, 6])
+    assert out == {**base, "decoder": "pyav_skip", "decoder_fallback": "nvdec: counts differ",
+                   "frames_concealed": [7], "concealment_checked": False}
+    assert list(out) == [k for k in INFO_ORDER if k in out]
+    assert join_info([a, a], [0, 4]) == a
+    with pytest.raises(PartMismatch, match="part 1 planned other n_frames"):
+        join_info([a, {**a, "n_frames": 10}], [0, 4])
+    # damaged frames read on the CPU: a repeat of "the last frame given" may reach into the part before
+    with pytest.raises(PartMismatch, match="part 1, read by pyav_skip, lists frames_concealed"):
+        join_info([a, {**b, "frames_concealed": [0]}], [0, 4])
+
+
+def test_join_frames_keeps_pinned_memory_and_checks_counts(monkeypatch):
+    x, y = torch.arange(2 * 12, dtype=torch.uint8).view(2, 2, 2, 3), torch.ones(3, 2, 2, 3, dtype=torch.uint8)
+    assert torch.equal(join_frames([x, y], [0, 2], 5), torch.cat([x, y]))
+    with pytest.raises(PartMismatch, match="5 frames, the plan 6"):
+        join_frames([x, y], [0, 2], 6)
+    pins = []
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: True)
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: pins.append(kw.get("pin_memory")) or
+                        real_empty(*a, **{**kw, "pin_memory": False}))
+    join_frames([x, y], [0, 2], 5)
+    assert pins == [True]       # pinned parts are joined into page-locked memory
+    # held frames: each grid's frames and positions in part order, shifted by the part's first position
+    e1 = EncoderFrames((2, 8, 8, 3), {(1, 1): (x, [0, 1])})
+    e2 = EncoderFrames((3, 8, 8, 3), {(1, 1): (y[:1], [2]), (2, 2): (y[1:], [0, 1])})
+    j = join_frames([e1, e2], [0, 2], 5)
+    assert j.shape == torch.Size((5, 8, 8, 3)) and j.held[(1, 1)][1] == [0, 1, 4] and j.held[(2, 2)][1] == [2, 3]
+    assert torch.equal(j.held[(1, 1)][0], torch.cat([x, y[:1]]))
+    with pytest.raises(PartMismatch, match="mix"):
+        join_frames([e1, y], [0, 2], 5)
+
+
+def test_decode_parts_by_file_size(tmp_path):
+    big, small = tmp_path / "big.mp4", tmp_path / "small.mp4"
+    big.write_bytes(b"\0" * 2_500_000)
+    small.write_bytes(b"\0" * 100)
+    # 2.5 MB at 1 MB a part: 3 parts; capped at 2 workers; a missing file: 1; off: 1 each
+    assert decode_parts([str(big), str(small), str(tmp_path / "gone.mp4")], 1.0, 8) == [3, 1, 1]
+    assert decode_parts([str(big)], 1.0, 2) == [2]
+    assert decode_parts([str(big)], None, 8) == decode_parts([str(big)], 0, 8) == [1]
+
+
+# ------------------------------------------------------------------ the join equals the whole decode
+def _equal_frames(a, b) -> bool:
+    if isinstance(a, EncoderFrames) or isinstance(b, EncoderFrames):
+        return (isinstance(a, EncoderFrames) and isinstance(b, EncoderFrames) and a.shape == b.shape
+                and a.held.keys() == b.held.keys()
+                and all(torch.equal(a.held[g][0], b.held[g][0]) and a.held[g][1] == b.held[g][1] for g in a.held))
+    return torch.equal(a, b)
+
+
+def _items(path, parts, budget=64, **kw):
+    """The dataset's part items of ``path`` (decode windows made up: part k from 5 + k to 6 + k s)."""
+    out = []
+    for k in range(parts):
+        dec = decode_video(path, budget, **kw, part=(k, parts))
+        out.append({"video_path": str(path), "task": 0, "part": (k, parts), "part_bounds": dec.part,
+                    "frames": dec.frames, "times_s": dec.times_s, "video_info": dec.info, "error": None,
+                    "decode_s": 1.0, "decoded_unix": 10.0 + k, "decode_boot_s": (5.0 + k, 6.0 + k),
+                    "worker_start_boot_s": 1.0 + k})
+    return out
+
+
+@pytest.mark.parametrize("parts", [2, 3, 7])
+@pytest.mark.parametrize("held", [False, True])
+def test_joined_parts_equal_the_whole_decode(tiny_vlm, clip, parts, held):
+    sizing = EncoderSizing((64, 256), 256, "phase3", 256, tiny_vlm.video_processor) if held else None
+    kw = dict(budget=256, sizing=sizing, decode_max_side=200, native_decode_bytes=0)
+    whole = decode_video(clip, 256, sizing=sizing, decode_max_side=200, native_decode_bytes=0)
+    assert whole.info["n_frames"] == 30 and isinstance(whole.frames, EncoderFrames) == held
+    joined = join_items(_items(clip, parts, **kw))
+    assert _equal_frames(joined["frames"], whole.frames)
+    assert joined["times_s"] == whole.times_s and joined["video_info"] == whole.info
+    assert list(joined["video_info"]) == list(whole.info)
+    assert joined["decode_parts"] == parts and joined["decode_s"] == parts
+    assert joined["decode_boot_s"] == (5.0, 5.0 + parts) and joined["worker_start_boot_s"] == 1.0
+    assert not {"part", "part_bounds", "task"} & joined.keys()
+
+
+def test_more_parts_than_frames(clip):
+    # 30 planned frames in 40 parts: 10 parts are empty, and the join is still the whole decode
+    whole = decode_video(clip, 256)
+    items = _items(clip, 40, budget=256)
+    assert sum(len(it["frames"]) == 0 for it in items) == 10
+    joined = join_items(items)
+    assert torch.equal(joined["frames"], whole.frames) and joined["video_info"] == whole.info
+
+
+class _Whole:
+    """A dataset stand-in for the join's way out: ``whole_item`` records its calls."""
+
+    def __init__(self, item):
+        self.item, self.calls, self.tasks = item, [], []
+
+    def whole_item(self, t):
+        self.calls.append(t)
+        return dict(self.item)
+
+
+def test_parts_that_do_not_fit_are_decoded_whole(clip):
+    items = _items(clip, 3, budget=256)
+    whole = _Whole({"video_path": str(clip), "frames": "whole"})
+    bad_plan = [items[0], {**items[1], "video_info": {**items[1]["video_info"], "n_frames": 31}}, items[2]]
+    assert join_items(bad_plan, whole)["frames"] == "whole" and whole.calls == [0]
+    one_failed = [items[0], {**items[1], "error": f"{clip}: boom"}, items[2]]
+    assert join_items(one_failed, whole)["frames"] == "whole" and whole.calls == [0, 0]
+    gap = [items[0], items[2]]
+    with pytest.raises(PartMismatch, match="do not tile"):
+        join_items(gap)
+    all_failed = [{**it, "error": f"{clip}: gone {k}"} for k, it in enumerate(items)]
+    assert join_items(all_failed, whole)["error"] == f"{clip}: gone 0" and whole.calls == [0, 0]
+
+
+def test_joining_loader_yields_each_video_once_in_any_order():
+    from types import SimpleNamespace
+
+    class DS:
+        tasks = [SimpleNamespace(video_path=v) for v in "abc"]
+
+        def items_of(self, t):
+            return {0: [0, 1], 1: [2], 2: [3, 4, 5]}[t]
+
+    ds = DS()
+    assert list(PartSampler([2, 0, 1], ds)) == [3, 4, 5, 0, 1, 2] and len(PartSampler([2, 0, 1], ds)) == 6
+    joined = []
+
+    def fake_join(items, dataset):
+        joined.append([it["part"] for it in items])
+        return {"video": items[0]["task"]}
+
+    import datamodules.part_join as pj
+
+    real, pj.join_items = pj.join_items, fake_join
+    try:
+        arrivals = [{"task": 2, "part": (2, 3)}, {"task": 0, "part": (1, 2)}, {"video": "b"},
+                    {"task": 2, "part": (0, 3)}, {"task": 0, "part": (0, 2)}, {"task": 2, "part": (1, 3)}]
+        got = list(JoiningLoader(arrivals, ds, 3))
+        assert got == [{"video": "b"}, {"video": 0}, {"video": 2}]
+        assert joined == [[(0, 2), (1, 2)], [(0, 3), (1, 3), (2, 3)]]   # parts in part order, whatever the arrival
+        assert len(JoiningLoader(arrivals, ds, 3)) == 3
+        with pytest.raises(RuntimeError, match="decode parts missing for \\['c', 'a'\\]"):
+            list(JoiningLoader(arrivals[:2], ds, 3))
+    finally:
+        pj.join_items = real
+
+
+def test_predict_records_equal_with_and_without_parts(tiny_vl3_dir, demo_bench, tmp_path, monkeypatch):
+    """The user's predict with the demo's videos decoded in parts by 2 workers (forced here: parts are made only
+    where NVDEC may decode) writes the records of the whole decodes, each question once."""
+    import datamodules.part_join as pj
+    from datamodules.videoqa import VideoQADataModule
+    from tests.conftest import run_predict
+
+    whole = run_predict(tiny_vl3_dir, demo_bench, tmp_path / "whole", budgets=(256, 1024),
+                        model_args={"max_new_tokens": 2}, extra=["--data.init_args.decoder=auto"])
+    joined = []
+    real = pj.join_items
+    monkeypatch.setattr(pj, "join_items", lambda items, ds=None: joined.append(len(items)) or real(items, ds))
+    monkeypatch.setattr(VideoQADataModule, "_splits", lambda self: True)
+    # cockatoo.mp4 is 0.73 MB, realshort.mp4 0.10 MB: at 0.05 MB a part, both are split over the 2 workers
+    parts = run_predict(tiny_vl3_dir, demo_bench, tmp_path / "parts", budgets=(256, 1024),
+                        model_args={"max_new_tokens": 2},
+                        extra=["--data.init_args.num_workers=2", "--data.init_args.decode_part_mb=0.05",
+                               "--data.init_args.decoder=auto"])
+    assert joined == [2, 2]
+    key = lambda r: (r["job"], r["qid"])  # noqa: E731
+    assert len(whole) == 14 and sorted(parts, key=key) == sorted(whole, key=key)
