@@ -23,6 +23,13 @@ log = logging.getLogger(__name__)
 DECODE_PART_MB = 256.0   # data.decode_part_mb: a file larger than this is decoded in ceil(size / this) parts
 
 
+def max_parts(num_workers: int) -> int:
+    """The most parts one video is cut into: half the workers, at least 2 (the other half keeps decoding the videos
+    around it: with all 8 workers on one long video's parts, the short videos after it waited for them, 13.5 s on
+    the H100, ``bench/results/s5call2_cli_parts_h100_2026-12-06.txt``)."""
+    return max(2, int(num_workers) // 2)
+
+
 def decode_parts(paths: Sequence[str], part_mb: float | None, max_parts: int) -> list[int]:
     """Parts per video: ``min(max_parts, ceil(file MB / part_mb))``, at least 1; 1 for every video when ``part_mb``
     is ``None`` or ``<= 0``, and for a file that cannot be stat'ed (its decode's error record says why).

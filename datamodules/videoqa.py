@@ -20,7 +20,7 @@ from .benchmarks import AnnotationError, Question, canonical_loader_kwargs, load
 from .benchmarks.base import check_media_present, path_problem
 from .decode import DECODERS, MAX_REPLACED_FRAC, STRICT_FRAMES, NATIVE_DECODE_BYTES, auto_decode_threads
 from .fork_context import fork_context
-from .part_join import DECODE_PART_MB, JoiningLoader, PartSampler, decode_parts
+from .part_join import DECODE_PART_MB, JoiningLoader, PartSampler, decode_parts, max_parts
 from .sharding import CostBalancedSampler, estimate_cost
 from .video_items import VideoQADataset, VideoTask  # noqa: F401 - re-exported (defined apart: see there)
 from .worker_server import WORKER_PRELOAD  # noqa: F401 - re-exported: decode_worker_context's list
@@ -131,9 +131,11 @@ class VideoQADataModule(LightningDataModule):
             does). ``False``, or a module without ``frame_sizing`` (the layout ablation): frames at the decode size.
         decode_part_mb: where the videos may be decoded by NVDEC in the workers (``decoder`` ``nvdec`` or ``auto``
             on a CUDA machine, ``num_workers`` >= 2), a file larger than this many MB is decoded as
-            ``ceil(MB / decode_part_mb)`` parts (at most ``num_workers``), each by its own worker, and joined in the
-            main process before its step (:mod:`datamodules.part_join`): the NVDEC sessions of one process
-            serialise, so one long video decoded by one worker bounded the feed. The joined frames, labels and
+            ``ceil(MB / decode_part_mb)`` parts (at most :func:`datamodules.part_join.max_parts`: half the workers,
+            at least 2), each by its own worker, and joined in the main process before its step
+            (:mod:`datamodules.part_join`): the NVDEC sessions of one process serialise, so one long video decoded by
+            one worker bounded the feed. Such a run's workers hold one item each at a time (``prefetch_factor``
+            is 1 there), so that no video waits in the queue of a worker busy with a long part. The joined frames, labels and
             ``video_info`` are the whole decode's (a video whose parts do not fit is decoded whole).
             ``0`` or ``null``: every video whole. Not applied with ``strict_frames`` or ``max_replaced_frac > 0``
             (their rules look across the whole video).
@@ -357,7 +359,7 @@ class VideoQADataModule(LightningDataModule):
             mine = set(sampler.indices)
             parts = [k if i in mine else 1 for i, k in
                      enumerate(decode_parts([t.video_path if i in mine else "" for i, t in enumerate(tasks)],
-                                            self.decode_part_mb, self.num_workers))]
+                                            self.decode_part_mb, max_parts(self.num_workers)))]
         threads = self.decode_threads
         if threads is None:
             threads = auto_decode_threads(self.num_workers, self.trainer.num_devices)
@@ -378,10 +380,11 @@ class VideoQADataModule(LightningDataModule):
         if ds.parts is None:
             return video_loader(ds, sampler, self.num_workers, self.prefetch_factor, pin, context, self.in_order)
         n_split = sum(k > 1 for k in ds.parts)
-        log.info("%s: %d long video%s decoded in parts (data.decode_part_mb=%g)", self.benchmark, n_split,
-                 "s" * (n_split != 1), self.decode_part_mb)
-        loader = video_loader(ds, PartSampler(sampler, ds), self.num_workers, self.prefetch_factor, pin, context,
-                              self.in_order)
+        log.info("%s: %d long video%s decoded in parts (data.decode_part_mb=%g); each worker holds one item at a "
+                 "time", self.benchmark, n_split, "s" * (n_split != 1), self.decode_part_mb)
+        # one item per worker at a time (prefetch_factor 1): with in_order=False the loader then gives the next item
+        # to a worker that holds none, so no video waits behind a long part in a busy worker's queue
+        loader = video_loader(ds, PartSampler(sampler, ds), self.num_workers, 1, pin, context, self.in_order)
         return JoiningLoader(loader, ds, len(sampler))
 
     def _splits(self) -> bool:

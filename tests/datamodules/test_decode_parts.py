@@ -13,7 +13,7 @@ from datamodules.decode import EncoderFrames, EncoderSizing, decode_video
 from datamodules.decode.parts import (INFO_ORDER, PartMismatch, join_frames, join_info, part_bounds, part_grids,
                                       plan_part)
 from datamodules.decode.plan import DecodePlan
-from datamodules.part_join import JoiningLoader, PartSampler, decode_parts, join_items
+from datamodules.part_join import JoiningLoader, PartSampler, decode_parts, join_items, max_parts
 from tests.media_factory import _X264, run_ffmpeg
 
 
@@ -94,6 +94,8 @@ def test_decode_parts_by_file_size(tmp_path):
     assert decode_parts([str(big), str(small), str(tmp_path / "gone.mp4")], 1.0, 8) == [3, 1, 1]
     assert decode_parts([str(big)], 1.0, 2) == [2]
     assert decode_parts([str(big)], None, 8) == decode_parts([str(big)], 0, 8) == [1]
+    # at most half the workers, at least 2: the other half decodes the videos around a long one
+    assert [max_parts(w) for w in (2, 3, 8, 16)] == [2, 2, 4, 8]
 
 
 # ------------------------------------------------------------------ the join equals the whole decode
@@ -213,11 +215,17 @@ def test_predict_records_equal_with_and_without_parts(tiny_vl3_dir, demo_bench, 
     real = pj.join_items
     monkeypatch.setattr(pj, "join_items", lambda items, ds=None: joined.append(len(items)) or real(items, ds))
     monkeypatch.setattr(VideoQADataModule, "_splits", lambda self: True)
+    import datamodules.videoqa as vq
+
+    prefetch = []
+    real_loader = vq.video_loader
+    monkeypatch.setattr(vq, "video_loader", lambda ds, sampler, workers, pf, *a: prefetch.append(pf) or
+                        real_loader(ds, sampler, workers, pf, *a))
     # cockatoo.mp4 is 0.73 MB, realshort.mp4 0.10 MB: at 0.05 MB a part, both are split over the 2 workers
     parts = run_predict(tiny_vl3_dir, demo_bench, tmp_path / "parts", budgets=(256, 1024),
                         model_args={"max_new_tokens": 2},
                         extra=["--data.init_args.num_workers=2", "--data.init_args.decode_part_mb=0.05",
                                "--data.init_args.decoder=auto"])
-    assert joined == [2, 2]
+    assert joined == [2, 2] and prefetch == [1]    # one item per worker at a time where videos are split
     key = lambda r: (r["job"], r["qid"])  # noqa: E731
     assert len(whole) == 14 and sorted(parts, key=key) == sorted(whole, key=key)
