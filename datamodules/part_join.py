@@ -128,8 +128,13 @@ class JoiningLoader:
         return self.num_videos
 
     def __iter__(self) -> Iterator[dict]:
+        # the loader's iterator now, as iterating a DataLoader does: its workers start when the trainer asks for the
+        # iterator, not at the first item (a generator's body waits for that: 3-4 s later, after the weight load)
+        return self._joined(iter(self.loader))
+
+    def _joined(self, items: Iterator[dict]) -> Iterator[dict]:
         pending: dict[int, dict[int, dict]] = {}
-        for item in self.loader:
+        for item in items:
             part = item.get("part")
             if part is None:
                 yield item

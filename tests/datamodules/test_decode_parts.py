@@ -196,6 +196,16 @@ def test_joining_loader_yields_each_video_once_in_any_order():
         assert got == [{"video": "b"}, {"video": 0}, {"video": 2}]
         assert joined == [[(0, 2), (1, 2)], [(0, 3), (1, 3), (2, 3)]]   # parts in part order, whatever the arrival
         assert len(JoiningLoader(arrivals, ds, 3)) == 3
+
+        class Loader:   # iter() of the join starts the loader's iterator (its workers) at once
+            started = 0
+
+            def __iter__(self):
+                Loader.started += 1
+                return iter(arrivals)
+
+        it = iter(JoiningLoader(Loader(), ds, 3))
+        assert Loader.started == 1 and next(it) == {"video": "b"}
         with pytest.raises(RuntimeError, match="decode parts missing for \\['c', 'a'\\]"):
             list(JoiningLoader(arrivals[:2], ds, 3))
     finally:
