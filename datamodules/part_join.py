@@ -91,7 +91,9 @@ def join_items(items: list[dict], dataset=None) -> dict:
             if lows[0] != 0 or ends[-1] != total or any(a != b for a, b in zip(ends, lows[1:])):
                 raise PartMismatch(f"part bounds {list(zip(lows, ends))} do not tile {total} planned frames")
             out = dict(items[0])
-            out["video_info"] = join_info([it["video_info"] for it in items], lows)
+            # an empty part (fewer planned frames than parts) read nothing: its reader and flags say nothing
+            full = [(it["video_info"], lo) for it, lo, hi in zip(items, lows, ends) if hi > lo]
+            out["video_info"] = join_info([i for i, _ in full], [lo for _, lo in full])
             out["frames"] = join_frames([it["frames"] for it in items], lows, total)
             out["times_s"] = [t for it in items for t in it["times_s"]]
     except PartMismatch as e:

@@ -142,6 +142,11 @@ def test_more_parts_than_frames(clip):
     assert sum(len(it["frames"]) == 0 for it in items) == 10
     joined = join_items(items)
     assert torch.equal(joined["frames"], whole.frames) and joined["video_info"] == whole.info
+    # an empty part's reader and flags are not the video's (NVDEC would have been tried on it alone)
+    for it in items:
+        if len(it["frames"]) == 0:
+            it["video_info"] = {**it["video_info"], "decoder": "nvdec", "concealment_checked": False}
+    assert join_items(items)["video_info"] == whole.info
 
 
 class _Whole:
