@@ -637,7 +637,8 @@ def main(argv=None) -> dict:
                     help="decode only these duration classes (the CLI still gets the whole set)")
     ap.add_argument("--cli", action="store_true", help="run evaluate.py predict on the set for the GPU step")
     ap.add_argument("--cli-decoders", nargs="+", default=["cpu"], type=_cli_variant,
-                    help="data.decoder of each CLI run (--cli); the records of the runs are compared")
+                    help="data.decoder of each CLI run (--cli), optionally with data settings: auto/decode_part_mb=0; a "
+                         "variant named twice runs twice; the records of the runs are compared")
     ap.add_argument("--cli-max-s", type=float, default=None, help="only videos up to this length go to the CLI")
     ap.add_argument("--gpu-step-s", type=json.loads, default=None, help='e.g. {"short": 1.5, ...}')
     ap.add_argument("--sweep", action="store_true", help="NVDEC frames/s of the largest video per session count")

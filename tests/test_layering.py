@@ -204,7 +204,7 @@ def test_benchmark_formats_import_base_only():
 
 # the decode room (issue 40): its file names are the pipeline, in this order; the NVDEC reader comes last
 DECODE_STEPS = ("errors", "display", "probe", "plan", "readers", "cpu", "swscale", "pyav_skip", "retry", "held",
-                "video", "packet_filter", "convert", "nvdec_plan", "nvdec")
+                "parts", "video", "packet_filter", "convert", "nvdec_plan", "nvdec")
 
 
 def test_decode_steps_import_one_way():

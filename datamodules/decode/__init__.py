@@ -20,6 +20,7 @@ The pipeline, one file per step:
                       ``nvdec_plan.py``: which files it decodes exactly and how their frames are cut over sessions
 ``retry.py``          the retries with one thread and the replacement rule, on any reader
 ``held.py``           :class:`EncoderSizing`, :class:`EncoderFrames`: frames held at the encoder's sizes only
+``parts.py``          a long video's planned frames cut into parts (decoded by several workers) and joined back
 ``video.py``          :func:`decode_video`, :func:`decode_at_indices`, :func:`decord_frame_count`: the steps above
                       end to end, -> :class:`DecodedVideo`
 ``errors.py``         :class:`DecodeError`, :class:`NvdecError`, the file checks, and what each broken file gives
@@ -50,11 +51,13 @@ from datamodules.decode.cpu import PYAV_SKIP_CODECS, PYAV_SKIP_PIX_FMTS, PYAV_SW
 from datamodules.decode.pyav_skip import concealed_frames
 from datamodules.decode.retry import MAX_REPLACED_FRAC, replace_unreadable
 from datamodules.decode.held import HOLD_CHUNK_BYTES, EncoderFrames, EncoderSizing, held_bytes, hold_chunk_frames
+from datamodules.decode.parts import PartMismatch, join_frames, join_info, part_bounds
 from datamodules.decode.video import (STRICT_FRAMES, DecodedVideo, decode_at_indices, decode_video,
                                       decord_frame_count)
 
 __all__ = ["DECODERS", "DecodeError", "DecodePlan", "DecodedVideo", "EncoderFrames", "EncoderSizing",
            "HOLD_CHUNK_BYTES", "MAX_REPLACED_FRAC", "NATIVE_DECODE_BYTES", "NvdecError", "PYAV_SKIP_CODECS",
+           "PartMismatch", "join_frames", "join_info", "part_bounds",
            "PYAV_SKIP_PIX_FMTS", "PYAV_SWS_CODECS", "READERS", "ReaderFactory", "STRICT_FRAMES", "VideoProbe",
            "auto_decode_threads",
            "concealed_frames", "cpu_reader_for", "decode_at_indices", "decode_frame_size", "decode_size",
