@@ -79,21 +79,24 @@ def make_videos(out_dir: Path, n: int, min_s: float = 61.0, max_s: float = 287.0
     return made
 
 
-def write_benchmark(root: Path, videos: list[Path]) -> None:
-    """A Video-MME-format root: ``videomme/test-bench.parquet`` (3 questions per video) and ``videos/<id>.mp4``."""
+def write_benchmark(root: Path, videos: list[Path], copies: int = 1) -> None:
+    """A Video-MME-format root: ``videomme/test-bench.parquet`` (3 questions per video) and ``videos/<id>.mp4``;
+    ``copies`` > 1: each video that many times, as videos ``<stem>_c<k>`` (links to the same file), so that a run
+    has many videos in flight as a benchmark does."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     (root / "videomme").mkdir(parents=True, exist_ok=True)
     (root / "videos").mkdir(exist_ok=True)
     rows = []
-    for i, v in enumerate(videos):
-        link = root / "videos" / f"{v.stem}.mp4"   # Video-MME's layout names every file .mp4 (a VP9 .webm too)
+    named = [(v, v.stem if copies == 1 else f"{v.stem}_c{k}") for k in range(copies) for v in videos]
+    for i, (v, name) in enumerate(named):
+        link = root / "videos" / f"{name}.mp4"   # Video-MME's layout names every file .mp4 (a VP9 .webm too)
         if not link.exists():
             link.symlink_to(v.resolve())
         for q in range(3):
             rows.append({"video_id": f"{i:03d}", "duration": "medium", "domain": "Bench", "sub_category": "Bench",
-                         "url": "", "videoID": v.stem, "question_id": f"{i:03d}-{q + 1}", "task_type": "Bench",
+                         "url": "", "videoID": name, "question_id": f"{i:03d}-{q + 1}", "task_type": "Bench",
                          "question": ["What is the main subject of the video?", "What happens at the end?",
                                       "Where was the video filmed?"][q],
                          "options": ["A. A bird.", "B. A car.", "C. A house.", "D. A tree."], "answer": "A"})

@@ -640,6 +640,8 @@ def main(argv=None) -> dict:
                     help="data.decoder of each CLI run (--cli), optionally with data settings: auto/decode_part_mb=0; a "
                          "variant named twice runs twice; the records of the runs are compared")
     ap.add_argument("--cli-max-s", type=float, default=None, help="only videos up to this length go to the CLI")
+    ap.add_argument("--cli-copies", type=int, default=1,
+                    help="each video this many times in the CLI's benchmark (many videos in flight, as a benchmark)")
     ap.add_argument("--gpu-step-s", type=json.loads, default=None, help='e.g. {"short": 1.5, ...}')
     ap.add_argument("--sweep", action="store_true", help="NVDEC frames/s of the largest video per session count")
     ap.add_argument("--sweep-counts", nargs="+", type=int, default=[1, 2, 4, 7],
@@ -715,10 +717,10 @@ def main(argv=None) -> dict:
         timings = {}
         for k, d in enumerate(args.cli_decoders):   # a variant named twice is run twice (e.g. cold, then warm)
             label = d if d not in timings else f"{d}#{k + 1}"
-            timings[label] = run_cli(cli_videos, tiny=args.tiny, decoder=d)
+            timings[label] = run_cli(cli_videos, tiny=args.tiny, decoder=d, copies=args.cli_copies)
         for d, t in timings.items():
             rest = t["step_s"][1:] or t["step_s"]
-            print(f"CLI decoder={d}: {len(cli_videos)} videos, first answer {t['first_answer_s']:.1f} s after "
+            print(f"CLI decoder={d}: {len(cli_videos) * args.cli_copies} videos, first answer {t['first_answer_s']:.1f} s after "
                   f"process start, steady step {statistics.mean(rest):.2f} s, wait share "
                   f"{t['wait_share']:.1%} (after the first video {t['steady_wait_share']:.1%}; wall / steps after it "
                   f"{t['wall_over_steps']:.2f}), decoders used {t['decoders']}", flush=True)
@@ -817,11 +819,12 @@ def _cli_variant(spec: str) -> str:
     return spec
 
 
-def run_cli(videos: list[Path], tiny: bool, work: Path = Path("/tmp/workload_cli"), decoder: str = "cpu") -> dict:
+def run_cli(videos: list[Path], tiny: bool, work: Path = Path("/tmp/workload_cli"), decoder: str = "cpu",
+            copies: int = 1) -> dict:
     """The user's command on the set (``bench/cli_throughput.py``'s root and runner); adds ``first_answer_s``:
     process start to the end of the first predict step (the timing json's ``timeline_s.first_answer``).
     ``decoder`` is a ``--cli-decoders`` entry (:func:`_cli_variant`: its ``/setting=value`` parts become
-    ``--data.init_args.setting=value``)."""
+    ``--data.init_args.setting=value``); ``copies``: each video that many times in the benchmark root."""
     import cli_throughput as ct
 
     decoder, *opts = decoder.split("/")
@@ -838,7 +841,7 @@ def run_cli(videos: list[Path], tiny: bool, work: Path = Path("/tmp/workload_cli
     root = work / "root"
     if root.exists():
         shutil.rmtree(root)
-    ct.write_benchmark(root, videos)
+    ct.write_benchmark(root, videos, copies)
     out = work / f"out_{decoder}_{int(time.time() * 1000)}"
     timing, total_s = ct.run_predict(ckpt, root, out, config, extra + [f"--data.init_args.decoder={decoder}"]
                                      + [f"--data.init_args.{o}" for o in opts])

@@ -25,6 +25,12 @@ def test_benchmark_root_has_three_questions_per_video(tmp_path):
     assert [r["question_id"] for r in rows] == ["000-1", "000-2", "000-3", "001-1", "001-2", "001-3"]
     assert {r["videoID"] for r in rows} == {"cockatoo", "realshort"}
     assert (tmp_path / "root" / "videos" / "cockatoo.mp4").resolve() == videos[0].resolve()
+    # copies: each video again under its own name (a benchmark's many videos in flight), the same file behind it
+    bench.write_benchmark(tmp_path / "copies", videos, copies=2)
+    rows = pq.read_table(tmp_path / "copies" / "videomme" / "test-bench.parquet").to_pylist()
+    assert [r["videoID"] for r in rows[::3]] == ["cockatoo_c0", "realshort_c0", "cockatoo_c1", "realshort_c1"]
+    assert len({r["question_id"] for r in rows}) == 12
+    assert (tmp_path / "copies" / "videos" / "realshort_c1.mp4").resolve() == videos[1].resolve()
 
 
 def test_report_prints_the_timing_files_figures(tmp_path, capsys):
