@@ -135,6 +135,8 @@ class StageTimer(Callback):
                 row["decode_end"] = round(float(window[1]) - origin, 3)
         if batch.get("decode_parts", 1) > 1:   # decoded in parts by as many workers (data.decode_part_mb)
             row["decode_parts"] = int(batch["decode_parts"])
+        if batch.get("parts_fallback"):        # its parts did not fit: decoded whole in the main process
+            row["parts_fallback"] = str(batch["parts_fallback"])
         self.per_video.append(row)
 
     def _boot_origin(self) -> float:

@@ -71,8 +71,10 @@ def join_items(items: list[dict], dataset=None) -> dict:
     window from the first start to the last end, ``decode_parts`` the part count.
 
     Every part failing: the first part's error item. Parts that do not fit (some failed and some did not, different
-    plans, positions that do not tile the plan; :class:`~datamodules.decode.parts.PartMismatch`): the video is
-    decoded whole here, in the main process (``dataset.whole_item``; logged), so its record is the whole decode's.
+    plans, positions that do not tile the plan, damaged frames read on the CPU:
+    :class:`~datamodules.decode.parts.PartMismatch`; or any other error while joining): the video is decoded whole
+    here, in the main process (``dataset.whole_item``; a warning names the file and why, and the item's
+    ``parts_fallback`` says it: the steps wait for that decode), so its record is the whole decode's.
 
     Raises:
         PartMismatch: the parts do not fit and no ``dataset`` was given.
@@ -96,14 +98,16 @@ def join_items(items: list[dict], dataset=None) -> dict:
             out["video_info"] = join_info([i for i, _ in full], [lo for _, lo in full])
             out["frames"] = join_frames([it["frames"] for it in items], lows, total)
             out["times_s"] = [t for it in items for t in it["times_s"]]
-    except PartMismatch as e:
+    except Exception as e:  # noqa: BLE001 - whatever keeps the parts apart, the whole decode is the record's source
         if dataset is None:
             raise
         it = items[0]
+        why = str(e) if isinstance(e, PartMismatch) else f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         log.warning("%s: its %d decode parts do not fit together (%s): decoding it whole in the main process",
-                    it["video_path"], n, e)
+                    it["video_path"], n, why)
         out = dataset.whole_item(it["task"])
-        out["decode_parts"] = 1
+        out.update(decode_parts=1, parts_fallback=why,
+                   decode_s=out["decode_s"] + sum(i.get("decode_s", 0.0) for i in items))   # the parts' work too
         return out
     starts = [it["decode_boot_s"][0] for it in items]
     ends_s = [it["decode_boot_s"][1] for it in items]

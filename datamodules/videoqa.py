@@ -7,6 +7,7 @@ budget, so a resumed run produces the same frames, and records, as an uninterrup
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -149,9 +150,9 @@ class VideoQADataModule(LightningDataModule):
                  decoder: str = "cpu", in_order: bool = False, strict_frames: bool = STRICT_FRAMES,
                  decode_part_mb: float | None = DECODE_PART_MB):
         super().__init__()
-        if decode_part_mb is not None and (isinstance(decode_part_mb, bool)
-                                           or not isinstance(decode_part_mb, (int, float)) or decode_part_mb < 0):
-            raise SettingError(f"data.decode_part_mb must be a number >= 0 (MB) or null, got {decode_part_mb!r}")
+        if decode_part_mb is not None and (isinstance(decode_part_mb, bool) or not isinstance(decode_part_mb, (
+                int, float)) or not math.isfinite(decode_part_mb) or decode_part_mb < 0):
+            raise SettingError(f"data.decode_part_mb must be a finite number >= 0 (MB) or null, got {decode_part_mb!r}")
         self.decode_part_mb = decode_part_mb
         if not isinstance(strict_frames, bool):
             raise SettingError(f"data.strict_frames must be true or false, got {strict_frames!r}")
@@ -380,8 +381,9 @@ class VideoQADataModule(LightningDataModule):
         if ds.parts is None:
             return video_loader(ds, sampler, self.num_workers, self.prefetch_factor, pin, context, self.in_order)
         n_split = sum(k > 1 for k in ds.parts)
-        log.info("%s: %d long video%s decoded in parts (data.decode_part_mb=%g); each worker holds one item at a "
-                 "time", self.benchmark, n_split, "s" * (n_split != 1), self.decode_part_mb)
+        print(f"[rank {rank}] {self.benchmark}: {n_split} long video{'s' * (n_split != 1)} decoded in parts by "
+              f"several workers (data.decode_part_mb={self.decode_part_mb:g}; each worker holds one item at a time)",
+              flush=True)
         # one item per worker at a time (prefetch_factor 1): with in_order=False the loader then gives the next item
         # to a worker that holds none, so no video waits behind a long part in a busy worker's queue
         loader = video_loader(ds, PartSampler(sampler, ds), self.num_workers, 1, pin, context, self.in_order)

@@ -1,4 +1,4 @@
-"""One long video decoded as several parts, in several processes, and joined back (``data.decode_part_s``).
+"""One long video decoded as several parts, in several processes, and joined back (``data.decode_part_mb``).
 
 Why. NVDEC sessions that one process opens serialise inside the decoding library or driver: the 30-minute 1080p
 H.264 video of ``bench/workload.py`` took 18.1 s with 8 sessions in one process on the H100 (engines 47 % busy),
@@ -8,10 +8,19 @@ separate items and the main process joins them (:class:`datamodules.part_join.Jo
 
 What a part is. The video's plan (:func:`datamodules.decode.plan_decode`: seed 001's frame choice) is made whole in
 every part, then part ``k`` of ``K`` decodes the planned positions ``[k T // K, (k + 1) T // K)`` (:func:`part_bounds`)
-with the reader the whole video would use. Each sampled frame is decoded from its own key frame by every reader, so
-a part's frames are the whole decode's frames at those positions; the frames held at the encoder's sizes are the
-whole video's grids restricted to the part (:func:`part_grids`: the grid of a frame depends on the whole video's
-frame count). :func:`join_frames` and :func:`join_info` put the parts back: the frames, labels and ``video_info``
+with the reader the whole video would use; the frames held at the encoder's sizes are the whole video's grids
+restricted to the part (:func:`part_grids`: the grid of a frame depends on the whole video's frame count).
+
+Why a part's frames are the whole decode's. The NVDEC reader feeds each session the packets the sampled frames need
+back to their IDR picture (:mod:`datamodules.decode.packet_filter`, whose exactness the tests prove against FFmpeg's
+decoder fed the same packets) and cuts a video's sessions at IDR periods: a part is one more such cut, and its first
+frame is decoded from the same IDR as in the whole decode. That is the reader the parts run on (``decode_part_mb``
+splits only where NVDEC may decode). A reader that seeks to the container's key frames (decord, and NVDEC's
+``SimpleDecoder`` fallback for VP9 or a failed scan) gives the same frames only where every key frame is a clean
+start: on a stream whose key frames are not (``assets/media/cockatoo.mp4``: the frames after a mid-stream key frame
+differ from a decode from the start), the CPU readers' concealment pass flags the part's frames, and the join decodes
+the video whole instead (below); NVDEC's ``SimpleDecoder`` path, which reports no flags, carries the same risk in a
+whole video's sessions today. :func:`join_frames` and :func:`join_info` put the parts back: the frames, labels and ``video_info``
 equal the whole decode's (``tests/datamodules/test_decode_parts.py`` checks it on the CPU readers), with one
 exception that the join states: when the parts did not all use the same reader (a part fell back to the CPU),
 ``decoder`` / ``decoder_fallback`` are the first such part's. Parts that cannot be shown equal (a part re-planned,
@@ -73,6 +82,7 @@ def part_grids(grids: dict[tuple[int, int], tuple[list[int], int]], lo: int, hi:
 
 def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
     """``torch.cat`` along frames, into page-locked memory when every input was (the loader pinned the parts)."""
+    tensors = [t for t in tensors if t.numel()] or tensors[:1]   # an empty part's tensor may not report pinned
     if len(tensors) == 1:
         return tensors[0]
     pinned = all(t.is_pinned() for t in tensors)
@@ -86,9 +96,12 @@ def join_frames(frames: list, lows: list[int], total: int):
     grid (positions shifted by each part's ``lo``), in part order.
 
     Raises:
-        PartMismatch: the parts mix tensors and held frames, or their counts do not add up to ``total``.
+        PartMismatch: the parts mix tensors and held frames, differ in frame size, or their counts do not add up to
+            ``total``.
     """
     if all(isinstance(f, torch.Tensor) for f in frames):
+        if len({tuple(f.shape[1:]) for f in frames if f.shape[0]}) > 1:
+            raise PartMismatch(f"the parts' frames differ in size: {sorted({tuple(f.shape[1:]) for f in frames})}")
         out = _cat(list(frames))
         if out.shape[0] != total:
             raise PartMismatch(f"the parts hold {out.shape[0]} frames, the plan {total}")

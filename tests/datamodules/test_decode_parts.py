@@ -153,7 +153,7 @@ class _Whole:
     """A dataset stand-in for the join's way out: ``whole_item`` records its calls."""
 
     def __init__(self, item):
-        self.item, self.calls, self.tasks = item, [], []
+        self.item, self.calls, self.tasks = {"decode_s": 2.0, **item}, [], []
 
     def whole_item(self, t):
         self.calls.append(t)
@@ -170,8 +170,14 @@ def test_parts_that_do_not_fit_are_decoded_whole(clip):
     gap = [items[0], items[2]]
     with pytest.raises(PartMismatch, match="do not tile"):
         join_items(gap)
+    sizes = [items[0], {**items[1], "frames": items[1]["frames"][:, :10]}, items[2]]
+    out = join_items(sizes, whole)
+    assert out["frames"] == "whole" and whole.calls == [0, 0, 0] and out["parts_fallback"].startswith("the parts'")
+    assert out["decode_s"] == 2.0 + 3 * 1.0    # the whole decode's seconds and the parts' that went for nothing
+    odd = [items[0], {k: v for k, v in items[1].items() if k != "times_s"}, items[2]]   # any other join error too
+    assert join_items(odd, whole)["parts_fallback"] == "KeyError: 'times_s'" and whole.calls == [0] * 4
     all_failed = [{**it, "error": f"{clip}: gone {k}"} for k, it in enumerate(items)]
-    assert join_items(all_failed, whole)["error"] == f"{clip}: gone 0" and whole.calls == [0, 0]
+    assert join_items(all_failed, whole)["error"] == f"{clip}: gone 0" and whole.calls == [0] * 4
 
 
 def test_joining_loader_yields_each_video_once_in_any_order():
@@ -217,30 +223,66 @@ def test_joining_loader_yields_each_video_once_in_any_order():
         pj.join_items = real
 
 
-def test_predict_records_equal_with_and_without_parts(tiny_vl3_dir, demo_bench, tmp_path, monkeypatch):
-    """The user's predict with the demo's videos decoded in parts by 2 workers (forced here: parts are made only
-    where NVDEC may decode) writes the records of the whole decodes, each question once."""
+def test_predict_records_equal_with_and_without_parts(tiny_vl3_dir, demo_bench, clip, tmp_path, monkeypatch):
+    """The user's predict with the videos decoded in parts by 2 workers (forced here: parts are made only where NVDEC
+    may decode) writes the records of the whole decodes, each question once; every video is joined, none decoded
+    again whole. (The demo's cockatoo.mp4 has key frames that are not clean starts: it is replaced by a closed-GOP
+    clip here, and ``test_a_stream_whose_key_frames_are_not_clean_starts_is_decoded_whole`` covers it.)"""
+    import shutil
+
     import datamodules.part_join as pj
+    import datamodules.videoqa as vq
+    from datamodules.video_items import VideoQADataset
     from datamodules.videoqa import VideoQADataModule
     from tests.conftest import run_predict
 
+    shutil.copy(clip, demo_bench / "videos" / "cockatoo.mp4")
     whole = run_predict(tiny_vl3_dir, demo_bench, tmp_path / "whole", budgets=(256, 1024),
                         model_args={"max_new_tokens": 2}, extra=["--data.init_args.decoder=auto"])
-    joined = []
+    joined, again = [], []
     real = pj.join_items
     monkeypatch.setattr(pj, "join_items", lambda items, ds=None: joined.append(len(items)) or real(items, ds))
+    real_whole = VideoQADataset.whole_item
+    monkeypatch.setattr(VideoQADataset, "whole_item", lambda self, t: again.append(t) or real_whole(self, t))
     monkeypatch.setattr(VideoQADataModule, "_splits", lambda self: True)
-    import datamodules.videoqa as vq
-
     prefetch = []
     real_loader = vq.video_loader
     monkeypatch.setattr(vq, "video_loader", lambda ds, sampler, workers, pf, *a: prefetch.append(pf) or
                         real_loader(ds, sampler, workers, pf, *a))
-    # cockatoo.mp4 is 0.73 MB, realshort.mp4 0.10 MB: at 0.05 MB a part, both are split over the 2 workers
+    # the clip is 0.19 MB, realshort.mp4 0.10 MB: at 0.05 MB a part, both are split over the 2 workers
     parts = run_predict(tiny_vl3_dir, demo_bench, tmp_path / "parts", budgets=(256, 1024),
                         model_args={"max_new_tokens": 2},
                         extra=["--data.init_args.num_workers=2", "--data.init_args.decode_part_mb=0.05",
                                "--data.init_args.decoder=auto"])
-    assert joined == [2, 2] and prefetch == [1]    # one item per worker at a time where videos are split
+    assert joined == [2, 2] and again == [] and prefetch == [1]   # one item per worker at a time when split
     key = lambda r: (r["job"], r["qid"])  # noqa: E731
     assert len(whole) == 14 and sorted(parts, key=key) == sorted(whole, key=key)
+
+
+def test_a_stream_whose_key_frames_are_not_clean_starts_is_decoded_whole(caplog):
+    """cockatoo.mp4: its frames after a mid-stream key frame differ from a decode from the start, so a part read on
+    the CPU comes with its frames flagged; the join decodes the video whole (the record's source) and says why."""
+    from datamodules.video_items import VideoQADataset, VideoTask
+    from tests.conftest import MEDIA
+
+    path = MEDIA / "cockatoo.mp4"
+    ds = VideoQADataset([VideoTask("001", str(path), "videomme", [], {})], 1024, parts=[2])
+    items = [ds[i] for i in ds.items_of(0)]
+    assert all(it["error"] is None for it in items)
+    assert items[1]["video_info"].get("frames_concealed")     # the second part starts at an unclean key frame
+    out = join_items(items, ds)
+    whole = decode_video(path, 1024)
+    assert torch.equal(out["frames"], whole.frames) and out["video_info"] == whole.info
+    assert out["parts_fallback"].startswith("part 1, read by") and out["decode_parts"] == 1
+    assert "decoding it whole in the main process" in caplog.text and str(path) in caplog.text
+
+
+def test_the_setting_is_checked():
+    from algorithms.errors import SettingError
+    from datamodules.videoqa import VideoQADataModule
+
+    for bad in (-1, float("nan"), float("inf"), True, "256"):
+        with pytest.raises(SettingError, match="data.decode_part_mb must be a finite number >= 0"):
+            VideoQADataModule(decode_part_mb=bad)
+    assert VideoQADataModule(decode_part_mb=None).decode_part_mb is None
+    assert VideoQADataModule().decode_part_mb == 256.0
