@@ -109,3 +109,15 @@ def test_timeline_figure_draws_each_videos_decode_wait_and_step_where_they_were(
     assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b"]
     assert sorted(line.get_xdata()[0] for line in ax.lines) == [10.0, 14.0]
     assert timeline_figure({"timing_rank0.json": {"per_video": []}}) is None and timeline_figure({}) is None
+
+
+def test_a_video_row_says_how_it_was_decoded_in_parts():
+    from callbacks.timing import StageTimer
+
+    t = StageTimer()
+    t._video_row({"video_id": "long", "decode_parts": 4}, 0.0, 0.25)
+    t._video_row({"video_id": "odd", "decode_parts": 1, "parts_fallback": "part 1, read by decord, lists x"}, 0.0, 0.0)
+    t._video_row({"video_id": "short"}, 0.0, 0.0)
+    assert t.per_video == [{"video_id": "long", "wait_s": 0.25, "decode_parts": 4},
+                           {"video_id": "odd", "wait_s": 0.0, "parts_fallback": "part 1, read by decord, lists x"},
+                           {"video_id": "short", "wait_s": 0.0}]
