@@ -212,8 +212,10 @@ def plan(path: Path, budget: int = 16384, native_decode_bytes: float = 2e9, max_
 
 
 def _decode_task(job) -> dict:
-    """One video on one path, in a pool worker: seconds, frames, a hash of the frames, the decoder used."""
-    path, decoder, threads, sessions, window_s = job
+    """One video (or part ``k`` of ``K`` of its sampled frames, as ``data.decode_part_mb`` cuts them) on one path,
+    in a pool worker: seconds, frames, a hash of the frames (:func:`frames_sha1`), the decoder used."""
+    path, decoder, threads, sessions, window_s, *more = job
+    part, copy = (more + [None, 0])[:2]
     p = plan(Path(path))
     idx = p["idx"]
     covered = p["n"]
@@ -221,6 +223,11 @@ def _decode_task(job) -> dict:
         cut = int(window_s * p["fps"])
         if cut < p["n"]:
             idx, covered = [i for i in idx if i < cut], cut
+    if part is not None:
+        from datamodules.decode.parts import part_bounds
+
+        lo, hi = part_bounds(len(idx), *part)
+        idx = idx[lo:hi]
     dh, dw = p["decode_hw"]
     h, w = p["hw"]
 
@@ -252,9 +259,39 @@ def _decode_task(job) -> dict:
             "sessions_path": sorted({r.get("path", "") for r in st.get("runs", [])}) or None,
             "skip_fallback": [r["skip_fallback"] for r in st.get("runs", []) if r.get("skip_fallback")] or None,
             "frames": len(idx), "covered": covered, "n": p["n"], "duration_s": p["duration_s"],
-            "decode_hw": [dh, dw], "sha1": hashlib.sha1(frames.tobytes()).hexdigest(),
-            "stages": _stages(st),
+            "decode_hw": [dh, dw], "digests": (d := [hashlib.sha1(f.tobytes()).digest() for f in frames]),
+            "sha1": frames_sha1(d),
+            "stages": _stages(st), "part": part, "copy": copy, "fed": fed,
             "window_unix": [t_end - dt, t_end]}
+
+
+def frames_sha1(digests: list[bytes]) -> str:
+    """A video's frames hash: SHA-1 over its frames' SHA-1 digests in order (so parts hash as the whole)."""
+    return hashlib.sha1(b"".join(digests)).hexdigest()
+
+
+def merge_parts(rows: list[dict]) -> list[dict]:
+    """One row per (video, copy) from the pool's rows: a split video's parts joined (its decode window from the first
+    part's start to the last one's end, which is its latency; frames, packets fed and stage seconds summed; the
+    hash over all its frames), and ``digests`` replaced by ``sha1``."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["path"], r.get("copy", 0)), []).append(r)
+    out = []
+    for parts in groups.values():
+        parts.sort(key=lambda r: (r.get("part") or (0, 1))[0])
+        m = {k: v for k, v in parts[0].items() if k not in ("digests", "part", "fed")}
+        m["sha1"] = frames_sha1([d for r in parts for d in r["digests"]])
+        if len(parts) > 1:
+            a, b = min(r["window_unix"][0] for r in parts), max(r["window_unix"][1] for r in parts)
+            fed = [r.get("fed") for r in parts]
+            m.update(window_unix=[a, b], decode_s=b - a, frames=sum(r["frames"] for r in parts), parts=len(parts),
+                     frames_skipped=None if None in fed else m["covered"] - sum(fed),
+                     decoder="+".join(sorted({r["decoder"] for r in parts})),
+                     stages={k: round(sum((r.get("stages") or {}).get(k, 0) for r in parts), 3)
+                             for k in (parts[0].get("stages") or {})})
+        out.append(m)
+    return out
 
 
 def _stages(st: dict) -> dict | None:
@@ -314,15 +351,23 @@ def _cpu_skip(path: str, idx: list[int], hw: tuple[int, int], cpu, st: dict):
 
 
 def run_path(videos: list[Path], decoder: str, workers: int, threads: int, sessions: int,
-             window_s: float | None, copies: int = 1) -> tuple[list[dict], float]:
+             window_s: float | None, copies: int = 1, part_mb: float | None = None) -> tuple[list[dict], float]:
     """Decode every video on ``decoder`` in a pool of ``workers`` spawned processes; ``(rows, pool wall s)``.
     ``copies``: each video is decoded that many times (separate jobs), so that many videos are in flight at once
-    and the pool's aggregate rate measures the engines' capacity rather than one long video's latency."""
-    jobs = [(str(v), decoder, threads, sessions, window_s) for v in
-            sorted(videos, key=lambda v: -v.stat().st_size) for _ in range(copies)]   # the longest first
+    and the pool's aggregate rate measures the engines' capacity rather than one long video's latency.
+    ``part_mb``: a video is cut into parts as ``data.decode_part_mb`` cuts it (each part a job; the parts' rows are
+    joined by :func:`merge_parts`)."""
+    from datamodules.part_join import decode_parts, max_parts
+
+    ordered = sorted(videos, key=lambda v: -v.stat().st_size)   # the longest first
+    counts = decode_parts([str(v) for v in ordered], part_mb, max_parts(workers)) if part_mb else [1] * len(ordered)
+    jobs = [(str(v), decoder, threads, sessions, window_s, (k, n) if n > 1 else None, c)
+            for c in range(copies) for v, n in zip(ordered, counts) for k in range(n)]
+    jobs.sort(key=lambda j: j[6])   # copy by copy, each the longest first (as before: copies of a video together)
+    jobs.sort(key=lambda j: -Path(j[0]).stat().st_size)
     t0 = time.perf_counter()
     with UtilSampler() as util, ProcessPoolExecutor(min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
-        rows = list(pool.map(_decode_task, jobs))
+        rows = merge_parts(list(pool.map(_decode_task, jobs)))
     wall = time.perf_counter() - t0
     windows = [r["window_unix"] for r in rows if r.get("window_unix")]
     span = max(w[1] for w in windows) - min(w[0] for w in windows) if windows else None
@@ -631,6 +676,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--threads", type=int, default=None, help="decoder threads per CPU worker (auto from cores)")
     ap.add_argument("--sessions", type=int, default=None, help="NVDEC sessions per video (default: auto_sessions, as the CLI)")
     ap.add_argument("--window-s", type=float, default=None)
+    ap.add_argument("--part-mb", type=float, default=None,
+                    help="the pool decodes a video over this many MB in parts, as data.decode_part_mb (default: whole)")
     ap.add_argument("--copies", type=int, default=1,
                     help="decode each video this many times in the pool (many in flight: the engines' capacity)")
     ap.add_argument("--only", nargs="+", default=None, choices=["short", "medium", "long"],
@@ -671,7 +718,7 @@ def main(argv=None) -> dict:
     pool_videos = [v for v in videos if not args.only or class_of(str(v)) in args.only]
     for kind in args.paths:
         rows_by_path[kind], walls[kind] = run_path(pool_videos, kind, workers, threads, args.sessions, args.window_s,
-                                                   args.copies)
+                                                   args.copies, args.part_mb)
         print(f"{kind}: pool of {workers} ({threads} threads / {args.sessions or 'auto'} sessions) decoded "
               f"{sum(r['frames'] for r in rows_by_path[kind])} sampled frames of "
               f"{sum(r['covered'] for r in rows_by_path[kind])} source frames in {walls[kind]:.1f} s", flush=True)

@@ -67,6 +67,21 @@ def test_decode_tasks_agree_and_record_the_decoder(base):
     assert (win["frames"], win["covered"], win["n"]) == (1, 25, 50)
 
 
+def test_parts_merge_into_the_whole_videos_row(base):
+    """The pool's parts (``--part-mb``, as ``data.decode_part_mb`` cuts a video): the two parts of the clip's 2 sampled
+    frames join into one row whose hash is the whole decode's; the window runs from the first part's start to the
+    last one's end; copies stay apart."""
+    bench = _bench()
+    whole = bench._decode_task((str(base), "cpu", 1, 4, None))
+    parts = [bench._decode_task((str(base), "cpu", 1, 4, None, (k, 2), c)) for c in (0, 1) for k in (1, 0)]
+    assert [p["frames"] for p in parts] == [1, 1, 1, 1]
+    parts[1]["window_unix"], parts[0]["window_unix"] = [10.0, 11.0], [10.5, 12.5]
+    rows = bench.merge_parts(parts)
+    assert len(rows) == 2 and all(r["sha1"] == whole["sha1"] and r["frames"] == 2 and r["parts"] == 2 for r in rows)
+    assert rows[0]["window_unix"] == [10.0, 12.5] and rows[0]["decode_s"] == 2.5 and "digests" not in rows[0]
+    assert bench.merge_parts([whole])[0]["sha1"] == whole["sha1"]
+
+
 def test_cpu_skip_task_equals_cpu_and_counts_skipped(base):
     """The packet-filtered CPU decode (PyAV fed only the needed packets, decord's swscale) hashes the same frames
     as decord; of the 50 frames (GOP 25, 3 B-frames), frames 24 and 49 need neither the non-reference B-frames
