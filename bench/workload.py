@@ -684,8 +684,8 @@ def main(argv=None) -> dict:
                     help="decode only these duration classes (the CLI still gets the whole set)")
     ap.add_argument("--cli", action="store_true", help="run evaluate.py predict on the set for the GPU step")
     ap.add_argument("--cli-decoders", nargs="+", default=["cpu"], type=_cli_variant,
-                    help="data.decoder of each CLI run (--cli), optionally with data settings: auto/decode_part_mb=0; a "
-                         "variant named twice runs twice; the records of the runs are compared")
+                    help="data.decoder of each CLI run (--cli), optionally with data settings: "
+                         "auto/decode_part_mb=0; a variant named twice runs twice; the records of the runs are compared")
     ap.add_argument("--cli-max-s", type=float, default=None, help="only videos up to this length go to the CLI")
     ap.add_argument("--cli-copies", type=int, default=1,
                     help="each video this many times in the CLI's benchmark (many videos in flight, as a benchmark)")
@@ -767,8 +767,8 @@ def main(argv=None) -> dict:
             timings[label] = run_cli(cli_videos, tiny=args.tiny, decoder=d, copies=args.cli_copies)
         for d, t in timings.items():
             rest = t["step_s"][1:] or t["step_s"]
-            print(f"CLI decoder={d}: {len(cli_videos) * args.cli_copies} videos, first answer {t['first_answer_s']:.1f} s after "
-                  f"process start, steady step {statistics.mean(rest):.2f} s, wait share "
+            print(f"CLI decoder={d}: {len(cli_videos) * args.cli_copies} videos, first answer "
+                  f"{t['first_answer_s']:.1f} s after process start, steady step {statistics.mean(rest):.2f} s, wait share "
                   f"{t['wait_share']:.1%} (after the first video {t['steady_wait_share']:.1%}; wall / steps after it "
                   f"{t['wall_over_steps']:.2f}), decoders used {t['decoders']}", flush=True)
             print(f"CLI decoder={d}: timeline (s after process start) "
@@ -777,7 +777,8 @@ def main(argv=None) -> dict:
             print(f"CLI decoder={d}: per video (s after process start: decoded start-end, step start, wait) "
                   + "; ".join(f"{r.get('video_id')} {r.get('decode_start', float('nan')):.1f}-"
                               f"{r.get('decode_end', float('nan')):.1f}, {r.get('step_start', float('nan')):.1f}, "
-                              f"{r['wait_s']:.2f}" + (f" ({r['decode_parts']} parts)" if r.get("decode_parts") else "")
+                              f"{r['wait_s']:.2f}" + (f" ({r['decode_parts']} parts)" if r.get("decode_parts")
+                                                       else "")
                               for r in t.get("per_video") or []), flush=True)
         if len(timings) > 1:
             first, *others = timings

@@ -136,8 +136,8 @@ class VideoQADataModule(LightningDataModule):
             at least 2), each by its own worker, and joined in the main process before its step
             (:mod:`datamodules.part_join`): the NVDEC sessions of one process serialise, so one long video decoded by
             one worker bounded the feed. Such a run's workers hold one item each at a time (``prefetch_factor``
-            is 1 there), so that no video waits in the queue of a worker busy with a long part. The joined frames, labels and
-            ``video_info`` are the whole decode's (a video whose parts do not fit is decoded whole).
+            is 1 there), so that no video waits in the queue of a worker busy with a long part. The joined frames,
+            labels and ``video_info`` are the whole decode's (a video whose parts do not fit is decoded whole).
             ``0`` or ``null``: every video whole. Not applied with ``strict_frames`` or ``max_replaced_frac > 0``
             (their rules look across the whole video).
     """
@@ -343,7 +343,9 @@ class VideoQADataModule(LightningDataModule):
     def predict_dataloader(self) -> "DataLoader | JoiningLoader":
         """This rank's videos: done (job, qid) pairs removed first, then whole videos assigned to ranks by
         :class:`datamodules.sharding.CostBalancedSampler` (needs ``trainer.use_distributed_sampler: false`` when
-        running on several processes, so Lightning does not shard a second time)."""
+        running on several processes, so Lightning does not shard a second time). Where long videos are decoded in
+        parts (``decode_part_mb``), a :class:`datamodules.part_join.JoiningLoader` over the parts' loader: one item
+        per video all the same."""
         jobs, max_budget, done = self._run_context()
         tasks = self.tasks(jobs, done)
         job_budget = self.trainer.lightning_module.jobs
@@ -357,10 +359,12 @@ class VideoQADataModule(LightningDataModule):
         self.report_resume(jobs, done, tasks, len(sampler))
         parts = None
         if self._splits():   # a long video as parts over several workers (this rank's videos only are stat'ed)
-            mine = set(sampler.indices)
-            parts = [k if i in mine else 1 for i, k in
-                     enumerate(decode_parts([t.video_path if i in mine else "" for i, t in enumerate(tasks)],
-                                            self.decode_part_mb, max_parts(self.num_workers)))]
+            parts = [1] * len(tasks)
+            mine = sorted(sampler.indices)
+            counts = decode_parts([tasks[i].video_path for i in mine], self.decode_part_mb,
+                                  max_parts(self.num_workers))
+            for i, k in zip(mine, counts):
+                parts[i] = k
         threads = self.decode_threads
         if threads is None:
             threads = auto_decode_threads(self.num_workers, self.trainer.num_devices)

@@ -18,13 +18,15 @@ frame is decoded from the same IDR as in the whole decode. That is the reader th
 splits only where NVDEC may decode). A reader that seeks to the container's key frames (decord, and NVDEC's
 ``SimpleDecoder`` fallback for VP9 or a failed scan) gives the same frames only where every key frame is a clean
 start: on a stream whose key frames are not (``assets/media/cockatoo.mp4``: the frames after a mid-stream key frame
-differ from a decode from the start), the CPU readers' concealment pass flags the part's frames, and the join decodes
-the video whole instead (below); NVDEC's ``SimpleDecoder`` path, which reports no flags, carries the same risk in a
-whole video's sessions today. :func:`join_frames` and :func:`join_info` put the parts back: the frames, labels and ``video_info``
-equal the whole decode's (``tests/datamodules/test_decode_parts.py`` checks it on the CPU readers), with one
-exception that the join states: when the parts did not all use the same reader (a part fell back to the CPU),
-``decoder`` / ``decoder_fallback`` are the first such part's. Parts that cannot be shown equal (a part re-planned,
-or read damaged frames on the CPU) raise :class:`PartMismatch`, and the video is decoded whole.
+differ from a decode from the start), the CPU readers' concealment pass flags the part's frames, and the join
+decodes the video whole instead (below); NVDEC's ``SimpleDecoder`` path, which reports no flags, carries the same
+risk in a whole video's sessions today.
+
+:func:`join_frames` and :func:`join_info` put the parts back: the frames, labels and ``video_info`` equal the whole
+decode's (``tests/datamodules/test_decode_parts.py`` checks it on the CPU readers), with one exception that the join
+states: when the parts did not all use the same reader (a part fell back to the CPU), ``decoder`` /
+``decoder_fallback`` are the first such part's. Parts that cannot be shown equal (a part re-planned, or read damaged
+frames on the CPU) raise :class:`PartMismatch`, and the video is decoded whole.
 
 When not to split. The replacement rule (``max_replaced_frac > 0``) picks a neighbour across the whole video, and
 ``strict_frames`` decodes on the CPU; a run with either decodes whole (``datamodules.videoqa``). Pure: no I/O.
