@@ -90,6 +90,7 @@ frames at the start that the filter rule alone does not (not tested).
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -126,6 +127,25 @@ def short_error(e: BaseException, limit: int = 400) -> str:
     if len(text) > limit:
         text = text[:limit].rsplit(" ", 1)[0] + " …"
     return f"{type(e).__name__}: {text}"
+
+
+@contextmanager
+def ffmpeg_log_unfolded():
+    """While reading FFmpeg's log (``av.logging.Capture``): every line, including one repeated back to back.
+
+    PyAV folds a message that repeats the one before into a later "last message repeated N times" line (its
+    ``skip_repeated`` default), so the second open of the same truncated file in a process logged nothing, and its
+    error named PyAV's exception instead of FFmpeg's cause (``moov atom not found``); a decoder error repeated word
+    for word on the next packet would likewise not be seen by the concealment check. The setting is restored after.
+    """
+    import av.logging
+
+    before = av.logging.get_skip_repeated()
+    av.logging.set_skip_repeated(False)
+    try:
+        yield
+    finally:
+        av.logging.set_skip_repeated(before)
 
 
 def _open_error(path: Path, e: BaseException) -> DecodeError:

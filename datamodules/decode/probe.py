@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from datamodules.decode.display import DisplayError, autorotate_ops, matrix_of, swaps_axes
-from datamodules.decode.errors import DecodeError, short_error
+from datamodules.decode.errors import DecodeError, ffmpeg_log_unfolded, short_error
 
 
 class VideoProbe(NamedTuple):
@@ -157,7 +157,7 @@ def probe_video(path: Path, timeline: str = "") -> VideoProbe:
 
     av.logging.set_level(av.logging.WARNING)   # FFmpeg's log, for the causes below (restored to off at the end:
     try:                                        # a Python log callback from decoder threads can deadlock)
-        with av.logging.Capture() as logs:
+        with av.logging.Capture() as logs, ffmpeg_log_unfolded():
             try:
                 container = av.open(str(path))
             except av.error.FFmpegError as e:

@@ -17,6 +17,7 @@ import numpy as np
 
 from datamodules.decode.cpu import PYAV_SKIP_CODECS, _frame_to_rgb, _resize
 from datamodules.decode.display import autorotate_ops, swaps_axes
+from datamodules.decode.errors import ffmpeg_log_unfolded
 from datamodules.decode.probe import VideoProbe
 from datamodules.decode.readers import READERS
 from datamodules.decode.swscale import Yuv420ToRgb
@@ -129,7 +130,7 @@ def _pyav_skip_reader(path: Path, probe: VideoProbe, dh: int, dw: int, num_threa
         # frame threads can deadlock, so with threads the log stays off; frames FFmpeg marks corrupt
         # (``Frame.is_corrupt``) taint their GOP with any thread count (take)
         watch = num_threads <= 1
-        with av.open(str(path)) as container, av.logging.Capture() as logs:
+        with av.open(str(path)) as container, av.logging.Capture() as logs, ffmpeg_log_unfolded():
             stream = container.streams.video[0]
             cc = stream.codec_context
             if codec_options:

@@ -286,3 +286,23 @@ def test_the_setting_is_checked():
             VideoQADataModule(decode_part_mb=bad)
     assert VideoQADataModule(decode_part_mb=None).decode_part_mb is None
     assert VideoQADataModule().decode_part_mb == 256.0
+
+
+def test_a_truncated_file_gives_the_same_error_every_time(tmp_path):
+    """PyAV folds a log line repeated back to back; the second open of the same truncated file in a process named
+    PyAV's exception instead of FFmpeg's cause, so the parts of one video (and a resumed run) disagreed."""
+    import av.logging
+
+    from datamodules.decode import DecodeError
+    from tests.conftest import MEDIA
+
+    bad = tmp_path / "bad.mp4"
+    bad.write_bytes((MEDIA / "cockatoo.mp4").read_bytes()[:200_000])
+    before = av.logging.get_skip_repeated()
+    seen = set()
+    for _ in range(3):
+        with pytest.raises(DecodeError) as e:
+            decode_video(bad, 256)
+        seen.add(str(e.value))
+    assert seen == {f"{bad}: cannot read the container (truncated, corrupted or not a video file; moov atom not found)"}
+    assert av.logging.get_skip_repeated() == before
