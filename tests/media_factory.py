@@ -71,6 +71,12 @@ def _src(duration: float, fps: float, w: int = W, h: int = H) -> list[str]:
 _X264 = ["-c:v", "libx264", "-preset", "ultrafast", "-g", "8", "-threads", "1"]  # single thread: bit-exact files
 
 
+def make_testsrc_clip(path: Path, seconds: float, fps: float, w: int, h: int) -> Path:
+    """``path``: ``seconds`` of testsrc2 at ``fps``, ``w`` x ``h``, H.264 (closed GOPs of 8, one thread), yuv420p."""
+    run_ffmpeg(*_src(seconds, fps, w, h), *_X264, "-pix_fmt", "yuv420p", str(path))
+    return path
+
+
 class MediaFactory:
     """Makes each kind of odd media once into ``root`` (see the module docstring)."""
 

@@ -14,16 +14,13 @@ from datamodules.decode.parts import (INFO_ORDER, PartMismatch, join_frames, joi
                                       plan_part)
 from datamodules.decode.plan import DecodePlan
 from datamodules.part_join import JoiningLoader, PartSampler, decode_parts, join_items, max_parts
-from tests.media_factory import _X264, run_ffmpeg
+from tests.media_factory import make_testsrc_clip
 
 
 @pytest.fixture(scope="module")
 def clip(tmp_path_factory):
     """30 s of testsrc2 at 4 fps (120 native frames), 320x180, GOP 8."""
-    path = tmp_path_factory.mktemp("parts") / "clip.mp4"
-    run_ffmpeg("-f", "lavfi", "-i", "testsrc2=size=320x180:rate=4:duration=30", *_X264, "-pix_fmt", "yuv420p",
-               str(path))
-    return path
+    return make_testsrc_clip(tmp_path_factory.mktemp("parts") / "clip.mp4", 30, 4, 320, 180)
 
 
 # ------------------------------------------------------------------ hand-computed pieces

@@ -10,16 +10,13 @@ import torch
 
 from algorithms.budget import encoder_grids, frame_grid
 from datamodules.decode import EncoderFrames, EncoderSizing, decode_video, held_bytes, hold_chunk_frames
-from tests.media_factory import _X264, run_ffmpeg
+from tests.media_factory import make_testsrc_clip
 
 
 @pytest.fixture(scope="module")
 def clip(tmp_path_factory):
     """40 s of 16:9 testsrc2 at 4 fps (160 native frames), 640x360, GOP 8."""
-    path = tmp_path_factory.mktemp("hold") / "clip.mp4"
-    run_ffmpeg("-f", "lavfi", "-i", "testsrc2=size=640x360:rate=4:duration=40", *_X264, "-pix_fmt", "yuv420p",
-               str(path))
-    return path
+    return make_testsrc_clip(tmp_path_factory.mktemp("hold") / "clip.mp4", 40, 4, 640, 360)
 
 
 def _sizing(vlm, budgets, mtpf=256, raw_mode="phase3", raw_max_tokens=256):
