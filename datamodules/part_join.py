@@ -102,7 +102,8 @@ def join_items(items: list[dict], dataset=None) -> dict:
         if dataset is None:
             raise
         it = items[0]
-        why = str(e) if isinstance(e, PartMismatch) else f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        first = (str(e).splitlines() or [""])[0][:200]
+        why = str(e) if isinstance(e, PartMismatch) else f"{type(e).__name__}: {first}"
         log.warning("%s: its %d decode parts do not fit together (%s): decoding it whole in the main process",
                     it["video_path"], n, why)
         out = dataset.whole_item(it["task"])

@@ -157,7 +157,7 @@ class _Whole:
         return dict(self.item)
 
 
-def test_parts_that_do_not_fit_are_decoded_whole(clip):
+def test_parts_that_do_not_fit_are_decoded_whole(clip, monkeypatch):
     items = _items(clip, 3, budget=256)
     whole = _Whole({"video_path": str(clip), "frames": "whole"})
     bad_plan = [items[0], {**items[1], "video_info": {**items[1]["video_info"], "n_frames": 31}}, items[2]]
@@ -173,8 +173,15 @@ def test_parts_that_do_not_fit_are_decoded_whole(clip):
     assert out["decode_s"] == 2.0 + 3 * 1.0    # the whole decode's seconds and the parts' that went for nothing
     odd = [items[0], {k: v for k, v in items[1].items() if k != "times_s"}, items[2]]   # any other join error too
     assert join_items(odd, whole)["parts_fallback"] == "KeyError: 'times_s'" and whole.calls == [0] * 4
+    import datamodules.part_join as pj
+
+    def silent(*a):   # an error without a message
+        raise RuntimeError()
+
+    monkeypatch.setattr(pj, "join_frames", silent)
+    assert join_items(items, whole)["parts_fallback"] == "RuntimeError: " and whole.calls == [0] * 5
     all_failed = [{**it, "error": f"{clip}: gone {k}"} for k, it in enumerate(items)]
-    assert join_items(all_failed, whole)["error"] == f"{clip}: gone 0" and whole.calls == [0] * 4
+    assert join_items(all_failed, whole)["error"] == f"{clip}: gone 0" and whole.calls == [0] * 5
 
 
 def test_joining_loader_yields_each_video_once_in_any_order():
