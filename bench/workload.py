@@ -912,12 +912,13 @@ def wait_figures(timing: dict) -> dict:
     the load, the first video's pipeline fill included), ``steady_wait_share`` (waits after the first video over
     the wall after it) and ``wall_over_steps`` (that wall over the sum of the steps after the first video: the
     issue's "within 1.1x the sum of its steps")."""
+    from callbacks.timing import StageTimer
+
     stages = timing.get("stages_s") or {}
-    load, first = stages.get("load", 0.0), timing.get("first_wait_s", 0.0)
     steps = timing.get("step_s") or []
-    span = max(timing["wall_s"] - load, 1e-9)
-    after_first = max(span - first - (steps[0] if steps else 0.0), 1e-9)
-    steady_wait = max(stages.get("wait", 0.0) - first, 0.0)
+    span = max(timing["wall_s"] - stages.get("load", 0.0), 1e-9)
+    steady_wait, after_first = StageTimer.steady_wait(timing)   # the console's wait hint reads the same share
+    after_first = max(after_first, 1e-9)
     return {"wait_share": stages.get("wait", 0.0) / span, "steady_wait_share": steady_wait / after_first,
             "wall_over_steps": after_first / max(sum(steps[1:]), 1e-9) if len(steps) > 1 else float("nan")}
 

@@ -237,6 +237,17 @@ class StageTimer(Callback):
         return "longest data waits: " + "; ".join(f"{r['video_id']} {r['wait_s']:.2f} s{window(r)}" for r in rows)
 
     @staticmethod
+    def steady_wait(s: dict) -> tuple[float, float]:
+        """``(seconds the steps waited for data after the first video, the wall after it)``: the first video's wait
+        (the pipeline fill) and its step are left out, as is the load. ``bench/workload.py`` reports the same
+        share (``steady_wait_share``)."""
+        stages = s.get("stages_s") or {}
+        first = s.get("first_wait_s", 0.0)
+        steps = s.get("step_s") or []
+        span = s["wall_s"] - stages.get("load", 0.0) - first - (steps[0] if steps else 0.0)
+        return max(stages.get("wait", 0.0) - first, 0.0), span
+
+    @staticmethod
     def wait_hint(s: dict, workers: int | None, threshold: float = 0.05) -> str | None:
         """A sizing hint when, after the first video (the pipeline fill, which more workers do not shorten), the GPU
         waited for data more than ``threshold`` of the wall time AND decoding is the bottleneck: ``decode seconds
@@ -244,9 +255,7 @@ class StageTimer(Callback):
         n = s["videos"]
         stages = s["stages_s"]
         busy = sum(v for k, v in stages.items() if k not in ("load", "wait"))
-        first = s.get("first_wait_s", 0.0)
-        span = s["wall_s"] - stages.get("load", 0.0) - first
-        steady = stages.get("wait", 0.0) - first
+        steady, span = StageTimer.steady_wait(s)
         if n < 2 or span < 1.0 or busy / n < 0.01 or steady / span <= threshold:
             return None   # (too short to say, or no GPU work: e.g. every video failed to decode)
         per_video, gpu = s["decode_worker_s"] / n, busy / n

@@ -362,6 +362,9 @@ def test_wait_hint_names_the_remedy_only_when_decoding_is_the_bottleneck():
     assert StageTimer.wait_hint(s, 2) is None
     s["first_wait_s"], s["stages_s"]["wait"] = 0.0, 0.9    # 4.5%: no hint
     assert StageTimer.wait_hint(s, 2) is None
+    # the first video's step is left out too, as bench/workload.py's steady_wait_share: 4 s of the 20 - 4 = 16 s
+    s["stages_s"]["wait"], s["step_s"] = 4.0, [4.0] + [1.6] * 9
+    assert StageTimer.wait_hint(s, 2).startswith("the step waited for data 25% ")
     failed = {"videos": 2, "wall_s": 2.6, "decode_worker_s": 0.3, "first_wait_s": 0.0,   # every video failed
               "stages_s": {"load": 2.59, "wait": 0.005, "encode": 0.0, "plan_build": 0.0, "answer": 0.001}}
     assert StageTimer.wait_hint(failed, 2) is None
