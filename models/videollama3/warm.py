@@ -26,6 +26,7 @@ C vision hidden size, h vision heads, e vision head dim.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -239,10 +240,53 @@ def start(model_path: str | Path, device: torch.device | str, dtype: torch.dtype
                        num_threads=threads, end_perf_counter=time.perf_counter())
         log.info("fused kernels compiled in %.1f s; cache counters %s", timings["seconds"], timings["cache"])
 
-    thread = threading.Thread(target=run, name="fused-kernel-compile", daemon=True)
+    thread = threading.Thread(name="fused-kernel-compile", daemon=True)
+    thread.run = _track(thread, run)
     thread.timings = timings
     thread.start()
     return thread
+
+
+# the background threads started here (the weight load, the early compilation) while they run: a fork from the main
+# thread waits for them (_wait_before_fork)
+_RUNNING: set[threading.Thread] = set()
+FORK_WAIT_S = 600.0   # the longest a fork waits for them (then it forks anyway, with a warning)
+
+
+def _wait_before_fork() -> None:
+    """``os.register_at_fork(before=...)``: a fork made by the main thread (the DataLoader's forked workers: the CPU
+    decoders, or ``data.decoder: cpu`` on CUDA) waits until this module's background threads have ended.
+
+    Why: a forked child gets a copy of every lock as it was at the fork, and only the forking thread. The weight load
+    and the compilation take torch's default-generator lock (random initialisation, random stand-in inputs); a worker
+    forked while one of them held it blocked for ever in its first ``torch.manual_seed`` (``_worker_loop``), and the
+    run hung (seen in the test suite: ``THPGenerator_manualSeed`` -> ``pthread_mutex_lock`` in the worker). Workers
+    started by the fork server (the NVDEC runs) are forked from that clean process and do not wait. A fork from another
+    thread (a compiler's own subprocesses) does not wait either."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    t0 = time.perf_counter()
+    for thread in list(_RUNNING):
+        if thread.is_alive():
+            thread.join(max(0.0, FORK_WAIT_S - (time.perf_counter() - t0)))
+    if any(t.is_alive() for t in _RUNNING):
+        log.warning("forking while the background %s still runs (waited %.0f s): a worker may inherit its locks",
+                    ", ".join(sorted(t.name for t in _RUNNING if t.is_alive())), FORK_WAIT_S)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_wait_before_fork)
+
+
+def _track(thread: threading.Thread, run: Callable[[], None]) -> Callable[[], None]:
+    """``run`` with ``thread`` in :data:`_RUNNING` until it ends."""
+    def tracked() -> None:
+        try:
+            run()
+        finally:
+            _RUNNING.discard(thread)
+    _RUNNING.add(thread)
+    return tracked
 
 
 def in_background(fn: Callable[[], Any], name: str) -> threading.Thread:
@@ -273,7 +317,8 @@ def in_background(fn: Callable[[], Any], name: str) -> threading.Thread:
             raise box["error"]
         return box["result"]
 
-    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread = threading.Thread(name=name, daemon=True)
+    thread.run = _track(thread, run)
     thread.timings, thread.outcome = timings, outcome
     thread.start()
     return thread

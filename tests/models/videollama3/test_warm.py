@@ -228,3 +228,38 @@ def test_the_compile_thread_runs_with_the_callers_thread_count(tiny_config_dir):
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one CPU: every thread's count is 1 anyway")
     assert (compile_threads, main_threads, guard_ok) == ("2", "2", "True")
+
+
+def test_a_fork_from_the_main_thread_waits_for_the_background_threads():
+    """A forked child gets every lock as it was at the fork: a DataLoader worker forked while the weight load held
+    torch's generator lock hung in its first ``torch.manual_seed``. A fork from the main thread now waits for the
+    background threads of ``warm`` (here one holding a lock for 0.5 s: the child takes that lock at once)."""
+    import multiprocessing
+    import threading
+    import time
+
+    from models.videollama3 import warm
+
+    lock = threading.Lock()
+    started = threading.Event()
+
+    def hold():
+        with lock:
+            started.set()
+            time.sleep(0.5)
+
+    thread = warm.in_background(hold, "weight-load")
+    started.wait(5)
+
+    def child(q):
+        q.put(lock.acquire(timeout=2))   # a lock copied while held would never be released in the child
+
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    t0 = time.perf_counter()
+    p = ctx.Process(target=child, args=(q,))
+    p.start()
+    waited = time.perf_counter() - t0
+    assert q.get(timeout=10) is True and waited >= 0.3 and not thread.is_alive()
+    p.join(10)
+    assert thread not in warm._RUNNING
