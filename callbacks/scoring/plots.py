@@ -345,7 +345,8 @@ def timeline_figure(per_rank: dict[str, dict]):
             t = (run.get("timeline_s") or {}).get(mark)
             if t is not None:
                 ax.axvline(t, color="k", linestyle=style, linewidth=1, label=mark.replace("_", " "))
-        labels = [str(r.get("video_id")) for r in rows]
+        labels = [str(r.get("video_id")) + (f" ({r['decode_parts']} parts)" if r.get("decode_parts") else "")
+                  + (" (decoded again whole)" if r.get("parts_fallback") else "") for r in rows]
         ax.set_yticks(range(len(rows)), labels if len(rows) <= 40 else [""] * len(rows))
         ax.invert_yaxis()
         ax.set_xlabel("seconds after the process start")

@@ -121,3 +121,13 @@ def test_a_video_row_says_how_it_was_decoded_in_parts():
     assert t.per_video == [{"video_id": "long", "wait_s": 0.25, "decode_parts": 4},
                            {"video_id": "odd", "wait_s": 0.0, "parts_fallback": "part 1, read by decord, lists x"},
                            {"video_id": "short", "wait_s": 0.0}]
+
+
+def test_timeline_figure_names_a_video_decoded_in_parts():
+    from callbacks.scoring.plots import timeline_figure
+
+    row = {"wait_s": 0.0, "decode_start": 1.0, "decode_end": 2.0, "step_start": 3.0, "step_s": 1.0}
+    run = {"per_video": [{"video_id": "long", "decode_parts": 4, **row},
+                         {"video_id": "odd", "parts_fallback": "part 1 failed", **row}, {"video_id": "s", **row}]}
+    (ax,) = timeline_figure({"timing_rank0.json": run}).axes
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["long (4 parts)", "odd (decoded again whole)", "s"]
