@@ -858,9 +858,16 @@ def compare_records(a: Path, b: Path) -> tuple[int, int]:
     return sum(rb.get(k) == v for k, v in ra.items()), len(ra)
 
 
+def _cli_option(opt: str) -> str:
+    """One ``/setting=value`` part of a ``--cli-decoders`` entry as the CLI's option: ``model.x=v`` ->
+    ``--model.init_args.x=v``, ``x=v`` -> ``--data.init_args.x=v``."""
+    return f"--model.init_args.{opt[6:]}" if opt.startswith("model.") else f"--data.init_args.{opt}"
+
+
 def _cli_variant(spec: str) -> str:
     """``--cli-decoders`` entry: ``cpu | nvdec | auto``, optionally followed by ``/setting=value`` data settings
-    (e.g. ``auto/decode_part_mb=0``: the run without decode parts)."""
+    (e.g. ``auto/decode_part_mb=0``: the run without decode parts) or ``/model.setting=value`` model settings
+    (e.g. ``auto/model.first_step=eager``)."""
     name, *opts = spec.split("/")
     if name not in ("cpu", "nvdec", "auto") or any("=" not in o for o in opts):
         raise argparse.ArgumentTypeError(f"{spec!r}: cpu | nvdec | auto, then /setting=value ...")
@@ -872,7 +879,8 @@ def run_cli(videos: list[Path], tiny: bool, work: Path = Path("/tmp/workload_cli
     """The user's command on the set (``bench/cli_throughput.py``'s root and runner); adds ``first_answer_s``:
     process start to the end of the first predict step (the timing json's ``timeline_s.first_answer``).
     ``decoder`` is a ``--cli-decoders`` entry (:func:`_cli_variant`: its ``/setting=value`` parts become
-    ``--data.init_args.setting=value``); ``copies``: each video that many times in the benchmark root."""
+    ``--data.init_args.setting=value``, its ``/model.setting=value`` parts ``--model.init_args.setting=value``);
+    ``copies``: each video that many times in the benchmark root."""
     import cli_throughput as ct
 
     decoder, *opts = decoder.split("/")
@@ -892,7 +900,7 @@ def run_cli(videos: list[Path], tiny: bool, work: Path = Path("/tmp/workload_cli
     ct.write_benchmark(root, videos, copies)
     out = work / f"out_{decoder}_{int(time.time() * 1000)}"
     timing, total_s = ct.run_predict(ckpt, root, out, config, extra + [f"--data.init_args.decoder={decoder}"]
-                                     + [f"--data.init_args.{o}" for o in opts])
+                                     + [_cli_option(o) for o in opts])
     timing["out"] = out
     used: dict = {}
     for f in out.glob("*/*/rank*.jsonl"):

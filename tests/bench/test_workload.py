@@ -189,3 +189,18 @@ def test_wait_figures_of_a_cli_timing_by_hand():
     f = wait_figures(timing)
     assert f["wait_share"] == pytest.approx(4 / 9) and f["steady_wait_share"] == pytest.approx(1 / 4)
     assert f["wall_over_steps"] == pytest.approx(4 / 3)
+
+
+def test_cli_variant_settings_become_data_or_model_options():
+    """``--cli-decoders auto/decode_part_mb=0/model.first_step=eager``: data settings go to ``--data.init_args``,
+    ``model.`` ones to ``--model.init_args``; a name other than the three decoders, or a part without ``=``, is
+    refused."""
+    import argparse
+
+    workload = _bench()
+    spec = workload._cli_variant("auto/decode_part_mb=0/model.first_step=eager")
+    assert [workload._cli_option(o) for o in spec.split("/")[1:]] == [
+        "--data.init_args.decode_part_mb=0", "--model.init_args.first_step=eager"]
+    for bad in ("gpu", "auto/decode_part_mb"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            workload._cli_variant(bad)
