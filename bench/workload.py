@@ -786,6 +786,8 @@ def main(argv=None) -> dict:
                 same, total = compare_records(timings[first]["out"], timings[d]["out"])
                 print(f"records identical decoder={first} vs decoder={d} (video_info.decoder* left out): "
                       f"{same} of {total}", flush=True)
+                for line in record_differences(timings[first]["out"], timings[d]["out"]) if same < total else []:
+                    print(f"  differs: {line}", flush=True)
         timing = timings[list(timings)[-1]]
         rest = timing["step_s"][1:] or timing["step_s"]
         steps = dict.fromkeys(VIDEO_MME, statistics.mean(rest))
@@ -856,6 +858,30 @@ def compare_records(a: Path, b: Path) -> tuple[int, int]:
     """(records equal byte for byte, records of ``a``) between two predict folders."""
     ra, rb = _records(a), _records(b)
     return sum(rb.get(k) == v for k, v in ra.items()), len(ra)
+
+
+def record_differences(a: Path, b: Path, limit: int = 3) -> list[str]:
+    """Where the records of two predict folders differ: for up to ``limit`` records of ``a`` that ``b`` lacks or
+    holds otherwise, ``"<key>: <fields>"`` with the top-level fields (``video_info.<field>`` one level down) whose
+    values differ, each as ``field a-value -> b-value`` cut to 80 characters."""
+    ra, rb = _records(a), _records(b)
+    out = []
+    for k, v in ra.items():
+        if rb.get(k) == v:
+            continue
+        if k not in rb:
+            out.append(f"{k}: missing")
+        else:
+            x, y = json.loads(v), json.loads(rb[k])
+            flat = lambda r: {**{f: r[f] for f in r if f != "video_info"},   # noqa: E731
+                              **{f"video_info.{f}": w for f, w in (r.get("video_info") or {}).items()}}
+            fx, fy = flat(x), flat(y)
+            fields = [f"{f} {str(fx.get(f))[:80]!r} -> {str(fy.get(f))[:80]!r}" for f in sorted(set(fx) | set(fy))
+                      if fx.get(f) != fy.get(f)]
+            out.append(f"{k}: " + "; ".join(fields))
+        if len(out) >= limit:
+            break
+    return out
 
 
 def _cli_option(opt: str) -> str:

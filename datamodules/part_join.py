@@ -124,24 +124,35 @@ class JoiningLoader:
     """Iterates ``loader`` (items of a dataset with parts) and yields one item per video: a whole video's item as
     it comes, a split one's once all its parts have come (:func:`join_items`). ``len`` is the videos'.
 
+    ``iter()`` starts the loader's iterator (its workers) at once, as iterating a DataLoader does; an iterator that
+    nobody read from is handed to the next ``iter()`` instead of starting a second one. Lightning calls ``iter()``
+    once only to check that a loader that is not a DataLoader is iterable (``_check_dataloader_iterable``) and drops
+    the result: without the hand-over that started 8 workers, dropped them mid-decode and started 8 more
+    (first worker 17.8 s late on the H100, 2026-12-06).
+
     Raises (while iterating):
         RuntimeError: the loader ended with a video's parts missing (a sampler that did not give them all).
     """
 
     def __init__(self, loader, dataset, num_videos: int):
         self.loader, self.dataset, self.num_videos = loader, dataset, num_videos
+        self._unread = None          # the loader's iterator made by the last iter(), until its first item is read
 
     def __len__(self) -> int:
         return self.num_videos
 
     def __iter__(self) -> Iterator[dict]:
-        # the loader's iterator now, as iterating a DataLoader does: its workers start when the trainer asks for the
-        # iterator, not at the first item (a generator's body waits for that: 3-4 s later, after the weight load)
-        return self._joined(iter(self.loader))
+        if self._unread is None:
+            self._unread = iter(self.loader)
+        return self._joined()
 
-    def _joined(self, items: Iterator[dict]) -> Iterator[dict]:
+    def _take(self):
+        items, self._unread = self._unread, None
+        return items if items is not None else iter(self.loader)
+
+    def _joined(self) -> Iterator[dict]:
         pending: dict[int, dict[int, dict]] = {}
-        for item in items:
+        for item in self._take():
             part = item.get("part")
             if part is None:
                 yield item

@@ -138,6 +138,48 @@ def test_graph_decode_one_question_after_several(cuda_vlm, caplog):
     assert {k[-1] for k in BudgetedVideoLlama3._graph_warm if k[0] == id(cuda_vlm.model)} == {True, False}
 
 
+def test_graph_capture_while_another_thread_pins_host_memory(cuda_vlm, caplog):
+    """The DataLoader's pin-memory thread pins the next video's frames while the predict step captures a decode
+    graph: with the capture's default error mode ("global") the pinning raised "operation not permitted when stream
+    is capturing" in that thread and invalidated the capture, which ended a CLI run on the H100 (2026-12-06). Every
+    capture here succeeds while a thread pins fresh host buffers, and the answers equal the sequential path's."""
+    import logging
+    import threading
+
+    from datamodules.decode import decode_video
+    from models.videollama3 import prepare_budgets
+
+    dec = decode_video(MEDIA / "cockatoo.mp4", 256)
+    (bi,) = prepare_budgets(cuda_vlm, dec.frames.cuda(), dec.times_s, [256])
+    qs = ["What animal is shown?\nA. A dog.\nB. A cockatoo.", "Colour?\nA. White.\nB. Green.", "x", "Why?" * 30]
+    seqs = {n: [a.token_ids for a in cuda_vlm.answer_all(bi.prompt, qs[:n], 6)] for n in (1, 2, 3, 4)}
+    stop, errors, pinned = threading.Event(), [], [0]
+
+    def pin() -> None:
+        size = 1 << 16
+        while not stop.is_set():
+            try:
+                torch.empty(size, dtype=torch.uint8).pin_memory()   # growing sizes: a fresh host allocation each
+                size += 4096
+                pinned[0] += 1
+            except Exception as e:  # noqa: BLE001 - the failure this test is about
+                errors.append(e)
+                return
+
+    thread = threading.Thread(target=pin, daemon=True)
+    thread.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="models.videollama3.batched_decode"):
+            for n in (4, 3, 2, 1):   # each row count its own bucket: its own capture
+                got = [a.token_ids for a in cuda_vlm.answer_batched(bi.prompt, qs[:n], 6, decode="graph")]
+                assert got == seqs[n], n
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors and pinned[0] > 0
+    assert not [r for r in caplog.records if "capture" in r.getMessage()]
+
+
 def test_padded_gate_up_on_cuda_bf16():
     """On CUDA in bf16 a gated MLP with I = 3420 (the Qwen2.5-Omni vision tower's) runs padded to 3456 with gate and
     up in one GEMM, within bf16 rounding of the library's forward."""

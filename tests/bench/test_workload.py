@@ -204,3 +204,27 @@ def test_cli_variant_settings_become_data_or_model_options():
     for bad in ("gpu", "auto/decode_part_mb"):
         with pytest.raises(argparse.ArgumentTypeError):
             workload._cli_variant(bad)
+
+
+def test_record_differences_name_the_fields(tmp_path):
+    """The records comparison names, per differing record, the fields that differ (``video_info``'s one level
+    down), and a record the other folder lacks; ``video_info.decoder`` is left out as in ``compare_records``."""
+    import json
+
+    workload = _bench()
+
+    def write(root, recs):
+        f = root / "b4096" / "videomme" / "rank0.jsonl"
+        f.parent.mkdir(parents=True)
+        f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+        return root
+
+    a = write(tmp_path / "a", [{"qid": "1", "budget": 4096, "pred": "A", "video_info": {"decoder": "nvdec", "n": 3}},
+                               {"qid": "2", "budget": 4096, "pred": "B", "video_info": {"n": 3}},
+                               {"qid": "3", "budget": 4096, "pred": "C"}])
+    b = write(tmp_path / "b", [{"qid": "1", "budget": 4096, "pred": "A", "video_info": {"decoder": "cpu", "n": 3}},
+                               {"qid": "2", "budget": 4096, "pred": "D", "video_info": {"n": 4}}])
+    assert workload.compare_records(a, b) == (1, 3)
+    assert workload.record_differences(a, b) == [
+        "('b4096', '2', 4096, None): pred 'B' -> 'D'; video_info.n '3' -> '4'",
+        "('b4096', '3', 4096, None): missing"]

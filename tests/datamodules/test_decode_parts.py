@@ -221,6 +221,17 @@ def test_joining_loader_yields_each_video_once_in_any_order():
 
         it = iter(JoiningLoader(Loader(), ds, 3))
         assert Loader.started == 1 and next(it) == {"video": "b"}
+        # Lightning checks that a loader other than a DataLoader is iterable by calling iter() once and dropping it:
+        # the loop's own iter() then gets that unread iterator (one set of workers), and a later one a new iterator
+        from lightning.pytorch.trainer.connectors.data_connector import _check_dataloader_iterable
+        from lightning.pytorch.trainer.states import TrainerFn
+
+        Loader.started = 0
+        joining = JoiningLoader(Loader(), ds, 3)
+        _check_dataloader_iterable(joining, None, TrainerFn.PREDICTING)
+        assert Loader.started == 1
+        assert list(joining) == [{"video": "b"}, {"video": 0}, {"video": 2}] and Loader.started == 1
+        assert list(joining) == [{"video": "b"}, {"video": 0}, {"video": 2}] and Loader.started == 2
         with pytest.raises(RuntimeError, match="decode parts missing for \\['c', 'a'\\]"):
             list(JoiningLoader(arrivals[:2], ds, 3))
     finally:
