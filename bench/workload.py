@@ -764,30 +764,17 @@ def main(argv=None) -> dict:
         timings = {}
         for k, d in enumerate(args.cli_decoders):   # a variant named twice is run twice (e.g. cold, then warm)
             label = d if d not in timings else f"{d}#{k + 1}"
-            timings[label] = run_cli(cli_videos, tiny=args.tiny, decoder=d, copies=args.cli_copies)
-        for d, t in timings.items():
-            rest = t["step_s"][1:] or t["step_s"]
-            print(f"CLI decoder={d}: {len(cli_videos) * args.cli_copies} videos, first answer "
-                  f"{t['first_answer_s']:.1f} s after process start, steady step {statistics.mean(rest):.2f} s, wait share "
-                  f"{t['wait_share']:.1%} (after the first video {t['steady_wait_share']:.1%}; wall / steps after it "
-                  f"{t['wall_over_steps']:.2f}), decoders used {t['decoders']}", flush=True)
-            print(f"CLI decoder={d}: timeline (s after process start) "
-                  + ", ".join(f"{k} {v:.1f}" for k, v in sorted(t["timeline_s"].items(), key=lambda kv: kv[1]))
-                  + f"; warm-up {t.get('warmup')}", flush=True)
-            print(f"CLI decoder={d}: per video (s after process start: decoded start-end, step start, wait) "
-                  + "; ".join(f"{r.get('video_id')} {r.get('decode_start', float('nan')):.1f}-"
-                              f"{r.get('decode_end', float('nan')):.1f}, {r.get('step_start', float('nan')):.1f}, "
-                              f"{r['wait_s']:.2f}" + (f" ({r['decode_parts']} parts)" if r.get("decode_parts")
-                                                       else "")
-                              for r in t.get("per_video") or []), flush=True)
-        if len(timings) > 1:
-            first, *others = timings
-            for d in others:
-                same, total = compare_records(timings[first]["out"], timings[d]["out"])
-                print(f"records identical decoder={first} vs decoder={d} (video_info.decoder* left out): "
+            t = timings[label] = run_cli(cli_videos, tiny=args.tiny, decoder=d, copies=args.cli_copies)
+            print_cli_run(label, t, len(cli_videos) * args.cli_copies)   # each run as it ends: a later one may not
+            if k:
+                first = next(iter(timings))
+                same, total = compare_records(timings[first]["out"], t["out"])
+                print(f"records identical decoder={first} vs decoder={label} (video_info.decoder* left out): "
                       f"{same} of {total}", flush=True)
-                for line in record_differences(timings[first]["out"], timings[d]["out"]) if same < total else []:
+                for line in record_differences(timings[first]["out"], t["out"]) if same < total else []:
                     print(f"  differs: {line}", flush=True)
+            if args.json:   # what has run so far
+                Path(args.json).write_text(json.dumps({"cli_runs": timings}, indent=1, default=str))
         timing = timings[list(timings)[-1]]
         rest = timing["step_s"][1:] or timing["step_s"]
         steps = dict.fromkeys(VIDEO_MME, statistics.mean(rest))
@@ -898,6 +885,23 @@ def _cli_variant(spec: str) -> str:
     if name not in ("cpu", "nvdec", "auto") or any("=" not in o for o in opts):
         raise argparse.ArgumentTypeError(f"{spec!r}: cpu | nvdec | auto, then /setting=value ...")
     return spec
+
+
+def print_cli_run(label: str, t: dict, n_videos: int) -> None:
+    """Three lines for one CLI run (:func:`run_cli`'s timing): the figures, the timeline, the videos."""
+    rest = t["step_s"][1:] or t["step_s"]
+    print(f"CLI decoder={label}: {n_videos} videos, first answer "
+          f"{t['first_answer_s']:.1f} s after process start, steady step {statistics.mean(rest):.2f} s, wait share "
+          f"{t['wait_share']:.1%} (after the first video {t['steady_wait_share']:.1%}; wall / steps after it "
+          f"{t['wall_over_steps']:.2f}), decoders used {t['decoders']}", flush=True)
+    print(f"CLI decoder={label}: timeline (s after process start) "
+          + ", ".join(f"{k} {v:.1f}" for k, v in sorted(t["timeline_s"].items(), key=lambda kv: kv[1]))
+          + f"; warm-up {t.get('warmup')}", flush=True)
+    print(f"CLI decoder={label}: per video (s after process start: decoded start-end, step start, wait) "
+          + "; ".join(f"{r.get('video_id')} {r.get('decode_start', float('nan')):.1f}-"
+                      f"{r.get('decode_end', float('nan')):.1f}, {r.get('step_start', float('nan')):.1f}, "
+                      f"{r['wait_s']:.2f}" + (f" ({r['decode_parts']} parts)" if r.get("decode_parts") else "")
+                      for r in t.get("per_video") or []), flush=True)
 
 
 def run_cli(videos: list[Path], tiny: bool, work: Path = Path("/tmp/workload_cli"), decoder: str = "cpu",
