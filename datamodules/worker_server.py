@@ -1,6 +1,6 @@
 """The decode workers' fork server, started at the interpreter's start (issue 41, first answer).
 
-Where NVDEC may run in the DataLoader workers they are forked from a ``forkserver`` (one clean process, no CUDA
+On a CUDA machine the DataLoader workers are forked from a ``forkserver`` (one clean process, no CUDA
 context, that imports :data:`WORKER_PRELOAD` once: :func:`datamodules.videoqa.decode_worker_context`). Started at the
 data module's set-up, that server imported its modules while the main process loaded the weights, and was ready
 only ~9 s later on the H200 (2026-12-04: set-up at 12.7 s, first worker at 22.0 s, so the first video reached the
@@ -22,8 +22,8 @@ GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0")
 
 def start_early(argv: list[str]) -> bool:
     """Start the workers' fork server now when ``argv`` is a ``predict`` run on a machine with an NVIDIA device node
-    and ``TOKENBUDGET_EARLY_WORKER_SERVER`` is not ``0``. A run that then decodes on the CPU (``data.decoder: cpu``,
-    no workers) forks its workers as before and leaves the server idle; one that uses it finds it ready.
+    and ``TOKENBUDGET_EARLY_WORKER_SERVER`` is not ``0``. A run without workers (or without a CUDA device after all)
+    leaves the server idle; one that uses it (every decoder, ``cpu`` included, on CUDA) finds it ready.
 
     Returns:
         whether the server was started here.

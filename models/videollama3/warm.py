@@ -254,14 +254,14 @@ FORK_WAIT_S = 600.0   # the longest a fork waits for them (then it forks anyway,
 
 
 def _wait_before_fork() -> None:
-    """``os.register_at_fork(before=...)``: a fork made by the main thread (the DataLoader's forked workers: the CPU
-    decoders, or ``data.decoder: cpu`` on CUDA) waits until this module's background threads have ended.
+    """``os.register_at_fork(before=...)``: a fork made by the main thread (the DataLoader's forked workers, on a
+    machine without CUDA) waits until this module's background threads have ended.
 
     Why: a forked child gets a copy of every lock as it was at the fork, and only the forking thread. The weight load
     and the compilation take torch's default-generator lock (random initialisation, random stand-in inputs); a worker
     forked while one of them held it blocked for ever in its first ``torch.manual_seed`` (``_worker_loop``), and the
     run hung (seen in the test suite: ``THPGenerator_manualSeed`` -> ``pthread_mutex_lock`` in the worker). Workers
-    started by the fork server (the NVDEC runs) are forked from that clean process and do not wait. A fork from another
+    started by the fork server (every run on CUDA) are forked from that clean process and do not wait. A fork from another
     thread (a compiler's own subprocesses) does not wait either."""
     if threading.current_thread() is not threading.main_thread():
         return

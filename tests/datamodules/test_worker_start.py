@@ -1,5 +1,5 @@
-"""How the decode workers start (issue 31, first answer): fork for the CPU decoders, a fork server (one clean
-process that imports the workers' modules once) where NVDEC may run in them; the same items either way."""
+"""How the decode workers start (issue 31, first answer): fork on a machine without CUDA, a fork server (one clean
+process that imports the workers' modules once) on a CUDA machine, whatever the decoder; the same items either way."""
 from __future__ import annotations
 
 import subprocess
@@ -14,11 +14,12 @@ from tests.conftest import MEDIA, REPO
 VL3_PROCESSOR = "transformers.models.video_llama_3.video_processing_video_llama_3"
 
 
-def test_fork_unless_nvdec_may_run_in_the_workers():
-    assert decode_worker_context("cpu", 8, True) is None            # CPU decoders: fork (instant)
+def test_fork_unless_the_run_is_on_a_cuda_machine():
     assert decode_worker_context("auto", 0, True) is None           # decoding in the main process
     assert decode_worker_context("nvdec", 8, False) is None         # no CUDA device: NVDEC is never tried
-    for decoder in ("auto", "nvdec"):
+    assert decode_worker_context("cpu", 8, False) is None           # CPU decoders on a CPU machine: fork
+    # on a CUDA machine the CPU decoders too: a fork there waits for the background load / compilation
+    for decoder in ("auto", "nvdec", "cpu"):
         ctx = decode_worker_context(decoder, 8, True, (VL3_PROCESSOR, "datamodules.decode.nvdec"))
         assert ctx.get_start_method() == "forkserver"
         from multiprocessing import forkserver
@@ -120,7 +121,8 @@ def test_setup_reads_the_frame_sizing_only_where_it_sets_the_servers_preload(mon
         dm.setup("predict")
         return len(reads), len(started)
 
-    assert setup("cpu", True) == (0, 0) and setup("auto", False) == (0, 0)     # fork: nothing to start
+    assert setup("cpu", False) == (0, 0) and setup("auto", False) == (0, 0)    # fork: nothing to start
     assert setup("auto", True) == (1, 1)          # the server starts here, with the processor's module preloaded
+    assert setup("cpu", True) == (1, 1)           # the CPU decoders on CUDA too
     monkeypatch.setattr(worker_server, "_STARTED_EARLY", True)
     assert setup("auto", True) == (0, 1)          # already running (ensure_running: nothing to do)
