@@ -3,7 +3,8 @@ in (:class:`PartSampler`) and their join in the main process (:class:`JoiningLoa
 
 Why split: the NVDEC sessions of one process serialise (:mod:`datamodules.decode.parts` has the figures), so a long
 video decoded by one worker bounds the run's feed; as parts its decode is spread over several workers. The parts of
-one video are consecutive in the sampler's order, so the DataLoader hands them to consecutive workers; with
+one video are consecutive in the sampler's order (each split video followed by as many whole ones as it has parts:
+:func:`interleave_parts`), so the DataLoader hands them to consecutive workers; with
 ``in_order=False`` they arrive in any order, and the join yields the video once all its parts are in. Whole videos
 pass through unchanged. Records, resume and the per-rank shards are by video, as without parts.
 """
@@ -50,15 +51,51 @@ def decode_parts(paths: Sequence[str], part_mb: float | None, max_parts: int) ->
     return out
 
 
+def interleave_parts(videos: Sequence[int], counts: Sequence[int]) -> list[int]:
+    """The order the loader takes the videos in when some are decoded in parts: ``videos``' order (the rank's
+    :func:`datamodules.sharding.run_order`) kept within the whole videos and within the split ones, and after a video
+    of ``k`` parts the next ``k`` whole videos before the next split one (the first video whole). Once the whole
+    videos run out the split ones follow back to back, and the other way round.
+
+    Why: :func:`max_parts` keeps one video's parts to half the workers, but consecutive split videos took all of
+    them: on 3 copies of the workload set (H100, 2026-12-06, ``bench/results/s6call3_cli_copies_h100_2026-12-06.json``)
+    the 8 workers held the parts of two 30-minute videos after the first two short videos, and the third short video
+    started 18 s late and its step waited 10.6 s. This way each part a worker takes is matched by a whole video
+    for another, so short videos keep reaching the GPU while the long ones decode. ``bench/part_order_sim.py``
+    replays that run's decode windows through both orders. The order changes no record.
+
+    Args:
+        videos: video indices in run order.
+        counts: parts per video, indexed by video index (1: whole).
+
+    Returns:
+        ``videos`` reordered (each once).
+    """
+    whole = [v for v in videos if counts[v] <= 1]
+    split = [v for v in videos if counts[v] > 1]
+    out, i, j, owed = [], 0, 0, 1
+    while i < len(split) or j < len(whole):
+        if j < len(whole) and (owed > 0 or i == len(split)):
+            out.append(whole[j])
+            j, owed = j + 1, owed - 1
+        else:
+            out.append(split[i])
+            owed = counts[split[i]]
+            i += 1
+    return out
+
+
 class PartSampler(Sampler[int]):
-    """The dataset's item indices in ``videos``' order, each video expanded into its parts' items
-    (``dataset.items_of``), consecutively; ``len`` counts items."""
+    """The dataset's item indices, ``videos`` in :func:`interleave_parts`' order, each video expanded into its parts'
+    items (``dataset.items_of``), consecutively; ``len`` counts items."""
 
     def __init__(self, videos: Sampler[int], dataset):
         self.videos, self.dataset = videos, dataset
 
     def __iter__(self) -> Iterator[int]:
-        for v in self.videos:
+        order = list(self.videos)
+        counts = {v: len(self.dataset.items_of(v)) for v in order}
+        for v in interleave_parts(order, counts):
             yield from self.dataset.items_of(v)
 
     def __len__(self) -> int:

@@ -194,7 +194,8 @@ def test_joining_loader_yields_each_video_once_in_any_order():
             return {0: [0, 1], 1: [2], 2: [3, 4, 5]}[t]
 
     ds = DS()
-    assert list(PartSampler([2, 0, 1], ds)) == [3, 4, 5, 0, 1, 2] and len(PartSampler([2, 0, 1], ds)) == 6
+    # run order 2, 0, 1: the whole video 1 first, then 2 (3 parts); no whole video left, so 0 (2 parts) next
+    assert list(PartSampler([2, 0, 1], ds)) == [2, 3, 4, 5, 0, 1] and len(PartSampler([2, 0, 1], ds)) == 6
     joined = []
 
     def fake_join(items, dataset):
@@ -236,6 +237,21 @@ def test_joining_loader_yields_each_video_once_in_any_order():
             list(JoiningLoader(arrivals[:2], ds, 3))
     finally:
         pj.join_items = real
+
+
+def test_interleave_parts_by_hand():
+    """After a video of k parts the next k whole videos, the run order kept within each kind, the first video whole;
+    what is left of one kind once the other runs out follows in order."""
+    from datamodules.part_join import interleave_parts
+
+    counts = {0: 1, 1: 4, 2: 1, 3: 4, 4: 1, 5: 2, 6: 1, 7: 1, 8: 1, 9: 3}
+    # run order (cheapest, dearest, ...): 0 1 2 3 4 5 6 9 7 8 -> wholes 0 2 4 6 7 8, splits 1 3 5 9
+    order = [0, 1, 2, 3, 4, 5, 6, 9, 7, 8]
+    assert interleave_parts(order, counts) == [0, 1, 2, 4, 6, 7, 3, 8, 5, 9]
+    assert interleave_parts([1, 3], {1: 2, 3: 4}) == [1, 3]                  # no whole video
+    assert interleave_parts([2, 0], {0: 1, 2: 1}) == [2, 0]                  # no split one: the order as given
+    assert interleave_parts([3, 0, 1], {0: 1, 1: 1, 3: 2}) == [0, 3, 1]
+    assert interleave_parts([], {}) == []
 
 
 def test_predict_records_equal_with_and_without_parts(tiny_vl3_dir, demo_bench, clip, tmp_path, monkeypatch):
