@@ -165,7 +165,9 @@ class JoiningLoader:
     nobody read from is handed to the next ``iter()`` instead of starting a second one. Lightning calls ``iter()``
     once only to check that a loader that is not a DataLoader is iterable (``_check_dataloader_iterable``) and drops
     the result: without the hand-over that started 8 workers, dropped them mid-decode and started 8 more
-    (first worker 17.8 s late on the H100, 2026-12-06).
+    (first worker 17.8 s late on the H100, 2026-12-06). The unread iterator is kept as ``_iterator``, the name
+    Lightning's loop teardown looks for (``_shutdown_workers_and_reset_iterator``): a run that fails before its
+    first item (the weight load in ``on_predict_start``) shuts its workers down as with a DataLoader.
 
     Raises (while iterating):
         RuntimeError: the loader ended with a video's parts missing (a sampler that did not give them all).
@@ -173,18 +175,18 @@ class JoiningLoader:
 
     def __init__(self, loader, dataset, num_videos: int):
         self.loader, self.dataset, self.num_videos = loader, dataset, num_videos
-        self._unread = None          # the loader's iterator made by the last iter(), until its first item is read
+        self._iterator = None        # the loader's iterator made by the last iter(), until its first item is read
 
     def __len__(self) -> int:
         return self.num_videos
 
     def __iter__(self) -> Iterator[dict]:
-        if self._unread is None:
-            self._unread = iter(self.loader)
+        if self._iterator is None:
+            self._iterator = iter(self.loader)
         return self._joined()
 
     def _take(self):
-        items, self._unread = self._unread, None
+        items, self._iterator = self._iterator, None
         return items if items is not None else iter(self.loader)
 
     def _joined(self) -> Iterator[dict]:

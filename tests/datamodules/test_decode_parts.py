@@ -239,6 +239,61 @@ def test_joining_loader_yields_each_video_once_in_any_order():
         pj.join_items = real
 
 
+class _Items(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return {"video": i}
+
+
+def test_joining_loader_under_lightning_starts_one_set_of_workers_and_shuts_it_down(tmp_path):
+    """``trainer.predict`` over a join: one DataLoader iterator per call (Lightning's iterability check included),
+    every item once; a run that fails in ``on_predict_start`` (where the weights load) before its first item leaves
+    no worker behind, and the next call runs."""
+    import multiprocessing
+
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+    from torch.utils.data import dataloader as dl
+
+    made = []
+    real = dl._MultiProcessingDataLoaderIter.__init__
+
+    def counted(self, loader):
+        made.append(1)
+        real(self, loader)
+
+    class Module(pl.LightningModule):
+        fail = False
+
+        def on_predict_start(self):
+            if self.fail:
+                raise RuntimeError("load failed")
+
+        def predict_step(self, item, idx):
+            return item["video"]
+
+    class Data(pl.LightningDataModule):
+        def predict_dataloader(self):
+            return JoiningLoader(DataLoader(_Items(), batch_size=None, num_workers=2), None, 4)
+
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path)
+    module, data = Module(), Data()
+    dl._MultiProcessingDataLoaderIter.__init__ = counted
+    try:
+        assert sorted(trainer.predict(module, datamodule=data)) == [0, 1, 2, 3] and len(made) == 1
+        module.fail = True
+        with pytest.raises(RuntimeError, match="load failed"):
+            trainer.predict(module, datamodule=data)
+        assert len(made) == 2 and multiprocessing.active_children() == []
+        module.fail = False
+        assert sorted(trainer.predict(module, datamodule=data)) == [0, 1, 2, 3] and len(made) == 3
+    finally:
+        dl._MultiProcessingDataLoaderIter.__init__ = real
+
+
 def test_interleave_parts_by_hand():
     """After a video of k parts the next k whole videos, the run order kept within each kind, the first video whole;
     what is left of one kind once the other runs out follows in order."""
