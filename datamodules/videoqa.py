@@ -36,14 +36,15 @@ def decode_worker_context(decoder: str, num_workers: int, cuda: bool, preload: t
     """How the DataLoader starts its decode workers: ``None`` (fork, the default) unless the run is on a CUDA machine.
 
     NVDEC in a worker needs a CUDA context of its own, and a forked child of a process that holds one cannot make
-    it. The CPU decoders (``decoder: cpu``) on a CUDA machine come from the same server: a fork of the main process
-    there waits for the background weight load and compilation (:mod:`models.videollama3.warm`: a fork while they
-    hold a lock can hang the child), which started the workers 5.9 s after the loader on the H100 (2026-12-06) and
-    made the first video wait 2.9 s, and it copies a process that holds a CUDA context and its threads. Those workers were spawned: each started a fresh interpreter and imported torch, the decoders and the
+    it. Those workers were spawned: each started a fresh interpreter and imported torch, the decoders and the
     video processor (measured here: 3.0 s for ``datamodules.video_items`` and 1.6 s to unpickle the processor per
     worker, 8 of them at once, while the main process loads the model and compiles). They now come from a
     ``forkserver``: one clean process (no CUDA context) imports :data:`WORKER_PRELOAD` and ``preload`` once, and
-    forks each worker from there (``bench/worker_start.py`` times both).
+    forks each worker from there (``bench/worker_start.py`` times both). The CPU decoders (``decoder: cpu``) on a
+    CUDA machine come from the same server: a fork of the main process there waits for the background weight load
+    and compilation (:mod:`models.videollama3.warm`: a fork while they hold a lock can hang the child), which started
+    the workers 5.9 s after the loader on the H100 (2026-12-06) and made the first video wait 2.9 s, and it copies a
+    process that holds a CUDA context and its threads.
 
     Args:
         decoder: ``data.decoder`` (``cpu`` | ``nvdec`` | ``auto``; any of them uses the server on CUDA).

@@ -171,10 +171,10 @@ class BatchedDecoding:
             torch.cuda.current_stream().wait_stream(side)
         # capture on a side stream with the CUDAGraph API itself: ``torch.cuda.graph(...)`` would first synchronize
         # the device, run gc.collect() and empty the allocator cache, i.e. wait for the prefix prefill still running
-        # and give its memory back, once per (video, budget). Error mode "thread_local": only this thread's unsafe calls
-        # break the capture; with "global" (the default) the DataLoader's pin-memory thread pinning the next video's
-        # frames meanwhile raised "operation not permitted when stream is capturing" there and invalidated the capture
-        # (a CLI run ended so on the H100, 2026-12-06). The pinning touches no stream of this capture.
+        # and give its memory back, once per (video, budget). Error mode "thread_local": only this thread's unsafe
+        # calls break the capture; with "global" (the default) the DataLoader's pin-memory thread pinning the next
+        # video's frames meanwhile raised "operation not permitted when stream is capturing" there and invalidated
+        # the capture (a CLI run ended so on the H100, 2026-12-06). The pinning touches no stream of this capture.
         cuda_graph = torch.cuda.CUDAGraph()
         capture = torch.cuda.Stream()
         capture.wait_stream(torch.cuda.current_stream())

@@ -261,8 +261,8 @@ def _wait_before_fork() -> None:
     and the compilation take torch's default-generator lock (random initialisation, random stand-in inputs); a worker
     forked while one of them held it blocked for ever in its first ``torch.manual_seed`` (``_worker_loop``), and the
     run hung (seen in the test suite: ``THPGenerator_manualSeed`` -> ``pthread_mutex_lock`` in the worker). Workers
-    started by the fork server (every run on CUDA) are forked from that clean process and do not wait. A fork from another
-    thread (a compiler's own subprocesses) does not wait either."""
+    started by the fork server (every run on CUDA) are forked from that clean process and do not wait. A fork from
+    another thread (a compiler's own subprocesses) does not wait either."""
     if threading.current_thread() is not threading.main_thread():
         return
     t0 = time.perf_counter()
