@@ -12,6 +12,7 @@ video, for the order before session 6 (each video's parts back to back in run or
 video's window times its parts (the measured work standing in for ``estimate_cost``).
 
     python bench/part_order_sim.py bench/results/s6call3_cli_copies_h100_2026-12-06.json
+    python bench/part_order_sim.py --synthetic 120     (a Video-MME-like third long / medium / short, see synthetic_rows)
 """
 from __future__ import annotations
 
@@ -35,6 +36,26 @@ def load_rows(path: Path) -> tuple[list[dict], float]:
     t0 = min(r["decode_start"] for r in rows)
     gpu = run.get("timeline_s", {}).get("model_loaded", t0) - t0
     return rows, max(gpu, 0.0)
+
+
+def synthetic_rows(n: int, seed: int = 0, long_s: float = 20.0, medium_s: float = 8.0, short_s: float = 3.0,
+                   parts: int = 4, step_s: float = 2.3) -> list[dict]:
+    """``n`` videos in Video-MME's proportions (a third long, a third medium, a third short): the long ones in
+    ``parts`` parts, each part ``long_s`` seconds; the others whole, ``medium_s`` / ``short_s`` seconds; every
+    window times a seeded factor in [0.7, 1.3]; each step ``step_s`` (the H100 CLI's 2.36 s). The windows are of the
+    order call 3 measured (a 30-minute 1080p file's part 20-28 s beside the others, a 90 s video 3-5 s)."""
+    import random
+
+    rnd = random.Random(seed)
+    rows = []
+    for kind, window, k in (("long", long_s, parts), ("medium", medium_s, 1), ("short", short_s, 1)):
+        for i in range(n // 3):
+            row = {"video_id": f"{kind}{i}", "decode_start": 0.0, "decode_end": window * rnd.uniform(0.7, 1.3),
+                   "step_s": step_s}
+            if k > 1:
+                row["decode_parts"] = k
+            rows.append(row)
+    return rows
 
 
 def simulate(rows: list[dict], order: list[int], workers: int, scale: float, gpu_start: float) -> tuple[float, float,
@@ -67,11 +88,14 @@ def simulate(rows: list[dict], order: list[int], workers: int, scale: float, gpu
 
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("run", type=Path, help="timing_rank0.json or a bench/workload.py --cli --json file")
+    ap.add_argument("run", type=Path, nargs="?", help="timing_rank0.json or a bench/workload.py --cli --json file")
+    ap.add_argument("--synthetic", type=int, default=None, help="instead of a run: this many videos (synthetic_rows)")
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--scales", type=float, nargs="+", default=[1.0, 0.75, 0.5])
     args = ap.parse_args(argv)
-    rows, gpu_start = load_rows(args.run)
+    if (args.run is None) == (args.synthetic is None):
+        ap.error("give a run's json or --synthetic N")
+    rows, gpu_start = load_rows(args.run) if args.run else (synthetic_rows(args.synthetic), 5.0)
     costs = [(r["decode_end"] - r["decode_start"]) * r.get("decode_parts", 1) for r in rows]
     order = run_order(range(len(rows)), costs, args.workers)
     counts = [r.get("decode_parts", 1) for r in rows]

@@ -46,3 +46,17 @@ def test_main_reads_a_cli_json(sim, tmp_path, capsys):
     out = sim.main([str(f), "--workers", "2", "--scales", "1"])
     assert [(r["order"], r["end_s"]) for r in out] == [("back to back", 11.0), ("interleaved", 10.0)]
     assert "4 videos (2 in parts), 2 workers, GPU from 0.5 s" in capsys.readouterr().out
+
+
+def test_synthetic_set_and_its_replay(sim, capsys):
+    """``--synthetic N``: a third of the videos long and in 4 parts, the rest whole; every window within 30 % of its
+    kind's; the same rows for the same seed; main refuses both a run and --synthetic, or neither."""
+    rows = sim.synthetic_rows(12)
+    assert len(rows) == 12 and [r.get("decode_parts", 1) for r in rows] == [4] * 4 + [1] * 8
+    assert all(0.7 * w <= r["decode_end"] <= 1.3 * w for r, w in zip(rows, [20.0] * 4 + [8.0] * 4 + [3.0] * 4))
+    assert rows == sim.synthetic_rows(12)
+    out = sim.main(["--synthetic", "12", "--scales", "1"])
+    assert len(out) == 2 and "12 videos (4 in parts)" in capsys.readouterr().out
+    for bad in ([], ["x.json", "--synthetic", "3"]):
+        with pytest.raises(SystemExit):
+            sim.main(bad)
