@@ -412,6 +412,8 @@ class UtilSampler:
         self.period_s = period_s
         self.cpu: list[float] = []
         self.gpu: list[tuple[float, float]] = []
+        self.cpu_at: list[float] = []     # time.perf_counter() of each sample, for summary(window=...)
+        self.gpu_at: list[float] = []
         self._stop = None
 
     @staticmethod
@@ -430,6 +432,7 @@ class UtilSampler:
             now = self._cpu_times()
             if now and last and now[0] > last[0]:
                 self.cpu.append(1 - (now[1] - last[1]) / (now[0] - last[0]))
+                self.cpu_at.append(time.perf_counter())
             last = now
 
     def _read_smi(self) -> None:
@@ -439,6 +442,7 @@ class UtilSampler:
             except ValueError:
                 continue
             self.gpu.append((sm / 100, dec / 100))
+            self.gpu_at.append(time.perf_counter())
 
     def __enter__(self) -> "UtilSampler":
         import threading
@@ -463,15 +467,20 @@ class UtilSampler:
         for t in self._threads:
             t.join(5)
 
-    def summary(self) -> dict:
-        """Mean and 90th-percentile busy shares (0-1) over the samples; ``None`` where nothing was sampled."""
+    def summary(self, window: tuple[float, float] | None = None) -> dict:
+        """Mean and 90th-percentile busy shares (0-1) over the samples (only those taken within ``window``, a
+        ``time.perf_counter()`` interval, when given); ``None`` where nothing was sampled."""
         def stats(xs):
             if not xs:
                 return None
             xs = sorted(xs)
             return {"mean": round(statistics.mean(xs), 3), "p90": round(xs[int(0.9 * (len(xs) - 1))], 3)}
-        return {"cpu_busy": stats(self.cpu), "gpu_sm_busy": stats([g[0] for g in self.gpu]),
-                "nvdec_busy": stats([g[1] for g in self.gpu]), "samples": len(self.cpu)}
+
+        def within(xs, at):
+            return [x for x, t in zip(xs, at) if window is None or window[0] <= t <= window[1]]
+        cpu, gpu = within(self.cpu, self.cpu_at), within(self.gpu, self.gpu_at)
+        return {"cpu_busy": stats(cpu), "gpu_sm_busy": stats([g[0] for g in gpu]),
+                "nvdec_busy": stats([g[1] for g in gpu]), "samples": len(cpu)}
 
 
 # ------------------------------------------------------------------------------------------------ the table
@@ -894,6 +903,12 @@ def print_cli_run(label: str, t: dict, n_videos: int) -> None:
           f"{t['first_answer_s']:.1f} s after process start, steady step {statistics.mean(rest):.2f} s, wait share "
           f"{t['wait_share']:.1%} (after the first video {t['steady_wait_share']:.1%}; wall / steps after it "
           f"{t['wall_over_steps']:.2f}), decoders used {t['decoders']}", flush=True)
+    u = t.get("util") or {}
+    if u.get("window_s"):
+        share = lambda k: "-" if not u.get(k) else f"{u[k]['mean']:.0%} (p90 {u[k]['p90']:.0%})"   # noqa: E731
+        print(f"CLI decoder={label}: busy from the first decode to the end ({u['window_s'][0]:.1f}-"
+              f"{u['window_s'][1]:.1f} s): NVDEC {share('nvdec_busy')}, SM {share('gpu_sm_busy')}, CPU "
+              f"{share('cpu_busy')}", flush=True)
     print(f"CLI decoder={label}: timeline (s after process start) "
           + ", ".join(f"{k} {v:.1f}" for k, v in sorted(t["timeline_s"].items(), key=lambda kv: kv[1]))
           + f"; warm-up {t.get('warmup')}", flush=True)
@@ -929,8 +944,11 @@ def run_cli(videos: list[Path], tiny: bool, work: Path = Path("/tmp/workload_cli
         shutil.rmtree(root)
     ct.write_benchmark(root, videos, copies)
     out = work / f"out_{decoder}_{int(time.time() * 1000)}"
-    timing, total_s = ct.run_predict(ckpt, root, out, config, extra + [f"--data.init_args.decoder={decoder}"]
-                                     + [_cli_option(o) for o in opts])
+    with UtilSampler() as util:
+        launched = time.perf_counter()
+        timing, total_s = ct.run_predict(ckpt, root, out, config, extra + [f"--data.init_args.decoder={decoder}"]
+                                         + [_cli_option(o) for o in opts])
+    timing["util"] = cli_util(util, launched, timing.get("timeline_s") or {})
     timing["out"] = out
     used: dict = {}
     for f in out.glob("*/*/rank*.jsonl"):
@@ -943,6 +961,17 @@ def run_cli(videos: list[Path], tiny: bool, work: Path = Path("/tmp/workload_cli
     timing["first_answer_s"] = timing["timeline_s"]["first_answer"]
     timing.update(wait_figures(timing))
     return timing
+
+
+def cli_util(util: UtilSampler, launched: float, timeline: dict) -> dict:
+    """The busy shares of a CLI run (:class:`UtilSampler`) from its first decode's start to the end of predicting
+    (the run's ``timeline_s``, seconds after its process start, which ``launched`` approximates: the subprocess's
+    launch on this process's ``perf_counter``), with that window's bounds in the run's seconds; the whole run's
+    samples where the timeline lacks those marks."""
+    a, b = timeline.get("first_decode_start"), timeline.get("predict_end")
+    if a is None or b is None or b <= a:
+        return {**util.summary(), "window_s": None}
+    return {**util.summary((launched + a, launched + b)), "window_s": (a, b)}
 
 
 def wait_figures(timing: dict) -> dict:

@@ -121,6 +121,7 @@ def test_tiny_run(tmp_path):
                          capture_output=True, text=True, check=True, cwd=BENCH.parent.parent).stdout
     assert "frames identical cpu vs nvdec: 3 of 3 videos" in out
     assert "GPU step per video from: the CLI's timing_rank0.json" in out
+    assert "CLI decoder=cpu: busy from the first decode to the end" in out and "NVDEC -, SM -, CPU " in out
     assert "full Video-MME (900 videos, 4k+16k, one GPU)" in out
     for cls in ("short", "medium", "long"):
         assert f"\n{cls:<7} cpu " in out and f"\n{cls:<7} nvdec " in out
@@ -228,3 +229,19 @@ def test_record_differences_name_the_fields(tmp_path):
     assert workload.record_differences(a, b) == [
         "('b4096', '2', 4096, None): pred 'B' -> 'D'; video_info.n '3' -> '4'",
         "('b4096', '3', 4096, None): missing"]
+
+
+def test_util_summary_within_a_window_and_a_cli_runs_window():
+    """The busy shares of the samples inside a perf_counter window, by hand; a CLI run's window is its first
+    decode's start to its predict end, shifted by the launch time; without those marks, every sample."""
+    workload = _bench()
+    u = workload.UtilSampler()
+    u.cpu, u.cpu_at = [0.1, 0.5, 0.9, 0.3], [1.0, 2.0, 3.0, 4.0]
+    u.gpu, u.gpu_at = [(0.2, 1.0), (0.4, 0.5), (0.8, 0.0)], [1.5, 2.5, 3.5]
+    s = u.summary((2.0, 3.6))
+    assert s["cpu_busy"] == {"mean": 0.7, "p90": 0.5} and s["samples"] == 2      # 0.5, 0.9: p90 index int(0.9)=0
+    assert s["gpu_sm_busy"] == {"mean": 0.6, "p90": 0.4} and s["nvdec_busy"] == {"mean": 0.25, "p90": 0.0}
+    assert u.summary()["samples"] == 4 and u.summary()["nvdec_busy"]["mean"] == 0.5
+    got = workload.cli_util(u, 0.5, {"first_decode_start": 1.5, "predict_end": 3.1})   # window 2.0-3.6
+    assert got["window_s"] == (1.5, 3.1) and got["cpu_busy"] == s["cpu_busy"]
+    assert workload.cli_util(u, 0.5, {})["window_s"] is None and workload.cli_util(u, 0.5, {})["samples"] == 4
