@@ -28,10 +28,17 @@ from datamodules.part_join import interleave_parts  # noqa: E402
 from datamodules.sharding import run_order  # noqa: E402
 
 
-def load_rows(path: Path) -> tuple[list[dict], float]:
-    """(per_video rows, GPU start relative to the first decode start) of the file's (last) CLI run."""
+def load_rows(path: Path, label: str | None = None) -> tuple[list[dict], float]:
+    """(per_video rows, GPU start relative to the first decode start) of the file's CLI run named ``label`` (a
+    ``bench/workload.py --cli --json`` file; its last run when None) or of a ``timing_rank0.json``.
+
+    Raises:
+        SystemExit: no run of that label (the labels the file has are named)."""
     data = json.loads(path.read_text())
-    run = list(data["cli_runs"].values())[-1] if "cli_runs" in data else data
+    runs = data.get("cli_runs") or {}
+    if label is not None and label not in runs:
+        raise SystemExit(f"{path}: no CLI run {label!r}; it has {sorted(runs) or 'none'}")
+    run = runs[label] if label is not None else (list(runs.values())[-1] if runs else data.get("timing") or data)
     rows = run["per_video"]
     t0 = min(r["decode_start"] for r in rows)
     gpu = run.get("timeline_s", {}).get("model_loaded", t0) - t0
@@ -90,12 +97,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, nargs="?", help="timing_rank0.json or a bench/workload.py --cli --json file")
     ap.add_argument("--synthetic", type=int, default=None, help="instead of a run: this many videos (synthetic_rows)")
+    ap.add_argument("--label", default=None, help="which CLI run of a workload json (e.g. 'auto#2'; default the last)")
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--scales", type=float, nargs="+", default=[1.0, 0.75, 0.5])
     args = ap.parse_args(argv)
     if (args.run is None) == (args.synthetic is None):
         ap.error("give a run's json or --synthetic N")
-    rows, gpu_start = load_rows(args.run) if args.run else (synthetic_rows(args.synthetic), 5.0)
+    rows, gpu_start = load_rows(args.run, args.label) if args.run else (synthetic_rows(args.synthetic), 5.0)
     costs = [(r["decode_end"] - r["decode_start"]) * r.get("decode_parts", 1) for r in rows]
     order = run_order(range(len(rows)), costs, args.workers)
     counts = [r.get("decode_parts", 1) for r in rows]

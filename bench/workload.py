@@ -792,7 +792,7 @@ def main(argv=None) -> dict:
     summary = summarize(rows_by_path, steps, workers, walls, UTIL)
     print_table(summary, bool(args.window_s), step_source)
     result = {"rows": rows_by_path, "pool_wall_s": walls, "summary": summary, "steps": steps, "timing": timing,
-              "util": UTIL}
+              "util": UTIL, "cli_runs": timings if (args.cli or args.tiny) else {}}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))
     return result

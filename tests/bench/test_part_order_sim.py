@@ -48,6 +48,19 @@ def test_main_reads_a_cli_json(sim, tmp_path, capsys):
     assert "4 videos (2 in parts), 2 workers, GPU from 0.5 s" in capsys.readouterr().out
 
 
+def test_main_picks_a_run_by_label(sim, tmp_path):
+    """A workload json holds every CLI run (``cli_runs``) beside ``timing`` (the last): ``--label`` picks one; a
+    label the file lacks is refused with the labels it has."""
+    whole = [dict(r, decode_parts=1) for r in ROWS]
+    f = tmp_path / "cli.json"
+    f.write_text(json.dumps({"timing": {"per_video": whole}, "cli_runs": {
+        "auto": {"per_video": ROWS, "timeline_s": {"model_loaded": 0.5}}, "auto#2": {"per_video": whole}}}))
+    assert sim.load_rows(f, "auto") == (ROWS, 0.5)
+    assert sim.load_rows(f) == (whole, 0.0)
+    with pytest.raises(SystemExit, match=r"no CLI run 'off'; it has \['auto', 'auto#2'\]"):
+        sim.load_rows(f, "off")
+
+
 def test_synthetic_set_and_its_replay(sim, capsys):
     """``--synthetic N``: a third of the videos long and in 4 parts, the rest whole; every window within 30 % of its
     kind's; the same rows for the same seed; main refuses both a run and --synthetic, or neither."""
