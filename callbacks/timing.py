@@ -213,7 +213,8 @@ class StageTimer(Callback):
         rows = "  ".join(f"{k} {s['stages_s'][k]:.2f}s ({100 * s['stages_share'][k]:.0f}%)" for k in self.STAGES)
         print(f"[rank {trainer.global_rank}] {s['videos']} video{'' if s['videos'] == 1 else 's'} in "
               f"{s['wall_s']:.2f}s: {rows}")
-        hint = self.wait_hint(s, getattr(trainer.datamodule, "num_workers", None) if trainer.datamodule else None)
+        dm = trainer.datamodule
+        hint = self.wait_hint(s, getattr(dm, "workers", getattr(dm, "num_workers", None)) if dm else None)
         if hint:
             print(f"[rank {trainer.global_rank}] {hint}")
         waits = self.longest_waits(s)

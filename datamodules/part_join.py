@@ -51,6 +51,33 @@ def decode_parts(paths: Sequence[str], part_mb: float | None, max_parts: int) ->
     return out
 
 
+def within_spare_workers(counts: Sequence[int], workers: int) -> list[int]:
+    """``counts`` (:func:`decode_parts`) cut down so that the parts use only the workers that would otherwise hold no
+    video: the extra parts (``sum(k - 1)``) are at most ``workers - len(counts)``, given to the videos with the most
+    parts first (ties by position), each as many as it asks for while they last; none when the rank has at least as
+    many videos as workers.
+
+    Why: parts shorten one long video's latency at the cost of more decode sessions beside the other videos. With
+    as many videos in flight as workers the engines are the bound and the parts only add to it: on 3 copies of the
+    workload set (18 videos, H100, 2026-12-06, ``bench/results/s7call2_cli_workers_h100_2026-12-06.txt``) the GPU
+    waited 31.5 % after the first video with 16 workers and parts (a medium video's 3 parts started 39 s late behind
+    three 30-minute videos' 8 parts each) against 10.6 % with the same workers and every video whole; on the
+    6-video set (8 workers) parts took the wait from 34 % to 4-11 % (session 6). A resumed run with few videos
+    left gets its parts back.
+
+    >>> within_spare_workers([4, 1, 3], 6)   # 3 spare: the 4-part video takes them all
+    [4, 1, 1]
+    >>> within_spare_workers([4, 1, 3], 3)
+    [1, 1, 1]
+    """
+    spare = max(0, int(workers) - len(counts))
+    out = [1] * len(counts)
+    for i in sorted(range(len(counts)), key=lambda i: (-counts[i], i)):
+        extra = min(max(counts[i] - 1, 0), spare)
+        out[i], spare = 1 + extra, spare - extra
+    return out
+
+
 def interleave_parts(videos: Sequence[int], counts: Sequence[int]) -> list[int]:
     """The order the loader takes the videos in when some are decoded in parts: ``videos``' order (the rank's
     :func:`datamodules.sharding.run_order`) kept within the whole videos and within the split ones, and after a video

@@ -19,9 +19,11 @@ from algorithms.errors import SettingError, check_int
 
 from .benchmarks import AnnotationError, Question, canonical_loader_kwargs, load_benchmark
 from .benchmarks.base import check_media_present, path_problem
-from .decode import DECODERS, MAX_REPLACED_FRAC, STRICT_FRAMES, NATIVE_DECODE_BYTES, auto_decode_threads
+from .decode import (DECODERS, MAX_REPLACED_FRAC, STRICT_FRAMES, NATIVE_DECODE_BYTES, auto_decode_threads,
+                     auto_num_workers)
 from .fork_context import fork_context
-from .part_join import DECODE_PART_MB, JoiningLoader, PartSampler, decode_parts, max_parts
+from .part_join import (DECODE_PART_MB, JoiningLoader, PartSampler, decode_parts, max_parts,
+                        within_spare_workers)
 from .sharding import CostBalancedSampler, estimate_cost
 from .video_items import VideoQADataset, VideoTask  # noqa: F401 - re-exported (defined apart: see there)
 from .worker_server import WORKER_PRELOAD  # noqa: F401 - re-exported: decode_worker_context's list
@@ -98,7 +100,8 @@ class VideoQADataModule(LightningDataModule):
         benchmark: loader name (``videomme``, ``mlvu``, ``lvb``, ``worldsense``).
         root: benchmark root directory.
         loader_kwargs: extra arguments of the loader (e.g. ``{"parquet": ...}``).
-        num_workers: DataLoader worker processes decoding videos.
+        num_workers: DataLoader worker processes decoding videos; ``None``: this host's CPUs per GPU process, at
+            least 2, at most 16 (:func:`datamodules.decode.auto_num_workers`).
         prefetch_factor: videos each worker decodes ahead.
         decode_max_side: longest decoded side (pixels) of a video whose native-size frames would exceed
             ``native_decode_bytes``.
@@ -147,7 +150,7 @@ class VideoQADataModule(LightningDataModule):
     """
 
     def __init__(self, benchmark: str = "videomme", root: str = "assets/demo_videomme",
-                 loader_kwargs: dict | None = None, num_workers: int = 2, prefetch_factor: int = 2,
+                 loader_kwargs: dict | None = None, num_workers: int | None = 2, prefetch_factor: int = 2,
                  decode_max_side: int = 896, decode_threads: int | None = None, limit_videos: int | None = None,
                  native_decode_bytes: float = NATIVE_DECODE_BYTES, short_clip_first_frame: bool = False,
                  max_replaced_frac: float = MAX_REPLACED_FRAC, hold_encoder_sizes: bool = True,
@@ -180,8 +183,9 @@ class VideoQADataModule(LightningDataModule):
         self.decode_max_side, self.limit_videos = decode_max_side, limit_videos
         check_int("data.decode_threads", decode_threads, 1, allow_none=True,
                   none_means="this host's CPUs shared among the decoders")
-        for name, value, low in (("num_workers", num_workers, 0), ("prefetch_factor", prefetch_factor, 1),
-                                 ("decode_max_side", decode_max_side, 2)):
+        check_int("data.num_workers", num_workers, 0, allow_none=True,
+                  none_means="this host's CPUs per GPU process, 2 to 16")
+        for name, value, low in (("prefetch_factor", prefetch_factor, 1), ("decode_max_side", decode_max_side, 2)):
             check_int(f"data.{name}", value, low)
         check_int("data.limit_videos", limit_videos, 1, allow_none=True, none_means="all videos")
         self.decode_threads = decode_threads
@@ -196,6 +200,14 @@ class VideoQADataModule(LightningDataModule):
             raise SettingError(f"data.max_replaced_frac must be a number in [0, 1), got {max_replaced_frac!r}")
         self.max_replaced_frac = float(max_replaced_frac)
         self.questions: list[Question] | None = None
+
+    @property
+    def workers(self) -> int:
+        """The run's DataLoader workers: ``num_workers``, or where it is ``None``
+        :func:`datamodules.decode.auto_num_workers` for this host's processes (the trainer's devices)."""
+        if self.num_workers is not None:
+            return self.num_workers
+        return auto_num_workers(self.trainer.num_devices if self.trainer is not None else 1)
 
     # settings recorded in run.json only when they differ from these defaults (absent there = the default, compared)
     RECORD_DEFAULTS = {"max_replaced_frac": MAX_REPLACED_FRAC, "strict_frames": STRICT_FRAMES}
@@ -269,7 +281,7 @@ class VideoQADataModule(LightningDataModule):
             self._sizing = sizing_of() if self.hold_encoder_sizes and sizing_of is not None else None
             self._sizing_of = id(module)
         preload = () if self._sizing is None else (type(self._sizing.processor).__module__,)
-        return decode_worker_context(self.decoder, self.num_workers, torch.cuda.is_available(), preload)
+        return decode_worker_context(self.decoder, self.workers, torch.cuda.is_available(), preload)
 
     def _start_worker_server(self) -> None:
         """Start the fork server now (it imports the workers' modules while the model loads), when this run's
@@ -280,7 +292,7 @@ class VideoQADataModule(LightningDataModule):
         server: the CPU path, ``decoder: cpu``, no workers; or a server already started by
         :func:`datamodules.worker_server.start_early`) it is read when the loader is built, after the module's
         set-up has started the weight load (``timeline_s``: ``setup`` earlier by that much)."""
-        if self.trainer is None or decode_worker_context(self.decoder, self.num_workers, torch.cuda.is_available(),
+        if self.trainer is None or decode_worker_context(self.decoder, self.workers, torch.cuda.is_available(),
                                                          set_preload=False) is None:
             return
         from .worker_server import started_early
@@ -359,19 +371,19 @@ class VideoQADataModule(LightningDataModule):
         if world > 1 and self.trainer._accelerator_connector.use_distributed_sampler:
             raise RuntimeError("VideoQADataModule shards whole videos itself: set `trainer.use_distributed_sampler: "
                                "false` (Lightning would otherwise split this rank's share again)")
-        sampler = CostBalancedSampler(costs, world, rank, self.num_workers)
+        sampler = CostBalancedSampler(costs, world, rank, self.workers)
         self.report_resume(jobs, done, tasks, len(sampler))
         parts = None
         if self._splits():   # a long video as parts over several workers (this rank's videos only are stat'ed)
             parts = [1] * len(tasks)
             mine = sorted(sampler.indices)
-            counts = decode_parts([tasks[i].video_path for i in mine], self.decode_part_mb,
-                                  max_parts(self.num_workers))
+            counts = within_spare_workers(decode_parts([tasks[i].video_path for i in mine], self.decode_part_mb,
+                                                       max_parts(self.workers)), self.workers)
             for i, k in zip(mine, counts):
                 parts[i] = k
         threads = self.decode_threads
         if threads is None:
-            threads = auto_decode_threads(self.num_workers, self.trainer.num_devices)
+            threads = auto_decode_threads(self.workers, self.trainer.num_devices)
         context = self._worker_context()
         sizing = self._sizing
         ds = VideoQADataset(tasks, max_budget, self.decode_max_side, threads,
@@ -387,19 +399,19 @@ class VideoQADataModule(LightningDataModule):
 
             marks.setdefault("loader_built", process_age_s())
         if ds.parts is None:
-            return video_loader(ds, sampler, self.num_workers, self.prefetch_factor, pin, context, self.in_order)
+            return video_loader(ds, sampler, self.workers, self.prefetch_factor, pin, context, self.in_order)
         n_split = sum(k > 1 for k in ds.parts)
         print(f"[rank {rank}] {self.benchmark}: {n_split} long video{'s' * (n_split != 1)} decoded in parts by "
               f"several workers (data.decode_part_mb={self.decode_part_mb:g}; each worker holds one item at a time)",
               flush=True)
         # one item per worker at a time (prefetch_factor 1): with in_order=False the loader then gives the next item
         # to a worker that holds none, so no video waits behind a long part in a busy worker's queue
-        loader = video_loader(ds, PartSampler(sampler, ds), self.num_workers, 1, pin, context, self.in_order)
+        loader = video_loader(ds, PartSampler(sampler, ds), self.workers, 1, pin, context, self.in_order)
         return JoiningLoader(loader, ds, len(sampler))
 
     def _splits(self) -> bool:
         """Whether this run decodes long videos in parts (``decode_part_mb``'s conditions)."""
-        return bool(self.decode_part_mb) and self.decoder != "cpu" and self.num_workers >= 2 \
+        return bool(self.decode_part_mb) and self.decoder != "cpu" and self.workers >= 2 \
             and torch.cuda.is_available() and not self.strict_frames and self.max_replaced_frac == 0
 
 

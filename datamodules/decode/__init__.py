@@ -9,7 +9,7 @@ The pipeline, one file per step:
                       B-frames, pts = dts with B-frames, a frame size change: a full decode)
 ``display.py``        the display matrix as the ffmpeg CLI's autorotation applies it (transposes and flips)
 ``plan.py``           :func:`plan_decode` -> :class:`DecodePlan`: seed 001's frames and the decode size;
-                      :func:`auto_decode_threads`
+                      :func:`auto_decode_threads`, :func:`auto_num_workers`
 ``readers.py``        :data:`READERS`, the registry, and :func:`resolve_decoder` (``data.decoder``: cpu, nvdec, auto)
 ``cpu.py``            the CPU readers ``decord``, ``pyav`` and :func:`cpu_reader_for`
 ``pyav_skip.py``      the CPU readers ``pyav_skip``, ``pyav_sws`` (decord's frames and the concealment flags in
@@ -44,7 +44,8 @@ and ``from datamodules.decode import nvdec`` imports PyNvVideoCodec (it must com
 """
 from datamodules.decode.errors import DecodeError, NvdecError, short_error
 from datamodules.decode.probe import VideoProbe, is_variable_frame_rate, probe_video
-from datamodules.decode.plan import (NATIVE_DECODE_BYTES, DecodePlan, auto_decode_threads, decode_frame_size,
+from datamodules.decode.plan import (NATIVE_DECODE_BYTES, DecodePlan, auto_decode_threads, auto_num_workers,
+                                     decode_frame_size,
                                      decode_size, plan_decode)
 from datamodules.decode.readers import DECODERS, READERS, ReaderFactory, resolve_decoder
 from datamodules.decode.cpu import PYAV_SKIP_CODECS, PYAV_SKIP_PIX_FMTS, PYAV_SWS_CODECS, cpu_reader_for
@@ -59,7 +60,7 @@ __all__ = ["DECODERS", "DecodeError", "DecodePlan", "DecodedVideo", "EncoderFram
            "HOLD_CHUNK_BYTES", "MAX_REPLACED_FRAC", "NATIVE_DECODE_BYTES", "NvdecError", "PYAV_SKIP_CODECS",
            "PartMismatch", "join_frames", "join_info", "part_bounds",
            "PYAV_SKIP_PIX_FMTS", "PYAV_SWS_CODECS", "READERS", "ReaderFactory", "STRICT_FRAMES", "VideoProbe",
-           "auto_decode_threads",
+           "auto_decode_threads", "auto_num_workers",
            "concealed_frames", "cpu_reader_for", "decode_at_indices", "decode_frame_size", "decode_size",
            "decode_video", "decord_frame_count", "held_bytes", "hold_chunk_frames", "is_variable_frame_rate",
            "plan_decode", "probe_video", "replace_unreadable", "resolve_decoder", "short_error"]

@@ -48,6 +48,31 @@ def auto_decode_threads(workers: int, local_processes: int = 1, cpus: int | None
     return int(min(max(cpus // (max(workers, 1) * max(local_processes, 1)), 1), cap))
 
 
+def auto_num_workers(local_processes: int = 1, cpus: int | None = None, cap: int = 16) -> int:
+    """Decode workers per process when ``data.num_workers`` is ``null``: this host's CPUs shared among its
+    processes, at least 2, at most ``cap``.
+
+    Why 16 on a 16-core one-GPU host: the NVDEC workers spend much of each video off the engines (demuxing, packet
+    filtering, set-up), so 8 workers left the engines idle half the time while every worker was busy; on 3 copies of
+    the workload set (H100, 2026-12-06) 16 workers took the GPU's wait after the first video from 19.5-26.9 % (8) to
+    10.6 % (``bench/results/s7call2_cli_workers_h100_2026-12-06.txt``), CPU 57 % busy.
+
+    Args:
+        local_processes: processes of this host (DDP ranks), each with its own workers.
+        cpus: CPUs this process may use (default: its affinity mask; a mask smaller than the host is this
+            process's own share and ``local_processes`` is ignored, as in :func:`auto_decode_threads`).
+        cap: most workers per process.
+
+    Returns:
+        ``clip(cpus // local_processes, 2, cap)``.
+    """
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        if cpus < (os.cpu_count() or cpus):
+            local_processes = 1
+    return int(min(max(cpus // max(local_processes, 1), 2), cap))
+
+
 def decode_size(height: int, width: int, max_side: int) -> tuple[int, int]:
     """Decode size keeping the aspect ratio with the long side ``<= max_side`` (even sizes; unchanged if smaller)."""
     scale = min(1.0, max_side / max(height, width))

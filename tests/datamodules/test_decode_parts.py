@@ -95,6 +95,34 @@ def test_decode_parts_by_file_size(tmp_path):
     assert [max_parts(w) for w in (2, 3, 8, 16)] == [2, 2, 4, 8]
 
 
+def test_parts_take_only_spare_workers():
+    """Extra parts (k - 1 each) add up to at most workers - videos, the videos asking for most parts served first
+    (ties by position), each up to what it asks; none where the videos fill the workers."""
+    from datamodules.part_join import within_spare_workers
+
+    assert within_spare_workers([4, 1, 3], 8) == [4, 1, 3]      # 5 spare, 5 asked
+    assert within_spare_workers([4, 1, 3], 6) == [4, 1, 1]      # 3 spare: the 4-part video's 3 extra
+    assert within_spare_workers([3, 1, 4], 7) == [2, 1, 4]      # 4 spare: 3 to the 4-part video, 1 left for the 3
+    assert within_spare_workers([2, 2, 2], 5) == [2, 2, 1]      # 2 spare: ties by position
+    assert within_spare_workers([4, 4] + [1] * 14, 16) == [1] * 16   # 16 videos, 16 workers (call 2's set): none
+    assert within_spare_workers([8, 3, 2, 1, 1, 1], 16) == [8, 3, 2, 1, 1, 1]   # the 6-video set, 16 workers
+    assert within_spare_workers([], 4) == []
+
+
+def test_auto_num_workers_shares_the_host():
+    """``data.num_workers: null``: CPUs // local processes, at least 2, at most 16; a process pinned to fewer CPUs
+    than the host keeps its own share (its mask is per rank already)."""
+    from datamodules.decode import auto_num_workers
+
+    assert auto_num_workers(1, cpus=16) == 16
+    assert auto_num_workers(1, cpus=64) == 16
+    assert auto_num_workers(8, cpus=64) == 8
+    assert auto_num_workers(8, cpus=128) == 16
+    assert auto_num_workers(4, cpus=6) == 2
+    assert auto_num_workers(1, cpus=2) == 2
+    assert auto_num_workers(1, cpus=48, cap=32) == 32
+
+
 # ------------------------------------------------------------------ the join equals the whole decode
 def _equal_frames(a, b) -> bool:
     if isinstance(a, EncoderFrames) or isinstance(b, EncoderFrames):
@@ -335,10 +363,11 @@ def test_predict_records_equal_with_and_without_parts(tiny_vl3_dir, demo_bench, 
     real_loader = vq.video_loader
     monkeypatch.setattr(vq, "video_loader", lambda ds, sampler, workers, pf, *a: prefetch.append(pf) or
                         real_loader(ds, sampler, workers, pf, *a))
-    # the clip is 0.19 MB, realshort.mp4 0.10 MB: at 0.05 MB a part, both are split over the 2 workers
+    # the clip is 0.19 MB, realshort.mp4 0.10 MB: at 0.05 MB a part, both are split in 2 (at most half of the 4
+    # workers each), using the 2 workers the 2 videos leave spare (within_spare_workers)
     parts = run_predict(tiny_vl3_dir, demo_bench, tmp_path / "parts", budgets=(256, 1024),
                         model_args={"max_new_tokens": 2},
-                        extra=["--data.init_args.num_workers=2", "--data.init_args.decode_part_mb=0.05",
+                        extra=["--data.init_args.num_workers=4", "--data.init_args.decode_part_mb=0.05",
                                "--data.init_args.decoder=auto"])
     assert joined == [2, 2] and again == [] and prefetch == [1]   # one item per worker at a time when split
     key = lambda r: (r["job"], r["qid"])  # noqa: E731
@@ -392,3 +421,22 @@ def test_a_truncated_file_gives_the_same_error_every_time(tmp_path):
         seen.add(str(e.value))
     assert seen == {f"{bad}: cannot read the container (truncated, corrupted or not a video file; moov atom not found)"}
     assert av.logging.get_skip_repeated() == before
+
+
+def test_num_workers_null_is_the_hosts_share(monkeypatch):
+    """``num_workers: null`` resolves through auto_num_workers with the trainer's devices as the host's processes;
+    a number is kept; a negative one is refused naming the field."""
+    from types import SimpleNamespace
+
+    import datamodules.videoqa as vq
+    from algorithms.errors import SettingError
+
+    seen = []
+    monkeypatch.setattr(vq, "auto_num_workers", lambda procs: seen.append(procs) or 7)
+    dm = vq.VideoQADataModule(num_workers=None)
+    assert dm.workers == 7 and seen == [1]
+    dm.trainer = SimpleNamespace(num_devices=4)   # Lightning's trainer attribute, as the loop sets it
+    assert dm.workers == 7 and seen == [1, 4]
+    assert vq.VideoQADataModule(num_workers=3).workers == 3
+    with pytest.raises(SettingError, match="data.num_workers"):
+        vq.VideoQADataModule(num_workers=-1)
