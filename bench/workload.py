@@ -782,6 +782,13 @@ def main(argv=None) -> dict:
                       f"{same} of {total}", flush=True)
                 for line in record_differences(timings[first]["out"], t["out"]) if same < total else []:
                     print(f"  differs: {line}", flush=True)
+                if same < total:   # every record: which fields differ, and equality apart from the unchecked flag
+                    fields = differing_fields(timings[first]["out"], t["out"])
+                    print("  differing fields over all records: "
+                          + "; ".join(f"{k} ({n})" for k, n in fields.items()), flush=True)
+                    rest, _ = compare_records(timings[first]["out"], t["out"], READER_FIELDS + (UNCHECKED_FIELD,))
+                    print(f"records identical apart from video_info.{UNCHECKED_FIELD} (NVDEC's frames carry no "
+                          f"concealment flags): {rest} of {total}", flush=True)
             if args.json:   # what has run so far
                 Path(args.json).write_text(json.dumps({"cli_runs": timings}, indent=1, default=str))
         timing = timings[list(timings)[-1]]
@@ -836,24 +843,52 @@ def duration_s(path: Path) -> float:
         return float(c.duration or 0) / 1e6
 
 
-def _records(out: Path) -> dict[tuple, str]:
-    """``{(file, qid, budget, variant): record}`` of a predict folder, each record without ``video_info.decoder`` /
-    ``decoder_fallback`` (which reader decoded it) as canonical JSON."""
+READER_FIELDS = ("decoder", "decoder_fallback")   # video_info fields that name the reader: left out of comparisons
+UNCHECKED_FIELD = "concealment_checked"   # video_info: false where NVDEC decoded (its frames carry no flags)
+
+
+def _records(out: Path, drop: tuple[str, ...] = READER_FIELDS) -> dict[tuple, str]:
+    """``{(file, qid, budget, variant): record}`` of a predict folder, each record without the ``video_info``
+    fields in ``drop`` (default: which reader decoded it) as canonical JSON."""
     recs = {}
     for f in sorted(out.glob("*/*/rank*.jsonl")):
         for line in f.read_text().splitlines():
             r = json.loads(line)
-            for k in ("decoder", "decoder_fallback"):
+            for k in drop:
                 (r.get("video_info") or {}).pop(k, None)
             recs[(f.parent.parent.name, r.get("qid"), r.get("budget"), r.get("variant"))] = \
                 json.dumps(r, sort_keys=True)
     return recs
 
 
-def compare_records(a: Path, b: Path) -> tuple[int, int]:
-    """(records equal byte for byte, records of ``a``) between two predict folders."""
-    ra, rb = _records(a), _records(b)
+def compare_records(a: Path, b: Path, drop: tuple[str, ...] = READER_FIELDS) -> tuple[int, int]:
+    """(records equal byte for byte, records of ``a``) between two predict folders, the ``video_info`` fields in
+    ``drop`` left out."""
+    ra, rb = _records(a, drop), _records(b, drop)
     return sum(rb.get(k) == v for k, v in ra.items()), len(ra)
+
+
+def differing_fields(a: Path, b: Path) -> dict[str, int]:
+    """Over every record of ``a``: how many records differ in each set of fields (``"pred, video_info.n"``;
+    ``"missing"`` where ``b`` lacks the record), the reader's fields left out; the most frequent first."""
+    ra, rb = _records(a), _records(b)
+    counts: dict[str, int] = {}
+    for k, v in ra.items():
+        if rb.get(k) == v:
+            continue
+        if k not in rb:
+            key = "missing"
+        else:
+            fx, fy = _flat(json.loads(v)), _flat(json.loads(rb[k]))
+            key = ", ".join(f for f in sorted(set(fx) | set(fy)) if fx.get(f) != fy.get(f))
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _flat(r: dict) -> dict:
+    """A record's top-level fields and its ``video_info`` fields as ``video_info.<field>``."""
+    return {**{f: r[f] for f in r if f != "video_info"},
+            **{f"video_info.{f}": w for f, w in (r.get("video_info") or {}).items()}}
 
 
 def record_differences(a: Path, b: Path, limit: int = 3) -> list[str]:
@@ -868,10 +903,7 @@ def record_differences(a: Path, b: Path, limit: int = 3) -> list[str]:
         if k not in rb:
             out.append(f"{k}: missing")
         else:
-            x, y = json.loads(v), json.loads(rb[k])
-            flat = lambda r: {**{f: r[f] for f in r if f != "video_info"},   # noqa: E731
-                              **{f"video_info.{f}": w for f, w in (r.get("video_info") or {}).items()}}
-            fx, fy = flat(x), flat(y)
+            fx, fy = _flat(json.loads(v)), _flat(json.loads(rb[k]))
             fields = [f"{f} {str(fx.get(f))[:80]!r} -> {str(fy.get(f))[:80]!r}" for f in sorted(set(fx) | set(fy))
                       if fx.get(f) != fy.get(f)]
             out.append(f"{k}: " + "; ".join(fields))

@@ -229,6 +229,28 @@ def test_record_differences_name_the_fields(tmp_path):
     assert workload.record_differences(a, b) == [
         "('b4096', '2', 4096, None): pred 'B' -> 'D'; video_info.n '3' -> '4'",
         "('b4096', '3', 4096, None): missing"]
+    assert workload.differing_fields(a, b) == {"missing": 1, "pred, video_info.n": 1}
+
+
+def test_differing_fields_count_every_record_and_the_unchecked_flag_apart(tmp_path):
+    """All records are counted (not only the first few printed); ``concealment_checked`` (false where NVDEC
+    decoded, absent on the CPU) is a field that differs, and leaving it out too gives the equality of the rest."""
+    import json
+
+    workload = _bench()
+    for name, flag in (("nv", {"decoder": "nvdec", "concealment_checked": False}), ("cpu", {"decoder": "pyav_sws"})):
+        f = tmp_path / name / "b4096" / "videomme" / "rank0.jsonl"
+        f.parent.mkdir(parents=True)
+        recs = [{"qid": str(i), "budget": 4096, "pred": "A", "video_info": {"n": 3, **flag}} for i in range(5)]
+        if name == "cpu":
+            recs[4]["pred"] = "B"
+        f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    nv, cpu = tmp_path / "nv", tmp_path / "cpu"
+    assert workload.compare_records(nv, cpu) == (0, 5)
+    assert workload.differing_fields(nv, cpu) == {"video_info.concealment_checked": 4,
+                                                  "pred, video_info.concealment_checked": 1}
+    drop = workload.READER_FIELDS + (workload.UNCHECKED_FIELD,)
+    assert workload.compare_records(nv, cpu, drop) == (4, 5)
 
 
 def test_util_summary_within_a_window_and_a_cli_runs_window():

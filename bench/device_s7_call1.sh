@@ -1,10 +1,10 @@
 #!/bin/bash
-# The next GPU call, prepared in session 6 (2026-12-06; not run: no device time left), on the tree that interleaves
+# Session 7, call 1 (2026-12-06; prepared in session 6 as bench/device_next.sh), on the tree that interleaves
 # split videos with whole ones and starts the CPU decoders' workers from the fork server on CUDA. First the GPU tests
 # (the graph capture beside a pinning thread, the NVDEC tests) while the set is made; then the user's CLI on 3 copies
 # of the set (18 videos in flight): parts on (cold), on (warm), off (warm), records compared; bench/part_order_sim.py
 # on the warm parts run. bench/device_next_records.sh is the call after it (decoder=cpu against auto, whole set).
-#   bash bench/device_next.sh          (carry .whl/nvdec_clips)
+#   bash bench/device_s7_call1.sh          (carry .whl/nvdec_clips)
 set -u
 . bench/device_site.sh
 export NVDEC_TEST_CLIPS=$PWD/.whl/nvdec_clips
