@@ -372,6 +372,11 @@ def test_predict_records_equal_with_and_without_parts(tiny_vl3_dir, demo_bench, 
     assert joined == [2, 2] and again == [] and prefetch == [1]   # one item per worker at a time when split
     key = lambda r: (r["job"], r["qid"])  # noqa: E731
     assert len(whole) == 14 and sorted(parts, key=key) == sorted(whole, key=key)
+    # 2 videos for 2 workers: no worker is spare, so nothing is split (the plain loader, 2 items ahead per worker)
+    run_predict(tiny_vl3_dir, demo_bench, tmp_path / "full", budgets=(256,), model_args={"max_new_tokens": 2},
+                extra=["--data.init_args.num_workers=2", "--data.init_args.decode_part_mb=0.05",
+                       "--data.init_args.decoder=auto"])
+    assert joined == [2, 2] and prefetch == [1, 2]
 
 
 def test_a_stream_whose_key_frames_are_not_clean_starts_is_decoded_whole(caplog):
