@@ -151,6 +151,28 @@ def test_simulated_run_hand_cases():
         sim([1, 2], [1], 1, [1, 1], 1)
 
 
+def test_simulated_run_out_of_order_hand_cases():
+    """simulate_run(in_order=False), as the CLI's loader delivers (worked out by hand from torch's
+    ``_try_put_index``: a taken video frees its worker's slot, the next video goes to the next worker in the cycle
+    with a free slot)."""
+    sim = _bench().simulate_run
+    # 2 workers, 1 slot each: v0 (10 s) on w0, v1 (1 s) on w1. v1 arrives at 1 and is stepped 1-2; its slot sends v2
+    # to w1 (w0's slot is full), decoded 1-2, stepped 2-3; v0 arrives at 10, stepped 10-11
+    r = sim([10, 1, 1], [1, 1, 1], workers=2, solo_fps=[1, 1, 1], capacity_fps=float("inf"), prefetch=1,
+            in_order=False)
+    assert r["arrive_s"] == [10, 1, 2] and r["start_s"] == [10, 1, 2] and r["wall_s"] == 11
+    # in order the same run steps v0 first (10-11), v1 (11-12), and v2 is sent to w0 only at 10: decoded 10-11,
+    # stepped 12-13
+    r = sim([10, 1, 1], [1, 1, 1], workers=2, solo_fps=[1, 1, 1], capacity_fps=float("inf"), prefetch=1)
+    assert r["start_s"] == [10, 11, 12] and r["wall_s"] == 13
+    # one worker, 2 slots: its videos in its queue's order, whatever the order of taking
+    r = sim([10, 10, 10], [5, 5, 5], workers=1, solo_fps=[10, 10, 10], capacity_fps=100, prefetch=2, in_order=False)
+    assert r["arrive_s"] == [1, 2, 3] and r["start_s"] == [1, 6, 11] and r["wall_s"] == 16
+    # a shared engine: 2 decodes in flight at 5 frames/s each; v1 (50 frames) ends at 10 s and is stepped first
+    r = sim([150, 50], [2, 2], workers=2, solo_fps=[10, 10], capacity_fps=10, in_order=False)
+    assert r["arrive_s"] == [20, 10] and r["start_s"] == [20, 10] and r["wall_s"] == 22
+
+
 def test_videomme_run_is_the_decode_bound_when_the_engine_is_slow():
     """900 videos whose decode needs far more than the GPU: the simulated wall is the engine's time for all the
     source frames, never less, and within 0.1 % more (moments when in-order delivery holds a worker back); with
