@@ -214,7 +214,8 @@ class StageTimer(Callback):
         print(f"[rank {trainer.global_rank}] {s['videos']} video{'' if s['videos'] == 1 else 's'} in "
               f"{s['wall_s']:.2f}s: {rows}")
         dm = trainer.datamodule
-        hint = self.wait_hint(s, getattr(dm, "workers", getattr(dm, "num_workers", None)) if dm else None)
+        hint = self.wait_hint(s, getattr(dm, "workers", getattr(dm, "num_workers", None)) if dm else None,
+                              chosen=dm is not None and hasattr(dm, "workers") and dm.num_workers is None)
         if hint:
             print(f"[rank {trainer.global_rank}] {hint}")
         waits = self.longest_waits(s)
@@ -249,10 +250,11 @@ class StageTimer(Callback):
         return max(stages.get("wait", 0.0) - first, 0.0), span
 
     @staticmethod
-    def wait_hint(s: dict, workers: int | None, threshold: float = 0.05) -> str | None:
+    def wait_hint(s: dict, workers: int | None, threshold: float = 0.05, chosen: bool = False) -> str | None:
         """A sizing hint when, after the first video (the pipeline fill, which more workers do not shorten), the GPU
         waited for data more than ``threshold`` of the wall time AND decoding is the bottleneck: ``decode seconds
-        per video / workers`` above the GPU seconds per video. Names the worker count that would keep up."""
+        per video / workers`` above the GPU seconds per video. Names the worker count that would keep up;
+        ``chosen``: ``workers`` came from ``data.num_workers: null`` (this host's CPUs), which the hint says."""
         n = s["videos"]
         stages = s["stages_s"]
         busy = sum(v for k, v in stages.items() if k not in ("load", "wait"))
@@ -266,5 +268,6 @@ class StageTimer(Callback):
         where = f"one of {workers} workers" if workers else "the main process (data.num_workers = 0)"
         return (f"the step waited for data {100 * steady / span:.0f}% of the time after the first video: decoding "
                 f"took {per_video:.2f}s per video in {where} against {gpu:.2f}s of model work per video; about "
-                f"{math.ceil(per_video / gpu)} workers would keep up (data.num_workers; data.decode_threads sets the "
-                f"decoder threads of each) if the host has the CPUs")
+                f"{math.ceil(per_video / gpu)} workers would keep up (data.num_workers"
+                + (f": null chose {workers} from this host's CPUs" if chosen else "")
+                + "; data.decode_threads sets the decoder threads of each) if the host has the CPUs")

@@ -227,7 +227,7 @@ class OmniQADataModule(VideoQADataModule):
     def __init__(self, benchmark: str = "worldsense", root: str = "outputs/demo_worldsense",
                  loader_kwargs: dict | None = None, frame_sampling: str = "omnizip", fps: float = 1.0,
                  max_frames: int = 128, processor_fps: float | None = 2.0, max_audio_s: float | None = None,
-                 num_workers: int = 2, prefetch_factor: int = 2, decode_max_side: int = 896,
+                 num_workers: int | None = 2, prefetch_factor: int = 2, decode_max_side: int = 896,
                  limit_videos: int | None = None):
         super().__init__(benchmark=benchmark, root=root, loader_kwargs=loader_kwargs, num_workers=num_workers,
                          prefetch_factor=prefetch_factor, decode_max_side=decode_max_side, limit_videos=limit_videos)
@@ -279,12 +279,13 @@ class OmniQADataModule(VideoQADataModule):
         if world > 1 and self.trainer._accelerator_connector.use_distributed_sampler:
             raise RuntimeError("OmniQADataModule shards whole videos itself: set `trainer.use_distributed_sampler: "
                                "false`")
-        sampler = CostBalancedSampler(costs, world, rank, self.num_workers)
+        workers = self.workers
+        sampler = CostBalancedSampler(costs, world, rank, workers)
         self.report_resume(jobs, done, tasks, len(sampler))   # "N of M (job, question) records already written"
-        return DataLoader(self.dataset(tasks), batch_size=None, sampler=sampler, num_workers=self.num_workers,
-                          prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
+        return DataLoader(self.dataset(tasks), batch_size=None, sampler=sampler, num_workers=workers,
+                          prefetch_factor=self.prefetch_factor if workers > 0 else None,
                           persistent_workers=False,
-                          multiprocessing_context=fork_context() if self.num_workers > 0 else None)
+                          multiprocessing_context=fork_context() if workers > 0 else None)
 
 
 # --------------------------------------------------------------------------------------------------- demo

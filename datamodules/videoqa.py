@@ -373,6 +373,9 @@ class VideoQADataModule(LightningDataModule):
                                "false` (Lightning would otherwise split this rank's share again)")
         sampler = CostBalancedSampler(costs, world, rank, self.workers)
         self.report_resume(jobs, done, tasks, len(sampler))
+        if self.num_workers is None:   # what null chose, said once per run
+            print(f"[rank {rank}] {self.benchmark}: {self.workers} decode workers (data.num_workers null: this "
+                  f"host's CPUs per process, 2 to 16)", flush=True)
         parts = None
         if self._splits():   # a long video as parts over several workers (this rank's videos only are stat'ed)
             parts = [1] * len(tasks)

@@ -35,9 +35,19 @@ def _import_nvc():
         return f"PyNvVideoCodec import failed: {type(e).__name__}: {text}"
 
 
-_DECORD_FIRST = "decord" in sys.modules
-_NVC = "decord was imported before PyNvVideoCodec in this process (their FFmpeg libraries clash)" \
-    if _DECORD_FIRST else _import_nvc()
+def _nvc_or_reason():
+    """PyNvVideoCodec, or why not: not installed (said first: the import-order rule below is about a package that
+    is there), decord imported before it (see :func:`_import_nvc`), or the import's own error."""
+    import importlib.util
+
+    if importlib.util.find_spec("PyNvVideoCodec") is None:
+        return "PyNvVideoCodec is not installed (pip install -e '.[nvdec]')"
+    if "decord" in sys.modules:
+        return "decord was imported before PyNvVideoCodec in this process (their FFmpeg libraries clash)"
+    return _import_nvc()
+
+
+_NVC = _nvc_or_reason()
 
 NVDEC_CODECS = ("h264", "hevc", "vp9", "mpeg4")   # FFmpeg codec names NVDEC decodes on the H200 (no AV1)
 # of those, the ones whose decoding is bit-exact by the standard (MPEG-4 Part 2 allows any IEEE 1180-accurate IDCT:

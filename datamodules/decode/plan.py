@@ -7,7 +7,7 @@ imageio-ffmpeg's binary in ``tests/datamodules/test_frame_identity.py``) and the
 ``native_decode_bytes`` (2e9 bytes, seed 001's ``NATIVE_DECODE_BYTES``), larger videos at a reduced size *inside the
 decoder* (decord's ``width``/``height``), at most ``decode_max_side`` pixels on the long side (default 896 = 32
 merged cells), so host memory stays bounded (an hour of 1080p at B = 16384 is 2048 frames: 12.7 GB native, 2.8 GB
-reduced). :func:`auto_decode_threads` sizes the decoders of a host.
+reduced). :func:`auto_decode_threads` and :func:`auto_num_workers` size the decoders of a host (:func:`host_share`).
 """
 from __future__ import annotations
 
@@ -23,6 +23,39 @@ from datamodules.decode.probe import VideoProbe
 NATIVE_DECODE_BYTES = 2e9  # seed 001: "decode at native size (processor resizes, as in training) below this"
 
 
+def cgroup_cpus() -> int | None:
+    """The CPUs this process's cgroup may use by its CPU quota (cgroup v2 ``cpu.max``, else v1
+    ``cpu.cfs_quota_us / cpu.cfs_period_us``), rounded up; ``None`` where there is no quota or none can be read
+    (a container's ``--cpus`` / a Kubernetes CPU limit shows here, not in the affinity mask)."""
+    import math
+
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return None if quota <= 0 or period <= 0 else max(1, math.ceil(quota / period))
+    except (OSError, ValueError):
+        return None
+
+
+def host_share(local_processes: int) -> tuple[int, int]:
+    """``(CPUs, processes sharing them)`` for sizing this host's decoders: the CPUs are this process's affinity
+    mask, capped by its cgroup quota (:func:`cgroup_cpus`); they are shared by ``local_processes``, except where
+    SLURM bound this task to its own CPUs (``SLURM_LOCALID`` with ``SLURM_CPU_BIND_TYPE`` or
+    ``SLURM_CPUS_PER_TASK`` set, and a mask smaller than the host): then the mask is this rank's share already.
+    A container's ``--cpuset-cpus`` gives every rank the same smaller mask, so without SLURM's binding the mask is
+    shared."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = cgroup_cpus()
+    pinned = cpus < (os.cpu_count() or cpus) and "SLURM_LOCALID" in os.environ \
+        and bool(os.environ.get("SLURM_CPU_BIND_TYPE") or os.environ.get("SLURM_CPUS_PER_TASK"))
+    return (min(cpus, quota) if quota else cpus), (1 if pinned else max(local_processes, 1))
+
+
 def auto_decode_threads(workers: int, local_processes: int = 1, cpus: int | None = None, cap: int = 2) -> int:
     """Decoder threads per video so that all decoders of a host share its CPUs without oversubscribing.
 
@@ -33,8 +66,8 @@ def auto_decode_threads(workers: int, local_processes: int = 1, cpus: int | None
     Args:
         workers: DataLoader workers per process (0 = decoding in the main process, counted as 1).
         local_processes: processes of this host (DDP ranks), each with ``workers`` decoders.
-        cpus: CPUs this process may use (default: its affinity mask; when that mask is smaller than the host, the
-            process is pinned to its own share, e.g. SLURM's per-task binding, and ``local_processes`` is ignored).
+        cpus: CPUs to share (default: :func:`host_share`: the affinity mask capped by the cgroup quota; a rank
+            SLURM bound to its own CPUs keeps its mask and ``local_processes`` is ignored).
         cap: most threads per decoder (default 2: decord's threaded decoder fails on some streams above 2,
             dmlc/decord#246 and #314; :func:`decode_video` retries those with one thread).
 
@@ -42,9 +75,7 @@ def auto_decode_threads(workers: int, local_processes: int = 1, cpus: int | None
         ``clip(cpus // (max(workers, 1) * local_processes), 1, cap)``.
     """
     if cpus is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        if cpus < (os.cpu_count() or cpus):   # pinned to a share of the host: the share is already per rank
-            local_processes = 1
+        cpus, local_processes = host_share(local_processes)
     return int(min(max(cpus // (max(workers, 1) * max(local_processes, 1)), 1), cap))
 
 
@@ -59,18 +90,15 @@ def auto_num_workers(local_processes: int = 1, cpus: int | None = None, cap: int
 
     Args:
         local_processes: processes of this host (DDP ranks), each with its own workers.
-        cpus: CPUs this process may use (default: its affinity mask; a mask smaller than the host is this
-            process's own share and ``local_processes`` is ignored, as in :func:`auto_decode_threads`).
-        cap: most workers per process.
+        cpus: CPUs to share (default: :func:`host_share`, as in :func:`auto_decode_threads`).
+        cap: most workers per process (at least 2).
 
     Returns:
-        ``clip(cpus // local_processes, 2, cap)``.
+        ``clip(cpus // local_processes, 2, max(cap, 2))``.
     """
     if cpus is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        if cpus < (os.cpu_count() or cpus):
-            local_processes = 1
-    return int(min(max(cpus // max(local_processes, 1), 2), cap))
+        cpus, local_processes = host_share(local_processes)
+    return int(min(max(cpus // max(local_processes, 1), 2), max(cap, 2)))
 
 
 def decode_size(height: int, width: int, max_side: int) -> tuple[int, int]:

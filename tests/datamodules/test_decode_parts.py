@@ -121,6 +121,48 @@ def test_auto_num_workers_shares_the_host():
     assert auto_num_workers(4, cpus=6) == 2
     assert auto_num_workers(1, cpus=2) == 2
     assert auto_num_workers(1, cpus=48, cap=32) == 32
+    assert auto_num_workers(1, cpus=48, cap=0) == 2          # never below 2
+
+
+def test_auto_num_workers_reads_the_mask_the_quota_and_slurm_binding(monkeypatch):
+    """Without ``cpus``: the affinity mask capped by the cgroup quota, shared by the host's ranks unless SLURM bound
+    this task to its own CPUs (a container's cpuset gives every rank the same mask: shared)."""
+    import os
+
+    import datamodules.decode.plan as plan
+    from datamodules.decode import auto_num_workers
+
+    for k in ("SLURM_LOCALID", "SLURM_CPU_BIND_TYPE", "SLURM_CPUS_PER_TASK"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(plan, "cgroup_cpus", lambda: None)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert auto_num_workers(8) == 8                          # 64 CPUs, 8 ranks
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert auto_num_workers(8) == 2                          # a 16-CPU cpuset seen by all 8 ranks: 16 // 8
+    monkeypatch.setenv("SLURM_LOCALID", "3")
+    monkeypatch.setenv("SLURM_CPU_BIND_TYPE", "mask_cpu:")
+    assert auto_num_workers(8) == 16                         # SLURM bound this rank to its 16: its own share
+    monkeypatch.delenv("SLURM_LOCALID")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    monkeypatch.setattr(plan, "cgroup_cpus", lambda: 4)
+    assert auto_num_workers(1) == 4                          # a 4-CPU pod on a 64-core node
+
+
+def test_cgroup_cpus_reads_the_v2_quota(monkeypatch, tmp_path):
+    """``cpu.max`` "quota period" rounded up; "max": no quota; unreadable: None."""
+    import datamodules.decode.plan as plan
+
+    real = plan.Path
+    files = {}
+    monkeypatch.setattr(plan, "Path", lambda p: real(files.get(p, tmp_path / "absent")))
+    f = tmp_path / "cpu.max"
+    files["/sys/fs/cgroup/cpu.max"] = f
+    for text, want in (("250000 100000\n", 3), ("400000 100000", 4), ("max 100000", None), ("junk", None)):
+        f.write_text(text)
+        assert plan.cgroup_cpus() == want, text
+    f.unlink()
+    assert plan.cgroup_cpus() is None
 
 
 # ------------------------------------------------------------------ the join equals the whole decode

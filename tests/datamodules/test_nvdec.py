@@ -188,13 +188,23 @@ def test_unreadable_file_reason(tmp_path):
     assert "cannot probe" in nvdec.nvdec_unsupported(bad)
 
 
-def test_decord_first_is_refused():
+def test_decord_first_is_refused(tmp_path):
     """decord imported before PyNvVideoCodec makes PyNvVideoCodec's demuxer segfault (H200, 2.2.4): the module
-    then refuses NVDEC for the process (a reason, not a crash)."""
-    code = ("import sys; sys.path.insert(0, '.'); import decord; from datamodules.decode import nvdec; "
+    then refuses NVDEC for the process (a reason, not a crash). The package must be there for that reason to be
+    the one given (a stand-in package here, never imported); where it is not, the reason says so."""
+    import importlib.util
+
+    (tmp_path / "PyNvVideoCodec").mkdir()
+    (tmp_path / "PyNvVideoCodec" / "__init__.py").write_text("raise ImportError('the stand-in was imported')\n")
+    code = ("import sys; sys.path[:0] = ['.', {!r}]; import decord; from datamodules.decode import nvdec; "
             "print(nvdec.nvdec_unsupported('x.mp4') or '', nvdec._nvc())")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
-    assert "decord was imported before PyNvVideoCodec" in out
+    out = subprocess.run([sys.executable, "-c", code.format(str(tmp_path))], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    assert "decord was imported before PyNvVideoCodec" in out and "stand-in" not in out
+    if importlib.util.find_spec("PyNvVideoCodec") is None:   # this machine: the reason is the missing package
+        out = subprocess.run([sys.executable, "-c", code.format("/nonexistent")], cwd=REPO, capture_output=True,
+                             text=True, check=True).stdout
+        assert "PyNvVideoCodec is not installed" in out and "decord was imported" not in out
 
 
 def test_fallback_records_why(clips):

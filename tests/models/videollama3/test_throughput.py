@@ -305,12 +305,24 @@ def test_auto_decode_threads_reads_the_affinity_mask(monkeypatch):
 
     from datamodules.decode import auto_decode_threads
 
+    import datamodules.decode.plan as plan
+
+    monkeypatch.setattr(plan, "cgroup_cpus", lambda: None)
+    for k in ("SLURM_LOCALID", "SLURM_CPU_BIND_TYPE", "SLURM_CPUS_PER_TASK"):
+        monkeypatch.delenv(k, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 32)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
     assert auto_decode_threads(4, 4) == 2                   # 32 CPUs, but shared by 4 ranks x 4 workers: 32 // 16
     assert auto_decode_threads(8, 4) == 1                   # 32 // 32
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
-    assert auto_decode_threads(4, 4) == 2                   # pinned to 8 CPUs (its rank's share): 8 // 4
+    assert auto_decode_threads(2, 4) == 1                   # a container's 8 CPUs, the same mask in each rank: 8 // 8
+    monkeypatch.setenv("SLURM_LOCALID", "0")
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "8")
+    assert auto_decode_threads(4, 4) == 2                   # SLURM bound this task to 8 CPUs (its share): 8 // 4
+    monkeypatch.delenv("SLURM_LOCALID")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
+    monkeypatch.setattr(plan, "cgroup_cpus", lambda: 4)
+    assert auto_decode_threads(2, 1) == 2 and auto_decode_threads(4, 1) == 1   # a 4-CPU quota: 4 // 2, 4 // 4
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True])
@@ -357,6 +369,9 @@ def test_wait_hint_names_the_remedy_only_when_decoding_is_the_bottleneck():
     assert hint.startswith("the step waited for data 20% ") and "6.00s per video in one of 2 workers" in hint
     assert "1.60s of model work" in hint and "about 4 workers would keep up" in hint       # ceil(6.00 / 1.60)
     assert "in the main process" in StageTimer.wait_hint(s, 0)
+    assert "(data.num_workers; data.decode_threads" in hint
+    assert "(data.num_workers: null chose 2 from this host's CPUs; data.decode_threads" \
+        in StageTimer.wait_hint(s, 2, chosen=True)    # a count null chose is named as such
     assert StageTimer.wait_hint(s, 4) is None              # 6 / 4 = 1.5 s <= 1.6 s: decoding keeps up
     s["first_wait_s"] = 3.5                                 # the wait was the pipeline fill: no hint
     assert StageTimer.wait_hint(s, 2) is None
