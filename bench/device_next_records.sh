@@ -18,4 +18,6 @@ echo "rc $?"; grep -E "^CLI.*(videos,|busy)|records identical|differs|differing 
 python3 -c "import shutil, pathlib, os; o = pathlib.Path(os.environ['OUT'], 'records'); \
 [(o / p.relative_to('/tmp/workload_cli')).parent.mkdir(parents=True, exist_ok=True) or shutil.copy(p, o / \
 p.relative_to('/tmp/workload_cli')) for p in pathlib.Path('/tmp/workload_cli').glob('out_*/*/*/rank*.jsonl')]"
+for l in auto cpu/decode_threads=16; do python3 bench/plot_cli_run.py "$OUT/cli_cpu_auto.json" --label "$l" \
+  -o "$OUT/cli_${l%%/*}.png" 2>&1 | tail -1; done
 stamp "cpu vs auto"

@@ -1071,9 +1071,17 @@ def cli_util(util: UtilSampler, launched: float, timeline: dict) -> dict:
     launch on this process's ``perf_counter``), with that window's bounds in the run's seconds; the whole run's
     samples where the timeline lacks those marks."""
     a, b = timeline.get("first_decode_start"), timeline.get("predict_end")
+    series = util_series(util, launched)
     if a is None or b is None or b <= a:
-        return {**util.summary(), "window_s": None}
-    return {**util.summary((launched + a, launched + b)), "window_s": (a, b)}
+        return {**util.summary(), "window_s": None, "series": series}
+    return {**util.summary((launched + a, launched + b)), "window_s": (a, b), "series": series}
+
+
+def util_series(util: UtilSampler, launched: float) -> dict:
+    """Every sample of a CLI run, for the plot over time (``bench/plot_cli_run.py``): ``cpu`` and ``gpu`` lists of
+    ``[seconds after the process start, busy share(s)]`` (``gpu``: SM, NVDEC), rounded to 0.01 s / 0.001."""
+    return {"cpu": [[round(t - launched, 2), round(x, 3)] for x, t in zip(util.cpu, util.cpu_at)],
+            "gpu": [[round(t - launched, 2), round(g[0], 3), round(g[1], 3)] for g, t in zip(util.gpu, util.gpu_at)]}
 
 
 def wait_figures(timing: dict) -> dict:

@@ -332,27 +332,35 @@ def timeline_figure(per_rank: dict[str, dict]):
     fig = _figure(figsize=(9, min(2.0 + 0.22 * tallest, 14.0) * len(panels)))
     axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
     for ax, (name, run, rows, total) in zip(axes, panels):
-        for k, r in enumerate(rows):
-            ax.barh(k, r["decode_end"] - r["decode_start"], left=r["decode_start"], height=0.7, color="0.7",
-                    label="decoded in a worker" if k == 0 else None)
-            if r.get("wait_s", 0.0) > 0:
-                ax.barh(k, r["wait_s"], left=r["step_start"] - r["wait_s"], height=0.7, color="tab:red",
-                        label="step waiting for it" if k == 0 else None)
-            if "step_s" in r:
-                ax.barh(k, r["step_s"], left=r["step_start"], height=0.7, color="tab:blue",
-                        label="its step (encode, plan, answer)" if k == 0 else None)
-        for mark, style in (("model_loaded", ":"), ("first_answer", "--")):
-            t = (run.get("timeline_s") or {}).get(mark)
-            if t is not None:
-                ax.axvline(t, color="k", linestyle=style, linewidth=1, label=mark.replace("_", " "))
-        labels = [str(r.get("video_id")) + (f" ({r['decode_parts']} parts)" if r.get("decode_parts") else "")
-                  + (" (decoded again whole)" if r.get("parts_fallback") else "") for r in rows]
-        ax.set_yticks(range(len(rows)), labels if len(rows) <= 40 else [""] * len(rows))
-        ax.invert_yaxis()
-        ax.set_xlabel("seconds after the process start")
-        ax.set_title(f"{name}: {total} videos" + (f" (the first {len(rows)} drawn)" if total > len(rows) else ""))
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        draw_timeline(ax, run, rows, f"{name}: {total} videos"
+                      + (f" (the first {len(rows)} drawn)" if total > len(rows) else ""))
     return fig
+
+
+def draw_timeline(ax, run: dict, rows: list[dict], title: str) -> None:
+    """One run's per-video ``rows`` (in step order) on ``ax``: decode window (grey), the step's wait (red), the
+    step (blue), the run's ``timeline_s`` marks ``model_loaded`` / ``first_answer``; the panel of
+    :func:`timeline_figure`, also drawn by ``bench/plot_cli_run.py`` under the run's busy shares."""
+    for k, r in enumerate(rows):
+        ax.barh(k, r["decode_end"] - r["decode_start"], left=r["decode_start"], height=0.7, color="0.7",
+                label="decoded in a worker" if k == 0 else None)
+        if r.get("wait_s", 0.0) > 0:
+            ax.barh(k, r["wait_s"], left=r["step_start"] - r["wait_s"], height=0.7, color="tab:red",
+                    label="step waiting for it" if k == 0 else None)
+        if "step_s" in r:
+            ax.barh(k, r["step_s"], left=r["step_start"], height=0.7, color="tab:blue",
+                    label="its step (encode, plan, answer)" if k == 0 else None)
+    for mark, style in (("model_loaded", ":"), ("first_answer", "--")):
+        t = (run.get("timeline_s") or {}).get(mark)
+        if t is not None:
+            ax.axvline(t, color="k", linestyle=style, linewidth=1, label=mark.replace("_", " "))
+    labels = [str(r.get("video_id")) + (f" ({r['decode_parts']} parts)" if r.get("decode_parts") else "")
+              + (" (decoded again whole)" if r.get("parts_fallback") else "") for r in rows]
+    ax.set_yticks(range(len(rows)), labels if len(rows) <= 40 else [""] * len(rows))
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds after the process start")
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def figure_png(fig) -> bytes:
