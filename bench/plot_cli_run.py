@@ -37,8 +37,23 @@ def load_run(path: Path, label: str | None = None) -> tuple[str, dict]:
 
 
 def rows_in_step_order(run: dict) -> list[dict]:
-    """The run's per-video rows sorted by step start (the order the GPU took them)."""
-    return sorted(run.get("per_video") or [], key=lambda r: r["step_start"])
+    """The run's per-video rows that have a decode window and a step start (a run without workers has no
+    windows), sorted by step start (the order the GPU took them)."""
+    rows = [r for r in (run.get("per_video") or []) if "decode_start" in r and "step_start" in r]
+    return sorted(rows, key=lambda r: r["step_start"])
+
+
+def smoothed(points: list[list[float]], column: int, window_s: float = 2.0) -> tuple[list[float], list[float]]:
+    """``(times, percent)``: column ``column`` of ``[t, ...]`` samples as a trailing mean over ``window_s`` seconds
+    (busy shares sampled every 0.25 s are noise drawn raw on a run of minutes), in percent."""
+    ts, out, acc, lo = [p[0] for p in points], [], 0.0, 0
+    for i, p in enumerate(points):
+        acc += p[column]
+        while ts[lo] < p[0] - window_s:
+            acc -= points[lo][column]
+            lo += 1
+        out.append(100 * acc / (i - lo + 1))
+    return ts, out
 
 
 def plot(run: dict, label: str, out: Path) -> Path:
@@ -46,23 +61,27 @@ def plot(run: dict, label: str, out: Path) -> Path:
     per-video timeline (:func:`callbacks.scoring.plots.draw_timeline`)."""
     from matplotlib.figure import Figure
 
-    from callbacks.scoring.plots import draw_timeline, figure_png
+    from callbacks.scoring.plots import MAX_TIMELINE_ROWS, draw_timeline, figure_png
 
-    rows = rows_in_step_order(run)
-    series = (run.get("util") or {}).get("series") or {}
+    every = rows_in_step_order(run)
+    rows = every[:MAX_TIMELINE_ROWS]
+    util = run.get("util") or {}
+    series = util.get("series") or {}
     marks = run.get("timeline_s") or {}
-    fig = Figure(layout="constrained", figsize=(11, 3.5 + 0.25 * max(len(rows), 4)))
-    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [1, max(1.2, 0.12 * len(rows))]})
+    fig = Figure(layout="constrained", figsize=(11, min(3.5 + 0.25 * max(len(rows), 4), 16.0)))
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [1, max(1.2, 0.12 * len(rows))]}
+                               if len(rows) <= 40 else {"height_ratios": [1, 4]})
     g, c = series.get("gpu") or [], series.get("cpu") or []
-    if g:
-        top.plot([x[0] for x in g], [100 * x[2] for x in g], label="NVDEC", lw=1.2)
-        top.plot([x[0] for x in g], [100 * x[1] for x in g], label="SM", lw=1.2)
-    if c:
-        top.plot([x[0] for x in c], [100 * x[1] for x in c], label="CPU", lw=1.0, alpha=0.8)
+    for points, column, name in ((g, 2, "NVDEC"), (g, 1, "SM"), (c, 1, "CPU")):
+        if points:
+            line, = top.plot(*smoothed(points, column), label=f"{name} (2 s mean)", lw=1.2)
+            top.plot([p[0] for p in points], [100 * p[column] for p in points], lw=0.5, alpha=0.25,
+                     color=line.get_color())
     if g or c:
         top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     else:
-        top.text(0.5, 0.5, "no busy series in this run's json (saved before they were recorded)",
+        top.text(0.5, 0.5, "no busy series in this run's json (saved before they were recorded)"
+                 if "series" not in util else "no busy samples in this run",
                  ha="center", va="center", transform=top.transAxes, fontsize=9)
     top.set_ylim(0, 105)
     top.set_ylabel("busy %")
@@ -70,7 +89,8 @@ def plot(run: dict, label: str, out: Path) -> Path:
         if marks.get(mark) is not None:
             top.axvline(marks[mark], color="k", linestyle=style, linewidth=1)
     waits = run.get("steady_wait_share")
-    draw_timeline(bottom, run, rows, f"CLI run {label}: {len(rows)} videos"
+    draw_timeline(bottom, run, rows, f"CLI run {label}: {len(every)} videos"
+                  + (f" (the first {len(rows)} drawn)" if len(every) > len(rows) else "")
                   + (f", GPU wait after the first video {100 * waits:.1f} %" if waits is not None else ""))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(figure_png(fig))

@@ -23,37 +23,58 @@ from datamodules.decode.probe import VideoProbe
 NATIVE_DECODE_BYTES = 2e9  # seed 001: "decode at native size (processor resizes, as in training) below this"
 
 
-def cgroup_cpus() -> int | None:
-    """The CPUs this process's cgroup may use by its CPU quota (cgroup v2 ``cpu.max``, else v1
-    ``cpu.cfs_quota_us / cpu.cfs_period_us``), rounded up; ``None`` where there is no quota or none can be read
-    (a container's ``--cpus`` / a Kubernetes CPU limit shows here, not in the affinity mask)."""
+def cgroup_cpus(root: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")) -> int | None:
+    """The CPUs this process's cgroup may use by its CPU quota, rounded up: cgroup v2's ``cpu.max`` of the process's
+    own cgroup (``/proc/self/cgroup``'s ``0::`` path) and of each parent, the smallest; else v1's
+    ``cpu.cfs_quota_us / cpu.cfs_period_us``. ``None`` where there is no quota or none can be read (a container's
+    ``--cpus``, a Kubernetes CPU limit or a ``systemd-run -p CPUQuota=`` shows here, not in the affinity mask).
+    ``root`` / ``own``: the cgroup mount and this process's cgroup file (for tests)."""
     import math
 
+    def ratio(quota: str, period: str) -> int | None:
+        q, p = (None if quota == "max" else int(quota)), int(period)
+        return None if q is None or q <= 0 or p <= 0 else max(1, math.ceil(q / p))
+
+    limits = []
     try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
-    except (OSError, ValueError):
-        pass
+        rel = next((ln[3:].strip() for ln in own.read_text().splitlines() if ln.startswith("0::")), "/")
+    except OSError:
+        rel = "/"
+    d = root / rel.lstrip("/")
+    for folder in [d, *d.parents]:
+        if not folder.is_relative_to(root):
+            break
+        try:
+            limit = ratio(*(folder / "cpu.max").read_text().split()[:2])
+        except (OSError, ValueError, TypeError):
+            continue
+        if limit is not None:
+            limits.append(limit)
+    if limits:
+        return min(limits)
     try:
-        quota = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
-        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
-        return None if quota <= 0 or period <= 0 else max(1, math.ceil(quota / period))
+        return ratio((root / "cpu" / "cpu.cfs_quota_us").read_text().strip(),
+                     (root / "cpu" / "cpu.cfs_period_us").read_text().strip())
     except (OSError, ValueError):
         return None
 
 
 def host_share(local_processes: int) -> tuple[int, int]:
     """``(CPUs, processes sharing them)`` for sizing this host's decoders: the CPUs are this process's affinity
-    mask, capped by its cgroup quota (:func:`cgroup_cpus`); they are shared by ``local_processes``, except where
-    SLURM bound this task to its own CPUs (``SLURM_LOCALID`` with ``SLURM_CPU_BIND_TYPE`` or
-    ``SLURM_CPUS_PER_TASK`` set, and a mask smaller than the host): then the mask is this rank's share already.
-    A container's ``--cpuset-cpus`` gives every rank the same smaller mask, so without SLURM's binding the mask is
-    shared."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    mask, capped by its cgroup quota (:func:`cgroup_cpus`), shared by ``local_processes``, except where SLURM bound
+    each task to its own CPUs: ``SLURM_LOCALID`` set by ``srun``, not a job Lightning treats as interactive (named
+    ``bash`` / ``interactive``), a binding that is not ``none``, and masks that fit the host side by side (mask x
+    processes <= the host's CPUs). A container's ``--cpuset-cpus``, ``torchrun`` inside one SLURM task, or
+    ``--cpu-bind=none`` give every rank the same mask, which is then shared."""
+    host = os.cpu_count() or 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else host
     quota = cgroup_cpus()
-    pinned = cpus < (os.cpu_count() or cpus) and "SLURM_LOCALID" in os.environ \
-        and bool(os.environ.get("SLURM_CPU_BIND_TYPE") or os.environ.get("SLURM_CPUS_PER_TASK"))
-    return (min(cpus, quota) if quota else cpus), (1 if pinned else max(local_processes, 1))
+    procs = max(local_processes, 1)
+    pinned = (cpus < host and "SLURM_LOCALID" in os.environ
+              and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+              and not os.environ.get("SLURM_CPU_BIND_TYPE", "").startswith("none")
+              and cpus * procs <= host)
+    return (min(cpus, quota) if quota else cpus), (1 if pinned else procs)
 
 
 def auto_decode_threads(workers: int, local_processes: int = 1, cpus: int | None = None, cap: int = 2) -> int:

@@ -56,6 +56,19 @@ def test_a_png_is_written_with_or_without_the_busy_series(plot, tmp_path, series
     assert default == tmp_path / "run_auto_2.png" and default.is_file()
 
 
+def test_rows_without_a_decode_window_are_left_out_and_the_series_smoothed(plot, tmp_path):
+    """A run without workers writes rows without decode windows: they are not drawn (no crash); a run of 0 videos
+    draws; the busy line is a 2 s trailing mean of the samples, by hand."""
+    run = {"per_video": [{"video_id": "a", "step_start": 1.0, "wait_s": 0.0, "step_s": 1.0}, *ROWS],
+           "timeline_s": {}, "util": {"series": {"cpu": [], "gpu": []}}}
+    assert [r["video_id"] for r in plot.rows_in_step_order(run)] == ["short", "long"]
+    assert plot.plot(run, "x", tmp_path / "a.png").is_file()
+    assert plot.plot({"per_video": []}, "empty", tmp_path / "b.png").is_file()
+    ts, pct = plot.smoothed([[0.0, 0.2], [1.0, 0.4], [2.0, 0.6], [3.5, 1.0]], 1)
+    assert ts == [0.0, 1.0, 2.0, 3.5]
+    assert pct == pytest.approx([20.0, 30.0, 40.0, 80.0])   # at 3.5 s: the samples at 2.0 and 3.5 s
+
+
 def test_the_cli_runs_busy_series_is_kept_in_seconds_after_the_start():
     """bench/workload.py's cli_util keeps every sample, shifted by the launch time, for the plot."""
     workload = _load("workload")

@@ -308,7 +308,7 @@ def test_auto_decode_threads_reads_the_affinity_mask(monkeypatch):
     import datamodules.decode.plan as plan
 
     monkeypatch.setattr(plan, "cgroup_cpus", lambda: None)
-    for k in ("SLURM_LOCALID", "SLURM_CPU_BIND_TYPE", "SLURM_CPUS_PER_TASK"):
+    for k in ("SLURM_LOCALID", "SLURM_CPU_BIND_TYPE", "SLURM_CPUS_PER_TASK", "SLURM_JOB_NAME"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 32)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
@@ -317,8 +317,8 @@ def test_auto_decode_threads_reads_the_affinity_mask(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     assert auto_decode_threads(2, 4) == 1                   # a container's 8 CPUs, the same mask in each rank: 8 // 8
     monkeypatch.setenv("SLURM_LOCALID", "0")
-    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "8")
-    assert auto_decode_threads(4, 4) == 2                   # SLURM bound this task to 8 CPUs (its share): 8 // 4
+    monkeypatch.setenv("SLURM_CPU_BIND_TYPE", "mask_cpu:")
+    assert auto_decode_threads(4, 4) == 2                   # srun bound this task to 8 CPUs (its share): 8 // 4
     monkeypatch.delenv("SLURM_LOCALID")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
     monkeypatch.setattr(plan, "cgroup_cpus", lambda: 4)
