@@ -360,7 +360,8 @@ def draw_timeline(ax, run: dict, rows: list[dict], title: str) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("seconds after the process start")
     ax.set_title(title)
-    ax.margins(y=0.01)
+    if len(rows) > 40:   # many rows: no blank band above and below them
+        ax.margins(y=0.01)
     if ax.get_legend_handles_labels()[0]:   # (no rows and no marks: no legend)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
