@@ -189,6 +189,311 @@ def test_cgroup_cpus_reads_the_quota_of_the_process_cgroup_and_its_parents(tmp_p
     assert cgroup_cpus(root, tmp_path / "absent") is None
 
 
+# ------------------------------------------------------------------ the join equals the whole decode
+def _equal_frames(a, b) -> bool:
+    if isinstance(a, EncoderFrames) or isinstance(b, EncoderFrames):
+        return (isinstance(a, EncoderFrames) and isinstance(b, EncoderFrames) and a.shape == b.shape
+                and a.held.keys() == b.held.keys()
+                and all(torch.equal(a.held[g][0], b.held[g][0]) and a.held[g][1] == b.held[g][1] for g in a.held))
+    return torch.equal(a, b)
+
+
+def _items(path, parts, budget=64, **kw):
+    """The dataset's part items of ``path`` (decode windows made up: part k from 5 + k to 6 + k s)."""
+    out = []
+    for k in range(parts):
+        dec = decode_video(path, budget, **kw, part=(k, parts))
+        out.append({"video_path": str(path), "task": 0, "part": (k, parts), "part_bounds": dec.part,
+                    "frames": dec.frames, "times_s": dec.times_s, "video_info": dec.info, "error": None,
+                    "decode_s": 1.0, "decoded_unix": 10.0 + k, "decode_boot_s": (5.0 + k, 6.0 + k),
+                    "worker_start_boot_s": 1.0 + k})
+    return out
+
+
+@pytest.mark.parametrize("parts", [2, 3, 7])
+@pytest.mark.parametrize("held", [False, True])
+def test_joined_parts_equal_the_whole_decode(tiny_vlm, clip, parts, held):
+    sizing = EncoderSizing((64, 256), 256, "phase3", 256, tiny_vlm.video_processor) if held else None
+    kw = dict(budget=256, sizing=sizing, decode_max_side=200, native_decode_bytes=0)
+    whole = decode_video(clip, 256, sizing=sizing, decode_max_side=200, native_decode_bytes=0)
+    assert whole.info["n_frames"] == 30 and isinstance(whole.frames, EncoderFrames) == held
+    joined = join_items(_items(clip, parts, **kw))
+    assert _equal_frames(joined["frames"], whole.frames)
+    assert joined["times_s"] == whole.times_s and joined["video_info"] == whole.info
+    assert list(joined["video_info"]) == list(whole.info)
+    assert joined["decode_parts"] == parts and joined["decode_s"] == parts
+    assert joined["decode_boot_s"] == (5.0, 5.0 + parts) and joined["worker_start_boot_s"] == 1.0
+    assert not {"part", "part_bounds", "task"} & joined.keys()
+
+
+def test_more_parts_than_frames(clip):
+    # 30 planned frames in 40 parts: 10 parts are empty, and the join is still the whole decode
+    whole = decode_video(clip, 256)
+    items = _items(clip, 40, budget=256)
+    assert sum(len(it["frames"]) == 0 for it in items) == 10
+    joined = join_items(items)
+    assert torch.equal(joined["frames"], whole.frames) and joined["video_info"] == whole.info
+    # an empty part's reader and flags are not the video's (NVDEC would have been tried on it alone)
+    for it in items:
+        if len(it["frames"]) == 0:
+            it["video_info"] = {**it["video_info"], "decoder": "nvdec", "concealment_checked": False}
+    assert join_items(items)["video_info"] == whole.info
+
+
+class _Whole:
+    """A dataset stand-in for the join's way out: ``whole_item`` records its calls."""
+
+    def __init__(self, item):
+        self.item, self.calls, self.tasks = {"decode_s": 2.0, **item}, [], []
+
+    def whole_item(self, t):
+        self.calls.append(t)
+        return dict(self.item)
+
+
+def test_parts_that_do_not_fit_are_decoded_whole(clip, monkeypatch):
+    items = _items(clip, 3, budget=256)
+    whole = _Whole({"video_path": str(clip), "frames": "whole"})
+    bad_plan = [items[0], {**items[1], "video_info": {**items[1]["video_info"], "n_frames": 31}}, items[2]]
+    assert join_items(bad_plan, whole)["frames"] == "whole" and whole.calls == [0]
+    one_failed = [items[0], {**items[1], "error": f"{clip}: boom"}, items[2]]
+    assert join_items(one_failed, whole)["frames"] == "whole" and whole.calls == [0, 0]
+    gap = [items[0], items[2]]
+    with pytest.raises(PartMismatch, match="do not tile"):
+        join_items(gap)
+    sizes = [items[0], {**items[1], "frames": items[1]["frames"][:, :10]}, items[2]]
+    out = join_items(sizes, whole)
+    assert out["frames"] == "whole" and whole.calls == [0, 0, 0] and out["parts_fallback"].startswith("the parts'")
+    assert out["decode_s"] == 2.0 + 3 * 1.0    # the whole decode's seconds and the parts' that went for nothing
+    odd = [items[0], {k: v for k, v in items[1].items() if k != "times_s"}, items[2]]   # any other join error too
+    assert join_items(odd, whole)["parts_fallback"] == "KeyError: 'times_s'" and whole.calls == [0] * 4
+    import datamodules.part_join as pj
+
+    def silent(*a):   # an error without a message
+        raise RuntimeError()
+
+    monkeypatch.setattr(pj, "join_frames", silent)
+    assert join_items(items, whole)["parts_fallback"] == "RuntimeError: " and whole.calls == [0] * 5
+    all_failed = [{**it, "error": f"{clip}: gone {k}"} for k, it in enumerate(items)]
+    assert join_items(all_failed, whole)["error"] == f"{clip}: gone 0" and whole.calls == [0] * 5
+
+
+def test_joining_loader_yields_each_video_once_in_any_order():
+    from types import SimpleNamespace
+
+    class DS:
+        tasks = [SimpleNamespace(video_path=v) for v in "abc"]
+
+        def items_of(self, t):
+            return {0: [0, 1], 1: [2], 2: [3, 4, 5]}[t]
+
+    ds = DS()
+    # run order 2, 0, 1: the whole video 1 first, then 2 (3 parts); no whole video left, so 0 (2 parts) next
+    assert list(PartSampler([2, 0, 1], ds)) == [2, 3, 4, 5, 0, 1] and len(PartSampler([2, 0, 1], ds)) == 6
+    joined = []
+
+    def fake_join(items, dataset):
+        joined.append([it["part"] for it in items])
+        return {"video": items[0]["task"]}
+
+    import datamodules.part_join as pj
+
+    real, pj.join_items = pj.join_items, fake_join
+    try:
+        arrivals = [{"task": 2, "part": (2, 3)}, {"task": 0, "part": (1, 2)}, {"video": "b"},
+                    {"task": 2, "part": (0, 3)}, {"task": 0, "part": (0, 2)}, {"task": 2, "part": (1, 3)}]
+        got = list(JoiningLoader(arrivals, ds, 3))
+        assert got == [{"video": "b"}, {"video": 0}, {"video": 2}]
+        assert joined == [[(0, 2), (1, 2)], [(0, 3), (1, 3), (2, 3)]]   # parts in part order, whatever the arrival
+        assert len(JoiningLoader(arrivals, ds, 3)) == 3
+
+        class Loader:   # iter() of the join starts the loader's iterator (its workers) at once
+            started = 0
+
+            def __iter__(self):
+                Loader.started += 1
+                return iter(arrivals)
+
+        it = iter(JoiningLoader(Loader(), ds, 3))
+        assert Loader.started == 1 and next(it) == {"video": "b"}
+        # Lightning checks that a loader other than a DataLoader is iterable by calling iter() once and dropping it:
+        # the loop's own iter() then gets that unread iterator (one set of workers), and a later one a new iterator
+        from lightning.pytorch.trainer.connectors.data_connector import _check_dataloader_iterable
+        from lightning.pytorch.trainer.states import TrainerFn
+
+        Loader.started = 0
+        joining = JoiningLoader(Loader(), ds, 3)
+        _check_dataloader_iterable(joining, None, TrainerFn.PREDICTING)
+        assert Loader.started == 1
+        assert list(joining) == [{"video": "b"}, {"video": 0}, {"video": 2}] and Loader.started == 1
+        assert list(joining) == [{"video": "b"}, {"video": 0}, {"video": 2}] and Loader.started == 2
+        with pytest.raises(RuntimeError, match="decode parts missing for \\['c', 'a'\\]"):
+            list(JoiningLoader(arrivals[:2], ds, 3))
+    finally:
+        pj.join_items = real
+
+
+class _Items(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return {"video": i}
+
+
+def test_joining_loader_under_lightning_starts_one_set_of_workers_and_shuts_it_down(tmp_path):
+    """``trainer.predict`` over a join: one DataLoader iterator per call (Lightning's iterability check included),
+    every item once; a run that fails in ``on_predict_start`` (where the weights load) before its first item leaves
+    no worker behind, and the next call runs."""
+    import multiprocessing
+
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+    from torch.utils.data import dataloader as dl
+
+    made = []
+    real = dl._MultiProcessingDataLoaderIter.__init__
+
+    def counted(self, loader):
+        made.append(1)
+        real(self, loader)
+
+    class Module(pl.LightningModule):
+        fail = False
+
+        def on_predict_start(self):
+            if self.fail:
+                raise RuntimeError("load failed")
+
+        def predict_step(self, item, idx):
+            return item["video"]
+
+    class Data(pl.LightningDataModule):
+        def predict_dataloader(self):
+            return JoiningLoader(DataLoader(_Items(), batch_size=None, num_workers=2), None, 4)
+
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path)
+    module, data = Module(), Data()
+    dl._MultiProcessingDataLoaderIter.__init__ = counted
+    try:
+        assert sorted(trainer.predict(module, datamodule=data)) == [0, 1, 2, 3] and len(made) == 1
+        module.fail = True
+        with pytest.raises(RuntimeError, match="load failed"):
+            trainer.predict(module, datamodule=data)
+        assert len(made) == 2 and multiprocessing.active_children() == []
+        module.fail = False
+        assert sorted(trainer.predict(module, datamodule=data)) == [0, 1, 2, 3] and len(made) == 3
+    finally:
+        dl._MultiProcessingDataLoaderIter.__init__ = real
+
+
+def test_interleave_parts_by_hand():
+    """After a video of k parts the next k whole videos, the run order kept within each kind, the first video whole;
+    what is left of one kind once the other runs out follows in order."""
+    from datamodules.part_join import interleave_parts
+
+    counts = {0: 1, 1: 4, 2: 1, 3: 4, 4: 1, 5: 2, 6: 1, 7: 1, 8: 1, 9: 3}
+    # run order (cheapest, dearest, ...): 0 1 2 3 4 5 6 9 7 8 -> wholes 0 2 4 6 7 8, splits 1 3 5 9
+    order = [0, 1, 2, 3, 4, 5, 6, 9, 7, 8]
+    assert interleave_parts(order, counts) == [0, 1, 2, 4, 6, 7, 3, 8, 5, 9]
+    assert interleave_parts([1, 3], {1: 2, 3: 4}) == [1, 3]                  # no whole video
+    assert interleave_parts([2, 0], {0: 1, 2: 1}) == [2, 0]                  # no split one: the order as given
+    assert interleave_parts([3, 0, 1], {0: 1, 1: 1, 3: 2}) == [0, 3, 1]
+    assert interleave_parts([], {}) == []
+
+
+def test_predict_records_equal_with_and_without_parts(tiny_vl3_dir, demo_bench, clip, tmp_path, monkeypatch):
+    """The user's predict with the videos decoded in parts by 2 workers (forced here: parts are made only where NVDEC
+    may decode) writes the records of the whole decodes, each question once; every video is joined, none decoded
+    again whole. (The demo's cockatoo.mp4 has key frames that are not clean starts: it is replaced by a closed-GOP
+    clip here, and ``test_a_stream_whose_key_frames_are_not_clean_starts_is_decoded_whole`` covers it.)"""
+    import shutil
+
+    import datamodules.part_join as pj
+    import datamodules.videoqa as vq
+    from datamodules.video_items import VideoQADataset
+    from datamodules.videoqa import VideoQADataModule
+    from tests.conftest import run_predict
+
+    shutil.copy(clip, demo_bench / "videos" / "cockatoo.mp4")
+    whole = run_predict(tiny_vl3_dir, demo_bench, tmp_path / "whole", budgets=(256, 1024),
+                        model_args={"max_new_tokens": 2}, extra=["--data.init_args.decoder=auto"])
+    joined, again = [], []
+    real = pj.join_items
+    monkeypatch.setattr(pj, "join_items", lambda items, ds=None: joined.append(len(items)) or real(items, ds))
+    real_whole = VideoQADataset.whole_item
+    monkeypatch.setattr(VideoQADataset, "whole_item", lambda self, t: again.append(t) or real_whole(self, t))
+    monkeypatch.setattr(VideoQADataModule, "_splits", lambda self: True)
+    prefetch = []
+    real_loader = vq.video_loader
+    monkeypatch.setattr(vq, "video_loader", lambda ds, sampler, workers, pf, *a: prefetch.append(pf) or
+                        real_loader(ds, sampler, workers, pf, *a))
+    # the clip is 0.19 MB, realshort.mp4 0.10 MB: at 0.05 MB a part, both are split in 2 (at most half of the 4
+    # workers each), using the 2 workers the 2 videos leave spare (within_spare_workers)
+    parts = run_predict(tiny_vl3_dir, demo_bench, tmp_path / "parts", budgets=(256, 1024),
+                        model_args={"max_new_tokens": 2},
+                        extra=["--data.init_args.num_workers=4", "--data.init_args.decode_part_mb=0.05",
+                               "--data.init_args.decoder=auto"])
+    assert joined == [2, 2] and again == [] and prefetch == [1]   # one item per worker at a time when split
+    key = lambda r: (r["job"], r["qid"])  # noqa: E731
+    assert len(whole) == 14 and sorted(parts, key=key) == sorted(whole, key=key)
+    # 2 videos for 2 workers: no worker is spare, so nothing is split (the plain loader, 2 items ahead per worker)
+    run_predict(tiny_vl3_dir, demo_bench, tmp_path / "full", budgets=(256,), model_args={"max_new_tokens": 2},
+                extra=["--data.init_args.num_workers=2", "--data.init_args.decode_part_mb=0.05",
+                       "--data.init_args.decoder=auto"])
+    assert joined == [2, 2] and prefetch == [1, 2]
+
+
+def test_a_stream_whose_key_frames_are_not_clean_starts_is_decoded_whole(caplog):
+    """cockatoo.mp4: its frames after a mid-stream key frame differ from a decode from the start, so a part read on
+    the CPU comes with its frames flagged; the join decodes the video whole (the record's source) and says why."""
+    from datamodules.video_items import VideoQADataset, VideoTask
+    from tests.conftest import MEDIA
+
+    path = MEDIA / "cockatoo.mp4"
+    ds = VideoQADataset([VideoTask("001", str(path), "videomme", [], {})], 1024, parts=[2])
+    items = [ds[i] for i in ds.items_of(0)]
+    assert all(it["error"] is None for it in items)
+    assert items[1]["video_info"].get("frames_concealed")     # the second part starts at an unclean key frame
+    out = join_items(items, ds)
+    whole = decode_video(path, 1024)
+    assert torch.equal(out["frames"], whole.frames) and out["video_info"] == whole.info
+    assert out["parts_fallback"].startswith("part 1, read by") and out["decode_parts"] == 1
+    assert "decoding it whole in the main process" in caplog.text and str(path) in caplog.text
+
+
+def test_the_setting_is_checked():
+    from algorithms.errors import SettingError
+    from datamodules.videoqa import VideoQADataModule
+
+    for bad in (-1, float("nan"), float("inf"), True, "256"):
+        with pytest.raises(SettingError, match="data.decode_part_mb must be a finite number >= 0"):
+            VideoQADataModule(decode_part_mb=bad)
+    assert VideoQADataModule(decode_part_mb=None).decode_part_mb is None
+    assert VideoQADataModule().decode_part_mb == 256.0
+
+
+def test_a_truncated_file_gives_the_same_error_every_time(tmp_path):
+    """PyAV folds a log line repeated back to back; the second open of the same truncated file in a process named
+    PyAV's exception instead of FFmpeg's cause, so the parts of one video (and a resumed run) disagreed."""
+    import av.logging
+
+    from datamodules.decode import DecodeError
+    from tests.conftest import MEDIA
+
+    bad = tmp_path / "bad.mp4"
+    bad.write_bytes((MEDIA / "cockatoo.mp4").read_bytes()[:200_000])
+    before = av.logging.get_skip_repeated()
+    seen = set()
+    for _ in range(3):
+        with pytest.raises(DecodeError) as e:
+            decode_video(bad, 256)
+        seen.add(str(e.value))
+    assert seen == {f"{bad}: cannot read the container (truncated, corrupted or not a video file; moov atom not found)"}
+    assert av.logging.get_skip_repeated() == before
+
+
 def test_num_workers_null_is_the_hosts_share(monkeypatch):
     """``num_workers: null`` resolves through auto_num_workers with the trainer's devices as the host's processes;
     a number is kept; a negative one is refused naming the field."""
