@@ -220,7 +220,11 @@ class VideoQADataModule(LightningDataModule):
         :func:`datamodules.decode.auto_num_workers` for this host's processes (the trainer's devices)."""
         if self.num_workers is not None:
             return self.num_workers
-        return auto_num_workers(self.trainer.num_devices if self.trainer is not None else 1)
+        procs = self.trainer.num_devices if self.trainer is not None else 1
+        cached = getattr(self, "_auto_workers", None)    # (processes, workers): the mask and cgroup read once
+        if cached is None or cached[0] != procs:
+            cached = self._auto_workers = (procs, auto_num_workers(procs))
+        return cached[1]
 
     # settings recorded in run.json only when they differ from these defaults (absent there = the default, compared)
     RECORD_DEFAULTS = {"max_replaced_frac": MAX_REPLACED_FRAC, "strict_frames": STRICT_FRAMES}

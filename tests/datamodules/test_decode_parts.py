@@ -508,6 +508,7 @@ def test_num_workers_null_is_the_hosts_share(monkeypatch):
     assert dm.workers == 7 and seen == [1]
     dm.trainer = SimpleNamespace(num_devices=4)   # Lightning's trainer attribute, as the loop sets it
     assert dm.workers == 7 and seen == [1, 4]
+    assert dm.workers == 7 and seen == [1, 4]     # read once per process count (the mask and cgroup files)
     assert vq.VideoQADataModule(num_workers=3).workers == 3
     with pytest.raises(SettingError, match="data.num_workers"):
         vq.VideoQADataModule(num_workers=-1)
