@@ -251,6 +251,46 @@ def sync_sites(module, item) -> None:
           ", ".join(f"{k} x{v}" for k, v in sorted(sites.items(), key=lambda x: -x[1])))
 
 
+BACKGROUND = """
+import sys, time
+sys.path.insert(0, {repo!r})
+from datamodules.decode import decode_video
+import datamodules.decode.nvdec  # noqa: F401 - registers the NVDEC reader
+while True:
+    decode_video({video!r}, 16384, 896, num_threads=1, decoder={decoder!r})
+"""
+
+
+def contention(module, items, video: str, configs: list[tuple[str, int]], settle_s: float = 8.0) -> None:
+    """The steady step beside decoders that run in other processes, as the CLI's workers do: for each ``(decoder,
+    n)`` of ``configs``, ``n`` processes decode ``video`` in a loop (``decoder`` ``nvdec``: each with its own CUDA
+    context on this GPU; ``cpu``: CPU load only), and the two seen videos ``items[1:3]`` are stepped twice each
+    after ``settle_s`` seconds. Prints each configuration's mean step and its ratio to the first configuration."""
+    import os
+    import subprocess
+
+    first = None
+    for decoder, n in configs:
+        code = BACKGROUND.format(repo=str(REPO), video=video, decoder=decoder)
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL) for _ in range(n)]
+        try:
+            if n:
+                time.sleep(settle_s)
+            times = [timed_step(module, it) for it in items[1:3] for _ in range(2)]
+            alive = sum(p.poll() is None for p in procs)
+        finally:
+            for p in procs:
+                p.kill()
+            for p in procs:
+                p.wait()
+        mean = sum(times) / len(times)
+        first = first or mean
+        print(f"steps beside {n:2d} {decoder:5s} decoder processes ({alive} alive at the end): "
+              + ", ".join(f"{t:.3f}" for t in times) + f" s, mean {mean:.3f} s, x{mean / first:.2f}", flush=True)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true")
@@ -260,6 +300,10 @@ def main(argv=None) -> None:
     ap.add_argument("--early-compile", action="store_true",
                     help="compile the fused kernels from the config first (as the CLI does during the load), so the "
                          "warm-up step shows what is left: first calls, the decode step's graphs, lazy initialisation")
+    ap.add_argument("--contention", default=None, metavar="VIDEO",
+                    help="at the end, time steps on seen videos beside processes decoding VIDEO in a loop: none, 16 "
+                         "NVDEC, 8 NVDEC, none, 16 CPU (the CLI's decode workers, each NVDEC one with its own CUDA "
+                         "context on this GPU)")
     args = ap.parse_args(argv)
     videos = args.videos or [str(REPO / "assets/media/cockatoo.mp4"), str(REPO / "assets/media/realshort.mp4")]
     budgets = args.budgets or ([128, 1024] if args.tiny else [4096, 16384])
@@ -318,6 +362,10 @@ def main(argv=None) -> None:
                 row.append(f"{'cuDNN allowed' if cudnn else 'flash/efficient'} {timed_step(module, it):.3f} s")
             allow_cudnn_sdpa(False)
             print(f"seen video {Path(it['video_path']).name}, second run each: " + ", ".join(row))
+    if args.contention:
+        print("\n## the step beside decoding processes (seen videos, two runs each)")
+        contention(module, items, args.contention, [("cpu", 0), ("nvdec", 16), ("nvdec", 8), ("cpu", 0),
+                                                     ("cpu", 16)])
 
 
 if __name__ == "__main__":
