@@ -14,8 +14,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, resolve_media_path,
                    strip_option_letters, text_field, check_annotation_file, warn_options_beyond_rule)
 from .base import log
@@ -81,6 +79,8 @@ def load_videomme(root: Path, parquet: str | None = None, video_dir: str = "vide
             question_id, a text cell that is not valid UTF-8, or a videoID whose path escapes ``root`` (file and row
             named; the field too for UTF-8); a malformed ``.srt`` (file and cue named). See :mod:`datamodules.benchmarks.base` for the per-case table.
     """
+    import pyarrow.parquet as pq   # here, not at the top: off predict's import path until the annotation is read
+
     root = Path(root)
     files = [Path(parquet)] if parquet else find_parquets(root)
     questions: list[Question] = []

@@ -2,7 +2,8 @@
 
 ``cli.import_torchmetrics_lean`` imports torchmetrics (which Lightning imports for its version) with matplotlib,
 scipy and torchvision reported missing, so torchmetrics' ``__init__`` does not load them (torchvision's ``ops``
-import the compile stack); the plots import matplotlib only when the scores are written.
+import the compile stack); the plots import matplotlib only when the scores are written, and the Video-MME loader
+pyarrow only when it reads its parquet.
 """
 import subprocess
 import sys
@@ -13,8 +14,8 @@ import pytest
 from tests.conftest import REPO
 
 # what the predict path must not import (sympy is not listed: Lightning's own ``lightning.fabric.wrappers`` imports
-# ``torch._dynamo`` at import, and with it sympy)
-KEPT_OFF = ("matplotlib", "scipy", "torchvision")
+# ``torch._dynamo`` at import, and with it sympy; nor transformers: torchmetrics' ``functional.text.bert`` imports it)
+KEPT_OFF = ("matplotlib", "scipy", "torchvision", "pyarrow")
 
 
 def test_lean_import_hides_the_extras_only_while_torchmetrics_is_imported(tmp_path, monkeypatch):
