@@ -16,8 +16,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-# torchmetrics' optional extras that a run never uses but that its import would load eagerly (issue 41)
-TORCHMETRICS_HIDDEN_EXTRAS = ("matplotlib", "scienceplots", "scipy", "torchvision")
+# torchmetrics' optional extras that a run never uses but that its import would load eagerly (issue 41); transformers:
+# ``torchmetrics.functional.text.bert`` imports ``AutoModel`` / ``AutoTokenizer`` (about 0.4 s before the module is
+# built); the model's own imports of transformers come later and are not affected
+TORCHMETRICS_HIDDEN_EXTRAS = ("matplotlib", "scienceplots", "scipy", "torchvision", "transformers")
 
 
 def import_torchmetrics_lean(hidden: tuple[str, ...] = TORCHMETRICS_HIDDEN_EXTRAS) -> None:

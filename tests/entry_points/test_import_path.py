@@ -14,8 +14,8 @@ import pytest
 from tests.conftest import REPO
 
 # what the predict path must not import (sympy is not listed: Lightning's own ``lightning.fabric.wrappers`` imports
-# ``torch._dynamo`` at import, and with it sympy; nor transformers: torchmetrics' ``functional.text.bert`` imports it)
-KEPT_OFF = ("matplotlib", "scipy", "torchvision", "pyarrow")
+# ``torch._dynamo`` at import, and with it sympy)
+KEPT_OFF = ("matplotlib", "scipy", "torchvision", "pyarrow", "transformers")
 
 
 def test_lean_import_hides_the_extras_only_while_torchmetrics_is_imported(tmp_path, monkeypatch):
