@@ -9,15 +9,15 @@ set -u
 export NVDEC_TEST_CLIPS=$PWD/.whl/nvdec_clips
 ( python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path; import cli_throughput as ct; \
 ct.write_checkpoint(Path('/tmp/workload_cli/videollama3-7b-random'))" > "$OUT/ckpt.txt" 2>&1 ) &
-( timeout 200 python3 -m pytest -q -p no:hypothesispytest -p no:cacheprovider -m gpu tests/test_gpu.py \
+( timeout 150 python3 -m pytest -q -p no:hypothesispytest -p no:cacheprovider -m gpu tests/test_gpu.py \
     tests/datamodules/test_nvdec.py > "$OUT/gpu_tests.txt" 2>&1 ) &
 python3 bench/workload.py --make /tmp/wl > /dev/null 2>&1; wait
 grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu_tests.txt" | head -12; stamp "set made, checkpoint written, gpu tests"
-timeout 170 python3 bench/workload.py --videos /tmp/wl --paths nvdec --workers 16 --copies 6 --part-mb 0 \
+timeout 140 python3 bench/workload.py --videos /tmp/wl --paths nvdec --workers 16 --copies 6 --part-mb 0 \
   --gpu-step-s '{"short": 2.15, "medium": 2.15, "long": 2.15}' --json "$OUT/pool6.json" > "$OUT/pool6.txt" 2>&1
 echo "rc $? (pool, 6 copies)"; grep -E "full Video-MME|  same,|busy while|M source frames" "$OUT/pool6.txt" | cut -c1-300
 stamp "pool"
-timeout $(( 560 - ($(date +%s) - T0) )) python3 bench/workload.py --videos /tmp/wl --paths nvdec --only short \
+timeout $(( 385 - ($(date +%s) - T0) )) python3 bench/workload.py --videos /tmp/wl --paths nvdec --only short \
   --workers 16 --cli --cli-decoders auto auto --json "$OUT/cli_defaults.json" > "$OUT/cli_defaults.txt" 2>&1
 echo "rc $?"; grep -E "^CLI.*(videos,|timeline|busy)|records identical|Traceback|Error|first video" \
   "$OUT/cli_defaults.txt" | cut -c1-520 | head -12
