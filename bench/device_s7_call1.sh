@@ -3,7 +3,7 @@
 # split videos with whole ones and starts the CPU decoders' workers from the fork server on CUDA. First the GPU tests
 # (the graph capture beside a pinning thread, the NVDEC tests) while the set is made; then the user's CLI on 3 copies
 # of the set (18 videos in flight): parts on (cold), on (warm), off (warm), records compared; bench/part_order_sim.py
-# on the warm parts run. bench/device_next_records.sh is the call after it (decoder=cpu against auto, whole set).
+# on the warm parts run. session 8's bench/device_s8_call1.sh ran the call after it (decoder=cpu against auto, whole set).
 #   bash bench/device_s7_call1.sh          (carry .whl/nvdec_clips)
 set -u
 . bench/device_site.sh
