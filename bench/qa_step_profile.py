@@ -252,12 +252,17 @@ def sync_sites(module, item) -> None:
 
 
 BACKGROUND = """
-import sys, time
+import ctypes, os, signal, sys
+try:   # Linux: killed with its parent, however the parent ends (PR_SET_PDEATHSIG)
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+except Exception:
+    pass
 sys.path.insert(0, {repo!r})
 from datamodules.decode import decode_video
 import datamodules.decode.nvdec  # noqa: F401 - registers the NVDEC reader
-while True:
-    decode_video({video!r}, 16384, 896, num_threads=1, decoder={decoder!r})
+while os.getppid() == {parent}:
+    info = decode_video({video!r}, 16384, 896, num_threads=1, decoder={decoder!r}).info
+    print(info["decoder"], flush=True)
 """
 
 
@@ -271,11 +276,13 @@ def contention(module, items, video: str, configs: list[tuple[str, int]], settle
 
     first = None
     for decoder, n in configs:
-        code = BACKGROUND.format(repo=str(REPO), video=video, decoder=decoder)
+        code = BACKGROUND.format(repo=str(REPO), video=video, decoder=decoder, parent=os.getpid())
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL) for _ in range(n)]
+        procs = []
         try:
+            for _ in range(n):
+                procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                                              stderr=subprocess.DEVNULL, text=True))
             if n:
                 time.sleep(settle_s)
             times = [timed_step(module, it) for it in items[1:3] for _ in range(2)]
@@ -283,11 +290,14 @@ def contention(module, items, video: str, configs: list[tuple[str, int]], settle
         finally:
             for p in procs:
                 p.kill()
+            readers = set()
             for p in procs:
-                p.wait()
+                out, _ = p.communicate()
+                readers.update(out.split())
         mean = sum(times) / len(times)
         first = first or mean
-        print(f"steps beside {n:2d} {decoder:5s} decoder processes ({alive} alive at the end): "
+        print(f"steps beside {n:2d} {decoder:5s} decoder processes ({alive} alive at the end, read by "
+              f"{', '.join(sorted(readers)) or '-'}): "
               + ", ".join(f"{t:.3f}" for t in times) + f" s, mean {mean:.3f} s, x{mean / first:.2f}", flush=True)
 
 

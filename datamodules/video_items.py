@@ -16,10 +16,6 @@ from callbacks.process_clock import boot_s, process_start_boot_s
 from .benchmarks import Question
 from .decode import MAX_REPLACED_FRAC, STRICT_FRAMES, NATIVE_DECODE_BYTES, DecodeError, EncoderSizing, decode_video
 
-# video_info.decoder_fallback of the video data.first_video_cpu_mb sent to the CPU reader
-FIRST_VIDEO_CPU = ("data.first_video_cpu_mb: the rank's first video is read on the CPU, which gives it sooner than a "
-                   "worker's first NVDEC decode (CUDA context and engines shared with every starting worker)")
-
 
 @dataclass
 class VideoTask:
@@ -41,8 +37,9 @@ class VideoQADataset(Dataset):
     and ``task: t`` in the item; :class:`datamodules.part_join.JoiningLoader` joins them. :meth:`items_of` gives a
     task's item indices, :meth:`whole_item` decodes a task whole (the join's way out when its parts do not fit).
 
-    ``cpu_task``: the task decoded whole by the CPU reader whatever ``decoder`` is (``decoder_fallback`` says so:
-    :data:`FIRST_VIDEO_CPU`; :func:`datamodules.videoqa.first_video_on_cpu` picks it), ``None``: none.
+    ``cpu_task``: the task whose whole decode goes to the CPU reader where NVDEC would read it and the file has at most
+    ``cpu_task_mpx`` source megapixels (:func:`datamodules.decode.decode_video` ``cpu_below_mpx``; at least 2 decoder
+    threads for it; :func:`datamodules.videoqa.first_video_on_cpu` picks it), ``None``: none.
 
     ``error`` always starts with the video path: a :class:`~datamodules.decode.DecodeError` message as is (see
     :mod:`datamodules.decode.errors` for the per-case table), any other exception of the decoder (including
@@ -54,8 +51,8 @@ class VideoQADataset(Dataset):
                  native_decode_bytes: float = NATIVE_DECODE_BYTES, short_clip_first_frame: bool = False,
                  max_replaced_frac: float = MAX_REPLACED_FRAC, sizing: EncoderSizing | None = None,
                  decoder: str = "cpu", strict_frames: bool = STRICT_FRAMES, parts: list[int] | None = None,
-                 cpu_task: int | None = None):
-        self.cpu_task = cpu_task
+                 cpu_task: int | None = None, cpu_task_mpx: float = 1000.0):
+        self.cpu_task, self.cpu_task_mpx = cpu_task, cpu_task_mpx
         self.tasks, self.max_budget, self.decode_max_side = tasks, max_budget, decode_max_side
         if parts is not None and (len(parts) != len(tasks) or any(int(k) < 1 for k in parts)):
             raise ValueError(f"parts: one count >= 1 per task ({len(tasks)}), got {parts!r}")
@@ -105,12 +102,12 @@ class VideoQADataset(Dataset):
         on_cpu = i == self.cpu_task and part is None and self.decoder != "cpu"
         try:
             dec = decode_video(task.video_path, self.max_budget, self.decode_max_side,
-                               num_threads=self.decode_threads, native_decode_bytes=self.native_decode_bytes,
+                               num_threads=max(self.decode_threads, 2) if on_cpu else self.decode_threads,
+                               native_decode_bytes=self.native_decode_bytes,
                                short_clip_first_frame=self.short_clip_first_frame,
                                max_replaced_frac=self.max_replaced_frac, sizing=self.sizing,
-                               decoder="cpu" if on_cpu else self.decoder, strict_frames=self.strict_frames, part=part)
-            if on_cpu:
-                dec.info.setdefault("decoder_fallback", FIRST_VIDEO_CPU)
+                               decoder=self.decoder, strict_frames=self.strict_frames, part=part,
+                               cpu_below_mpx=self.cpu_task_mpx if on_cpu else None)
             item.update(frames=dec.frames, times_s=dec.times_s, video_info=dec.info)
             if part is not None:
                 item["part_bounds"] = dec.part

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,7 +29,8 @@ from .sharding import CostBalancedSampler, estimate_cost
 from .video_items import VideoQADataset, VideoTask  # noqa: F401 - re-exported (defined apart: see there)
 from .worker_server import WORKER_PRELOAD  # noqa: F401 - re-exported: decode_worker_context's list
 
-FIRST_VIDEO_CPU_MB = 64.0   # data.first_video_cpu_mb: the rank's first video read on the CPU up to this file size
+FIRST_VIDEO_CPU_MPX = 1000.0   # data.first_video_cpu_mpx: the rank's first video read on the CPU up to this many
+                               # source megapixels (a 90 s 360p25 video: 518)
 
 log = logging.getLogger(__name__)
 
@@ -151,13 +151,15 @@ class VideoQADataModule(LightningDataModule):
             labels and ``video_info`` are the whole decode's (a video whose parts do not fit is decoded whole).
             ``0`` or ``null``: every video whole. Not applied with ``strict_frames`` or ``max_replaced_frac > 0``
             (their rules look across the whole video).
-        first_video_cpu_mb: with ``decoder: auto`` on a CUDA machine and ``num_workers`` >= 1, the rank's first
-            video (the cheapest of its run order) is read on the CPU when its file is at most this many MB
-            (:func:`first_video_on_cpu`; ``0`` or ``null``: never). A worker's first NVDEC decode starts its CUDA
-            context while every other worker starts its own and shares the engines with their first videos: on
-            the H100 (16 workers) the first 90 s video took 7.6 s on NVDEC against 3.7 s on the CPU, with the model
-            waiting for it. The CPU reader is the reference NVDEC's frames are checked against, so its records are
-            those of ``decoder: cpu`` (``video_info.decoder`` names the CPU reader, ``decoder_fallback`` says why).
+        first_video_cpu_mpx: with ``decoder: auto`` on a CUDA machine with PyNvVideoCodec and ``num_workers`` >= 1,
+            the rank's first video (the cheapest of its run order) is read by the CPU reader, with 2 decoder threads,
+            when it has at most this many source megapixels (frames x width x height / 1e6, from the probe its
+            worker makes anyway; :func:`datamodules.decode.video.source_megapixels`; ``0`` or ``null``: never). A
+            worker's first NVDEC decode starts its CUDA context while every other worker starts its own and shares
+            the engines: on the H100 (16 workers) the first video (90 s 360p, 518 Mpx) took 7.1-8.7 s from NVDEC
+            against 3.3 s from the CPU, with the model waiting for it. The CPU reader is the reference NVDEC's
+            frames are checked against, so its records are those of ``decoder: cpu`` (``video_info.decoder`` names
+            the CPU reader, ``decoder_fallback`` says why).
     """
 
     def __init__(self, benchmark: str = "videomme", root: str = "assets/demo_videomme",
@@ -166,13 +168,15 @@ class VideoQADataModule(LightningDataModule):
                  native_decode_bytes: float = NATIVE_DECODE_BYTES, short_clip_first_frame: bool = False,
                  max_replaced_frac: float = MAX_REPLACED_FRAC, hold_encoder_sizes: bool = True,
                  decoder: str = "cpu", in_order: bool = False, strict_frames: bool = STRICT_FRAMES,
-                 decode_part_mb: float | None = DECODE_PART_MB, first_video_cpu_mb: float | None = FIRST_VIDEO_CPU_MB):
+                 decode_part_mb: float | None = DECODE_PART_MB,
+                 first_video_cpu_mpx: float | None = FIRST_VIDEO_CPU_MPX):
         super().__init__()
-        for name, mb in (("decode_part_mb", decode_part_mb), ("first_video_cpu_mb", first_video_cpu_mb)):
-            if mb is not None and (isinstance(mb, bool) or not isinstance(mb, (int, float)) or not math.isfinite(mb)
-                                   or mb < 0):
-                raise SettingError(f"data.{name} must be a finite number >= 0 (MB) or null, got {mb!r}")
-        self.first_video_cpu_mb = first_video_cpu_mb
+        for name, v, unit in (("decode_part_mb", decode_part_mb, "MB"),
+                              ("first_video_cpu_mpx", first_video_cpu_mpx, "megapixels")):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                                  or v < 0):
+                raise SettingError(f"data.{name} must be a finite number >= 0 ({unit}) or null, got {v!r}")
+        self.first_video_cpu_mpx = first_video_cpu_mpx
         self.decode_part_mb = decode_part_mb
         if not isinstance(strict_frames, bool):
             raise SettingError(f"data.strict_frames must be true or false, got {strict_frames!r}")
@@ -406,17 +410,18 @@ class VideoQADataModule(LightningDataModule):
             threads = auto_decode_threads(self.workers, self.trainer.num_devices)
         context = self._worker_context()
         sizing = self._sizing
-        cpu_task = first_video_on_cpu(self.decoder, self.workers, torch.cuda.is_available() and not self.strict_frames,
-                                      sampler.indices, [t.video_path for t in tasks], self.first_video_cpu_mb)
+        cpu_task = first_video_on_cpu(self.decoder, self.workers, torch.cuda.is_available() and not self.strict_frames
+                                      and nvdec_missing() is None, sampler.indices, self.first_video_cpu_mpx)
         if cpu_task is not None and parts is not None and parts[cpu_task] > 1:
             cpu_task = None    # a video big enough to split is no quick first video
         if cpu_task is not None:
-            print(f"[rank {rank}] {self.benchmark}: the first video ({tasks[cpu_task].video_id}) is read on the CPU "
-                  f"(data.first_video_cpu_mb={self.first_video_cpu_mb:g}: sooner than a worker's first NVDEC decode)",
-                  flush=True)
+            print(f"[rank {rank}] {self.benchmark}: the first video ({tasks[cpu_task].video_id}) is read on the CPU if "
+                  f"it has at most {self.first_video_cpu_mpx:g} source megapixels (data.first_video_cpu_mpx: sooner "
+                  f"than a worker's first NVDEC decode)", flush=True)
         ds = VideoQADataset(tasks, max_budget, self.decode_max_side, threads,
                             self.native_decode_bytes, self.short_clip_first_frame, self.max_replaced_frac, sizing,
-                            self.decoder, self.strict_frames, parts if parts and max(parts) > 1 else None, cpu_task)
+                            self.decoder, self.strict_frames, parts if parts and max(parts) > 1 else None, cpu_task,
+                            self.first_video_cpu_mpx or 0.0)
         # frames pinned (in the loader's pin-memory thread, off the GPU's path) when the run is on CUDA: the
         # module's copy to the device then does not block the host
         strategy = getattr(self.trainer, "strategy", None)
@@ -443,23 +448,19 @@ class VideoQADataModule(LightningDataModule):
             and torch.cuda.is_available() and not self.strict_frames and self.max_replaced_frac == 0
 
 
-def first_video_on_cpu(decoder: str, workers: int, cuda: bool, order: Sequence[int], paths: Sequence[str],
-                       max_mb: float | None) -> int | None:
-    """The task the CPU reader decodes whatever ``decoder`` is (``data.first_video_cpu_mb``), or ``None``: the first
-    of ``order`` (the rank's run order) when ``decoder`` is ``auto``, ``cuda`` (NVDEC may run), ``workers >= 1``
-    (in the main process no worker starts a CUDA context) and its file ``paths[order[0]]`` is at most ``max_mb`` MB
-    (one ``stat``; a file that cannot be stat'ed is left to the decoder, whose error record says why).
+def first_video_on_cpu(decoder: str, workers: int, nvdec_may_run: bool, order: Sequence[int],
+                       max_mpx: float | None) -> int | None:
+    """The task whose worker reads it on the CPU if it is small (``data.first_video_cpu_mpx``; the worker decides
+    from its probe, :func:`datamodules.decode.decode_video` ``cpu_below_mpx``), or ``None``: the first of ``order``
+    (the rank's run order) when ``decoder`` is ``auto``, NVDEC may run (``nvdec_may_run``: CUDA, PyNvVideoCodec, no
+    ``strict_frames``), ``workers >= 1`` (the main process starts no worker context) and ``max_mpx > 0``.
 
-    >>> first_video_on_cpu("auto", 16, True, [2, 0], ["a", "b", "c"], None) is None
-    True
+    >>> first_video_on_cpu("auto", 16, True, [2, 0], 1000.0), first_video_on_cpu("nvdec", 16, True, [2, 0], 1000.0)
+    (2, None)
     """
-    if decoder != "auto" or not cuda or workers < 1 or not order or not max_mb or max_mb <= 0:
+    if decoder != "auto" or not nvdec_may_run or workers < 1 or not order or not max_mpx or max_mpx <= 0:
         return None
-    try:
-        mb = os.path.getsize(paths[order[0]]) / 1e6
-    except (OSError, ValueError):
-        return None
-    return order[0] if mb <= max_mb else None
+    return order[0]
 
 
 def video_loader(ds, sampler, num_workers: int, prefetch_factor: int, pin_memory: bool = False, context=None,

@@ -25,6 +25,16 @@ STRICT_FRAMES = False   # seed 001: an error record only when ffmpeg exits non-z
 # why ``strict_frames`` reads a file NVDEC could decode on the CPU (``video_info.decoder_fallback``; issue 42 item 1)
 NVDEC_UNCHECKED = ("data.strict_frames: NVDEC frames are not checked for concealment (PyNvVideoCodec reports no "
                    "decode status), so the CPU reader decodes and flags them")
+# why a small file NVDEC could decode was read on the CPU (``decode_video(cpu_below_mpx=...)``: the rank's first video,
+# ``data.first_video_cpu_mpx``)
+SMALL_ON_CPU = ("data.first_video_cpu_mpx: the rank's first video is small enough to be ready sooner from the CPU "
+                "reader than from a worker's first NVDEC session")
+
+
+def source_megapixels(probe) -> float:
+    """The decode work of a whole file in megapixels: its frames (``len(probe.pts)``) x displayed width x height /
+    1e6 (the CPU readers decode about every frame up to the last sampled one at 1 fps sampling)."""
+    return len(probe.pts) * probe.width * probe.height / 1e6
 
 
 @dataclass
@@ -53,7 +63,8 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
                  short_clip_first_frame: bool = False,
                  max_replaced_frac: float = MAX_REPLACED_FRAC, sizing: EncoderSizing | None = None,
                  hold_chunk_bytes: float = HOLD_CHUNK_BYTES, decoder: str = "cpu",
-                 strict_frames: bool = STRICT_FRAMES, part: tuple[int, int] | None = None) -> DecodedVideo:
+                 strict_frames: bool = STRICT_FRAMES, part: tuple[int, int] | None = None,
+                 cpu_below_mpx: float | None = None) -> DecodedVideo:
     """Decode the frames the largest budget of a run needs, as seed 001's ``decode_video`` chooses them.
 
     Three steps: (a) the plan, :func:`probe_video` and :func:`plan_decode`: seed 001's ``duration =
@@ -116,6 +127,9 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
         part: ``(k, K)``: decode only part ``k`` of ``K`` of the planned frames (the positions of
             :func:`datamodules.decode.parts.part_bounds`; the plan is made whole, the reader is the whole video's,
             the held grids are the whole video's restricted to the part). ``None``: the whole video.
+        cpu_below_mpx: a file NVDEC would decode is read by the CPU reader instead when its
+            :func:`source_megapixels` are at most this (``info["decoder_fallback"]``: :data:`SMALL_ON_CPU`); the
+            CPU reader is the reference NVDEC's frames are checked against. ``None``: no such rule.
 
     Raises:
         DecodeError: missing, empty, truncated, corrupted or unreadable file, no video stream, no frame at the
@@ -129,14 +143,15 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
         part_bounds(1, *part)   # checks 0 <= k < K
     return _decode_video(Path(path), budget_tokens, decode_max_side, base_fps, num_threads, native_decode_bytes,
                          short_clip_first_frame, max_replaced_frac, sizing, hold_chunk_bytes, decoder,
-                         bool(strict_frames), part)
+                         bool(strict_frames), part, cpu_below_mpx)
 
 
 def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps: float, num_threads: int,
                   native_decode_bytes: float, short_clip_first_frame: bool,
                   max_replaced_frac: float = 0.0, sizing: EncoderSizing | None = None,
                   hold_chunk_bytes: float = HOLD_CHUNK_BYTES, decoder: str = "cpu",
-                  strict_frames: bool = STRICT_FRAMES, part: tuple[int, int] | None = None) -> DecodedVideo:
+                  strict_frames: bool = STRICT_FRAMES, part: tuple[int, int] | None = None,
+                  cpu_below_mpx: float | None = None) -> DecodedVideo:
     _check_file(path)
     probe = probe_video(path)
     plan = plan_decode(path, probe, budget_tokens, base_fps, native_decode_bytes, decode_max_side,
@@ -144,6 +159,8 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
     name, fallback = resolve_decoder(decoder, probe, path)
     if strict_frames and name == "nvdec":   # the rule needs concealment flags, which NVDEC's frames lack
         name, fallback = "cpu", NVDEC_UNCHECKED
+    if cpu_below_mpx is not None and name == "nvdec" and source_megapixels(probe) <= cpu_below_mpx:
+        name, fallback = "cpu", SMALL_ON_CPU
     if name == "cpu":
         name = cpu_reader_for(probe, plan.decode_hw)
     try:

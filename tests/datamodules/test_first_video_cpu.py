@@ -1,4 +1,5 @@
-"""``data.first_video_cpu_mb``: with ``decoder: auto`` on a CUDA machine the rank's first video is read on the CPU.
+"""``data.first_video_cpu_mpx``: with ``decoder: auto`` where NVDEC may run, the rank's first video is read on the CPU
+when it is small.
 
 The CPU reader is the reference the NVDEC path is checked against, so the only fields that may change are the
 reader's (``video_info.decoder`` / ``decoder_fallback``); the choice itself is hand-checked case by case.
@@ -8,85 +9,125 @@ from __future__ import annotations
 import pytest
 
 from algorithms.errors import SettingError
-from datamodules.video_items import FIRST_VIDEO_CPU, VideoQADataset, VideoTask
-from datamodules.videoqa import FIRST_VIDEO_CPU_MB, VideoQADataModule, first_video_on_cpu
+from datamodules.decode import decode_video
+from datamodules.decode.video import SMALL_ON_CPU, source_megapixels
+from datamodules.video_items import VideoQADataset, VideoTask
+from datamodules.videoqa import FIRST_VIDEO_CPU_MPX, VideoQADataModule, first_video_on_cpu
+from tests.conftest import MEDIA
 
 
-def test_which_video_goes_to_the_cpu(tmp_path):
-    small, big = tmp_path / "small.mp4", tmp_path / "big.mp4"
-    small.write_bytes(b"\0" * 2_000_000)           # 2.0 MB
-    big.write_bytes(b"\0" * 3_000_000)             # 3.0 MB
-    paths = [str(big), str(small), str(tmp_path / "missing.mp4")]
-    assert first_video_on_cpu("auto", 16, True, [1, 0], paths, 2.0) == 1      # the first of the order, <= 2 MB
-    assert first_video_on_cpu("auto", 16, True, [0, 1], paths, 2.0) is None   # the first is 3 MB
-    assert first_video_on_cpu("auto", 16, True, [0, 1], paths, 3.0) == 0
-    assert first_video_on_cpu("auto", 16, True, [2, 1], paths, 64) is None    # not stat'ed: left to the decoder
-    for decoder, workers, cuda, order, mb in (("cpu", 16, True, [1], 64), ("nvdec", 16, True, [1], 64),
-                                              ("auto", 0, True, [1], 64), ("auto", 16, False, [1], 64),
-                                              ("auto", 16, True, [], 64), ("auto", 16, True, [1], 0),
-                                              ("auto", 16, True, [1], None)):
-        assert first_video_on_cpu(decoder, workers, cuda, order, paths, mb) is None, (decoder, workers, cuda, mb)
-    assert FIRST_VIDEO_CPU_MB == 64.0
+def test_which_task_goes_to_the_cpu():
+    assert first_video_on_cpu("auto", 16, True, [1, 0], 1000.0) == 1        # the first of the run order
+    for decoder, workers, may_run, order, mpx in (("cpu", 16, True, [1], 1000.0), ("nvdec", 16, True, [1], 1000.0),
+                                                  ("auto", 0, True, [1], 1000.0), ("auto", 16, False, [1], 1000.0),
+                                                  ("auto", 16, True, [], 1000.0), ("auto", 16, True, [1], 0),
+                                                  ("auto", 16, True, [1], None)):
+        assert first_video_on_cpu(decoder, workers, may_run, order, mpx) is None, (decoder, workers, may_run, mpx)
+    assert FIRST_VIDEO_CPU_MPX == 1000.0
 
 
 def test_the_setting_is_checked():
     for bad in (-1, float("nan"), True, "64"):
-        with pytest.raises(SettingError, match="data.first_video_cpu_mb"):
-            VideoQADataModule(first_video_cpu_mb=bad)
-    assert VideoQADataModule(first_video_cpu_mb=None).first_video_cpu_mb is None
+        with pytest.raises(SettingError, match="data.first_video_cpu_mpx must be a finite number >= 0 .megapixels."):
+            VideoQADataModule(first_video_cpu_mpx=bad)
+    assert VideoQADataModule(first_video_cpu_mpx=None).first_video_cpu_mpx is None
 
 
-def test_the_dataset_reads_only_that_task_on_the_cpu_and_says_why(monkeypatch):
+class _Probe:   # what source_megapixels reads
+    def __init__(self, frames, h, w):
+        self.pts, self.height, self.width = list(range(frames)), h, w
+
+
+def test_source_megapixels_by_hand():
+    # the workload set's first video: 90 s at 25 fps, 640 x 360 -> 2250 x 230,400 px = 518.4 Mpx
+    assert source_megapixels(_Probe(2250, 360, 640)) == pytest.approx(518.4)
+    assert source_megapixels(_Probe(1800, 1080, 1920)) == pytest.approx(3732.48)   # 60 s of 1080p30
+
+
+def test_decode_video_reads_a_small_file_on_the_cpu_only_where_nvdec_would(monkeypatch):
+    """``cpu_below_mpx``: a file NVDEC would read (forced here: no GPU) goes to the CPU reader when its source
+    megapixels are at most the limit, with the reason; a larger one stays with NVDEC; a file ``auto`` sends to the CPU
+    anyway keeps its own reason. The frames are the CPU reader's in every case."""
+    import datamodules.decode.video as video
+
+    clip = MEDIA / "realshort.mp4"
+    ref = decode_video(clip, 256, decoder="cpu")
+    mpx = source_megapixels(video.probe_video(clip))
+    monkeypatch.setattr(video, "resolve_decoder", lambda decoder, *a: ("nvdec", None))
+    real_read = video._read_planned
+
+    def read(path, probe, plan, name, *a):
+        if name == "nvdec":
+            raise RuntimeError("the NVDEC reader was asked")
+        return real_read(path, probe, plan, name, *a)
+
+    monkeypatch.setattr(video, "_read_planned", read)
+    small = decode_video(clip, 256, decoder="auto", cpu_below_mpx=mpx)
+    assert small.info["decoder_fallback"] == SMALL_ON_CPU and small.info["decoder"] == ref.info["decoder"]
+    assert small.frames.equal(ref.frames) and small.times_s == ref.times_s
+    assert {k: v for k, v in small.info.items() if k != "decoder_fallback"} == ref.info
+    for limit in (mpx - 1e-6, None):       # too big, or no limit: the NVDEC reader is asked
+        with pytest.raises(RuntimeError, match="the NVDEC reader was asked"):
+            decode_video(clip, 256, decoder="auto", cpu_below_mpx=limit)
+    monkeypatch.setattr(video, "resolve_decoder", lambda decoder, *a: ("cpu", "own reason") if a else ("cpu", None))
+    own = decode_video(clip, 256, decoder="auto", cpu_below_mpx=mpx)
+    assert own.info["decoder_fallback"] == "own reason"
+
+
+def test_the_dataset_passes_the_limit_for_that_task_only(monkeypatch):
     import datamodules.video_items as vi
     from datamodules.decode import DecodedVideo
 
     seen = []
 
-    def fake_decode(path, *a, decoder, part, **kw):
-        seen.append((path, decoder, part))
-        return DecodedVideo(frames=None, times_s=[], info={"decoder": "pyav_skip" if decoder == "cpu" else "nvdec"})
+    def fake_decode(path, *a, num_threads, decoder, part, cpu_below_mpx, **kw):
+        seen.append((path, decoder, part, cpu_below_mpx, num_threads))
+        return DecodedVideo(frames=None, times_s=[], info={})
 
     monkeypatch.setattr(vi, "decode_video", fake_decode)
     tasks = [VideoTask(f"v{i}", f"/v{i}.mp4", "videomme", []) for i in range(3)]
-    ds = VideoQADataset(tasks, 1024, decoder="auto", cpu_task=1)
-    infos = [ds[i]["video_info"] for i in range(3)]
-    assert [d for _, d, _ in seen] == ["auto", "cpu", "auto"]
-    assert infos[1] == {"decoder": "pyav_skip", "decoder_fallback": FIRST_VIDEO_CPU}
-    assert "decoder_fallback" not in infos[0] and "decoder_fallback" not in infos[2]
-    # a part of that task (parts are never made for it, but an item of a split video stays with the decoder)
-    seen.clear()
-    parts = VideoQADataset(tasks, 1024, decoder="auto", parts=[1, 2, 1], cpu_task=1)
-    parts[1]
-    assert seen == [("/v1.mp4", "auto", (0, 2))]
-    # decoder cpu: nothing to say
-    seen.clear()
-    assert "decoder_fallback" not in VideoQADataset(tasks, 1024, decoder="cpu", cpu_task=0)[0]["video_info"]
+    ds = VideoQADataset(tasks, 1024, decoder="auto", cpu_task=1, cpu_task_mpx=500.0)
+    for i in range(3):
+        ds[i]
+    assert seen == [("/v0.mp4", "auto", None, None, 1), ("/v1.mp4", "auto", None, 500.0, 2),
+                    ("/v2.mp4", "auto", None, None, 1)]
+    seen.clear()   # an item that is a part of that task keeps the decoder's own choice
+    VideoQADataset(tasks, 1024, decoder="auto", parts=[1, 2, 1], cpu_task=1)[1]
+    assert seen == [("/v1.mp4", "auto", (0, 2), None, 1)]
+    seen.clear()   # decoder cpu: nothing to choose
+    VideoQADataset(tasks, 1024, decoder="cpu", cpu_task=0)[0]
+    assert seen == [("/v0.mp4", "cpu", None, None, 1)]
 
 
 def test_predict_records_are_the_cpu_readers_apart_from_the_reason(tiny_vl3_dir, demo_bench, tmp_path, monkeypatch):
-    """The user's predict with ``decoder: auto`` and 2 workers, the CUDA condition forced (this machine has no GPU,
-    so ``auto`` reads every video on the CPU and says why): the cheapest video's records name the first-video
-    reason, every other field of every record is that of the run with the setting off."""
+    """The user's predict with ``decoder: auto`` and 2 workers, NVDEC taken as able to run and as the reader of every
+    file (this machine has no GPU): the first video of the order is read on the CPU with the reason, every other
+    video fails on the stand-in NVDEC reader, and every field of the CPU-read video's records is that of a
+    ``decoder: cpu`` run apart from ``decoder_fallback``."""
+    import datamodules.decode.readers as readers
     import datamodules.videoqa as vq
     from tests.conftest import run_predict
 
     real = vq.first_video_on_cpu
     chosen = []
-    monkeypatch.setattr(vq, "first_video_on_cpu",
-                        lambda dec, w, cuda, order, paths, mb: chosen.append(r := real(dec, w, True, order, paths, mb))
-                        or r)
-    args = ["--data.init_args.decoder=auto", "--data.init_args.num_workers=2"]
-    off = run_predict(tiny_vl3_dir, demo_bench, tmp_path / "off", budgets=(256,), model_args={"max_new_tokens": 2},
-                      extra=[*args, "--data.init_args.first_video_cpu_mb=0"])
+    monkeypatch.setattr(vq, "first_video_on_cpu", lambda dec, w, may, order, mpx:
+                        chosen.append(r := real(dec, w, True, order, mpx)) or r)
+    ref = run_predict(tiny_vl3_dir, demo_bench, tmp_path / "cpu", budgets=(256,), model_args={"max_new_tokens": 2},
+                      extra=["--data.init_args.num_workers=2"])
+    real_resolve = readers.resolve_decoder
+    monkeypatch.setattr(readers, "resolve_decoder", lambda decoder, *a: ("nvdec", None) if a and decoder == "auto"
+                        else real_resolve(decoder, *a))
+    import datamodules.decode.video as video
+
+    monkeypatch.setattr(video, "resolve_decoder", readers.resolve_decoder)
     on = run_predict(tiny_vl3_dir, demo_bench, tmp_path / "on", budgets=(256,), model_args={"max_new_tokens": 2},
-                     extra=args)
-    assert chosen[0] is None and chosen[1] is not None
-    first = {r["video"] for r in on if r["video_info"].get("decoder_fallback") == FIRST_VIDEO_CPU}
-    assert len(first) == 1 and len(on) == len(off) == 7
+                     extra=["--data.init_args.decoder=auto", "--data.init_args.num_workers=2"])
+    assert chosen[0] is None and chosen[1] is not None          # decoder cpu: none; auto: the order's first
+    first = {r["video"] for r in on if r["video_info"].get("decoder_fallback") == SMALL_ON_CPU}
+    assert len(first) == 1 and len(on) == len(ref) == 7
     key = lambda r: (r["job"], r["qid"])  # noqa: E731
-    for a, b in zip(sorted(off, key=key), sorted(on, key=key)):
-        if b["video"] in first:
-            assert a["video_info"]["decoder_fallback"] != FIRST_VIDEO_CPU
-            a = {**a, "video_info": {k: v for k, v in a["video_info"].items() if k != "decoder_fallback"}}
-            b = {**b, "video_info": {k: v for k, v in b["video_info"].items() if k != "decoder_fallback"}}
-        assert a == b
+    by_key = {key(r): r for r in ref}
+    for b in on:   # the other video went to the NVDEC reader, which sent it to the CPU with its own reason
+        a = by_key[key(b)]
+        assert (b["video_info"]["decoder_fallback"] == SMALL_ON_CPU) == (b["video"] in first)
+        assert a == {**b, "video_info": {k: v for k, v in b["video_info"].items() if k != "decoder_fallback"}}
