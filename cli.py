@@ -32,11 +32,13 @@ def import_torchmetrics_lean(hidden: tuple[str, ...] = TORCHMETRICS_HIDDEN_EXTRA
     "import cli"``: torchmetrics 7.8 s of 12.7 s on the 2-core CPU machine, sympy 0.7 s, matplotlib 0.26 s). While
     torchmetrics is imported, ``lightning_utilities``' availability checks (``RequirementCache``, which torchmetrics'
     ``*_AVAILABLE`` flags are, and ``package_available``) answer ``False`` for ``hidden``; afterwards they answer
-    normally. What is lost: torchmetrics' own ``.plot()`` methods and its torchvision / scipy based metrics (image
-    quality, some audio and clustering metrics) in this process; the project uses none of them (its plots call
-    matplotlib directly, ``callbacks/scoring/plots.py``; the turn head's AUROC / AP need neither). The compile stack
-    (``torch._dynamo``, sympy) is then imported by the first ``torch.compile``, i.e. by the background compilation
-    of ``models/videollama3/warm.py``, not before the run starts. A no-op when torchmetrics is already imported."""
+    normally. What is lost: torchmetrics' own ``.plot()`` methods, its torchvision / scipy based metrics (image
+    quality, some audio and clustering metrics) and its transformers-based text metrics (BERTScore, InfoLM) in this
+    process; the project uses none of them (its plots call matplotlib directly, ``callbacks/scoring/plots.py``; the
+    turn head's AUROC / AP need neither). The compile stack (``torch._dynamo``, sympy) stays on the import path:
+    Lightning imports it itself (``lightning.fabric.wrappers`` imports ``torch._dynamo``: 1.2 s of ``import cli`` on
+    the CPU machine, sympy 1.5 s of 7.0 s on the H100 of 2026-12-06). A no-op when torchmetrics is already
+    imported."""
     import sys
 
     if "torchmetrics" in sys.modules:
