@@ -115,11 +115,36 @@ def use_persistent_compile_cache() -> str | None:
     return path
 
 
+def compile_kernels_in_process() -> int:
+    """Inductor compiles (and, with a warm cache, loads) its Triton kernels in this process rather than through its
+    pool of compile processes: ``torch._inductor.config.compile_threads = 1``, unless ``TORCHINDUCTOR_COMPILE_THREADS``
+    is set (Inductor read it at import; kept as it is). The generated code and kernels are the same either way.
+
+    Why: the early compilation (:mod:`models.videollama3.warm`) is the critical path of the first answer, and with the
+    pool (``min(32, CPUs)`` processes per rank, each importing torch) it took longer: 14.0 s against 11.9 s beside the
+    weight load with a warm cache, 22.4 s against 20.3 s cold (H200, 2026-12-03/04, ``bench/load_probe.py``
+    ``device_map_compile`` / ``device_map_compile_threads1`` and ``bench/cli_throughput.py``), and a node of 8 ranks
+    would start up to 8 x 32 compile processes beside the decode workers.
+
+    Returns:
+        The compile-thread count now in effect.
+    """
+    import os
+
+    import torch._inductor.config as inductor_config
+
+    if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
+        inductor_config.compile_threads = 1
+    return int(inductor_config.compile_threads)
+
+
 def build_cli(args: list[str] | None, run: bool, **kwargs) -> LightningCLI:
     """The project's LightningCLI (subclass mode for model and data, seed 0); ``kwargs`` add entry-specific options
     (config callback, default config files). Shared by ``evaluate.py`` and ``train.py``. Sets the compile cache
-    directory first (:func:`use_persistent_compile_cache`)."""
+    directory first (:func:`use_persistent_compile_cache`) and keeps Inductor's compiles in this process
+    (:func:`compile_kernels_in_process`)."""
     use_persistent_compile_cache()
+    compile_kernels_in_process()
     kwargs.setdefault("save_config_callback", None)
     cli_class = kwargs.pop("cli_class", ProjectCLI)
     if run:   # only the parser of the subcommand the command line names is built (see ProjectCLI.subcommands)

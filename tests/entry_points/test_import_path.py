@@ -92,3 +92,37 @@ def test_persistent_compile_cache_location(monkeypatch, tmp_path):
     assert cli.use_persistent_compile_cache() is None and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
     monkeypatch.setenv("TOKENBUDGET_INDUCTOR_CACHE", str(tmp_path / "c"))
     assert cli.use_persistent_compile_cache() == str(tmp_path / "c")
+
+
+def test_kernels_compile_in_process_unless_the_user_set_a_count(monkeypatch):
+    """``compile_kernels_in_process``: Inductor's ``compile_threads`` becomes 1 when ``TORCHINDUCTOR_COMPILE_THREADS``
+    is not set; a count the user set (Inductor read it at import) stays."""
+    import torch._inductor.config as inductor_config
+
+    import cli
+
+    monkeypatch.setattr(inductor_config, "compile_threads", 7)
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "7")
+    assert cli.compile_kernels_in_process() == 7 and inductor_config.compile_threads == 7
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS")
+    assert cli.compile_kernels_in_process() == 1 and inductor_config.compile_threads == 1
+
+
+def test_the_cli_compiles_in_process(tmp_path):
+    """The entry point itself (``evaluate.py``, through ``build_cli``) runs with ``compile_threads`` 1: checked in a
+    fresh process that builds the predict parser and prints Inductor's count."""
+    code = textwrap.dedent("""
+        import os, sys
+        os.environ.pop("TORCHINDUCTOR_COMPILE_THREADS", None)
+        import cli, torch._inductor.config as c
+        before = c.compile_threads
+        try:
+            cli.build_cli(["predict", "--print_config"], run=True)
+        except SystemExit:
+            pass
+        print(before, c.compile_threads, file=sys.stderr)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600,
+                         env={**__import__("os").environ, "HOME": str(tmp_path)})
+    before, after = out.stderr.strip().splitlines()[-1].split()
+    assert after == "1", out.stderr[-2000:]
