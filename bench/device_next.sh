@@ -14,10 +14,8 @@ set -u
 export NVDEC_TEST_CLIPS=$PWD/.whl/nvdec_clips
 ( timeout 170 python3 -m pytest -q -p no:hypothesispytest -p no:cacheprovider -m gpu tests/test_gpu.py \
     tests/datamodules/test_nvdec.py > "$OUT/gpu_tests.txt" 2>&1 ) &
-( python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path; import cli_throughput as ct; \
-ct.write_checkpoint(Path('/tmp/workload_cli/videollama3-7b-random'))" > "$OUT/ckpt.txt" 2>&1 ) &
-python3 bench/workload.py --make /tmp/wl > /dev/null 2>&1; stamp "set made"
-wait; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu_tests.txt" | head -12; stamp "gpu tests, checkpoint"
+set_and_checkpoint
+wait; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu_tests.txt" | head -12; stamp "gpu tests"
 cli() {   # cli <name> <variants...>: the whole set through the user's CLI, 16 workers
   local name=$1; shift
   timeout $(( 420 - ($(date +%s) - T0) )) python3 bench/workload.py --videos /tmp/wl --paths nvdec --only short \

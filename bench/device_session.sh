@@ -13,19 +13,7 @@ echo "== 1. GPU tests"
 timeout 400 python3 -m pytest -q -p no:hypothesispytest -p no:cacheprovider -m gpu tests/test_gpu.py 2>&1 | tail -15
 stamp "gpu tests"
 echo "== 2. import times (python -X importtime -c 'import cli', twice)"
-for i in 1 2; do python3 -X importtime -c "import cli" 2> /tmp/imp$i.txt; done
-python3 - <<'PY'
-import collections
-for f in ("/tmp/imp1.txt", "/tmp/imp2.txt"):
-    tot = collections.Counter()
-    for line in open(f):
-        if not line.startswith("import time:") or "self [us]" in line:
-            continue
-        parts = line[len("import time:"):].split("|")
-        tot[parts[2].strip().split(".")[0]] += int(parts[0])
-    print(f, f"total {sum(tot.values()) / 1e6:.2f} s:", ", ".join(f"{k} {v / 1e6:.2f}" for k, v in tot.most_common(10)))
-PY
-stamp "imports"
+import_times
 echo "== 3+4. workload: NVDEC pool at full length (busy shares) + the CLI cold (cpu decoder) then warm (auto)"
 timeout 480 python3 bench/workload.py --videos /tmp/wl --paths nvdec --workers 8 --cli --cli-max-s 130 \
   --cli-decoders cpu auto --json "$OUT/workload.json" 2>&1 \

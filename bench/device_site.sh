@@ -23,3 +23,29 @@ cli_runs() {
     stamp "$name"
   done
 }
+
+# the 7B-size random checkpoint of the CLI runs (/tmp/workload_cli/videollama3-7b-random, in the background) and the
+# workload-shaped set (/tmp/wl), both made here; returns when both are written
+set_and_checkpoint() {
+  ( python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path; import cli_throughput as ct; \
+ct.write_checkpoint(Path('/tmp/workload_cli/videollama3-7b-random'))" > "$OUT/ckpt.txt" 2>&1 ) &
+  python3 bench/workload.py --make /tmp/wl > /dev/null 2>&1; wait
+  stamp "set made, checkpoint written"
+}
+
+# `python -X importtime -c "import cli"`, twice: the total and the top-level packages that take most of it
+import_times() {
+  for i in 1 2; do python3 -X importtime -c "import cli" 2> /tmp/imp$i.txt; done
+  python3 - <<'PY'
+import collections
+for f in ("/tmp/imp1.txt", "/tmp/imp2.txt"):
+    tot = collections.Counter()
+    for line in open(f):
+        if not line.startswith("import time:") or "self [us]" in line:
+            continue
+        parts = line[len("import time:"):].split("|")
+        tot[parts[2].strip().split(".")[0]] += int(parts[0])
+    print(f, f"total {sum(tot.values()) / 1e6:.2f} s:", ", ".join(f"{k} {v / 1e6:.2f}" for k, v in tot.most_common(12)))
+PY
+  stamp "imports"
+}
