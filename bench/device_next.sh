@@ -20,7 +20,7 @@ cli() {   # cli <name> <variants...>: the whole set through the user's CLI, 16 w
   local name=$1; shift
   timeout $(( 420 - ($(date +%s) - T0) )) python3 bench/workload.py --videos /tmp/wl --paths nvdec --only short \
     --workers 16 --cli --cli-decoders "$@" --json "$OUT/cli_$name.json" > "$OUT/cli_$name.txt" 2>&1
-  echo "rc $?"; grep -E "^CLI.*(videos,|timeline)|records identical|differing fields|Traceback|Error" \
+  echo "rc $?"; grep -E "^CLI.*(videos,|timeline|stages)|records identical|differing fields|Traceback|Error" \
     "$OUT/cli_$name.txt" | cut -c1-700 | head -12
   stamp "CLI $name"
 }

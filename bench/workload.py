@@ -1019,6 +1019,13 @@ def print_cli_run(label: str, t: dict, n_videos: int) -> None:
                       f"{r.get('decode_end', float('nan')):.1f}, {r.get('step_start', float('nan')):.1f}, "
                       f"{r['wait_s']:.2f}" + (f" ({r['decode_parts']} parts)" if r.get("decode_parts") else "")
                       for r in t.get("per_video") or []), flush=True)
+    rows = [r for r in t.get("per_video") or [] if r.get("stages_s")]
+    if rows:   # where a first step's extra seconds went: its stages beside the mean of the others'
+        fmt = lambda st: ", ".join(f"{k} {v:.2f}" for k, v in st.items())   # noqa: E731
+        others = {k: statistics.mean(r["stages_s"].get(k, 0.0) for r in rows[1:]) for k in rows[0]["stages_s"]} \
+            if len(rows) > 1 else {}
+        print(f"CLI decoder={label}: first step's stages (s) {fmt(rows[0]['stages_s'])}"
+              + (f"; mean of the other {len(rows) - 1}: {fmt(others)}" if others else ""), flush=True)
 
 
 def run_cli(videos: list[Path], tiny: bool, work: Path = Path("/tmp/workload_cli"), decoder: str = "cpu",

@@ -85,7 +85,7 @@ class StageTimer(Callback):
         self.decode_worker_s = 0.0      # decoding seconds spent in DataLoader workers (off the GPU's path)
         self.first_wait_s = 0.0         # the pipeline fill left after the load (more workers do not shorten it)
         self.step_s: list[float] = []   # per video, in order: seconds of its predict step (encode + plan + answer)
-        self.per_video: list[dict] = []   # per video, in order: decode window, step start, wait (_video_row)
+        self.per_video: list[dict] = []   # per video, in order: decode window, step start, wait (_video_row), step and stage seconds
         self._step_start: float | None = None
         self._start = 0.0
         self.timeline: dict[str, float] = {}   # seconds after the process started (process_age_s), milestones
@@ -122,7 +122,8 @@ class StageTimer(Callback):
     def _video_row(self, batch, now: float, wait: float) -> None:
         """One ``per_video`` row: the video, its decode window in its worker and when its step started (seconds
         after the process start), and how long the step waited for it, so that a wait can be traced to the video
-        that caused it; the step's seconds (``step_s``) are added when it ends."""
+        that caused it; the step's seconds (``step_s``) and its stages' (``stages_s``: encode, plan_build, answer)
+        are added when it ends."""
         if not isinstance(batch, dict):
             return
         row = {"video_id": batch.get("video_id"), "wait_s": round(wait, 4)}
@@ -159,8 +160,12 @@ class StageTimer(Callback):
             self.timeline["first_worker_start"] = round(float(worker) - origin, 3)
 
     def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        for k, v in getattr(pl_module, "last_stage_seconds", {}).items():
+        stages = dict(getattr(pl_module, "last_stage_seconds", {}))
+        for k, v in stages.items():
             self.totals[k] = self.totals.get(k, 0.0) + v
+        if stages and self.per_video and "stages_s" not in self.per_video[-1]:
+            # this video's stages: a first step's extra seconds show where they went (encode, plan, answer)
+            self.per_video[-1]["stages_s"] = {k: round(v, 4) for k, v in stages.items()}
         if hasattr(pl_module, "last_stage_seconds"):
             pl_module.last_stage_seconds = {}
         self.videos += 1

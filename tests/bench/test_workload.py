@@ -289,3 +289,17 @@ def test_util_summary_within_a_window_and_a_cli_runs_window():
     got = workload.cli_util(u, 0.5, {"first_decode_start": 1.5, "predict_end": 3.1})   # window 2.0-3.6
     assert got["window_s"] == (1.5, 3.1) and got["cpu_busy"] == s["cpu_busy"]
     assert workload.cli_util(u, 0.5, {})["window_s"] is None and workload.cli_util(u, 0.5, {})["samples"] == 4
+
+
+def test_cli_run_lines_give_the_first_steps_stages_beside_the_others(capsys):
+    """``print_cli_run``: the first step's stages and the mean of the others' (hand-made timing: encode 2.0 against
+    (1.0 + 0.5) / 2 = 0.75)."""
+    rows = [{"video_id": "a", "wait_s": 0.0, "stages_s": {"encode": 2.0, "plan_build": 0.3, "answer": 1.5}},
+            {"video_id": "b", "wait_s": 0.1, "stages_s": {"encode": 1.0, "plan_build": 0.1, "answer": 0.75}},
+            {"video_id": "c", "wait_s": 0.0, "stages_s": {"encode": 0.5, "plan_build": 0.1, "answer": 1.25}}]
+    t = {"step_s": [3.8, 1.9, 1.9], "first_answer_s": 24.4, "wait_share": 0.02, "steady_wait_share": 0.05,
+         "wall_over_steps": 1.05, "decoders": {"nvdec": 3}, "timeline_s": {"module_built": 7.9}, "per_video": rows}
+    _bench().print_cli_run("auto", t, 3)
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == ("CLI decoder=auto: first step's stages (s) encode 2.00, plan_build 0.30, answer 1.50; "
+                       "mean of the other 2: encode 0.75, plan_build 0.10, answer 1.00")

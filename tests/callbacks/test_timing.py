@@ -48,6 +48,9 @@ def test_a_resumed_run_with_an_added_budget_keeps_the_first_runs_timing(tiny_vl3
     for r in rows:   # decoded before its step started (the boot clock and the process clock agree to ms)
         assert r["decode_start"] <= r["decode_end"] <= r["step_start"] + 0.05, r
     assert [r["step_s"] for r in rows] == one["step_s"]
+    for stage in ("encode", "plan_build", "answer"):   # each video's stages add up to the run's
+        assert abs(sum(r["stages_s"][stage] for r in rows) - one["stages_s"][stage]) < 1e-3, stage
+    assert all(sum(r["stages_s"].values()) <= r["step_s"] + 1e-3 for r in rows)
     second = run_predict(tiny_vl3_dir, demo_bench, out, budgets=(128, 256), extra=timer,
                          model_args={"max_new_tokens": 2})
     two = json.loads((out / "timing_rank0.json").read_text())
