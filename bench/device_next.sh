@@ -2,11 +2,11 @@
 # Prepared in session 9 (2026-12-06) for the next session's first call (session 9's device time was spent on its
 # CLI runs): (1) the GPU tests (tests/test_gpu.py, tests/datamodules/test_nvdec.py with the clips carried);
 # (2) Inductor compiling in the run's process (cli.compile_kernels_in_process, new: compile_threads 1) against its
-#     pool (TORCHINDUCTOR_COMPILE_THREADS=16): the user's CLI on the whole set, defaults cold, then warm in-process,
-#     warm pool, warm in-process again; first answer, early_compile seconds, records compared;
-# (3) streaming extraction, completed-block-hold, 16 sessions, window policy: re-prefills of 1 slide against the
-#     runner's default K, slide rows fused (never measured on a GPU), with the compute ceiling columns.
-# bench/device_next2.sh has the QA bench at 4k / 16k against its floor.
+#     pool (TORCHINDUCTOR_COMPILE_THREADS=16), and the first-call warm-up: the user's CLI on the whole set, defaults
+#     cold, then warm in-process,
+#     warm without the first-call warm-up (model.warm_first_calls=false, new), warm pool, warm in-process again;
+#     first answer, the first step's stages against the others', early_compile seconds, records compared.
+# bench/device_next2.sh has the extraction rows and the QA bench.
 #   python bench/make_nvdec_clips.py .whl/nvdec_clips     (on the CPU machine, once)
 #   bash bench/device_next.sh                             (carry .whl; NVDEC_TEST_CLIPS reads .whl/nvdec_clips)
 set -u
@@ -18,17 +18,12 @@ set_and_checkpoint
 wait; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu_tests.txt" | head -12; stamp "gpu tests"
 cli() {   # cli <name> <variants...>: the whole set through the user's CLI, 16 workers
   local name=$1; shift
-  timeout $(( 420 - ($(date +%s) - T0) )) python3 bench/workload.py --videos /tmp/wl --paths nvdec --only short \
+  timeout $(( 585 - ($(date +%s) - T0) )) python3 bench/workload.py --videos /tmp/wl --paths nvdec --only short \
     --workers 16 --cli --cli-decoders "$@" --json "$OUT/cli_$name.json" > "$OUT/cli_$name.txt" 2>&1
   echo "rc $?"; grep -E "^CLI.*(videos,|timeline|stages)|records identical|differing fields|Traceback|Error" \
     "$OUT/cli_$name.txt" | cut -c1-700 | head -12
   stamp "CLI $name"
 }
-cli inprocess auto auto
+cli inprocess auto auto auto/model.warm_first_calls=false
 TORCHINDUCTOR_COMPILE_THREADS=16 cli pool auto
 cli inprocess_again auto
-timeout $(( 585 - ($(date +%s) - T0) )) python3 bench/extract_throughput.py --modes completed-block-hold \
-  --sessions 16 --memory-policy window --reprefill-slides 1 auto --fuse-slide-rows --json "$OUT/extract.json" \
-  > "$OUT/extract.txt" 2>&1
-echo "rc $?"; tail -24 "$OUT/extract.txt" | cut -c1-300
-stamp "extraction"

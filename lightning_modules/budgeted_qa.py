@@ -272,6 +272,10 @@ class BudgetedQA(LightningModule):
             graph), and the compiled kernels take over once it has ended (:attr:`models.kernels.Fusable.
             eager_while`). On CUDA in half precision the eager math rounds differently from the compiled kernels,
             so those first videos' tokens may differ: off by default.
+        warm_first_calls: with the early compilation (CUDA), a second thread sets up cuDNN, cuBLAS and the flash
+            attention kernels on small stand-ins (:func:`models.videollama3.warm.warm_first_calls`), so the first
+            step does not (the vision tower's first ``conv2d`` took 0.33 s of it on the H100). The same tokens;
+            ``timing_rank<r>.json``'s ``warmup`` gives its seconds. Not recorded in ``run.json``.
     """
 
     # settings recorded in run.json only when they differ from these defaults (absent there = the default, compared)
@@ -285,7 +289,8 @@ class BudgetedQA(LightningModule):
                  vision_attn_implementation: str | None = "frame_batched", decode: str = "auto",
                  original_projector: str | None = None, vision_config_dir: str | None = None,
                  overlap_budgets: bool = True, cudnn_attention: bool = False, add_system_prompt: bool = True,
-                 early_start: bool = True, first_step: str = "wait", answer_rows: int = 64, answer_chunk: int = 2048):
+                 early_start: bool = True, first_step: str = "wait", answer_rows: int = 64, answer_chunk: int = 2048,
+                 warm_first_calls: bool = True):
         super().__init__()
         if not budgets:
             raise SettingError("budgets must not be empty")
@@ -299,7 +304,8 @@ class BudgetedQA(LightningModule):
         if decode not in DECODE_MODES:
             raise SettingError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
         for name, value in (("overlap_budgets", overlap_budgets), ("cudnn_attention", cudnn_attention),
-                            ("add_system_prompt", add_system_prompt), ("early_start", early_start)):
+                            ("add_system_prompt", add_system_prompt), ("early_start", early_start),
+                            ("warm_first_calls", warm_first_calls)):
             if not isinstance(value, bool):   # (the CLI lets null through for a bool)
                 raise SettingError(f"model.{name} must be true or false, got {value!r}")
         for name, value in (("answer_rows", answer_rows), ("answer_chunk", answer_chunk)):
@@ -367,7 +373,7 @@ class BudgetedQA(LightningModule):
         self._compile_started = True
         started = process_age_s()
         self._compiling = warm.start(self.hparams.model_path, device, getattr(torch, self.hparams.dtype), inference,
-                                     inference_weights)
+                                     inference_weights, first_calls=bool(self.hparams.get("warm_first_calls", True)))
         if self._compiling is not None:
             self.timeline_marks["early_compile_start"] = started
             if self.hparams.get("first_step", "wait") == "eager":

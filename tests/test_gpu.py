@@ -274,6 +274,25 @@ def test_early_compilation_covers_the_decode_merge(tiny_vl3_dir):
     assert _graphs_compiled() == before
 
 
+def test_first_call_warm_up_runs_on_cuda_and_leaves_the_sdpa_switches(tiny_vl3_dir):
+    """``warm.warm_first_calls`` on the GPU (bf16, the tiny model's sizes): conv2d, a GEMM and the flash kernels run
+    in a thread of their own, and SDPA's process-wide backend switches are the same afterwards (the warm-up calls
+    the flash kernel directly, never through ``sdpa_kernel``)."""
+    import threading
+
+    from models.videollama3 import BudgetedVideoLlama3, warm
+
+    config = BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir).model.config
+    switches = lambda: (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled(),
+                        torch.backends.cuda.math_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled())  # noqa: E731
+    before, errors = switches(), []
+    thread = threading.Thread(target=lambda: errors.extend(
+        [] if warm.warm_first_calls(config, "cuda", torch.bfloat16) else ["no shapes"]))
+    thread.start()
+    thread.join()
+    assert errors == [] and switches() == before
+
+
 def test_weights_read_straight_to_the_gpu(tiny_vl3_dir):
     """Issue 41: ``from_pretrained(device="cuda")`` builds the qbase compressor on the GPU and reads its weights
     there; the LLM and the vision tower go there through ``device_map`` only where accelerate is installed (else

@@ -158,6 +158,54 @@ def compile_fused_kernels(config, device: torch.device | str, dtype: torch.dtype
     return selected
 
 
+def warm_first_calls(config, device: torch.device | str, dtype: torch.dtype) -> dict[str, tuple]:
+    """Pay the process's one-time set-up of the GPU libraries the first predict step calls, on small stand-in tensors
+    of the model's sizes, in a thread of its own beside the early compilation: cuDNN (the vision tower's patch
+    embedding is a ``conv2d``), cuBLAS (the first GEMM) and the flash attention kernels at the LLM's and the vision
+    tower's head dims, which SDPA picks for the model's calls with cuDNN's attention left out
+    (:func:`models.vision_attention.sdpa_without_cudnn`); called directly (``aten._scaled_dot_product_flash_attention``)
+    because SDPA's backend switches are process-wide and the other threads run meanwhile; plain SDPA off CUDA. These
+    calls run in C++ with the GIL released, so the compilation's Python goes on meanwhile.
+
+    Why: in the first step after the early compilation (``bench/qa_step_profile.py``, H100, 2026-12-06) the vision
+    tower's first ``conv2d`` took 0.33 s of host time (cuDNN's set-up) where a second step's whole encode took 0.13 s.
+    Nothing made here is kept and the model's numerics are unchanged; the handles and loaded kernels are the
+    process's, reused by the steps.
+
+    Returns:
+        The stand-ins' shapes by call (``conv2d``: input, weight; ``linear``: input, weight; ``sdpa_llm`` /
+        ``sdpa_vision``: the query's ``(batch, heads, tokens, head dim)``), for a test to hold against the model.
+    """
+    import torch.nn.functional as F
+
+    device = torch.device(device)
+    text, vision = config.get_text_config(), config.vision_config
+    d_model, inter = text.hidden_size, text.intermediate_size
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or d_model // heads
+    c, v_heads, patch = vision.hidden_size, vision.num_attention_heads, vision.patch_size
+    shapes = {"conv2d": ((2, vision.num_channels, patch, patch), (c, vision.num_channels, patch, patch)),
+              "linear": ((16, d_model), (inter, d_model)),
+              "sdpa_llm": ((1, heads, 16, head_dim),), "sdpa_vision": ((1, v_heads, 16, c // v_heads),)}
+
+    def randn(shape):
+        return torch.randn(*shape, device=device, dtype=dtype)
+
+    with torch.inference_mode():
+        x, w = (randn(s) for s in shapes["conv2d"])
+        F.conv2d(x, w, torch.zeros(c, device=device, dtype=dtype), stride=patch)
+        F.linear(*(randn(s) for s in shapes["linear"]))
+        for name, causal in (("sdpa_llm", True), ("sdpa_vision", False)):
+            q = randn(shapes[name][0])
+            if device.type == "cuda":
+                torch.ops.aten._scaled_dot_product_flash_attention(q, randn(q.shape), randn(q.shape), 0.0, causal)
+            else:
+                F.scaled_dot_product_attention(q, randn(q.shape), randn(q.shape), is_causal=causal)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return shapes
+
+
 def caller_num_threads() -> int:
     """``torch.get_num_threads()`` of the calling thread, fixed now.
 
@@ -192,7 +240,8 @@ def _counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, i
 
 
 def start(model_path: str | Path, device: torch.device | str, dtype: torch.dtype,
-          inference: bool | None = None, inference_weights: bool | None = None) -> threading.Thread | None:
+          inference: bool | None = None, inference_weights: bool | None = None,
+          first_calls: bool = True) -> threading.Thread | None:
     """Start :func:`compile_fused_kernels` for the checkpoint at ``model_path`` in a daemon thread (``None`` when
     there is nothing to compile: not CUDA, or a config transformers' ``VideoLlama3Config`` cannot read, such as the
     original VideoLLaMA3 layout).
@@ -206,11 +255,14 @@ def start(model_path: str | Path, device: torch.device | str, dtype: torch.dtype
         inference_weights: whether the model's weights will be inference tensors (see
             :func:`compile_fused_kernels`; default: ``inference``). Weights read in another thread (the background
             load) are plain tensors whatever the predict loop's mode: inference mode is per thread.
+        first_calls: also run :func:`warm_first_calls` in a second thread started now; the compilation thread joins
+            it before it ends, so joining the returned thread joins both.
 
     Returns:
         The started thread (join it before the model's first forward; its ``timings`` dict gets ``seconds`` and
-        ``cache``, the :func:`cache_counters` that changed, and ``end_perf_counter``, its ``time.perf_counter()`` at
-        the end, when it ends), or ``None``. A failure in the thread is
+        ``cache``, the :func:`cache_counters` that changed, ``first_calls_s`` (the second thread's seconds, or the
+        error it logged) and ``end_perf_counter``, its ``time.perf_counter()`` at the end, when it ends), or
+        ``None``. A failure in the thread is
         logged; the kernels then compile at their first call as usual (or fall back to eager,
         :class:`models.kernels.Fusable`).
     """
@@ -228,6 +280,20 @@ def start(model_path: str | Path, device: torch.device | str, dtype: torch.dtype
         log.info("no early kernel compilation for %s (%s)", model_path, e)
         return None
     timings: dict = {}
+    first = None
+    if first_calls:
+        def run_first_calls() -> None:
+            t0 = time.perf_counter()
+            try:
+                warm_first_calls(config, device, dtype)
+                timings["first_calls_s"] = round(time.perf_counter() - t0, 3)
+            except Exception as e:  # noqa: BLE001 - the first step pays the set-up itself, as before
+                log.info("first-call warm-up failed (%s); the first step sets the libraries up", e)
+                timings["first_calls_s"] = f"failed: {e}"
+
+        first = threading.Thread(name="first-calls", daemon=True)
+        first.run = _track(first, run_first_calls)
+        first.start()
 
     def run() -> None:
         torch.set_num_threads(threads)          # the caller's, which every graph is guarded on (see caller_num_threads)
@@ -236,6 +302,8 @@ def start(model_path: str | Path, device: torch.device | str, dtype: torch.dtype
             compile_fused_kernels(config, device, dtype, inference, inference_weights, default_dtype=default_dtype)
         except Exception as e:  # noqa: BLE001 - the kernels compile at their first call instead
             log.warning("early compilation of the fused kernels failed (%s); they compile at their first call", e)
+        if first is not None:
+            first.join()
         timings.update(seconds=round(time.perf_counter() - t0, 3), cache=_counter_delta(before, cache_counters()),
                        num_threads=threads, end_perf_counter=time.perf_counter())
         log.info("fused kernels compiled in %.1f s; cache counters %s", timings["seconds"], timings["cache"])

@@ -81,9 +81,10 @@ def test_the_thread_compiles_for_the_callers_mode_and_reports_its_time(tiny_conf
     """On CUDA the thread calls ``compile_fused_kernels`` with the checkpoint's config, the device, the dtype and the
     grad mode given; its ``timings`` get the seconds and the cache counters (what ``BudgetedQA`` writes to the
     timing json). A failure is logged as a warning and still fills the timings (nothing is raised at ``join``)."""
-    calls = []
+    calls, first = [], []
     monkeypatch.setattr(warm, "compile_fused_kernels", lambda *a, **k: calls.append(a) or kws.append(k)
                         or list(warm.KERNELS))
+    monkeypatch.setattr(warm, "warm_first_calls", lambda *a: first.append(a))
     kws = []
     thread = warm.start(tiny_config_dir, "cuda", torch.bfloat16, inference=True)   # the thread itself needs no GPU
     thread.join()
@@ -94,17 +95,44 @@ def test_the_thread_compiles_for_the_callers_mode_and_reports_its_time(tiny_conf
     warm.start(tiny_config_dir, "cuda", torch.bfloat16, inference=True, inference_weights=False).join()
     assert calls[0][3:] == (True, False)     # weights loaded in another thread: plain tensors
     assert kws[0] == {"default_dtype": torch.float32}   # the default dtype when started (before the load's)
-    assert set(thread.timings) == {"seconds", "cache", "num_threads", "end_perf_counter"}
+    assert set(thread.timings) == {"seconds", "cache", "num_threads", "end_perf_counter", "first_calls_s"}
     assert thread.timings["seconds"] >= 0 and thread.timings["num_threads"] == torch.get_num_threads()
+    # the first-call warm-up ran in its own thread with the same config, device and dtype, joined with this one
+    assert [(type(c).__name__, d, t) for c, d, t in first] == [("VideoLlama3Config", "cuda", torch.bfloat16)] * 2
+    assert isinstance(thread.timings["first_calls_s"], float)
+    first.clear()
+    warm.start(tiny_config_dir, "cuda", torch.bfloat16, inference=True, first_calls=False).join()
+    assert first == []
 
     def fail(*a, **k):
         raise RuntimeError("inductor broke")
 
     monkeypatch.setattr(warm, "compile_fused_kernels", fail)
-    with caplog.at_level(logging.WARNING, logger="models.videollama3.warm"):
+    monkeypatch.setattr(warm, "warm_first_calls", fail)
+    with caplog.at_level(logging.INFO, logger="models.videollama3.warm"):
         thread = warm.start(tiny_config_dir, "cuda", torch.bfloat16, inference=False)
         thread.join()
     assert "inductor broke" in caplog.text and "seconds" in thread.timings
+    assert thread.timings["first_calls_s"] == "failed: inductor broke"   # logged, never raised
+    assert "first-call warm-up failed (inductor broke)" in caplog.text
+
+
+def test_first_call_stand_ins_have_the_models_shapes(tiny_vlm):
+    """The stand-ins of ``warm_first_calls`` are the model's own sizes: the patch embedding's weight, an MLP
+    projection's weight, the LLM's and the vision tower's attention head counts and head dims; and they run (eager
+    SDPA on the CPU)."""
+    config = tiny_vlm.model.config
+    shapes = warm.warm_first_calls(config, "cpu", torch.float32)
+    model = tiny_vlm.model.model
+    patch = next(m for m in model.vision_model.modules() if isinstance(m, torch.nn.Conv2d))
+    assert shapes["conv2d"][1] == tuple(patch.weight.shape)
+    up = model.language_model.layers[0].mlp.up_proj.weight
+    assert shapes["linear"][1] == tuple(up.shape)
+    attn = model.language_model.layers[0].self_attn
+    assert shapes["sdpa_llm"][0][1:2] + shapes["sdpa_llm"][0][3:] == (config.get_text_config().num_attention_heads,
+                                                                      attn.head_dim)
+    v = config.vision_config
+    assert shapes["sdpa_vision"][0][1] == v.num_attention_heads and shapes["sdpa_vision"][0][3] * v.num_attention_heads == v.hidden_size
 
 
 def test_the_stand_ins_run_through_the_real_kernels(tiny_config_dir):
