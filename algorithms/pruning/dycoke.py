@@ -138,6 +138,14 @@ def dycoke_ttm(
     release raises on ``F <= 4`` (``torch.stack`` of an empty list); here step 2 is empty there, and ``F < 2``
     raises.
 
+    Seed 003 runs this release ("DyCoke，但是只使用其 TTM 模块，同时用在 V/A 上") and writes what it computes: "奇数帧全保留；
+    偶数帧按与前一帧逐位置余弦相似度，保留最不相似的 k 个 token。对每 4 帧中的第 3 帧（索引 i+2 ），再按与第 1 帧（索引 i ）逐位置
+    余弦相似度，保留最不相似的 k 个 token。" (odd frames kept whole; each even frame keeps its k tokens least cosine-similar,
+    position by position, to the previous frame; the 3rd frame of each 4 (index i+2) keeps its k tokens least similar to
+    the 1st (index i)). The seed gives no value for k. Read literally, two of the release's edges above depart from
+    that text: an unpaired last frame (``F`` odd) is dropped, not "kept whole", and the last 4-frame window's 3rd
+    frame is not re-pruned; :func:`window_ttm` is the literal reading (a setting, ``ttm="window"``).
+
     Order: ``order="release"`` (default) returns the indices in the release's concatenation order: frame by frame,
     a pruned frame's tokens in ``topk(largest=False)`` order (most dissimilar first), so
     ``tokens[dycoke_ttm(tokens, ...)]`` is the release's output. ``order="time"`` sorts them. Ties (equal
@@ -268,6 +276,13 @@ def dycoke_merging_ratio(retention: float) -> float:
 def window_ttm(tokens: Tensor, num_keep_per_frame: int) -> Tensor:
     """Our TTM variant from the study notes (named apart from DyCoke's release).
 
+    Seed 003's description read literally for every window: "长度为 4 帧的滑动窗口进行均匀采样，分为 O 组（1，3）和 E 组（2，4）
+    ... 计算相邻组之间对应位置相似度（比如 1 和 2，3 和 4）... topk 保留余弦相似度更低的 token" (windows of 4 frames, odd
+    group 1, 3 and even group 2, 4; frame 2 against 1 and 4 against 3, position by position; the least cosine-similar
+    tokens are kept) and "第二步，对于未被剪枝的 O 组，组内进行剪枝，和上面一样逐位置比较，窗口内第一帧的 token 不剪，剪后面的"
+    (step 2 inside the odd group: frame 1 untouched, frame 3 pruned against it); "奇数帧全保留" for a frame with no
+    partner.
+
     Frames are cut into windows of 4 (the last may be shorter). In 1-based window terms: frames 1 and 3
     are first kept whole, frames 2 and 4 each keep their ``k`` tokens least cosine-similar, position by
     position, to the previous frame (1 and 3); then frame 3 keeps its ``k`` tokens least similar to
@@ -316,7 +331,8 @@ def window_ttm_num_kept(num_frames: int, tokens_per_frame: int, num_keep_per_fra
 
 
 def window_ttm_tokens_per_frame(tokens_per_frame: int, retention: float) -> int:
-    """``k`` for :func:`window_ttm` at a target retention: ``round(N (4 r - 1) / 3)`` clipped to ``[0, N]``.
+    """``k`` for :func:`window_ttm` at a target retention: ``N (4 r - 1) / 3`` rounded half up (``floor(x + 0.5)``, not
+    Python's half-to-even ``round``; the seed gives no rule for k), clipped to ``[0, N]``.
 
     Exact for long inputs with ``T`` a multiple of 4 up to the rounding of ``k``; ``r < 1/4`` gives 0.
     """
