@@ -4,15 +4,21 @@ Follows the density-peak rule of Rodriguez & Laio (Science 2014) in the kNN form
 clustering (Du et al., DPC-KNN 2016; TCFormer, Zeng et al. CVPR 2022; PruneVid, Huang et al. 2024), with the
 study's specific choices:
 
-* distance ``d_ij = 1 - cos(x_i, x_j)`` (cosine distance);
+* distance ``d_ij = 1 - cos(x_i, x_j)`` (cosine distance), seed 003: "normed = normalize(tokens, dim=1)",
+  "dist = 1 - normed @ normed.T" (here clipped at 0 and made exactly symmetric: the two differ by float rounding
+  only);
 * local density ``rho_i = exp(-mean_{j in kNN(i)} d_ij)``, the k nearest neighbours **excluding i itself**
-  (``k`` clipped to ``N - 1``);
-* ``delta_i = min_{j denser than i} d_ij``; a token with no denser token gets its largest distance
+  (``k`` clipped to ``N - 1``), seed 003: "dist.fill_diagonal_(inf) ：把自己到自己的距离设为无穷大，避免 kNN 时选到自己",
+  "取每个点最近的 k 个邻居距离（kNN）", "rho = exp(- knn_dist.mean(dim=1))". The seed gives no value for k; the
+  default 5 is OmniZip's ``dpcknn(..., k=5)`` (``KD-TAO/OmniZip@66ef5d7:omnizip/omnizip_core.py:omnizip_istm``);
+* ``delta_i = min_{j denser than i} d_ij`` (seed 003: "对每个点 i，找所有rho 比它大的点 j，取 min dist[i,j]",
+  "delta = delta_dist.min(dim=1).values"); a token with no denser token gets its largest distance
   ``max_j d_ij``. "Denser" is seed 003's ``higher_mask = rho.unsqueeze(0) > rho.unsqueeze(1)`` (strictly higher
   ``rho``; ``ties="seed"``, default), so tokens that tie for the highest density all get their largest distance
   ("最高密度点没有任何更高密度点 ... 其 delta 设成它到任何其他点的最大距离"). ``ties="index"`` (this package's earlier
   rule) makes it a strict total order, ties broken towards the lower index, so exactly one token is the densest;
-* ``score_i = rho_i * delta_i``; the ``num_keep`` highest scores are kept (ties: lower index).
+* ``score_i = rho_i * delta_i``; the ``num_keep`` highest scores are kept (ties: lower index), seed 003:
+  "score = delta * rho", "selected = topk(score, num_keep).indices" (``torch.topk`` leaves the order of ties open).
 
 High-``rho`` high-``delta`` tokens are cluster centres of dense regions that are far from each other, so the
 kept set covers the distinct content of the input.
