@@ -71,6 +71,10 @@ def received_attention(attention: Tensor) -> Tensor:
 def dominant_tokens(attention: Tensor, pruning_ratio: float, rounding: str = "python") -> Tensor:
     """Dominant audio tokens: the top ``dominant_num = round((1 - pruning_ratio) N)`` by received attention.
 
+    Seed 003 (V2): "用音频编码器返回的 attn_logits 做 top-k，dominant_num = round((1 - rho_audio) * N)，直接置 keep=True"
+    (top-k of the attn_logits the audio encoder returns; those tokens are kept). Which reduction of the encoder's
+    attention ``attention`` holds is the caller's (``models/omni/qa.py``, docs/deviations.md).
+
     Args:
         attention: (N,) received attention or an (..., N, N) map (see :func:`received_attention`).
         pruning_ratio: ``rho_a`` in ``[0, 1]``, fraction of audio tokens removed.
@@ -149,8 +153,9 @@ def contextual_anchors(tokens: Tensor, candidates: Tensor, num_anchors: int, mod
     """Contextual anchors among the candidate (non-dominant) tokens.
 
     * ``"uniform"`` (V3): the candidates, in time order, are cut into ``B`` near-equal buckets (``numpy.array_split``
-      sizes); each bucket's anchor is its token ``i* = argmax_i rep(i)``, ``rep(i) = 1/(m-1) sum_{j != i}
-      cos(x_i, x_j)`` (seed 003's formula; a 1-token bucket is its own anchor);
+      sizes: the seed's "在剩余 token 上按时间顺序分成 contextual_num ... 个桶" gives no sizes); each bucket's anchor is its
+      token ``i* = argmax_i rep(i)``, ``rep(i) = 1/(m-1) sum_{j != i} cos(x_i, x_j)`` (seed 003: "选择 rep(i) 最大的那个
+      token 作为 anchor"; a 1-token bucket, where ``rep`` is undefined, is its own anchor);
     * ``"change"`` (V5): the ``B`` candidates with the largest :func:`change_scores` ("变化大的作为 anchor");
     * ``"change_buckets"``: this package's earlier V5: buckets cut before the ``B - 1`` largest changes between
       consecutive candidates, anchors as in ``"uniform"``.
