@@ -14,7 +14,8 @@ Pipeline for one clip (issue 7 part 3):
    layer's self-attention recomputes that layer's attention map (per 2 s attention window, heads averaged) and
    reduces it to the attention each token *receives* (column mean over queries), average-pooled in pairs exactly
    like the tower's own stride-2 output pooling: that is the "audio encoder attention" the dominant-token
-   methods rank by.
+   methods rank by (seed 003's "attn_logits"; OmniZip's encoder returns a whole-clip softmax without the window
+   mask instead, a row in docs/deviations.md).
 2. :meth:`OmniQA.prune`: :func:`algorithms.pruning.apply_variant` on ``video (T, N, D)`` and ``audio (N_a, D)``
    with ``patches_per_block = max(1, round(seconds_per_chunk / second_per_grid))`` (1 at 1 fps: a temporal patch is
    2 s, one native block; a capped video's patches are longer, still 1) and 50 audio tokens per block. The variant ``"full"`` keeps everything.
