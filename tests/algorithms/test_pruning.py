@@ -224,11 +224,28 @@ def test_dpc_knn_hand_example():
     _, delta_i, _ = dpc_knn_scores(x, k=1, ties="index")
     assert delta_i.tolist() == pytest.approx([2.0, 0.0, 0.5, 1.5], abs=1e-6)
     assert dpc_knn(x, 2, k=1, ties="index").tolist() == [0, 3]
-    # k larger than N - 1 is clipped: k=2 -> rho = exp(-[0.25, 0.25, 0.5, 1.75])
+    # k larger than N - 1 is clipped: k=10 -> k=3, all the others: t3's neighbours at 2, 2, 1.5
     rho2, _, _ = dpc_knn_scores(x, k=10)
     assert rho2[3].item() == pytest.approx(math.exp(-(2 + 2 + 1.5) / 3), abs=1e-6)
     with pytest.raises(ValueError):
         dpc_knn_scores(x, ties="noise")
+
+
+def test_dpc_knn_unique_densest_token():
+    """Seed 003's rule with one densest token: tokens at 0, 10, 60, 180 degrees, k = 2. Cosine distances
+    d01 = 1 - cos10 = .015192, d02 = .5, d03 = 2, d12 = 1 - cos50 = .357212, d13 = 1 - cos170 = 1.984808, d23 = 1.5.
+    Two nearest: t0 (.015192, .5) -> mean .257596; t1 (.015192, .357212) -> .186202; t2 (.357212, .5) -> .428606;
+    t3 (1.5, 1.984808) -> 1.742404; rho = exp(-mean) = .772907, .830106, .651416, .175099: t1 alone is densest, so
+    "其 delta 设成它到任何其他点的最大距离": delta1 = d13 = 1.984808; t0 -> d01 = .015192 (only t1 is denser);
+    t2 -> min(d02, d12) = .357212; t3 -> min(2, 1.984808, 1.5) = 1.5. score = delta * rho = .011742, 1.647600,
+    .232694, .262648: topk 2 -> t1, t3; topk 3 adds t2."""
+    x = vec(0, 10, 60, 180)
+    rho, delta, score = dpc_knn_scores(x, k=2)
+    assert rho.tolist() == pytest.approx([0.772907, 0.830106, 0.651416, 0.175099], abs=1e-5)
+    assert delta.tolist() == pytest.approx([0.015192, 1.984808, 0.357212, 1.5], abs=1e-5)
+    assert score.tolist() == pytest.approx([0.011742, 1.647600, 0.232694, 0.262648], abs=1e-5)
+    assert dpc_knn(x, 2, k=2).tolist() == [1, 3]
+    assert dpc_knn(x, 3, k=2).tolist() == [1, 2, 3]
 
 
 def test_dpc_knn_counts_and_errors():
