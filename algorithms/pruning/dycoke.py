@@ -143,8 +143,9 @@ def dycoke_ttm(
     余弦相似度，保留最不相似的 k 个 token。" (odd frames kept whole; each even frame keeps its k tokens least cosine-similar,
     position by position, to the previous frame; the 3rd frame of each 4 (index i+2) keeps its k tokens least similar to
     the 1st (index i)). The seed gives no value for k. Read literally, two of the release's edges above depart from
-    that text: an unpaired last frame (``F`` odd) is dropped, not "kept whole", and the last 4-frame window's 3rd
-    frame is not re-pruned; :func:`window_ttm` is the literal reading (a setting, ``ttm="window"``).
+    that text: an unpaired last frame (``F`` odd) is dropped, not "kept whole", and with ``F`` a multiple of 4 the
+    last window's 3rd frame (index ``F - 2``) is not re-pruned; :func:`window_ttm` is the literal reading (a setting,
+    ``ttm="window"``).
 
     Order: ``order="release"`` (default) returns the indices in the release's concatenation order: frame by frame,
     a pruned frame's tokens in ``topk(largest=False)`` order (most dissimilar first), so
