@@ -160,6 +160,33 @@ def test_tmrope_time_follows_the_sample_rate(qa, demo_root):
         assert t_pos.tolist() == [origin] * per_patch + [origin + second] * per_patch, processor_fps
 
 
+def test_audio_attention_is_the_last_encoder_layers_own_weights(qa, item, clip, monkeypatch):
+    """The dominant tokens' ranking (``clip.audio_attention``) from the attention weights the audio tower's last
+    layer itself computes (transformers' eager kernel, one call per attention window): heads averaged, summed over
+    queries, divided by the pre-pool length S, then averaged over each stride-2 output pair."""
+    from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as m
+
+    last = qa.thinker.model.audio_tower.layers[-1].self_attn
+    assert qa.thinker.model.audio_tower.config._attn_implementation == "eager"
+    windows = []
+    kernel = m.eager_attention_forward
+
+    def spy(module, *args, **kwargs):
+        out = kernel(module, *args, **kwargs)
+        if module is last:
+            windows.append(out[1][0].float())  # (H, c, c) softmax weights of one window
+        return out
+
+    monkeypatch.setattr(m, "eager_attention_forward", spy)
+    again = qa.encode(item["frames"], item["audio"], item["video_info"]["frame_interval_s"])
+    assert len(windows) > 1 and torch.equal(again.audio_attention, clip.audio_attention)
+    received = torch.cat([w.mean(0).sum(0) for w in windows])  # (S,)
+    received = received / received.numel()
+    pairs = received[: received.numel() // 2 * 2].reshape(-1, 2).mean(1)
+    assert pairs.numel() == clip.audio_tokens.shape[0]
+    assert torch.allclose(clip.audio_attention, pairs, atol=1e-6, rtol=1e-4)
+
+
 def test_full_equals_plain_thinker_forward(qa, clip):
     from models.omni.qa import FULL
 
