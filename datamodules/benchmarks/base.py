@@ -26,6 +26,8 @@ blank one                               row; records are left out of ``n_scored`
 a NaN or infinite number as text        error (a NaN option would become the text ``'nan'``)
 a duration NaN, negative or not a       error (LongVideoBench ``duration``)
 number
+a subtitle offset NaN, infinite or     error (LongVideoBench ``starting_timestamp_for_subtitles``; absent: 0 s)
+not a number
 more options than the released rule     accepted; one warning with the count (Video-MME, WorldSense: the regex
 reads (> 4)                             reads ``[ABCD]``, E-J never credited under the official parser)
 non-Latin / right-to-left text          accepted verbatim (no normalisation); the prompt carries it unchanged

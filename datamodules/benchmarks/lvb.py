@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, resolve_media_path,
@@ -15,6 +16,21 @@ from .subtitles import load_lvb_subtitles, subtitles_text
 
 _FIELDS = ("id", "video_id", "video_path", "question", "candidates")
 MAX_CANDIDATES = 5
+
+
+def _subtitle_offset(value, where: str) -> float:
+    """A row's ``starting_timestamp_for_subtitles`` in seconds: 0 when absent (``null``), else a finite number.
+
+    Raises:
+        AnnotationError: text, a boolean, a list or object, NaN or infinite (``where`` named): ``float()`` of it
+            was a ``ValueError`` naming neither file nor row, and a NaN shifted every subtitle line to NaN.
+    """
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise AnnotationError(f"{where}: starting_timestamp_for_subtitles must be a number of seconds, got "
+                              f"{type(value).__name__} {value!r:.80}")
+    return float(value)
 
 
 def load_lvb(root: Path, annotation: str = "lvb_val.json", video_dir: str = "videos",
@@ -70,7 +86,7 @@ def load_lvb(root: Path, annotation: str = "lvb_val.json", video_dir: str = "vid
         if subtitles and row.get("subtitle_path"):
             sub = resolve_media_path(root, Path(subtitle_dir) / text_field(row["subtitle_path"], "subtitle_path", where),
                                      where)
-            start = float(row.get("starting_timestamp_for_subtitles") or 0.0)
+            start = _subtitle_offset(row.get("starting_timestamp_for_subtitles"), where)
             dur = duration
             key = (str(sub), start, dur)
             if key not in cache:

@@ -150,6 +150,22 @@ def test_lvb_bad_row(tmp_path, change, message):
     assert str(e.value).startswith(f"{f} row 1 (id='bad')")
 
 
+@pytest.mark.parametrize("offset", ["abc", [1], float("nan"), float("inf"), True])
+def test_lvb_subtitle_offset_of_the_wrong_type_names_the_row(tmp_path, offset):
+    """Before: ``float(row["starting_timestamp_for_subtitles"])``, a ``ValueError: could not convert string to float:
+    'abc'`` (a ``TypeError`` for a list) naming neither file nor row, even where the subtitle file is absent; a NaN
+    shifted every subtitle line to NaN and True shifted them by 1 s."""
+    f = _lvb(tmp_path, [_lvb_row("ok", subtitle_path="s.json", starting_timestamp_for_subtitles=3),
+                        _lvb_row("bad", subtitle_path="s.json", starting_timestamp_for_subtitles=offset)])
+    with pytest.raises(AnnotationError, match="starting_timestamp_for_subtitles must be a number of seconds") as e:
+        load_benchmark("lvb", tmp_path)
+    assert str(e.value).startswith(f"{f} row 1 (id='bad')")
+    # unused without subtitles; absent (null) is 0 s
+    assert len(load_benchmark("lvb", tmp_path, subtitles=False)) == 2
+    _lvb(tmp_path, [_lvb_row("ok", subtitle_path="s.json", starting_timestamp_for_subtitles=None)])
+    assert load_benchmark("lvb", tmp_path)[0].qid == "ok"
+
+
 def test_lvb_missing_field_and_bad_json(tmp_path):
     row = _lvb_row()
     del row["question"]
