@@ -24,7 +24,7 @@ many options                            error above 10 (letters A-J) or above th
 no answer (test splits), an empty or    accepted: ``answer = None``; one warning with the count and the first
 blank one                               row; records are left out of ``n_scored`` and counted (``n_no_answer``)
 a NaN or infinite number as text        error (a NaN option would become the text ``'nan'``)
-a duration NaN, negative or not a       error (LongVideoBench ``duration``)
+a duration NaN, negative or not a       error (LongVideoBench, MLVU ``duration``)
 number
 a subtitle offset NaN, infinite or     error (LongVideoBench ``starting_timestamp_for_subtitles``; absent: 0 s)
 not a number

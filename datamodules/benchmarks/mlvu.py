@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from .base import (LETTERS, AnnotationError, Question, check_questions, options_field, resolve_media_path,
-                   text_field, load_json_annotation)
+                   text_field, duration_field, load_json_annotation)
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,9 @@ def load_mlvu(root: Path, json_dir: str = "json", video_dir: str = "video",
 
     Raises:
         AnnotationError: no annotation files, invalid JSON, a row missing a field or with a mistyped or empty
-            one, an answer that is not one of its candidates, fewer than 2 or more than 10 candidates, a
-            qid used twice (two files of one task), or a video path escaping ``root`` (file and row named).
+            one (a ``duration`` NaN, infinite, negative or not a number), an answer that is not one of its
+            candidates, fewer than 2 or more than 10 candidates, a qid used twice (two files of one task), or a
+            video path escaping ``root`` (file and row named).
     """
     root = Path(root)
     keep = tuple(tasks) if tasks is not None else MC_TASKS
@@ -80,6 +81,8 @@ def load_mlvu(root: Path, json_dir: str = "json", video_dir: str = "video",
             if options.count(answer_text) > 1:
                 log.warning("%s: answer %r appears more than once among the candidates; using the last (%s), as "
                             "MLVU's evaluation does", where, answer_text, LETTERS[gold])
+            # a NaN or infinite duration would be the video's cost (its run order) and a bare NaN in every record
+            duration = duration_field(row.get("duration"), "duration", where)
             video = text_field(row["video"], "video", where, numbers_ok=True)
             video_path = resolve_media_path(root, Path(video_dir) / f.stem / video, where)
             questions.append(Question(
@@ -89,7 +92,7 @@ def load_mlvu(root: Path, json_dir: str = "json", video_dir: str = "video",
                 question=question,
                 options=options,
                 answer=LETTERS[gold],
-                meta={"benchmark": "mlvu", "task": task, "duration": row.get("duration"),
+                meta={"benchmark": "mlvu", "task": task, "duration": duration,
                       "question_type": row.get("question_type", task)},
             ))
             wheres.append(where)

@@ -187,6 +187,11 @@ def test_lvb_missing_field_and_bad_json(tmp_path):
     ({"candidates": [str(i) for i in range(11)], "answer": "1"}, "has 11 options"),
     ({"question": 3}, "question must be text, got int"),
     ({"candidates": ["red", {"t": 1}]}, "option 1 must be text, got dict"),
+    # before: accepted, written into every record's meta as a bare NaN / Infinity (not JSON) and the video's cost
+    ({"duration": float("nan")}, "duration must be a number of seconds >= 0, got float nan"),
+    ({"duration": float("inf")}, "duration must be a number of seconds >= 0, got float inf"),
+    ({"duration": -3}, "duration must be a number of seconds >= 0, got int -3"),
+    ({"duration": "long"}, "duration must be a number of seconds >= 0, got str 'long'"),
 ])
 def test_mlvu_bad_row(tmp_path, change, message):
     f = _mlvu(tmp_path, [_mlvu_row(), _mlvu_row(**change)])
