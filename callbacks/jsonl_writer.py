@@ -101,6 +101,8 @@ def _done_from_file(path: Path, done: dict[str, set[str]], failed: dict[str, set
                 continue
             try:
                 rec = json.loads(line)
+                if not isinstance(rec, dict):   # ``null``, a list, a number: no record (a hand-edited file)
+                    raise TypeError(f"a JSON {type(rec).__name__}, not an object")
                 target = failed if failed is not None and rec.get("error") else done
                 target.setdefault(str(rec["job"]), set()).add(str(rec["qid"]))
             except (ValueError, KeyError, TypeError) as e:

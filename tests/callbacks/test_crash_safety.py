@@ -195,6 +195,20 @@ def test_unreadable_line_inside_a_file_is_reported_and_rerun(tmp_path, caplog):
     assert f"{f} line 2: unreadable record" in caplog.text
 
 
+def test_a_line_that_is_json_but_no_object_is_reported_and_rerun(tmp_path, caplog):
+    """Before: ``AttributeError: 'NoneType' object has no attribute 'get'`` from the writer's set-up (a traceback
+    naming no file) for a ``null`` or ``[1]`` line, e.g. in a file merged or edited by hand."""
+    from callbacks.jsonl_writer import JsonlPredictionWriter
+
+    f = tmp_path / "out" / "b128" / "lvb" / "rank0.jsonl"
+    f.parent.mkdir(parents=True)
+    f.write_text('{"qid": "a", "job": "b128"}\nnull\n[1]\n"b"\n{"qid": "c", "job": "b128"}\n')
+    done = JsonlPredictionWriter(str(tmp_path / "out")).done_qids()
+    assert done == {"b128": {"a", "c"}}
+    for n in (2, 3, 4):
+        assert f"{f} line {n}: unreadable record" in caplog.text
+
+
 # ------------------------------------------------------------------------------------------ one writer at a time
 def test_second_run_on_the_same_output_is_refused_and_a_killed_run_leaves_no_lock(tmp_path):
     from callbacks.jsonl_writer import JsonlPredictionWriter, OutputLockedError
