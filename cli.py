@@ -447,7 +447,7 @@ def check_checkpoint_file(path: str | None) -> None:
 
 USER_ERROR_TYPES = ("SettingError", "BaselineRunError", "FeatureFileError", "OutputSettingsError", "OutputLockedError",
                     "OutputWriteError", "AnnotationError", "MediaMissingError", "EasyComFormatError", "DecodeError", "CheckpointError",
-                    "MisconfigurationException")   # Lightning's own: conflicting trainer settings
+                    "DecodeWorkerDied", "MisconfigurationException")   # Lightning's own: conflicting trainer settings
 USER_OS_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 # an OSError of these kinds is the machine's state, not a bug: a full disk or quota, a read-only file system
 USER_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
@@ -560,6 +560,11 @@ def main(cli_main) -> None:
         sys.exit(TERMINATED_STATUS if terminated(e) else INTERRUPTED_STATUS)
     except Exception as e:  # noqa: BLE001 - re-raised unless it is a user error
         err = user_error(e)
+        if err is None and "datamodules.video_items" in sys.modules:   # a decode worker died while the loader waited
+            from datamodules.video_items import DecodeWorkerDied, worker_death_message
+
+            died = worker_death_message(e)
+            err = DecodeWorkerDied(died) if died is not None else None
         if err is None or os.environ.get("TOKENBUDGET_TRACEBACK"):
             raise
         # on a line of its own: a progress bar may have left the cursor at the end of its line

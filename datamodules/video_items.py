@@ -6,8 +6,11 @@ importing Lightning there cost each of 8 workers seconds before its first decode
 """
 from __future__ import annotations
 
+import os
+import re
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from torch.utils.data import Dataset
 
@@ -15,6 +18,67 @@ from callbacks.process_clock import boot_s, process_start_boot_s
 
 from .benchmarks import Question
 from .decode import MAX_REPLACED_FRAC, STRICT_FRAMES, NATIVE_DECODE_BYTES, DecodeError, EncoderSizing, decode_video
+
+
+# this process's folders where its DataLoader workers name the video each is decoding (``VideoQADataset``'s
+# ``decoding_dir``): a worker killed mid-decode (a decoder crash, the out-of-memory killer) leaves its file behind
+DECODING_DIRS: list[str] = []
+_WORKER_DEATH = re.compile(r"DataLoader worker \(pid(?:\(s\))? ([\d, ]+)\) (?:is killed by signal|exited unexpectedly)")
+
+
+def dead_worker_pids(exc: BaseException | None) -> list[int]:
+    """The pids torch names in ``exc`` or its chain when it reports DataLoader workers that died (``DataLoader worker
+    (pid 123) is killed by signal: Segmentation fault.``, raised by its SIGCHLD handler in whatever the main process
+    is doing; ``DataLoader worker (pid(s) 123, 456) exited unexpectedly`` from the loader's fetch), else ``[]``."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        m = _WORKER_DEATH.search(str(exc)) if isinstance(exc, RuntimeError) else None
+        if m:
+            return [int(x) for x in re.findall(r"\d+", m.group(1))]
+        exc = exc.__cause__ or exc.__context__
+    return []
+
+
+def videos_of_dead_workers(pids: list[int]) -> list[str]:
+    """The videos that the workers ``pids`` (:func:`dead_worker_pids`) were decoding when they died, from their
+    marks in :data:`DECODING_DIRS` (none for a worker that died between videos)."""
+    out = []
+    for d in DECODING_DIRS:
+        for pid in pids:
+            try:
+                video = Path(d, str(pid)).read_text(encoding="utf-8", errors="surrogateescape")
+            except OSError:
+                continue
+            if video and video not in out:
+                out.append(video)
+    return out
+
+
+class DecodeWorkerDied(RuntimeError):
+    """A DataLoader worker died mid-run (killed by a signal: a decoder crash on a file, the out-of-memory killer), which
+    torch reports in the main process in whatever it is doing, e.g. answering another video; names the video the
+    worker was decoding where known. The run stops (the loader cannot go on without the worker)."""
+
+
+def worker_death_message(exc: BaseException, answering: str | None = None) -> str | None:
+    """The one-line account of a DataLoader worker's death that ``exc`` reports (:func:`dead_worker_pids`), naming
+    the video it was decoding where its mark says (:func:`videos_of_dead_workers`) and ``answering``, the video the
+    main process had in hand (no error record is written for it); ``None`` when ``exc`` reports none."""
+    pids = dead_worker_pids(exc)
+    if not pids:
+        return None
+    videos = videos_of_dead_workers(pids)
+    cause = (str(exc).strip().splitlines() or [""])[0][:300]
+    note = f"; not a failure of {answering}, which this process was answering" if answering else ""
+    if not videos:
+        return (f"a decode worker died, not while decoding a video this run names ({type(exc).__name__}: {cause})"
+                f"{note}. The run stops (the system's out-of-memory killer?): the records written before are safe, "
+                "and a rerun resumes")
+    return (f"a decode worker died while decoding {', '.join(videos)} ({type(exc).__name__}: {cause}){note}. A "
+            "decoder crash on that file or the system's out-of-memory killer ends a worker, and the run stops: the "
+            "records written before are safe, and a rerun resumes, decoding that file again (remove its questions "
+            "from the annotation to skip it)")
 
 
 @dataclass
@@ -51,8 +115,9 @@ class VideoQADataset(Dataset):
                  native_decode_bytes: float = NATIVE_DECODE_BYTES, short_clip_first_frame: bool = False,
                  max_replaced_frac: float = MAX_REPLACED_FRAC, sizing: EncoderSizing | None = None,
                  decoder: str = "cpu", strict_frames: bool = STRICT_FRAMES, parts: list[int] | None = None,
-                 cpu_task: int | None = None, cpu_task_mpx: float = 1000.0):
+                 cpu_task: int | None = None, cpu_task_mpx: float = 1000.0, decoding_dir: str | None = None):
         self.cpu_task, self.cpu_task_mpx = cpu_task, cpu_task_mpx
+        self.decoding_dir = decoding_dir
         self.tasks, self.max_budget, self.decode_max_side = tasks, max_budget, decode_max_side
         if parts is not None and (len(parts) != len(tasks) or any(int(k) < 1 for k in parts)):
             raise ValueError(f"parts: one count >= 1 per task ({len(tasks)}), got {parts!r}")
@@ -86,6 +151,21 @@ class VideoQADataset(Dataset):
         t, k, n = self._items[i]
         return self._decode(t, (k, n) if n > 1 else None)
 
+    def _mark(self, video_path: str) -> "Path | None":
+        """In a DataLoader worker with a ``decoding_dir``: write ``<decoding_dir>/<pid>`` naming the video it decodes
+        now (removed when the decode returns), so the main process can name the video that killed a worker
+        (:func:`videos_of_dead_workers`). ``None`` elsewhere (the main process, or a mark that cannot be written)."""
+        from torch.utils.data import get_worker_info
+
+        if self.decoding_dir is None or get_worker_info() is None:
+            return None
+        mark = Path(self.decoding_dir, str(os.getpid()))
+        try:
+            mark.write_text(video_path, encoding="utf-8", errors="surrogateescape")
+        except OSError:
+            return None
+        return mark
+
     def whole_item(self, task: int) -> dict:
         """Task ``task`` decoded whole (no part), as without ``parts``."""
         return self._decode(task, None)
@@ -100,6 +180,7 @@ class VideoQADataset(Dataset):
         if self.decoder != "cpu":   # registers READERS["nvdec"] in this process (a spawned worker starts without it)
             import datamodules.decode.nvdec  # noqa: F401
         on_cpu = i == self.cpu_task and part is None and self.decoder != "cpu"
+        mark = self._mark(task.video_path)
         try:
             dec = decode_video(task.video_path, self.max_budget, self.decode_max_side,
                                num_threads=max(self.decode_threads, 2) if on_cpu else self.decode_threads,
@@ -116,6 +197,12 @@ class VideoQADataset(Dataset):
         except Exception as e:  # noqa: BLE001 - any decoder failure must become an error record, not a crash
             first = (str(e).strip().splitlines() or [""])[0][:300]
             item["error"] = f"{task.video_path}: unexpected decode failure ({type(e).__name__}: {first})"
+        finally:
+            if mark is not None:
+                try:
+                    mark.unlink(missing_ok=True)
+                except OSError:   # the temporary folder gone: nothing to name, nothing to stop for
+                    pass
         item["decode_s"] = time.perf_counter() - start      # worker seconds (StageTimer reports their sum)
         item["decoded_unix"] = time.time()                  # when the worker finished (bench timelines)
         # the decode window and the worker's start on the machine's boot clock: StageTimer puts the first video's on

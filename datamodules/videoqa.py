@@ -421,7 +421,7 @@ class VideoQADataModule(LightningDataModule):
         ds = VideoQADataset(tasks, max_budget, self.decode_max_side, threads,
                             self.native_decode_bytes, self.short_clip_first_frame, self.max_replaced_frac, sizing,
                             self.decoder, self.strict_frames, parts if parts and max(parts) > 1 else None, cpu_task,
-                            self.first_video_cpu_mpx or 0.0)
+                            self.first_video_cpu_mpx or 0.0, self._decoding_dir())
         # frames pinned (in the loader's pin-memory thread, off the GPU's path) when the run is on CUDA: the
         # module's copy to the device then does not block the host
         strategy = getattr(self.trainer, "strategy", None)
@@ -441,6 +441,39 @@ class VideoQADataModule(LightningDataModule):
         # to a worker that holds none, so no video waits behind a long part in a busy worker's queue
         loader = video_loader(ds, PartSampler(sampler, ds), self.workers, 1, pin, context, self.in_order)
         return JoiningLoader(loader, ds, len(sampler))
+
+    def _decoding_dir(self) -> str | None:
+        """A temporary folder where the decode workers name the video each is decoding
+        (:data:`datamodules.video_items.DECODING_DIRS`: a worker that dies mid-decode is named with its video); removed
+        at :meth:`teardown`. ``None`` without workers or where no folder can be made."""
+        import shutil
+        import tempfile
+        import weakref
+
+        from .video_items import DECODING_DIRS
+
+        if self.workers == 0:
+            return None
+        if getattr(self, "_decoding", None) is None:
+            try:
+                self._decoding = tempfile.mkdtemp(prefix="tokenbudget-decoding-")
+            except OSError:
+                return None
+            DECODING_DIRS.append(self._decoding)
+            # a run stopped by an exception is not torn down: the folder goes when this object or the process does
+            weakref.finalize(self, shutil.rmtree, self._decoding, True)
+        return self._decoding
+
+    def teardown(self, stage: str | None = None) -> None:
+        import shutil
+
+        from .video_items import DECODING_DIRS
+
+        d, self._decoding = getattr(self, "_decoding", None), None
+        if d is not None:
+            shutil.rmtree(d, ignore_errors=True)
+            if d in DECODING_DIRS:
+                DECODING_DIRS.remove(d)
 
     def _splits(self) -> bool:
         """Whether this run decodes long videos in parts (``decode_part_mb``'s conditions)."""

@@ -25,6 +25,8 @@ a programming error (``PROGRAMMING_ERRORS``:            :class:`VideoStepError` 
 ``RecursionError``) or a CUDA error
 (``torch.AcceleratorError``: the CUDA context is
 lost for every later video too)
+a decode worker's death, which torch raises in the      :class:`DecodeWorkerDied` naming the video the worker was
+main process while it answers another video             decoding; no record for the video in hand; the run stops
 =====================================================  ============================================================
 
 The line between the two is drawn by exception class: the library and our own input checks raise ``ValueError`` /
@@ -45,6 +47,7 @@ import torch
 from lightning.pytorch import LightningModule
 
 from algorithms.errors import SettingError, check_dtype
+from datamodules.video_items import DecodeWorkerDied, worker_death_message
 from callbacks.process_clock import process_age_s
 from callbacks.run_log import TRACEBACKS, traceback_file
 from datamodules.benchmarks import Question
@@ -177,6 +180,8 @@ def run_or_error_records(item: dict, run, make_errors) -> list[dict]:
 
     Raises:
         VideoStepError: ``run()`` raised one of ``PROGRAMMING_ERRORS`` (the original is its ``__cause__``).
+        DecodeWorkerDied: torch reported a dead DataLoader worker while ``run()`` ran (its SIGCHLD handler raises
+            in the main process, whatever video that is answering): named with the video the worker was decoding.
     """
     path = item.get("video_path", item.get("video_id"))
     try:
@@ -193,6 +198,9 @@ def run_or_error_records(item: dict, run, make_errors) -> list[dict]:
         raise VideoStepError(f"{path}: {_cause(e)} (a bug, not a bad input: the run stops here; the records "
                              "written before this video are safe, a rerun resumes at it)") from e
     except Exception as e:  # noqa: BLE001 - an input-dependent failure of this video only
+        died = worker_death_message(e, path)
+        if died is not None:   # torch's SIGCHLD handler raised it here: not this video's failure (no error records)
+            raise DecodeWorkerDied(died) from e
         msg = f"{path}: {_cause(e)}"
         where = traceback_file()
         if where is None:   # no run folder (the module used without the writer): the traceback on the console
