@@ -20,7 +20,8 @@ Protocol (every choice is visible in ``scores.json``):
 * **De-duplication**: a qid seen twice in a group (restarts, overlapping shards) counts once; the *first* record
   wins, in sorted-path then line order, except that an answered record replaces an earlier error record (the
   writer retries failed questions on restart and appends the new record after the error, which stays as the
-  audit trail). ``n_duplicates`` reports how many were dropped, ``n_retried`` how many errors were replaced.
+  audit trail), or comes before it (a later rank's file: the error of a two-process run, answered on resume by
+  rank 0). ``n_duplicates`` reports how many were dropped, ``n_retried`` how many errors were answered.
 * **Rules** (:mod:`algorithms.choice`): ``official`` is the benchmark's own released rule
   (:func:`algorithms.choice.official_rule`: ``videomme``, ``mlvu``, ``lvb``, ``worldsense``; its name is the
   parser's ``rule``), ``robust`` the robust parser; ``rules=[...]`` (CLI ``--rules``) adds any rule of

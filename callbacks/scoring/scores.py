@@ -253,6 +253,10 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
             if groups[key][qid].get("error") and not rec.get("error"):
                 groups[key][qid] = rec  # a successful retry of a failed question
                 retried[key] += 1
+            elif rec.get("error") and not groups[key][qid].get("error"):
+                # the same retry read the other way round: the error in a later-sorted file (rank1.jsonl of a
+                # two-process run, answered on resume by rank 0); the writer never appends an error after an answer
+                retried[key] += 1
             else:
                 dups[key] += 1
             continue

@@ -253,6 +253,21 @@ def test_successful_retry_replaces_an_error_record():
     assert g["parsers"]["official"]["accuracy"] == 0.5
 
 
+def test_a_retry_answered_in_an_earlier_rank_file_is_no_duplicate():
+    """A two-process run's rank 1 failed q1 (rank1.jsonl); a resumed one-process run answered it (rank0.jsonl). The
+    files are read in path order, the answer first: before, the error record was counted as a duplicate (``dup`` 1)
+    and the retry was not counted."""
+    from callbacks.scoring import score_records
+
+    base = {"job": "b256", "budget": 256, "variant": None, "meta": {"benchmark": "videomme", "duration": "short"}}
+    answered = {**base, "qid": "q1", "answer": "A", "pred": "A", "pred_robust": "A"}
+    failed = {**base, "qid": "q1", "error": "video.mp4: CUDA out of memory"}
+    for recs in ([answered, failed], [failed, answered]):
+        (g,) = score_records(recs, n_resamples=0)["groups"]
+        assert (g["n_retried"], g["n_duplicates"], g["n_errors"], g["n_scored"]) == (1, 0, 0, 1)
+        assert g["parsers"]["official"]["accuracy"] == 1.0
+
+
 def test_cli_refuses_a_folder_without_records_and_counts_missing_from_run_json(tmp_path, demo_bench, capsys):
     for folder, msg in ((tmp_path / "nonexist", "no such output folder"), (tmp_path, "no records")):
         with pytest.raises(SystemExit) as info:
