@@ -393,7 +393,8 @@ class BudgetedQA(LightningModule):
         return {job_name(b): b for b in self.budgets}
 
     def record_settings(self) -> dict:
-        """Settings that determine a record (kept in the output folder's ``run.json``; budgets may be added).
+        """Settings that determine a record (kept in the output folder's ``run.json``; budgets may be added below
+        ``largest_budget``, which the videos are decoded for).
 
         Raises:
             FileNotFoundError: ``model_path`` is no checkpoint directory (said before the output folder's settings are
@@ -410,6 +411,10 @@ class BudgetedQA(LightningModule):
                     "add_system_prompt": bool(hp.get("add_system_prompt", True)),
                     "first_step": hp.get("first_step", "wait")}
         extra = {k: v for k, v in optional.items() if v != self.RECORD_DEFAULTS[k]}
+        if getattr(self, "decode_budget", None) is None:
+            # every video is decoded for the largest budget and the smaller ones thinned from it, so it sets the frames
+            # of every job: a larger budget added to a folder would mix two frame choices in each job
+            extra["largest_budget"] = max(self.budgets)
         return {"model_path": str(Path(hp.model_path).resolve()), "raw_mode": hp.raw_mode, **extra,
                 "raw_max_tokens": hp.raw_max_tokens, "max_tokens_per_frame": hp.max_tokens_per_frame,
                 "max_new_tokens": hp.max_new_tokens, "prompt_template": recorded_template(hp.prompt_template), "dtype": hp.dtype,

@@ -96,3 +96,33 @@ def test_a_plain_predict_and_a_layout_ablation_do_not_share_a_folder(tmp_path):
         check_run_settings(abl, settings, write=True)
     (abl / "run.json").write_text(json.dumps(settings))                     # written before decode_budget was kept
     check_run_settings(abl, ablation, write=True)
+
+
+def test_a_budget_above_the_folders_largest_is_refused_and_one_below_resumes(tiny_vl3_dir, tmp_path):
+    """Every video is decoded for the run's largest budget and the smaller jobs' frames thinned from it: a long
+    video's b128 record came out with other frames when 8192 was added to [128, 1024] (measured: a 1-hour VFR clip,
+    ``sample_fps`` 0.0358 against 0.2847). Before, a folder took the larger budget and its b128 job mixed the two."""
+    from callbacks.jsonl_writer import OutputSettingsError, check_run_settings
+    from lightning_modules.budgeted_qa import BudgetedQA
+    from lightning_modules.layout_ablation import LayoutAblationQA
+
+    def settings(budgets):
+        return BudgetedQA(model_path=str(tiny_vl3_dir), budgets=budgets).record_settings()
+
+    assert settings([1024, 128])["largest_budget"] == 1024
+    out = tmp_path / "folder"
+    check_run_settings(out, settings([128, 1024]), write=True)
+    (out / "b128" / "videomme").mkdir(parents=True)
+    (out / "b128" / "videomme" / "rank0.jsonl").write_text('{"qid": "1", "job": "b128"}\n')
+    with pytest.raises(OutputSettingsError, match="largest_budget: 1024 there, 8192 now"):
+        check_run_settings(out, settings([128, 1024, 8192]), write=True)
+    with pytest.raises(OutputSettingsError, match="largest_budget: 1024 there, 128 now"):
+        check_run_settings(out, settings([128]), write=True)
+    check_run_settings(out, settings([128, 256, 1024]), write=True)      # a budget below the largest: resumes
+    older = json.loads((out / "run.json").read_text())
+    del older["largest_budget"]                                           # a folder written before it was kept
+    (out / "run.json").write_text(json.dumps(older))
+    check_run_settings(out, settings([128, 1024, 8192]), write=False)
+    # the layout ablation decodes for its own decode_budget, which its run.json keeps instead
+    ablation = LayoutAblationQA(model_path=str(tiny_vl3_dir), jobs="base:256").record_settings()
+    assert "largest_budget" not in ablation and ablation["decode_budget"] == 16384

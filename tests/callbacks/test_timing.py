@@ -38,7 +38,8 @@ def test_earlier_runs_are_kept_under_previous_runs_and_an_old_file_reads(tmp_pat
 def test_a_resumed_run_with_an_added_budget_keeps_the_first_runs_timing(tiny_vl3_dir, demo_bench, tmp_path):
     out = tmp_path / "out"
     timer = ["--trainer.callbacks+=callbacks.timing.StageTimer"]
-    first = run_predict(tiny_vl3_dir, demo_bench, out, budgets=(128,), extra=timer,
+    # a budget below the folder's largest (256) is added: a larger one is refused (largest_budget in run.json)
+    first = run_predict(tiny_vl3_dir, demo_bench, out, budgets=(256,), extra=timer,
                         model_args={"max_new_tokens": 2})
     one = json.loads((out / "timing_rank0.json").read_text())
     assert one["videos"] == 2 and one["previous_runs"] == [] and len(first) == 7
