@@ -47,7 +47,8 @@ media path escaping the root            error for the annotation text: an absolu
                                         own layout, e.g. ``videos/`` linked to other storage)
 invalid UTF-8 text                      error naming the file, row and field (a Video-MME parquet ``string``
                                         cell); a JSON annotation file that is not UTF-8: error naming the file
-                                        and the byte offset
+                                        and the byte offset; a JSON ``\\ud800``-style escape of half a
+                                        surrogate pair: error naming the file and the JSON path (row, field)
 media file missing or unreadable        not an annotation error: one error record per question at decode time;
                                         but when more than half of the videos are missing (a wrong root or
                                         video folder) the run stops before it writes anything
@@ -209,13 +210,38 @@ def check_annotation_file(path: Path, what: str = "annotation file") -> None:
                               else f"{shown}: {what} {problem}")
 
 
+def _unpaired_surrogate(obj) -> str | None:
+    """Where in ``obj`` (a loaded JSON value) the first text holding an unpaired UTF-16 surrogate is, as its JSON
+    path (``[3].candidates[1]``; an object key: ``[3] key 2``), else ``None``. Walked without recursion."""
+    def shown(key: str) -> str:   # printable even when the key itself is the bad text
+        return key.encode("utf-8", "backslashreplace").decode("utf-8")
+
+    stack = [("", obj)]
+    while stack:
+        where, x = stack.pop()
+        if isinstance(x, str):
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError:
+                return where or "the top-level text"
+        elif isinstance(x, dict):
+            for j, (k, v) in reversed(list(enumerate(x.items()))):
+                stack.append((f"{where}.{shown(k)}" if where else shown(k), v))
+                stack.append((f"{where} key {j}", k))
+        elif isinstance(x, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in reversed(list(enumerate(x))))
+    return None
+
+
 def load_json_annotation(path: Path, what: str = "annotation file"):
     """``json.loads`` of a UTF-8 annotation file, every failure one :class:`AnnotationError` naming the file:
     not a regular file (:func:`check_annotation_file`), not UTF-8 (byte offset), invalid JSON, nested deeper than
-    the parser's recursion limit (a ``RecursionError`` otherwise)."""
+    the parser's recursion limit (a ``RecursionError`` otherwise), a ``\\ud800``-style escape of half a UTF-16
+    surrogate pair (valid JSON syntax, but no text: the tokenizer refused it with a ``TypeError`` when the question
+    was asked, which stopped the run as a bug), named by its JSON path."""
     check_annotation_file(path, what)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise AnnotationError(f"{path}: invalid JSON: {e}") from e
     except RecursionError as e:
@@ -224,6 +250,11 @@ def load_json_annotation(path: Path, what: str = "annotation file"):
                               "benchmark annotation nests more than a few levels") from e
     except OSError as e:
         raise AnnotationError(f"{path}: {what} not readable ({e.strerror or e})") from e
+    bad = _unpaired_surrogate(data)
+    if bad is not None:
+        raise AnnotationError(f"{path}: invalid JSON text: {bad} holds an escape of half a UTF-16 surrogate pair "
+                              "(\\ud800-\\udfff without its other half), which is no character; fix that string")
+    return data
 
 
 # the longest name of one path component most file systems hold (ext4, xfs, btrfs, tmpfs: NAME_MAX = 255 bytes)

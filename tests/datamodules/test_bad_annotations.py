@@ -505,3 +505,27 @@ def test_a_relative_annotation_path_that_is_missing_names_where_it_was_looked_fo
     with pytest.raises(AnnotationError) as e:
         load_benchmark("videomme", tmp_path, parquet=rel)
     assert str(e.value) == f"{rel} (looked for at {Path.cwd() / rel}): Video-MME annotation file not found"
+
+
+def test_an_escape_of_half_a_surrogate_pair_is_named_by_its_json_path(tmp_path):
+    """``"a \\ud800 cat"`` is valid JSON syntax but no text. Before, the loaders took it, and the tokenizer refused the
+    question when it was asked (``TypeError: TextEncodeInput must be Union[...]``): the run stopped there as a bug
+    (``VideoStepError``), after the videos before it, and again at the same video on every rerun."""
+    lvb = tmp_path / "lvb"
+    lvb.mkdir()
+    f = _lvb(lvb, [_lvb_row("ok"), _lvb_row("bad", candidates=["yes", "nope"])])
+    f.write_text(f.read_text().replace('"nope"', '"no\\ud800pe"'))
+    with pytest.raises(AnnotationError, match=r"invalid JSON text: \[1\]\.candidates\[1\] holds an escape of half a "
+                                              r"UTF-16 surrogate pair") as e:
+        load_benchmark("lvb", lvb)
+    assert str(e.value).startswith(f"{f}: ")
+    mlvu = tmp_path / "mlvu"
+    mlvu.mkdir()
+    g = _mlvu(mlvu, [_mlvu_row()])
+    g.write_text(json.dumps([_mlvu_row(question="Colour \udcff?")], ensure_ascii=True))
+    with pytest.raises(AnnotationError, match=r"\[0\]\.question holds an escape of half"):
+        load_benchmark("mlvu", mlvu)
+    # a whole pair (an emoji written as two escapes) is one character: accepted
+    g.write_text(json.dumps([_mlvu_row(question="Colour \U0001F600?")], ensure_ascii=True))
+    assert "\\ud83d\\ude00" in g.read_text()
+    assert load_benchmark("mlvu", mlvu)[0].question == "Colour \U0001F600?"
