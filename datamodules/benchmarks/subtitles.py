@@ -7,6 +7,7 @@ Interleaving subtitles with frames by time is done by the model input builder fr
 from __future__ import annotations
 
 import logging
+import math
 import re
 from pathlib import Path
 
@@ -150,6 +151,8 @@ def parse_lvb_subtitles(items: list, starting_timestamp_s: float = 0.0, duration
                 text = it.get("line", it.get("text", ""))
             else:
                 raise AnnotationError(f"{where}: item {i} is neither {{timestamp, text}} nor {{start, end, line}}")
+            if not (math.isfinite(start) and math.isfinite(end)):   # NaN / Infinity: no place among the frames
+                raise ValueError(f"start {start}, end {end} (not finite)")
         except (TypeError, ValueError) as e:
             raise AnnotationError(f"{where}: item {i} has unreadable times: {e}") from e
         start -= starting_timestamp_s

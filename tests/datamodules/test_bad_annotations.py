@@ -297,6 +297,20 @@ def test_malformed_subtitles(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ text that is valid
+@pytest.mark.parametrize("item", [{"timestamp": [float("nan"), 2.0], "text": "a"},
+                                  {"timestamp": [1.0, float("inf")], "text": "a"},
+                                  {"start": "nan", "end": "00:00:02.000", "line": "a"}])
+def test_lvb_subtitle_times_that_are_not_finite_name_the_item(tmp_path, item):
+    """Before: a NaN or infinite subtitle time (JSON ``NaN`` / ``Infinity``, or the text ``"nan"``) was kept, a line
+    with no place among the frames."""
+    _lvb(tmp_path, [_lvb_row("l", subtitle_path="s.json")])
+    (tmp_path / "subtitles").mkdir()
+    sub = tmp_path / "subtitles" / "s.json"
+    sub.write_text(json.dumps([{"timestamp": [0.0, 1.0], "text": "ok"}, item]))
+    with pytest.raises(AnnotationError, match=rf"{sub}: item 1 has unreadable times: start .*not finite"):
+        load_benchmark("lvb", tmp_path, subtitles=True)
+
+
 def test_non_latin_and_rtl_text_verbatim(tmp_path):
     _videomme(tmp_path, [_vm_row(question=RTL, options=["A. أحمر", "B. 蓝色", "C. זה", "D. 🐱"], answer="D"),
                          _vm_row("001-2", question=CJK)])
