@@ -58,12 +58,12 @@ def _read_records(dirs: list[Path], benchmark: str) -> dict[str, dict]:
     failed: dict[str, dict] = {}
     for d in dirs:
         for f in sorted((d / benchmark).glob("*.jsonl")):
-            with open(f, encoding="utf-8") as fh:
+            with open(f, "rb") as fh:
                 for n, line in enumerate(fh, 1):
                     if not line.strip():
                         continue
-                    try:
-                        rec = json.loads(line)
+                    try:   # UTF-8 strictly (a line that is not: named here, not a UnicodeDecodeError traceback)
+                        rec = json.loads(line.decode("utf-8"))
                         qid = str(rec["qid"])
                     except (ValueError, KeyError, TypeError) as e:
                         raise BaselineRunError(f"baseline_run {f} line {n}: unreadable record ({type(e).__name__})"

@@ -72,11 +72,11 @@ def read_records(out_dir: str | Path) -> list[dict]:
     """All records under ``out_dir`` (every job, benchmark and rank file), in path then line order."""
     out = []
     for f in sorted(Path(out_dir).glob("*/*/*.jsonl")):
-        with open(f, encoding="utf-8") as fh:
+        with open(f, "rb") as fh:
             for n, line in enumerate(fh, 1):
                 if line.strip():
-                    try:
-                        out.append(json.loads(line))
+                    try:   # UTF-8 strictly: a line that is not (a damaged disk block) is named as a bad one
+                        out.append(json.loads(line.decode("utf-8")))
                     except ValueError as e:
                         raise ValueError(f"{f} line {n}: not valid JSON ({e})") from e
     return out
@@ -94,13 +94,15 @@ def count_records(out_dir: str | Path) -> int:
 def _done_from_file(path: Path, done: dict[str, set[str]], failed: dict[str, set[str]] | None = None) -> None:
     """Add the ``(job, qid)`` of every readable line of ``path`` to ``done``; unreadable lines are logged.
 
-    With ``failed`` given, error records go there instead of into ``done`` (their questions are retried)."""
-    with open(path, encoding="utf-8", errors="replace") as fh:
+    With ``failed`` given, error records go there instead of into ``done`` (their questions are retried). A line
+    that is not UTF-8 (a damaged disk block) is unreadable too: scoring skips it (:func:`callbacks.scoring.
+    read_records`), so its question is run again rather than taken as done with replacement characters."""
+    with open(path, "rb") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
+                rec = json.loads(line.decode("utf-8"))
                 if not isinstance(rec, dict):   # ``null``, a list, a number: no record (a hand-edited file)
                     raise TypeError(f"a JSON {type(rec).__name__}, not an object")
                 target = failed if failed is not None and rec.get("error") else done

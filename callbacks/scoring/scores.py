@@ -48,13 +48,13 @@ def read_records(out_root: str | Path, warn: bool = True) -> tuple[list[dict], d
         job_dir = parts[0] if len(parts) >= 2 else None
         bench_dir = parts[1] if len(parts) >= 3 else None
         n_files += 1
-        with open(path, encoding="utf-8") as fh:
+        with open(path, "rb") as fh:
             for k, line in enumerate(fh):
                 if not line.strip():
                     continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
+                try:   # UTF-8 strictly: a line that is not (a damaged disk block) is skipped as a cut one is
+                    rec = json.loads(line.decode("utf-8"))
+                except ValueError:   # JSONDecodeError, UnicodeDecodeError
                     n_bad += 1
                     if warn:
                         log.warning("scoring: skipping unreadable line %d of %s", k + 1, path)

@@ -209,6 +209,25 @@ def test_a_line_that_is_json_but_no_object_is_reported_and_rerun(tmp_path, caplo
         assert f"{f} line {n}: unreadable record" in caplog.text
 
 
+def test_a_line_that_is_not_utf8_is_rerun_and_skipped_by_scoring_not_a_traceback(tmp_path, caplog):
+    """A damaged disk block inside a records file (bytes that are not UTF-8 inside a string). Before: the writer read
+    it with replacement characters as done (never rerun), and the scoring at the end of the run stopped with
+    ``UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff`` naming no file (scores.json left stale)."""
+    from callbacks.jsonl_writer import JsonlPredictionWriter
+    from callbacks.scoring import read_records
+
+    f = tmp_path / "out" / "b128" / "lvb" / "rank0.jsonl"
+    f.parent.mkdir(parents=True)
+    f.write_bytes(b'{"qid": "a", "job": "b128", "answer": "A", "pred": "A"}\n'
+                  b'{"qid": "b", "job": "b128", "answer": "A", "pred": "A", "response": "\xff\xfe"}\n'
+                  b'{"qid": "c", "job": "b128", "answer": "A", "pred": "B"}\n')
+    assert JsonlPredictionWriter(str(tmp_path / "out")).done_qids() == {"b128": {"a", "c"}}
+    assert f"{f} line 2: unreadable record" in caplog.text
+    records, stats = read_records(tmp_path / "out")
+    assert [r["qid"] for r in records] == ["a", "c"] and stats["n_bad_lines"] == 1
+    assert f"scoring: skipping unreadable line 2 of {f}" in caplog.text
+
+
 # ------------------------------------------------------------------------------------------ one writer at a time
 def test_second_run_on_the_same_output_is_refused_and_a_killed_run_leaves_no_lock(tmp_path):
     from callbacks.jsonl_writer import JsonlPredictionWriter, OutputLockedError
