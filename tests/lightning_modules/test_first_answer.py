@@ -53,11 +53,12 @@ def test_on_a_gpu_machine_the_module_starts_the_compilation_and_load_when_built(
     from lightning_modules import budgeted_qa
     from lightning_modules.budgeted_qa import BudgetedQA
 
-    starts, loads_started, weights_kind = [], [], []
+    starts, loads_started, weights_kind, warmups = [], [], [], []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("LOCAL_RANK", "1")
-    monkeypatch.setattr(budgeted_qa.warm, "start", lambda path, device, dtype, inference, weights: starts.append(
-        (torch.device(device), inference)) or weights_kind.append(weights) or None)
+    monkeypatch.setattr(budgeted_qa.warm, "start", lambda path, device, dtype, inference, weights, first_calls=None:
+                        starts.append((torch.device(device), inference)) or weights_kind.append(weights)
+                        or warmups.append(first_calls) or None)
     monkeypatch.setattr(budgeted_qa.warm, "in_background", lambda fn, name: loads_started.append(name) or
                         SimpleNamespace(name=name))
     module = BudgetedQA(model_path="/nowhere")
@@ -71,6 +72,11 @@ def test_on_a_gpu_machine_the_module_starts_the_compilation_and_load_when_built(
     # the weights come from the load thread (not in inference mode): the kernels that take weights are compiled
     # for plain tensors (they recompiled in the first step when compiled for inference tensors: H200, 2 graphs)
     assert weights_kind == [False, False]
+    # the first-call warm-up goes with the compilation, as model.init_args.warm_first_calls says
+    assert warmups == [True, True]
+    warmups.clear()
+    BudgetedQA(model_path="/nowhere", warm_first_calls=False)
+    assert warmups == [False]
 
 
 @pytest.mark.slow
