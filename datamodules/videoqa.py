@@ -259,7 +259,8 @@ class VideoQADataModule(LightningDataModule):
         and that most videos are there (:func:`datamodules.benchmarks.base.check_media_present`).
 
         Raises:
-            SettingError: ``root`` does not exist or is not a folder; ``decoder=nvdec`` where NVDEC cannot run.
+            SettingError: ``root`` does not exist or is not a folder; a ``video_dir`` / ``subtitle_dir`` that is
+                absolute or has a ``..`` component; ``decoder=nvdec`` where NVDEC cannot run.
             AnnotationError: the annotation is malformed, empty or has duplicate qids; ``MediaMissingError`` (one)
                 when more than half of the videos are missing, naming the folder looked in.
         """
@@ -277,6 +278,12 @@ class VideoQADataModule(LightningDataModule):
             if problem is not None:   # said as what it is: a symbolic link loop is no "does not exist"
                 raise SettingError(f"data.init_args.root={self.root}: the benchmark root "
                                    + ("does not exist" if problem == "not found" else f"is {problem}"))
+            for key in ("video_dir", "subtitle_dir"):   # joined into every media path, which stays under root
+                value = (self.loader_kwargs or {}).get(key)
+                if isinstance(value, (str, Path)) and (Path(value).is_absolute() or ".." in Path(value).parts):
+                    raise SettingError(f"data.init_args.loader_kwargs.{key}={value}: must be a folder inside the "
+                                       f"benchmark root {self.root}, written relative to it; set "
+                                       "data.init_args.root to the folder that holds it (or link it under the root)")
             qs = load_benchmark(self.benchmark, self.root, **self.loader_kwargs)
             if not qs:
                 raise AnnotationError(f"{self.benchmark} at {self.root}: the annotation holds no questions"

@@ -110,6 +110,29 @@ def test_most_videos_missing_stops_with_one_line_naming_the_folder(tmp_path, cap
     assert len(dm.questions) == 7 and "1 of 2 videos are missing" in caplog.text
 
 
+@pytest.mark.parametrize("key", ["video_dir", "subtitle_dir"])
+def test_a_video_folder_outside_the_root_names_the_setting_not_a_row(tmp_path, key):
+    """An annotation copied elsewhere with ``video_dir`` pointed back at the videos by an absolute path used to be
+    blamed on the annotation's row 0 ("media path '/abs/cockatoo.mp4' must be a non-empty path relative to ..."):
+    the setting is named instead."""
+    from algorithms.errors import SettingError
+    from datamodules.videoqa import VideoQADataModule
+
+    root = _bench(tmp_path)
+    for value in (str(MEDIA), "../media"):
+        kw = {key: value, **({"subtitles": True} if key == "subtitle_dir" else {})}
+        dm = VideoQADataModule(root=str(root), loader_kwargs=kw, num_workers=0)
+        with pytest.raises(SettingError) as info:
+            dm.setup("predict")
+        msg = str(info.value)
+        assert msg.startswith(f"data.init_args.loader_kwargs.{key}={value}: must be a folder inside the benchmark "
+                              f"root {root}")
+        assert "row" not in msg and "\n" not in msg
+    dm = VideoQADataModule(root=str(root), loader_kwargs={"video_dir": "./videos/"}, num_workers=0)   # relative: fine
+    dm.setup("predict")
+    assert len(dm.questions) == 7
+
+
 def test_a_folder_of_only_missing_video_errors_is_not_locked(tmp_path):
     from callbacks.jsonl_writer import OutputSettingsError, check_run_settings
 
