@@ -14,6 +14,7 @@ import html
 import json
 from pathlib import Path
 
+from callbacks.scoring.console import data_notes
 from callbacks.scoring.plots import plot_caption
 from callbacks.scoring.release import HEADLINES
 from callbacks.scoring.summary import (by_benchmark, flops_label, format_p, headline_rows, is_matrix, is_pruning,
@@ -328,7 +329,8 @@ def render_report(scores: dict, out_dir: str | Path, records: list[dict], rules:
             "<p>acc % = correct / scored questions (unparsed answers count as wrong); acc_all % also counts error "
             "records and missing questions as wrong; intervals are percentile-bootstrap 95 % intervals "
             "(scores.json: bootstrap).</p>"
-            f"<h2>Scores</h2><details{' open' if len(scores.get('groups', [])) <= 12 else ''}><summary>every group "
+            + "".join(f"<p><b>{_e(note)}</b></p>" for note in data_notes(scores.get("groups", [])))
+            + f"<h2>Scores</h2><details{' open' if len(scores.get('groups', [])) <= 12 else ''}><summary>every group "
             f"and parser</summary>{_table(header, score_rows(scores), {3, 6, 7, 9, 10, 11, 12})}</details>"
             f"{_costs(scores)}<h2>Differences between budgets and variants</h2>{_differences(scores)}"
             f"<h2>Plots</h2>{_images(scores, out_dir)}"

@@ -135,6 +135,27 @@ def _budget(budget) -> str:
     return "-" if budget is None else str(budget)   # pruning jobs have a retention, no vision-token budget
 
 
+def data_notes(groups: list[dict]) -> list[str]:
+    """The lines under the score table on what the counts leave out: questions without a gold answer, videos
+    answered on concealed frames, videos NVDEC decoded unchecked (the console table and ``report.html``)."""
+    lines: list[str] = []
+    no_answer = [g for g in groups if g.get("n_no_answer")]
+    if no_answer:   # issue 44 item 8: questions without a gold answer leave n without a word otherwise
+        lines.append("not scored, no gold answer in the annotation (empty, blank or missing): "
+                     + "; ".join(f"{g['benchmark']} {_group_name(g)} {g['n_no_answer']}" for g in no_answer))
+    concealed = [g for g in groups if g.get("n_concealed_videos")]
+    if concealed:   # issue 42 item 1: answered on frames the decoder concealed (damaged packets), as FFmpeg
+        lines.append("concealed frames (damaged packets decoded as FFmpeg does; data.strict_frames makes them "
+                     "errors): " + "; ".join(f"{_group_name(g)} {g['n_concealed_videos']} videos, "
+                                             f"{g['n_concealed_frames']} frames" for g in concealed))
+    unchecked = [g for g in groups if g.get("n_unchecked_videos")]
+    if unchecked:   # NVDEC reports no decode status: those videos' frames were not checked (docs/deviations.md)
+        lines.append("not checked for concealment (decoded by NVDEC, which reports no decode status; data.decoder: cpu "
+                     "checks them): "
+                     + "; ".join(f"{_group_name(g)} {g['n_unchecked_videos']} videos" for g in unchecked))
+    return lines
+
+
 def format_table(scores: dict) -> str:
     """The console summary of ``scores`` (from :func:`score_records`).
 
@@ -175,20 +196,7 @@ def format_table(scores: dict) -> str:
                  "also counts errors and missing questions as wrong; official = the benchmark's own released rule; "
                  "unparse = no letter under the rule")
     lines.append("±95 = half-width of the 95 % bootstrap interval of acc% (scores.json: accuracy_ci95)")
-    no_answer = [g for g in groups if g.get("n_no_answer")]
-    if no_answer:   # issue 44 item 8: questions without a gold answer leave n without a word otherwise
-        lines.append("not scored, no gold answer in the annotation (empty, blank or missing): "
-                     + "; ".join(f"{g['benchmark']} {_group_name(g)} {g['n_no_answer']}" for g in no_answer))
-    concealed = [g for g in groups if g.get("n_concealed_videos")]
-    if concealed:   # issue 42 item 1: answered on frames the decoder concealed (damaged packets), as FFmpeg
-        lines.append("concealed frames (damaged packets decoded as FFmpeg does; data.strict_frames makes them "
-                     "errors): " + "; ".join(f"{_group_name(g)} {g['n_concealed_videos']} videos, "
-                                             f"{g['n_concealed_frames']} frames" for g in concealed))
-    unchecked = [g for g in groups if g.get("n_unchecked_videos")]
-    if unchecked:   # NVDEC reports no decode status: those videos' frames were not checked (docs/deviations.md)
-        lines.append("not checked for concealment (decoded by NVDEC, which reports no decode status; data.decoder: cpu "
-                     "checks them): "
-                     + "; ".join(f"{_group_name(g)} {g['n_unchecked_videos']} videos" for g in unchecked))
+    lines += data_notes(groups)
     for rule in used:
         lines.append(f"  {rule}: {RULE_DESCRIPTIONS.get(rule, rule)}")
     n_res = (scores.get("bootstrap") or {}).get("n_resamples")

@@ -454,7 +454,7 @@ def test_official_parser_follows_the_jobs_recorded_rule():
     assert _group(score_records(mixed), "worldsense", "full")["parsers"]["official"]["rule"] == "worldsense"
 
 
-def test_concealed_frames_counted_per_video():
+def test_concealed_frames_counted_per_video(tmp_path):
     """Issue 42 item 1: answered records whose decode had concealed frames (``video_info.frames_concealed``) are
     counted once per video (two questions of v1: 2 frames, not 4); error records are not counted; the console
     shows one line only when a group has any."""
@@ -469,9 +469,15 @@ def test_concealed_frames_counted_per_video():
     clean = [dict(r, video_info={}) for r in recs]
     assert _group(score_records(clean), "videomme", "b1024")["n_concealed_videos"] == 0
     assert "concealed frames" not in format_table(score_records(clean))
+    from callbacks.report import render_report   # the report says it too, above its score table
+
+    page = render_report(score_records(recs), tmp_path, recs)
+    result = page.split("<h2>Result</h2>", 1)[1].split("<h2>Scores</h2>", 1)[0]
+    assert "concealed frames (damaged packets" in result and "b1024 2 videos, 3 frames" in result
+    assert "concealed frames" not in render_report(score_records(clean), tmp_path, clean)
 
 
-def test_unchecked_videos_counted_per_video():
+def test_unchecked_videos_counted_per_video(tmp_path):
     """Issue 42 item 1: videos whose frames NVDEC decoded (``video_info.concealment_checked: false``: no decode
     status to check) are counted once per video in their group (v1's two questions count once; v3, checked, and the
     error record of v4 not), and the console names the count, only when a group has any."""
@@ -486,6 +492,10 @@ def test_unchecked_videos_counted_per_video():
     clean = [dict(r, video_info={}) for r in recs]
     assert _group(score_records(clean), "videomme", "b1024")["n_unchecked_videos"] == 0
     assert "not checked for concealment" not in format_table(score_records(clean))
+    from callbacks.report import render_report
+
+    result = render_report(score_records(recs), tmp_path, recs).split("<h2>Scores</h2>", 1)[0]
+    assert "not checked for concealment (decoded by NVDEC" in result and "b1024 2 videos" in result
 
 
 def test_rescore_names_a_cut_line_once(out_root, caplog):
