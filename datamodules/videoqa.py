@@ -262,7 +262,7 @@ class VideoQADataModule(LightningDataModule):
             SettingError: ``root`` does not exist or is not a folder; a ``video_dir`` / ``subtitle_dir`` that is
                 absolute or has a ``..`` component; ``decoder=nvdec`` where NVDEC cannot run.
             AnnotationError: the annotation is malformed, empty or has duplicate qids; ``MediaMissingError`` (one)
-                when more than half of the videos are missing, naming the folder looked in.
+                when more than half of the videos are missing or empty (0 bytes), naming the folder looked in.
         """
         if self.decoder == "nvdec":   # every video on NVDEC: this process must be able to use it at all
             why = nvdec_missing()

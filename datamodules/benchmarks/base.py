@@ -50,8 +50,9 @@ invalid UTF-8 text                      error naming the file, row and field (a 
                                         and the byte offset; a JSON ``\\ud800``-style escape of half a
                                         surrogate pair: error naming the file and the JSON path (row, field)
 media file missing or unreadable        not an annotation error: one error record per question at decode time;
-                                        but when more than half of the videos are missing (a wrong root or
-                                        video folder) the run stops before it writes anything
+                                        but when more than half of the videos are missing or empty (a wrong
+                                        root or video folder, an unfinished copy) the run stops before it writes
+                                        anything
                                         (:func:`check_media_present`, called by the datamodule's setup)
 ======================================  ==========================================================================
 """
@@ -130,13 +131,23 @@ def _exists(path: str) -> bool:
     return True
 
 
+def _is_empty_file(path: str) -> bool:
+    """Whether ``path`` is a regular file of 0 bytes (``False`` for anything :func:`os.stat` cannot read)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size == 0
+
+
 def check_media_present(questions: list["Question"], where: str, max_missing_frac: float = MAX_MISSING_MEDIA_FRAC
                         ) -> list[str]:
     """Check that the questions' video files exist before a run writes anything.
 
     A few missing files are the run's business (one error record per question, the run goes on); none or most
     present is a wrong root or video folder (e.g. a new ``root`` that kept another layout's ``video_dir``), which
-    would otherwise "succeed" with nothing but error records.
+    would otherwise "succeed" with nothing but error records. Empty files (0 bytes: a copy or download that did not
+    finish) count with the missing ones here, as no video can be read from them.
 
     Args:
         questions: a loader's questions.
@@ -147,17 +158,25 @@ def check_media_present(questions: list["Question"], where: str, max_missing_fra
         The missing video paths (at most ``max_missing_frac`` of them).
 
     Raises:
-        MediaMissingError: more than ``max_missing_frac`` of the distinct videos are missing; one line naming the
-            folder(s) they were looked for in, how many are missing and one example.
+        MediaMissingError: more than ``max_missing_frac`` of the distinct videos are missing or empty; one line
+            naming the folder(s) they were looked for in, how many are missing (and empty) and one example.
     """
     videos = list(dict.fromkeys(q.video_path for q in questions))
     missing = [v for v in videos if not _exists(v)]
-    if videos and len(missing) > max_missing_frac * len(videos):
-        folders = sorted({str(Path(v).parent) for v in missing})
+    empty = [v for v in videos if v not in missing and _is_empty_file(v)]   # 0 bytes: no video can be read
+    bad = missing + empty
+    if videos and len(bad) > max_missing_frac * len(videos):
+        folders = sorted({str(Path(v).parent) for v in bad})
         folder = folders[0] if len(folders) == 1 else f"{folders[0]} (and {len(folders) - 1} other folders)"
+        if not empty:
+            raise MediaMissingError(
+                f"{where}: {len(missing)} of {len(videos)} videos are missing from {folder} (e.g. "
+                f"{Path(missing[0]).name}); check data.init_args.root and data.init_args.loader_kwargs (video_dir)")
         raise MediaMissingError(
-            f"{where}: {len(missing)} of {len(videos)} videos are missing from {folder} (e.g. "
-            f"{Path(missing[0]).name}); check data.init_args.root and data.init_args.loader_kwargs (video_dir)")
+            f"{where}: {len(bad)} of {len(videos)} videos in {folder} cannot be read: {len(empty)} empty file{'s' * (len(empty) != 1)} "
+            f"(0 bytes, e.g. {Path(empty[0]).name}; a copy or download that did not finish?)"
+            + (f" and {len(missing)} missing (e.g. {Path(missing[0]).name})" if missing else "")
+            + "; check the files, data.init_args.root and data.init_args.loader_kwargs (video_dir)")
     return missing
 
 

@@ -110,6 +110,33 @@ def test_most_videos_missing_stops_with_one_line_naming_the_folder(tmp_path, cap
     assert len(dm.questions) == 7 and "1 of 2 videos are missing" in caplog.text
 
 
+def test_most_videos_empty_stops_before_writing_naming_them(tiny_vl3_dir, tmp_path, caplog):
+    """Every video a 0-byte file (an unfinished copy): the run could write nothing but error records, so it stops
+    before writing, saying how many are empty; one empty file of two is the run's business (error records)."""
+    from datamodules.benchmarks.base import MediaMissingError
+    from datamodules.videoqa import VideoQADataModule
+    from tests.conftest import run_predict
+
+    root = _bench(tmp_path, videos=())
+    for v in ("cockatoo.mp4", "realshort.mp4"):
+        (root / "videos" / v).write_bytes(b"")
+    out = tmp_path / "out"
+    with pytest.raises(MediaMissingError) as info:
+        run_predict(tiny_vl3_dir, root, out, budgets=(128,))
+    msg = str(info.value)
+    assert f"2 of 2 videos in {root / 'videos'} cannot be read: 2 empty files (0 bytes, e.g. " in msg
+    assert "missing (e.g." not in msg and "\n" not in msg
+    assert not out.exists()
+    (root / "videos" / "realshort.mp4").unlink()                           # 1 empty + 1 missing of 2: stops too
+    with pytest.raises(MediaMissingError, match=r"cannot be read: 1 empty file \(0 bytes, e.g. cockatoo.mp4; .*\) "
+                                                r"and 1 missing \(e.g. realshort.mp4\)"):
+        VideoQADataModule(root=str(root), num_workers=0).setup("predict")
+    shutil.copy(MEDIA / "realshort.mp4", root / "videos" / "realshort.mp4")   # 1 empty of 2: not most; runs
+    dm = VideoQADataModule(root=str(root), num_workers=0)
+    dm.setup("predict")
+    assert len(dm.questions) == 7
+
+
 @pytest.mark.parametrize("key", ["video_dir", "subtitle_dir"])
 def test_a_video_folder_outside_the_root_names_the_setting_not_a_row(tmp_path, key):
     """An annotation copied elsewhere with ``video_dir`` pointed back at the videos by an absolute path used to be
