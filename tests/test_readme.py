@@ -119,3 +119,21 @@ def test_help_texts_cite_nothing_the_user_lacks(option):
         for doc in (inspect.getdoc(cls), inspect.getdoc(cls.__init__)):
             bad += [f"{path}: {ln.strip()}" for ln in (doc or "").splitlines() if CITATION.search(ln)]
     assert not bad, bad
+
+
+def test_the_annotation_copy_option_it_names_runs_on_the_demo_videos(tmp_path):
+    """The README's way to run an edited copy of the demo's annotation (``loader_kwargs.parquet``) is a real
+    setting: the copy's questions, the root's videos; ``video_dir`` stays relative to the root."""
+    import shutil
+
+    from datamodules.videoqa import VideoQADataModule
+
+    assert "`--data.init_args.loader_kwargs.parquet=FILE`" in README
+    copy = tmp_path / "mine.parquet"
+    shutil.copy(REPO / "assets" / "videomme" / "test-demo.parquet", copy)
+    dm = VideoQADataModule(root=str(REPO / "assets"), loader_kwargs={"video_dir": "media", "parquet": str(copy)},
+                           num_workers=0)
+    dm.setup("predict")
+    assert len(dm.questions) == 7
+    assert {Path(q.video_path) for q in dm.questions} == {REPO / "assets" / "media" / "cockatoo.mp4",
+                                                         REPO / "assets" / "media" / "realshort.mp4"}
