@@ -190,7 +190,7 @@ def tiny_model_banner(out_dir: Path) -> str:
 
 def score_rows(scores: dict) -> list[list]:
     """One row per (group, parser): benchmark, job, variant, budget, parser, rule, n scored, acc %, 95 % interval,
-    acc_all %, errors, unparsed, missing."""
+    acc_all %, errors, unparsed, missing, duplicates ignored."""
     rows = []
     for g in scores.get("groups", []):
         for name, p in g.get("parsers", {}).items():
@@ -198,7 +198,7 @@ def score_rows(scores: dict) -> list[list]:
             rows.append([g.get("benchmark"), g.get("job"), g.get("variant") or "-", g.get("budget"), name,
                          p.get("rule", name), g.get("n_scored"), _pct(p.get("accuracy")),
                          f"[{_pct(ci[0])}, {_pct(ci[1])}]" if ci else "", _pct(p.get("accuracy_all")),
-                         g.get("n_errors"), p.get("unparseable"), g.get("n_missing")])
+                         g.get("n_errors"), p.get("unparseable"), g.get("n_missing"), g.get("n_duplicates")])
     return rows
 
 
@@ -322,7 +322,7 @@ def render_report(scores: dict, out_dir: str | Path, records: list[dict], rules:
     settings = run.read_text() if run.is_file() else "(no run.json)"
     err, un = _record_lists(records)
     header = ["benchmark", "job", "variant", "budget", "parser", "rule", "n", "acc %", "95 % interval", "acc_all %",
-              "err", "unparse", "miss"]
+              "err", "unparse", "miss", "dup"]
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
             f"<style>{_CSS}</style></head><body>{heading}{tiny_model_banner(out_dir)}"
             f"<h2>Result</h2>{_answer(scores)}"
@@ -331,7 +331,7 @@ def render_report(scores: dict, out_dir: str | Path, records: list[dict], rules:
             "(scores.json: bootstrap).</p>"
             + "".join(f"<p><b>{_e(note)}</b></p>" for note in data_notes(scores.get("groups", [])))
             + f"<h2>Scores</h2><details{' open' if len(scores.get('groups', [])) <= 12 else ''}><summary>every group "
-            f"and parser</summary>{_table(header, score_rows(scores), {3, 6, 7, 9, 10, 11, 12})}</details>"
+            f"and parser</summary>{_table(header, score_rows(scores), {3, 6, 7, 9, 10, 11, 12, 13})}</details>"
             f"{_costs(scores)}<h2>Differences between budgets and variants</h2>{_differences(scores)}"
             f"<h2>Plots</h2>{_images(scores, out_dir)}"
             f"<h2>Errors</h2>{err}<h2>Unparsed answers</h2>{un}"

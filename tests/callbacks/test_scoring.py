@@ -92,6 +92,22 @@ def test_videomme_scores_by_hand():
     assert off["by"]["task_type"]["Counting"]["accuracy"] == 1.0 and off["by"]["task_type"]["OCR"]["accuracy"] == 0.0
 
 
+def test_report_score_table_counts_duplicates_as_the_console_does(tmp_path):
+    """The README's columns (``dup``: duplicate records ignored) are the console's and the report's: the report's
+    score table has the column, with the group's count (1 here: q1 written twice)."""
+    import re
+
+    from callbacks.report import render_report
+
+    recs = [dict(r, job="b1024") for r in VIDEOMME_1024]
+    page = render_report(score_records(recs), tmp_path, recs)
+    table = page.split("<h2>Scores</h2>", 1)[1].split("</table>", 1)[0]
+    header = re.findall(r"<th>(.*?)</th>", table)
+    assert header[-4:] == ["err", "unparse", "miss", "dup"]
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", tr) for tr in table.split("<tr>")[2:]]
+    assert rows and all(len(r) == len(header) and r[-1] == "1" and r[-4] == "1" for r in rows)   # 1 dup, 1 err
+
+
 def test_mlvu_m_avg_and_pooled():
     g = _group(score_records([dict(r, job="b1024") for r in MLVU]), "mlvu", "b1024")
     off, rob = g["parsers"]["official"], g["parsers"]["robust"]
