@@ -357,6 +357,7 @@ class JsonlPredictionWriter(BasePredictionWriter):
         self._failed: dict[str, set[str]] = {}
         self._lock_fd: int | None = None
         self._trace_handler: logging.Handler | None = None
+        self._run_jobs: set[str] | None = None   # the module's jobs (``setup``); None: every job of the folder
 
     @property
     def out_root(self) -> Path:
@@ -371,7 +372,8 @@ class JsonlPredictionWriter(BasePredictionWriter):
                 repair_jsonl(f)
                 _done_from_file(f, done, failed if self.retry_errors else None)
             self._failed = {job: qids - done.get(job, set()) for job, qids in failed.items()}
-            n = sum(len(v) for v in self._failed.values())
+            # said for this run's jobs only: a folder's other budgets are not run now, so not retried now
+            n = sum(len(v) for job, v in self._failed.items() if self._run_jobs is None or job in self._run_jobs)
             if n:
                 log.warning("%s: %d failed (job, question) records will be retried", self.out_dir, n)
             self._done = done
@@ -435,6 +437,8 @@ class JsonlPredictionWriter(BasePredictionWriter):
         check_run_settings(self.out_dir, settings, write=trainer.is_global_zero, defaults=defaults,
                            canonical=getattr(getattr(trainer, "datamodule", None), "canonical_settings", None))
         self._done = None
+        jobs = getattr(pl_module, "jobs", None)
+        self._run_jobs = set(jobs) if jobs else None
         self.done_qids()
         # a failed video's traceback goes to <out_dir>/errors_rank<r>.log (the console gets one line naming it)
         detach_traceback_file(self._trace_handler)

@@ -274,6 +274,21 @@ def test_failed_questions_are_retried_and_other_settings_refused(tiny_vl3_dir, d
     assert read_json_lines(out) == fixed  # nothing written by the refused run
 
 
+def test_the_retry_count_names_only_this_runs_jobs(tiny_vl3_dir, demo_bench, tmp_path, caplog):
+    """A folder with error records of budgets 128 and 256 resumed with budgets 128 and 512: the run retries b128's 3
+    failed questions, and says 3 (it said 6, counting b256's, which this run does not run)."""
+    import logging
+
+    (demo_bench / "videos" / "realshort.mp4").write_bytes(b"not a video")   # 3 questions of the 7
+    out = tmp_path / "out"
+    run_predict(tiny_vl3_dir, demo_bench, out, budgets=(128, 256), model_args={"max_new_tokens": 2})
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="callbacks.jsonl_writer"):
+        run_predict(tiny_vl3_dir, demo_bench, out, budgets=(128, 512), model_args={"max_new_tokens": 2})
+    said = [r.getMessage() for r in caplog.records if "will be retried" in r.getMessage()]
+    assert said == [f"{out}: 3 failed (job, question) records will be retried"]
+
+
 def test_settings_of_a_run_without_records_are_replaced(tiny_vl3_dir, demo_bench, tmp_path):
     """A wrong model path is named as such (not as a settings mismatch with the folder's records), and a run.json
     left by a run that stopped before its first record does not lock the folder to its settings."""
