@@ -125,6 +125,10 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+# the files that killed a decode worker in a run of this folder (one path per line): decoded apart in later runs
+DECODE_CRASHES = "decode_crashes.txt"
+
+
 class OutputLockedError(RuntimeError):
     """Another process is writing the same output folder and rank (the lock file is named)."""
 
@@ -362,6 +366,29 @@ class JsonlPredictionWriter(BasePredictionWriter):
     @property
     def out_root(self) -> Path:
         return self.out_dir
+
+    def decode_crashes(self) -> set[str]:
+        """The video paths in ``<out_dir>/decode_crashes.txt``: files that killed a decode worker in an earlier run of
+        this folder (:meth:`record_decode_crashes`); an unreadable file counts as none."""
+        try:
+            text = (self.out_dir / DECODE_CRASHES).read_text(encoding="utf-8", errors="surrogateescape")
+        except OSError:
+            return set()
+        return {line for line in text.splitlines() if line.strip()}
+
+    def record_decode_crashes(self, videos: list[str]) -> None:
+        """Add ``videos`` (files a decode worker died on, named by its mark) to ``<out_dir>/decode_crashes.txt``, one
+        path per line, appended and synced; a rerun decodes them in a process of their own
+        (:mod:`datamodules.decode.isolated`). Nothing is raised: the run is already stopping."""
+        new = [v for v in videos if v not in self.decode_crashes()]
+        if not new:
+            return
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            append_synced(self.out_dir / DECODE_CRASHES,
+                          "".join(f"{v}\n" for v in new).encode("utf-8", errors="surrogateescape"))
+        except OSError as e:
+            log.warning("%s: could not note the file(s) that killed a decode worker (%s)", self.out_dir, e)
 
     def done_qids(self) -> dict[str, set[str]]:
         """``job -> qids`` already written (all ranks' files; truncated last lines repaired first)."""

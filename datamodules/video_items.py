@@ -18,6 +18,7 @@ from callbacks.process_clock import boot_s, process_start_boot_s
 
 from .benchmarks import Question
 from .decode import MAX_REPLACED_FRAC, STRICT_FRAMES, NATIVE_DECODE_BYTES, DecodeError, EncoderSizing, decode_video
+from .decode.isolated import decode_isolated
 
 
 # this process's folders where its DataLoader workers name the video each is decoding (``VideoQADataset``'s
@@ -77,8 +78,9 @@ def worker_death_message(exc: BaseException, answering: str | None = None) -> st
                 "and a rerun resumes")
     return (f"a decode worker died while decoding {', '.join(videos)} ({type(exc).__name__}: {cause}){note}. A "
             "decoder crash on that file or the system's out-of-memory killer ends a worker, and the run stops: the "
-            "records written before are safe, and a rerun resumes, decoding that file again (remove its questions "
-            "from the annotation to skip it)")
+            "records written before are safe, and a rerun resumes, decoding that file in a process of its own (the "
+            "output folder's decode_crashes.txt names it), so that a second crash gives its questions error records "
+            "and the run goes on")
 
 
 @dataclass
@@ -115,8 +117,10 @@ class VideoQADataset(Dataset):
                  native_decode_bytes: float = NATIVE_DECODE_BYTES, short_clip_first_frame: bool = False,
                  max_replaced_frac: float = MAX_REPLACED_FRAC, sizing: EncoderSizing | None = None,
                  decoder: str = "cpu", strict_frames: bool = STRICT_FRAMES, parts: list[int] | None = None,
-                 cpu_task: int | None = None, cpu_task_mpx: float = 1000.0, decoding_dir: str | None = None):
+                 cpu_task: int | None = None, cpu_task_mpx: float = 1000.0, decoding_dir: str | None = None,
+                 isolated: frozenset[str] | set[str] = frozenset()):
         self.cpu_task, self.cpu_task_mpx = cpu_task, cpu_task_mpx
+        self.isolated = frozenset(isolated)   # videos decoded in a process of their own (datamodules.decode.isolated)
         self.decoding_dir = decoding_dir
         self.tasks, self.max_budget, self.decode_max_side = tasks, max_budget, decode_max_side
         if parts is not None and (len(parts) != len(tasks) or any(int(k) < 1 for k in parts)):
@@ -181,8 +185,11 @@ class VideoQADataset(Dataset):
             import datamodules.decode.nvdec  # noqa: F401
         on_cpu = i == self.cpu_task and part is None and self.decoder != "cpu"
         mark = self._mark(task.video_path)
+        # a file that killed a decode worker in an earlier run: decoded in a child process, whose crash costs only
+        # this video's questions
+        decode = decode_isolated if task.video_path in self.isolated and part is None else decode_video
         try:
-            dec = decode_video(task.video_path, self.max_budget, self.decode_max_side,
+            dec = decode(task.video_path, self.max_budget, self.decode_max_side,
                                num_threads=max(self.decode_threads, 2) if on_cpu else self.decode_threads,
                                native_decode_bytes=self.native_decode_bytes,
                                short_clip_first_frame=self.short_clip_first_frame,

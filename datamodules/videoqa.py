@@ -412,6 +412,9 @@ class VideoQADataModule(LightningDataModule):
                                                        max_parts(self.workers)), self.workers)
             for i, k in zip(mine, counts):
                 parts[i] = k
+        crashed = self._decode_crashes()
+        if parts is not None:   # a file that killed a worker before is decoded whole, in a process of its own
+            parts = [1 if tasks[i].video_path in crashed else k for i, k in enumerate(parts)]
         threads = self.decode_threads
         if threads is None:
             threads = auto_decode_threads(self.workers, self.trainer.num_devices)
@@ -428,7 +431,7 @@ class VideoQADataModule(LightningDataModule):
         ds = VideoQADataset(tasks, max_budget, self.decode_max_side, threads,
                             self.native_decode_bytes, self.short_clip_first_frame, self.max_replaced_frac, sizing,
                             self.decoder, self.strict_frames, parts if parts and max(parts) > 1 else None, cpu_task,
-                            self.first_video_cpu_mpx or 0.0, self._decoding_dir())
+                            self.first_video_cpu_mpx or 0.0, self._decoding_dir(), crashed)
         # frames pinned (in the loader's pin-memory thread, off the GPU's path) when the run is on CUDA: the
         # module's copy to the device then does not block the host
         strategy = getattr(self.trainer, "strategy", None)
@@ -448,6 +451,34 @@ class VideoQADataModule(LightningDataModule):
         # to a worker that holds none, so no video waits behind a long part in a busy worker's queue
         loader = video_loader(ds, PartSampler(sampler, ds), self.workers, 1, pin, context, self.in_order)
         return JoiningLoader(loader, ds, len(sampler))
+
+    def _writer(self):
+        """The trainer's records writer (the callback that keeps this output folder's resume state), or ``None``."""
+        for cb in getattr(self.trainer, "callbacks", None) or []:
+            if hasattr(cb, "decode_crashes") and hasattr(cb, "record_decode_crashes"):
+                return cb
+        return None
+
+    def _decode_crashes(self) -> set[str]:
+        """The videos that killed a decode worker in an earlier run of this output folder (decoded now in a process
+        of their own, :mod:`datamodules.decode.isolated`)."""
+        writer = self._writer()
+        crashed = writer.decode_crashes() if writer is not None else set()
+        if crashed:
+            print(f"[rank {self.trainer.global_rank}] {self.benchmark}: {len(crashed)} video"
+                  f"{'s' * (len(crashed) != 1)} that killed a decode worker before decoded in a process of "
+                  f"{'their' if len(crashed) != 1 else 'its'} own (a second crash gives error records)", flush=True)
+        return crashed
+
+    def on_exception(self, exception: BaseException) -> None:
+        """A decode worker died (:func:`datamodules.video_items.dead_worker_pids`): the video it was decoding is kept
+        in the output folder (``decode_crashes.txt``), so the rerun decodes it in a process of its own."""
+        from .video_items import dead_worker_pids, videos_of_dead_workers
+
+        videos = videos_of_dead_workers(dead_worker_pids(exception))
+        writer = self._writer()
+        if videos and writer is not None:
+            writer.record_decode_crashes(videos)
 
     def _decoding_dir(self) -> str | None:
         """A temporary folder where the decode workers name the video each is decoding

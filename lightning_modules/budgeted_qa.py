@@ -27,6 +27,7 @@ a programming error (``PROGRAMMING_ERRORS``:            :class:`VideoStepError` 
 lost for every later video too)
 a decode worker's death, which torch raises in the      :class:`DecodeWorkerDied` naming the video the worker was
 main process while it answers another video             decoding; no record for the video in hand; the run stops
+                                                        (a rerun decodes that video in a process of its own)
 =====================================================  ============================================================
 
 The line between the two is drawn by exception class: the library and our own input checks raise ``ValueError`` /
@@ -138,8 +139,9 @@ def qa_record(item: dict, q: Question, answer, stats: dict, n_frames_used: int, 
                   "decode_hw": info["decode_hw"], "vfr": info["vfr"],
                   # the reader that decoded the video (decord / pyav_skip / pyav / nvdec) and why not NVDEC;
                   # concealment_checked: False where NVDEC's frames went unchecked (issue 42 item 1)
+                  # decoded_isolated: in a process of its own, having killed a decode worker in an earlier run
                   **{k: info[k] for k in ("decoder", "decoder_fallback", "timestamps_unusable", "frames_concealed",
-                                          "concealment_checked") if k in info},
+                                          "concealment_checked", "decoded_isolated") if k in info},
                   "capped": n_frames_used < round(info["duration_s"]) or info["sample_fps"] < 1.0 or
                   n_frames_used < info["n_frames"]}
     return {

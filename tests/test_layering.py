@@ -204,13 +204,14 @@ def test_benchmark_formats_import_base_only():
 
 # the decode room (issue 40): its file names are the pipeline, in this order; the NVDEC reader comes last
 DECODE_STEPS = ("errors", "display", "probe", "plan", "readers", "cpu", "swscale", "pyav_skip", "retry", "held",
-                "parts", "video", "packet_filter", "convert", "nvdec_plan", "nvdec")
+                "parts", "video", "packet_filter", "convert", "nvdec_plan", "nvdec", "isolated")
 
 
 def test_decode_steps_import_one_way():
     """Each module of ``datamodules/decode/`` imports only the steps before it (the NVDEC reader also reads the
     package's registry when it registers); the package imports every step but the NVDEC reader (importing it
-    imports PyNvVideoCodec and registers ``READERS["nvdec"]``: opt-in), and no module imports decord when it is
+    imports PyNvVideoCodec and registers ``READERS["nvdec"]``: opt-in) and the isolated decode (a child process's
+    entry point, imported by the dataset), and no module imports decord when it is
     imported (PyNvVideoCodec must come first in a process: ``datamodules.decode.nvdec._import_nvc``)."""
     graph = import_graph(project_modules())
     rank = {f"datamodules.decode.{s}": k for k, s in enumerate(DECODE_STEPS)}
@@ -221,7 +222,8 @@ def test_decode_steps_import_one_way():
         "datamodules.decode" in graph[m] for m in rank if m != "datamodules.decode.nvdec")
     assert graph["datamodules.decode"] == set(rank) - {"datamodules.decode.packet_filter", "datamodules.decode.display",
                                                        "datamodules.decode.swscale", "datamodules.decode.convert",
-                                                       "datamodules.decode.nvdec_plan", "datamodules.decode.nvdec"}
+                                                       "datamodules.decode.nvdec_plan", "datamodules.decode.nvdec",
+                                                       "datamodules.decode.isolated"}
     eager = [f"{f.name} imports {a.name if isinstance(n, ast.Import) else n.module}"
              for f in sorted((REPO / "datamodules/decode").glob("*.py"))
              for n in ast.parse(f.read_text(encoding="utf-8")).body if isinstance(n, (ast.Import, ast.ImportFrom))

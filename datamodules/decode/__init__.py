@@ -24,6 +24,8 @@ The pipeline, one file per step:
 ``video.py``          :func:`decode_video`, :func:`decode_at_indices`, :func:`decord_frame_count`: the steps above
                       end to end, -> :class:`DecodedVideo`
 ``errors.py``         :class:`DecodeError`, :class:`NvdecError`, the file checks, and what each broken file gives
+``isolated.py``       :func:`decode_isolated`: :func:`decode_video` in a child process, for a file that killed a
+                      decode worker in an earlier run of the output folder
 ====================  ==========================================================================================
 
 Three parts (:func:`decode_video`): (a) the plan: :func:`probe_video` demuxes the video stream with PyAV (integer

@@ -275,8 +275,9 @@ def test_failed_questions_are_retried_and_other_settings_refused(tiny_vl3_dir, d
 
 
 def test_the_retry_count_names_only_this_runs_jobs(tiny_vl3_dir, demo_bench, tmp_path, caplog):
-    """A folder with error records of budgets 128 and 256 resumed with budgets 128 and 512: the run retries b128's 3
-    failed questions, and says 3 (it said 6, counting b256's, which this run does not run)."""
+    """A folder with error records of budgets 128 and 256 resumed with budgets 100 and 256 (the largest budget is
+    locked): the run retries b256's 3 failed questions, and says 3 (it said 6, counting b128's, which this run does
+    not run)."""
     import logging
 
     (demo_bench / "videos" / "realshort.mp4").write_bytes(b"not a video")   # 3 questions of the 7
@@ -284,7 +285,7 @@ def test_the_retry_count_names_only_this_runs_jobs(tiny_vl3_dir, demo_bench, tmp
     run_predict(tiny_vl3_dir, demo_bench, out, budgets=(128, 256), model_args={"max_new_tokens": 2})
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="callbacks.jsonl_writer"):
-        run_predict(tiny_vl3_dir, demo_bench, out, budgets=(128, 512), model_args={"max_new_tokens": 2})
+        run_predict(tiny_vl3_dir, demo_bench, out, budgets=(100, 256), model_args={"max_new_tokens": 2})
     said = [r.getMessage() for r in caplog.records if "will be retried" in r.getMessage()]
     assert said == [f"{out}: 3 failed (job, question) records will be retried"]
 
