@@ -385,8 +385,14 @@ class JsonlPredictionWriter(BasePredictionWriter):
             return
         try:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            append_synced(self.out_dir / DECODE_CRASHES,
-                          "".join(f"{v}\n" for v in new).encode("utf-8", errors="surrogateescape"))
+            path = self.out_dir / DECODE_CRASHES
+            # a file written by hand may lack its last newline: the first name goes on a line of its own
+            lead = b""
+            if path.is_file() and path.stat().st_size:
+                with open(path, "rb") as f:
+                    f.seek(-1, os.SEEK_END)
+                    lead = b"" if f.read(1) == b"\n" else b"\n"
+            append_synced(path, lead + "".join(f"{v}\n" for v in new).encode("utf-8", errors="surrogateescape"))
         except OSError as e:
             log.warning("%s: could not note the file(s) that killed a decode worker (%s)", self.out_dir, e)
 
