@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -412,7 +413,7 @@ class VideoQADataModule(LightningDataModule):
                                                        max_parts(self.workers)), self.workers)
             for i, k in zip(mine, counts):
                 parts[i] = k
-        crashed = self._decode_crashes()
+        crashed = self._decode_crashes(tasks)
         if parts is not None:   # a file that killed a worker before is decoded whole, in a process of its own
             parts = [1 if tasks[i].video_path in crashed else k for i, k in enumerate(parts)]
         threads = self.decode_threads
@@ -459,11 +460,16 @@ class VideoQADataModule(LightningDataModule):
                 return cb
         return None
 
-    def _decode_crashes(self) -> set[str]:
-        """The videos that killed a decode worker in an earlier run of this output folder (decoded now in a process
-        of their own, :mod:`datamodules.decode.isolated`)."""
+    def _decode_crashes(self, tasks: list[VideoTask]) -> set[str]:
+        """The videos of ``tasks`` that killed a decode worker in an earlier run of this output folder (decoded now
+        in a process of their own, :mod:`datamodules.decode.isolated`), as ``tasks`` spell them. A name in
+        ``decode_crashes.txt`` matches its file however it is spelled (written by hand: relative to the working
+        folder, spaces around it; the root given another way: ``..``, a link); a name of no video of this run is
+        left out."""
         writer = self._writer()
-        crashed = writer.decode_crashes() if writer is not None else set()
+        names = writer.decode_crashes() if writer is not None else set()
+        listed = {os.path.realpath(n.strip()) for n in names if n.strip()}
+        crashed = {t.video_path for t in tasks if t.video_path in names or os.path.realpath(t.video_path) in listed}
         if crashed:
             print(f"[rank {self.trainer.global_rank}] {self.benchmark}: {len(crashed)} video"
                   f"{'s' * (len(crashed) != 1)} that killed a decode worker before decoded in a process of "
