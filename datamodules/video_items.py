@@ -6,6 +6,7 @@ importing Lightning there cost each of 8 workers seconds before its first decode
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
@@ -187,7 +188,9 @@ class VideoQADataset(Dataset):
         mark = self._mark(task.video_path)
         # a file that killed a decode worker in an earlier run: decoded in a child process, whose crash costs only
         # this video's questions
-        decode = decode_isolated if task.video_path in self.isolated and part is None else decode_video
+        decode = decode_video
+        if task.video_path in self.isolated and part is None:   # its hand-over folder goes with the run's marks
+            decode = functools.partial(decode_isolated, tmp_dir=self.decoding_dir)
         try:
             dec = decode(task.video_path, self.max_budget, self.decode_max_side,
                                num_threads=max(self.decode_threads, 2) if on_cpu else self.decode_threads,

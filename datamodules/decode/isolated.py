@@ -12,6 +12,7 @@ on.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from .video import DecodedVideo, decode_video
 ISOLATED_KEY = "decoded_isolated"
 
 
-def decode_isolated(path: str, *args, runner: str = __name__, **kwargs) -> DecodedVideo:
+def decode_isolated(path: str, *args, runner: str = __name__, tmp_dir: str | None = None, **kwargs) -> DecodedVideo:
     """:func:`decode_video` ``(path, *args, **kwargs)`` in a child process: the same frames, times and info (``info``
     gets ``decoded_isolated: True``), handed back as safetensors (the frames) and JSON (no pickle). The frames come at
     the decode size: ``sizing`` (frames held at the encoder's sizes only) is not passed, which gives the same records
@@ -39,6 +40,8 @@ def decode_isolated(path: str, *args, runner: str = __name__, **kwargs) -> Decod
         args, kwargs: :func:`decode_video`'s other arguments, as the worker passes them (JSON values; ``sizing`` is
             dropped).
         runner: the module the child runs with ``python -m`` (this one; a test names a module that crashes).
+        tmp_dir: where the hand-over folder is made (the run's ``decoding_dir``, which the main process removes even
+            when this worker is killed mid-decode, e.g. by SIGTERM); ``None``: the system's temporary folder.
 
     Raises:
         DecodeError: the child died by a signal (the decoder crashed again: named with the signal), failed without
@@ -46,8 +49,10 @@ def decode_isolated(path: str, *args, runner: str = __name__, **kwargs) -> Decod
             own message; any other exception as the worker words an unexpected decode failure).
     """
     kwargs = {k: v for k, v in kwargs.items() if k != "sizing"}
-    with tempfile.TemporaryDirectory(prefix="tokenbudget-isolated-") as d:
-        Path(d, "in.json").write_text(json.dumps({"path": str(path), "args": list(args), "kwargs": kwargs}),
+    with tempfile.TemporaryDirectory(prefix="tokenbudget-isolated-",
+                                     dir=tmp_dir if tmp_dir and Path(tmp_dir).is_dir() else None) as d:
+        Path(d, "in.json").write_text(json.dumps({"path": str(path), "args": list(args), "kwargs": kwargs,
+                                                              "parent": os.getpid()}),
                                       encoding="utf-8")
         proc = subprocess.run([sys.executable, "-m", runner, d], capture_output=True, text=True, errors="replace")
         if proc.returncode < 0:
@@ -69,11 +74,27 @@ def decode_isolated(path: str, *args, runner: str = __name__, **kwargs) -> Decod
     return DecodedVideo(frames, out["times_s"], {**out["info"], ISOLATED_KEY: True}, part)
 
 
+def _die_with_parent(parent: int | None) -> None:
+    """Linux: this process is killed when the worker that started it (pid ``parent``) dies (SIGTERM at a run's stop,
+    the out-of-memory killer), so no orphan goes on decoding into a folder nobody reads; it exits at once if that
+    worker is already gone. Elsewhere, or where it cannot be set, a no-op."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if parent is not None and os.getppid() != parent:   # the worker died before the request was made
+        os._exit(1)
+
+
 def main(folder: str) -> None:
     """The child: ``<folder>/in.json`` -> :func:`decode_video` -> ``<folder>/frames.safetensors`` and
     ``<folder>/out.json`` (``times_s``, ``info``, ``part``; or ``{"error": message}`` worded as the worker words
     it)."""
     inp = json.loads(Path(folder, "in.json").read_text(encoding="utf-8"))
+    _die_with_parent(inp.get("parent"))
     path = inp["path"]
     if inp["kwargs"].get("decoder", "cpu") != "cpu":   # registers READERS["nvdec"], as the worker does
         import datamodules.decode.nvdec  # noqa: F401
