@@ -468,7 +468,12 @@ class VideoQADataModule(LightningDataModule):
         left out."""
         writer = self._writer()
         names = writer.decode_crashes() if writer is not None else set()
-        listed = {os.path.realpath(n.strip()) for n in names if n.strip()}
+        listed = set()
+        for n in names:
+            try:
+                listed.add(os.path.realpath(n.strip()))
+            except (ValueError, OSError):   # a damaged line (a NUL byte): names no file
+                pass
         crashed = {t.video_path for t in tasks if t.video_path in names or os.path.realpath(t.video_path) in listed}
         if crashed:
             print(f"[rank {self.trainer.global_rank}] {self.benchmark}: {len(crashed)} video"

@@ -30,7 +30,7 @@ def test_a_listed_file_is_found_however_its_name_is_spelled_and_only_this_runs_v
     out.mkdir()
     monkeypatch.chdir(tmp_path / "bench")
     (out / DECODE_CRASHES).write_text(f"\n\nvideos/v0.mp4\n{paths[1]}  \r\n{paths[2]}\r\n/elsewhere/x.mp4\n"
-                                      f"{tmp_path}/bench/../bench/videos/v3.mp4\n", encoding="utf-8")
+                                      f"{tmp_path}/bench/../bench/videos/v3.mp4\n/dam\x00aged\n", encoding="utf-8")
     dm = VideoQADataModule(root=str(tmp_path / "bench"), num_workers=0)
     dm.trainer = SimpleNamespace(global_rank=0, callbacks=[JsonlPredictionWriter(out_dir=str(out))])
     tasks = [VideoTask(p.stem, str(p), "videomme", []) for p in paths]
