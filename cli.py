@@ -476,6 +476,32 @@ def user_error(exc: BaseException) -> BaseException | None:
     return None
 
 
+class OtherProcessStopped(RuntimeError):
+    """A process of a multi-process (DDP) run lost its peers: another process stopped first (a user error or a dead
+    decode worker, said in that process's own line), and the collective this one was in failed."""
+
+
+# the words torch.distributed's gloo transport uses when a peer process is gone
+_PEER_GONE = ("Connection closed by peer", "remote worker crashing")
+
+
+def peer_stopped(exc: BaseException) -> OtherProcessStopped | None:
+    """An :class:`OtherProcessStopped` when ``exc`` or its chain is a collective that failed because another process
+    of the run ended (gloo's "Connection closed by peer", NCCL's ``DistBackendError``), else ``None``: that process
+    prints its own error, so this one says it in one line instead of a second traceback."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, RuntimeError) and (type(exc).__name__ == "DistBackendError"
+                                              or any(w in str(exc) for w in _PEER_GONE)):
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            return OtherProcessStopped(f"another process of this run stopped first (its error is printed above; "
+                                       f"here {type(exc).__name__}: {first}); the records written before are safe, "
+                                       "and the same command resumes")
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 INTERRUPTED_STATUS = 130   # the shell's status of a command stopped by SIGINT (128 + 2)
 TERMINATED_STATUS = 143    # ... and by SIGTERM (128 + 15): what a scheduler or ``docker stop`` sends
 
@@ -565,6 +591,8 @@ def main(cli_main) -> None:
 
             died = worker_death_message(e)
             err = DecodeWorkerDied(died) if died is not None else None
+        if err is None:   # a DDP process whose peer stopped: that one names the cause
+            err = peer_stopped(e)
         if err is None or os.environ.get("TOKENBUDGET_TRACEBACK"):
             raise
         # on a line of its own: a progress bar may have left the cursor at the end of its line

@@ -77,3 +77,24 @@ def test_the_cli_says_it_in_one_line(capsys):
     assert err[0] == ("error: DecodeWorkerDied: a decode worker died, not while decoding a video this run names "
                       "(RuntimeError: DataLoader worker (pid(s) 12345) exited unexpectedly). The run stops (the "
                       "system's out-of-memory killer?): the records written before are safe, and a rerun resumes")
+
+
+def test_the_other_ddp_process_says_in_one_line_that_a_peer_stopped(capsys):
+    """With 2 DDP processes, the one whose decode worker died prints its line; the other's collective then fails
+    (gloo: "Connection closed by peer"): one line too, not a second traceback."""
+    from cli import main
+
+    def cli_main():
+        raise RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+                           "[127.0.0.1]:13231. This is typically caused by a remote worker crashing.")
+
+    with pytest.raises(SystemExit) as e:
+        main(cli_main)
+    assert e.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert err[0].startswith("error: OtherProcessStopped: another process of this run stopped first (its error is "
+                             "printed above; here RuntimeError: [/pytorch/third_party/gloo")
+    assert len(err) == 2 and "TOKENBUDGET_TRACEBACK" in err[1]
+    # any other RuntimeError keeps its traceback
+    with pytest.raises(RuntimeError, match="bad"):
+        main(lambda: (_ for _ in ()).throw(RuntimeError("bad")))
