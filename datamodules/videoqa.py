@@ -474,7 +474,8 @@ class VideoQADataModule(LightningDataModule):
                 listed.add(os.path.realpath(n.strip()))
             except (ValueError, OSError):   # a damaged line (a NUL byte): names no file
                 pass
-        crashed = {t.video_path for t in tasks if t.video_path in names or os.path.realpath(t.video_path) in listed}
+        crashed = {t.video_path for t in tasks   # no path resolved (a stat per folder) when the file names none
+                   if t.video_path in names or listed and os.path.realpath(t.video_path) in listed}
         if crashed:
             print(f"[rank {self.trainer.global_rank}] {self.benchmark}: {len(crashed)} video"
                   f"{'s' * (len(crashed) != 1)} that killed a decode worker before decoded in a process of "

@@ -40,3 +40,19 @@ def test_a_listed_file_is_found_however_its_name_is_spelled_and_only_this_runs_v
     odd = [VideoTask("v1", f"{tmp_path}/bench/../bench/videos/v1.mp4", "videomme", [])]
     assert dm._decode_crashes(odd) == {odd[0].video_path}
     assert dm._decode_crashes([VideoTask("v4", str(paths[4]), "videomme", [])]) == set()
+
+
+def test_no_path_is_resolved_when_no_file_is_listed(tmp_path, monkeypatch):
+    """A run of many videos whose folder lists no crash does no per-video path resolution (a stat per folder of
+    each path, slow on a network file system)."""
+    from types import SimpleNamespace
+
+    import datamodules.videoqa as vq
+    from datamodules.videoqa import VideoQADataModule, VideoTask
+
+    calls = []
+    monkeypatch.setattr(vq.os.path, "realpath", lambda p: calls.append(p) or p)
+    dm = VideoQADataModule(root=str(tmp_path), num_workers=0)
+    dm.trainer = SimpleNamespace(global_rank=0, callbacks=[JsonlPredictionWriter(out_dir=str(tmp_path / "out"))])
+    tasks = [VideoTask(f"v{i}", f"/data/v{i}.mp4", "videomme", []) for i in range(1000)]
+    assert dm._decode_crashes(tasks) == set() and calls == []
