@@ -487,13 +487,13 @@ _PEER_GONE = ("Connection closed by peer", "remote worker crashing")
 
 def peer_stopped(exc: BaseException) -> OtherProcessStopped | None:
     """An :class:`OtherProcessStopped` when ``exc`` or its chain is a collective that failed because another process
-    of the run ended (gloo's "Connection closed by peer", NCCL's ``DistBackendError``), else ``None``: that process
-    prints its own error, so this one says it in one line instead of a second traceback."""
+    of the run ended (the transport's words for a peer that is gone, :data:`_PEER_GONE`), else ``None``: that process
+    prints its own error, so this one says it in one line instead of a second traceback. Any other distributed error
+    (a timeout, a misconfigured backend) keeps its traceback."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, RuntimeError) and (type(exc).__name__ == "DistBackendError"
-                                              or any(w in str(exc) for w in _PEER_GONE)):
+        if isinstance(exc, RuntimeError) and any(w in str(exc) for w in _PEER_GONE):
             first = (str(exc).strip().splitlines() or [""])[0][:200]
             return OtherProcessStopped(f"another process of this run stopped first (its error is printed above; "
                                        f"here {type(exc).__name__}: {first}); the records written before are safe, "

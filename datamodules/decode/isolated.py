@@ -27,6 +27,7 @@ from .video import DecodedVideo, decode_video
 
 # what the rerun's records of such a video say (``video_info.decoded_isolated``) and the error of a second crash
 ISOLATED_KEY = "decoded_isolated"
+PROJECT = Path(__file__).resolve().parents[2]   # the folder holding the datamodules package
 
 
 def decode_isolated(path: str, *args, runner: str = __name__, tmp_dir: str | None = None, **kwargs) -> DecodedVideo:
@@ -54,7 +55,10 @@ def decode_isolated(path: str, *args, runner: str = __name__, tmp_dir: str | Non
         Path(d, "in.json").write_text(json.dumps({"path": str(path), "args": list(args), "kwargs": kwargs,
                                                               "parent": os.getpid()}),
                                       encoding="utf-8")
-        proc = subprocess.run([sys.executable, "-m", runner, d], capture_output=True, text=True, errors="replace")
+        # the project on the child's path first, installed or not (run from its folder, or as python /path/evaluate.py)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(PROJECT), os.environ.get("PYTHONPATH"))))}
+        proc = subprocess.run([sys.executable, "-m", runner, d], capture_output=True, text=True, errors="replace",
+                              env=env)
         if proc.returncode < 0:
             try:
                 name = signal.Signals(-proc.returncode).name

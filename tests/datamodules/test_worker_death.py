@@ -95,6 +95,12 @@ def test_the_other_ddp_process_says_in_one_line_that_a_peer_stopped(capsys):
     assert err[0].startswith("error: OtherProcessStopped: another process of this run stopped first (its error is "
                              "printed above; here RuntimeError: [/pytorch/third_party/gloo")
     assert len(err) == 2 and "TOKENBUDGET_TRACEBACK" in err[1]
-    # any other RuntimeError keeps its traceback
+    # any other RuntimeError keeps its traceback, a distributed one that names no gone peer too (a timeout)
     with pytest.raises(RuntimeError, match="bad"):
         main(lambda: (_ for _ in ()).throw(RuntimeError("bad")))
+
+    class DistBackendError(RuntimeError):
+        pass
+
+    with pytest.raises(DistBackendError, match="Watchdog caught collective operation timeout"):
+        main(lambda: (_ for _ in ()).throw(DistBackendError("Watchdog caught collective operation timeout")))
