@@ -69,6 +69,17 @@ def await_default_dtype(expected: torch.dtype | None, timeout_s: float = DTYPE_W
     return True
 
 
+def model_sizes(config) -> dict[str, int]:
+    """The fixed sizes the stand-ins are made of, from a ``VideoLlama3Config`` (legend above): ``D``, ``I``, ``H``,
+    ``H_kv``, ``d`` of the LLM; ``C``, ``h``, ``e`` (head dim), ``patch`` and ``channels`` of the vision tower."""
+    text, vision = config.get_text_config(), config.vision_config
+    heads = text.num_attention_heads
+    return {"D": text.hidden_size, "I": text.intermediate_size, "H": heads, "H_kv": text.num_key_value_heads,
+            "d": getattr(text, "head_dim", None) or text.hidden_size // heads, "C": vision.hidden_size,
+            "h": vision.num_attention_heads, "e": vision.hidden_size // vision.num_attention_heads,
+            "patch": vision.patch_size, "channels": vision.num_channels}
+
+
 def compile_fused_kernels(config, device: torch.device | str, dtype: torch.dtype, inference: bool = False,
                           inference_weights: bool | None = None, kernels: Sequence[str] | None = None,
                           default_dtype: torch.dtype | None = None) -> list[str]:
@@ -112,11 +123,9 @@ def compile_fused_kernels(config, device: torch.device | str, dtype: torch.dtype
 
     device = torch.device(device)
     text, vision = config.get_text_config(), config.vision_config
-    d_model, inter = text.hidden_size, text.intermediate_size
-    heads, kv_heads = text.num_attention_heads, text.num_key_value_heads
-    head_dim = getattr(text, "head_dim", None) or d_model // heads
-    c, v_heads = vision.hidden_size, vision.num_attention_heads
-    v_dim = c // v_heads
+    z = model_sizes(config)
+    d_model, inter, heads, kv_heads, head_dim = z["D"], z["I"], z["H"], z["H_kv"], z["d"]
+    c, v_heads, v_dim = z["C"], z["h"], z["e"]
     rows, frames, patches = 19, 3, 40   # > 1: sizes 0 and 1 would be specialized
     q_rows, keys = MERGE_ROWS, 19
 
@@ -179,14 +188,10 @@ def warm_first_calls(config, device: torch.device | str, dtype: torch.dtype) -> 
     import torch.nn.functional as F
 
     device = torch.device(device)
-    text, vision = config.get_text_config(), config.vision_config
-    d_model, inter = text.hidden_size, text.intermediate_size
-    heads = text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or d_model // heads
-    c, v_heads, patch = vision.hidden_size, vision.num_attention_heads, vision.patch_size
-    shapes = {"conv2d": ((2, vision.num_channels, patch, patch), (c, vision.num_channels, patch, patch)),
-              "linear": ((16, d_model), (inter, d_model)),
-              "sdpa_llm": ((1, heads, 16, head_dim),), "sdpa_vision": ((1, v_heads, 16, c // v_heads),)}
+    z = model_sizes(config)
+    c, patch, ch = z["C"], z["patch"], z["channels"]
+    shapes = {"conv2d": ((2, ch, patch, patch), (c, ch, patch, patch)), "linear": ((16, z["D"]), (z["I"], z["D"])),
+              "sdpa_llm": ((1, z["H"], 16, z["d"]),), "sdpa_vision": ((1, z["h"], 16, z["e"]),)}
 
     def randn(shape):
         return torch.randn(*shape, device=device, dtype=dtype)
