@@ -31,6 +31,7 @@ from pathlib import Path
 from algorithms.errors import SettingError
 
 from .jsonl_writer import RUN_FILE
+from .record_lines import jsonl_lines
 
 # settings of the ablation's own folder that do not determine the baseline's records
 NOT_COMPARED = ("baseline_run", "decode_budget", "no_reuse")
@@ -58,17 +59,15 @@ def _read_records(dirs: list[Path], benchmark: str) -> dict[str, dict]:
     failed: dict[str, dict] = {}
     for d in dirs:
         for f in sorted((d / benchmark).glob("*.jsonl")):
-            with open(f, "rb") as fh:
-                for n, line in enumerate(fh, 1):
-                    if not line.strip():
-                        continue
-                    try:   # UTF-8 strictly (a line that is not: named here, not a UnicodeDecodeError traceback)
-                        rec = json.loads(line.decode("utf-8"))
-                        qid = str(rec["qid"])
-                    except (ValueError, KeyError, TypeError) as e:
-                        raise BaselineRunError(f"baseline_run {f} line {n}: unreadable record ({type(e).__name__})"
-                                               ) from e
-                    (failed if rec.get("error") else answered)[qid] = rec
+            for n, rec, err in jsonl_lines(f):
+                try:   # not JSON or not UTF-8: named here, not a decoder's traceback
+                    if err is not None:
+                        raise err
+                    qid = str(rec["qid"])
+                except (ValueError, KeyError, TypeError) as e:
+                    raise BaselineRunError(f"baseline_run {f} line {n}: unreadable record ({type(e).__name__})"
+                                           ) from e
+                (failed if rec.get("error") else answered)[qid] = rec
     return {**failed, **answered}
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import BasePredictionWriter
 
+from .record_lines import jsonl_lines
 from .run_log import attach_traceback_file, detach_traceback_file, errors_log_path, note_interrupt
 
 log = logging.getLogger(__name__)
@@ -72,13 +73,10 @@ def read_records(out_dir: str | Path) -> list[dict]:
     """All records under ``out_dir`` (every job, benchmark and rank file), in path then line order."""
     out = []
     for f in sorted(Path(out_dir).glob("*/*/*.jsonl")):
-        with open(f, "rb") as fh:
-            for n, line in enumerate(fh, 1):
-                if line.strip():
-                    try:   # UTF-8 strictly: a line that is not (a damaged disk block) is named as a bad one
-                        out.append(json.loads(line.decode("utf-8")))
-                    except ValueError as e:
-                        raise ValueError(f"{f} line {n}: not valid JSON ({e})") from e
+        for n, rec, err in jsonl_lines(f):
+            if err is not None:
+                raise ValueError(f"{f} line {n}: not valid JSON ({err})") from err
+            out.append(rec)
     return out
 
 
@@ -97,19 +95,17 @@ def _done_from_file(path: Path, done: dict[str, set[str]], failed: dict[str, set
     With ``failed`` given, error records go there instead of into ``done`` (their questions are retried). A line
     that is not UTF-8 (a damaged disk block) is unreadable too: scoring skips it (:func:`callbacks.scoring.
     read_records`), so its question is run again rather than taken as done with replacement characters."""
-    with open(path, "rb") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line.decode("utf-8"))
-                if not isinstance(rec, dict):   # ``null``, a list, a number: no record (a hand-edited file)
-                    raise TypeError(f"a JSON {type(rec).__name__}, not an object")
-                target = failed if failed is not None and rec.get("error") else done
-                target.setdefault(str(rec["job"]), set()).add(str(rec["qid"]))
-            except (ValueError, KeyError, TypeError) as e:
-                log.warning("%s line %d: unreadable record (%s); its question will be run again", path, n,
-                            type(e).__name__)
+    for n, rec, err in jsonl_lines(path):
+        try:
+            if err is not None:
+                raise err
+            if not isinstance(rec, dict):   # ``null``, a list, a number: no record (a hand-edited file)
+                raise TypeError(f"a JSON {type(rec).__name__}, not an object")
+            target = failed if failed is not None and rec.get("error") else done
+            target.setdefault(str(rec["job"]), set()).add(str(rec["qid"]))
+        except (ValueError, KeyError, TypeError) as e:
+            log.warning("%s line %d: unreadable record (%s); its question will be run again", path, n,
+                        type(e).__name__)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -2,7 +2,6 @@
 and pruning costs (the protocol is the package docstring, :mod:`callbacks.scoring`)."""
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -14,6 +13,7 @@ from algorithms.bootstrap import (DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED
                                   paired_bootstrap_difference)
 from algorithms.choice import RULES, official_rule, parse
 
+from ..record_lines import jsonl_lines
 from .release import BENCHMARK_AGGREGATIONS, BREAKDOWNS, acc as _acc, cells, num_options as _num_options
 
 log = logging.getLogger(__name__)
@@ -48,29 +48,24 @@ def read_records(out_root: str | Path, warn: bool = True) -> tuple[list[dict], d
         job_dir = parts[0] if len(parts) >= 2 else None
         bench_dir = parts[1] if len(parts) >= 3 else None
         n_files += 1
-        with open(path, "rb") as fh:
-            for k, line in enumerate(fh):
-                if not line.strip():
-                    continue
-                try:   # UTF-8 strictly: a line that is not (a damaged disk block) is skipped as a cut one is
-                    rec = json.loads(line.decode("utf-8"))
-                except ValueError:   # JSONDecodeError, UnicodeDecodeError
-                    n_bad += 1
-                    if warn:
-                        log.warning("scoring: skipping unreadable line %d of %s", k + 1, path)
-                    continue
-                if not isinstance(rec, dict) or "qid" not in rec:
-                    n_bad += 1
-                    continue
-                rec.setdefault("job", job_dir or "default")
-                m = _JOB.match(str(rec["job"]))
-                if m and rec.get("budget") is None:  # budget/variant from a job name such as rho32_b1024
-                    rec["budget"] = int(m.group(2))
-                    if "variant" not in rec:
-                        rec["variant"] = m.group(1)
-                meta = rec.get("meta") or {}
-                rec.setdefault("benchmark", meta.get("benchmark") or bench_dir or "unknown")
-                records.append(rec)
+        for n, rec, err in jsonl_lines(path):
+            if err is not None:   # not JSON, or not UTF-8 (a damaged disk block): skipped as a cut line is
+                n_bad += 1
+                if warn:
+                    log.warning("scoring: skipping unreadable line %d of %s", n, path)
+                continue
+            if not isinstance(rec, dict) or "qid" not in rec:
+                n_bad += 1
+                continue
+            rec.setdefault("job", job_dir or "default")
+            m = _JOB.match(str(rec["job"]))
+            if m and rec.get("budget") is None:  # budget/variant from a job name such as rho32_b1024
+                rec["budget"] = int(m.group(2))
+                if "variant" not in rec:
+                    rec["variant"] = m.group(1)
+            meta = rec.get("meta") or {}
+            rec.setdefault("benchmark", meta.get("benchmark") or bench_dir or "unknown")
+            records.append(rec)
     return records, {"n_files": n_files, "n_bad_lines": n_bad}
 
 
