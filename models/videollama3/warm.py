@@ -77,7 +77,8 @@ def model_sizes(config) -> dict[str, int]:
     return {"D": text.hidden_size, "I": text.intermediate_size, "H": heads, "H_kv": text.num_key_value_heads,
             "d": getattr(text, "head_dim", None) or text.hidden_size // heads, "C": vision.hidden_size,
             "h": vision.num_attention_heads, "e": vision.hidden_size // vision.num_attention_heads,
-            "patch": vision.patch_size, "channels": vision.num_channels}
+            # only the first-call warm-up's conv2d needs these (a config of the compiled kernels' sizes may lack them)
+            "patch": getattr(vision, "patch_size", None), "channels": getattr(vision, "num_channels", None)}
 
 
 def compile_fused_kernels(config, device: torch.device | str, dtype: torch.dtype, inference: bool = False,
