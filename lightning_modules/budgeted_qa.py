@@ -285,7 +285,11 @@ class BudgetedQA(LightningModule):
         warm_first_calls: with the early compilation (CUDA), a second thread sets up cuDNN, cuBLAS and the flash
             attention kernels on small stand-ins (:func:`models.videollama3.warm.warm_first_calls`), so the first
             step does not (the vision tower's first ``conv2d`` took 0.33 s of it on the H100). The same tokens;
-            ``timing_rank<r>.json``'s ``warmup`` gives its seconds. Not recorded in ``run.json``.
+            ``timing_rank<r>.json``'s ``warmup`` gives its seconds. Not recorded in ``run.json``. Off by default:
+            measured on the H100 (session 10, warm cache, the whole workload-shaped set) the first answer came at
+            26.3-26.6 s with it and 25.9 s without: the first step was 0.1-0.2 s shorter, but its ~1 s of set-up
+            ran in the early compilation's window, where the weight load and the compilation already share one GIL,
+            and the model was loaded 0.6-0.9 s later.
     """
 
     # settings recorded in run.json only when they differ from these defaults (absent there = the default, compared)
@@ -300,7 +304,7 @@ class BudgetedQA(LightningModule):
                  original_projector: str | None = None, vision_config_dir: str | None = None,
                  overlap_budgets: bool = True, cudnn_attention: bool = False, add_system_prompt: bool = True,
                  early_start: bool = True, first_step: str = "wait", answer_rows: int = 64, answer_chunk: int = 2048,
-                 warm_first_calls: bool = True):
+                 warm_first_calls: bool = False):
         super().__init__()
         if not budgets:
             raise SettingError("budgets must not be empty")
@@ -383,7 +387,7 @@ class BudgetedQA(LightningModule):
         self._compile_started = True
         started = process_age_s()
         self._compiling = warm.start(self.hparams.model_path, device, getattr(torch, self.hparams.dtype), inference,
-                                     inference_weights, first_calls=bool(self.hparams.get("warm_first_calls", True)))
+                                     inference_weights, first_calls=bool(self.hparams.get("warm_first_calls", False)))
         if self._compiling is not None:
             self.timeline_marks["early_compile_start"] = started
             if self.hparams.get("first_step", "wait") == "eager":
