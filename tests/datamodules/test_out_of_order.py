@@ -72,3 +72,21 @@ def test_resumed_run_with_workers_out_of_order_writes_no_duplicate(tiny_vl3_dir,
     recs2 = run_predict(tiny_vl3_dir, root, out, budgets=(128,), extra=extra)
     assert len(recs2) == len(recs) and len({(r["job"], r["qid"]) for r in recs2}) == len(recs2)
     assert {r["qid"] for r in recs2} == {r["qid"] for r in recs} and deleted <= {r["qid"] for r in recs2}
+
+
+def test_worker_niceness_lowers_each_decode_workers_priority_and_only_theirs():
+    import os
+
+    from tests.datamodules.slow_items import Niceness
+
+    base = os.nice(0)
+    step = min(3, 19 - base)
+    got = list(video_loader(Niceness(), range(2), num_workers=2, prefetch_factor=1, context=_clean_workers(),
+                            worker_niceness=step))
+    assert got == [base + step] * 2 and os.nice(0) == base            # the workers' priority, not this process's
+    assert list(video_loader(Niceness(), range(2), num_workers=2, prefetch_factor=1,
+                             context=_clean_workers())) == [base, base]   # 0 (the default): unchanged
+    assert VideoQADataModule(num_workers=0).worker_niceness == 0
+    for bad in (-1, 20, 2.5, True):
+        with pytest.raises(Exception, match="data.worker_niceness"):
+            VideoQADataModule(num_workers=0, worker_niceness=bad)
