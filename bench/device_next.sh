@@ -1,29 +1,27 @@
 #!/bin/bash
-# Prepared in session 9 (2026-12-06) for the next session's first call (session 9's device time was spent on its
-# CLI runs): (1) the GPU tests (tests/test_gpu.py, tests/datamodules/test_nvdec.py with the clips carried);
-# (2) Inductor compiling in the run's process (cli.compile_kernels_in_process, new: compile_threads 1) against its
-#     pool (TORCHINDUCTOR_COMPILE_THREADS=16), and the first-call warm-up: the user's CLI on the whole set, defaults
-#     cold, then warm in-process,
-#     warm without the first-call warm-up (model.warm_first_calls=false, new), warm pool, warm in-process again;
-#     first answer, the first step's stages against the others', early_compile seconds, records compared.
-# bench/device_next2.sh has the extraction rows and the QA bench.
-#   python bench/make_nvdec_clips.py .whl/nvdec_clips     (on the CPU machine, once)
-#   bash bench/device_next.sh                             (carry .whl; NVDEC_TEST_CLIPS reads .whl/nvdec_clips)
+# Prepared in session 10 (2026-12-06) for the next session's first call: does lowering the decode workers' CPU
+# priority (data.worker_niceness, new, default 0) keep the steps that run beside the long file's decode near the
+# uncontended step? Session 10 call 1 (H100): the same videos' steps took 40-60 % longer while the 30-minute 1080p
+# file was still decoding (CPUs 80-95 % busy, SMs below 100 %) than in a run where decoding had ended. The user's
+# CLI on the whole set, 16 workers: defaults cold (fills the compile cache), then warm, alternating the defaults
+# with data.worker_niceness=10; per run the per-video steps, the first answer, and the records compared.
+#   bash bench/device_next.sh                             (carry .whl)
 set -u
 . bench/device_site.sh
-export NVDEC_TEST_CLIPS=$PWD/.whl/nvdec_clips
-( timeout 170 python3 -m pytest -q -p no:hypothesispytest -p no:cacheprovider -m gpu tests/test_gpu.py \
-    tests/datamodules/test_nvdec.py > "$OUT/gpu_tests.txt" 2>&1 ) &
 set_and_checkpoint
-wait; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu_tests.txt" | head -12; stamp "gpu tests"
 cli() {   # cli <name> <variants...>: the whole set through the user's CLI, 16 workers
   local name=$1; shift
   timeout $(( 585 - ($(date +%s) - T0) )) python3 bench/workload.py --videos /tmp/wl --paths nvdec --only short \
     --workers 16 --cli --cli-decoders "$@" --json "$OUT/cli_$name.json" > "$OUT/cli_$name.txt" 2>&1
-  echo "rc $?"; grep -E "^CLI.*(videos,|timeline|stages)|records identical|differing fields|Traceback|Error" \
-    "$OUT/cli_$name.txt" | cut -c1-700 | head -12
+  echo "rc $?"; grep -E "^CLI.*(videos,|stages)|records identical|differing fields|Traceback|Error" \
+    "$OUT/cli_$name.txt" | cut -c1-400 | head -14
   stamp "CLI $name"
 }
-cli inprocess auto auto auto/model.warm_first_calls=false
-TORCHINDUCTOR_COMPILE_THREADS=16 cli pool auto
-cli inprocess_again auto
+cli niceness auto auto/worker_niceness=10 auto auto/worker_niceness=10
+python3 - "$OUT/cli_niceness.json" <<'PY'
+import json, sys
+for name, r in json.load(open(sys.argv[1]))["cli_runs"].items():
+    print(name, "first answer", r["first_answer_s"], "steps", [(v["video_id"][:3], round(v["step_s"], 2),
+          "decoding" if any(w["decode_end"] > v["step_start"] for w in r["per_video"]) else "idle")
+          for v in r["per_video"]])
+PY
