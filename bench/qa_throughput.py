@@ -144,7 +144,30 @@ def vision_flops(num_frames: int, hw: int, cfg) -> float:
     return num_frames * layers * (8 * p * c * c + 4 * p * p * c + 4 * p * c * i)
 
 
-HBM_BYTES_PER_S = 4.8e12   # H200 HBM3e bandwidth, the memory floor's rate
+HBM_BYTES_PER_S = 4.8e12   # H200 HBM3e bandwidth: the memory floor's rate where none is measured (the CPU)
+
+
+def hbm_tbps(gib: float = 2.0) -> float:
+    """Measured device memory bandwidth in TB/s on CUDA: a ``gib`` GiB bf16 copy (``copy_``: the bytes read plus
+    the bytes written), mean of 10 after 3 warm-ups, the memory floor's rate as :func:`gemm_tflops` is the compute
+    floor's (a measured rate, below the card's spec: 4.8 TB/s on the H200, 3.35 on the H100 SXM, whose constant the
+    floor used before session 10). ``HBM_BYTES_PER_S`` on the CPU, where the floor is meaningless."""
+    if not torch.cuda.is_available():
+        return HBM_BYTES_PER_S / 1e12
+    n = int(gib * 2 ** 30) // 2
+    a = torch.empty(n, device="cuda", dtype=torch.bfloat16).normal_()
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    sync()
+    t = time.perf_counter()
+    for _ in range(10):
+        b.copy_(a)
+    sync()
+    rate = 2 * a.numel() * a.element_size() * 10 / (time.perf_counter() - t) / 1e12
+    del a, b
+    torch.cuda.empty_cache()
+    return rate
 
 
 def llm_shape(text_config) -> ModelShape:
@@ -582,8 +605,9 @@ def main(argv=None) -> None:
     ap.add_argument("--logit-tol", type=float, default=LOGIT_TOL,
                     help="token check (same a=b/b=c/c=d): the paths' teacher-forced logits must agree within this "
                          "many logit units, and their tokens are compared only where the top-2 margin exceeds it")
-    ap.add_argument("--hbm-tbps", type=float, default=HBM_BYTES_PER_S / 1e12,
-                    help="memory bandwidth of the floor's bytes / bandwidth term, TB/s (default: the H200's 4.8)")
+    ap.add_argument("--hbm-tbps", type=float, default=None,
+                    help="memory bandwidth of the floor's bytes / bandwidth term, TB/s (default: measured, a 2 GiB "
+                         "device copy; 4.8 on the CPU)")
     ap.add_argument("--floor-attention", choices=("causal", "full"), default="causal",
                     help="the floor counts the LLM's prefix / suffix attention as the causal triangle (what flash "
                          "computes; default) or the full square (as floor_prefill counts the prefix)")
@@ -634,6 +658,8 @@ def main(argv=None) -> None:
             print(f"{name:<26} peak +{gib:7.2f} GiB  {sec:7.3f} s")
         return
     ceiling = gemm_tflops()
+    if args.hbm_tbps is None:
+        args.hbm_tbps = hbm_tbps()
     vcfg = vlm.model.config.vision_config
     shape = get_shape("qwen2-7b")
     weight_bytes = sum(p.numel() * p.element_size() for p in vlm.model.model.language_model.parameters())
@@ -679,7 +705,7 @@ def main(argv=None) -> None:
             if r[f"exact_tokens_{pair}"] is False or r[f"same_tokens_{pair}"] is False:
                 print(f"  {r['video'][:15]} B={r['budget']} {pair[0]}={pair[1]}: {r[f'token_check_{pair}']} "
                       "(per question: verdict, ~first differing position (m=top-2 margin), d=max |logit diff|)")
-    print(f"\nfloor of (d), part by part: max(FLOPs / {ceiling:.4g} TFLOP/s, bytes / {args.hbm_tbps:g} TB/s), seconds "
+    print(f"\nfloor of (d), part by part: max(FLOPs / {ceiling:.4g} TFLOP/s, bytes / {args.hbm_tbps:.3g} TB/s), seconds "
           f"(LLM attention {args.floor_attention}; suffix: {len(QUESTIONS)} questions; decode: new tokens - 1 steps, "
           f"the questions' rows together)")
     print(f"{'video':<16}{'budget':>7}" + "".join(f"{name:>10}" for name in PART_NAMES) + f"{'floor':>10}"

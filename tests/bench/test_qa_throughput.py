@@ -130,3 +130,20 @@ def test_token_check_logits_reproduce_the_greedy_tokens(tiny_vlm):
     out = bench.token_checks(tiny_vlm, {"a": bi.prompt, "b": bi.prompt}, {"a": toks, "b": toks}, tol=1e-4)
     assert out["same_tokens_ab"] is True and out["exact_tokens_ab"] is True
     assert out["token_check_ab"] == ";".join(["True(d=0)"] * 3) and out["same_tokens_bc"] == "-"
+
+
+def test_memory_floor_rate_is_measured_on_cuda_and_the_nominal_one_elsewhere(monkeypatch):
+    """The floor's bandwidth: the 4.8 TB/s constant only where nothing is measured (the CPU); on CUDA a timed copy
+    (stood in for here on the CPU, with a clock that says 2 s)."""
+    bench = _bench()
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
+    assert bench.hbm_tbps() == bench.HBM_BYTES_PER_S / 1e12 == 4.8
+    # on "CUDA": the copy's bytes read + written over the clock's seconds (2 x 1 MiB x 10 in 2 s of clock)
+    clock = iter([100.0, 102.0])
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "sync", lambda: None)
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
+    real_empty = bench.torch.empty
+    monkeypatch.setattr(bench.torch, "empty", lambda n, device, dtype: real_empty(n, dtype=dtype))
+    monkeypatch.setattr(bench.torch.cuda, "empty_cache", lambda: None)
+    assert bench.hbm_tbps(gib=1 / 1024) == pytest.approx(2 * 2 ** 20 * 10 / 2.0 / 1e12)
