@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -55,6 +56,47 @@ def videos_of_dead_workers(pids: list[int]) -> list[str]:
             if video and video not in out:
                 out.append(video)
     return out
+
+
+# data.decode_timeout_s's default: a decode that has not ended after this many seconds is given up (30 minutes; the
+# 30-minute 1080p file of the workload-shaped set took 22 s in 8 NVDEC parts on the H100, session 10)
+DECODE_TIMEOUT_S = 1800.0
+
+
+class DecodeTimeout(Exception):
+    """A video's decode did not end within ``data.decode_timeout_s`` (a decoder stuck on a file)."""
+
+
+def call_with_timeout(fn, timeout_s: float | None, name: str = "decode"):
+    """``fn()`` in a daemon thread of its own, waited for at most ``timeout_s`` seconds (``None``: in this thread,
+    without a limit): its result, or its exception raised again here.
+
+    A call that does not end in time is abandoned, not stopped (Python cannot stop a thread; a decoder's C code is
+    not interruptible): the thread goes on in the background, a daemon, so the process can still exit, and whatever it
+    returns later is dropped. So one stuck file costs its own video and a thread, not the run.
+
+    Raises:
+        DecodeTimeout: ``fn`` had not returned after ``timeout_s`` seconds.
+        BaseException: whatever ``fn`` raised.
+    """
+    if timeout_s is None:
+        return fn()
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=run, name=name, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise DecodeTimeout(f"did not end within {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 class DecodeWorkerDied(RuntimeError):
@@ -119,8 +161,9 @@ class VideoQADataset(Dataset):
                  max_replaced_frac: float = MAX_REPLACED_FRAC, sizing: EncoderSizing | None = None,
                  decoder: str = "cpu", strict_frames: bool = STRICT_FRAMES, parts: list[int] | None = None,
                  cpu_task: int | None = None, cpu_task_mpx: float = 1000.0, decoding_dir: str | None = None,
-                 isolated: frozenset[str] | set[str] = frozenset()):
+                 isolated: frozenset[str] | set[str] = frozenset(), decode_timeout_s: float | None = DECODE_TIMEOUT_S):
         self.cpu_task, self.cpu_task_mpx = cpu_task, cpu_task_mpx
+        self.decode_timeout_s = decode_timeout_s   # None: no limit (call_with_timeout)
         self.isolated = frozenset(isolated)   # videos decoded in a process of their own (datamodules.decode.isolated)
         self.decoding_dir = decoding_dir
         self.tasks, self.max_budget, self.decode_max_side = tasks, max_budget, decode_max_side
@@ -191,19 +234,24 @@ class VideoQADataset(Dataset):
         decode = decode_video
         if task.video_path in self.isolated and part is None:   # its hand-over folder goes with the run's marks
             decode = functools.partial(decode_isolated, tmp_dir=self.decoding_dir)
+        call = functools.partial(decode, task.video_path, self.max_budget, self.decode_max_side,
+                                 num_threads=max(self.decode_threads, 2) if on_cpu else self.decode_threads,
+                                 native_decode_bytes=self.native_decode_bytes,
+                                 short_clip_first_frame=self.short_clip_first_frame,
+                                 max_replaced_frac=self.max_replaced_frac, sizing=self.sizing,
+                                 decoder=self.decoder, strict_frames=self.strict_frames, part=part,
+                                 cpu_below_mpx=self.cpu_task_mpx if on_cpu else None)
         try:
-            dec = decode(task.video_path, self.max_budget, self.decode_max_side,
-                               num_threads=max(self.decode_threads, 2) if on_cpu else self.decode_threads,
-                               native_decode_bytes=self.native_decode_bytes,
-                               short_clip_first_frame=self.short_clip_first_frame,
-                               max_replaced_frac=self.max_replaced_frac, sizing=self.sizing,
-                               decoder=self.decoder, strict_frames=self.strict_frames, part=part,
-                               cpu_below_mpx=self.cpu_task_mpx if on_cpu else None)
+            dec = call_with_timeout(call, self.decode_timeout_s, f"decode {task.video_id}")
             item.update(frames=dec.frames, times_s=dec.times_s, video_info=dec.info)
             if part is not None:
                 item["part_bounds"] = dec.part
         except DecodeError as e:
             item["error"] = str(e)
+        except DecodeTimeout:
+            item["error"] = (f"{task.video_path}: the decode did not end within {self.decode_timeout_s:g} s "
+                             "(data.decode_timeout_s) and was given up; its questions are error records and the run "
+                             "goes on (a decoder stuck on this file? a rerun tries it again)")
         except Exception as e:  # noqa: BLE001 - any decoder failure must become an error record, not a crash
             first = (str(e).strip().splitlines() or [""])[0][:300]
             item["error"] = f"{task.video_path}: unexpected decode failure ({type(e).__name__}: {first})"

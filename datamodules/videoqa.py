@@ -31,7 +31,7 @@ from .fork_context import fork_context
 from .part_join import (DECODE_PART_MB, JoiningLoader, PartSampler, decode_parts, max_parts,
                         within_spare_workers)
 from .sharding import CostBalancedSampler, estimate_cost
-from .video_items import VideoQADataset, VideoTask  # noqa: F401 - re-exported (defined apart: see there)
+from .video_items import DECODE_TIMEOUT_S, VideoQADataset, VideoTask  # noqa: F401 - re-exported (defined apart)
 from .worker_server import WORKER_PRELOAD  # noqa: F401 - re-exported: decode_worker_context's list
 
 FIRST_VIDEO_CPU_MPX = 1000.0   # data.first_video_cpu_mpx: the rank's first video read on the CPU up to this many
@@ -165,6 +165,10 @@ class VideoQADataModule(LightningDataModule):
             against 3.3 s from the CPU, with the model waiting for it. The CPU reader is the reference NVDEC's
             frames are checked against, so its records are those of ``decoder: cpu`` (``video_info.decoder`` names
             the CPU reader, ``decoder_fallback`` says why).
+        decode_timeout_s: a video (or a part of one) whose decode has not ended after this many seconds is given up:
+            its questions become error records naming the file and the setting, and the run goes on (``null``: no
+            limit). The stuck decode is abandoned in a daemon thread of its worker (Python cannot stop it), so a
+            decoder stuck on a file costs that video and a thread, not the run; a rerun tries the file again.
         worker_niceness: each decode worker lowers its CPU priority by this much (``os.nice``, 0 to 19; 0, the
             default: unchanged), so that the rank's own process, which queues the GPU's work, is not starved of a
             core by the workers and their conversion threads. On the H100 (16 workers, 16 cores, session 10) the
@@ -180,8 +184,15 @@ class VideoQADataModule(LightningDataModule):
                  max_replaced_frac: float = MAX_REPLACED_FRAC, hold_encoder_sizes: bool = True,
                  decoder: str = "cpu", in_order: bool = False, strict_frames: bool = STRICT_FRAMES,
                  decode_part_mb: float | None = DECODE_PART_MB,
-                 first_video_cpu_mpx: float | None = FIRST_VIDEO_CPU_MPX, worker_niceness: int = 0):
+                 first_video_cpu_mpx: float | None = FIRST_VIDEO_CPU_MPX, worker_niceness: int = 0,
+                 decode_timeout_s: float | None = DECODE_TIMEOUT_S):
         super().__init__()
+        if decode_timeout_s is not None and (isinstance(decode_timeout_s, bool)
+                                             or not isinstance(decode_timeout_s, (int, float))
+                                             or not math.isfinite(decode_timeout_s) or decode_timeout_s <= 0):
+            raise SettingError(f"data.decode_timeout_s must be a number of seconds > 0, or null for no limit, got "
+                               f"{decode_timeout_s!r}")
+        self.decode_timeout_s = decode_timeout_s
         check_int("data.worker_niceness", worker_niceness, 0)
         if worker_niceness > MAX_NICENESS:
             raise SettingError(f"data.worker_niceness={worker_niceness}: expected 0 to {MAX_NICENESS} (os.nice's range)")
@@ -446,7 +457,7 @@ class VideoQADataModule(LightningDataModule):
         ds = VideoQADataset(tasks, max_budget, self.decode_max_side, threads,
                             self.native_decode_bytes, self.short_clip_first_frame, self.max_replaced_frac, sizing,
                             self.decoder, self.strict_frames, parts if parts and max(parts) > 1 else None, cpu_task,
-                            self.first_video_cpu_mpx or 0.0, self._decoding_dir(), crashed)
+                            self.first_video_cpu_mpx or 0.0, self._decoding_dir(), crashed, self.decode_timeout_s)
         # frames pinned (in the loader's pin-memory thread, off the GPU's path) when the run is on CUDA: the
         # module's copy to the device then does not block the host
         strategy = getattr(self.trainer, "strategy", None)
