@@ -89,12 +89,15 @@ def count_records(out_dir: str | Path) -> int:
     return n
 
 
-def _done_from_file(path: Path, done: dict[str, set[str]], failed: dict[str, set[str]] | None = None) -> None:
+def _done_from_file(path: Path, done: dict[str, set[str]], failed: dict[str, set[str]] | None = None,
+                    keys: dict[str, tuple] | None = None) -> None:
     """Add the ``(job, qid)`` of every readable line of ``path`` to ``done``; unreadable lines are logged.
 
     With ``failed`` given, error records go there instead of into ``done`` (their questions are retried). A line
     that is not UTF-8 (a damaged disk block) is unreadable too: scoring skips it (:func:`callbacks.scoring.
-    read_records`), so its question is run again rather than taken as done with replacement characters."""
+    read_records`), so its question is run again rather than taken as done with replacement characters. With
+    ``keys`` given, the first answered record of each qid adds ``qid -> (answer, options, "<path> line <n>")``
+    (what the question was when it was answered: :meth:`JsonlPredictionWriter.written_keys`)."""
     for n, rec, err in jsonl_lines(path):
         try:
             if err is not None:
@@ -103,6 +106,10 @@ def _done_from_file(path: Path, done: dict[str, set[str]], failed: dict[str, set
                 raise TypeError(f"a JSON {type(rec).__name__}, not an object")
             target = failed if failed is not None and rec.get("error") else done
             target.setdefault(str(rec["job"]), set()).add(str(rec["qid"]))
+            if keys is not None and not rec.get("error") and str(rec["qid"]) not in keys:
+                opts = rec.get("options")
+                keys[str(rec["qid"])] = (rec.get("answer"), list(opts) if isinstance(opts, list) else None,
+                                         f"{path} line {n}")
         except (ValueError, KeyError, TypeError) as e:
             log.warning("%s line %d: unreadable record (%s); its question will be run again", path, n,
                         type(e).__name__)
@@ -355,6 +362,7 @@ class JsonlPredictionWriter(BasePredictionWriter):
         self.retry_errors = retry_errors
         self._done: dict[str, set[str]] | None = None
         self._failed: dict[str, set[str]] = {}
+        self._keys: dict[str, tuple] = {}   # qid -> (answer, options, where) of the records read (written_keys)
         self._lock_fd: int | None = None
         self._trace_handler: logging.Handler | None = None
         self._run_jobs: set[str] | None = None   # the module's jobs (``setup``); None: every job of the folder
@@ -397,9 +405,11 @@ class JsonlPredictionWriter(BasePredictionWriter):
         if self._done is None:
             done: dict[str, set[str]] = {}
             failed: dict[str, set[str]] = {}
+            keys: dict[str, tuple] = {}
             for f in sorted(self.out_dir.glob("*/*/*.jsonl")):
                 repair_jsonl(f)
-                _done_from_file(f, done, failed if self.retry_errors else None)
+                _done_from_file(f, done, failed if self.retry_errors else None, keys)
+            self._keys = keys
             self._failed = {job: qids - done.get(job, set()) for job, qids in failed.items()}
             # said for this run's jobs only: a folder's other budgets are not run now, so not retried now
             n = sum(len(v) for job, v in self._failed.items() if self._run_jobs is None or job in self._run_jobs)
@@ -407,6 +417,13 @@ class JsonlPredictionWriter(BasePredictionWriter):
                 log.warning("%s: %d failed (job, question) records will be retried", self.out_dir, n)
             self._done = done
         return self._done
+
+    def written_keys(self) -> dict[str, tuple]:
+        """``qid -> (answer, options, where)`` of the answered records already written (the first record of each
+        qid; ``options`` ``None`` where a record has none): what each question was when it was answered, so a resumed
+        run can tell that the annotation changed since (``datamodules.videoqa.annotation_changes``)."""
+        self.done_qids()
+        return self._keys
 
     def _lock(self, rank: int) -> None:
         """Take ``<out_dir>/.rank<r>.lock`` (``flock``, released by the OS when the process dies)."""

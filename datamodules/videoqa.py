@@ -384,6 +384,14 @@ class VideoQADataModule(LightningDataModule):
         for cb in self.trainer.callbacks:
             if hasattr(cb, "done_qids"):
                 done = cb.done_qids()
+            if hasattr(cb, "written_keys") and self.questions:
+                changed = annotation_changes(self.questions, cb.written_keys())
+                if changed:
+                    raise AnnotationError(
+                        f"{getattr(cb, 'out_dir', 'the output folder')}: {len(changed)} question(s) answered there "
+                        f"differ from the annotation now ({'; '.join(changed[:3])}{'; ...' if len(changed) > 3 else ''})"
+                        ": those records answer other questions, and resuming would keep and score them. Use another "
+                        "output folder, or delete those questions' records to answer them again")
         # the decode's budget: the largest job budget, or the module's own (the layout ablation decodes for 16384
         # tokens whatever its jobs' budgets, as seed 000's ``Videos(todo, 16384)``)
         decode_budget = getattr(module, "decode_budget", None) or max(jobs.values())
@@ -571,6 +579,29 @@ def first_video_on_cpu(decoder: str, workers: int, nvdec_may_run: bool, order: S
     if decoder != "auto" or not nvdec_may_run or workers < 1 or not order or not max_mpx or max_mpx <= 0:
         return None
     return order[0]
+
+
+def annotation_changes(questions: Sequence[Question], written: dict[str, tuple]) -> list[str]:
+    """What differs between the annotation's ``questions`` and the records already written for the same qids
+    (``written``: ``qid -> (answer, options, where)``, :meth:`callbacks.jsonl_writer.JsonlPredictionWriter.
+    written_keys`): one line per changed question, naming the qid, the field, both values and the record's file and
+    line. The answer is compared always, the options where the record has them; a qid the annotation no longer has
+    is not a change (a run of fewer videos or another benchmark split reads the same folder).
+
+    >>> q = Question("7-1", "7", "/v/7.mp4", "Q?", ["x", "y"], "B")
+    >>> annotation_changes([q], {"7-1": ("B", ["x", "y"], "f line 1")}), annotation_changes([q], {"7-1": ("A", None, "f line 2")})
+    ([], ["7-1: answer 'A' there, 'B' now (f line 2)"])
+    """
+    out = []
+    for q in questions:
+        if q.qid not in written:
+            continue
+        answer, options, where = written[q.qid]
+        if answer != q.answer:
+            out.append(f"{q.qid}: answer {answer!r} there, {q.answer!r} now ({where})")
+        elif options is not None and list(options) != list(q.options):
+            out.append(f"{q.qid}: options {options!r} there, {list(q.options)!r} now ({where})")
+    return out
 
 
 def lower_priority(niceness: int, worker_id: int) -> None:
