@@ -268,10 +268,7 @@ class OmniQADataModule(VideoQADataModule):
         if module is None or not hasattr(module, "jobs"):
             raise RuntimeError("OmniQADataModule needs a LightningModule exposing `jobs`")
         jobs = list(module.jobs)
-        done: dict[str, set[str]] = {}
-        for cb in self.trainer.callbacks:
-            if hasattr(cb, "done_qids"):
-                done = cb.done_qids()
+        done = self.written_qids()   # (refused where the annotation changed since: VideoQADataModule)
         tasks = self.tasks(jobs, done)
         costs = [estimate_cost(_duration_s(t), t.video_path, sum(len(js) for js in t.jobs.values()), 1)
                  for t in tasks]

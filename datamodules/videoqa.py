@@ -375,11 +375,12 @@ class VideoQADataModule(LightningDataModule):
             task.jobs[q.qid] = todo
         return list(by_video.values())
 
-    def _run_context(self) -> tuple[list[str], int, dict[str, set[str]]]:
-        module = self.trainer.lightning_module if self.trainer is not None else None
-        if module is None or not hasattr(module, "jobs"):
-            raise RuntimeError("VideoQADataModule needs a LightningModule exposing `jobs` (name -> budget)")
-        jobs: dict[str, int] = module.jobs
+    def written_qids(self) -> dict[str, set[str]]:
+        """``job -> qids`` the trainer's records writer already holds (``{}`` without one), once it is checked that
+        those records answer the questions of the annotation now (:func:`annotation_changes`).
+
+        Raises:
+            AnnotationError: records of qids whose answer key or options differ now (at most 3 named, one line)."""
         done: dict[str, set[str]] = {}
         for cb in self.trainer.callbacks:
             if hasattr(cb, "done_qids"):
@@ -392,6 +393,14 @@ class VideoQADataModule(LightningDataModule):
                         f"differ from the annotation now ({'; '.join(changed[:3])}{'; ...' if len(changed) > 3 else ''})"
                         ": those records answer other questions, and resuming would keep and score them. Use another "
                         "output folder, or delete those questions' records to answer them again")
+        return done
+
+    def _run_context(self) -> tuple[list[str], int, dict[str, set[str]]]:
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        if module is None or not hasattr(module, "jobs"):
+            raise RuntimeError("VideoQADataModule needs a LightningModule exposing `jobs` (name -> budget)")
+        jobs: dict[str, int] = module.jobs
+        done = self.written_qids()
         # the decode's budget: the largest job budget, or the module's own (the layout ablation decodes for 16384
         # tokens whatever its jobs' budgets, as seed 000's ``Videos(todo, 16384)``)
         decode_budget = getattr(module, "decode_budget", None) or max(jobs.values())
