@@ -161,8 +161,12 @@ class VideoQADataset(Dataset):
                  max_replaced_frac: float = MAX_REPLACED_FRAC, sizing: EncoderSizing | None = None,
                  decoder: str = "cpu", strict_frames: bool = STRICT_FRAMES, parts: list[int] | None = None,
                  cpu_task: int | None = None, cpu_task_mpx: float = 1000.0, decoding_dir: str | None = None,
-                 isolated: frozenset[str] | set[str] = frozenset(), decode_timeout_s: float | None = DECODE_TIMEOUT_S):
+                 isolated: frozenset[str] | set[str] = frozenset(), decode_timeout_s: float | None = DECODE_TIMEOUT_S,
+                 main_mark: str | None = None):
         self.cpu_task, self.cpu_task_mpx = cpu_task, cpu_task_mpx
+        # decoding in the main process (no workers): the file naming the video it decodes now, left behind if a
+        # decoder crash ends the process (the next run reads it: datamodules.videoqa.VideoQADataModule._decode_crashes)
+        self.main_mark = main_mark
         self.decode_timeout_s = decode_timeout_s   # None: no limit (call_with_timeout)
         self.isolated = frozenset(isolated)   # videos decoded in a process of their own (datamodules.decode.isolated)
         self.decoding_dir = decoding_dir
@@ -202,12 +206,16 @@ class VideoQADataset(Dataset):
     def _mark(self, video_path: str) -> "Path | None":
         """In a DataLoader worker with a ``decoding_dir``: write ``<decoding_dir>/<pid>`` naming the video it decodes
         now (removed when the decode returns), so the main process can name the video that killed a worker
-        (:func:`videos_of_dead_workers`). ``None`` elsewhere (the main process, or a mark that cannot be written)."""
+        (:func:`videos_of_dead_workers`); in the main process (no workers) with a ``main_mark``, that file, which the
+        next run reads if a decoder crash ended this process. ``None`` otherwise or where it cannot be written."""
         from torch.utils.data import get_worker_info
 
-        if self.decoding_dir is None or get_worker_info() is None:
+        if get_worker_info() is None:
+            mark = Path(self.main_mark) if self.main_mark else None
+        else:
+            mark = Path(self.decoding_dir, str(os.getpid())) if self.decoding_dir is not None else None
+        if mark is None:
             return None
-        mark = Path(self.decoding_dir, str(os.getpid()))
         try:
             mark.write_text(video_path, encoding="utf-8", errors="surrogateescape")
         except OSError:

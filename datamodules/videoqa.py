@@ -474,7 +474,8 @@ class VideoQADataModule(LightningDataModule):
         ds = VideoQADataset(tasks, max_budget, self.decode_max_side, threads,
                             self.native_decode_bytes, self.short_clip_first_frame, self.max_replaced_frac, sizing,
                             self.decoder, self.strict_frames, parts if parts and max(parts) > 1 else None, cpu_task,
-                            self.first_video_cpu_mpx or 0.0, self._decoding_dir(), crashed, self.decode_timeout_s)
+                            self.first_video_cpu_mpx or 0.0, self._decoding_dir(), crashed, self.decode_timeout_s,
+                            self._main_mark())
         # frames pinned (in the loader's pin-memory thread, off the GPU's path) when the run is on CUDA: the
         # module's copy to the device then does not block the host
         strategy = getattr(self.trainer, "strategy", None)
@@ -511,6 +512,18 @@ class VideoQADataModule(LightningDataModule):
         folder, spaces around it; the root given another way: ``..``, a link); a name of no video of this run is
         left out."""
         writer = self._writer()
+        left = self._main_mark()
+        if left is not None and writer is not None:   # this rank's last run died decoding in its main process
+            try:
+                video = Path(left).read_text(encoding="utf-8", errors="surrogateescape").strip()
+            except OSError:
+                video = ""
+            if video:
+                print(f"[rank {self.trainer.global_rank}] {self.benchmark}: the last run of this folder ended while "
+                      f"decoding {video} in its main process (a decoder crash?); it is decoded in a process of its "
+                      "own this time", flush=True)
+                writer.record_decode_crashes([video])
+            Path(left).unlink(missing_ok=True)
         names = writer.decode_crashes() if writer is not None else set()
         listed = set()
         for n in names:
@@ -535,6 +548,16 @@ class VideoQADataModule(LightningDataModule):
         writer = self._writer()
         if videos and writer is not None:
             writer.record_decode_crashes(videos)
+
+    def _main_mark(self) -> str | None:
+        """Without workers (the main process decodes), ``<out_dir>/decoding_rank<r>.txt``: the video this rank decodes
+        now, left behind when a decoder crash ends the process, so the next run names it and decodes it in a process
+        of its own (:meth:`_decode_crashes`); ``None`` with workers (their marks: :meth:`_decoding_dir`) or
+        without a records writer."""
+        writer = self._writer()
+        if self.workers != 0 or writer is None or not hasattr(writer, "out_dir"):
+            return None
+        return str(Path(writer.out_dir) / f"decoding_rank{self.trainer.global_rank}.txt")
 
     def _decoding_dir(self) -> str | None:
         """A temporary folder where the decode workers name the video each is decoding
