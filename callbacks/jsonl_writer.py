@@ -111,7 +111,8 @@ def _done_from_file(path: Path, done: dict[str, set[str]], failed: dict[str, set
                 keys[str(rec["qid"])] = (rec.get("answer"), list(opts) if isinstance(opts, list) else None,
                                          f"{path} line {n}")
         except (ValueError, KeyError, TypeError) as e:
-            log.warning("%s line %d: unreadable record (%s); its question will be run again", path, n,
+            log.warning("%s line %d: unreadable record (%s), skipped: its question is run again unless another "
+                        "line holds it", path, n,
                         type(e).__name__)
 
 

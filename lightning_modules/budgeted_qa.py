@@ -307,12 +307,13 @@ class BudgetedQA(LightningModule):
                  warm_first_calls: bool = False):
         super().__init__()
         if not budgets:
-            raise SettingError("budgets must not be empty")
+            raise SettingError("model.init_args.budgets must not be empty")
         for b in budgets:
             if b < 64:
-                raise SettingError(f"budget of {b} vision tokens is smaller than one compressed group (64 rows)")
+                raise SettingError(f"model.init_args.budgets: a budget of {b} vision tokens is smaller than one "
+                                   "compressed group (64 rows)")
         if len(set(budgets)) != len(budgets):
-            raise SettingError(f"budgets {list(budgets)} repeat a value")
+            raise SettingError(f"model.init_args.budgets {list(budgets)} repeat a value")
         if answer_mode not in ("batched", "sequential"):
             raise SettingError(f"answer_mode must be 'batched' or 'sequential', got {answer_mode!r}")
         if decode not in DECODE_MODES:

@@ -136,9 +136,15 @@ def _budget(budget) -> str:
 
 
 def data_notes(groups: list[dict]) -> list[str]:
-    """The lines under the score table on what the counts leave out: questions without a gold answer, videos
-    answered on concealed frames, videos NVDEC decoded unchecked (the console table and ``report.html``)."""
+    """The lines under the score table on what the counts leave out: a run where every record is an error record,
+    questions without a gold answer, videos answered on concealed frames, videos NVDEC decoded unchecked (the
+    console table and ``report.html``)."""
     lines: list[str] = []
+    n_errors = sum(g.get("n_errors", 0) for g in groups)
+    if groups and n_errors and not sum(g.get("n_scored", 0) + g.get("n_no_answer", 0) for g in groups):
+        # every record an error (every video unreadable, a wrong model...): the table's empty cells say too little
+        lines.append(f"NOTHING WAS ANSWERED: all {n_errors} records are error records (their lines above and the "
+                     "report's Errors section name each file and cause)")
     no_answer = [g for g in groups if g.get("n_no_answer")]
     if no_answer:   # issue 44 item 8: questions without a gold answer leave n without a word otherwise
         lines.append("not scored, no gold answer in the annotation (empty, blank or missing): "

@@ -533,3 +533,19 @@ def test_intervals_do_not_depend_on_the_order_of_the_records():
     a = _group(score_records(recs), "videomme", "b1024")["parsers"]["official"]["accuracy_ci95"]
     b = _group(score_records(recs[::-1]), "videomme", "b1024")["parsers"]["official"]["accuracy_ci95"]
     assert a is not None and a == b
+
+
+def test_a_run_where_every_record_is_an_error_says_nothing_was_answered():
+    """Every video unreadable (a text file named .mp4): 3 error records and no answer. The table's empty cells
+    said nothing of it; the note under the table (and in report.html) does. One answered record: no note."""
+    from callbacks.scoring.console import data_notes
+
+    errors = [{"qid": f"q{i}", "job": "b128", "budget": 128, "answer": "A", "meta": {"benchmark": "videomme"},
+               "error": f"/v/{i}.mp4: cannot read the container"} for i in range(3)]
+    groups = score_records(errors, n_resamples=0)["groups"]
+    note = ("NOTHING WAS ANSWERED: all 3 records are error records (their lines above and the report's Errors "
+            "section name each file and cause)")
+    assert data_notes(groups)[0] == note and note in format_table({"groups": groups}).splitlines()
+    answered = errors[:2] + [{"qid": "q2", "job": "b128", "budget": 128, "answer": "A", "response": "B",
+                              "meta": {"benchmark": "videomme"}}]
+    assert not [n for n in data_notes(score_records(answered, n_resamples=0)["groups"]) if "NOTHING" in n]

@@ -277,3 +277,16 @@ def test_a_warning_during_the_progress_bar_gets_a_line_of_its_own(monkeypatch):
     bar.close()
     (line,) = [ln for ln in term.getvalue().split("\n") if "c2.mp4" in ln]
     assert line.split("\r")[-1] == "video c2: /x/c2.mp4: cannot read the container"
+
+
+@pytest.mark.parametrize("budgets, said", [([], "model.init_args.budgets must not be empty"),
+                                           ([-128], "model.init_args.budgets: a budget of -128 vision tokens is "
+                                                    "smaller than one compressed group (64 rows)"),
+                                           ([128, 128], "model.init_args.budgets [128, 128] repeat a value")])
+def test_a_bad_budget_list_names_the_setting(budgets, said):
+    from algorithms.errors import SettingError
+    from lightning_modules.budgeted_qa import BudgetedQA
+
+    with pytest.raises(SettingError) as info:
+        BudgetedQA(model_path="/nowhere", budgets=budgets, early_start=False)
+    assert str(info.value) == said
