@@ -544,7 +544,20 @@ def stop_on_sigterm():
         return None
     _TERMINATING = False
     signal.signal(signal.SIGTERM, _raise_terminated)
+    import logging
+
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if _not_a_keyboard_interrupt not in logger.filters:
+            logger.addFilter(_not_a_keyboard_interrupt)
     return previous
+
+
+def _not_a_keyboard_interrupt(record) -> bool:
+    """A logging filter: Lightning's "Detected KeyboardInterrupt, attempting graceful shutdown" (its handler of the
+    ``KeyboardInterrupt`` that :class:`Terminated` is) is left out after a SIGTERM, whose own line says what
+    happened; kept after a Ctrl-C."""
+    return not (_TERMINATING and "Detected KeyboardInterrupt" in str(record.msg))
 
 
 def interrupted(exc: BaseException) -> bool:

@@ -110,3 +110,27 @@ def test_sigterm_stops_a_real_process_with_143(tiny_vl3_dir, demo_bench, tmp_pat
     assert text.strip().splitlines()[-1] == (f"terminated (SIGTERM): 3 records kept in {out}; run the same command "
                                              "to resume")
     assert "Traceback" not in text and not (out / "scores.json").exists()
+
+
+def test_lightnings_keyboard_interrupt_line_is_left_out_after_a_sigterm_only(monkeypatch):
+    """The helper's trial printed Lightning's "Detected KeyboardInterrupt, attempting graceful shutdown ..." before
+    the run's own "terminated (SIGTERM)" line: after a SIGTERM that line is filtered out of Lightning's rank-zero
+    logger; after a Ctrl-C it stays."""
+    import logging
+
+    import cli
+
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        assert cli.stop_on_sigterm() is signal.SIG_DFL
+        logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+        assert cli._not_a_keyboard_interrupt in logger.filters
+        record = logging.LogRecord(logger.name, logging.INFO, __file__, 1,
+                                   "\nDetected KeyboardInterrupt, attempting graceful shutdown ...", None, None)
+        other = logging.LogRecord(logger.name, logging.INFO, __file__, 1, "something else", None, None)
+        assert logger.filter(record) and logger.filter(other)             # a Ctrl-C: kept
+        monkeypatch.setattr(cli, "_TERMINATING", True)                     # a SIGTERM arrived
+        assert not logger.filter(record) and logger.filter(other)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
