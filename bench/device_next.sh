@@ -3,8 +3,10 @@
 # priority (data.worker_niceness, new, default 0) keep the steps that run beside the long file's decode near the
 # uncontended step? Session 10 call 1 (H100): the same videos' steps took 40-60 % longer while the 30-minute 1080p
 # file was still decoding (CPUs 80-95 % busy, SMs below 100 %) than in a run where decoding had ended. The user's
-# CLI on the whole set, 16 workers: defaults cold (fills the compile cache), then warm, alternating the defaults
-# with data.worker_niceness=10; per run the per-video steps, the first answer, and the records compared.
+# CLI on the whole set, 16 workers: defaults cold (fills the compile cache), then warm: data.worker_niceness=10,
+# data.pin_memory=false (the main process's pin-memory thread pins each video's frames beside the step: page-locking
+# takes the driver's locks the step's launches need), the defaults, niceness again; per run the per-video steps by
+# whether a worker was still decoding, the first answer, and the records compared.
 #   bash bench/device_next.sh                             (carry .whl)
 set -u
 . bench/device_site.sh
@@ -17,7 +19,7 @@ cli() {   # cli <name> <variants...>: the whole set through the user's CLI, 16 w
     "$OUT/cli_$name.txt" | cut -c1-400 | head -14
   stamp "CLI $name"
 }
-cli niceness auto auto/worker_niceness=10 auto auto/worker_niceness=10
+cli niceness auto auto/worker_niceness=10 auto/pin_memory=false auto auto/worker_niceness=10
 python3 - "$OUT/cli_niceness.json" <<'PY'
 import json, sys
 for name, r in json.load(open(sys.argv[1]))["cli_runs"].items():

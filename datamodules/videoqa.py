@@ -169,6 +169,10 @@ class VideoQADataModule(LightningDataModule):
             its questions become error records naming the file and the setting, and the run goes on (``null``: no
             limit). The stuck decode is abandoned in a daemon thread of its worker (Python cannot stop it), so a
             decoder stuck on a file costs that video and a thread, not the run; a rerun tries the file again.
+        pin_memory: the loader's pin-memory thread copies each decoded video's frames to page-locked memory in the
+            main process (``DataLoader(pin_memory=True)``), so the step's copy to the GPU does not block the host.
+            ``None`` (default): on CUDA. ``false``: not pinned (for A/B runs: the pinning runs beside the step in the
+            main process). Records do not change.
         worker_niceness: each decode worker lowers its CPU priority by this much (``os.nice``, 0 to 19; 0, the
             default: unchanged), so that the rank's own process, which queues the GPU's work, is not starved of a
             core by the workers and their conversion threads. On the H100 (16 workers, 16 cores, session 10) the
@@ -185,8 +189,11 @@ class VideoQADataModule(LightningDataModule):
                  decoder: str = "cpu", in_order: bool = False, strict_frames: bool = STRICT_FRAMES,
                  decode_part_mb: float | None = DECODE_PART_MB,
                  first_video_cpu_mpx: float | None = FIRST_VIDEO_CPU_MPX, worker_niceness: int = 0,
-                 decode_timeout_s: float | None = DECODE_TIMEOUT_S):
+                 decode_timeout_s: float | None = DECODE_TIMEOUT_S, pin_memory: bool | None = None):
         super().__init__()
+        if pin_memory is not None and not isinstance(pin_memory, bool):
+            raise SettingError(f"data.pin_memory must be true, false or null (pinned on CUDA), got {pin_memory!r}")
+        self.pin_memory = pin_memory
         if decode_timeout_s is not None and (isinstance(decode_timeout_s, bool)
                                              or not isinstance(decode_timeout_s, (int, float))
                                              or not math.isfinite(decode_timeout_s) or decode_timeout_s <= 0):
@@ -478,8 +485,7 @@ class VideoQADataModule(LightningDataModule):
                             self._main_mark())
         # frames pinned (in the loader's pin-memory thread, off the GPU's path) when the run is on CUDA: the
         # module's copy to the device then does not block the host
-        strategy = getattr(self.trainer, "strategy", None)
-        pin = strategy is not None and strategy.root_device.type == "cuda"
+        pin = self.pins_frames()
         marks = getattr(self.trainer.lightning_module, "timeline_marks", None)
         if isinstance(marks, dict):   # timeline_s: when Lightning had the loader (its workers start next)
             from callbacks.process_clock import process_age_s
@@ -548,6 +554,12 @@ class VideoQADataModule(LightningDataModule):
         writer = self._writer()
         if videos and writer is not None:
             writer.record_decode_crashes(videos)
+
+    def pins_frames(self) -> bool:
+        """Whether the loader pins the decoded frames (``data.pin_memory``): on a run on CUDA, unless set ``false``
+        (pinned memory is of no use to a CPU run, so ``true`` there pins nothing either)."""
+        strategy = getattr(self.trainer, "strategy", None)
+        return strategy is not None and strategy.root_device.type == "cuda" and self.pin_memory is not False
 
     def _main_mark(self) -> str | None:
         """Without workers (the main process decodes), ``<out_dir>/decoding_rank<r>.txt``: the video this rank decodes

@@ -90,3 +90,19 @@ def test_worker_niceness_lowers_each_decode_workers_priority_and_only_theirs():
     for bad in (-1, 20, 2.5, True):
         with pytest.raises(Exception, match="data.worker_niceness"):
             VideoQADataModule(num_workers=0, worker_niceness=bad)
+
+
+def test_pin_memory_setting_follows_the_device_and_can_be_turned_off():
+    from types import SimpleNamespace
+
+    import torch
+
+    def on(device, **kw):
+        dm = VideoQADataModule(num_workers=0, **kw)
+        dm.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device(device)))
+        return dm.pins_frames()
+
+    assert (on("cuda"), on("cuda", pin_memory=True), on("cuda", pin_memory=False)) == (True, True, False)
+    assert (on("cpu"), on("cpu", pin_memory=True)) == (False, False)
+    with pytest.raises(Exception, match="data.pin_memory must be true, false or null"):
+        VideoQADataModule(num_workers=0, pin_memory="yes")
