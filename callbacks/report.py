@@ -245,14 +245,28 @@ def _images(scores: dict, out_dir: Path) -> str:
 UNPARSED_HEADER = ["qid", "job", "rule", "correct answer", "model reply (raw, no option letter parsed)"]
 
 
+MAX_QIDS_LISTED = 6   # question ids named per (video, cause) row of the errors table
+
+
 def _record_lists(records: list[dict]) -> tuple[str, str]:
     errors = [r for r in records if r.get("error")]
     unparsed = [r for r in records if not r.get("error") and r.get("pred") is None]
-    err_rows = [[r.get("qid"), r.get("job"), r.get("video"), r.get("error")] for r in errors[:MAX_LISTED]]
+    # one row per (video, cause): a video that failed gives the same line for each question and budget
+    causes: dict[tuple, tuple[list, list, list]] = {}   # (video, cause) -> (qids, jobs, [records])
+    for r in errors:
+        qids, jobs, n = causes.setdefault((str(r.get("video")), str(r.get("error"))), ([], [], [0]))
+        n[0] += 1
+        for seq, v in ((qids, str(r.get("qid"))), (jobs, str(r.get("job")))):
+            if v not in seq:
+                seq.append(v)
+    err_rows = [[video, n[0], ", ".join(jobs),
+                 ", ".join(qids[:MAX_QIDS_LISTED]) + (", ..." if len(qids) > MAX_QIDS_LISTED else ""), cause]
+                for (video, cause), (qids, jobs, n) in list(causes.items())[:MAX_LISTED]]
     un_rows = [[r.get("qid"), r.get("job"), r.get("pred_rule"), r.get("answer"),
                 str(r.get("response") or "")[:MAX_RESPONSE_CHARS]] for r in unparsed[:MAX_LISTED]]
-    err = (f"<p>{len(errors)} error records" + (f" (first {MAX_LISTED} listed)" if len(errors) > MAX_LISTED else "")
-           + "</p>" + (_table(["qid", "job", "video", "error"], err_rows) if err_rows else ""))
+    err = (f"<p>{len(errors)} error records, {len(causes)} (video, cause)"
+           + (f" (first {MAX_LISTED} listed)" if len(causes) > MAX_LISTED else "") + "</p>"
+           + (_table(["video", "records", "jobs", "questions", "error"], err_rows, {1}) if err_rows else ""))
     un = (f"<p>{len(unparsed)} answers with no option letter under the benchmark's rule"
           + (f" (first {MAX_LISTED} listed)" if len(unparsed) > MAX_LISTED else "") + "</p>"
           + (_table(UNPARSED_HEADER, un_rows) if un_rows else ""))

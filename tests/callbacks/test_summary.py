@@ -155,3 +155,23 @@ def test_unparsed_answers_table_names_its_columns():
                      "<th>job</th><th>rule</th><th>correct answer</th><th>model reply (raw, no option letter "
                      "parsed)</th></tr><tr><td>q1</td><td>b128</td><td>videomme</td><td>C</td>"
                      "<td>zebra &lt;b&gt;quartz&lt;/b&gt;</td></tr></table>")
+
+
+def test_error_records_are_listed_once_per_video_and_cause():
+    """A video that failed gives one error record per question and budget; the report lists it once, with the count,
+    the jobs and the questions (the trial's 21 identical rows for 2 unreadable videos x 3 budgets)."""
+    from callbacks.report import _record_lists
+
+    def err(qid, job, video, cause):
+        return {"qid": qid, "job": job, "video": video, "error": cause}
+
+    recs = ([err(f"1-{i}", job, "v1", "/m/v1.mp4: cannot read the container") for job in ("b128", "b256")
+             for i in range(3)]
+            + [err("2-1", "b128", "v2", "/m/v2.mp4: question 2-1: longer than the context")]
+            + [{"qid": "3-1", "job": "b128", "video": "v3", "pred": "A", "answer": "A"}])
+    table, _ = _record_lists(recs)
+    assert table == ("<p>7 error records, 2 (video, cause)</p><table><tr><th>video</th><th>records</th><th>jobs</th>"
+                     "<th>questions</th><th>error</th></tr><tr><td>v1</td><td class=\"num\">6</td><td>b128, b256</td>"
+                     "<td>1-0, 1-1, 1-2</td><td>/m/v1.mp4: cannot read the container</td></tr><tr><td>v2</td>"
+                     "<td class=\"num\">1</td><td>b128</td><td>2-1</td><td>/m/v2.mp4: question 2-1: longer than "
+                     "the context</td></tr></table>")
