@@ -36,6 +36,9 @@ from callbacks.process_clock import boot_s, process_age_s  # noqa: F401 - proces
 
 
 PREVIOUS_RUNS = "previous_runs"
+# the workers hint speaks from this many videos (3 after the first, the pipeline fill): from 2 (one unreadable, one
+# decoded in 2 workers of a 2-core host) it advised more workers than the host has
+MIN_HINT_VIDEOS = 4
 
 
 def timing_runs(data) -> list[dict]:
@@ -264,8 +267,8 @@ class StageTimer(Callback):
         stages = s["stages_s"]
         busy = sum(v for k, v in stages.items() if k not in ("load", "wait"))
         steady, span = StageTimer.steady_wait(s)
-        if n < 2 or span < 1.0 or busy / n < 0.01 or steady / span <= threshold:
-            return None   # (too short to say, or no GPU work: e.g. every video failed to decode)
+        if n < MIN_HINT_VIDEOS or span < 1.0 or busy / n < 0.01 or steady / span <= threshold:
+            return None   # (too few videos to say, or no GPU work: e.g. every video failed to decode)
         per_video, gpu = s["decode_worker_s"] / n, busy / n
         decoders = max(workers or 0, 1)
         if per_video / decoders <= gpu:

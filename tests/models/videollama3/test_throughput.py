@@ -643,3 +643,16 @@ def test_greedy_end_check_lags_one_step_and_keeps_the_tokens():
     calls.clear()
     assert SharedPrefixAnswering._greedy(logits_for([3, 0]), step_fn, 2, 3, True, eos) == [[3, 0, 4], [0, 2, 4]]
     assert [c[0] for c in calls] == [1, 2]
+
+
+def test_wait_hint_needs_three_videos_after_the_first():
+    """The trial's 2-video run (one unreadable, one decoded) advised "about 3 workers" on a 2-core host: one video
+    after the pipeline fill is no basis for a worker count."""
+    from callbacks.timing import MIN_HINT_VIDEOS, StageTimer
+
+    def run(n):
+        return {"videos": n, "wall_s": 3.0 * n + 10.0, "decode_worker_s": 6.0 * n, "first_wait_s": 0.0,
+                "stages_s": {"load": 10.0, "wait": 0.4 * n, "encode": 0.6 * n, "plan_build": 0.0, "answer": 1.0 * n}}
+
+    assert MIN_HINT_VIDEOS == 4
+    assert [StageTimer.wait_hint(run(n), 2) is not None for n in (2, 3, 4)] == [False, False, True]
