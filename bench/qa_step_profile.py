@@ -301,6 +301,61 @@ def contention(module, items, video: str, configs: list[tuple[str, int]], settle
               + ", ".join(f"{t:.3f}" for t in times) + f" s, mean {mean:.3f} s, x{mean / first:.2f}", flush=True)
 
 
+def loader_contention(module, items, videos: list[str], configs: list[tuple[str, int, int, bool]],
+                      settle_s: float = 8.0) -> list[dict]:
+    """The steady step beside the CLI's own decode loader: for each ``(decoder, workers, niceness, pin)`` of
+    ``configs``, a :func:`datamodules.videoqa.video_loader` over ``videos`` (cycled) with ``workers`` workers started
+    as the CLI starts them (:func:`datamodules.videoqa.decode_worker_context`), the module's encoder sizes held in
+    the workers (``frame_sizing``), the CLI's decoder threads, ``data.worker_niceness`` and the pin-memory thread
+    as ``pin``; a thread of this process takes the items as they come (the main process's share of the feed). After
+    ``settle_s`` seconds the seen videos ``items[1:3]`` are stepped twice each. Unlike :func:`contention` (bare
+    decoders, one thread each, no resize), this loads the CPUs as the CLI's workers do, so a step slowed by CPU
+    starvation shows here with ``cpu`` decoders too, and one slowed by the GPU's other contexts only with NVDEC.
+    Prints, per configuration, the steps, their ratio to the first configuration and the videos decoded per second
+    while they ran; returns the rows."""
+    import threading
+
+    from datamodules.decode import auto_decode_threads
+    from datamodules.video_items import VideoQADataset, VideoTask
+    from datamodules.videoqa import decode_worker_context, video_loader
+
+    rows, first = [], None
+    for decoder, workers, niceness, pin in configs:
+        got, stop, drain = [0], threading.Event(), None
+        if workers:
+            tasks = [VideoTask(Path(v).stem, v, "videomme", []) for v in videos]
+            ds = VideoQADataset(tasks, max(module.budgets), decode_threads=auto_decode_threads(workers, 1),
+                                sizing=module.frame_sizing(), decoder=decoder)
+            loader = video_loader(ds, list(range(len(tasks))) * 1000, workers, 2, pin and torch.cuda.is_available(),
+                                  decode_worker_context(decoder, workers, torch.cuda.is_available()),
+                                  in_order=False, worker_niceness=niceness)
+
+            def take(loader=loader):
+                for _ in loader:
+                    got[0] += 1
+                    if stop.is_set():
+                        break
+
+            drain = threading.Thread(target=take, name="feed", daemon=True)
+            drain.start()
+            time.sleep(settle_s)
+        n0, t0 = got[0], time.perf_counter()
+        times = [timed_step(module, it) for it in items[1:3] for _ in range(2)]
+        rate = (got[0] - n0) / (time.perf_counter() - t0)
+        stop.set()
+        if drain is not None:
+            drain.join(120)
+        mean = sum(times) / len(times)
+        first = first or mean
+        row = {"decoder": decoder, "workers": workers, "niceness": niceness, "pin": pin, "steps_s": times,
+               "mean_s": mean, "ratio": mean / first, "videos_per_s": rate}
+        rows.append(row)
+        print(f"steps beside a loader of {workers:2d} {decoder:5s} workers (niceness {niceness}, pinned {pin}): "
+              + ", ".join(f"{t:.3f}" for t in times) + f" s, mean {mean:.3f} s, x{mean / first:.2f}; "
+              f"{rate:.2f} videos/s decoded meanwhile", flush=True)
+    return rows
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true")
@@ -314,6 +369,14 @@ def main(argv=None) -> None:
                     help="at the end, time steps on seen videos beside processes decoding VIDEO in a loop: none, 16 "
                          "NVDEC, 8 NVDEC, none, 16 CPU (the CLI's decode workers, each NVDEC one with its own CUDA "
                          "context on this GPU)")
+    ap.add_argument("--loader-contention", nargs="+", default=None, metavar="VIDEO",
+                    help="at the end, time steps on seen videos beside the CLI's own decode loader over these videos "
+                         "(cycled): none, auto, auto with worker_niceness 10, auto unpinned, cpu, none again (on the "
+                         "CPU: none, cpu, cpu with niceness 10)")
+    ap.add_argument("--loader-workers", type=int, default=16, help="the loader's workers (--loader-contention)")
+    ap.add_argument("--settle-s", type=float, default=8.0, help="seconds the loader runs before the steps")
+    ap.add_argument("--contention-only", action="store_true",
+                    help="skip the profiles between the warm-up and the contention runs")
     args = ap.parse_args(argv)
     videos = args.videos or [str(REPO / "assets/media/cockatoo.mp4"), str(REPO / "assets/media/realshort.mp4")]
     budgets = args.budgets or ([128, 1024] if args.tiny else [4096, 16384])
@@ -347,31 +410,40 @@ def main(argv=None) -> None:
     print("warm-up step stages (s):", {k: round(v, 3) for k, v in module.last_stage_seconds.items()})
     print(f"warm-up video again: {timed_step(module, items[0]):.3f} s, stages (s): "
           f"{ {k: round(v, 3) for k, v in module.last_stage_seconds.items()} }")
-    steady = []
-    for it in items[1:-1]:
-        before = dynamo_counts()
-        sec = timed_step(module, it)
-        after = dynamo_counts()
-        steady.append(sec)
-        print(f"steady step {Path(it['video_path']).name}: {sec:.3f} s (T={len(it['times_s'])}, new graphs "
-              f"{after['unique_graphs'] - before['unique_graphs']}, recompiles "
-              f"{after['recompiles'] - before['recompiles']})")
-    if steady:
-        print(f"steady mean {sum(steady) / len(steady):.3f} s over {len(steady)} unseen videos")
-    profile_report(module, items[-1])
-    print(f"same video again: {timed_step(module, items[-1]):.3f} s")
-    sync_sites(module, items[-1])
-    if torch.cuda.is_available():   # A/B of the towers' attention backends on videos seen before (plans cached)
-        from models.vision_attention import allow_cudnn_sdpa
+    if not args.contention_only:   # the steady steps, the profile, the host waits, the attention A/B
+        steady = []
+        for it in items[1:-1]:
+            before = dynamo_counts()
+            sec = timed_step(module, it)
+            after = dynamo_counts()
+            steady.append(sec)
+            print(f"steady step {Path(it['video_path']).name}: {sec:.3f} s (T={len(it['times_s'])}, new graphs "
+                  f"{after['unique_graphs'] - before['unique_graphs']}, recompiles "
+                  f"{after['recompiles'] - before['recompiles']})")
+        if steady:
+            print(f"steady mean {sum(steady) / len(steady):.3f} s over {len(steady)} unseen videos")
+        profile_report(module, items[-1])
+        print(f"same video again: {timed_step(module, items[-1]):.3f} s")
+        sync_sites(module, items[-1])
+        if torch.cuda.is_available():   # A/B of the towers' attention backends on videos seen before (plans cached)
+            from models.vision_attention import allow_cudnn_sdpa
 
-        for it in items[1:3]:
-            row = []
-            for cudnn in (False, True, False):
-                allow_cudnn_sdpa(cudnn)
-                timed_step(module, it)
-                row.append(f"{'cuDNN allowed' if cudnn else 'flash/efficient'} {timed_step(module, it):.3f} s")
-            allow_cudnn_sdpa(False)
-            print(f"seen video {Path(it['video_path']).name}, second run each: " + ", ".join(row))
+            for it in items[1:3]:
+                row = []
+                for cudnn in (False, True, False):
+                    allow_cudnn_sdpa(cudnn)
+                    timed_step(module, it)
+                    row.append(f"{'cuDNN allowed' if cudnn else 'flash/efficient'} {timed_step(module, it):.3f} s")
+                allow_cudnn_sdpa(False)
+                print(f"seen video {Path(it['video_path']).name}, second run each: " + ", ".join(row))
+    if args.loader_contention:
+        print("\n## the step beside the CLI's decode loader (seen videos, two runs each)")
+        w = args.loader_workers
+        loader_contention(module, items, args.loader_contention,
+                          [("auto", 0, 0, True), ("auto", w, 0, True), ("auto", w, 10, True), ("auto", w, 0, False),
+                           ("cpu", w, 0, True), ("auto", 0, 0, True)] if torch.cuda.is_available() else
+                          [("cpu", 0, 0, False), ("cpu", w, 0, False), ("cpu", w, 10, False)],
+                          settle_s=args.settle_s)
     if args.contention:
         print("\n## the step beside decoding processes (seen videos, two runs each)")
         contention(module, items, args.contention, [("cpu", 0), ("nvdec", 16), ("nvdec", 8), ("cpu", 0),

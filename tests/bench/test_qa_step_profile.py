@@ -34,3 +34,24 @@ def test_tiny_run_times_every_host_stage(bench_tiny_model_from_session, capsys):
     for stage in ("step", "encode", "plan", "compress", "build_prompt", "prefill", "question_ids", "decode"):
         assert f"\n{stage} " in table, stage
     assert "same video again:" in out
+
+
+def test_loader_contention_runs_the_clis_loader_beside_the_steps(monkeypatch):
+    """``--loader-contention``'s plumbing: per configuration a real decode loader (1 worker over a bundled clip,
+    cycled) runs while the seen videos are stepped; the first configuration is the ratios' base; the rows say what
+    ran. The module is a stand-in whose step takes 20 ms (the bench times the real one)."""
+    import time
+    from types import SimpleNamespace
+
+    from tests.conftest import MEDIA
+
+    bench = _bench()
+    module = SimpleNamespace(budgets=[128], frame_sizing=lambda: None,
+                             predict_step=lambda item: time.sleep(0.02) or [])
+    items = [{}, {"video_path": "a"}, {"video_path": "b"}]
+    rows = bench.loader_contention(module, items, [str(MEDIA / "realshort.mp4")],
+                                   [("cpu", 0, 0, False), ("cpu", 1, 5, False)], settle_s=1.0)
+    assert [(r["decoder"], r["workers"], r["niceness"], len(r["steps_s"])) for r in rows] == [
+        ("cpu", 0, 0, 4), ("cpu", 1, 5, 4)]
+    assert rows[0]["ratio"] == 1.0 and rows[0]["videos_per_s"] == 0.0
+    assert all(t >= 0.02 for r in rows for t in r["steps_s"]) and rows[1]["videos_per_s"] >= 0.0
