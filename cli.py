@@ -504,6 +504,7 @@ def peer_stopped(exc: BaseException) -> OtherProcessStopped | None:
 
 INTERRUPTED_STATUS = 130   # the shell's status of a command stopped by SIGINT (128 + 2)
 TERMINATED_STATUS = 143    # ... and by SIGTERM (128 + 15): what a scheduler or ``docker stop`` sends
+NOTHING_ANSWERED_STATUS = 1   # a run that ended with every record an error record (every video unreadable...)
 
 
 class Terminated(KeyboardInterrupt):
@@ -580,16 +581,23 @@ def main(cli_main) -> None:
     and exits with status 2 instead of a traceback (``TOKENBUDGET_TRACEBACK=1`` shows the traceback). An interrupted
     run (Ctrl-C) exits with status 130 after the writer's note, "N records kept in <dir>; run the same command to
     resume" (:func:`callbacks.run_log.note_interrupt`; just "interrupted" when no predict writer was set up); a run
-    stopped by SIGTERM (:func:`stop_on_sigterm`) the same way with status 143, its lines starting "terminated"."""
+    stopped by SIGTERM (:func:`stop_on_sigterm`) the same way with status 143, its lines starting "terminated". A
+    run that ended with every record of its folder an error record exits with status 1 after its table and report,
+    its last line "error: nothing was answered: ..." (:func:`callbacks.run_log.note_nothing_answered`)."""
     import os
     import signal
     import sys
 
-    from callbacks.run_log import take_interrupt_notes
+    from callbacks.run_log import take_interrupt_notes, take_nothing_answered
 
     previous = stop_on_sigterm()
+    take_nothing_answered()   # (a line kept by an earlier run in this process does not end this one)
     try:
         cli_main()
+        failed = take_nothing_answered()
+        if failed:   # every record an error: the run finished, but a script running it must see that it failed
+            print("\n" + "\n".join(f"error: {n}" for n in failed), file=sys.stderr, flush=True)
+            sys.exit(NOTHING_ANSWERED_STATUS)
     except (KeyboardInterrupt, SystemExit) as e:
         if not interrupted(e):
             raise

@@ -93,3 +93,19 @@ def take_interrupt_notes() -> list[str]:
     out = list(_INTERRUPT_NOTES)
     _INTERRUPT_NOTES.clear()
     return out
+
+
+_FAILED_RUNS: list[str] = []
+
+
+def note_nothing_answered(text: str) -> None:
+    """A run that ended with every record of its folder an error record (``ScoreOnPredictEnd``): :func:`cli.main`
+    prints ``text`` last and exits with status 1, so a script that runs it sees the failure."""
+    _FAILED_RUNS.append(text)
+
+
+def take_nothing_answered() -> list[str]:
+    """The lines :func:`note_nothing_answered` kept, in order; the list is emptied."""
+    out = list(_FAILED_RUNS)
+    _FAILED_RUNS.clear()
+    return out

@@ -101,6 +101,13 @@ class ScoreOnPredictEnd(Callback):
         self.last_scores = scores
         print(format_table(scores))
         print(f"scores: {root / SCORES_FILE}")
+        groups = scores.get("groups", [])
+        n_errors = sum(g.get("n_errors", 0) for g in groups)
+        if n_errors and not sum(g.get("n_scored", 0) + g.get("n_no_answer", 0) for g in groups):
+            from callbacks.run_log import note_nothing_answered
+
+            note_nothing_answered(f"nothing was answered: all {n_errors} records in {root} are error records "
+                                  "(each names its file and cause: see the lines above or report.html)")
         from callbacks.report import REPORT_FILE   # here: callbacks.report imports this package
 
         report = root / REPORT_FILE

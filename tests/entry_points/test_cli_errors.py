@@ -290,3 +290,38 @@ def test_a_bad_budget_list_names_the_setting(budgets, said):
     with pytest.raises(SettingError) as info:
         BudgetedQA(model_path="/nowhere", budgets=budgets, early_start=False)
     assert str(info.value) == said
+
+
+def test_a_run_where_every_video_is_unreadable_finishes_then_exits_1(tiny_vl3_dir, tmp_path, capsys, monkeypatch):
+    """The trial's case: both videos replaced by text files (not 0 bytes, so the run starts): every question gets
+    its error record, the table and report are written, the table says NOTHING WAS ANSWERED, and the process exits
+    with status 1, its last line saying so (it exited 0, as a run that answered)."""
+    import sys
+
+    import yaml
+
+    import evaluate
+    from cli import main
+
+    root = _bench(tmp_path)
+    for v in ("cockatoo.mp4", "realshort.mp4"):
+        (root / "videos" / v).write_text("hi\n")
+    out = tmp_path / "out"
+    cfg = {"trainer": {"enable_progress_bar": False, "callbacks": [
+        {"class_path": "callbacks.jsonl_writer.JsonlPredictionWriter", "init_args": {"out_dir": str(out)}},
+        {"class_path": "callbacks.scoring.ScoreOnPredictEnd", "init_args": {"plots": False}}]},
+        "model": {"class_path": "lightning_modules.budgeted_qa.BudgetedQA",
+                  "init_args": {"model_path": str(tiny_vl3_dir), "budgets": [128], "max_new_tokens": 2}},
+        "data": {"class_path": "datamodules.videoqa.VideoQADataModule",
+                 "init_args": {"root": str(root), "loader_kwargs": {}, "num_workers": 0}}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    monkeypatch.setattr(sys, "argv", ["evaluate.py"])
+    with pytest.raises(SystemExit) as info:
+        main(lambda: evaluate.cli_main(["predict", f"--config={tmp_path / 'run.yaml'}"]))
+    captured = capsys.readouterr()
+    assert info.value.code == 1
+    assert captured.err.strip().splitlines()[-1] == (
+        f"error: nothing was answered: all 7 records in {out} are error records (each names its file and cause: see "
+        "the lines above or report.html)")
+    assert "NOTHING WAS ANSWERED: all 7 records are error records" in captured.out
+    assert (out / "report.html").is_file() and (out / "scores.json").is_file()
