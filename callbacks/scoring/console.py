@@ -145,6 +145,10 @@ def data_notes(groups: list[dict]) -> list[str]:
         # every record an error (every video unreadable, a wrong model...): the table's empty cells say too little
         lines.append(f"NOTHING WAS ANSWERED: all {n_errors} records are error records (their lines above and the "
                      "report's Errors section name each file and cause)")
+    stale = [g for g in groups if g.get("n_not_in_annotation")]
+    if stale:   # a question removed from the annotation after its records were written
+        lines.append("left out, their questions no longer in the annotation: "
+                     + "; ".join(f"{g['benchmark']} {_group_name(g)} {g['n_not_in_annotation']}" for g in stale))
     no_answer = [g for g in groups if g.get("n_no_answer")]
     if no_answer:   # issue 44 item 8: questions without a gold answer leave n without a word otherwise
         lines.append("not scored, no gold answer in the annotation (empty, blank or missing): "

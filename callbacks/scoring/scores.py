@@ -218,7 +218,9 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
         records: record dicts; each needs ``qid`` and ``benchmark`` (or ``meta["benchmark"]``) and ``job``
             (default ``"default"``); ``answer``, ``pred``, ``pred_robust``, ``error``, ``variant``, ``budget``,
             ``meta`` are read when present.
-        expected_qids: per benchmark name, the qids of the annotation (for ``n_missing``); optional.
+        expected_qids: per benchmark name, the qids of the annotation (for ``n_missing``); optional. Where given, a
+            record of a qid not in it (a question removed from the annotation since) is left out of the group
+            (``n_not_in_annotation``).
         rules: extra rules of :data:`algorithms.choice.RULES` scored under their own names.
         n_resamples / seed: bootstrap resamples (0: no intervals, no differences) and seed.
 
@@ -262,6 +264,10 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
     correct_by: dict[int, dict[str, dict[str, int]]] = {}
     for key, by_qid in groups.items():
         benchmark, job, variant, budget = key
+        # records of questions the annotation no longer has (a row removed since they were written): not scored
+        stale = [q for q in by_qid if q not in expected[benchmark]] if benchmark in expected else []
+        if stale:
+            by_qid = {q: r for q, r in by_qid.items() if q in expected[benchmark]}
         recs = [by_qid[q] for q in sorted(by_qid, key=str)]   # qid order: the intervals never see the file order
         errors = [r for r in recs if r.get("error")]
         scored = [r for r in recs if not r.get("error") and r.get("answer") is not None]
@@ -278,6 +284,8 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
             **_concealed_counts(scored),
             "n_expected": len(expected[benchmark]) if benchmark in expected else None,
             "n_missing": len(missing), "missing_qids": missing[:MAX_LISTED_MISSING], "templates": templates,
+            # records left out because their qid is not in the annotation given (expected_qids)
+            "n_not_in_annotation": len(stale),
             "parsers": {},
         }
         cost = cost_means([r for r in recs if not r.get("error")])

@@ -549,3 +549,21 @@ def test_a_run_where_every_record_is_an_error_says_nothing_was_answered():
     answered = errors[:2] + [{"qid": "q2", "job": "b128", "budget": 128, "answer": "A", "response": "B",
                               "meta": {"benchmark": "videomme"}}]
     assert not [n for n in data_notes(score_records(answered, n_resamples=0)["groups"]) if "NOTHING" in n]
+
+
+def test_records_of_questions_removed_from_the_annotation_are_left_out():
+    """The trial's case: a finished folder, then a row (002-3) removed from the annotation: the table said "6
+    answered of 7" and scored the removed question. With the annotation's qids given, its record is left out,
+    counted, and said under the table."""
+    def rec(qid, pred):
+        return {"qid": qid, "job": "b128", "budget": 128, "answer": "A", "response": pred,
+                "meta": {"benchmark": "videomme"}}
+
+    records = [rec("001-1", "A"), rec("001-2", "B"), rec("002-3", "A")]
+    (g,) = score_records(records, {"videomme": ["001-1", "001-2"]}, n_resamples=0)["groups"]
+    assert (g["n_records"], g["n_scored"], g["n_not_in_annotation"], g["n_missing"]) == (2, 2, 1, 0)
+    assert g["parsers"]["official"]["correct"] == 1 and g["parsers"]["official"]["accuracy"] == 0.5
+    assert "left out, their questions no longer in the annotation: videomme b128 1" in \
+        format_table({"groups": [g]}).splitlines()
+    (g,) = score_records(records, None, n_resamples=0)["groups"]          # no annotation given: every record
+    assert (g["n_scored"], g["n_not_in_annotation"]) == (3, 0)
