@@ -541,7 +541,7 @@ class VideoQADataModule(LightningDataModule):
                    if t.video_path in names or listed and os.path.realpath(t.video_path) in listed}
         if crashed:
             print(f"[rank {self.trainer.global_rank}] {self.benchmark}: {len(crashed)} video"
-                  f"{'s' * (len(crashed) != 1)} that killed a decode worker before decoded in a process of "
+                  f"{'s' * (len(crashed) != 1)} that ended a decode process before decoded in a process of "
                   f"{'their' if len(crashed) != 1 else 'its'} own (a second crash gives error records)", flush=True)
         return crashed
 

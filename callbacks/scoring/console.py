@@ -143,8 +143,8 @@ def data_notes(groups: list[dict]) -> list[str]:
     n_errors = sum(g.get("n_errors", 0) for g in groups)
     if groups and n_errors and not sum(g.get("n_scored", 0) + g.get("n_no_answer", 0) for g in groups):
         # every record an error (every video unreadable, a wrong model...): the table's empty cells say too little
-        lines.append(f"NOTHING WAS ANSWERED: all {n_errors} records are error records (their lines above and the "
-                     "report's Errors section name each file and cause)")
+        lines.append(f"NOTHING WAS ANSWERED: all {n_errors} records are error records (the Errors section of "
+                     "report.html names each file and cause)")
     stale = [g for g in groups if g.get("n_not_in_annotation")]
     if stale:   # a question removed from the annotation after its records were written
         lines.append("left out, their questions no longer in the annotation: "

@@ -35,7 +35,7 @@ def test_a_listed_file_is_found_however_its_name_is_spelled_and_only_this_runs_v
     dm.trainer = SimpleNamespace(global_rank=0, callbacks=[JsonlPredictionWriter(out_dir=str(out))])
     tasks = [VideoTask(p.stem, str(p), "videomme", []) for p in paths]
     assert dm._decode_crashes(tasks) == {str(p) for p in paths[:4]}
-    assert "4 videos that killed a decode worker before" in capsys.readouterr().out
+    assert "4 videos that ended a decode process before" in capsys.readouterr().out
     # the run's own spelling differs from the file's (its root given with ..): still matched, as the run spells it
     odd = [VideoTask("v1", f"{tmp_path}/bench/../bench/videos/v1.mp4", "videomme", [])]
     assert dm._decode_crashes(odd) == {odd[0].video_path}

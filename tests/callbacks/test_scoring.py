@@ -543,8 +543,8 @@ def test_a_run_where_every_record_is_an_error_says_nothing_was_answered():
     errors = [{"qid": f"q{i}", "job": "b128", "budget": 128, "answer": "A", "meta": {"benchmark": "videomme"},
                "error": f"/v/{i}.mp4: cannot read the container"} for i in range(3)]
     groups = score_records(errors, n_resamples=0)["groups"]
-    note = ("NOTHING WAS ANSWERED: all 3 records are error records (their lines above and the report's Errors "
-            "section name each file and cause)")
+    note = ("NOTHING WAS ANSWERED: all 3 records are error records (the Errors section of "
+            "report.html names each file and cause)")
     assert data_notes(groups)[0] == note and note in format_table({"groups": groups}).splitlines()
     answered = errors[:2] + [{"qid": "q2", "job": "b128", "budget": 128, "answer": "A", "response": "B",
                               "meta": {"benchmark": "videomme"}}]
