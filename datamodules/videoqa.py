@@ -627,10 +627,11 @@ def first_video_on_cpu(decoder: str, workers: int, nvdec_may_run: bool, order: S
 
 def annotation_changes(questions: Sequence[Question], written: dict[str, tuple]) -> list[str]:
     """What differs between the annotation's ``questions`` and the records already written for the same qids
-    (``written``: ``qid -> (answer, options, where)``, :meth:`callbacks.jsonl_writer.JsonlPredictionWriter.
-    written_keys`): one line per changed question, naming the qid, the field, both values and the record's file and
-    line. The answer is compared always, the options where the record has them; a qid the annotation no longer has
-    is not a change (a run of fewer videos or another benchmark split reads the same folder).
+    (``written``: ``qid -> (answer, options, where[, video])``, :meth:`callbacks.jsonl_writer.
+    JsonlPredictionWriter.written_keys`): one line per changed question, naming the qid, the field, both values and
+    the record's file and line. The answer is compared always, the options and the video where the record has them;
+    a qid the annotation no longer has is not a change (a run of fewer videos or another benchmark split reads the
+    same folder; the scores leave its records out).
 
     >>> q = Question("7-1", "7", "/v/7.mp4", "Q?", ["x", "y"], "B")
     >>> annotation_changes([q], {"7-1": ("B", ["x", "y"], "f line 1")}), annotation_changes([q], {"7-1": ("A", None, "f line 2")})
@@ -640,11 +641,14 @@ def annotation_changes(questions: Sequence[Question], written: dict[str, tuple])
     for q in questions:
         if q.qid not in written:
             continue
-        answer, options, where = written[q.qid]
+        answer, options, where, *rest = written[q.qid]
+        video = rest[0] if rest else None
         if answer != q.answer:
             out.append(f"{q.qid}: answer {answer!r} there, {q.answer!r} now ({where})")
         elif options is not None and list(options) != list(q.options):
             out.append(f"{q.qid}: options {options!r} there, {list(q.options)!r} now ({where})")
+        elif video is not None and str(video) != str(q.video_id):
+            out.append(f"{q.qid}: video {video!r} there, {q.video_id!r} now ({where})")
     return out
 
 

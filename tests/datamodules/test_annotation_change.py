@@ -45,6 +45,17 @@ def test_a_changed_answer_key_or_option_is_named_and_refused(tmp_path):
     assert "\n" not in msg
 
 
+def test_a_question_moved_to_another_video_is_named(tmp_path):
+    probe = VideoQADataModule(root=str(_bench(tmp_path / "probe")), num_workers=0)
+    probe.setup("predict")
+    q0 = probe.questions[0]
+    dm, out = _module_and_writer(tmp_path, [_record(q0, video="elsewhere")])
+    with pytest.raises(AnnotationError, match=rf"{q0.qid}: video 'elsewhere' there, {q0.video_id!r} now \("):
+        dm._run_context()
+    dm, _ = _module_and_writer(tmp_path / "same", [_record(q0, video=q0.video_id)])   # the same video: resumes
+    assert dm._run_context()[2] == {"b128": {q0.qid}}
+
+
 def test_the_same_annotation_resumes_and_error_records_are_not_compared(tmp_path):
     probe = VideoQADataModule(root=str(_bench(tmp_path / "probe")), num_workers=0)
     probe.setup("predict")
