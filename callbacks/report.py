@@ -264,7 +264,7 @@ def _record_lists(records: list[dict]) -> tuple[str, str]:
                 for (video, cause), (qids, jobs, n) in list(causes.items())[:MAX_LISTED]]
     un_rows = [[r.get("qid"), r.get("job"), r.get("pred_rule"), r.get("answer"),
                 str(r.get("response") or "")[:MAX_RESPONSE_CHARS]] for r in unparsed[:MAX_LISTED]]
-    err = (f"<p>{len(errors)} error records, {len(causes)} (video, cause)"
+    err = (f"<p>{len(errors)} error records" + (f", {len(causes)} (video, cause)" if causes else "")
            + (f" (first {MAX_LISTED} listed)" if len(causes) > MAX_LISTED else "") + "</p>"
            + (_table(["video", "records", "jobs", "questions", "error"], err_rows, {1}) if err_rows else ""))
     un = (f"<p>{len(unparsed)} answers with no option letter under the benchmark's rule"

@@ -175,3 +175,10 @@ def test_error_records_are_listed_once_per_video_and_cause():
                      "<td>1-0, 1-1, 1-2</td><td>/m/v1.mp4: cannot read the container</td></tr><tr><td>v2</td>"
                      "<td class=\"num\">1</td><td>b128</td><td>2-1</td><td>/m/v2.mp4: question 2-1: longer than "
                      "the context</td></tr></table>")
+
+
+def test_no_error_records_is_said_plainly():
+    from callbacks.report import _record_lists
+
+    table, _ = _record_lists([{"qid": "q", "job": "b128", "video": "v", "pred": "A", "answer": "A"}])
+    assert table == "<p>0 error records</p>"
