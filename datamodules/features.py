@@ -60,10 +60,42 @@ def nonfinite_rows(states) -> int:
     return int((~torch.isfinite(states)).any(1).sum())
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:          # another user's process: alive
+        return True
+    return True
+
+
+def temp_beside(path: Path) -> tuple[int, str]:
+    """``tempfile.mkstemp`` in ``path``'s folder, named ``.<name>.<pid>.<random>.tmp``, after removing the temp files
+    of ``path`` that a process no longer alive left there (one killed between the temp file and its rename: a
+    SIGKILL mid-write left ``.scores.json.*.tmp`` behind for good). A live writer's temp file is never touched."""
+    prefix = f".{path.name}."
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        names = []
+    for name in names:
+        if not (name.startswith(prefix) and name.endswith(".tmp")):
+            continue
+        pid = name[len(prefix):].split(".", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            try:
+                os.unlink(path.parent / name)
+            except OSError:
+                pass
+    return tempfile.mkstemp(dir=path.parent, prefix=f"{prefix}{os.getpid()}.", suffix=".tmp")
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically: a temp file in the same folder (mode :data:`SHARED_FILE_MODE`),
-    fsynced, then renamed over ``path``; on any failure the temp file is removed and ``path`` is untouched."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fsynced, then renamed over ``path``; on any failure the temp file is removed and ``path`` is untouched (a temp
+    file a killed process left is removed by the next write of ``path``: :func:`temp_beside`)."""
+    fd, tmp = temp_beside(path)
     try:
         os.chmod(tmp, SHARED_FILE_MODE)  # mkstemp makes 0600; results are shared like the jsonl files
         with os.fdopen(fd, "wb") as fh:
@@ -114,7 +146,7 @@ def save_features(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict
     if bad:
         raise FeatureFileError(f"{path}: tensors {bad} do not have T_rows={n} rows")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = temp_beside(path)
     os.close(fd)
     try:
         out = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}

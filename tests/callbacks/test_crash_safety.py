@@ -379,3 +379,25 @@ def test_a_folder_of_an_older_record_format_is_refused(tmp_path):
     with pytest.raises(OutputSettingsError, match=f"record_format: 1 there, {RECORD_FORMAT} now"):
         check_run_settings(out, {"dtype": "float32", "record_format": RECORD_FORMAT}, write=True,
                            defaults={"record_format": 1})
+
+
+def test_a_temp_file_left_by_a_killed_writer_is_removed_by_the_next_write(tmp_path):
+    """The random-kill test once found ``.scores.json.<random>.tmp`` after the final run: a SIGKILL between the temp
+    file and its rename. Temp files now carry their writer's pid; the next write of the same file removes those of
+    dead processes and never a live one's."""
+    import os
+    import subprocess
+    import sys
+
+    from datamodules.features import atomic_write_bytes
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".scores.json.{int(dead.stdout)}.abc123.tmp"
+    live = tmp_path / f".scores.json.{os.getppid()}.def456.tmp"     # a live process's (this one's parent)
+    other = tmp_path / ".report.html.1.x.tmp"                        # another file's: not this write's business
+    for f in (stale, live, other):
+        f.write_bytes(b"partial")
+    atomic_write_bytes(tmp_path / "scores.json", b"{}")
+    assert (tmp_path / "scores.json").read_bytes() == b"{}"
+    assert not stale.exists() and live.exists() and other.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name, "scores.json"])
