@@ -627,22 +627,21 @@ def first_video_on_cpu(decoder: str, workers: int, nvdec_may_run: bool, order: S
 
 def annotation_changes(questions: Sequence[Question], written: dict[str, tuple]) -> list[str]:
     """What differs between the annotation's ``questions`` and the records already written for the same qids
-    (``written``: ``qid -> (answer, options, where[, video])``, :meth:`callbacks.jsonl_writer.
+    (``written``: ``qid -> (answer, options, where, video)``, :meth:`callbacks.jsonl_writer.
     JsonlPredictionWriter.written_keys`): one line per changed question, naming the qid, the field, both values and
     the record's file and line. The answer is compared always, the options and the video where the record has them;
     a qid the annotation no longer has is not a change (a run of fewer videos or another benchmark split reads the
     same folder; the scores leave its records out).
 
     >>> q = Question("7-1", "7", "/v/7.mp4", "Q?", ["x", "y"], "B")
-    >>> annotation_changes([q], {"7-1": ("B", ["x", "y"], "f line 1")}), annotation_changes([q], {"7-1": ("A", None, "f line 2")})
+    >>> annotation_changes([q], {"7-1": ("B", ["x", "y"], "f line 1", "7")}), annotation_changes([q], {"7-1": ("A", None, "f line 2", None)})
     ([], ["7-1: answer 'A' there, 'B' now (f line 2)"])
     """
     out = []
     for q in questions:
         if q.qid not in written:
             continue
-        answer, options, where, *rest = written[q.qid]
-        video = rest[0] if rest else None
+        answer, options, where, video = written[q.qid]
         if answer != q.answer:
             out.append(f"{q.qid}: answer {answer!r} there, {q.answer!r} now ({where})")
         elif options is not None and list(options) != list(q.options):

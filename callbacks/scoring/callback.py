@@ -8,7 +8,7 @@ from pathlib import Path
 
 from lightning.pytorch import Callback
 
-from .console import format_table
+from .console import format_table, nothing_answered
 from .output import SCORES_FILE, compute_scores, save_scores
 
 log = logging.getLogger(__name__)
@@ -101,9 +101,8 @@ class ScoreOnPredictEnd(Callback):
         self.last_scores = scores
         print(format_table(scores))
         print(f"scores: {root / SCORES_FILE}")
-        groups = scores.get("groups", [])
-        n_errors = sum(g.get("n_errors", 0) for g in groups)
-        if n_errors and not sum(g.get("n_scored", 0) + g.get("n_no_answer", 0) for g in groups):
+        n_errors = nothing_answered(scores.get("groups", []))
+        if n_errors:
             from callbacks.run_log import note_nothing_answered
 
             note_nothing_answered(f"nothing was answered: all {n_errors} records in {root} are error records "

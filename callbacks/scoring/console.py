@@ -135,14 +135,21 @@ def _budget(budget) -> str:
     return "-" if budget is None else str(budget)   # pruning jobs have a retention, no vision-token budget
 
 
+def nothing_answered(groups: list[dict]) -> int:
+    """The number of error records when every record of ``groups`` is one (nothing answered), else 0."""
+    n_errors = sum(g.get("n_errors", 0) for g in groups)
+    if n_errors and not sum(g.get("n_scored", 0) + g.get("n_no_answer", 0) for g in groups):
+        return n_errors
+    return 0
+
+
 def data_notes(groups: list[dict]) -> list[str]:
     """The lines under the score table on what the counts leave out: a run where every record is an error record,
     questions without a gold answer, videos answered on concealed frames, videos NVDEC decoded unchecked (the
     console table and ``report.html``)."""
     lines: list[str] = []
-    n_errors = sum(g.get("n_errors", 0) for g in groups)
-    if groups and n_errors and not sum(g.get("n_scored", 0) + g.get("n_no_answer", 0) for g in groups):
-        # every record an error (every video unreadable, a wrong model...): the table's empty cells say too little
+    n_errors = nothing_answered(groups)
+    if n_errors:   # every record an error (every video unreadable, a wrong model...): empty cells say too little
         lines.append(f"NOTHING WAS ANSWERED: all {n_errors} records are error records (the Errors section of "
                      "report.html names each file and cause)")
     stale = [g for g in groups if g.get("n_not_in_annotation")]
