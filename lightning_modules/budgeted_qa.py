@@ -58,7 +58,8 @@ from datamodules.benchmarks.prompts import (chat_parts, recorded_template, check
 from models.loading import check_attn_implementation
 from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets
 from models.videollama3 import warm
-from models.kernels import Fusable
+from models.kernels import KERNEL_MODES, Fusable
+from models.kernels import set_mode as set_kernel_mode
 from models.videollama3.frame_sizes import load_video_processor
 
 log = logging.getLogger(__name__)
@@ -290,11 +291,18 @@ class BudgetedQA(LightningModule):
             26.3-26.6 s with it and 25.9 s without: the first step was 0.1-0.2 s shorter, but its ~1 s of set-up
             ran in the early compilation's window, where the weight load and the compilation already share one GIL,
             and the model was loaded 0.6-0.9 s later.
+        kernels: how the fused RMSNorm / rotary / SiLU-gate / add + LayerNorm kernels run on CUDA
+            (:func:`models.kernels.set_mode`, process-wide): ``triton`` (default) hand-written Triton kernels
+            (:mod:`models.triton_kernels`) holding the library's eager math and roundings, with nothing to compile
+            but Triton's own kernels; ``inductor`` ``torch.compile`` of the same math (the default before
+            2026-12-06: 13-14.5 s of compilation in the first answer with a warm cache on the H100, and it keeps
+            intermediates in float32, so bfloat16 results round differently); ``eager`` the library's own
+            kernels. The same on the CPU (eager math there). Recorded in ``run.json`` when not ``triton``.
     """
 
     # settings recorded in run.json only when they differ from these defaults (absent there = the default, compared)
     RECORD_DEFAULTS = {"original_projector": None, "cudnn_attention": False, "add_system_prompt": True,
-                       "first_step": "wait"}
+                       "first_step": "wait", "kernels": "triton"}
 
     def __init__(self, model_path: str = "checkpoints/tiny-videollama3", budgets: list[int] = (128, 256, 1024),
                  raw_mode: str = "phase3", raw_max_tokens: int = 256, max_tokens_per_frame: int = 256,
@@ -304,7 +312,7 @@ class BudgetedQA(LightningModule):
                  original_projector: str | None = None, vision_config_dir: str | None = None,
                  overlap_budgets: bool = True, cudnn_attention: bool = False, add_system_prompt: bool = True,
                  early_start: bool = True, first_step: str = "wait", answer_rows: int = 64, answer_chunk: int = 2048,
-                 warm_first_calls: bool = False):
+                 warm_first_calls: bool = False, kernels: str = "triton"):
         super().__init__()
         if not budgets:
             raise SettingError("model.init_args.budgets must not be empty")
@@ -328,6 +336,9 @@ class BudgetedQA(LightningModule):
                 raise SettingError(f"model.{name} must be an integer >= 1, got {value!r}")
         if first_step not in FIRST_STEP_MODES:
             raise SettingError(f"model.first_step must be one of {FIRST_STEP_MODES}, got {first_step!r}")
+        if kernels not in KERNEL_MODES:
+            raise SettingError(f"model.init_args.kernels must be one of {KERNEL_MODES}, got {kernels!r}")
+        set_kernel_mode(kernels)   # process-wide, before the early start below runs the kernels
         check_template(prompt_template)
         check_dtype("model.init_args.dtype", dtype)   # before anything is written (run.json, the output folder)
         check_attn_implementation("model.init_args.attn_implementation", attn_implementation, dtype)
@@ -416,7 +427,7 @@ class BudgetedQA(LightningModule):
         optional = {"original_projector": str(Path(hp.original_projector).resolve())
                     if hp.get("original_projector") else None, "cudnn_attention": bool(hp.get("cudnn_attention")),
                     "add_system_prompt": bool(hp.get("add_system_prompt", True)),
-                    "first_step": hp.get("first_step", "wait")}
+                    "first_step": hp.get("first_step", "wait"), "kernels": hp.get("kernels", "triton")}
         extra = {k: v for k, v in optional.items() if v != self.RECORD_DEFAULTS[k]}
         if getattr(self, "decode_budget", None) is None:
             # every video is decoded for the largest budget and the smaller ones thinned from it, so it sets the frames

@@ -57,12 +57,19 @@ class Fusable:
     # the eager math instead of waiting for it (BudgetedQA(first_step="eager"), issue 41); None: off
     eager_while: "threading.Thread | None" = None
 
+    # how every Fusable runs on its devices (process-wide; set_mode): "triton" (default) the hand-written Triton
+    # kernel where the function has one (models/triton_kernels.py), the eager math where it has none; "inductor"
+    # torch.compile as described above; "eager" the library's math everywhere
+    mode: str = "triton"
+
     def __init__(self, fn: Callable, name: str, dynamic: tuple = (), devices: tuple[str, ...] = ("cuda",),
-                 backend: str = "inductor", options: dict | None = None):
+                 backend: str = "inductor", options: dict | None = None, triton: Callable | None = None):
         self.fn, self.name, self.dynamic, self.devices, self.backend = fn, name, dynamic, devices, backend
         self.options = options                 # backend options (Inductor config keys), e.g. emulate_precision_casts
+        self.triton = triton                   # the same math as a triton.jit kernel (mode "triton"), or None
         self._compiled: Callable | None = None
         self.state = "new"                     # new | ok (compiled and ran once) | failed (eager for good)
+        self.triton_state = "new"              # new | ok (ran once) | failed (eager for good)
         self.retried = False                   # one more try after a failure of the environment (OSError)
         self.__doc__ = fn.__doc__
 
@@ -74,6 +81,11 @@ class Fusable:
                     torch._dynamo.maybe_mark_dynamic(a, d)
 
     def __call__(self, *args):
+        if Fusable.mode != "inductor":
+            if (Fusable.mode == "eager" or self.triton is None or self.triton_state == "failed"
+                    or args[0].device.type not in self.devices or torch.compiler.is_compiling()):
+                return self.fn(*args)
+            return self._run_triton(args)
         held = Fusable.eager_while
         if (self.state == "failed" or args[0].device.type not in self.devices or torch.compiler.is_compiling()
                 or (held is not None and held is not threading.current_thread() and held.is_alive())):
@@ -102,6 +114,23 @@ class Fusable:
         self.state = "ok"
         return out
 
+    def _run_triton(self, args: tuple):
+        """The Triton kernel; arguments it does not take (:class:`models.triton_kernels.Unsupported`) run the eager
+        math, and so does every later call after its first call failed otherwise (no Triton, a GPU it does not
+        compile for: one warning naming the function). A kernel that ran once raises later errors."""
+        try:
+            out = self.triton(*args)
+        except Unsupported:
+            return self.fn(*args)
+        except Exception as e:  # noqa: BLE001 - first call: the eager math is the same
+            if self.triton_state == "ok":
+                raise
+            log.warning("the Triton kernel of %s failed (%s); using the eager function", self.name, e)
+            self.triton_state = "failed"
+            return self.fn(*args)
+        self.triton_state = "ok"
+        return out
+
     def _eager(self, what: str, error: Exception, args: tuple):
         """Give up compiling for good (warning once, naming the function) and run the eager math; except that a
         first failure caused by the process's environment (an ``OSError`` anywhere in the exception's chain: a file
@@ -116,6 +145,42 @@ class Fusable:
         log.warning("torch.compile of %s %s (%s); using the eager function", self.name, what, error)
         self.state = "failed"
         return self.fn(*args)
+
+
+class Unsupported(ValueError):
+    """Arguments a hand-written Triton kernel (:mod:`models.triton_kernels`) does not take: the caller runs the
+    eager math instead."""
+
+
+KERNEL_MODES = ("triton", "inductor", "eager")
+
+
+def set_mode(mode: str) -> str:
+    """Set how every :class:`Fusable` runs on CUDA, process-wide, and return the previous mode.
+
+    ``triton`` (default): the hand-written Triton kernels (:mod:`models.triton_kernels`: no ``torch.compile``, the
+    library's roundings), the eager math for a function that has none; ``inductor``: ``torch.compile`` of the
+    library's math (the fused kernels before 2026-12-06; Inductor keeps intermediates in float32, so its results
+    round differently); ``eager``: the library's math everywhere.
+
+    Raises:
+        ValueError: another mode (named in the message).
+    """
+    if mode not in KERNEL_MODES:
+        raise ValueError(f"kernels must be one of {KERNEL_MODES}, got {mode!r}")
+    old, Fusable.mode = Fusable.mode, mode
+    return old
+
+
+def _triton(name: str) -> Callable:
+    """The Triton kernel ``models.triton_kernels.<name>``, imported at its first call (Triton is imported only by a
+    process that runs a fused kernel on CUDA; without Triton the first call fails and :class:`Fusable` warns once
+    and runs the eager math)."""
+    def call(*args):
+        from . import triton_kernels
+        return getattr(triton_kernels, name)(*args)
+    call.__name__ = name
+    return call
 
 
 def _caused_by(error: BaseException, kind: type) -> bool:
@@ -194,11 +259,12 @@ def _add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tenso
 # size-1 batch of the prefill and the size-1 sequence of the decode step: 3 graphs each for RMSNorm, rotary and
 # the SiLU gate, 13 graphs in all in the first VideoLLaMA3-7B predict step, 42 s of compilation on the H200
 # (``bench/qa_step_profile.py``, 2026-12-02).
-rms_norm = Fusable(_rms_norm, "RMSNorm", dynamic=(1,))                  # x (N, D)
+rms_norm = Fusable(_rms_norm, "RMSNorm", dynamic=(1,), triton=_triton("rms_norm"))               # x (N, D)
 rope = Fusable(_rope, "rotary", dynamic=((0, 2), (0, 2), 1, 1))          # q, k (B, H, S, d); cos, sin (B, S, d)
 # the same math on token rows: cos/sin (N, d) unsqueezed to (N, 1, d) broadcast over the heads of q, k (N, H, d)
-rope_rows = Fusable(_rope, "rotary (rows)", dynamic=(2, 2, 1, 1))       # q, k (N, H, d); cos, sin (N, d)
-silu_mul = Fusable(_silu_mul, "SiLU*up", dynamic=(1, 1))                 # (N, I)
+rope_rows = Fusable(_rope, "rotary (rows)", dynamic=(2, 2, 1, 1),
+                    triton=_triton("rope_rows"))                         # q, k (N, H, d); cos, sin (N, d)
+silu_mul = Fusable(_silu_mul, "SiLU*up", dynamic=(1, 1), triton=_triton("silu_mul"))             # (N, I)
 
 
 def _on_rows(fn: Callable, *xs: torch.Tensor) -> torch.Tensor:
@@ -235,7 +301,7 @@ def fused_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
 # for a new shape in the same process hit on the H200 (the failure is also caught, see ``Fusable``).
 add_layer_norm = Fusable(_add_layer_norm, "add+LayerNorm", dynamic=(1, 1),
                          options={"emulate_precision_casts": True, "triton.multi_kernel": 1,
-                                  "fx_graph_cache": False})
+                                  "fx_graph_cache": False}, triton=_triton("add_layer_norm"))
 
 
 def gelu_tanh_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

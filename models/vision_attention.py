@@ -30,7 +30,7 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from .kernels import Fusable
+from .kernels import Fusable, _triton
 
 FRAME_BATCHED_SDPA = "flash_compatible_frame_batched_sdpa"
 
@@ -136,7 +136,7 @@ def rotary_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
 
 
 # one kernel on CUDA (models/kernels.py), eager elsewhere; q, k (..., N, H, d) and cos, sin (..., N, 1, d)
-fused_rotary_qk = Fusable(rotary_qk, "vision rotary", dynamic=(2, 2, 2, 2))
+fused_rotary_qk = Fusable(rotary_qk, "vision rotary", dynamic=(2, 2, 2, 2), triton=_triton("vision_rotary"))
 
 
 @contextlib.contextmanager
