@@ -46,10 +46,25 @@ def _isolated_process_state(monkeypatch):
     deterministic fallbacks of other libraries, e.g. torchmetrics' quadratic-memory bincount)."""
     import torch
 
+    from models.kernels import Fusable
+
     monkeypatch.setattr(sys, "argv", [sys.argv[0]])
     det, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    mode = Fusable.mode          # process-wide (BudgetedQA(kernels=...) sets it)
     yield
     torch.use_deterministic_algorithms(det, warn_only=warn_only)
+    Fusable.mode = mode
+
+
+@pytest.fixture
+def inductor_kernels():
+    """The fused kernels through ``torch.compile`` (``kernels: inductor``) for this test: what the tests of
+    :class:`models.kernels.Fusable`'s compile path exercise (the default, ``triton``, compiles nothing)."""
+    from models.kernels import Fusable, set_mode
+
+    old = set_mode("inductor")
+    yield
+    Fusable.mode = old
 
 REPO = Path(__file__).resolve().parent.parent
 MEDIA = REPO / "assets" / "media"

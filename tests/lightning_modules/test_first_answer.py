@@ -151,6 +151,7 @@ def test_the_device_reaches_the_loaders(tiny_vl3_dir, monkeypatch):
     assert {p.device.type for p in vlm.compressor.parameters()} == {"cpu"}
 
 
+@pytest.mark.usefixtures("inductor_kernels")
 def test_fusable_runs_eager_in_other_threads_while_the_compilation_runs():
     f = Fusable(lambda x: "eager", "t", devices=("cpu",))
     f._compiled, f.state = (lambda x: "compiled"), "ok"

@@ -90,6 +90,7 @@ def test_padded_gate_up_equals_the_library_mlp(bias):
     assert "_tb_padded" not in mlp.__dict__
 
 
+@pytest.mark.usefixtures("inductor_kernels")
 def test_fusable_marks_rows_dynamic_and_inlines_under_an_outer_compile():
     """Compiled (here with the eager backend on the CPU): new row counts reuse the graph, a new fixed size gets its own
     graph (no automatic dynamic), and inside an outer ``torch.compile`` (``compile_small_calls``) the math is
@@ -118,6 +119,7 @@ def test_fusable_marks_rows_dynamic_and_inlines_under_an_outer_compile():
     assert torch.equal(outer(x), fused._rms_norm(x, w8, 1e-6) * 2)
 
 
+@pytest.mark.usefixtures("inductor_kernels")
 @pytest.mark.parametrize("cause", ["backend", "recompile limit"])
 def test_fusable_falls_back_when_a_later_compilation_fails(cause, caplog):
     """A graph that compiled and ran, then a new shape whose compilation fails in the backend (as a multi-kernel
@@ -160,6 +162,7 @@ def test_fusable_falls_back_when_a_later_compilation_fails(cause, caplog):
     assert not isinstance(err.value, torch._dynamo.exc.BackendCompilerFailed) and g.state == "ok"
 
 
+@pytest.mark.usefixtures("inductor_kernels")
 def test_fusable_retries_once_after_an_environment_failure(caplog):
     """A first compilation that fails with an ``OSError`` in its chain (a missing file or program, as the early
     compilation's ``FileNotFoundError: '12'`` on the H200) runs the eager math and compiles again at the next call;
@@ -360,6 +363,7 @@ def test_fused_rope_on_token_rows_equals_the_library(dtype):
             assert torch.equal(got, want)
 
 
+@pytest.mark.usefixtures("inductor_kernels")
 def test_llm_call_shapes_compile_one_graph_per_function(monkeypatch):
     """Prefill (1, L), question suffix (Q, n) and decode step (Q, 1) shapes reach RMSNorm, the SiLU gate and the
     rotary as (N, D) rows: one graph each (compiled here with a counting backend on the CPU); the 4-D rotary
@@ -398,6 +402,7 @@ def test_llm_call_shapes_compile_one_graph_per_function(monkeypatch):
     torch._dynamo.reset()
 
 
+@pytest.mark.usefixtures("inductor_kernels")
 @pytest.mark.parametrize("loaded_in_inference_mode", [False, True])
 def test_early_compilation_makes_the_graphs_the_model_then_calls(tiny_vl3_dir, monkeypatch, loaded_in_inference_mode):
     """``models.videollama3.warm.compile_fused_kernels`` (run in a thread, from the config alone, in the grad mode

@@ -561,6 +561,7 @@ def test_shared_prefix_attention_equals_full_attention():
         sp.shared_prefix_sdpa(types.SimpleNamespace(layer_idx=0), q, sk, sv, mask)
 
 
+@pytest.mark.usefixtures("inductor_kernels")
 def test_fused_function_falls_back_to_eager(monkeypatch):
     """A fused function whose compilation fails at the first call is replaced by the eager one for good (same values);
     on a device outside ``devices`` the eager function runs without compiling."""

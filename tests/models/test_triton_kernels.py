@@ -1,0 +1,149 @@
+"""models/triton_kernels.py: the hand-written Triton kernels compute the library's eager math with its roundings.
+
+Run on the CPU through Triton's interpreter (``TRITON_INTERPRET=1``, which must be set before the kernels are
+defined, hence a subprocess). In float16 every elementwise result is compared bit for bit with the eager function
+the kernel replaces (a product of two float16 numbers is exact in float32, so kernel and eager evaluate the same
+float32 expression and round it once, step by step); the reductions may sum in another order (1 ulp). bfloat16 is
+checked on the GPU (tests/test_gpu.py): the interpreter truncates float32 -> bfloat16 instead of rounding.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCRIPT = r'''
+import json, torch
+from models import kernels as K, triton_kernels as T
+from models.vision_attention import rotary_qk
+
+def ulps(a, b):
+    """largest difference in units of the last place of b (float16)"""
+    d = (a.float() - b.float()).abs()
+    ulp = torch.finfo(b.dtype).eps * b.float().abs().clamp_min(torch.finfo(b.dtype).tiny)
+    return float((d / ulp).max())
+
+torch.manual_seed(0)
+out = {}
+h = torch.float16
+x = torch.randn(2, 7, 96, dtype=h) * 3; w = torch.randn(96, dtype=h)
+got, ref = T.rms_norm(x, w, 1e-6), K._rms_norm(x, w, 1e-6)
+out["rms"] = [list(got.shape), int((got != ref).sum()), ulps(got, ref)]
+g, u = torch.randn(5, 300, dtype=h) * 3, torch.randn(5, 300, dtype=h)
+got, ref = T.silu_mul(g, u), K._silu_mul(g, u)
+out["silu"] = [int((got != ref).sum()), ulps(got, ref)]
+q, k = torch.randn(6, 4, 16, dtype=h), torch.randn(6, 2, 16, dtype=h)
+c, s = torch.randn(6, 16, dtype=h), torch.randn(6, 16, dtype=h)
+(a, b), (ra, rb) = T.rope_rows(q, k, c, s), K._rope(q, k, c, s)
+out["rope"] = [list(a.shape), list(b.shape), int((a != ra).sum() + (b != rb).sum())]
+q, k = torch.randn(3, 5, 4, 12, dtype=h), torch.randn(3, 5, 4, 12, dtype=h)
+c, s = torch.randn(5, 1, 12), torch.randn(5, 1, 12)
+(a, b), (ra, rb) = T.vision_rotary(q, k, c, s), rotary_qk(q, k, c, s)
+out["vision_rotary"] = [list(a.shape), int((a != ra).sum() + (b != rb).sum())]
+x, r = torch.randn(9, 72, dtype=h), torch.randn(9, 72, dtype=h) * 8
+w, bb = torch.randn(72, dtype=h), torch.randn(72, dtype=h)
+res = []
+for W, B in ((w, bb), (w, None), (None, None)):
+    (s1, n1), (s2, n2) = T.add_layer_norm(x, r, W, B, 1e-6), K._add_layer_norm(x, r, W, B, 1e-6)
+    res.append([int((s1 != s2).sum()), ulps(n1, n2)])
+out["add_layer_norm"] = res
+# a strided q (the transposed view the attention hands over) gives the values of its contiguous copy
+qt = torch.randn(6, 16, 4, dtype=h).transpose(1, 2)
+kc, c6, s6 = torch.randn(6, 2, 16, dtype=h), torch.randn(6, 16, dtype=h), torch.randn(6, 16, dtype=h)
+out["strided"] = int((T.rope_rows(qt, kc, c6, s6)[0] != T.rope_rows(qt.contiguous(), kc, c6, s6)[0]).sum())
+# arguments the kernels do not take
+refused = []
+for name, call in (("mixed dtypes", lambda: T.rms_norm(torch.randn(3, 8), torch.randn(8, dtype=h), 1e-6)),
+                   ("int", lambda: T.silu_mul(torch.ones(3, dtype=torch.int32), torch.ones(3, dtype=torch.int32))),
+                   ("broadcast", lambda: T.silu_mul(torch.randn(3, 8), torch.randn(8))),
+                   ("fp16 vision cos", lambda: T.vision_rotary(q, k, c.half(), s.half()))):
+    try:
+        call()
+        refused.append([name, False])
+    except T.Unsupported:
+        refused.append([name, True])
+out["refused"] = refused
+# through a Fusable on the CPU: the kernel runs (state ok); an argument it refuses runs the eager math
+f = K.Fusable(K._silu_mul, "SiLU*up (test)", devices=("cpu",), triton=K._triton("silu_mul"))
+got = f(g, u)
+x8, y8 = torch.randn(3, 8), torch.randn(8)      # broadcast: refused by the kernel, the eager math runs
+out["fusable"] = [f.triton_state, int((got != T.silu_mul(g, u)).sum()), bool(torch.equal(f(x8, y8), K._silu_mul(x8, y8)))]
+print(json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    p = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_elementwise_kernels_equal_the_eager_math_bit_for_bit(interpreted):
+    assert interpreted["rope"] == [[6, 4, 16], [6, 2, 16], 0]
+    assert interpreted["vision_rotary"] == [[3, 5, 4, 12], 0]
+    assert [sums for sums, _ in interpreted["add_layer_norm"]] == [0, 0, 0]     # residual + x, rounded as eager
+    assert interpreted["strided"] == 0
+
+
+def test_reductions_and_silu_within_one_ulp_of_the_eager_math(interpreted):
+    shape, _, rms_ulps = interpreted["rms"]
+    assert shape == [2, 7, 96] and rms_ulps <= 1.0
+    assert all(ln_ulps <= 1.0 for _, ln_ulps in interpreted["add_layer_norm"])
+    n_diff, silu_ulps = interpreted["silu"]
+    assert silu_ulps <= 1.0 and n_diff <= 3          # of 1,500 (exp in another form than eager's)
+
+
+def test_kernels_refuse_what_the_eager_code_would_promote_or_broadcast(interpreted):
+    assert interpreted["refused"] == [["mixed dtypes", True], ["int", True], ["broadcast", True],
+                                      ["fp16 vision cos", True]]
+
+
+def test_fusable_runs_the_triton_kernel_in_triton_mode(interpreted):
+    assert interpreted["fusable"] == ["ok", 0, True]
+
+
+def test_kernel_mode_setting():
+    from models import kernels as K
+
+    old = K.set_mode("eager")
+    try:
+        assert K.Fusable.mode == "eager"
+        with pytest.raises(ValueError, match="kernels must be one of"):
+            K.set_mode("compiled")
+        calls = []
+        f = K.Fusable(K._silu_mul, "t", devices=("cpu",), triton=lambda *a: calls.append(a))
+        g = torch.randn(4)
+        assert torch.equal(f(g, g), K._silu_mul(g, g)) and not calls       # eager mode: the kernel is not called
+        K.set_mode("triton")
+        f(g, g)
+        assert len(calls) == 1
+    finally:
+        K.Fusable.mode = old
+
+
+def test_a_failing_first_triton_call_falls_back_to_eager_for_good(caplog):
+    from models import kernels as K
+
+    def broken(*a):
+        raise RuntimeError("no GPU compiler")
+
+    f = K.Fusable(K._silu_mul, "SiLU*up (test)", devices=("cpu",), triton=broken)
+    g = torch.randn(5)
+    old = K.set_mode("triton")
+    try:
+        with caplog.at_level("WARNING"):
+            assert torch.equal(f(g, g), K._silu_mul(g, g))
+        assert f.triton_state == "failed" and "Triton kernel of SiLU*up (test) failed" in caplog.text
+        f.triton = lambda *a: pytest.fail("called again after failing")
+        assert torch.equal(f(g, g), K._silu_mul(g, g))
+    finally:
+        K.Fusable.mode = old
