@@ -3,10 +3,15 @@
 # default) against eager and torch.compile (`kernels: inductor`, the default before) at the 7B sizes, then the user's
 # CLI on the whole workload-shaped set: triton (Triton cache filled by the check), inductor cold, triton again,
 # inductor warm, triton with data.worker_niceness=10; per run the first answer, the steps and the records compared.
+# GPU tests first (beside the set's making), as in session 10.
 #   bash bench/device_s11_call1.sh                        (carry .whl)
 set -u
 . bench/device_site.sh
+export NVDEC_TEST_CLIPS=$PWD/.whl/nvdec_clips
+( timeout 200 python3 -m pytest -q -p no:hypothesispytest -p no:cacheprovider -m gpu tests/test_gpu.py \
+    tests/datamodules/test_nvdec.py > "$OUT/gpu_tests.txt" 2>&1 ) &
 set_and_checkpoint
+wait; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu_tests.txt" | head -12; stamp "gpu tests"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 bench/triton_kernels_check.py --json "$OUT/triton_check.json" > "$OUT/triton_check.txt" 2>&1
 echo "rc $?"; cut -c1-220 "$OUT/triton_check.txt" | tail -12
