@@ -115,18 +115,19 @@ class Fusable:
         return out
 
     def _run_triton(self, args: tuple):
-        """The Triton kernel; arguments it does not take (:class:`models.triton_kernels.Unsupported`) run the eager
-        math, and so does every later call after its first call failed otherwise (no Triton, a GPU it does not
-        compile for: one warning naming the function). A kernel that ran once raises later errors."""
+        """The Triton kernel; arguments it does not take (it returns ``NotImplemented``,
+        :class:`models.triton_kernels.Unsupported`) run the eager math, and so does every later call after its first
+        call failed otherwise (no Triton, a GPU it does not compile for: one warning naming the function). A kernel
+        that ran once raises later errors."""
         try:
             out = self.triton(*args)
-        except Unsupported:
-            return self.fn(*args)
         except Exception as e:  # noqa: BLE001 - first call: the eager math is the same
             if self.triton_state == "ok":
                 raise
             log.warning("the Triton kernel of %s failed (%s); using the eager function", self.name, e)
             self.triton_state = "failed"
+            return self.fn(*args)
+        if out is NotImplemented:
             return self.fn(*args)
         self.triton_state = "ok"
         return out
@@ -145,11 +146,6 @@ class Fusable:
         log.warning("torch.compile of %s %s (%s); using the eager function", self.name, what, error)
         self.state = "failed"
         return self.fn(*args)
-
-
-class Unsupported(ValueError):
-    """Arguments a hand-written Triton kernel (:mod:`models.triton_kernels`) does not take: the caller runs the
-    eager math instead."""
 
 
 KERNEL_MODES = ("triton", "inductor", "eager")
@@ -178,7 +174,10 @@ def _triton(name: str) -> Callable:
     and runs the eager math)."""
     def call(*args):
         from . import triton_kernels
-        return getattr(triton_kernels, name)(*args)
+        try:
+            return getattr(triton_kernels, name)(*args)
+        except triton_kernels.Unsupported:
+            return NotImplemented      # arguments the kernel does not take: Fusable runs the eager math
     call.__name__ = name
     return call
 

@@ -122,9 +122,10 @@ def test_fused_kernels_on_cuda_equal_eager(dtype, tol):
 
 def test_triton_kernels_on_cuda_round_as_eager_in_bfloat16():
     """``kernels: triton`` (the default): the hand-written kernels at the 7B widths in bfloat16 against the library's
-    eager math on the GPU. The rotaries and the residual sum evaluate eager's float32 expressions and round where it
-    rounds: bit for bit. RMSNorm and LayerNorm sum in another order and SiLU uses the fast exp, so a few elements
-    are one bfloat16 step off (Inductor's kernels, which round once at the end, differ far more: see
+    eager math on the GPU. The LLM rotary and the residual sum round where eager rounds: bit for bit. RMSNorm and
+    LayerNorm sum in another order, SiLU uses the fast exp, and the vision rotary's float32 ``q cos + rot sin`` is
+    contracted to a fused multiply-add: a few elements are one bfloat16 step off (H100, session 11:
+    3e-6 to 2e-5 of the elements; Inductor's kernels, which round once at the end, 26-34 % on the LLM kernels,
     bench/triton_kernels_check.py)."""
     from models import kernels as K
     from models.vision_attention import fused_rotary_qk, rotary_qk
@@ -136,21 +137,21 @@ def test_triton_kernels_on_cuda_round_as_eager_in_bfloat16():
     cos, sin = torch.randn(300, 128, **bf), torch.randn(300, 128, **bf)
     for got, want in zip(K.rope_rows(q, k, cos, sin), K._rope(q, k, cos, sin)):
         assert torch.equal(got, want)
-    vq, vk = torch.randn(4, 63, 16, 72, **bf), torch.randn(4, 63, 16, 72, **bf)
-    vc, vs = torch.randn(63, 1, 72, device="cuda"), torch.randn(63, 1, 72, device="cuda")
-    for got, want in zip(fused_rotary_qk(vq, vk, vc, vs), rotary_qk(vq, vk, vc, vs)):
-        assert torch.equal(got, want)
     x, r = torch.randn(500, 1152, **bf), torch.randn(500, 1152, **bf) * 8
     w, b = torch.randn(1152, **bf), torch.randn(1152, **bf)
     (s1, n1), (s2, n2) = K.add_layer_norm(x, r, w, b, 1e-6), K._add_layer_norm(x, r, w, b, 1e-6)
     assert torch.equal(s1, s2)
+    vq, vk = torch.randn(4, 63, 16, 72, **bf), torch.randn(4, 63, 16, 72, **bf)
+    vc, vs = torch.randn(63, 1, 72, device="cuda"), torch.randn(63, 1, 72, device="cuda")
     h, wn = torch.randn(500, 3584, **bf) * 4, torch.randn(3584, **bf)
     g, u = torch.randn(500, 4096, **bf) * 3, torch.randn(500, 4096, **bf)
-    for got, want in ((n1, n2), (K.rms_norm(h, wn, 1e-6), K._rms_norm(h, wn, 1e-6)),
-                      (K.silu_mul(g, u), K._silu_mul(g, u))):
+    pairs = [(n1, n2), (K.rms_norm(h, wn, 1e-6), K._rms_norm(h, wn, 1e-6)), (K.silu_mul(g, u), K._silu_mul(g, u)),
+             *zip(fused_rotary_qk(vq, vk, vc, vs), rotary_qk(vq, vk, vc, vs))]
+    for got, want in pairs:
+        assert got.dtype == want.dtype and got.shape == want.shape
         step = torch.finfo(torch.bfloat16).eps * want.float().abs().clamp_min(1e-30)
         assert ((got.float() - want.float()).abs() <= step * 1.0001).all()       # at most one bfloat16 step
-        assert (got != want).float().mean() < 0.01
+        assert (got != want).float().mean() < 1e-3
     assert all(f.triton_state == "ok" for f in (K.rms_norm, K.rope_rows, K.silu_mul, K.add_layer_norm,
                                                 fused_rotary_qk))
 
@@ -282,7 +283,7 @@ def test_fused_vision_encoder_on_cuda_equal_library(dtype, tol):
             forwards.fuse(vision, False)
     ops = [e.key for e in prof.key_averages()]
     counts = {e.key: e.count for e in prof.key_averages()}
-    assert fused.add_layer_norm.state == "ok"
+    assert fused.add_layer_norm.triton_state == "ok"          # kernels: triton, the default
     assert counts.get("aten::_addmm_activation") == cfg.num_hidden_layers
     assert not [k for k in ops if k.startswith("aten::gelu")]
     assert counts.get("aten::native_layer_norm") == 2

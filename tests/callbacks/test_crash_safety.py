@@ -333,11 +333,12 @@ def test_modules_record_defaults_match_their_record_settings(tiny_vl3_dir):
     from lightning_modules.budgeted_qa import BudgetedQA
 
     assert BudgetedQA.RECORD_DEFAULTS == {"original_projector": None, "cudnn_attention": False,
-                                          "add_system_prompt": True, "first_step": "wait"}
+                                          "add_system_prompt": True, "first_step": "wait", "kernels": "triton"}
     off = BudgetedQA(model_path=str(tiny_vl3_dir)).record_settings()
     assert not set(off) & set(BudgetedQA.RECORD_DEFAULTS)
-    on = BudgetedQA(model_path=str(tiny_vl3_dir), cudnn_attention=True, original_projector="/x/p.pt").record_settings()
-    assert on["cudnn_attention"] is True and on["original_projector"] == "/x/p.pt"
+    on = BudgetedQA(model_path=str(tiny_vl3_dir), cudnn_attention=True, original_projector="/x/p.pt",
+                    kernels="inductor").record_settings()
+    assert on["cudnn_attention"] is True and on["original_projector"] == "/x/p.pt" and on["kernels"] == "inductor"
     assert BudgetedQA(model_path=str(tiny_vl3_dir), add_system_prompt=False).record_settings()["add_system_prompt"] \
         is False
     assert BudgetedQA(model_path=str(tiny_vl3_dir), first_step="eager").record_settings()["first_step"] == "eager"
