@@ -1,0 +1,20 @@
+#!/bin/bash
+# Session 11 (2026-12-06), call 3 (the session's last device time, ~240 s after the start): the GPU tests again (two
+# fixed for kernels: triton), then the user's CLI on the whole workload-shaped set: kernels triton (the default; a
+# fresh machine, so Triton's cache is cold), kernels eager (the library's own kernels: the records compared with
+# triton's are the exactness check of the Triton kernels), triton with model.warm_first_calls=true (first calls set
+# up beside the load now that no compilation shares the GIL), triton again (warm Triton cache).
+#   bash bench/device_s11_call3.sh                        (carry .whl)
+set -u
+. bench/device_site.sh
+export NVDEC_TEST_CLIPS=$PWD/.whl/nvdec_clips
+( timeout 200 python3 -m pytest -q -p no:hypothesispytest -p no:cacheprovider -m gpu tests/test_gpu.py \
+    tests/datamodules/test_nvdec.py > "$OUT/gpu_tests.txt" 2>&1 ) &
+set_and_checkpoint
+timeout $(( 585 - ($(date +%s) - T0) )) python3 bench/workload.py --videos /tmp/wl --paths nvdec --only short \
+  --workers 16 --cli --cli-decoders auto auto/model.kernels=eager auto/model.warm_first_calls=true auto \
+  --json "$OUT/cli_kernels.json" > "$OUT/cli_kernels.txt" 2>&1
+echo "rc $?"; grep -E "^CLI.*(videos,|stages|timeline)|records identical|differing fields|Traceback|Error" \
+  "$OUT/cli_kernels.txt" | cut -c1-600 | head -30
+stamp "CLI"
+wait; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu_tests.txt" | head -12; stamp "gpu tests"
