@@ -338,6 +338,9 @@ class BudgetedQA(LightningModule):
             raise SettingError(f"model.first_step must be one of {FIRST_STEP_MODES}, got {first_step!r}")
         if kernels not in KERNEL_MODES:
             raise SettingError(f"model.init_args.kernels must be one of {KERNEL_MODES}, got {kernels!r}")
+        if first_step != "wait" and kernels != "inductor":
+            raise SettingError(f"model.init_args.first_step: {first_step} acts only with kernels: inductor (it runs "
+                               f"the eager math while torch.compile works); kernels is {kernels!r}")
         set_kernel_mode(kernels)   # process-wide, before the early start below runs the kernels
         check_template(prompt_template)
         check_dtype("model.init_args.dtype", dtype)   # before anything is written (run.json, the output folder)

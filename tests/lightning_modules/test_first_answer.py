@@ -108,7 +108,8 @@ def test_bad_start_settings_are_one_line_errors(tiny_vl3_dir):
     # it; the default is left out, so folders written before the setting existed still resume; early_start is not
     # recorded (the same tokens)
     assert "first_step" not in BudgetedQA(model_path=str(tiny_vl3_dir)).record_settings()
-    assert BudgetedQA(model_path=str(tiny_vl3_dir), first_step="eager").record_settings()["first_step"] == "eager"
+    assert BudgetedQA(model_path=str(tiny_vl3_dir), first_step="eager",
+                      kernels="inductor").record_settings()["first_step"] == "eager"
     assert "early_start" not in BudgetedQA(model_path=str(tiny_vl3_dir), early_start=False).record_settings()
 
     with pytest.raises(SettingError, match="first_step"):
@@ -173,7 +174,7 @@ def test_fusable_runs_eager_in_other_threads_while_the_compilation_runs():
 def test_eager_first_step_does_not_wait_and_decodes_static_meanwhile(monkeypatch):
     from lightning_modules.budgeted_qa import BudgetedQA
 
-    module = BudgetedQA(decode="graph", first_step="eager")
+    module = BudgetedQA(decode="graph", first_step="eager", kernels="inductor")
     monkeypatch.setattr(module, "_answer_video", lambda item: ["answered"])
     release = threading.Event()
     thread = warm.in_background(release.wait, "fused-kernel-compile")
@@ -191,3 +192,18 @@ def test_eager_first_step_does_not_wait_and_decodes_static_meanwhile(monkeypatch
     finally:
         Fusable.eager_while = None
         release.set()
+
+
+def test_kernels_setting_is_checked_and_set_process_wide(tiny_vl3_dir):
+    """``model.kernels`` names how the fused kernels run (process-wide); a bad value and ``first_step: eager`` without
+    ``kernels: inductor`` (it would do nothing) are refused before anything runs."""
+    from lightning_modules.budgeted_qa import BudgetedQA
+
+    BudgetedQA(model_path=str(tiny_vl3_dir), kernels="eager")
+    assert Fusable.mode == "eager"
+    BudgetedQA(model_path=str(tiny_vl3_dir))
+    assert Fusable.mode == "triton"
+    with pytest.raises(SettingError, match="kernels must be one of"):
+        BudgetedQA(model_path=str(tiny_vl3_dir), kernels="compiled")
+    with pytest.raises(SettingError, match="first_step: eager acts only with kernels: inductor"):
+        BudgetedQA(model_path=str(tiny_vl3_dir), first_step="eager")
