@@ -278,7 +278,8 @@ class BudgetedQA(LightningModule):
             25,084-token question passed 8 GB on the CPU demo). A video's ordinary questions fit one batch and one
             chunk (the same tokens); split ones give the same tokens up to floating-point rounding
             (:class:`~models.videollama3.answering.SharedPrefixAnswering`). Not recorded in ``run.json``.
-        first_step: ``wait`` (default): the first step waits for the early compilation; ``eager``: steps that
+        first_step: (``kernels: inductor`` only; refused otherwise) ``wait`` (default): the first step waits for
+            the early compilation; ``eager``: steps that
             start while it still runs use the eager math of the fused kernels and decode ``static`` (no CUDA
             graph), and the compiled kernels take over once it has ended (:attr:`models.kernels.Fusable.
             eager_while`). On CUDA in half precision the eager math rounds differently from the compiled kernels,

@@ -3,13 +3,22 @@
 Eager transformers code runs each elementwise step of RMSNorm, rotary and the gated MLP as its own kernel: an
 RMSNorm is ~7 passes over the hidden states (cast, square, mean, rsqrt, two multiplies, cast back), the rotary
 ~10 passes over q and k. In a prefill of 16k rows these are memory-bound passes; in a decode step of a few rows
-they are ~1,700 tiny kernels per step, which bound the step's time. Here each of them is ONE kernel:
-``torch.compile`` (Inductor, dynamic shapes, full graph) of a function holding exactly the library's math.
+they are ~1,700 tiny kernels per step, which bound the step's time. Here each of them is ONE kernel, run one of
+three ways (:func:`set_mode`, process-wide; ``BudgetedQA(kernels=...)``):
 
-* :class:`Fusable` — a function compiled on CUDA tensors and run eagerly elsewhere. On the CPU the eager function
-  IS the library's math, so results are bit-identical there (tested); on CUDA they equal it to the rounding of the
-  intermediates Inductor keeps in float32. If compiling fails at the first call (no Triton, an unsupported GPU)
-  the eager function is used for the rest of the process, with one warning.
+* ``triton`` (default): a hand-written Triton kernel (:mod:`models.triton_kernels`) that rounds where the library's
+  eager code rounds, with nothing to compile but Triton's own kernel (no TorchDynamo, no Inductor: on the H100 the
+  first answer came 4-13 s sooner, ``docs/performance.md`` session 11); a function without one runs its eager math
+  (the shared-prefix merge and the 4-D rotary: in a CUDA-graph decode step their small kernels are replayed).
+* ``inductor``: ``torch.compile`` (Inductor, dynamic shapes, full graph) of a function holding exactly the library's
+  math (the default before 2026-12-06; Inductor keeps the intermediates in float32, so half-precision results
+  round differently from eager);
+* ``eager``: the library's math.
+
+* :class:`Fusable` — a function run as its Triton kernel or compiled on CUDA tensors, eagerly elsewhere. On the
+  CPU the eager function IS the library's math, so results are bit-identical there (tested). If the Triton kernel
+  or the compilation fails at the first call (no Triton, an unsupported GPU) the eager function is used for the
+  rest of the process, with one warning.
 * The kernels: :data:`rms_norm`, :data:`rope` / :data:`rope_rows` (:func:`fused_rope`), :data:`silu_mul`,
   :data:`add_layer_norm` and :func:`gelu_tanh_linear` (one cuBLASLt GEMM with its GELU epilogue). They are bound on
   a model's modules by :func:`models.fused_forwards.fuse`.
