@@ -125,13 +125,14 @@ class Fusable:
 
     def _run_triton(self, args: tuple):
         """The Triton kernel; arguments it does not take (it returns ``NotImplemented``,
-        :class:`models.triton_kernels.Unsupported`) run the eager math, and so does every later call after its first
-        call failed otherwise (no Triton, a GPU it does not compile for: one warning naming the function). A kernel
-        that ran once raises later errors."""
+        :class:`models.triton_kernels.Unsupported`) run the eager math, and so does every later call after a call
+        failed: at the first call for any reason (no Triton, a GPU it does not compile for), later only when Triton
+        could not build the kernel for new arguments (its compilation error or too few GPU resources for a new width);
+        one warning names the function. Other errors of a kernel that ran before are raised."""
         try:
             out = self.triton(*args)
-        except Exception as e:  # noqa: BLE001 - first call: the eager math is the same
-            if self.triton_state == "ok":
+        except Exception as e:  # noqa: BLE001 - the eager math is the same
+            if self.triton_state == "ok" and not _triton_build_error(e):
                 raise
             log.warning("the Triton kernel of %s failed (%s); using the eager function", self.name, e)
             self.triton_state = "failed"
@@ -189,6 +190,21 @@ def _triton(name: str) -> Callable:
             return NotImplemented      # arguments the kernel does not take: Fusable runs the eager math
     call.__name__ = name
     return call
+
+
+def _triton_build_error(error: BaseException) -> bool:
+    """Whether ``error`` is Triton failing to build a kernel (its compilation error, or a kernel asking for more
+    shared memory or registers than the GPU has), not an error of running one."""
+    names = {"CompilationError", "OutOfResources"}
+    return any(type(e).__name__ in names and type(e).__module__.startswith("triton") for e in _chain(error))
+
+
+def _chain(error: BaseException | None):
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
 
 
 def _caused_by(error: BaseException, kind: type) -> bool:

@@ -147,3 +147,38 @@ def test_a_failing_first_triton_call_falls_back_to_eager_for_good(caplog):
         assert torch.equal(f(g, g), K._silu_mul(g, g))
     finally:
         K.Fusable.mode = old
+
+
+def test_a_later_triton_build_failure_falls_back_and_a_run_error_is_raised(caplog):
+    """After a kernel ran once, Triton failing to build it for new arguments (its compilation error) gives the eager
+    math with a warning, as at the first call; any other error of a kernel that ran before is raised."""
+    from triton.compiler.errors import CompilationError
+
+    from models import kernels as K
+
+    g = torch.randn(5)
+    calls = []
+
+    def kernel(*a):
+        calls.append(1)
+        if len(calls) == 2:
+            raise CompilationError("src", None, "too wide")
+        if len(calls) == 3:
+            raise RuntimeError("an illegal memory access")
+        return K._silu_mul(*a)
+
+    old = K.set_mode("triton")
+    try:
+        f = K.Fusable(K._silu_mul, "SiLU*up (test)", devices=("cpu",), triton=kernel)
+        f(g, g)
+        assert f.triton_state == "ok"
+        with caplog.at_level("WARNING"):
+            assert torch.equal(f(g, g), K._silu_mul(g, g))
+        assert f.triton_state == "failed" and "Triton kernel of SiLU*up (test) failed" in caplog.text
+        f2 = K.Fusable(K._silu_mul, "SiLU*up (test 2)", devices=("cpu",), triton=kernel)
+        calls[:] = [1, 1]                                   # its next call is the third: a run error
+        f2.triton_state = "ok"
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            f2(g, g)
+    finally:
+        K.Fusable.mode = old
