@@ -1,5 +1,5 @@
 #!/bin/bash
-# Prepared in session 10 (2026-12-06) for the next session's second call: where the contended step's time goes.
+# Session 11, call 2 (prepared in session 10 as bench/device_next2.sh, run as it was): where the contended step's time goes.
 # bench/qa_step_profile.py --loader-contention (new): the same seen videos stepped beside the CLI's own decode loader
 # (16 workers over the workload-shaped set, encoder sizes held in the workers, the CLI's decoder threads): none,
 # auto, auto with worker_niceness 10, auto unpinned, cpu, none again. A step as slow beside cpu workers as beside
