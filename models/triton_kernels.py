@@ -110,32 +110,42 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------------- SiLU * up
 @triton.jit
-def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    g = tl.load(g_ptr + offs, mask=m, other=0.0).to(tl.float32)
-    u = tl.load(u_ptr + offs, mask=m, other=0.0).to(tl.float32)
+def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, width, g_stride, u_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < width
+    g = tl.load(g_ptr + row * g_stride + cols, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + row * u_stride + cols, mask=m, other=0.0).to(tl.float32)
     s = (g / (1.0 + tl.exp(-g))).to(out_ptr.dtype.element_ty).to(tl.float32)   # F.silu(gate), rounded
-    tl.store(out_ptr + offs, (s * u).to(out_ptr.dtype.element_ty), mask=m)  # * up, rounded
+    tl.store(out_ptr + row * width + cols, (s * u).to(out_ptr.dtype.element_ty), mask=m)   # * up, rounded
 
 
 _SILU_BLOCK = 1024
 
 
+def _rows_view(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as (rows, width) with unit column stride: a view where the strides allow (the gate and up halves of one
+    stacked GEMM output are such row-strided views), else a contiguous copy."""
+    t2 = t.reshape(-1, t.shape[-1]) if t.dim() else t.reshape(1, 1)
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up``: gate, up (..., I) of one shape and dtype -> (..., I).
+    """``silu(gate) * up``: gate, up (..., I) of one shape and dtype -> (..., I) contiguous. Rows may be strided
+    (read in place).
 
     Raises:
         Unsupported: shapes or dtypes that differ (the eager code would broadcast or promote), another dtype.
     """
     _check(gate, up)
-    if gate.shape != up.shape:
+    if gate.shape != up.shape or gate.dim() == 0:
         raise Unsupported(f"shapes {tuple(gate.shape)} and {tuple(up.shape)}")
-    gate, up = gate.contiguous(), up.contiguous()
-    out = torch.empty_like(gate)
-    n = gate.numel()
-    if n:
-        _silu_mul_kernel[(triton.cdiv(n, _SILU_BLOCK),)](gate, up, out, n, BLOCK=_SILU_BLOCK, num_warps=4)
+    g2, u2 = _rows_view(gate), _rows_view(up)
+    rows, width = g2.shape
+    out = torch.empty(gate.shape, device=gate.device, dtype=gate.dtype)
+    if rows and width:
+        _silu_mul_kernel[(rows, triton.cdiv(width, _SILU_BLOCK))](g2, u2, out, width, g2.stride(0), u2.stride(0),
+                                                                   BLOCK=_SILU_BLOCK, num_warps=4)
     return out
 
 
@@ -207,22 +217,24 @@ def rope_rows(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
 
 def vision_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """``apply_rotary_pos_emb_vision`` as :func:`models.vision_attention.rotary_qk` computes it: q, k (..., N, H, d) of
-    one dtype, cos / sin (N, 1, d) float32 (broadcast over the leading dims and heads); float32 math, results cast to
-    q's dtype -> ``(q_rot, k_rot)`` of q's shape.
+    one dtype, cos / sin float32 of shape (N, 1, d) (broadcast over the leading dims and heads: every frame has the
+    same positions) or (..., N, 1, d) (one row per token); float32 math, results cast to q's dtype ->
+    ``(q_rot, k_rot)`` of q's shape.
 
     Raises:
-        Unsupported: cos / sin not float32 or not (N, 1, d), q and k of other shapes or dtypes.
+        Unsupported: cos / sin not float32 or of another shape, q and k of other shapes or dtypes.
     """
     _check(q, k)
     _check(cos, sin)
-    if cos.dtype != torch.float32 or sin.dtype != torch.float32 or q.shape != k.shape or q.dim() < 2:
+    if cos.dtype != torch.float32 or sin.dtype != torch.float32 or q.shape != k.shape or q.dim() < 3:
         raise Unsupported("vision rotary wants float32 cos/sin and q, k of one shape")
-    n, heads, d = q.shape[-3], q.shape[-2], q.shape[-1]
-    if cos.shape != (n, 1, d) or sin.shape != cos.shape:
+    heads, d = q.shape[-2], q.shape[-1]
+    if sin.shape != cos.shape or cos.shape not in ((q.shape[-3], 1, d), (*q.shape[:-2], 1, d)):
         raise Unsupported(f"cos {tuple(cos.shape)} for q {tuple(q.shape)}")
     lead = q.shape[:-2]
-    qo, ko = _rope(q.reshape(-1, heads, d), k.reshape(-1, heads, d), cos.reshape(n, d), sin.reshape(n, d),
-                   max(n, 1), round_each=False)
+    period = cos.numel() // d                # rows of cos: N (repeated per frame) or every token's
+    qo, ko = _rope(q.reshape(-1, heads, d), k.reshape(-1, heads, d), cos.reshape(period, d),
+                   sin.reshape(period, d), max(period, 1), round_each=False)
     return qo.view(*lead, heads, d), ko.view(*lead, heads, d)
 
 

@@ -47,6 +47,15 @@ q, k = torch.randn(3, 5, 4, 12, dtype=h), torch.randn(3, 5, 4, 12, dtype=h)
 c, s = torch.randn(5, 1, 12), torch.randn(5, 1, 12)
 (a, b), (ra, rb) = T.vision_rotary(q, k, c, s), rotary_qk(q, k, c, s)
 out["vision_rotary"] = [list(a.shape), int((a != ra).sum() + (b != rb).sum())]
+# one cos row per token (T, N, 1, d) instead of one per position
+ct, st = torch.randn(3, 5, 1, 12), torch.randn(3, 5, 1, 12)
+(a, b), (ra, rb) = T.vision_rotary(q, k, ct, st), rotary_qk(q, k, ct, st)
+out["vision_rotary_per_token"] = int((a != ra).sum() + (b != rb).sum())
+# the gate and up halves of one stacked GEMM output: row-strided views, read in place
+gu = torch.randn(2, 7, 2 * 300, dtype=h) * 3
+gate_v, up_v = gu.chunk(2, dim=-1)
+got = T.silu_mul(gate_v, up_v)
+out["silu_strided"] = [list(got.shape), bool(got.is_contiguous()), int((got != T.silu_mul(gate_v.contiguous(), up_v.contiguous())).sum())]
 x, r = torch.randn(9, 72, dtype=h), torch.randn(9, 72, dtype=h) * 8
 w, bb = torch.randn(72, dtype=h), torch.randn(72, dtype=h)
 res = []
@@ -92,6 +101,8 @@ def test_elementwise_kernels_equal_the_eager_math_bit_for_bit(interpreted):
     assert interpreted["vision_rotary"] == [[3, 5, 4, 12], 0]
     assert [sums for sums, _ in interpreted["add_layer_norm"]] == [0, 0, 0]     # residual + x, rounded as eager
     assert interpreted["strided"] == 0
+    assert interpreted["vision_rotary_per_token"] == 0
+    assert interpreted["silu_strided"] == [[2, 7, 300], True, 0]
 
 
 def test_reductions_and_silu_within_one_ulp_of_the_eager_math(interpreted):
