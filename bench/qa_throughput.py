@@ -6,7 +6,8 @@ Per video and budget (3 questions, answers forced to ``--new-tokens`` tokens, gr
                  ((a) and (b): the library's forwards, stock per-frame SDPA encoder)
   (c) batched    encode once (frame-batched attention), prefill once, all questions decoded together on a
                  DynamicCache repeated per question (transformers' masks; the simple batched path); (c) and (d)
-                 run the fused RMSNorm / rotary / SiLU-gate kernels of ``models/kernels.py``
+                 run the fused RMSNorm / rotary / SiLU-gate kernels of ``models/kernels.py`` (``--kernels``: the
+                 hand-written Triton ones by default, ``inductor`` for torch.compile's, ``eager``)
   (d) ours       as (c), but the questions attend the shared prefix once per layer (``models/videollama3/shared_prefix.py``),
                  only their suffixes live in a small StaticCache and the decode step is a CUDA graph (GPU only;
                  ``nan`` on the CPU, and its ratios are not computed there)
@@ -602,6 +603,8 @@ def main(argv=None) -> None:
     ap.add_argument("--vision-attn", default="frame_batched", help="frame_batched | sdpa | flash_attention_2 ...")
     ap.add_argument("--repeats", type=int, default=2, help="runs per (video, budget): the first is warm-up, each time is the median of the others")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--kernels", choices=("triton", "inductor", "eager"), default="triton",
+                    help="how (c) and (d) run the fused kernels (models.kernels.set_mode; the CLI's model.kernels)")
     ap.add_argument("--logit-tol", type=float, default=LOGIT_TOL,
                     help="token check (same a=b/b=c/c=d): the paths' teacher-forced logits must agree within this "
                          "many logit units, and their tokens are compared only where the top-2 margin exceeds it")
@@ -625,6 +628,9 @@ def main(argv=None) -> None:
     videos = args.videos or [str(repo / "assets/media/cockatoo.mp4")]
     budgets = args.budgets or ([256, 1024] if args.tiny else [4096, 16384])
     torch.manual_seed(0)
+    from models.kernels import set_mode
+
+    set_mode(args.kernels)
     if args.no_cudnn_sdp:
         torch.backends.cuda.enable_cudnn_sdp(False)
     vlm = build_tiny_model() if args.tiny else build_bench_model(args.attn, args.vision_attn)
@@ -715,7 +721,8 @@ def main(argv=None) -> None:
               + f"{r['floor_s']:>10.4f}{r['floor_prefill_s']:>15.4f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "wait": ws, "peak_gib": peak, "gemm_tflops": ceiling,
-                                               "hbm_tbps": args.hbm_tbps, "floor_attention": args.floor_attention},
+                                               "hbm_tbps": args.hbm_tbps, "floor_attention": args.floor_attention,
+                                               "kernels": args.kernels},
                                               indent=2, default=str))
 
 
