@@ -200,6 +200,7 @@ def _triton_build_error(error: BaseException) -> bool:
 
 
 def _chain(error: BaseException | None):
+    """``error``, then the exceptions it was raised from / during, each once."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
@@ -209,13 +210,7 @@ def _chain(error: BaseException | None):
 
 def _caused_by(error: BaseException, kind: type) -> bool:
     """Whether ``error`` or an exception it was raised from / during is a ``kind``."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, kind):
-            return True
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return False
+    return any(isinstance(e, kind) for e in _chain(error))
 
 
 def host_to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
