@@ -1,5 +1,10 @@
 """Compile the fused kernels of a VideoLLaMA3 checkpoint while its weights load (the first video's warm-up).
 
+With ``kernels: triton`` (the default since session 11, :func:`models.kernels.set_mode`) the same calls make Triton
+compile its hand-written kernels (or read them from its cache) and run the merge's eager math once; on the H100 the
+thread took 4.9-6.0 s beside the weight load, the process's CUDA initialisation included, and ended before the load
+did. What follows describes ``kernels: inductor``.
+
 The fused kernels (:mod:`models.kernels`, :mod:`models.vision_attention`) are ``torch.compile`` graphs built at
 their first call, which is the first video's predict step. Their shapes depend only on the checkpoint's config
 (hidden sizes, heads, head dims, norm epsilons, dtype), with the token/frame counts dynamic, so they can be compiled
