@@ -67,6 +67,20 @@ out["add_layer_norm"] = res
 qt = torch.randn(6, 16, 4, dtype=h).transpose(1, 2)
 kc, c6, s6 = torch.randn(6, 2, 16, dtype=h), torch.randn(6, 16, dtype=h), torch.randn(6, 16, dtype=h)
 out["strided"] = int((T.rope_rows(qt, kc, c6, s6)[0] != T.rope_rows(qt.contiguous(), kc, c6, s6)[0]).sum())
+# odd sizes: one row, widths that are not powers of two, head counts of 1 and 3, a head dim of 6
+odd = 0
+for n, width in ((1, 1), (1, 13), (3, 1000), (2, 4097)):
+    xo, wo = torch.randn(n, width, dtype=h), torch.randn(width, dtype=h)
+    odd += int((T.rms_norm(xo, wo, 1e-5).float() - K._rms_norm(xo, wo, 1e-5).float()).abs().gt(
+        torch.finfo(h).eps * K._rms_norm(xo, wo, 1e-5).float().abs()).sum())
+    so, lo = T.add_layer_norm(xo, wo.expand(n, width).contiguous(), wo, None, 1e-5)
+    odd += int((so != K._add_layer_norm(xo, wo.expand(n, width).contiguous(), wo, None, 1e-5)[0]).sum())
+    odd += int((T.silu_mul(xo, xo) != K._silu_mul(xo, xo)).float().gt(0).sum() > 1)
+for n, hq, hk, d in ((1, 3, 1, 6), (4, 1, 1, 2), (2, 28, 4, 128)):
+    qo, ko = torch.randn(n, hq, d, dtype=h), torch.randn(n, hk, d, dtype=h)
+    co, sn = torch.randn(n, d, dtype=h), torch.randn(n, d, dtype=h)
+    odd += sum(int((a != b).sum()) for a, b in zip(T.rope_rows(qo, ko, co, sn), K._rope(qo, ko, co, sn)))
+out["odd_sizes"] = odd
 # arguments the kernels do not take
 refused = []
 for name, call in (("mixed dtypes", lambda: T.rms_norm(torch.randn(3, 8), torch.randn(8, dtype=h), 1e-6)),
@@ -104,6 +118,7 @@ def test_elementwise_kernels_equal_the_eager_math_bit_for_bit(interpreted):
     assert interpreted["strided"] == 0
     assert interpreted["vision_rotary_per_token"] == 0
     assert interpreted["silu_strided"] == [[2, 7, 300], True, 0]
+    assert interpreted["odd_sizes"] == 0         # 1 row, widths 1 / 13 / 1000 / 4097, 1 or 3 heads, head dim 2 or 6
 
 
 def test_reductions_and_silu_within_one_ulp_of_the_eager_math(interpreted):
