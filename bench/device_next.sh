@@ -7,9 +7,7 @@
 #   bash bench/device_next.sh                             (carry .whl)
 set -u
 . bench/device_site.sh
-export NVDEC_TEST_CLIPS=$PWD/.whl/nvdec_clips
-( timeout 200 python3 -m pytest -q -p no:hypothesispytest -p no:cacheprovider -m gpu tests/test_gpu.py \
-    tests/datamodules/test_nvdec.py > "$OUT/gpu_tests.txt" 2>&1 ) &
+gpu_tests_start
 set_and_checkpoint
 timeout $(( 585 - ($(date +%s) - T0) )) python3 bench/workload.py --videos /tmp/wl --paths nvdec --only short \
   --workers 16 --cli --cli-decoders auto auto/model.kernels=eager auto/model.warm_first_calls=true auto \
@@ -17,4 +15,4 @@ timeout $(( 585 - ($(date +%s) - T0) )) python3 bench/workload.py --videos /tmp/
 echo "rc $?"; grep -E "^CLI.*(videos,|stages|timeline)|records identical|differing fields|Traceback|Error" \
   "$OUT/cli_kernels.txt" | cut -c1-600 | head -30
 stamp "CLI"
-wait; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu_tests.txt" | head -12; stamp "gpu tests"
+gpu_tests_report

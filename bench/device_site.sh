@@ -49,3 +49,15 @@ for f in ("/tmp/imp1.txt", "/tmp/imp2.txt"):
 PY
   stamp "imports"
 }
+
+# the GPU tests (tests/test_gpu.py, tests/datamodules/test_nvdec.py -m gpu, the NVDEC clips carried in .whl) in the
+# background: gpu_tests_start, then gpu_tests_report (waits, prints the summary lines of $OUT/gpu_tests.txt)
+gpu_tests_start() {
+  export NVDEC_TEST_CLIPS=$PWD/.whl/nvdec_clips
+  ( timeout 200 python3 -m pytest -q -p no:hypothesispytest -p no:cacheprovider -m gpu tests/test_gpu.py \
+      tests/datamodules/test_nvdec.py > "$OUT/gpu_tests.txt" 2>&1 ) &
+  GPU_TESTS_PID=$!
+}
+gpu_tests_report() {
+  wait "$GPU_TESTS_PID"; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu_tests.txt" | head -12; stamp "gpu tests"
+}
