@@ -97,7 +97,7 @@ def _done_from_file(path: Path, done: dict[str, set[str]], failed: dict[str, set
     that is not UTF-8 (a damaged disk block) is unreadable too: scoring skips it (:func:`callbacks.scoring.
     read_records`), so its question is run again rather than taken as done with replacement characters. With
     ``keys`` given, the first answered record of each qid adds ``qid -> (answer, options, "<path> line <n>",
-    video)``
+    video, question_sha1)``
     (what the question was when it was answered: :meth:`JsonlPredictionWriter.written_keys`)."""
     for n, rec, err in jsonl_lines(path):
         try:
@@ -110,7 +110,7 @@ def _done_from_file(path: Path, done: dict[str, set[str]], failed: dict[str, set
             if keys is not None and not rec.get("error") and str(rec["qid"]) not in keys:
                 opts = rec.get("options")
                 keys[str(rec["qid"])] = (rec.get("answer"), list(opts) if isinstance(opts, list) else None,
-                                         f"{path} line {n}", rec.get("video"))
+                                         f"{path} line {n}", rec.get("video"), rec.get("question_sha1"))
         except (ValueError, KeyError, TypeError) as e:
             log.warning("%s line %d: unreadable record (%s), skipped: its question is run again unless another "
                         "line holds it", path, n,
@@ -364,7 +364,7 @@ class JsonlPredictionWriter(BasePredictionWriter):
         self.retry_errors = retry_errors
         self._done: dict[str, set[str]] | None = None
         self._failed: dict[str, set[str]] = {}
-        self._keys: dict[str, tuple] = {}   # qid -> (answer, options, where, video) of the records read (written_keys)
+        self._keys: dict[str, tuple] = {}   # qid -> (answer, options, where, video, question_sha1) of the records read
         self._lock_fd: int | None = None
         self._trace_handler: logging.Handler | None = None
         self._run_jobs: set[str] | None = None   # the module's jobs (``setup``); None: every job of the folder
@@ -421,8 +421,8 @@ class JsonlPredictionWriter(BasePredictionWriter):
         return self._done
 
     def written_keys(self) -> dict[str, tuple]:
-        """``qid -> (answer, options, where, video)`` of the answered records already written (the first record of
-        each qid; ``options`` / ``video`` ``None`` where a record has none): what each question was when it was answered, so a resumed
+        """``qid -> (answer, options, where, video, question_sha1)`` of the answered records already written (the first
+        record of each qid; ``options`` / ``video`` / ``question_sha1`` ``None`` where a record has none): what each question was when it was answered, so a resumed
         run can tell that the annotation changed since (``datamodules.videoqa.annotation_changes``)."""
         self.done_qids()
         return self._keys

@@ -23,7 +23,7 @@ MAX_NICENESS = 19
 
 from algorithms.errors import SettingError, check_int
 
-from .benchmarks import AnnotationError, Question, canonical_loader_kwargs, load_benchmark
+from .benchmarks import AnnotationError, Question, canonical_loader_kwargs, load_benchmark, question_sha1
 from .benchmarks.base import check_media_present, path_problem
 from .decode import (DECODERS, MAX_REPLACED_FRAC, STRICT_FRAMES, NATIVE_DECODE_BYTES, auto_decode_threads,
                      auto_num_workers)
@@ -627,28 +627,36 @@ def first_video_on_cpu(decoder: str, workers: int, nvdec_may_run: bool, order: S
 
 def annotation_changes(questions: Sequence[Question], written: dict[str, tuple]) -> list[str]:
     """What differs between the annotation's ``questions`` and the records already written for the same qids
-    (``written``: ``qid -> (answer, options, where, video)``, :meth:`callbacks.jsonl_writer.
+    (``written``: ``qid -> (answer, options, where, video, question_sha1)``, :meth:`callbacks.jsonl_writer.
     JsonlPredictionWriter.written_keys`): one line per changed question, naming the qid, the field, both values and
-    the record's file and line. The answer is compared always, the options and the video where the record has them;
-    a qid the annotation no longer has is not a change (a run of fewer videos or another benchmark split reads the
-    same folder; the scores leave its records out).
+    the record's file and line. The answer is compared always; the options, the video and the question's text (by
+    :func:`datamodules.benchmarks.question_sha1`; records written before 2026-12-06 have none) where the record has
+    them; a qid the annotation no longer has is not a change (a run of fewer videos or another benchmark split reads
+    the same folder; the scores leave its records out).
 
     >>> q = Question("7-1", "7", "/v/7.mp4", "Q?", ["x", "y"], "B")
-    >>> annotation_changes([q], {"7-1": ("B", ["x", "y"], "f line 1", "7")}), annotation_changes([q], {"7-1": ("A", None, "f line 2", None)})
+    >>> annotation_changes([q], {"7-1": ("B", ["x", "y"], "f line 1", "7", None)}), annotation_changes([q], {"7-1": ("A", None, "f line 2", None, None)})
     ([], ["7-1: answer 'A' there, 'B' now (f line 2)"])
     """
     out = []
     for q in questions:
         if q.qid not in written:
             continue
-        answer, options, where, video = written[q.qid]
+        answer, options, where, video, text_sha1 = written[q.qid]
         if answer != q.answer:
             out.append(f"{q.qid}: answer {answer!r} there, {q.answer!r} now ({where})")
         elif options is not None and list(options) != list(q.options):
             out.append(f"{q.qid}: options {options!r} there, {list(q.options)!r} now ({where})")
         elif video is not None and str(video) != str(q.video_id):
             out.append(f"{q.qid}: video {video!r} there, {q.video_id!r} now ({where})")
+        elif text_sha1 is not None and text_sha1 != question_sha1(q.question):
+            out.append(f"{q.qid}: question text changed (now {_short(q.question)!r}; sha1 {text_sha1} there, "
+                       f"{question_sha1(q.question)} now) ({where})")
     return out
+
+
+def _short(text: str, most: int = 60) -> str:
+    return text if len(text) <= most else text[:most - 3] + "..."
 
 
 def lower_priority(niceness: int, worker_id: int) -> None:

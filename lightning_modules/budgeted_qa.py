@@ -51,7 +51,7 @@ from algorithms.errors import SettingError, check_dtype
 from datamodules.video_items import DecodeWorkerDied, worker_death_message
 from callbacks.process_clock import process_age_s
 from callbacks.run_log import TRACEBACKS, traceback_file
-from datamodules.benchmarks import Question
+from datamodules.benchmarks import Question, question_sha1
 from datamodules.decode import EncoderSizing
 from datamodules.benchmarks.prompts import (chat_parts, recorded_template, check_template, interleaved_subtitles, pre_media_text,
                                             prompt_and_template, resolve_template)
@@ -150,6 +150,7 @@ def qa_record(item: dict, q: Question, answer, stats: dict, n_frames_used: int, 
         "variant": variant, "answer": q.answer,
         "pred": parse(answer.text, q.options, official_rule(item["benchmark"])), "pred_rule": official_rule(item["benchmark"]),
         "pred_robust": parse_robust(answer.text, q.options), "options": list(q.options),
+        "question_sha1": question_sha1(q.question),   # a resumed run compares it (datamodules.videoqa.annotation_changes)
         "response": answer.text, "seq_len": answer.seq_len, "prefix_fallback": answer.fallback,
         "meta": {**q.meta, "template": template,
                  **({"frames_replaced": info["frames_replaced"]} if info.get("frames_replaced") else {})},

@@ -28,7 +28,7 @@ from lightning.pytorch import LightningModule
 from algorithms.choice import RULES, parse, parse_robust
 from algorithms.pruning import VARIANTS, retention_floor
 from algorithms.errors import SettingError, check_dtype
-from datamodules.benchmarks import Question
+from datamodules.benchmarks import Question, question_sha1
 from datamodules.benchmarks.prompts import (OMNI_DEFAULT_TEMPLATE, chat_parts, check_template, pre_media_text,
                                             prompt_and_template)
 from models.loading import check_attn_implementation
@@ -216,7 +216,7 @@ class OmniPruningQA(LightningModule):
                     "pred": parse(ans.text, q.options, hp.answer_rule),
                     "pred_rule": hp.answer_rule,
                     "pred_robust": parse_robust(ans.text, q.options), "options": list(q.options),
-                    "response": ans.text, "meta": {**q.meta, "template": template},
+                    "question_sha1": question_sha1(q.question), "response": ans.text, "meta": {**q.meta, "template": template},
                     "num_video_tokens": inputs.num_video, "num_audio_tokens": inputs.num_audio,
                     "num_text_tokens": inputs.num_text, "num_prefill_tokens": inputs.num_prefill,
                     "num_video_tokens_full": inputs.num_video_full, "num_audio_tokens_full": inputs.num_audio_full,

@@ -11,7 +11,7 @@ from typing import Callable
 
 from algorithms.errors import SettingError
 
-from .base import LETTERS, AnnotationError, Question
+from .base import LETTERS, AnnotationError, Question, question_sha1
 from .lvb import load_lvb
 from .mlvu import load_mlvu
 from .videomme import load_videomme
@@ -79,4 +79,4 @@ def canonical_loader_kwargs(name: str, kwargs: dict | None) -> dict:
     return out
 
 
-__all__ = ["LETTERS", "LOADERS", "AnnotationError", "Question", "canonical_loader_kwargs", "load_benchmark"]
+__all__ = ["LETTERS", "LOADERS", "AnnotationError", "Question", "question_sha1", "canonical_loader_kwargs", "load_benchmark"]

@@ -114,6 +114,15 @@ class Question:
     error: str | None = None
 
 
+def question_sha1(text: str) -> str:
+    """The first 16 hex digits of the SHA-1 of a question's text (UTF-8), kept in each answered record
+    (``question_sha1``) so that a resumed run can tell a reworded question from the one its record answered
+    (:func:`datamodules.videoqa.annotation_changes`) without the records carrying the text."""
+    import hashlib
+
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
+
+
 class MediaMissingError(AnnotationError):
     """Most of a benchmark's video files are not where the annotation and the settings put them."""
 

@@ -2,6 +2,7 @@
 refused before anything is decoded or written: resuming would skip those questions and score their old records."""
 from __future__ import annotations
 
+import hashlib
 import json
 from types import SimpleNamespace
 
@@ -64,3 +65,21 @@ def test_the_same_annotation_resumes_and_error_records_are_not_compared(tmp_path
     dm, _ = _module_and_writer(tmp_path, [_record(q0), {"qid": q1.qid, "job": "b128", "answer": "Z", "error": "x"}])
     jobs, _, done = dm._run_context()
     assert jobs == ["b128"] and done == {"b128": {q0.qid}}
+
+
+def test_a_reworded_question_is_named_and_old_records_without_its_digest_resume(tmp_path):
+    """A record keeps the SHA-1 of its question's text (``question_sha1``): a question reworded since is refused,
+    naming it; the same text resumes, and a record written before the digest existed (no field) is not compared."""
+    from datamodules.benchmarks import question_sha1
+
+    probe = VideoQADataModule(root=str(_bench(tmp_path / "probe")), num_workers=0)
+    probe.setup("predict")
+    q0 = probe.questions[0]
+    assert question_sha1("Q?") == hashlib.sha1(b"Q?").hexdigest()[:16] and len(question_sha1("é")) == 16
+    dm, out = _module_and_writer(tmp_path, [_record(q0, question_sha1=question_sha1(q0.question + " (reworded)"))])
+    with pytest.raises(AnnotationError, match=rf"{q0.qid}: question text changed \(now "):
+        dm._run_context()
+    dm, _ = _module_and_writer(tmp_path / "same", [_record(q0, question_sha1=question_sha1(q0.question))])
+    assert dm._run_context()[2] == {"b128": {q0.qid}}
+    dm, _ = _module_and_writer(tmp_path / "old", [_record(q0)])
+    assert dm._run_context()[2] == {"b128": {q0.qid}}
