@@ -7,11 +7,9 @@
 #   bash bench/device_s11_call1.sh                        (carry .whl)
 set -u
 . bench/device_site.sh
-export NVDEC_TEST_CLIPS=$PWD/.whl/nvdec_clips
-( timeout 200 python3 -m pytest -q -p no:hypothesispytest -p no:cacheprovider -m gpu tests/test_gpu.py \
-    tests/datamodules/test_nvdec.py > "$OUT/gpu_tests.txt" 2>&1 ) &
+gpu_tests_start            # (as run: the same commands, written inline; now device_site.sh's functions)
 set_and_checkpoint
-wait; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu_tests.txt" | head -12; stamp "gpu tests"
+gpu_tests_report
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 bench/triton_kernels_check.py --json "$OUT/triton_check.json" > "$OUT/triton_check.txt" 2>&1
 echo "rc $?"; cut -c1-220 "$OUT/triton_check.txt" | tail -12
