@@ -29,7 +29,8 @@ cli_runs() {
 set_and_checkpoint() {
   ( python3 -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path; import cli_throughput as ct; \
 ct.write_checkpoint(Path('/tmp/workload_cli/videollama3-7b-random'))" > "$OUT/ckpt.txt" 2>&1 ) &
-  python3 bench/workload.py --make /tmp/wl > /dev/null 2>&1; wait
+  local ckpt=$!
+  python3 bench/workload.py --make /tmp/wl > /dev/null 2>&1; wait "$ckpt"   # (not a bare wait: GPU tests may run)
   stamp "set made, checkpoint written"
 }
 

@@ -285,14 +285,14 @@ class BudgetedQA(LightningModule):
             graph), and the compiled kernels take over once it has ended (:attr:`models.kernels.Fusable.
             eager_while`). On CUDA in half precision the eager math rounds differently from the compiled kernels,
             so those first videos' tokens may differ: off by default.
-        warm_first_calls: with the early compilation (CUDA), a second thread sets up cuDNN, cuBLAS and the flash
+        warm_first_calls: with the early start (CUDA), a second thread sets up cuDNN, cuBLAS and the flash
             attention kernels on small stand-ins (:func:`models.videollama3.warm.warm_first_calls`), so the first
             step does not (the vision tower's first ``conv2d`` took 0.33 s of it on the H100). The same tokens;
-            ``timing_rank<r>.json``'s ``warmup`` gives its seconds. Not recorded in ``run.json``. Off by default:
-            measured on the H100 (session 10, warm cache, the whole workload-shaped set) the first answer came at
-            26.3-26.6 s with it and 25.9 s without: the first step was 0.1-0.2 s shorter, but its ~1 s of set-up
-            ran in the early compilation's window, where the weight load and the compilation already share one GIL,
-            and the model was loaded 0.6-0.9 s later.
+            ``timing_rank<r>.json``'s ``warmup`` gives its seconds. Not recorded in ``run.json``. On by default
+            since session 12: with ``kernels: triton`` (H100, the whole workload-shaped set, one fresh process each)
+            the first answer came 9.0 s after the module was built with it against 11.0-13.4 s without (first
+            step's encode 0.44 s against 0.72-1.28 s; records 36 of 36 identical). With ``kernels: inductor`` it
+            measured slower (session 10: 26.3-26.6 s against 25.9 s; its set-up shared the compilation's GIL).
         kernels: how the fused RMSNorm / rotary / SiLU-gate / add + LayerNorm kernels run on CUDA
             (:func:`models.kernels.set_mode`, process-wide): ``triton`` (default) hand-written Triton kernels
             (:mod:`models.triton_kernels`) holding the library's eager math and roundings, with nothing to compile
@@ -314,7 +314,7 @@ class BudgetedQA(LightningModule):
                  original_projector: str | None = None, vision_config_dir: str | None = None,
                  overlap_budgets: bool = True, cudnn_attention: bool = False, add_system_prompt: bool = True,
                  early_start: bool = True, first_step: str = "wait", answer_rows: int = 64, answer_chunk: int = 2048,
-                 warm_first_calls: bool = False, kernels: str = "triton"):
+                 warm_first_calls: bool = True, kernels: str = "triton"):
         super().__init__()
         if not budgets:
             raise SettingError("model.init_args.budgets must not be empty")
@@ -404,7 +404,7 @@ class BudgetedQA(LightningModule):
         self._compile_started = True
         started = process_age_s()
         self._compiling = warm.start(self.hparams.model_path, device, getattr(torch, self.hparams.dtype), inference,
-                                     inference_weights, first_calls=bool(self.hparams.get("warm_first_calls", False)))
+                                     inference_weights, first_calls=bool(self.hparams.get("warm_first_calls", True)))
         if self._compiling is not None:
             self.timeline_marks["early_compile_start"] = started
             if self.hparams.get("first_step", "wait") == "eager":

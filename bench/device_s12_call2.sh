@@ -1,5 +1,5 @@
 #!/bin/bash
-# Prepared in session 11 (2026-12-06) for the next session's second call: bench/qa_throughput.py at 4k and 16k on
+# Session 12, call 2 (as prepared in session 11 in device_next2.sh; H100): bench/qa_throughput.py at 4k and 16k on
 # three videos of the workload-shaped set with the fused kernels as hand-written Triton kernels (kernels: triton, the
 # default since session 11), then through torch.compile (--kernels inductor): (d) against its floor, and the token
 # check between the paths (logits within --logit-tol, tokens where the top-2 margin exceeds it; b=c failed every row
