@@ -171,7 +171,10 @@ def _rotate(x_ptr, out_ptr, base, c, s, HEADS: tl.constexpr, HEAD_DIM: tl.conste
     tl.store(out_ptr + base + h * HEAD_DIM + j, y.to(out_ptr.dtype.element_ty), mask=m)
 
 
-@triton.jit
+# COS_PERIOD (the token rows, or a frame's patches) is not specialized on: Triton would otherwise compile one kernel
+# for 1, one for multiples of 16 and one for the rest, and the early warm-up's stand-ins (19 rows, 40 patches) would
+# leave the first video's prefill and encode to compile theirs in the first step
+@triton.jit(do_not_specialize=["COS_PERIOD"])
 def _rope_rows_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, HQ: tl.constexpr, HK: tl.constexpr,
                       HEAD_DIM: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
                       BLOCK_D: tl.constexpr, COS_PERIOD, ROUND_EACH: tl.constexpr):

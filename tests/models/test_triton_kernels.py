@@ -209,3 +209,43 @@ def test_a_later_triton_build_failure_falls_back_and_a_run_error_is_raised(caplo
             f2(g, g)
     finally:
         K.Fusable.mode = old
+
+
+def test_a_kernel_is_built_once_per_model_whatever_the_row_or_patch_count(monkeypatch):
+    """Triton compiles a kernel per specialization of its arguments (an int equal to 1, or a multiple of 16, gets its
+    own). The early warm-up calls each kernel once on stand-ins (19 rows, 40 patches per frame,
+    :func:`models.videollama3.warm.compile_fused_kernels`), so what the steps call must specialize as those do: the
+    launches' specialization keys (computed as Triton's launcher computes them, no GPU) are one per kernel over
+    row counts 1, 3, 19, 32, 4096 and patch counts 1, 40, 1008."""
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import create_function_from_signature
+
+    from models import triton_kernels as T
+
+    keys: dict[str, set] = {}
+
+    class Recorder:
+        def __init__(self, name, kernel):
+            self.name, self.bind = name, create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
+
+        def __getitem__(self, grid):
+            return lambda *a, **kw: keys.setdefault(self.name, set()).add(repr(self.bind(*a, **kw)[1]))
+
+    for name in ("_rms_norm_kernel", "_silu_mul_kernel", "_rope_rows_kernel", "_add_layer_norm_kernel"):
+        monkeypatch.setattr(T, name, Recorder(name, getattr(T, name)))
+    h = torch.bfloat16
+    for n in (1, 3, 19, 32, 4096):
+        T.rms_norm(torch.zeros(n, 64, dtype=h), torch.zeros(64, dtype=h), 1e-6)
+        T.silu_mul(torch.zeros(n, 96, dtype=h), torch.zeros(n, 96, dtype=h))
+        T.silu_mul(*torch.zeros(n, 2 * 96, dtype=h).chunk(2, dim=-1))       # gate and up of one stacked GEMM
+        T.rope_rows(torch.zeros(n, 4, 16, dtype=h), torch.zeros(n, 2, 16, dtype=h), torch.zeros(n, 16, dtype=h),
+                    torch.zeros(n, 16, dtype=h))
+        T.add_layer_norm(torch.zeros(n, 48, dtype=h), torch.zeros(n, 48, dtype=h), torch.zeros(48, dtype=h),
+                         torch.zeros(48, dtype=h), 1e-6)
+    rope_rows_keys = set(keys["_rope_rows_kernel"])
+    for patches in (1, 40, 1008):
+        T.vision_rotary(torch.zeros(3, patches, 4, 24, dtype=h), torch.zeros(3, patches, 4, 24, dtype=h),
+                        torch.zeros(patches, 1, 24), torch.zeros(patches, 1, 24))
+    assert {name: len(k) for name, k in keys.items()} == {"_rms_norm_kernel": 1, "_silu_mul_kernel": 1,
+                                                          "_rope_rows_kernel": 2, "_add_layer_norm_kernel": 1}
+    assert len(rope_rows_keys) == 1           # the LLM's rotary once, the vision rotary (other sizes) once
