@@ -1,18 +1,26 @@
 #!/bin/bash
-# Prepared in session 11 (2026-12-06) for the next session (its call 3 was refused): the GPU tests again (two
-# fixed for kernels: triton), then the user's CLI on the whole workload-shaped set: kernels triton (the default; a
-# fresh machine, so Triton's cache is cold), kernels eager (the library's own kernels: the records compared with
-# triton's are the exactness check of the Triton kernels), triton with model.warm_first_calls=true (first calls set
-# up beside the load now that no compilation shares the GIL), triton again (warm Triton cache).
+# Session 12, call 3 (prepared after calls 1-2): the GPU tests (the bf16 Triton test's bound fixed for float32
+# cancellation), then the user's CLI on the whole workload-shaped set with this session's defaults
+# (model.warm_first_calls on; the rotary kernel no longer specialized on its row / patch count), a Triton cache of
+# its own that starts empty: defaults (cold), warm_first_calls=false (warm), defaults (warm); then the first step
+# after the CLI's whole early warm-up under cProfile (bench/qa_step_profile.py --early-compile: what the first step
+# still pays that a second does not).
 #   bash bench/device_next.sh                             (carry .whl)
 set -u
 . bench/device_site.sh
 gpu_tests_start
 set_and_checkpoint
-timeout $(( 585 - ($(date +%s) - T0) )) python3 bench/workload.py --videos /tmp/wl --paths nvdec --only short \
-  --workers 16 --cli --cli-decoders auto auto/model.kernels=eager auto/model.warm_first_calls=true auto \
-  --json "$OUT/cli_kernels.json" > "$OUT/cli_kernels.txt" 2>&1
-echo "rc $?"; grep -E "^CLI.*(videos,|stages|timeline)|records identical|differing fields|Traceback|Error" \
-  "$OUT/cli_kernels.txt" | cut -c1-600 | head -30
-stamp "CLI"
 gpu_tests_report
+export TRITON_CACHE_DIR=/tmp/triton_cli
+timeout $(( 330 - ($(date +%s) - T0) )) python3 bench/workload.py --videos /tmp/wl --paths nvdec --only short \
+  --workers 16 --cli --cli-decoders auto auto/model.warm_first_calls=false auto \
+  --json "$OUT/cli_defaults.json" > "$OUT/cli_defaults.txt" 2>&1
+echo "rc $?"; grep -E "^CLI.*(videos,|stages|timeline)|records identical|differing fields|Traceback|Error" \
+  "$OUT/cli_defaults.txt" | cut -c1-600 | head -30
+stamp "CLI"
+unset TRITON_CACHE_DIR
+timeout $(( 440 - ($(date +%s) - T0) )) python3 bench/qa_step_profile.py --early-compile --contention-only \
+  --videos /tmp/wl/s1_h264_360p25_g60_90s.mp4 /tmp/wl/s2_h264_720p2997_g250_90s.mp4 > "$OUT/first_step.txt" 2>&1
+echo "rc $?"; grep -E "^model built|decoded in|^early compilation|^first-call|^## warm-up|stages \(s\)|^warm-up video again" \
+  "$OUT/first_step.txt" | cut -c1-400
+stamp "first step profile"
