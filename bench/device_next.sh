@@ -6,20 +6,24 @@
 # after the CLI's whole early warm-up under cProfile (bench/qa_step_profile.py --early-compile: what the first step
 # still pays that a second does not).
 #   bash bench/device_next.sh                             (carry .whl)
+#   DEADLINE=240 CLI_END=240 CLI_RUNS="auto auto/model.warm_first_calls=false" bash bench/device_next.sh     (a short call)
 set -u
+DEADLINE=${DEADLINE:-440}; CLI_END=${CLI_END:-$(( DEADLINE - 110 ))}   # seconds after the start
+CLI_RUNS=${CLI_RUNS:-auto auto/model.warm_first_calls=false auto}
 . bench/device_site.sh
 gpu_tests_start
 set_and_checkpoint
 gpu_tests_report
 export TRITON_CACHE_DIR=/tmp/triton_cli
-timeout $(( 330 - ($(date +%s) - T0) )) python3 bench/workload.py --videos /tmp/wl --paths nvdec --only short \
-  --workers 16 --cli --cli-decoders auto auto/model.warm_first_calls=false auto \
+timeout $(( CLI_END - ($(date +%s) - T0) )) python3 bench/workload.py --videos /tmp/wl --paths nvdec --only short \
+  --workers 16 --cli --cli-decoders $CLI_RUNS \
   --json "$OUT/cli_defaults.json" > "$OUT/cli_defaults.txt" 2>&1
 echo "rc $?"; grep -E "^CLI.*(videos,|stages|timeline)|records identical|differing fields|Traceback|Error" \
   "$OUT/cli_defaults.txt" | cut -c1-600 | head -30
 stamp "CLI"
 unset TRITON_CACHE_DIR
-timeout $(( 440 - ($(date +%s) - T0) )) python3 bench/qa_step_profile.py --early-compile --contention-only \
+left=$(( DEADLINE - ($(date +%s) - T0) )); [ $left -lt 60 ] && { stamp "no time left for the profile"; exit 0; }
+timeout $left python3 bench/qa_step_profile.py --early-compile --contention-only \
   --videos /tmp/wl/s1_h264_360p25_g60_90s.mp4 /tmp/wl/s2_h264_720p2997_g250_90s.mp4 > "$OUT/first_step.txt" 2>&1
 echo "rc $?"; grep -E "^model built|decoded in|^early compilation|^first-call|^## warm-up|stages \(s\)|^warm-up video again" \
   "$OUT/first_step.txt" | cut -c1-400
