@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 12, call 3 (prepared after calls 1-2): the GPU tests (the bf16 Triton test's bound fixed for float32
+# Prepared in session 12 (its call 3 ran only the short form, bench/device_s12_call3.sh): the GPU tests (the bf16 Triton test's bound fixed for float32
 # cancellation), then the user's CLI on the whole workload-shaped set with this session's defaults
 # (model.warm_first_calls on; the rotary kernel no longer specialized on its row / patch count), a Triton cache of
 # its own that starts empty: defaults (cold), warm_first_calls=false (warm), defaults (warm); then the first step

@@ -290,8 +290,8 @@ class BudgetedQA(LightningModule):
             step does not (the vision tower's first ``conv2d`` took 0.33 s of it on the H100). The same tokens;
             ``timing_rank<r>.json``'s ``warmup`` gives its seconds. Not recorded in ``run.json``. On by default
             since session 12: with ``kernels: triton`` (H100, the whole workload-shaped set, one fresh process each)
-            the first answer came 9.0 s after the module was built with it against 11.0-13.4 s without (first
-            step's encode 0.44 s against 0.72-1.28 s; records 36 of 36 identical). With ``kernels: inductor`` it
+            the first answer came 9.0-10.4 s after the module was built with it against 11.0-13.4 s without (first
+            step 2.8-2.9 s against 3.4-4.1 s; records identical). With ``kernels: inductor`` it
             measured slower (session 10: 26.3-26.6 s against 25.9 s; its set-up shared the compilation's GIL).
         kernels: how the fused RMSNorm / rotary / SiLU-gate / add + LayerNorm kernels run on CUDA
             (:func:`models.kernels.set_mode`, process-wide): ``triton`` (default) hand-written Triton kernels
