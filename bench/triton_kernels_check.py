@@ -27,12 +27,20 @@ from models.vision_attention import fused_rotary_qk, rotary_qk   # noqa: E402
 
 def cases(rows: int, frames: int, dev: str, dt=torch.bfloat16) -> dict:
     """name -> (Fusable, eager function, argument maker) at the 7B sizes (D 3584, I 18944, 28 / 4 heads of 128;
-    vision C 1152, 16 heads of 72, frames of 1,008 patches)."""
+    vision C 1152, 16 heads of 72, intermediate 4304, frames of 1,008 patches)."""
     def r(*shape, dtype=dt, scale=1.0):
         return torch.randn(*shape, device=dev, dtype=dtype) * scale
 
     w = r(3584)
     ln_w, ln_b = r(1152), r(1152)
+    fc1_w, fc1_b = r(4304, 1152, scale=0.03), r(4304, scale=0.1)
+
+    def fc1_gelu_library(x, weight, bias):      # VideoLlama3VisionMLP: fc1, then the tanh GELU (two roundings)
+        return torch.nn.functional.gelu(torch.nn.functional.linear(x, weight, bias), approximate="tanh")
+
+    def fc1_gelu(x, weight, bias):              # what the fused vision MLP runs in the current mode
+        return K.gelu_tanh_linear(x, weight, bias) if K.gelu_epilogue_on() else fc1_gelu_library(x, weight, bias)
+
     return {
         "RMSNorm (N, 3584)": (K.rms_norm, K._rms_norm, lambda: (r(rows, 3584, scale=4), w, 1e-6)),
         "SiLU*up (N, 18944)": (K.silu_mul, K._silu_mul, lambda: (r(rows, 18944, scale=3), r(rows, 18944))),
@@ -45,6 +53,10 @@ def cases(rows: int, frames: int, dev: str, dt=torch.bfloat16) -> dict:
                                             lambda: (r(frames, 1008, 16, 72), r(frames, 1008, 16, 72),
                                                      r(1008, 1, 72, dtype=torch.float32),
                                                      r(1008, 1, 72, dtype=torch.float32))),
+        # not a Triton kernel: the GELU epilogue GEMM runs under kernels: inductor only (models.kernels.
+        # gelu_epilogue_on), so the triton column is the library's two kernels and the inductor one the epilogue
+        "fc1 + tanh GELU (T*1008, 1152->4304)": (fc1_gelu, fc1_gelu_library,
+                                                 lambda: (r(frames * 1008, 1152), fc1_w, fc1_b)),
     }
 
 

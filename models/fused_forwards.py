@@ -5,9 +5,10 @@
   fused rotary; on CUDA a gated MLP whose intermediate size is not a multiple of 8 runs zero-padded to a multiple
   of 64, gate and up in one GEMM (:func:`_padded_gate_up`, exact); ``fuse(model, False)`` restores the library's
   forwards (what the throughput benches' baselines run).
-* The VideoLLaMA3 vision encoder (SigLIP-style, pre-LN; transformers' ``modeling_video_llama_3.py``): on CUDA the
-  MLP's fc1 and its tanh GELU are ONE cuBLASLt GEMM with a GELU epilogue (:func:`models.kernels.gelu_tanh_linear`),
-  and each encoder layer's residual adds run fused with the LayerNorm that follows them
+* The VideoLLaMA3 vision encoder (SigLIP-style, pre-LN; transformers' ``modeling_video_llama_3.py``): on CUDA under
+  ``kernels: inductor`` only (:func:`models.kernels.gelu_epilogue_on`) the MLP's fc1 and its tanh GELU are ONE
+  cuBLASLt GEMM with a GELU epilogue (:func:`models.kernels.gelu_tanh_linear`, which rounds once where the library
+  rounds twice), and in every mode each encoder layer's residual adds run fused with the LayerNorm that follows them
   (:data:`models.kernels.add_layer_norm`): the add ending the attention block with ``layer_norm2``, the add ending
   the MLP block with the NEXT layer's ``layer_norm1`` (:func:`_vision_layer_forward`). On the CPU both are the
   library's math, bit-identical (tested). Measured on the H200 (torch 2.11, random weights of the real size, 16 frames of 1,008 patches in bf16): the
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels import _on_rows, add_layer_norm, fused_rope, gelu_tanh_linear, rms_norm, silu_mul
+from .kernels import _on_rows, add_layer_norm, fused_rope, gelu_epilogue_on, gelu_tanh_linear, rms_norm, silu_mul
 
 NORM_CLASSES = frozenset({"Qwen2RMSNorm", "Qwen2_5OmniRMSNorm"})
 MLP_CLASSES = frozenset({"Qwen2MLP", "Qwen2_5OmniMLP"})
@@ -116,11 +117,12 @@ def _plain(mod: nn.Module, cls: type) -> bool:
 def _vision_mlp_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     """``VideoLlama3VisionMLP.forward`` (fc1 -> tanh GELU -> fc2; bound by :func:`fuse`): (..., D) -> (..., D).
 
-    On CUDA, without autograd, with an ``nn.Linear`` fc1 that has a bias in the input's dtype and autocast off, fc1
-    and the GELU are :func:`gelu_tanh_linear` (one GEMM); otherwise, and always on the CPU, the library's forward.
+    On CUDA under ``kernels: inductor`` (:func:`models.kernels.gelu_epilogue_on`), without autograd, with an
+    ``nn.Linear`` fc1 that has a bias in the input's dtype and autocast off, fc1 and the GELU are
+    :func:`gelu_tanh_linear` (one GEMM, rounded once); otherwise, and always on the CPU, the library's forward.
     """
     fc1 = self.fc1
-    if (hidden_states.is_cuda and _plain(fc1, nn.Linear) and fc1.bias is not None
+    if (hidden_states.is_cuda and gelu_epilogue_on() and _plain(fc1, nn.Linear) and fc1.bias is not None
             and hidden_states.dtype == fc1.weight.dtype == fc1.bias.dtype
             and not torch.is_autocast_enabled(hidden_states.device.type)
             and not torch.compiler.is_compiling() and not _autograd(hidden_states, fc1.weight, fc1.bias)):

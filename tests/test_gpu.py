@@ -257,11 +257,12 @@ def test_padded_gate_up_on_cuda_bf16():
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
 def test_fused_vision_encoder_on_cuda_equal_library(dtype, tol):
-    """The VideoLLaMA3 vision encoder with the fused forwards on CUDA (fc1 + tanh GELU as one cuBLASLt GEMM, every
-    residual add fused with the LayerNorm after it, across layers) equals the library's forward on random inputs:
-    in fp32 to GEMM-kernel rounding, in bf16 to bf16 rounding (the epilogue rounds fc1's output once, after the
-    GELU; the library rounds before and after it). Only the first layer's ``layer_norm1`` and the model's
-    ``post_layernorm`` remain eager LayerNorms, and no separate GELU runs."""
+    """The VideoLLaMA3 vision encoder with the fused forwards on CUDA (every residual add fused with the LayerNorm
+    after it, across layers) equals the library's forward on random inputs: in fp32 to GEMM-kernel rounding, in
+    bf16 to bf16 rounding. Only the first layer's ``layer_norm1`` and the model's ``post_layernorm`` remain eager
+    LayerNorms. The MLP is the library's own under ``kernels: triton`` (bit for bit: fc1, then a separate tanh
+    GELU); under ``kernels: inductor`` fc1 + tanh GELU are one cuBLASLt GEMM (the epilogue rounds fc1's output
+    once, after the GELU; the library rounds before and after it) and no separate GELU runs."""
     from transformers.models.video_llama_3.configuration_video_llama_3 import VideoLlama3VisionConfig
     from transformers.models.video_llama_3.modeling_video_llama_3 import VideoLlama3VisionModel
 
@@ -296,15 +297,24 @@ def test_fused_vision_encoder_on_cuda_equal_library(dtype, tol):
                 got = vision(pixel_values=px, grid_thw=thw, merge_sizes=ms).last_hidden_state.float()
         finally:
             forwards.fuse(vision, False)
-    ops = [e.key for e in prof.key_averages()]
     counts = {e.key: e.count for e in prof.key_averages()}
     assert fused.add_layer_norm.triton_state == "ok"          # kernels: triton, the default
-    assert counts.get("aten::_addmm_activation") == cfg.num_hidden_layers
-    assert not [k for k in ops if k.startswith("aten::gelu")]
+    assert not counts.get("aten::_addmm_activation") and counts.get("aten::gelu") == cfg.num_hidden_layers
     assert counts.get("aten::native_layer_norm") == 2
-    for g, wnt in [(got_mlp, want_mlp), *zip(got_ln, want_ln), (got, want)]:
+    assert torch.equal(got_mlp, want_mlp)                      # the library's MLP, bit for bit
+    for g, wnt in [*zip(got_ln, want_ln), (got, want)]:
         assert g.shape == wnt.shape
         assert torch.allclose(g.float(), wnt.float(), atol=tol, rtol=tol), (g.float() - wnt.float()).abs().max()
+    fused.set_mode("inductor")                                 # (the autouse fixture restores the mode)
+    assert forwards.fuse(vision, True) == 2 * cfg.num_hidden_layers
+    try:
+        with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            got_mlp = mlp(x).float()
+    finally:
+        forwards.fuse(vision, False)
+    counts = {e.key: e.count for e in prof.key_averages()}
+    assert counts.get("aten::_addmm_activation") == 1 and not counts.get("aten::gelu")
+    assert torch.allclose(got_mlp, want_mlp, atol=tol, rtol=tol), (got_mlp - want_mlp).abs().max()
 
 
 def test_early_compilation_covers_the_decode_merge(tiny_vl3_dir):

@@ -234,6 +234,20 @@ def test_gelu_tanh_linear_is_cuda_only():
         fused.gelu_tanh_linear(x, w, b)
 
 
+def test_the_gelu_epilogue_goes_with_kernels_inductor_only():
+    """The vision MLP's fc1 + tanh GELU as one epilogue GEMM rounds once where the library rounds twice, so only the
+    mode that rounds once (``inductor``) takes it; ``triton`` (default) and ``eager`` keep the library's math."""
+    old = fused.set_mode("triton")
+    try:
+        got = {}
+        for mode in fused.KERNEL_MODES:
+            fused.set_mode(mode)
+            got[mode] = fused.gelu_epilogue_on()
+        assert got == {"triton": False, "inductor": True, "eager": False}
+    finally:
+        fused.Fusable.mode = old
+
+
 def _tiny_video_inputs(seed: int = 0, frames: int = 2, h: int = 4, w: int = 4):
     """Random patches of one video grid ``(frames, h, w)`` (merge size 2), as the vision model takes them."""
     g = torch.Generator().manual_seed(seed)
