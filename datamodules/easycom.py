@@ -46,6 +46,7 @@ from torch.utils.data import DataLoader, Dataset
 from algorithms.errors import SettingError, check_int
 from datamodules.decode import short_error
 from datamodules.fork_context import fork_context
+from datamodules.worker_watch import worker_init
 
 log = logging.getLogger(__name__)
 
@@ -575,6 +576,8 @@ class EasyComStreamDataModule(LightningDataModule):
         context = fork_context() if workers > 0 else None   # the parent's garbage collected before each fork
         if n > 1:
             return DataLoader(self.dataset, batch_size=n, collate_fn=list, shuffle=False, num_workers=workers,
-                              persistent_workers=False, multiprocessing_context=context)
+                              persistent_workers=False, multiprocessing_context=context,
+                              worker_init_fn=worker_init(workers))
         return DataLoader(self.dataset, batch_size=None, shuffle=False, num_workers=workers,
-                          persistent_workers=False, multiprocessing_context=context)
+                          persistent_workers=False, multiprocessing_context=context,
+                          worker_init_fn=worker_init(workers))

@@ -43,6 +43,7 @@ from algorithms.omni_sampling import frame_times, linspace_round_indices, qwen_o
 
 from .decode import DecodeError, decode_at_indices, decode_video, decord_frame_count
 from .fork_context import fork_context
+from .worker_watch import worker_init
 from .sharding import CostBalancedSampler, estimate_cost
 from .videoqa import VideoQADataModule, VideoTask, _duration_s
 
@@ -282,7 +283,8 @@ class OmniQADataModule(VideoQADataModule):
         return DataLoader(self.dataset(tasks), batch_size=None, sampler=sampler, num_workers=workers,
                           prefetch_factor=self.prefetch_factor if workers > 0 else None,
                           persistent_workers=False,
-                          multiprocessing_context=fork_context() if workers > 0 else None)
+                          multiprocessing_context=fork_context() if workers > 0 else None,
+                          worker_init_fn=worker_init(workers))
 
 
 # --------------------------------------------------------------------------------------------------- demo

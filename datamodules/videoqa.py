@@ -33,6 +33,7 @@ from .part_join import (DECODE_PART_MB, JoiningLoader, PartSampler, decode_parts
 from .sharding import CostBalancedSampler, estimate_cost
 from .video_items import DECODE_TIMEOUT_S, VideoQADataset, VideoTask  # noqa: F401 - re-exported (defined apart)
 from .worker_server import WORKER_PRELOAD  # noqa: F401 - re-exported: decode_worker_context's list
+from .worker_watch import worker_init
 
 FIRST_VIDEO_CPU_MPX = 1000.0   # data.first_video_cpu_mpx: the rank's first video read on the CPU up to this many
                                # source megapixels (a 90 s 360p25 video: 518)
@@ -659,27 +660,18 @@ def _short(text: str, most: int = 60) -> str:
     return text if len(text) <= most else text[:most - 3] + "..."
 
 
-def lower_priority(niceness: int, worker_id: int) -> None:
-    """A decode worker's ``worker_init_fn`` for ``data.worker_niceness``: ``os.nice(niceness)`` in the worker
-    before it starts any thread (its decoder and conversion threads inherit it). ``worker_id`` is the DataLoader's.
-
-    Raises:
-        OSError: (from ``os.nice``) where the process may not change its priority (not on Linux for a raise)."""
-    os.nice(niceness)
-
-
 def video_loader(ds, sampler, num_workers: int, prefetch_factor: int, pin_memory: bool = False, context=None,
                  in_order: bool = False, worker_niceness: int = 0) -> DataLoader:
     """The predict loader of one rank: one item per video (``batch_size=None``), ``sampler``'s videos decoded by
     ``num_workers`` workers, ``prefetch_factor`` ahead each; with ``in_order=False`` an item is delivered as soon as
     its worker has it (``torch.utils.data.DataLoader(in_order=False)``), else in the sampler's order. Workers are
     started by ``context`` (the fork server where NVDEC may run), else forked after the parent's garbage is
-    collected (:mod:`datamodules.fork_context`); with ``worker_niceness`` > 0 each lowers its CPU priority by that
-    much first (:func:`lower_priority`)."""
+    collected (:mod:`datamodules.fork_context`). Each worker starts with
+    :func:`datamodules.worker_watch.start_decode_worker`: with ``worker_niceness`` > 0 it lowers its CPU priority by
+    that much, and it ends itself once this process is gone (it would otherwise finish its video first)."""
     if context is None and num_workers > 0:
         context = fork_context()
-    init = functools.partial(lower_priority, worker_niceness) if worker_niceness and num_workers > 0 else None
     return DataLoader(ds, batch_size=None, sampler=sampler, num_workers=num_workers,
                       prefetch_factor=prefetch_factor if num_workers > 0 else None,
                       persistent_workers=False, pin_memory=pin_memory, multiprocessing_context=context,
-                      in_order=in_order, worker_init_fn=init)
+                      in_order=in_order, worker_init_fn=worker_init(num_workers, worker_niceness))
