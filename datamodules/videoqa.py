@@ -6,7 +6,6 @@ budget, so a resumed run produces the same frames, and records, as an uninterrup
 """
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
