@@ -35,9 +35,13 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
 if __name__ == "__main__":
     import sys
 
-    from datamodules.worker_server import start_early
+    try:
+        from datamodules.worker_server import start_early
 
-    start_early(sys.argv[1:])   # the decode workers' fork server imports beside this process's imports
-    from cli import main
+        start_early(sys.argv[1:])   # the decode workers' fork server imports beside this process's imports
+        from cli import main
+    except KeyboardInterrupt:       # Ctrl-C during the imports (seconds): one line, as after the start
+        print("interrupted while starting: nothing was run or written", file=sys.stderr)
+        raise SystemExit(130) from None
 
     main(cli_main)

@@ -583,7 +583,7 @@ class BudgetedQA(LightningModule):
         first = thread is not None
         if first:                       # the early compilation (on_predict_start) ends before the first forward
             t0 = time.perf_counter()
-            thread.join()
+            warm.wait_for(thread)
             end, age = thread.timings.get("end_perf_counter"), process_age_s()
             if end is not None and age is not None:
                 self.timeline_marks["early_compile_end"] = age - (time.perf_counter() - end)

@@ -344,13 +344,21 @@ def _wait_before_fork() -> None:
     another thread (a compiler's own subprocesses) does not wait either."""
     if threading.current_thread() is not threading.main_thread():
         return
-    t0 = time.perf_counter()
+    t0, interrupt = time.perf_counter(), None
     for thread in list(_RUNNING):
-        if thread.is_alive():
-            thread.join(max(0.0, FORK_WAIT_S - (time.perf_counter() - t0)))
-    if any(t.is_alive() for t in _RUNNING):
+        while not thread.done.is_set() and time.perf_counter() - t0 < FORK_WAIT_S:
+            try:
+                thread.done.wait(max(0.0, FORK_WAIT_S - (time.perf_counter() - t0)))
+            except KeyboardInterrupt as e:     # Ctrl-C / SIGTERM now: the fork still must not copy held locks
+                interrupt = e
+    late = sorted(t.name for t in _RUNNING if not t.done.is_set())
+    if late:
         log.warning("forking while the background %s still runs (waited %.0f s): a worker may inherit its locks",
-                    ", ".join(sorted(t.name for t in _RUNNING if t.is_alive())), FORK_WAIT_S)
+                    ", ".join(late), FORK_WAIT_S)
+    if interrupt is not None:
+        # an at-fork hook's exception is only reported ("Exception ignored in ..."); the fork context of the decode
+        # workers (datamodules.fork_context) raises it again after the fork, so the run stops as on any Ctrl-C
+        raise interrupt
 
 
 if hasattr(os, "register_at_fork"):
@@ -358,14 +366,31 @@ if hasattr(os, "register_at_fork"):
 
 
 def _track(thread: threading.Thread, run: Callable[[], None]) -> Callable[[], None]:
-    """``run`` with ``thread`` in :data:`_RUNNING` until it ends."""
+    """``run`` with ``thread`` in :data:`_RUNNING` until it ends, and ``thread.done`` (a ``threading.Event``) set
+    then: wait on that (:func:`wait_for`), not on ``thread.join()``, in the main thread. A ``join`` that Ctrl-C
+    interrupts marks a still running thread as ended in Python 3.11 (``Thread._wait_for_tstate_lock`` releases the
+    thread's own lock when it finds it held), after which ``join`` returns at once: a run interrupted while the
+    decode workers' fork waited for the weight load later read the load's result before it existed and ended in a
+    ``KeyError`` instead of the "interrupted" line (found by a new-user trial, session 12)."""
+    thread.done = threading.Event()
+
     def tracked() -> None:
         try:
             run()
         finally:
             _RUNNING.discard(thread)
+            thread.done.set()
     _RUNNING.add(thread)
     return tracked
+
+
+def wait_for(thread: threading.Thread) -> None:
+    """Wait until ``thread`` (started by this module) has ended its work; safe to interrupt (see :func:`_track`)."""
+    done = getattr(thread, "done", None)
+    if done is None:
+        thread.join()
+    else:
+        done.wait()
 
 
 def in_background(fn: Callable[[], Any], name: str) -> threading.Thread:
@@ -391,7 +416,7 @@ def in_background(fn: Callable[[], Any], name: str) -> threading.Thread:
         timings["end_perf_counter"] = time.perf_counter()
 
     def outcome():
-        thread.join()
+        wait_for(thread)
         if "error" in box:
             raise box["error"]
         return box["result"]

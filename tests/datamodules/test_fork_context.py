@@ -62,3 +62,39 @@ def test_the_predict_loaders_fork_through_it():
     assert video_loader(list(range(3)), None, num_workers=0, prefetch_factor=2).multiprocessing_context is None
     server = multiprocessing.get_context("forkserver")      # a context given (the NVDEC fork server) is kept
     assert video_loader([0], None, 1, 2, context=server).multiprocessing_context is server
+
+
+class _InterruptedDel:
+    """Cyclic garbage whose finaliser is interrupted (Ctrl-C arriving while the collection runs it)."""
+
+    def __init__(self, exc):
+        self.exc, self.me = exc, self
+
+    def __del__(self):
+        raise self.exc
+
+
+class _Terminated(KeyboardInterrupt):
+    """Stands for cli.Terminated (SIGTERM): a KeyboardInterrupt subclass."""
+
+
+def test_an_interrupt_lost_in_a_finaliser_during_the_collection_is_raised(monkeypatch):
+    """Python only reports an exception raised in ``__del__``; the collection before a fork raises a Ctrl-C (or a
+    SIGTERM's Terminated, kept as such) that was lost so, and keeps reporting other errors as before."""
+    monkeypatch.setattr(fc, "_last_collect", float("-inf"))
+    gc.collect()
+    gc.disable()
+    try:
+        _InterruptedDel(_Terminated("SIGTERM"))
+        _InterruptedDel(ValueError("not an interrupt"))
+        reported = []
+        monkeypatch.setattr("sys.unraisablehook", lambda report: reported.append(type(report.exc_value)))
+        try:
+            fc.collect_before_fork()
+        except KeyboardInterrupt as e:
+            raised = e
+        else:
+            raised = None
+    finally:
+        gc.enable()
+    assert type(raised) is _Terminated and reported == [ValueError]

@@ -129,3 +129,22 @@ def test_interrupted_recognises_lightnings_exit_after_a_keyboard_interrupt():
         assert interrupted(e)
     assert interrupted(KeyboardInterrupt())
     assert not interrupted(SystemExit(2)) and not interrupted(SystemExit(0))
+
+
+def test_ctrl_c_during_the_imports_is_one_line_and_status_130(tmp_path):
+    """Ctrl-C while ``evaluate.py`` still imports torch / Lightning (its first seconds): one line and status 130,
+    not a traceback (found by a new-user trial); nothing is written."""
+    import os
+    import subprocess
+    import time
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "evaluate.py", "predict", f"--trainer.callbacks.init_args.out_dir={out}"],
+                            cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    time.sleep(0.8)                         # importing: torch alone takes longer than this
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1] == "interrupted while starting: nothing was run or written"
+    assert "Traceback" not in err and not out.exists()

@@ -2,6 +2,7 @@
 compile on CUDA, here they run eagerly). ``start`` does nothing off CUDA, one kernel can be called alone, the
 thread compiles in the caller's grad mode and reports its time."""
 import logging
+import os
 
 import pytest
 import torch
@@ -288,6 +289,53 @@ def test_a_fork_from_the_main_thread_waits_for_the_background_threads():
     p = ctx.Process(target=child, args=(q,))
     p.start()
     waited = time.perf_counter() - t0
-    assert q.get(timeout=10) is True and waited >= 0.3 and not thread.is_alive()
+    assert q.get(timeout=10) is True and waited >= 0.3 and thread.done.is_set()
     p.join(10)
     assert thread not in warm._RUNNING
+
+
+def test_ctrl_c_while_a_fork_waits_is_raised_after_it_and_the_load_result_is_kept(monkeypatch):
+    """Ctrl-C while the decode workers' fork waits for the weight load (found by a new-user trial): the fork still
+    waits until the load has ended (no lock copied while held), the interrupt is raised from the worker's
+    ``start()`` once the fork is done (not swallowed by the at-fork hook), and the load's ``outcome()`` is its
+    result. Before, the interrupted ``join`` marked the running thread as ended (Python 3.11), ``outcome()``
+    returned at once and raised ``KeyError: 'result'``."""
+    import signal
+    import threading
+    import time
+
+    from datamodules import fork_context as fc
+    from models.videollama3 import warm
+
+    monkeypatch.setattr(fc, "_last_collect", time.monotonic() + 60)   # no collection: the signal lands in the wait
+    thread = warm.in_background(lambda: time.sleep(0.6) or "weights", "weight-load")
+    main = threading.main_thread().ident
+    threading.Timer(0.15, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
+    p = fc.fork_context().Process(target=_exit_at_once)
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        p.start()
+    assert time.perf_counter() - t0 >= 0.4 and thread.done.is_set()   # it waited for the load, then raised
+    assert thread.outcome() == "weights"
+
+
+def _exit_at_once():
+    os._exit(0)
+
+
+def test_outcome_waits_through_an_interrupt_of_its_own_wait():
+    """``outcome()`` interrupted by Ctrl-C raises the interrupt; called again it still waits for the thread and
+    returns its result (an interrupted ``Thread.join`` would have marked the thread ended)."""
+    import signal
+    import threading
+    import time
+
+    from models.videollama3 import warm
+
+    thread = warm.in_background(lambda: time.sleep(0.5) or 42, "weight-load")
+    main = threading.main_thread().ident
+    threading.Timer(0.1, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        thread.outcome()
+    assert not thread.done.is_set()
+    assert thread.outcome() == 42
