@@ -160,7 +160,8 @@ def test_triton_kernels_on_cuda_round_as_eager_in_bfloat16():
         assert got.dtype == want.dtype and got.shape == want.shape
         # bfloat16 steps of the result, plus (where float32 terms are summed before the rounding and may cancel)
         # a few float32 steps of the terms: an FMA or another summation order moves the float32 sum by that much,
-        # which is many bfloat16 steps of a result that cancelled to near zero (the one-step bound alone failed on the H100)
+        # which is many bfloat16 steps of a result that cancelled to near zero (the one-step bound alone failed on
+        # the H100)
         tol = steps * torch.finfo(torch.bfloat16).eps * want.float().abs() * 1.0001
         if terms is not None:
             tol = tol + 4 * torch.finfo(torch.float32).eps * terms
