@@ -163,8 +163,9 @@ def data_notes(groups: list[dict]) -> list[str]:
     concealed = [g for g in groups if g.get("n_concealed_videos")]
     if concealed:   # issue 42 item 1: answered on frames the decoder concealed (damaged packets), as FFmpeg
         lines.append("concealed frames (damaged packets decoded as FFmpeg does; data.strict_frames makes them "
-                     "errors): " + "; ".join(f"{_group_name(g)} {g['n_concealed_videos']} videos, "
-                                             f"{g['n_concealed_frames']} frames" for g in concealed))
+                     "errors): " + "; ".join(
+                         f"{_group_name(g)} {_videos(g['n_concealed_videos'], g.get('concealed_videos'))}, "
+                         f"{g['n_concealed_frames']} frames" for g in concealed))
     unchecked = [g for g in groups if g.get("n_unchecked_videos")]
     if unchecked:   # NVDEC reports no decode status: those videos' frames were not checked (docs/deviations.md)
         lines.append("not checked for concealment (decoded by NVDEC, which reports no decode status; data.decoder: cpu "
@@ -233,6 +234,15 @@ def format_table(scores: dict) -> str:
 
 def _half(ci: list[float] | None) -> str:
     return "-" if not ci else f"±{100 * (ci[1] - ci[0]) / 2:.1f}"
+
+
+def _videos(n: int, names: list[str] | None, most: int = 3) -> str:
+    """``"1 video (cockatoo)"``, ``"5 videos (a, b, c, ...)"``: the count and the first ``most`` ids (a scores.json
+    written before the ids were kept gives the count alone)."""
+    text = f"{n} video{'s' if n != 1 else ''}"
+    if names:
+        text += f" ({', '.join(names[:most])}{', ...' if len(names) > most else ''})"
+    return text
 
 
 def _group_name(g: dict) -> str:

@@ -191,12 +191,14 @@ def cost_means(records: list[dict]) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in sums.items()}
 
 
-def _concealed_counts(scored: list[dict]) -> dict[str, int]:
-    """``{n_concealed_videos, n_concealed_frames, n_unchecked_videos}``: the distinct videos among answered records
+def _concealed_counts(scored: list[dict]) -> dict:
+    """``{n_concealed_videos, n_concealed_frames, concealed_videos, n_unchecked_videos}``: the distinct videos among
+    answered records
     whose decode had concealed or repeated frames (``video_info.frames_concealed``, issue 42 item 1: damaged packets
     are answered as the seed's FFmpeg decodes them), the sum of their concealed sampled-frame counts (each video
-    once), and the distinct videos whose frames were not checked for concealment at all
-    (``video_info.concealment_checked`` false: decoded by NVDEC, which reports no decode status)."""
+    once), those videos' ids (sorted, so the console can name the damaged files), and the distinct videos whose
+    frames were not checked for concealment at all (``video_info.concealment_checked`` false: decoded by NVDEC,
+    which reports no decode status)."""
     per_video, unchecked = {}, set()
     for r in scored:
         vi = r.get("video_info") or {}
@@ -206,7 +208,7 @@ def _concealed_counts(scored: list[dict]) -> dict[str, int]:
         if vi.get("concealment_checked") is False:
             unchecked.add(str(r.get("video")))
     return {"n_concealed_videos": len(per_video), "n_concealed_frames": sum(per_video.values()),
-            "n_unchecked_videos": len(unchecked)}
+            "concealed_videos": sorted(per_video), "n_unchecked_videos": len(unchecked)}
 
 
 def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] | None = None,
@@ -231,7 +233,7 @@ def score_records(records: list[dict], expected_qids: dict[str, Iterable[str]] |
         ``{"groups": [group, ...]}`` sorted by (benchmark, variant, budget, job), each group
         ``{benchmark, job, variant, budget, n_records, n_duplicates, n_errors, n_scored, n_no_answer (answered
         records without a gold answer, left out of n_scored), n_concealed_videos,
-        n_concealed_frames, n_unchecked_videos (:func:`_concealed_counts`), n_expected, n_missing,
+        n_concealed_frames, concealed_videos, n_unchecked_videos (:func:`_concealed_counts`), n_expected, n_missing,
         missing_qids, templates, parsers: {name: {correct, unparseable, accuracy, accuracy_all, by: {field:
         {value: {n, correct, accuracy}}}, accuracy_ci95, accuracy_all_ci95, [m_avg, pooled]}}}``, plus
         ``differences`` and ``bootstrap`` (module docstring); accuracies are fractions (``None`` when nothing was

@@ -473,15 +473,15 @@ def test_official_parser_follows_the_jobs_recorded_rule():
 def test_concealed_frames_counted_per_video(tmp_path):
     """Issue 42 item 1: answered records whose decode had concealed frames (``video_info.frames_concealed``) are
     counted once per video (two questions of v1: 2 frames, not 4); error records are not counted; the console
-    shows one line only when a group has any."""
+    shows one line only when a group has any, naming the videos (a new-user trial asked which file it was)."""
     recs = [dict(rec(q, "A", "A", "A", **VM), job="b1024", video=v, video_info=vi) for q, v, vi in (
         ("q1", "v1", {"frames_concealed": [1, 2]}), ("q2", "v1", {"frames_concealed": [1, 2]}),
         ("q3", "v2", {"frames_concealed": [0]}), ("q4", "v3", {}))]
     recs.append(dict(err("q5", "videomme"), job="b1024", video="v4", video_info={"frames_concealed": [0]}))
     g = _group(score_records(recs), "videomme", "b1024")
-    assert (g["n_concealed_videos"], g["n_concealed_frames"]) == (2, 3)
+    assert (g["n_concealed_videos"], g["n_concealed_frames"], g["concealed_videos"]) == (2, 3, ["v1", "v2"])
     lines = [ln for ln in format_table(score_records(recs)).splitlines() if ln.startswith("concealed frames")]
-    assert len(lines) == 1 and lines[0].endswith("b1024 2 videos, 3 frames")
+    assert len(lines) == 1 and lines[0].endswith("b1024 2 videos (v1, v2), 3 frames")
     clean = [dict(r, video_info={}) for r in recs]
     assert _group(score_records(clean), "videomme", "b1024")["n_concealed_videos"] == 0
     assert "concealed frames" not in format_table(score_records(clean))
@@ -489,7 +489,7 @@ def test_concealed_frames_counted_per_video(tmp_path):
 
     page = render_report(score_records(recs), tmp_path, recs)
     result = page.split("<h2>Result</h2>", 1)[1].split("<h2>Scores</h2>", 1)[0]
-    assert "concealed frames (damaged packets" in result and "b1024 2 videos, 3 frames" in result
+    assert "concealed frames (damaged packets" in result and "b1024 2 videos (v1, v2), 3 frames" in result
     assert "concealed frames" not in render_report(score_records(clean), tmp_path, clean)
 
 
@@ -567,3 +567,11 @@ def test_records_of_questions_removed_from_the_annotation_are_left_out():
         format_table({"groups": [g]}).splitlines()
     (g,) = score_records(records, None, n_resamples=0)["groups"]          # no annotation given: every record
     assert (g["n_scored"], g["n_not_in_annotation"]) == (3, 0)
+
+
+def test_the_concealed_line_names_at_most_three_videos_and_reads_old_scores():
+    from callbacks.scoring.console import _videos
+
+    assert _videos(1, ["cockatoo"]) == "1 video (cockatoo)"
+    assert _videos(5, ["a", "b", "c", "d", "e"]) == "5 videos (a, b, c, ...)"
+    assert _videos(2, None) == "2 videos"                     # a scores.json from before the ids were kept
