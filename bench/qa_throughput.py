@@ -284,11 +284,12 @@ def token_checks(vlm: BudgetedVideoLlama3, prompts: dict, tokens: dict, tol: flo
 
 
 def run_methods(vlm: BudgetedVideoLlama3, frames, times, budget: int, new_tokens: int, chunk: int,
-                vision_attn: str = "frame_batched", logit_tol: float = LOGIT_TOL):
-    """Seconds of (a), (b), (c) for one video at one budget, and the prefix length."""
-    res = {}
+                vision_attn: str = "frame_batched", logit_tol: float = LOGIT_TOL, paths: str = "abcd"):
+    """Seconds of (a), (b), (c), (d) for one video at one budget (those in ``paths``; the others ``nan`` and their
+    token checks ``-``), the stage times of (d)'s work and the prefix length."""
+    res = {m: float("nan") for m in "abcd"}
     tokens, prompts = {}, {}
-    methods = ("a", "b", "c", "d") if torch.cuda.is_available() else ("a", "b", "c")
+    methods = tuple(m for m in ("a", "b", "c", "d") if m in paths and (m != "d" or torch.cuda.is_available()))
     for method in methods:
         # (a) and (b) use transformers' stock per-frame SDPA loop in the encoder; (c)/(d) the frame-batched call
         vlm.set_vision_attention("sdpa" if method in ("a", "b") else vision_attn)
@@ -314,7 +315,6 @@ def run_methods(vlm: BudgetedVideoLlama3, frames, times, budget: int, new_tokens
     _, pre = timed(lambda: vlm.prefill(bi.prompt))
     res.update(encode=cache.encode_seconds, plan_build=prep - cache.encode_seconds, prefill=pre,
                **step_fields(vlm, bi, QUESTIONS), **token_checks(vlm, prompts, tokens, logit_tol))
-    res.setdefault("d", float("nan"))
     return res
 
 
@@ -603,6 +603,9 @@ def main(argv=None) -> None:
     ap.add_argument("--vision-attn", default="frame_batched", help="frame_batched | sdpa | flash_attention_2 ...")
     ap.add_argument("--repeats", type=int, default=2, help="runs per (video, budget): the first is warm-up, each time is the median of the others")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--paths", default="abcd",
+                    help="which of (a) (b) (c) (d) to run (e.g. bcd: without the slowest, the harness; the others "
+                         "print nan, their token checks -)")
     ap.add_argument("--kernels", choices=("triton", "inductor", "eager"), default="triton",
                     help="how (c) and (d) run the fused kernels (models.kernels.set_mode; the CLI's model.kernels)")
     ap.add_argument("--logit-tol", type=float, default=LOGIT_TOL,
@@ -621,6 +624,8 @@ def main(argv=None) -> None:
     ap.add_argument("--probe-encode", action="store_true", help="only profile encode / prefill / answer (GPU)")
     ap.add_argument("--wait-only", action="store_true", help="only measure the data-wait share of the predict loop")
     args = ap.parse_args(argv)
+    if not args.paths or not set(args.paths) <= set("abcd"):
+        ap.error(f"--paths {args.paths!r}: give some of the letters a, b, c, d")
     if args.workers is None:
         import os
         args.workers = min(2, os.cpu_count() or 1) if args.tiny else 6
@@ -677,7 +682,7 @@ def main(argv=None) -> None:
         frames = dec.frames.to(vlm.device)
         for b in budgets:
             runs = [run_methods(vlm, frames, dec.times_s, b, args.new_tokens, args.chunk_frames, args.vision_attn,
-                                args.logit_tol) for _ in range(max(args.repeats, 1))]
+                                args.logit_tol, args.paths) for _ in range(max(args.repeats, 1))]
             r = median_of_timed(runs)
             # the floor printed before (vision tower + prefix prefill at the GEMM rate, one weight read per answer
             # token, 7B shapes), kept as floor_prefill for comparison with earlier results
