@@ -332,12 +332,12 @@ class BudgetedQA(LightningModule):
                             ("add_system_prompt", add_system_prompt), ("early_start", early_start),
                             ("warm_first_calls", warm_first_calls)):
             if not isinstance(value, bool):   # (the CLI lets null through for a bool)
-                raise SettingError(f"model.{name} must be true or false, got {value!r}")
+                raise SettingError(f"model.init_args.{name} must be true or false, got {value!r}")
         for name, value in (("answer_rows", answer_rows), ("answer_chunk", answer_chunk)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SettingError(f"model.{name} must be an integer >= 1, got {value!r}")
+                raise SettingError(f"model.init_args.{name} must be an integer >= 1, got {value!r}")
         if first_step not in FIRST_STEP_MODES:
-            raise SettingError(f"model.first_step must be one of {FIRST_STEP_MODES}, got {first_step!r}")
+            raise SettingError(f"model.init_args.first_step must be one of {FIRST_STEP_MODES}, got {first_step!r}")
         if kernels not in KERNEL_MODES:
             raise SettingError(f"model.init_args.kernels must be one of {KERNEL_MODES}, got {kernels!r}")
         if first_step != "wait" and kernels != "inductor":

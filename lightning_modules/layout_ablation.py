@@ -104,7 +104,7 @@ class LayoutAblationQA(BudgetedQA):
         self._job_key = {job_name(b, v): (v, b) for v, b in pairs}
         self.video_stats: dict[str, dict] = {}
         if baseline_run is not None and (not isinstance(baseline_run, (str, Path)) or not str(baseline_run)):
-            raise SettingError(f"model.baseline_run must be a run folder or null, got {baseline_run!r}")
+            raise SettingError(f"model.init_args.baseline_run must be a run folder or null, got {baseline_run!r}")
         self.baseline_run = None if baseline_run is None else Path(baseline_run)
         self.baseline_records: dict[int, dict[str, dict]] | None = None   # budget -> qid -> record
 
@@ -132,7 +132,7 @@ class LayoutAblationQA(BudgetedQA):
 
         dm = getattr(trainer, "datamodule", None)
         if dm is None or not hasattr(dm, "tasks"):
-            raise SettingError("model.baseline_run needs the video QA datamodule (its questions are checked)")
+            raise SettingError("model.init_args.baseline_run needs the video QA datamodule (its questions are checked)")
         questions = [(t.video_id, q.qid) for t in dm.tasks(list(self.jobs)) for q in t.questions]
         self.baseline_records = load_baseline_run(self.baseline_run, settings, defaults, dm.benchmark,
                                                   self.budgets, questions, self.decode_budget,

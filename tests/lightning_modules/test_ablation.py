@@ -416,7 +416,7 @@ def test_jobs_property_and_errors():
     assert m.jobs == {"base_b256": 256, "base_b1024": 1024, "rho32_b1024": 1024}
     assert m.decode_budget == 16384   # seed 000: Videos(todo, 16384) whatever the jobs' budgets
     assert m.baseline_run is None and m.baseline_records is None   # default: the in-run baseline
-    with pytest.raises(ValueError, match="model.baseline_run must be a run folder or null"):
+    with pytest.raises(ValueError, match="model.init_args.baseline_run must be a run folder or null"):
         LayoutAblationQA(jobs="base:256", baseline_run="")
     assert m.budgets == [256, 1024] and m.hparams.jobs == "base:256:1024, rho32:1024" and m.hparams.no_reuse
     with pytest.raises(ValueError, match="unknown layout variant"):
@@ -503,9 +503,9 @@ def test_prompt_template_default_is_videollama3s_own():
         BudgetedQA(prompt_template="vmme")
     with pytest.raises(SettingError, match="decode must be one of"):
         BudgetedQA(decode="cuda_graph")
-    with pytest.raises(SettingError, match="model.overlap_budgets must be true or false, got None"):
+    with pytest.raises(SettingError, match="model.init_args.overlap_budgets must be true or false, got None"):
         BudgetedQA(overlap_budgets=None)
-    with pytest.raises(SettingError, match="model.cudnn_attention must be true or false, got 'yes'"):
+    with pytest.raises(SettingError, match="model.init_args.cudnn_attention must be true or false, got 'yes'"):
         BudgetedQA(cudnn_attention="yes")
 
 

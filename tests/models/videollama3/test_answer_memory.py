@@ -209,9 +209,9 @@ def test_budgeted_qa_passes_and_checks_the_settings(tiny_vl3_dir):
     from algorithms.errors import SettingError
     from lightning_modules.budgeted_qa import BudgetedQA
 
-    with pytest.raises(SettingError, match="model.answer_rows must be an integer >= 1, got 0"):
+    with pytest.raises(SettingError, match="model.init_args.answer_rows must be an integer >= 1, got 0"):
         BudgetedQA(model_path=str(tiny_vl3_dir), answer_rows=0)
-    with pytest.raises(SettingError, match="model.answer_chunk must be an integer >= 1, got 1.5"):
+    with pytest.raises(SettingError, match="model.init_args.answer_chunk must be an integer >= 1, got 1.5"):
         BudgetedQA(model_path=str(tiny_vl3_dir), answer_chunk=1.5)
     vlm = BudgetedQA(model_path=str(tiny_vl3_dir), answer_rows=8, answer_chunk=100)._read_model(torch.device("cpu"))
     assert (vlm.answer_rows, vlm.answer_chunk) == (8, 100)
