@@ -31,6 +31,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from algorithms.streaming import DEFAULT_MEMORY_POLICY
+from datamodules.worker_watch import process_alive
 
 FORMAT = "omni-features/1"
 REQUIRED_TENSORS = ("states", "row_times", "initialization_mask", "state_source_times", "state_update_mask",
@@ -60,16 +61,6 @@ def nonfinite_rows(states) -> int:
     return int((~torch.isfinite(states)).any(1).sum())
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:          # another user's process: alive
-        return True
-    return True
-
-
 def temp_beside(path: Path) -> tuple[int, str]:
     """``tempfile.mkstemp`` in ``path``'s folder, named ``.<name>.<pid>.<random>.tmp``, after removing the temp files
     of ``path`` that a process no longer alive left there (one killed between the temp file and its rename: a
@@ -83,7 +74,7 @@ def temp_beside(path: Path) -> tuple[int, str]:
         if not (name.startswith(prefix) and name.endswith(".tmp")):
             continue
         pid = name[len(prefix):].split(".", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
             try:
                 os.unlink(path.parent / name)
             except OSError:
