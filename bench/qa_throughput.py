@@ -279,8 +279,36 @@ def token_checks(vlm: BudgetedVideoLlama3, prompts: dict, tokens: dict, tol: flo
         out.update({f"same_tokens_{p}{q}": all(c.same for c in checks),
                     f"exact_tokens_{p}{q}": all(c.exact for c in checks),
                     f"token_check_{p}{q}": ";".join(str(c) for c in checks)})
+    out.update(bc_parts(vlm, prompts, tokens, logits))
     vlm.set_fused_kernels(True)
     return out
+
+
+def bc_parts(vlm: BudgetedVideoLlama3, prompts: dict, tokens: dict, logits) -> dict:
+    """Where b and c part: per question, max |logit difference| along (b)'s tokens of (b)'s own logits (its prompt
+    rows, the library's kernels) against ``bc_vision_d``: (c)'s prompt rows (frame-batched encoder) under the
+    library's kernels; ``bc_kernels_d``: (b)'s prompt rows under (c)'s fused kernels; ``library_spread_d``: (b)'s
+    prompt rows and kernels with SDPA's memory-efficient backend in place of its default (flash on CUDA): two paths
+    the library itself may take, i.e. the spread the tolerance has to allow. ``-`` without both (b) and (c); each a
+    ``;``-joined list of per-question floats (``nan`` for a question without tokens)."""
+    if "b" not in tokens or "c" not in tokens:
+        return {"bc_vision_d": "-", "bc_kernels_d": "-", "library_spread_d": "-"}
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    parts = {"bc_vision_d": [], "bc_kernels_d": [], "library_spread_d": []}
+    for i, toks in enumerate(tokens["b"]):
+        if not toks:
+            for v in parts.values():
+                v.append(float("nan"))
+            continue
+        base = logits("b", i, toks)
+        vision = forced_logits(vlm, prompts["c"], QUESTIONS[i], toks, fused=False)
+        kernels = forced_logits(vlm, prompts["b"], QUESTIONS[i], toks, fused=True)
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            spread = forced_logits(vlm, prompts["b"], QUESTIONS[i], toks, fused=False)
+        for name, other in (("bc_vision_d", vision), ("bc_kernels_d", kernels), ("library_spread_d", spread)):
+            parts[name].append(float((other - base).abs().max()))
+    return {k: ";".join(f"{x:.3g}" for x in v) for k, v in parts.items()}
 
 
 def run_methods(vlm: BudgetedVideoLlama3, frames, times, budget: int, new_tokens: int, chunk: int,
@@ -716,6 +744,10 @@ def main(argv=None) -> None:
             if r[f"exact_tokens_{pair}"] is False or r[f"same_tokens_{pair}"] is False:
                 print(f"  {r['video'][:15]} B={r['budget']} {pair[0]}={pair[1]}: {r[f'token_check_{pair}']} "
                       "(per question: verdict, ~first differing position (m=top-2 margin), d=max |logit diff|)")
+        if r.get("bc_vision_d", "-") != "-":
+            print(f"  {r['video'][:15]} B={r['budget']} b vs c, max |logit diff| per question: encoder rows "
+                  f"{r['bc_vision_d']}, fused kernels {r['bc_kernels_d']}; the library's own spread (SDPA backend) "
+                  f"{r['library_spread_d']}")
     print(f"\nfloor of (d), part by part: max(FLOPs / {ceiling:.4g} TFLOP/s, bytes / {args.hbm_tbps:.3g} TB/s), seconds "
           f"(LLM attention {args.floor_attention}; suffix: {len(QUESTIONS)} questions; decode: new tokens - 1 steps, "
           f"the questions' rows together)")

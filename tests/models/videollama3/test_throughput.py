@@ -496,6 +496,12 @@ def test_qa_bench_runs_on_the_cpu(bench_tiny_model_from_session, tmp_path, capsy
     assert row["same_tokens_ab"] and row["same_tokens_bc"] and row["vision_tokens"] <= 128
     # fp32 on the CPU: the token ids agree exactly (the margin rule never needed) and (c) stays eager (the same math)
     assert row["exact_tokens_ab"] is True and row["exact_tokens_bc"] is True and row["same_tokens_cd"] == "-"
+    # where b and c part, per question: on the CPU in fp32 the encoder's rows, the fused kernels (eager here) and the
+    # SDPA backend all agree to float32 rounding
+    for key in ("bc_vision_d", "bc_kernels_d", "library_spread_d"):
+        diffs = [float(x) for x in row[key].split(";")]
+        assert len(diffs) == 3 and all(0 <= d < 1e-3 for d in diffs), (key, diffs)
+    assert "b vs c, max |logit diff| per question" in stdout
     assert res["wait"]["videos"] == 1
     # the floor, part by part (algorithms/qa_floor.py): each part printed and recorded, their sum the floor; the
     # earlier floor kept as floor_prefill
@@ -523,6 +529,16 @@ def test_qa_bench_runs_on_the_cpu(bench_tiny_model_from_session, tmp_path, capsy
     (row,) = json.loads(out.read_text())["rows"]
     assert row["a"] != row["a"] and row["b"] > 0 and row["c"] > 0            # a is nan
     assert (row["same_tokens_ab"], row["exact_tokens_bc"]) == ("-", True)
+    # --paths without b: no decomposition
+    torch.set_num_threads(1)
+    try:
+        bench_tiny_model_from_session.main(["--tiny", "--budgets", "128", "--repeats", "1", "--workers", "0",
+                                            "--wait-repeat", "1", "--new-tokens", "4", "--paths", "cd",
+                                            "--json", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["bc_vision_d"] == row["library_spread_d"] == "-"
     with pytest.raises(SystemExit):
         bench_tiny_model_from_session.main(["--tiny", "--paths", "bx"])
 
