@@ -147,8 +147,9 @@ class VideoQADataset(Dataset):
     task's item indices, :meth:`whole_item` decodes a task whole (the join's way out when its parts do not fit).
 
     ``cpu_task``: the task whose whole decode goes to the CPU reader where NVDEC would read it and the file has at most
-    ``cpu_task_mpx`` source megapixels (:func:`datamodules.decode.decode_video` ``cpu_below_mpx``; at least 2 decoder
-    threads for it; :func:`datamodules.videoqa.first_video_on_cpu` picks it), ``None``: none.
+    ``cpu_task_mpx`` source megapixels (:func:`datamodules.decode.decode_video` ``cpu_below_mpx``; ``cpu_task_threads``
+    decoder threads for it, ``None``: ``decode_threads`` and at least 2; :func:`datamodules.videoqa.first_video_on_cpu`
+    picks it), ``None``: none.
 
     ``error`` always starts with the video path: a :class:`~datamodules.decode.DecodeError` message as is (see
     :mod:`datamodules.decode.errors` for the per-case table), any other exception of the decoder (including
@@ -162,8 +163,9 @@ class VideoQADataset(Dataset):
                  decoder: str = "cpu", strict_frames: bool = STRICT_FRAMES, parts: list[int] | None = None,
                  cpu_task: int | None = None, cpu_task_mpx: float = 1000.0, decoding_dir: str | None = None,
                  isolated: frozenset[str] | set[str] = frozenset(), decode_timeout_s: float | None = DECODE_TIMEOUT_S,
-                 main_mark: str | None = None):
+                 main_mark: str | None = None, cpu_task_threads: int | None = None):
         self.cpu_task, self.cpu_task_mpx = cpu_task, cpu_task_mpx
+        self.cpu_task_threads = cpu_task_threads   # None: max(decode_threads, 2)
         # decoding in the main process (no workers): the file naming the video it decodes now, left behind if a
         # decoder crash ends the process (the next run reads it: datamodules.videoqa.VideoQADataModule._decode_crashes)
         self.main_mark = main_mark
@@ -222,6 +224,11 @@ class VideoQADataset(Dataset):
             return None
         return mark
 
+    def _cpu_task_threads(self) -> int:
+        """Decoder threads of ``cpu_task``'s CPU read: ``cpu_task_threads``, else ``decode_threads`` and at least 2."""
+        n = getattr(self, "cpu_task_threads", None)   # (a dataset pickled before the attribute existed)
+        return int(n) if n is not None else max(self.decode_threads, 2)
+
     def whole_item(self, task: int) -> dict:
         """Task ``task`` decoded whole (no part), as without ``parts``."""
         return self._decode(task, None)
@@ -243,7 +250,7 @@ class VideoQADataset(Dataset):
         if task.video_path in self.isolated and part is None:   # its hand-over folder goes with the run's marks
             decode = functools.partial(decode_isolated, tmp_dir=self.decoding_dir)
         call = functools.partial(decode, task.video_path, self.max_budget, self.decode_max_side,
-                                 num_threads=max(self.decode_threads, 2) if on_cpu else self.decode_threads,
+                                 num_threads=self._cpu_task_threads() if on_cpu else self.decode_threads,
                                  native_decode_bytes=self.native_decode_bytes,
                                  short_clip_first_frame=self.short_clip_first_frame,
                                  max_replaced_frac=self.max_replaced_frac, sizing=self.sizing,

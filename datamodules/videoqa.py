@@ -165,6 +165,8 @@ class VideoQADataModule(LightningDataModule):
             against 3.3 s from the CPU, with the model waiting for it. The CPU reader is the reference NVDEC's
             frames are checked against, so its records are those of ``decoder: cpu`` (``video_info.decoder`` names
             the CPU reader, ``decoder_fallback`` says why).
+        first_video_threads: decoder threads of that first video's CPU read (``None``: ``decode_threads``' count, at
+            least 2, as before this setting). FFmpeg's frame threading is bit-exact: only the speed changes.
         decode_timeout_s: a video (or a part of one) whose decode has not ended after this many seconds is given up:
             its questions become error records naming the file and the setting, and the run goes on (``null``: no
             limit). The stuck decode is abandoned in a daemon thread of its worker (Python cannot stop it), so a
@@ -189,8 +191,12 @@ class VideoQADataModule(LightningDataModule):
                  decoder: str = "cpu", in_order: bool = False, strict_frames: bool = STRICT_FRAMES,
                  decode_part_mb: float | None = DECODE_PART_MB,
                  first_video_cpu_mpx: float | None = FIRST_VIDEO_CPU_MPX, worker_niceness: int = 0,
-                 decode_timeout_s: float | None = DECODE_TIMEOUT_S, pin_memory: bool | None = None):
+                 decode_timeout_s: float | None = DECODE_TIMEOUT_S, pin_memory: bool | None = None,
+                 first_video_threads: int | None = None):
         super().__init__()
+        check_int("data.first_video_threads", first_video_threads, 1, allow_none=True,
+                  none_means="data.decode_threads' count, at least 2")
+        self.first_video_threads = first_video_threads
         if pin_memory is not None and not isinstance(pin_memory, bool):
             raise SettingError(f"data.pin_memory must be true, false or null (pinned on CUDA), got {pin_memory!r}")
         self.pin_memory = pin_memory
@@ -482,7 +488,7 @@ class VideoQADataModule(LightningDataModule):
                             self.native_decode_bytes, self.short_clip_first_frame, self.max_replaced_frac, sizing,
                             self.decoder, self.strict_frames, parts if parts and max(parts) > 1 else None, cpu_task,
                             self.first_video_cpu_mpx or 0.0, self._decoding_dir(), crashed, self.decode_timeout_s,
-                            self._main_mark())
+                            self._main_mark(), cpu_task_threads=self.first_video_threads)
         # frames pinned (in the loader's pin-memory thread, off the GPU's path) when the run is on CUDA: the
         # module's copy to the device then does not block the host
         pin = self.pins_frames()

@@ -94,6 +94,10 @@ def test_the_dataset_passes_the_limit_for_that_task_only(monkeypatch):
     seen.clear()   # an item that is a part of that task keeps the decoder's own choice
     VideoQADataset(tasks, 1024, decoder="auto", parts=[1, 2, 1], cpu_task=1)[1]
     assert seen == [("/v1.mp4", "auto", (0, 2), None, 1)]
+    seen.clear()   # data.first_video_threads: that task's read gets its own thread count, the others keep theirs
+    ds = VideoQADataset(tasks, 1024, decoder="auto", cpu_task=1, cpu_task_mpx=500.0, cpu_task_threads=6)
+    ds[1], ds[2]
+    assert seen == [("/v1.mp4", "auto", None, 500.0, 6), ("/v2.mp4", "auto", None, None, 1)]
     seen.clear()   # decoder cpu: nothing to choose
     VideoQADataset(tasks, 1024, decoder="cpu", cpu_task=0)[0]
     assert seen == [("/v0.mp4", "cpu", None, None, 1)]
@@ -131,3 +135,11 @@ def test_predict_records_are_the_cpu_readers_apart_from_the_reason(tiny_vl3_dir,
         a = by_key[key(b)]
         assert (b["video_info"]["decoder_fallback"] == SMALL_ON_CPU) == (b["video"] in first)
         assert a == {**b, "video_info": {k: v for k, v in b["video_info"].items() if k != "decoder_fallback"}}
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "4"])
+def test_first_video_threads_is_checked_before_anything_runs(bad):
+    with pytest.raises(SettingError, match="data.first_video_threads"):
+        VideoQADataModule(first_video_threads=bad)
+    assert VideoQADataModule(first_video_threads=None).first_video_threads is None
+    assert VideoQADataModule(first_video_threads=4).first_video_threads == 4
