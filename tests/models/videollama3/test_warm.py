@@ -3,6 +3,7 @@ compile on CUDA, here they run eagerly). ``start`` does nothing off CUDA, one ke
 thread compiles in the caller's grad mode and reports its time."""
 import logging
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -339,3 +340,32 @@ def test_outcome_waits_through_an_interrupt_of_its_own_wait():
         thread.outcome()
     assert not thread.done.is_set()
     assert thread.outcome() == 42
+
+
+def test_the_compressor_stand_in_is_the_checkpoints_and_runs(tiny_vl3_dir):
+    """``warm_compressor`` builds the checkpoint's qbase compressor (its ``config.json``) with random weights and runs
+    it on two windows of different lengths (the padded, masked key layout): B windows -> B * K rows of width C."""
+    import json
+
+    cfg = json.loads((Path(tiny_vl3_dir) / "qbase" / "config.json").read_text())
+    shape = warm.warm_compressor(Path(tiny_vl3_dir) / "qbase", "cpu", torch.float32)
+    assert shape == (2 * cfg["num_queries"], cfg["hidden_size"])
+    with pytest.raises(FileNotFoundError):
+        warm.warm_compressor(Path(tiny_vl3_dir) / "no-qbase", "cpu", torch.float32)
+
+
+def test_the_first_call_thread_warms_the_compressor_of_a_checkpoint_with_one(tiny_vl3_dir, tiny_config_dir,
+                                                                              monkeypatch):
+    """The first-call thread also runs ``warm_compressor`` on the checkpoint's ``qbase/`` (same device and dtype),
+    after ``warm_first_calls``; a checkpoint without ``qbase/`` (the config-only directory) skips it."""
+    order = []
+    monkeypatch.setattr(warm, "compile_fused_kernels", lambda *a, **k: list(warm.KERNELS))
+    monkeypatch.setattr(warm, "warm_first_calls", lambda *a: order.append("first_calls"))
+    monkeypatch.setattr(warm, "warm_compressor", lambda *a: order.append(a))
+    thread = warm.start(tiny_vl3_dir, "cuda", torch.bfloat16, inference=True)
+    thread.join()
+    assert order == ["first_calls", (Path(tiny_vl3_dir) / "qbase", "cuda", torch.bfloat16)]
+    assert isinstance(thread.timings["first_calls_s"], float)
+    order.clear()
+    warm.start(tiny_config_dir, "cuda", torch.bfloat16, inference=True).join()
+    assert order == ["first_calls"]
