@@ -39,6 +39,11 @@ if __name__ == "__main__":
         from datamodules.worker_server import start_early
 
         start_early(sys.argv[1:])   # the decode workers' fork server imports beside this process's imports
+        import torch  # noqa: F401 - first, so that the CUDA context is made beside the imports after it
+
+        from models.device_start import start_cuda_early
+
+        start_cuda_early(sys.argv[1:])
         from cli import main
     except KeyboardInterrupt:       # Ctrl-C during the imports (seconds): one line, as after the start
         print("interrupted while starting: nothing was run or written", file=sys.stderr)

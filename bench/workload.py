@@ -984,14 +984,21 @@ def record_differences(a: Path, b: Path, limit: int = 3) -> list[str]:
 
 def _cli_option(opt: str) -> str:
     """One ``/setting=value`` part of a ``--cli-decoders`` entry as the CLI's option: ``model.x=v`` ->
-    ``--model.init_args.x=v``, ``x=v`` -> ``--data.init_args.x=v``."""
+    ``--model.init_args.x=v``, ``x=v`` -> ``--data.init_args.x=v`` (``env.NAME=v`` parts are no option:
+    :func:`_cli_env`)."""
     return f"--model.init_args.{opt[6:]}" if opt.startswith("model.") else f"--data.init_args.{opt}"
+
+
+def _cli_env(opts: list[str]) -> dict[str, str]:
+    """The ``env.NAME=value`` parts of a ``--cli-decoders`` entry, as the run's environment variables (e.g.
+    ``auto/env.TOKENBUDGET_EARLY_CUDA=0``: the run without the early CUDA context)."""
+    return dict(o[4:].split("=", 1) for o in opts if o.startswith("env."))
 
 
 def _cli_variant(spec: str) -> str:
     """``--cli-decoders`` entry: ``cpu | nvdec | auto``, optionally followed by ``/setting=value`` data settings
-    (e.g. ``auto/decode_part_mb=0``: the run without decode parts) or ``/model.setting=value`` model settings
-    (e.g. ``auto/model.first_step=eager``)."""
+    (e.g. ``auto/decode_part_mb=0``: the run without decode parts), ``/model.setting=value`` model settings
+    (e.g. ``auto/model.first_step=eager``) or ``/env.NAME=value`` environment variables of the run."""
     name, *opts = spec.split("/")
     if name not in ("cpu", "nvdec", "auto") or any("=" not in o for o in opts):
         raise argparse.ArgumentTypeError(f"{spec!r}: cpu | nvdec | auto, then /setting=value ...")
@@ -1055,8 +1062,17 @@ def run_cli(videos: list[Path], tiny: bool, work: Path = Path("/tmp/workload_cli
     out = work / f"out_{decoder}_{int(time.time() * 1000)}"
     with UtilSampler() as util:
         launched = time.perf_counter()
-        timing, total_s = ct.run_predict(ckpt, root, out, config, extra + [f"--data.init_args.decoder={decoder}"]
-                                         + [_cli_option(o) for o in opts])
+        saved = {k: os.environ.get(k) for k in _cli_env(opts)}
+        os.environ.update(_cli_env(opts))
+        try:
+            timing, total_s = ct.run_predict(ckpt, root, out, config, extra + [f"--data.init_args.decoder={decoder}"]
+                                             + [_cli_option(o) for o in opts if not o.startswith("env.")])
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     timing["util"] = cli_util(util, launched, timing.get("timeline_s") or {})
     timing["out"] = out
     used: dict = {}

@@ -557,6 +557,9 @@ class BudgetedQA(LightningModule):
                 age = process_age_s()
                 if age is not None:
                     self.timeline_marks["load_end"] = age - (time.perf_counter() - loading.timings["end_perf_counter"])
+            from models.device_start import early_cuda_marks
+
+            self.timeline_marks.update(early_cuda_marks())   # the context made beside the imports (evaluate.py)
 
     def _read_model(self, device: torch.device) -> BudgetedVideoLlama3:
         """The VLM of ``model_path``, its weights read straight to ``device`` where the loader can

@@ -227,6 +227,10 @@ def test_cli_variant_settings_become_data_or_model_options():
     for bad in ("gpu", "auto/decode_part_mb"):
         with pytest.raises(argparse.ArgumentTypeError):
             workload._cli_variant(bad)
+    # env.NAME=value parts: the run's environment, not options
+    opts = workload._cli_variant("auto/env.TOKENBUDGET_EARLY_CUDA=0/model.kernels=eager").split("/")[1:]
+    assert workload._cli_env(opts) == {"TOKENBUDGET_EARLY_CUDA": "0"}
+    assert workload._cli_env(["x=1", "model.y=2"]) == {}
 
 
 def test_record_differences_name_the_fields(tmp_path):
