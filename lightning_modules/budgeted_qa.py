@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 
 DECODE_MODES = ("auto", "dynamic", "static", "graph")
 FIRST_STEP_MODES = ("wait", "eager")
+WEIGHT_READERS = ("library", "pinned")   # model.init_args.weight_reader (BudgetedVideoLlama3.from_pretrained)
 
 
 def _done(value):
@@ -300,6 +301,10 @@ class BudgetedQA(LightningModule):
             2026-12-06: 13-14.5 s of compilation in the first answer with a warm cache on the H100, and it keeps
             intermediates in float32, so bfloat16 results round differently); ``eager`` the library's own
             kernels. The same on the CPU (eager math there). Recorded in ``run.json`` when not ``triton``.
+        weight_reader: how the LLM's and vision tower's safetensors reach the device: ``library`` (default)
+            transformers' loader; ``pinned`` :func:`models.weight_reader.read_safetensors` (threads reading the
+            files through page-locked buffers into one device buffer per file, then transformers' load of that
+            ``state_dict``). The same bytes either way, so not recorded in ``run.json``.
     """
 
     # settings recorded in run.json only when they differ from these defaults (absent there = the default, compared)
@@ -314,7 +319,7 @@ class BudgetedQA(LightningModule):
                  original_projector: str | None = None, vision_config_dir: str | None = None,
                  overlap_budgets: bool = True, cudnn_attention: bool = False, add_system_prompt: bool = True,
                  early_start: bool = True, first_step: str = "wait", answer_rows: int = 64, answer_chunk: int = 2048,
-                 warm_first_calls: bool = True, kernels: str = "triton"):
+                 warm_first_calls: bool = True, kernels: str = "triton", weight_reader: str = "library"):
         super().__init__()
         if not budgets:
             raise SettingError("model.init_args.budgets must not be empty")
@@ -336,6 +341,8 @@ class BudgetedQA(LightningModule):
         for name, value in (("answer_rows", answer_rows), ("answer_chunk", answer_chunk)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SettingError(f"model.init_args.{name} must be an integer >= 1, got {value!r}")
+        if weight_reader not in WEIGHT_READERS:
+            raise SettingError(f"model.init_args.weight_reader must be one of {WEIGHT_READERS}, got {weight_reader!r}")
         if first_step not in FIRST_STEP_MODES:
             raise SettingError(f"model.init_args.first_step must be one of {FIRST_STEP_MODES}, got {first_step!r}")
         if kernels not in KERNEL_MODES:
@@ -569,7 +576,8 @@ class BudgetedQA(LightningModule):
                                                   attn_implementation=hp.attn_implementation, raw_mode=hp.raw_mode,
                                                   vision_attn_implementation=hp.vision_attn_implementation,
                                                   original_projector=hp.get("original_projector"),
-                                                  vision_config_dir=hp.get("vision_config_dir"), device=device)
+                                                  vision_config_dir=hp.get("vision_config_dir"), device=device,
+                                                  weight_reader=hp.get("weight_reader", "library"))
         vlm.set_answer_batching(int(hp.get("answer_rows", 64)), int(hp.get("answer_chunk", 2048)))
         return vlm.set_system_prompt(bool(hp.get("add_system_prompt", True)))
 

@@ -378,6 +378,31 @@ def test_weights_read_straight_to_the_gpu(tiny_vl3_dir):
         x.token_ids for x in moved.answer_batched(b.prompt, qs, 6, decode="graph")]
 
 
+def test_pinned_weight_reader_on_cuda_is_the_files_and_the_librarys(tiny_vl3_dir):
+    """``model.init_args.weight_reader: pinned`` on CUDA (page-locked staging buffers, a stream per thread): every
+    tensor is safetensors' own, with chunks smaller than the tensors and more threads than chunks of some files, and
+    ``from_pretrained(weight_reader="pinned", device="cuda")`` gives the library's parameters, on the GPU."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from models.videollama3 import BudgetedVideoLlama3
+    from models.weight_reader import checkpoint_files, read_safetensors
+
+    files = checkpoint_files(Path(tiny_vl3_dir))
+    want = {}
+    for f in files:
+        want.update(load_file(str(f)))
+    for threads, chunk in ((1, 64 << 20), (4, 4096), (8, 1000)):
+        got = read_safetensors(files, "cuda", threads=threads, chunk_bytes=chunk)
+        assert got.keys() == want.keys()
+        assert all(got[k].is_cuda and torch.equal(got[k].cpu(), want[k]) for k in want), (threads, chunk)
+    pinned = BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir, device="cuda", weight_reader="pinned")
+    lib = BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir, device="cuda")
+    a, b = pinned.model.state_dict(), lib.model.state_dict()
+    assert all(a[k].device == b[k].device and torch.equal(a[k], b[k]) for k in b)
+
+
 @pytest.mark.usefixtures("inductor_kernels")
 def test_eager_first_step_runs_while_the_early_compilation_runs(tiny_vl3_dir):
     """Issue 41, ``first_step="eager"``: with the early compilation held (a stand-in thread registered as

@@ -74,6 +74,24 @@ def device_map_kwargs(device: torch.device | str | None) -> dict:
         return {}
     return {"device_map": str(torch.device(device))}
 
+def _load_read_state(path: Path, dtype: torch.dtype, attn_implementation: str | None,
+                     device: torch.device | str | None):
+    """``VideoLlama3ForConditionalGeneration`` of the checkpoint at ``path`` with its weights read by
+    :func:`models.weight_reader.read_safetensors` onto ``device`` (the CPU when ``None``) and loaded by transformers
+    from that ``state_dict``; returns ``(model, loading_info)`` as ``from_pretrained(output_loading_info=True)``."""
+    from transformers import VideoLlama3Config, VideoLlama3ForConditionalGeneration
+
+    from ..weight_reader import checkpoint_files, read_safetensors
+
+    config = VideoLlama3Config.from_pretrained(path)
+    state = read_safetensors(checkpoint_files(path), device if device is not None else "cpu")
+    model, info = VideoLlama3ForConditionalGeneration.from_pretrained(
+        None, config=config, state_dict=state, dtype=dtype, attn_implementation=attn_implementation,
+        output_loading_info=True, **device_map_kwargs(device))
+    model.config._name_or_path = str(path)   # as from_pretrained(path) sets it
+    return model, info
+
+
 class VisionEncoding:
     """Load a checkpoint and turn frames into vision rows: encoder rows, the projector, the qbase compressor.
 
@@ -90,7 +108,8 @@ class VisionEncoding:
                         vision_attn_implementation: str | None = "frame_batched",
                         fused_kernels: bool = True, original_projector: str | Path | None = None,
                         vision_config_dir: str | Path | None = None,
-                        device: torch.device | str | None = None) -> "BudgetedVideoLlama3":
+                        device: torch.device | str | None = None,
+                        weight_reader: str = "library") -> "BudgetedVideoLlama3":
         """Load a transformers-format VideoLLaMA3 directory plus ``qbase/`` (and ``original_projector/``).
 
         The tokenizer renders with the template seed 001's ``Videollama3Processor`` gives it: the processor's saved
@@ -113,6 +132,10 @@ class VisionEncoding:
         (transformers refuses a ``device_map`` without it; else they load on the CPU and the caller moves them), the
         qbase compressor through ``safetensors.torch.load_file(device=...)``. ``None``: the CPU, as before. The
         original layout and the original projector load on the CPU either way (the caller's ``.to``).
+        ``weight_reader``: ``"library"`` (default) transformers' loader reads the files; ``"pinned"``
+        :func:`models.weight_reader.read_safetensors` reads them to ``device`` (the CPU when ``None``) and
+        transformers loads that ``state_dict`` (the same keys, checks and bytes; the original layout keeps its own
+        reader).
 
         Raises:
             FileNotFoundError: the directory or a required file is missing (path named).
@@ -131,9 +154,14 @@ class VisionEncoding:
                                             vision_config_dir)).set_vision_attention(
                 vision_attn_implementation).set_fused_kernels(fused_kernels)
         with reading_checkpoint(path):
-            model, info = VideoLlama3ForConditionalGeneration.from_pretrained(
-                path, dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True,
-                **device_map_kwargs(device))
+            if weight_reader == "pinned":
+                model, info = _load_read_state(path, dtype, attn_implementation, device)
+            elif weight_reader == "library":
+                model, info = VideoLlama3ForConditionalGeneration.from_pretrained(
+                    path, dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True,
+                    **device_map_kwargs(device))
+            else:
+                raise ValueError(f"weight_reader must be 'library' or 'pinned', got {weight_reader!r}")
             bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
             if bad:
                 raise CheckpointError(f"{path}: checkpoint weights do not match VideoLlama3ForConditionalGeneration: "

@@ -207,3 +207,21 @@ def test_kernels_setting_is_checked_and_set_process_wide(tiny_vl3_dir):
         BudgetedQA(model_path=str(tiny_vl3_dir), kernels="compiled")
     with pytest.raises(SettingError, match="first_step: eager acts only with kernels: inductor"):
         BudgetedQA(model_path=str(tiny_vl3_dir), first_step="eager")
+
+
+def test_weight_reader_setting_reaches_the_load(tiny_vl3_dir, monkeypatch):
+    """``model.init_args.weight_reader`` goes to ``BudgetedVideoLlama3.from_pretrained`` (its equality with the
+    library's load: tests/models/test_weight_reader.py); a bad value is refused before anything runs."""
+    import models.videollama3.encoding as enc
+    from lightning_modules.budgeted_qa import BudgetedQA
+
+    seen = []
+    real = enc._load_read_state
+    monkeypatch.setattr(enc, "_load_read_state", lambda *a: seen.append(a[0]) or real(*a))
+    vlm = BudgetedQA(model_path=str(tiny_vl3_dir), weight_reader="pinned")._read_model(torch.device("cpu"))
+    assert [str(p) for p in seen] == [str(tiny_vl3_dir)] and vlm.model.config._name_or_path == str(tiny_vl3_dir)
+    seen.clear()
+    BudgetedQA(model_path=str(tiny_vl3_dir))._read_model(torch.device("cpu"))
+    assert seen == []                                 # the default: the library's loader
+    with pytest.raises(SettingError, match="model.init_args.weight_reader must be one of"):
+        BudgetedQA(model_path=str(tiny_vl3_dir), weight_reader="mmap")
