@@ -8,14 +8,14 @@
 #       TOKENBUDGET_EARLY_CUDA=0 (the context made by the module, as before); records compared;
 #   (3) the QA bench (paths b, c, d) at 4k and 16k on one video: b=c now that (c)'s vision MLP rounds as the
 #       library's, and where b and c part (encoder rows, fused kernels, the library's own SDPA-backend spread).
-#   bash bench/device_s13_call1.sh                        (carry .whl)
+#   bash bench/device_s13_call1.sh                        (carry .whl; CLI_END / END: seconds after the start)
 set -u
 . bench/device_site.sh
 gpu_tests_start
 set_and_checkpoint
 gpu_tests_report
 export TRITON_CACHE_DIR=/tmp/triton_cli
-timeout $(( 380 - ($(date +%s) - T0) )) python3 bench/workload.py --videos /tmp/wl --paths nvdec --only short \
+timeout $(( ${CLI_END:-380} - ($(date +%s) - T0) )) python3 bench/workload.py --videos /tmp/wl --paths nvdec --only short \
   --workers 16 --cli --cli-decoders auto auto/model.weight_reader=pinned/first_video_threads=6 auto auto/model.weight_reader=pinned \
   auto/first_video_threads=6 auto/env.TOKENBUDGET_EARLY_CUDA=0 \
   --json "$OUT/cli.json" > "$OUT/cli.txt" 2>&1
@@ -23,6 +23,6 @@ echo "rc $?"; grep -E "^CLI.*(videos,|stages|timeline)|records identical|differi
   "$OUT/cli.txt" | sed 's/warm-up.*//' | cut -c1-520 | head -30
 stamp "CLI"
 unset TRITON_CACHE_DIR
-timeout $(( 585 - ($(date +%s) - T0) )) python3 bench/qa_throughput.py --budgets 4096 16384 --kernels triton \
+timeout $(( ${END:-585} - ($(date +%s) - T0) )) python3 bench/qa_throughput.py --budgets 4096 16384 --kernels triton \
   --paths bcd --videos /tmp/wl/s1_h264_360p25_g60_90s.mp4 --json "$OUT/qa_s1.json" > "$OUT/qa_s1.txt" 2>&1
 echo "rc $?"; grep -E "^s1|b=c|c=d|b vs c|^GEMM" "$OUT/qa_s1.txt" | cut -c1-300; stamp "QA bench, one video"
