@@ -36,8 +36,9 @@ VARIANTS = ("raw_safetensors", "cpu_then_to", "device_map", "cpu_then_to_compile
 # thread under cProfile and prints the top functions), transformers' loader without its thread pool
 # (``HF_DEACTIVATE_ASYNC_LOAD=1``: ``device_map_serial`` / ``device_map_serial_compile``), the compilation then the
 # load in one thread (``compile_then_load``) and Inductor compiling in-process (``..._threads1``:
-# ``TORCHINDUCTOR_COMPILE_THREADS=1``); and the read through page-locked staging buffers by 1, 4 or 8 threads
-# (``pinned_threads_N``: :func:`pinned_read`, the floor of a load without pageable copies; session 13)
+# ``TORCHINDUCTOR_COMPILE_THREADS=1``); and the LLM's files read through page-locked staging buffers by 1, 4 or 8
+# threads (``pinned_threads_N``: :func:`models.weight_reader.read_safetensors`, ``model.init_args.weight_reader:
+# pinned`` without transformers' load after it; session 13)
 MORE = ("compile_alone", "compile_profile", "device_map_serial", "device_map_serial_compile", "compile_then_load",
         "device_map_compile_threads1", "pinned_threads_1", "pinned_threads_4", "pinned_threads_8")
 ENV = {"device_map_serial": {"HF_DEACTIVATE_ASYNC_LOAD": "1"}, "device_map_serial_compile": {"HF_DEACTIVATE_ASYNC_LOAD": "1"},
@@ -69,7 +70,10 @@ def run_variant(variant: str, model_dir: str, device: str) -> dict:
         out.update(load_s=round(time.perf_counter() - t0, 2), gbytes=round(n / 1e9, 2))
         return out
     if variant.startswith("pinned_threads"):
-        n = pinned_read(sorted(Path(model_dir).rglob("*.safetensors")), device, int(variant.rsplit("_", 1)[1]))
+        from models.weight_reader import checkpoint_files, read_safetensors
+
+        state = read_safetensors(checkpoint_files(Path(model_dir)), device, threads=int(variant.rsplit("_", 1)[1]))
+        n = sum(t.numel() * t.element_size() for t in state.values())
         out.update(load_s=round(time.perf_counter() - t0, 2), gbytes=round(n / 1e9, 2))
         return out
     from models.videollama3.model import BudgetedVideoLlama3
@@ -122,68 +126,6 @@ def run_variant(variant: str, model_dir: str, device: str) -> dict:
         end = thread.timings.get("end_perf_counter", time.perf_counter())
         out.update(compile_s=thread.timings.get("seconds"), compile_end_minus_load_end_s=round(end - load_end, 2))
     return out
-
-
-def pinned_read(files: list[Path], device: str, threads: int, chunk: int = 64 << 20) -> int:
-    """Every file's tensor bytes to one ``device`` buffer per file (the tensors would be views of it), read by
-    ``threads`` threads, each with two page-locked staging buffers of ``chunk`` bytes and a CUDA stream of its own:
-    a thread reads a chunk of the file into one buffer (``readinto``: the GIL released) while the other's copy to the
-    GPU runs. The floor of a load that does not go through pageable copies. Returns the bytes read."""
-    import struct
-    import threading
-
-    import torch
-
-    jobs, bufs = [], []
-    for f in files:
-        with open(f, "rb") as h:
-            (hlen,) = struct.unpack("<Q", h.read(8))
-        size = f.stat().st_size - 8 - hlen
-        dst = torch.empty(size, dtype=torch.uint8, device=device)
-        bufs.append(dst)
-        jobs += [(f, 8 + hlen + o, dst, o, min(chunk, size - o)) for o in range(0, size, chunk)]
-    lock = threading.Lock()
-
-    def work() -> None:
-        pinned = [torch.empty(chunk, dtype=torch.uint8, pin_memory=device == "cuda") for _ in range(2)]
-        events = [None, None]
-        stream = torch.cuda.Stream() if device == "cuda" else None
-        handles: dict = {}
-        k = 0
-        while True:
-            with lock:
-                if not jobs:
-                    break
-                f, off, dst, doff, n = jobs.pop()
-            if events[k] is not None:
-                events[k].synchronize()
-            h = handles.get(f) or handles.setdefault(f, open(f, "rb", buffering=0))
-            h.seek(off)
-            view = memoryview(pinned[k].numpy())[:n]
-            got = 0
-            while got < n:
-                got += h.readinto(view[got:])
-            if stream is not None:
-                with torch.cuda.stream(stream):
-                    dst[doff:doff + n].copy_(pinned[k][:n], non_blocking=True)
-                    events[k] = torch.cuda.Event()
-                    events[k].record(stream)
-            else:
-                dst[doff:doff + n].copy_(pinned[k][:n])
-            k ^= 1
-        if stream is not None:
-            stream.synchronize()
-        for h in handles.values():
-            h.close()
-
-    ts = [threading.Thread(target=work) for _ in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return sum(b.numel() for b in bufs)
 
 
 def main() -> None:
