@@ -112,7 +112,8 @@ def read_safetensors(files: list[Path], device: torch.device | str, threads: int
 
     def work() -> None:
         cuda = device.type == "cuda"
-        staging = [torch.empty(chunk_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)] if cuda else None
+        size = max(job[4] for job in jobs)            # (no staging buffer larger than the largest chunk)
+        staging = [torch.empty(size, dtype=torch.uint8, pin_memory=True) for _ in range(2)] if cuda else None
         done = [None, None]
         stream = torch.cuda.Stream(device) if cuda else None
         handles: dict[Path, object] = {}
