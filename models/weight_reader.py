@@ -154,7 +154,7 @@ def read_safetensors(files: list[Path], device: torch.device | str, threads: int
                 h.close()
 
     workers = [threading.Thread(target=work, name=f"weight-reader-{i}", daemon=True)
-               for i in range(max(1, min(threads, len(jobs))))]
+               for i in range(min(max(1, threads), len(jobs)))]   # none for files without data
     for t in workers:
         t.start()
     for t in workers:

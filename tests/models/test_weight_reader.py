@@ -55,6 +55,12 @@ def test_a_tensor_at_an_offset_no_multiple_of_its_size_is_copied(tmp_path):
     assert torch.equal(got["w"], want) and got["u"].tolist() == [7, 8, 9]
 
 
+def test_a_file_without_data(tmp_path):
+    save_file({"empty": torch.zeros(0, 3)}, str(tmp_path / "e.safetensors"))
+    got = read_safetensors([tmp_path / "e.safetensors"], "cpu")
+    assert list(got) == ["empty"] and got["empty"].shape == (0, 3)
+
+
 def test_bad_files_are_named(tmp_path):
     files = _mixed(tmp_path)
     data = files[0].read_bytes()
