@@ -8,7 +8,7 @@
 #       TOKENBUDGET_EARLY_CUDA=0 (the context made by the module, as before); records compared;
 #   (3) the QA bench (paths b, c, d) at 4k and 16k on one video: b=c now that (c)'s vision MLP rounds as the
 #       library's, and where b and c part (encoder rows, fused kernels, the library's own SDPA-backend spread).
-#   bash bench/device_s13_call1.sh                        (carry .whl; CLI_END / END: seconds after the start)
+#   bash bench/device_s13_call1.sh                        (carry .whl; CLI_END / END: seconds after the start; CLI_RUNS)
 set -u
 . bench/device_site.sh
 gpu_tests_start
@@ -16,8 +16,8 @@ set_and_checkpoint
 gpu_tests_report
 export TRITON_CACHE_DIR=/tmp/triton_cli
 timeout $(( ${CLI_END:-380} - ($(date +%s) - T0) )) python3 bench/workload.py --videos /tmp/wl --paths nvdec --only short \
-  --workers 16 --cli --cli-decoders auto auto/model.weight_reader=pinned/first_video_threads=6 auto auto/model.weight_reader=pinned \
-  auto/first_video_threads=6 auto/env.TOKENBUDGET_EARLY_CUDA=0 \
+  --workers 16 --cli --cli-decoders ${CLI_RUNS:-auto auto/model.weight_reader=pinned/first_video_threads=6 auto auto/model.weight_reader=pinned \
+  auto/first_video_threads=6 auto/env.TOKENBUDGET_EARLY_CUDA=0} \
   --json "$OUT/cli.json" > "$OUT/cli.txt" 2>&1
 echo "rc $?"; grep -E "^CLI.*(videos,|stages|timeline)|records identical|differing fields|Traceback|Error" \
   "$OUT/cli.txt" | sed 's/warm-up.*//' | cut -c1-520 | head -30
