@@ -566,7 +566,9 @@ class BudgetedQA(LightningModule):
                     self.timeline_marks["load_end"] = age - (time.perf_counter() - loading.timings["end_perf_counter"])
             from models.device_start import early_cuda_marks
 
-            self.timeline_marks.update(early_cuda_marks())   # the context made beside the imports (evaluate.py)
+            age, now = process_age_s(), time.perf_counter()
+            if age is not None:   # the context made beside the imports (evaluate.py), on this timeline
+                self.timeline_marks.update({k: age - (now - t) for k, t in early_cuda_marks().items()})
 
     def _read_model(self, device: torch.device) -> BudgetedVideoLlama3:
         """The VLM of ``model_path``, its weights read straight to ``device`` where the loader can

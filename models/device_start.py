@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 ENV_SWITCH = "TOKENBUDGET_EARLY_CUDA"   # "0": no early context (the module's early start makes it, as before)
 GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0")
 
 _THREAD: threading.Thread | None = None
-_MARKS: dict[str, float | None] = {}
+_MARKS: dict[str, float | str] = {}
 
 
 def start_cuda_early(argv: list[str]) -> threading.Thread | None:
@@ -41,9 +42,7 @@ def start_cuda_early(argv: list[str]) -> threading.Thread | None:
         return None
     if not any(os.path.exists(n) for n in GPU_NODES):
         return None
-    from callbacks.process_clock import process_age_s
-
-    _MARKS["cuda_start"] = process_age_s()
+    _MARKS["cuda_start"] = time.perf_counter()
 
     def run() -> None:
         try:
@@ -56,7 +55,7 @@ def start_cuda_early(argv: list[str]) -> threading.Thread | None:
             torch.cuda.set_device(device)
             torch.empty(1, device=device)   # the primary context, made here (the allocation releases the GIL)
             torch.cuda.synchronize(device)
-            _MARKS["cuda_ready"] = process_age_s()
+            _MARKS["cuda_ready"] = time.perf_counter()
         except Exception as e:  # noqa: BLE001 - the run's own first CUDA call reports it
             _MARKS["cuda_failed"] = f"{type(e).__name__}: {e}"
 
@@ -65,10 +64,10 @@ def start_cuda_early(argv: list[str]) -> threading.Thread | None:
     return _THREAD
 
 
-def early_cuda_marks() -> dict[str, float | None]:
-    """``cuda_start`` / ``cuda_ready`` (seconds after the process start, for ``timeline_s``) of :func:`start_cuda_early`
-    once its thread has ended; ``{}`` when it was not started, is still running or failed (``cuda_failed`` is left out:
-    a timeline holds times only)."""
+def early_cuda_marks() -> dict[str, float]:
+    """``cuda_start`` / ``cuda_ready`` of :func:`start_cuda_early` as ``time.perf_counter()`` values (the caller puts
+    them on its timeline) once its thread has ended; ``{}`` when it was not started, is still running or failed
+    (``cuda_failed`` is left out: a timeline holds times only)."""
     if _THREAD is None or _THREAD.is_alive() or "cuda_ready" not in _MARKS:
         return {}
     return {k: v for k, v in _MARKS.items() if k in ("cuda_start", "cuda_ready")}
