@@ -34,6 +34,7 @@ from .video_items import DECODE_TIMEOUT_S, VideoQADataset, VideoTask  # noqa: F4
 from .worker_server import WORKER_PRELOAD  # noqa: F401 - re-exported: decode_worker_context's list
 from .worker_watch import worker_init
 
+FIRST_VIDEO_THREADS = 6         # data.first_video_threads: decoder threads of that CPU read (session 13, H100)
 FIRST_VIDEO_CPU_MPX = 1000.0   # data.first_video_cpu_mpx: the rank's first video read on the CPU up to this many
                                # source megapixels (a 90 s 360p25 video: 518)
 
@@ -157,7 +158,7 @@ class VideoQADataModule(LightningDataModule):
             ``0`` or ``null``: every video whole. Not applied with ``strict_frames`` or ``max_replaced_frac > 0``
             (their rules look across the whole video).
         first_video_cpu_mpx: with ``decoder: auto`` on a CUDA machine with PyNvVideoCodec and ``num_workers`` >= 1,
-            the rank's first video (the cheapest of its run order) is read by the CPU reader, with 2 decoder threads,
+            the rank's first video (the cheapest of its run order) is read by the CPU reader, with ``first_video_threads`` decoder threads,
             when it has at most this many source megapixels (frames x width x height / 1e6, from the probe its
             worker makes anyway; :func:`datamodules.decode.video.source_megapixels`; ``0`` or ``null``: never). A
             worker's first NVDEC decode starts its CUDA context while every other worker starts its own and shares
@@ -165,8 +166,10 @@ class VideoQADataModule(LightningDataModule):
             against 3.3 s from the CPU, with the model waiting for it. The CPU reader is the reference NVDEC's
             frames are checked against, so its records are those of ``decoder: cpu`` (``video_info.decoder`` names
             the CPU reader, ``decoder_fallback`` says why).
-        first_video_threads: decoder threads of that first video's CPU read (``None``: ``decode_threads``' count, at
-            least 2, as before this setting). FFmpeg's frame threading is bit-exact: only the speed changes.
+        first_video_threads: decoder threads of that first video's CPU read (default 6; ``None``:
+            ``decode_threads``' count, at least 2, as before session 13). FFmpeg's frame threading is bit-exact:
+            only the speed changes. H100, 16 workers, with ``model.init_args.weight_reader: pinned``: the first
+            video (90 s 360p) decoded in 3.4-3.8 s against 4.6-5.5 s with 2 threads (records identical).
         decode_timeout_s: a video (or a part of one) whose decode has not ended after this many seconds is given up:
             its questions become error records naming the file and the setting, and the run goes on (``null``: no
             limit). The stuck decode is abandoned in a daemon thread of its worker (Python cannot stop it), so a
@@ -192,7 +195,7 @@ class VideoQADataModule(LightningDataModule):
                  decode_part_mb: float | None = DECODE_PART_MB,
                  first_video_cpu_mpx: float | None = FIRST_VIDEO_CPU_MPX, worker_niceness: int = 0,
                  decode_timeout_s: float | None = DECODE_TIMEOUT_S, pin_memory: bool | None = None,
-                 first_video_threads: int | None = None):
+                 first_video_threads: int | None = FIRST_VIDEO_THREADS):
         super().__init__()
         check_int("data.first_video_threads", first_video_threads, 1, allow_none=True,
                   none_means="data.decode_threads' count, at least 2")

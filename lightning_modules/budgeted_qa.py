@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
 
 DECODE_MODES = ("auto", "dynamic", "static", "graph")
 FIRST_STEP_MODES = ("wait", "eager")
-WEIGHT_READERS = ("library", "pinned")   # model.init_args.weight_reader (BudgetedVideoLlama3.from_pretrained)
+WEIGHT_READERS = ("auto", "library", "pinned")   # model.init_args.weight_reader (BudgetedVideoLlama3.from_pretrained)
 
 
 def _done(value):
@@ -301,10 +301,13 @@ class BudgetedQA(LightningModule):
             2026-12-06: 13-14.5 s of compilation in the first answer with a warm cache on the H100, and it keeps
             intermediates in float32, so bfloat16 results round differently); ``eager`` the library's own
             kernels. The same on the CPU (eager math there). Recorded in ``run.json`` when not ``triton``.
-        weight_reader: how the LLM's and vision tower's safetensors reach the device: ``library`` (default)
-            transformers' loader; ``pinned`` :func:`models.weight_reader.read_safetensors` (threads reading the
-            files through page-locked buffers into one device buffer per file, then transformers' load of that
-            ``state_dict``). The same bytes either way, so not recorded in ``run.json``.
+        weight_reader: how the LLM's and vision tower's safetensors reach the device: ``pinned``
+            :func:`models.weight_reader.read_safetensors` (threads reading the files through page-locked buffers
+            into one device buffer per file, then transformers' load of that ``state_dict``); ``library``
+            transformers' own loader (memory-mapped files, a pageable copy per tensor); ``auto`` (default) ``pinned``
+            on CUDA, ``library`` elsewhere. The same bytes either way, so not recorded in ``run.json``. Session 13
+            (H100, the whole workload-shaped set, with ``data.first_video_threads: 6``): the load 4.5-4.7 s against
+            5.4-6.5 s, the first answer 16.3-16.5 s against 17.9-19.7 s; records identical.
     """
 
     # settings recorded in run.json only when they differ from these defaults (absent there = the default, compared)
@@ -319,7 +322,7 @@ class BudgetedQA(LightningModule):
                  original_projector: str | None = None, vision_config_dir: str | None = None,
                  overlap_budgets: bool = True, cudnn_attention: bool = False, add_system_prompt: bool = True,
                  early_start: bool = True, first_step: str = "wait", answer_rows: int = 64, answer_chunk: int = 2048,
-                 warm_first_calls: bool = True, kernels: str = "triton", weight_reader: str = "library"):
+                 warm_first_calls: bool = True, kernels: str = "triton", weight_reader: str = "auto"):
         super().__init__()
         if not budgets:
             raise SettingError("model.init_args.budgets must not be empty")
@@ -579,9 +582,16 @@ class BudgetedQA(LightningModule):
                                                   vision_attn_implementation=hp.vision_attn_implementation,
                                                   original_projector=hp.get("original_projector"),
                                                   vision_config_dir=hp.get("vision_config_dir"), device=device,
-                                                  weight_reader=hp.get("weight_reader", "library"))
+                                                  weight_reader=self.weight_reader_for(device))
         vlm.set_answer_batching(int(hp.get("answer_rows", 64)), int(hp.get("answer_chunk", 2048)))
         return vlm.set_system_prompt(bool(hp.get("add_system_prompt", True)))
+
+    def weight_reader_for(self, device: torch.device) -> str:
+        """``weight_reader`` with ``auto`` resolved for ``device``: ``pinned`` on CUDA, ``library`` elsewhere."""
+        reader = self.hparams.get("weight_reader", "auto")
+        if reader == "auto":
+            return "pinned" if torch.device(device).type == "cuda" else "library"
+        return reader
 
     def predict_step(self, item: dict, batch_idx: int = 0) -> list[dict]:
         thread = self._compiling

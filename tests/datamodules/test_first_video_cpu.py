@@ -141,5 +141,6 @@ def test_predict_records_are_the_cpu_readers_apart_from_the_reason(tiny_vl3_dir,
 def test_first_video_threads_is_checked_before_anything_runs(bad):
     with pytest.raises(SettingError, match="data.first_video_threads"):
         VideoQADataModule(first_video_threads=bad)
+    assert VideoQADataModule().first_video_threads == 6          # the default since session 13
     assert VideoQADataModule(first_video_threads=None).first_video_threads is None
     assert VideoQADataModule(first_video_threads=4).first_video_threads == 4

@@ -221,7 +221,12 @@ def test_weight_reader_setting_reaches_the_load(tiny_vl3_dir, monkeypatch):
     vlm = BudgetedQA(model_path=str(tiny_vl3_dir), weight_reader="pinned")._read_model(torch.device("cpu"))
     assert [str(p) for p in seen] == [str(tiny_vl3_dir)] and vlm.model.config._name_or_path == str(tiny_vl3_dir)
     seen.clear()
-    BudgetedQA(model_path=str(tiny_vl3_dir))._read_model(torch.device("cpu"))
-    assert seen == []                                 # the default: the library's loader
+    qa = BudgetedQA(model_path=str(tiny_vl3_dir))
+    qa._read_model(torch.device("cpu"))
+    assert seen == []                                 # the default, auto: the library's loader off CUDA
+    assert (qa.weight_reader_for(torch.device("cuda", 1)), qa.weight_reader_for(torch.device("cpu"))) == (
+        "pinned", "library")
+    lib = BudgetedQA(model_path=str(tiny_vl3_dir), weight_reader="library")
+    assert lib.weight_reader_for(torch.device("cuda")) == "library"
     with pytest.raises(SettingError, match="model.init_args.weight_reader must be one of"):
         BudgetedQA(model_path=str(tiny_vl3_dir), weight_reader="mmap")
