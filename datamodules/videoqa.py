@@ -158,8 +158,8 @@ class VideoQADataModule(LightningDataModule):
             ``0`` or ``null``: every video whole. Not applied with ``strict_frames`` or ``max_replaced_frac > 0``
             (their rules look across the whole video).
         first_video_cpu_mpx: with ``decoder: auto`` on a CUDA machine with PyNvVideoCodec and ``num_workers`` >= 1,
-            the rank's first video (the cheapest of its run order) is read by the CPU reader, with ``first_video_threads`` decoder threads,
-            when it has at most this many source megapixels (frames x width x height / 1e6, from the probe its
+            the rank's first video (the cheapest of its run order) is read by the CPU reader, with
+            ``first_video_threads`` decoder threads, when it has at most this many source megapixels (frames x width x height / 1e6, from the probe its
             worker makes anyway; :func:`datamodules.decode.video.source_megapixels`; ``0`` or ``null``: never). A
             worker's first NVDEC decode starts its CUDA context while every other worker starts its own and shares
             the engines: on the H100 (16 workers) the first video (90 s 360p, 518 Mpx) took 7.1-8.7 s from NVDEC
