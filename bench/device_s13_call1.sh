@@ -9,6 +9,14 @@
 #   (3) the QA bench (paths b, c, d) at 4k and 16k on one video: b=c now that (c)'s vision MLP rounds as the
 #       library's, and where b and c part (encoder rows, fused kernels, the library's own SDPA-backend spread).
 #   bash bench/device_s13_call1.sh                        (carry .whl; CLI_END / END: seconds after the start; CLI_RUNS)
+# As run (H100, after ~1,100 s of refused starts; files bench/results/s13call{1,2}_*_h100_2026-12-06.*):
+#   call 1: CLI_END=300 END=330 CLI_RUNS="auto auto/model.weight_reader=pinned/first_video_threads=6 auto \
+#           auto/model.weight_reader=pinned/first_video_threads=6" bash bench/device_s13_call1.sh
+#           (GPU tests 43 passed; three CLI runs, the fourth and the QA bench cut by the limits)
+#   call 2, the same warm machine: . bench/device_site.sh; TRITON_CACHE_DIR=/tmp/triton_cli python3 bench/workload.py
+#           --videos /tmp/wl --paths nvdec --only short --workers 16 --cli --cli-decoders
+#           auto/model.weight_reader=pinned/first_video_threads=6 auto auto/model.weight_reader=pinned
+#           auto/first_video_threads=6 --json $OUT/cli2.json
 set -u
 . bench/device_site.sh
 gpu_tests_start
