@@ -1,4 +1,7 @@
 #!/bin/bash
+# Session 13: its call ran the GPU tests (43 passed) and the CLI defaults against the pinned reader and 6 first-video
+# threads (now the defaults); still to run: the kernels: eager records, the early CUDA context's A/B
+# (env.TOKENBUDGET_EARLY_CUDA=0, added to the CLI runs) and the first-step profile.
 # Prepared in session 12 for the next session (session 12's call 3 ran only its short form, bench/device_s12_call3.sh):
 # the GPU tests (two changed in session 12 and not yet run on a GPU: the vision MLP bit for bit under kernels:
 # triton, its one epilogue GEMM under inductor), then the user's CLI on the whole workload-shaped set with a Triton
@@ -10,7 +13,7 @@
 #   DEADLINE=240 CLI_END=240 CLI_RUNS="auto auto/model.kernels=eager" bash bench/device_next.sh     (a short call)
 set -u
 DEADLINE=${DEADLINE:-440}; CLI_END=${CLI_END:-$(( DEADLINE - 110 ))}   # seconds after the start
-CLI_RUNS=${CLI_RUNS:-auto auto/model.kernels=eager auto}
+CLI_RUNS=${CLI_RUNS:-auto auto/model.kernels=eager auto auto/env.TOKENBUDGET_EARLY_CUDA=0}
 . bench/device_site.sh
 gpu_tests_start
 set_and_checkpoint
