@@ -160,9 +160,9 @@ class VideoQADataModule(LightningDataModule):
         first_video_cpu_mpx: with ``decoder: auto`` on a CUDA machine with PyNvVideoCodec and ``num_workers`` >= 1,
             the rank's first video (the cheapest of its run order) is read by the CPU reader, with
             ``first_video_threads`` decoder threads, when it has at most this many source megapixels (frames x
-            width x height / 1e6, from the probe its worker makes anyway; :func:`datamodules.decode.video.source_megapixels`; ``0`` or ``null``: never). A
-            worker's first NVDEC decode starts its CUDA context while every other worker starts its own and shares
-            the engines: on the H100 (16 workers) the first video (90 s 360p, 518 Mpx) took 7.1-8.7 s from NVDEC
+            width x height / 1e6, from the probe its worker makes anyway;
+            :func:`datamodules.decode.video.source_megapixels`; ``0`` or ``null``: never). A worker's first NVDEC
+            decode starts its CUDA context while every other worker starts its own and shares the engines: on the H100 (16 workers) the first video (90 s 360p, 518 Mpx) took 7.1-8.7 s from NVDEC
             against 3.3 s from the CPU, with the model waiting for it. The CPU reader is the reference NVDEC's
             frames are checked against, so its records are those of ``decoder: cpu`` (``video_info.decoder`` names
             the CPU reader, ``decoder_fallback`` says why).

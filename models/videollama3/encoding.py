@@ -74,6 +74,7 @@ def device_map_kwargs(device: torch.device | str | None) -> dict:
         return {}
     return {"device_map": str(torch.device(device))}
 
+
 def _load_read_state(path: Path, dtype: torch.dtype, attn_implementation: str | None,
                      device: torch.device | str | None):
     """``VideoLlama3ForConditionalGeneration`` of the checkpoint at ``path`` with its weights read by
