@@ -162,10 +162,11 @@ class VideoQADataModule(LightningDataModule):
             ``first_video_threads`` decoder threads, when it has at most this many source megapixels (frames x
             width x height / 1e6, from the probe its worker makes anyway;
             :func:`datamodules.decode.video.source_megapixels`; ``0`` or ``null``: never). A worker's first NVDEC
-            decode starts its CUDA context while every other worker starts its own and shares the engines: on the H100 (16 workers) the first video (90 s 360p, 518 Mpx) took 7.1-8.7 s from NVDEC
-            against 3.3 s from the CPU, with the model waiting for it. The CPU reader is the reference NVDEC's
-            frames are checked against, so its records are those of ``decoder: cpu`` (``video_info.decoder`` names
-            the CPU reader, ``decoder_fallback`` says why).
+            decode starts its CUDA context while every other worker starts its own and shares the engines: on the
+            H100 (16 workers) the first video (90 s 360p, 518 Mpx) took 7.1-8.7 s from NVDEC against 3.3 s from the
+            CPU, with the model waiting for it. The CPU reader is the reference NVDEC's frames are checked against,
+            so its records are those of ``decoder: cpu`` (``video_info.decoder`` names the CPU reader,
+            ``decoder_fallback`` says why).
         first_video_threads: decoder threads of that first video's CPU read (default 6; ``None``:
             ``decode_threads``' count, at least 2, as before session 13). FFmpeg's frame threading is bit-exact:
             only the speed changes. H100, 16 workers, with ``model.init_args.weight_reader: pinned``: the first
