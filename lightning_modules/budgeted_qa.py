@@ -307,7 +307,9 @@ class BudgetedQA(LightningModule):
             transformers' own loader (memory-mapped files, a pageable copy per tensor); ``auto`` (default) ``pinned``
             on CUDA, ``library`` elsewhere. The same bytes either way, so not recorded in ``run.json``. Session 13
             (H100, the whole workload-shaped set, with ``data.first_video_threads: 6``): the load 4.5-4.7 s against
-            5.4-6.5 s, the first answer 16.3-16.5 s against 17.9-19.7 s; records identical.
+            5.4-6.5 s, the first answer 16.3-16.5 s against 17.9-19.7 s; records identical. The parameters are
+            views of the files' buffers (no second copy); a ``dtype`` other than the files' converts each tensor,
+            so the load then peaks at the files' bytes plus the model's.
     """
 
     # settings recorded in run.json only when they differ from these defaults (absent there = the default, compared)
