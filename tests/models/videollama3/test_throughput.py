@@ -518,26 +518,24 @@ def test_qa_bench_runs_on_the_cpu(bench_tiny_model_from_session, tmp_path, capsy
     # the step's work as the row records it: 3 question suffixes, and the compressor's windows (every group: the tiny qbase matches the encoder scale) tile the frames' rows
     assert len(row["suffix_lens"]) == 3 and row["suffix_fallbacks"] == 0
     assert sum(row["compressor_windows"]) == row["frames"] * row["hw"]
+
+    def row_with_paths(paths: str) -> dict:
+        torch.set_num_threads(1)
+        try:
+            bench_tiny_model_from_session.main(["--tiny", "--budgets", "128", "--repeats", "1", "--workers", "0",
+                                                "--wait-repeat", "1", "--new-tokens", "4", "--paths", paths,
+                                                "--json", str(out)])
+        finally:
+            torch.set_num_threads(threads)
+        (only,) = json.loads(out.read_text())["rows"]
+        return only
+
     # --paths: the harness (a) left out (what a short device call runs): nan, its check "-", the others as before
-    torch.set_num_threads(1)
-    try:
-        bench_tiny_model_from_session.main(["--tiny", "--budgets", "128", "--repeats", "1", "--workers", "0",
-                                            "--wait-repeat", "1", "--new-tokens", "4", "--paths", "bc",
-                                            "--json", str(out)])
-    finally:
-        torch.set_num_threads(threads)
-    (row,) = json.loads(out.read_text())["rows"]
+    row = row_with_paths("bc")
     assert row["a"] != row["a"] and row["b"] > 0 and row["c"] > 0            # a is nan
     assert (row["same_tokens_ab"], row["exact_tokens_bc"]) == ("-", True)
     # --paths without b: no decomposition
-    torch.set_num_threads(1)
-    try:
-        bench_tiny_model_from_session.main(["--tiny", "--budgets", "128", "--repeats", "1", "--workers", "0",
-                                            "--wait-repeat", "1", "--new-tokens", "4", "--paths", "cd",
-                                            "--json", str(out)])
-    finally:
-        torch.set_num_threads(threads)
-    (row,) = json.loads(out.read_text())["rows"]
+    row = row_with_paths("cd")
     assert row["bc_vision_d"] == row["library_spread_d"] == "-"
     with pytest.raises(SystemExit):
         bench_tiny_model_from_session.main(["--tiny", "--paths", "bx"])
