@@ -10,9 +10,11 @@ staging buffers, two per thread, and copy each to the device on the thread's own
 filled. The tensors are views of that buffer, byte for byte the file's; transformers then loads them as a
 ``state_dict`` (its key mapping and checks unchanged).
 
-Format (safetensors' own, https://github.com/huggingface/safetensors ``README.md``, "Format"): 8 bytes, the header's
-length N as a little-endian u64; N bytes of JSON, ``{name: {"dtype", "shape", "data_offsets": [begin, end]}}`` and
-an optional ``"__metadata__"``; then the data, offsets relative to its start.
+Format (huggingface/safetensors@ead9d7baeb72df3b1f9d3c049ab3e513b422b0a8:README.md, "Format"): "8 bytes: N, an
+unsigned little-endian 64-bit integer, containing the size of the header"; "N bytes: a JSON UTF-8 string
+representing the header" (``{name: {"dtype", "shape", "data_offsets": [BEGIN, END]}}``, offsets relative to the
+data, and "A special key ``__metadata__``"); "Rest of the file: byte-buffer", which "needs to be entirely indexed";
+"Endianness: Little-endian", "Order: 'C' or row-major". The dtype names are its ``Dtype`` enum's.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import torch
 
 from algorithms.errors import CheckpointError
 
-# safetensors' dtype names (safetensors/src/tensor.rs ``Dtype``) -> torch
+# safetensors' dtype names (its ``Dtype`` enum) -> torch
 DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
           "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
