@@ -61,3 +61,10 @@ def process_age_s() -> float | None:
         return None
     age = boot_s() - start
     return age if 0.0 <= age < 1e7 else None
+
+
+def age_at(perf_counter_s: float) -> float | None:
+    """The moment ``perf_counter_s`` (a ``time.perf_counter()`` value of this process) as seconds after this
+    interpreter started (:func:`process_age_s`'s clock); ``None`` where that clock is not available."""
+    age = process_age_s()
+    return None if age is None else age - (time.perf_counter() - perf_counter_s)

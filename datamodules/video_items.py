@@ -226,7 +226,7 @@ class VideoQADataset(Dataset):
 
     def _cpu_task_threads(self) -> int:
         """Decoder threads of ``cpu_task``'s CPU read: ``cpu_task_threads``, else ``decode_threads`` and at least 2."""
-        n = getattr(self, "cpu_task_threads", None)   # (a dataset pickled before the attribute existed)
+        n = self.cpu_task_threads
         return int(n) if n is not None else max(self.decode_threads, 2)
 
     def whole_item(self, task: int) -> dict:

@@ -6,7 +6,7 @@ data module's set-up, that server imported its modules while the main process lo
 only ~9 s later on the H200 (2026-12-04: set-up at 12.7 s, first worker at 22.0 s, so the first video reached the
 step 2.8 s after the weights). :func:`start_early`, called by ``evaluate.py`` before it imports anything heavy,
 starts the same server beside the main process's own imports, where a predict run on a machine with an NVIDIA
-device may use one. This module imports nothing but the standard library.
+device may use one. This module imports nothing but the standard library (and :mod:`models.device_start`, which imports no more).
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ WORKER_PRELOAD = ("datamodules.decode.nvdec", "datamodules.video_items")
 # the video processor's module, which the pickled dataset holds (VideoLLaMA3's)
 VL3_PROCESSOR_MODULE = "transformers.models.video_llama_3.video_processing_video_llama_3"
 ENV_SWITCH = "TOKENBUDGET_EARLY_WORKER_SERVER"   # "0": start the server at the data module's set-up instead
-GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0")
 
 
 def start_early(argv: list[str]) -> bool:
@@ -28,9 +27,9 @@ def start_early(argv: list[str]) -> bool:
     Returns:
         whether the server was started here.
     """
-    if not argv or argv[0] != "predict" or os.environ.get(ENV_SWITCH, "1") == "0":
-        return False
-    if not any(os.path.exists(n) for n in GPU_NODES):
+    from models.device_start import predict_on_nvidia_machine   # (standard library only)
+
+    if not predict_on_nvidia_machine(argv, ENV_SWITCH):
         return False
     import multiprocessing
     from multiprocessing import forkserver

@@ -49,7 +49,7 @@ from lightning.pytorch import LightningModule
 
 from algorithms.errors import SettingError, check_dtype
 from datamodules.video_items import DecodeWorkerDied, worker_death_message
-from callbacks.process_clock import process_age_s
+from callbacks.process_clock import age_at, process_age_s
 from callbacks.run_log import TRACEBACKS, traceback_file
 from datamodules.benchmarks import Question, question_sha1
 from datamodules.decode import EncoderSizing
@@ -565,15 +565,13 @@ class BudgetedQA(LightningModule):
             vlm = loading.outcome() if loading is not None else self._read_model(self.device)
             self.vlm = vlm.to(self.device)
             self.load_seconds = time.perf_counter() - t0
-            if loading is not None:
-                age = process_age_s()
-                if age is not None:
-                    self.timeline_marks["load_end"] = age - (time.perf_counter() - loading.timings["end_perf_counter"])
             from models.device_start import early_cuda_marks
 
-            age, now = process_age_s(), time.perf_counter()
-            if age is not None:   # the context made beside the imports (evaluate.py), on this timeline
-                self.timeline_marks.update({k: age - (now - t) for k, t in early_cuda_marks().items()})
+            # the load's end, and the context made beside the imports (evaluate.py), on this timeline
+            ends = {"load_end": loading.timings["end_perf_counter"]} if loading is not None else {}
+            for name, t in {**ends, **early_cuda_marks()}.items():
+                if age_at(t) is not None:
+                    self.timeline_marks[name] = age_at(t)
 
     def _read_model(self, device: torch.device) -> BudgetedVideoLlama3:
         """The VLM of ``model_path``, its weights read straight to ``device`` where the loader can
@@ -609,9 +607,9 @@ class BudgetedQA(LightningModule):
         if first:                       # the early compilation (on_predict_start) ends before the first forward
             t0 = time.perf_counter()
             warm.wait_for(thread)
-            end, age = thread.timings.get("end_perf_counter"), process_age_s()
-            if end is not None and age is not None:
-                self.timeline_marks["early_compile_end"] = age - (time.perf_counter() - end)
+            end = thread.timings.get("end_perf_counter")
+            if end is not None and age_at(end) is not None:
+                self.timeline_marks["early_compile_end"] = age_at(end)
             self.warmup_report = {**self.warmup_report, "compile_wait_s": round(time.perf_counter() - t0, 3),
                                   "early_compile": {k: v for k, v in getattr(thread, "timings", {}).items()
                                                     if k != "end_perf_counter"}}

@@ -21,6 +21,15 @@ ENV_SWITCH = "TOKENBUDGET_EARLY_CUDA"   # "0": no early context (the module's ea
 GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0")
 
 _THREAD: threading.Thread | None = None
+
+
+def predict_on_nvidia_machine(argv: list[str], switch: str) -> bool:
+    """Whether ``argv`` is a ``predict`` run on a machine with an NVIDIA device node and the environment variable
+    ``switch`` is not ``0``: when the entry point starts work early (this module's CUDA context; the decode workers'
+    fork server, :func:`datamodules.worker_server.start_early`). Standard library only."""
+    if not argv or argv[0] != "predict" or os.environ.get(switch, "1") == "0":
+        return False
+    return any(os.path.exists(n) for n in GPU_NODES)
 _MARKS: dict[str, float | str] = {}
 
 
@@ -38,9 +47,7 @@ def start_cuda_early(argv: list[str]) -> threading.Thread | None:
     """
     global _THREAD
     _MARKS.clear()
-    if not argv or argv[0] != "predict" or os.environ.get(ENV_SWITCH, "1") == "0":
-        return None
-    if not any(os.path.exists(n) for n in GPU_NODES):
+    if not predict_on_nvidia_machine(argv, ENV_SWITCH):
         return None
     _MARKS["cuda_start"] = time.perf_counter()
 
