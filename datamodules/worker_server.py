@@ -10,8 +10,6 @@ device may use one. This module imports nothing but the standard library (and :m
 """
 from __future__ import annotations
 
-import os
-
 # what a decode worker started by the fork server finds imported (in this order: PyNvVideoCodec before decord)
 WORKER_PRELOAD = ("datamodules.decode.nvdec", "datamodules.video_items")
 # the video processor's module, which the pickled dataset holds (VideoLLaMA3's)
