@@ -2,6 +2,7 @@
 process that imports the workers' modules once) on a CUDA machine, whatever the decoder; the same items either way."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -82,7 +83,7 @@ def test_fork_server_started_at_interpreter_start_only_for_predict_on_a_gpu_mach
     monkeypatch.setattr(worker_server, "_STARTED_EARLY", False)   # restored after the test (start_early sets it)
     monkeypatch.setattr(forkserver, "ensure_running", lambda: started.append(
         list(forkserver._forkserver._preload_modules)))
-    monkeypatch.setattr(worker_server.os.path, "exists", lambda p: p == "/dev/nvidiactl")
+    monkeypatch.setattr(os.path, "exists", lambda p: p == "/dev/nvidiactl")
     assert not worker_server.started_early()
     assert worker_server.start_early(["predict", "--config", "x.yaml"]) is True and worker_server.started_early()
     assert started == [[*WORKER_PRELOAD, VL3_PROCESSOR]]
@@ -90,7 +91,7 @@ def test_fork_server_started_at_interpreter_start_only_for_predict_on_a_gpu_mach
     monkeypatch.setenv(worker_server.ENV_SWITCH, "0")
     assert not worker_server.start_early(["predict"])
     monkeypatch.delenv(worker_server.ENV_SWITCH)
-    monkeypatch.setattr(worker_server.os.path, "exists", lambda p: False)
+    monkeypatch.setattr(os.path, "exists", lambda p: False)
     assert not worker_server.start_early(["predict"]) and len(started) == 1
     code = "import sys, datamodules.worker_server; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
