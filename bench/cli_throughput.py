@@ -125,6 +125,9 @@ def run_predict(ckpt: Path, root: Path, out: Path, config: str, extra: list[str]
     cmd = [sys.executable, str(REPO / "evaluate.py"), "predict", "--config", str(REPO / config),
            f"--model.init_args.model_path={ckpt}", f"--data.init_args.root={root}",
            f"--trainer.callbacks.init_args.out_dir={out}", *extra]
+    if os.environ.get("BENCH_START_SAMPLE"):   # the start's every-thread sampler (bench/start_sampler.py)
+        cmd[1:2] = [str(REPO / "bench" / "start_sampler.py"), "--out", os.environ["BENCH_START_SAMPLE"], "--",
+                    str(REPO / "evaluate.py")]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     return json.loads((out / "timing_rank0.json").read_text()), time.perf_counter() - t0

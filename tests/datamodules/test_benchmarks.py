@@ -108,6 +108,23 @@ def test_videomme_with_subtitles(tmp_path):
     assert plain[0].subtitles is None and "subtitles" not in plain[0].meta
 
 
+def test_videomme_read_imports_neither_dataset_nor_pandas(tmp_path):
+    """The annotation is read with ``ParquetFile(f).read()``: the same rows as ``pq.read_table`` (a one-file table),
+    without ``pyarrow.dataset``, which pulled pandas in on the GPU machine before the first decode."""
+    import subprocess
+    import sys
+
+    rows = [_vm_row("001-1", "a"), _vm_row("001-2", "a", answer="C", options=["A. x", "B. y", "C. z", "D. w"])]
+    _videomme(tmp_path, rows)
+    f = tmp_path / "test-00000-of-00001.parquet"
+    assert pq.ParquetFile(f).read().equals(pq.read_table(f))
+    code = ("import sys; from datamodules.benchmarks import load_benchmark; "
+            f"qs = load_benchmark('videomme', {str(tmp_path)!r}); "
+            "print(len(qs), qs[1].answer, 'pyarrow.dataset' in sys.modules, 'pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["2", "C", "False", "False"]
+
+
 def test_videomme_bad_rows(tmp_path):
     _videomme(tmp_path, [_vm_row("001-1", "a"), _vm_row("001-2", "a", answer="E")])
     with pytest.raises(AnnotationError, match=r"row 1 \(question_id='001-2'\)"):
