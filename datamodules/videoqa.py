@@ -351,18 +351,18 @@ class VideoQADataModule(LightningDataModule):
             sizing_of = getattr(module, "frame_sizing", None)
             self._sizing = sizing_of() if self.hold_encoder_sizes and sizing_of is not None else None
             self._sizing_of = id(module)
-        preload = () if self._sizing is None else (type(self._sizing.processor).__module__,)
+        processor = None if self._sizing is None else self._sizing.processor
+        preload = () if processor is None else (getattr(processor, "processor_module", type(processor).__module__),)
         return decode_worker_context(self.decoder, self.workers, torch.cuda.is_available(), preload)
 
     def _start_worker_server(self) -> None:
         """Start the fork server now (it imports the workers' modules while the model loads), when this run's
         workers are started by one.
 
-        The module's frame sizing (its video processor: ~1.5 s of transformers imports and reading on the 2-core
-        CPU machine) is read here only when it can still change the server's preload list; otherwise (no fork
-        server: the CPU path, ``decoder: cpu``, no workers; or a server already started by
-        :func:`datamodules.worker_server.start_early`) it is read when the loader is built, after the module's
-        set-up has started the weight load (``timeline_s``: ``setup`` earlier by that much)."""
+        The module's frame sizing is read here only when it can still change the server's preload list;
+        otherwise (no fork server: the CPU path, ``decoder: cpu``, no workers; or a server already started by
+        :func:`datamodules.worker_server.start_early`) it is read when the loader is built. Its video processor is
+        read where it is first used (:class:`models.videollama3.frame_sizes.LazyVideoProcessor`: the workers)."""
         if self.trainer is None or decode_worker_context(self.decoder, self.workers, torch.cuda.is_available(),
                                                          set_preload=False) is None:
             return

@@ -60,7 +60,7 @@ from models.videollama3 import BudgetedVideoLlama3, EncodeCache, prepare_budgets
 from models.videollama3 import warm
 from models.kernels import KERNEL_MODES, Fusable
 from models.kernels import set_mode as set_kernel_mode
-from models.videollama3.frame_sizes import load_video_processor
+from models.videollama3.frame_sizes import LazyVideoProcessor
 
 log = logging.getLogger(__name__)
 
@@ -535,9 +535,11 @@ class BudgetedQA(LightningModule):
     def frame_sizing(self) -> EncoderSizing:
         """The sizes this module's encodes read the frames at (every budget's grid, and the raw grid), with the
         checkpoint's video processor: the data module then holds each video at those sizes only
-        (:class:`datamodules.decode.EncoderSizing`, ``data.hold_encoder_sizes``)."""
+        (:class:`datamodules.decode.EncoderSizing`, ``data.hold_encoder_sizes``). Before the model is loaded the
+        processor is a :class:`~models.videollama3.frame_sizes.LazyVideoProcessor`, read where it is first used
+        (the decode workers)."""
         hp = self.hparams
-        processor = self.vlm.video_processor if self.vlm is not None else load_video_processor(hp.model_path)
+        processor = self.vlm.video_processor if self.vlm is not None else LazyVideoProcessor(hp.model_path)
         return EncoderSizing(tuple(self.budgets), hp.max_tokens_per_frame, hp.raw_mode, hp.raw_max_tokens, processor)
 
     def on_predict_start(self) -> None:

@@ -41,19 +41,21 @@ def test_fork_server_workers_give_the_main_process_items(tiny_vl3_dir, tmp_path)
     from datamodules.benchmarks import Question
     from datamodules.decode import EncoderSizing
     from datamodules.video_items import VideoQADataset, VideoTask
-    from models.videollama3.frame_sizes import load_video_processor
+    from models.videollama3.frame_sizes import LazyVideoProcessor, load_video_processor
 
     processor = load_video_processor(tiny_vl3_dir)
-    sizing = EncoderSizing((128, 256), 256, "phase3", 256, processor)
     tasks = [VideoTask(name, str(MEDIA / name), "videomme",
                        [Question(f"{name}_q", name, str(MEDIA / name), "Q?", ["a", "b"], "A")],
                        {f"{name}_q": ["b128", "b256"]}) for name in ("cockatoo.mp4", "cockatoo.mp4")]
-    ds = VideoQADataset(tasks, 256, sizing=sizing, decoder="auto")
+    ds = VideoQADataset(tasks, 256, sizing=EncoderSizing((128, 256), 256, "phase3", 256, processor), decoder="auto")
+    # the workers get what the module hands them before its load: the processor unread, read in each worker
+    lazy = LazyVideoProcessor(tiny_vl3_dir)
+    ds_lazy = VideoQADataset(tasks, 256, sizing=EncoderSizing((128, 256), 256, "phase3", 256, lazy), decoder="auto")
     from multiprocessing import forkserver
 
     forkserver._forkserver._stop()   # a server another test started has its own preload list: start ours
-    ctx = decode_worker_context("auto", 2, True, (type(processor).__module__,))
-    forked = list(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=ctx,
+    ctx = decode_worker_context("auto", 2, True, (lazy.processor_module,))
+    forked = list(DataLoader(ds_lazy, batch_size=None, num_workers=2, multiprocessing_context=ctx,
                              worker_init_fn=functools.partial(report_worker_state, str(tmp_path / "worker"))))
     for w in range(2):
         state = json.loads((tmp_path / f"worker.{w}.json").read_text())
@@ -70,6 +72,36 @@ def test_fork_server_workers_give_the_main_process_items(tiny_vl3_dir, tmp_path)
         for grid, (t, idx) in b["frames"].held.items():
             assert a["frames"].held[grid][1] == idx and torch.equal(a["frames"].held[grid][0], t)
         assert a["worker_start_boot_s"] != b["worker_start_boot_s"]     # decoded in another process
+    assert lazy._processor is None          # never read in this process
+
+
+def test_lazy_video_processor_is_the_checkpoints(tiny_vl3_dir):
+    """``LazyVideoProcessor``: nothing read until an attribute is used, then the very processor
+    ``load_video_processor`` reads (the same resize, pixel for pixel); pickled, only the path travels; its module
+    is the one the fork server preloads."""
+    import pickle
+
+    from datamodules import worker_server
+    from models.videollama3.frame_sizes import LazyVideoProcessor, load_video_processor, processor_resize
+
+    real = load_video_processor(tiny_vl3_dir)
+    lazy = LazyVideoProcessor(tiny_vl3_dir)
+    assert lazy._processor is None and "not read" in repr(lazy)
+    copy = pickle.loads(pickle.dumps(lazy))
+    assert copy._processor is None and copy.model_path == str(tiny_vl3_dir)
+    frames = torch.randint(0, 256, (3, 90, 160, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    for max_tokens in (16, 64, 256):
+        assert torch.equal(processor_resize(copy, frames, max_tokens), processor_resize(real, frames, max_tokens))
+    assert type(copy._processor) is type(real) and copy.to_dict() == real.to_dict()
+    assert pickle.loads(pickle.dumps(copy))._processor is None      # read once here, still only the path
+    assert lazy.processor_module == type(real).__module__ == worker_server.VL3_PROCESSOR_MODULE == VL3_PROCESSOR
+    missing = LazyVideoProcessor(tiny_vl3_dir.parent / "nowhere")
+    try:
+        missing.resize
+    except FileNotFoundError as e:
+        assert "nowhere" in str(e) and "config.json" in str(e)
+    else:
+        raise AssertionError("a path without a checkpoint must raise when the processor is first used")
 
 
 def test_fork_server_started_at_interpreter_start_only_for_predict_on_a_gpu_machine(monkeypatch):
@@ -127,3 +159,20 @@ def test_setup_reads_the_frame_sizing_only_where_it_sets_the_servers_preload(mon
     assert setup("cpu", True) == (1, 1)           # the CPU decoders on CUDA too
     monkeypatch.setattr(worker_server, "_STARTED_EARLY", True)
     assert setup("auto", True) == (0, 1)          # already running (ensure_running: nothing to do)
+
+
+def test_module_frame_sizing_before_the_load_reads_no_processor(tiny_vl3_dir):
+    """Before its model is loaded, the module's frame sizing holds the processor unread (the workers read it);
+    after, the loaded model's own."""
+    from types import SimpleNamespace
+
+    from lightning_modules.budgeted_qa import BudgetedQA
+    from models.videollama3.frame_sizes import LazyVideoProcessor
+
+    hp = SimpleNamespace(model_path=str(tiny_vl3_dir), max_tokens_per_frame=256, raw_mode="phase3", raw_max_tokens=256)
+    sizing = BudgetedQA.frame_sizing(SimpleNamespace(vlm=None, hparams=hp, budgets=[128, 256]))
+    assert isinstance(sizing.processor, LazyVideoProcessor) and sizing.processor._processor is None
+    assert sizing.budgets == (128, 256) and sizing.max_tokens_per_frame == 256
+    loaded = SimpleNamespace(video_processor=object())
+    assert BudgetedQA.frame_sizing(SimpleNamespace(vlm=loaded, hparams=hp, budgets=[128])).processor \
+        is loaded.video_processor
