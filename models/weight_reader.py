@@ -172,6 +172,39 @@ def read_safetensors(files: list[Path], device: torch.device | str, threads: int
     return out
 
 
+class ReadAhead:
+    """:func:`read_safetensors` of ``files`` onto ``device`` started now, in a thread of its own, for a caller that has
+    other work first (``BudgetedVideoLlama3.from_pretrained``: transformers' modeling imports and the model's
+    construction, seconds of Python under the GIL, while these reads mostly wait on the disk and the copy engine with
+    it released). :meth:`result` waits for it.
+
+    Raises (from :meth:`result`): whatever :func:`read_safetensors` raised, in the calling thread.
+    """
+
+    def __init__(self, files: list[Path], device: torch.device | str, threads: int = THREADS):
+        self._state: dict[str, torch.Tensor] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._read, args=(list(files), device, threads),
+                                        name="weight-read-ahead", daemon=True)
+        self._thread.start()
+
+    def _read(self, files, device, threads) -> None:
+        try:
+            self._state = read_safetensors(files, device, threads)
+        except BaseException as e:  # noqa: BLE001 - raised again in the thread that asks for the result
+            self._error = e
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """The ``{name: tensor}`` of :func:`read_safetensors` (once: the reader keeps no reference after)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        state, self._state = self._state, None
+        if state is None:
+            raise RuntimeError("ReadAhead.result() was already taken")
+        return state
+
+
 def checkpoint_files(path: Path) -> list[Path]:
     """The weight files of a transformers checkpoint directory: those its ``model.safetensors.index.json`` maps to,
     else ``model.safetensors``.

@@ -76,16 +76,18 @@ def device_map_kwargs(device: torch.device | str | None) -> dict:
 
 
 def _load_read_state(path: Path, dtype: torch.dtype, attn_implementation: str | None,
-                     device: torch.device | str | None):
+                     device: torch.device | str | None, ahead=None):
     """``VideoLlama3ForConditionalGeneration`` of the checkpoint at ``path`` with its weights read by
     :func:`models.weight_reader.read_safetensors` onto ``device`` (the CPU when ``None``) and loaded by transformers
-    from that ``state_dict``; returns ``(model, loading_info)`` as ``from_pretrained(output_loading_info=True)``."""
+    from that ``state_dict``; returns ``(model, loading_info)`` as ``from_pretrained(output_loading_info=True)``.
+    ``ahead``: a :class:`models.weight_reader.ReadAhead` of those files already reading (its result is used)."""
     from transformers import VideoLlama3Config, VideoLlama3ForConditionalGeneration
 
     from ..weight_reader import checkpoint_files, read_safetensors
 
     config = VideoLlama3Config.from_pretrained(path)
-    state = read_safetensors(checkpoint_files(path), device if device is not None else "cpu")
+    state = ahead.result() if ahead is not None else \
+        read_safetensors(checkpoint_files(path), device if device is not None else "cpu")
     model, info = VideoLlama3ForConditionalGeneration.from_pretrained(
         None, config=config, state_dict=state, dtype=dtype, attn_implementation=attn_implementation,
         output_loading_info=True, **device_map_kwargs(device))
@@ -142,21 +144,31 @@ class VisionEncoding:
             FileNotFoundError: the directory or a required file is missing (path named).
             ValueError: missing/unexpected weight keys (listed).
         """
+        from .original_config import is_original_layout
+
+        path = cls.checkpoint_dir(path)
+        original = is_original_layout(path)
+        ahead = None
+        if weight_reader == "pinned" and not original:
+            # the reads start before transformers' modeling imports and the model's construction (seconds of Python
+            # under the GIL), which they then overlap: the 7B files took 1.4 s after 3.5 s of those on the H100
+            from ..weight_reader import ReadAhead, checkpoint_files
+
+            with reading_checkpoint(path):   # (its file checks first: a FIFO is never opened)
+                ahead = ReadAhead(checkpoint_files(path), device if device is not None else "cpu")
         from transformers import AutoVideoProcessor, VideoLlama3ForConditionalGeneration
 
         from ..tokenizer import load_tokenizer
 
-        path = cls.checkpoint_dir(path)
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         from .convert import load_original_parts
-        from .original_config import is_original_layout
-        if is_original_layout(path):  # original VideoLLaMA3 layout: mapped in memory (models/videollama3/convert.py)
+        if original:  # original VideoLLaMA3 layout: mapped in memory (models/videollama3/convert.py)
             return cls(*load_original_parts(path, dtype, attn_implementation, raw_mode, original_projector,
                                             vision_config_dir)).set_vision_attention(
                 vision_attn_implementation).set_fused_kernels(fused_kernels)
         with reading_checkpoint(path):
             if weight_reader == "pinned":
-                model, info = _load_read_state(path, dtype, attn_implementation, device)
+                model, info = _load_read_state(path, dtype, attn_implementation, device, ahead)
             elif weight_reader == "library":
                 model, info = VideoLlama3ForConditionalGeneration.from_pretrained(
                     path, dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True,

@@ -108,3 +108,68 @@ def test_the_pinned_reader_loads_the_library_s_model(tiny_vl3_dir):
     assert lib.model.config.to_dict() == pinned.model.config.to_dict()
     with pytest.raises(ValueError, match="weight_reader"):
         BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir, weight_reader="mmap")
+
+
+def test_read_ahead_gives_the_readers_tensors_once_and_its_error(tmp_path):
+    """``ReadAhead``: the tensors :func:`read_safetensors` reads, taken once; a bad file's error raised by
+    ``result()`` in the caller's thread, the file named."""
+    from models.weight_reader import ReadAhead
+
+    files = _mixed(tmp_path)
+    ahead = ReadAhead(files, "cpu", threads=3)
+    got, want = ahead.result(), read_safetensors(files, "cpu")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    with pytest.raises(RuntimeError, match="already taken"):
+        ahead.result()
+    files[1].write_bytes(files[1].read_bytes()[:-5])          # cut short
+    with pytest.raises(CheckpointError, match=files[1].name):
+        ReadAhead(files, "cpu").result()
+
+
+def test_the_pinned_load_starts_its_reads_before_the_modeling_imports(tiny_vl3_dir, monkeypatch):
+    """``from_pretrained(weight_reader="pinned")`` starts the reads (``ReadAhead``) before it imports transformers'
+    modeling classes, and loads what they read; a FIFO among the weight files is refused before any read starts."""
+    import builtins
+
+    import models.weight_reader as wr
+    from models.videollama3 import BudgetedVideoLlama3
+
+    order = []
+    real_init, real_import = wr.ReadAhead.__init__, builtins.__import__
+
+    def init(self, *a, **kw):
+        order.append("read")
+        real_init(self, *a, **kw)
+
+    def imp(name, globals=None, locals=None, fromlist=(), level=0):
+        if name == "transformers" and fromlist and "VideoLlama3ForConditionalGeneration" in fromlist:
+            order.append("modeling import")
+        return real_import(name, globals, locals, fromlist, level)
+
+    monkeypatch.setattr(wr.ReadAhead, "__init__", init)
+    monkeypatch.setattr(builtins, "__import__", imp)
+    pinned = BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir, weight_reader="pinned")
+    monkeypatch.setattr(builtins, "__import__", real_import)
+    assert order[:2] == ["read", "modeling import"] and order.count("read") == 1
+    lib = BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir)
+    a, b = lib.model.state_dict(), pinned.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert order.count("read") == 1                                  # the library's loader reads no ahead
+
+
+def test_a_fifo_weight_file_is_refused_before_the_read_ahead(tiny_vl3_dir, tmp_path, monkeypatch):
+    import os
+    import shutil
+
+    import models.weight_reader as wr
+    from models.videollama3 import BudgetedVideoLlama3
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_vl3_dir, ckpt)
+    (ckpt / "model.safetensors").unlink()
+    os.mkfifo(ckpt / "model.safetensors")
+    started = []
+    monkeypatch.setattr(wr, "ReadAhead", lambda *a, **kw: started.append(1))
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        BudgetedVideoLlama3.from_pretrained(ckpt, weight_reader="pinned")
+    assert started == []
