@@ -78,7 +78,7 @@ def within_spare_workers(counts: Sequence[int], workers: int) -> list[int]:
     return out
 
 
-def interleave_parts(videos: Sequence[int], counts: Sequence[int]) -> list[int]:
+def interleave_parts(videos: Sequence[int], counts: Sequence[int], lead: int | None = None) -> list[int]:
     """The order the loader takes the videos in when some are decoded in parts: ``videos``' order (the rank's
     :func:`datamodules.sharding.run_order`) kept within the whole videos and within the split ones, and after a video
     of ``k`` parts the next ``k`` whole videos before the next split one (the first video whole). Once the whole
@@ -94,13 +94,22 @@ def interleave_parts(videos: Sequence[int], counts: Sequence[int]) -> list[int]:
     Args:
         videos: video indices in run order.
         counts: parts per video, indexed by video index (1: whole).
+        lead: a video of ``videos`` that goes first all the same (the rank's first video read on the CPU in parts,
+            ``data.first_video_parts``); the others follow as after any split video.
 
     Returns:
         ``videos`` reordered (each once).
+
+    >>> interleave_parts([3, 0, 1], {0: 1, 1: 1, 3: 2}), interleave_parts([3, 0, 1], {0: 1, 1: 1, 3: 2}, lead=3)
+    ([0, 3, 1], [3, 0, 1])
     """
+    out, owed = [], 1
+    if lead is not None and lead in videos:
+        out, owed = [lead], counts[lead]
+        videos = [v for v in videos if v != lead]
     whole = [v for v in videos if counts[v] <= 1]
     split = [v for v in videos if counts[v] > 1]
-    out, i, j, owed = [], 0, 0, 1
+    i, j = 0, 0
     while i < len(split) or j < len(whole):
         if j < len(whole) and (owed > 0 or i == len(split)):
             out.append(whole[j])
@@ -122,7 +131,8 @@ class PartSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         order = list(self.videos)
         counts = {v: len(self.dataset.items_of(v)) for v in order}
-        for v in interleave_parts(order, counts):
+        first = getattr(self.dataset, "cpu_task", None)     # read on the CPU in parts: still the first
+        for v in interleave_parts(order, counts, first if counts.get(first, 1) > 1 else None):
             yield from self.dataset.items_of(v)
 
     def __len__(self) -> int:

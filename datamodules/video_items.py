@@ -146,10 +146,10 @@ class VideoQADataset(Dataset):
     and ``task: t`` in the item; :class:`datamodules.part_join.JoiningLoader` joins them. :meth:`items_of` gives a
     task's item indices, :meth:`whole_item` decodes a task whole (the join's way out when its parts do not fit).
 
-    ``cpu_task``: the task whose whole decode goes to the CPU reader where NVDEC would read it and the file has at most
-    ``cpu_task_mpx`` source megapixels (:func:`datamodules.decode.decode_video` ``cpu_below_mpx``; ``cpu_task_threads``
-    decoder threads for it, ``None``: ``decode_threads`` and at least 2; :func:`datamodules.videoqa.first_video_on_cpu`
-    picks it), ``None``: none.
+    ``cpu_task``: the task whose decode (whole, or each of its parts) goes to the CPU reader where NVDEC would read it
+    and the file has at most ``cpu_task_mpx`` source megapixels (:func:`datamodules.decode.decode_video`
+    ``cpu_below_mpx``; ``cpu_task_threads`` decoder threads for each read, ``None``: ``decode_threads`` and at least
+    2; :func:`datamodules.videoqa.first_video_on_cpu` picks it), ``None``: none.
 
     ``error`` always starts with the video path: a :class:`~datamodules.decode.DecodeError` message as is (see
     :mod:`datamodules.decode.errors` for the per-case table), any other exception of the decoder (including
@@ -242,7 +242,7 @@ class VideoQADataset(Dataset):
         start, start_boot = time.perf_counter(), boot_s()
         if self.decoder != "cpu":   # registers READERS["nvdec"] in this process (a spawned worker starts without it)
             import datamodules.decode.nvdec  # noqa: F401
-        on_cpu = i == self.cpu_task and part is None and self.decoder != "cpu"
+        on_cpu = i == self.cpu_task and self.decoder != "cpu"      # (each of its parts too: data.first_video_parts)
         mark = self._mark(task.video_path)
         # a file that killed a decode worker in an earlier run: decoded in a child process, whose crash costs only
         # this video's questions

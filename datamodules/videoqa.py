@@ -35,6 +35,7 @@ from .worker_server import WORKER_PRELOAD  # noqa: F401 - re-exported: decode_wo
 from .worker_watch import worker_init
 
 FIRST_VIDEO_THREADS = 6         # data.first_video_threads: decoder threads of that CPU read (session 13, H100)
+FIRST_VIDEO_PARTS = 1           # data.first_video_parts: that CPU read cut into this many parts (1: whole)
 FIRST_VIDEO_CPU_MPX = 1000.0   # data.first_video_cpu_mpx: the rank's first video read on the CPU up to this many
                                # source megapixels (a 90 s 360p25 video: 518)
 
@@ -171,6 +172,12 @@ class VideoQADataModule(LightningDataModule):
             ``decode_threads``' count, at least 2, as before session 13). FFmpeg's frame threading is bit-exact:
             only the speed changes. H100, 16 workers, with ``model.init_args.weight_reader: pinned``: the first
             video (90 s 360p) decoded in 3.4-3.8 s against 4.6-5.5 s with 2 threads (records identical).
+        first_video_parts: that first video's CPU read cut into this many parts (at most ``num_workers``), each
+            read by its own worker with ``first_video_threads`` threads and joined before its step as
+            ``decode_part_mb``'s parts are (the same frames, labels and ``video_info``; a video whose parts do not
+            fit is decoded whole). ``1`` (default): one worker reads it whole. The run's workers then hold one item
+            each at a time, as with ``decode_part_mb``'s parts. Not applied with ``strict_frames`` or
+            ``max_replaced_frac > 0``.
         decode_timeout_s: a video (or a part of one) whose decode has not ended after this many seconds is given up:
             its questions become error records naming the file and the setting, and the run goes on (``null``: no
             limit). The stuck decode is abandoned in a daemon thread of its worker (Python cannot stop it), so a
@@ -196,8 +203,10 @@ class VideoQADataModule(LightningDataModule):
                  decode_part_mb: float | None = DECODE_PART_MB,
                  first_video_cpu_mpx: float | None = FIRST_VIDEO_CPU_MPX, worker_niceness: int = 0,
                  decode_timeout_s: float | None = DECODE_TIMEOUT_S, pin_memory: bool | None = None,
-                 first_video_threads: int | None = FIRST_VIDEO_THREADS):
+                 first_video_threads: int | None = FIRST_VIDEO_THREADS, first_video_parts: int = FIRST_VIDEO_PARTS):
         super().__init__()
+        check_int("data.first_video_parts", first_video_parts, 1)
+        self.first_video_parts = first_video_parts
         check_int("data.first_video_threads", first_video_threads, 1, allow_none=True,
                   none_means="data.decode_threads' count, at least 2")
         self.first_video_threads = first_video_threads
@@ -484,10 +493,15 @@ class VideoQADataModule(LightningDataModule):
                                       and nvdec_missing() is None, sampler.indices, self.first_video_cpu_mpx)
         if cpu_task is not None and parts is not None and parts[cpu_task] > 1:
             cpu_task = None    # a video big enough to split is no quick first video
+        k_first = min(self.first_video_parts, self.workers)
+        if cpu_task is not None and k_first > 1 and not self.strict_frames and self.max_replaced_frac == 0:
+            parts = parts or [1] * len(tasks)      # its CPU read cut into parts, one worker each
+            parts[cpu_task] = k_first
         if cpu_task is not None:
-            print(f"[rank {rank}] {self.benchmark}: the first video ({tasks[cpu_task].video_id}) is read on the CPU if "
-                  f"it has at most {self.first_video_cpu_mpx:g} source megapixels (data.first_video_cpu_mpx: sooner "
-                  f"than a worker's first NVDEC decode)", flush=True)
+            cut = f" in {parts[cpu_task]} parts (data.first_video_parts)" if parts and parts[cpu_task] > 1 else ""
+            print(f"[rank {rank}] {self.benchmark}: the first video ({tasks[cpu_task].video_id}) is read on the CPU"
+                  f"{cut} if it has at most {self.first_video_cpu_mpx:g} source megapixels (data.first_video_cpu_mpx: "
+                  f"sooner than a worker's first NVDEC decode)", flush=True)
         ds = VideoQADataset(tasks, max_budget, self.decode_max_side, threads,
                             self.native_decode_bytes, self.short_clip_first_frame, self.max_replaced_frac, sizing,
                             self.decoder, self.strict_frames, parts if parts and max(parts) > 1 else None, cpu_task,
@@ -504,10 +518,11 @@ class VideoQADataModule(LightningDataModule):
         if ds.parts is None:
             return video_loader(ds, sampler, self.workers, self.prefetch_factor, pin, context, self.in_order,
                                 self.worker_niceness)
-        n_split = sum(k > 1 for k in ds.parts)
-        print(f"[rank {rank}] {self.benchmark}: {n_split} long video{'s' * (n_split != 1)} decoded in parts by "
-              f"several workers (data.decode_part_mb={self.decode_part_mb:g}; each worker holds one item at a time)",
-              flush=True)
+        n_split = sum(k > 1 for k in ds.parts) - (cpu_task is not None and ds.parts[cpu_task] > 1)
+        if n_split:
+            print(f"[rank {rank}] {self.benchmark}: {n_split} long video{'s' * (n_split != 1)} decoded in parts by "
+                  f"several workers (data.decode_part_mb={self.decode_part_mb:g}; each worker holds one item at a "
+                  "time)", flush=True)
         # one item per worker at a time (prefetch_factor 1): with in_order=False the loader then gives the next item
         # to a worker that holds none, so no video waits behind a long part in a busy worker's queue
         loader = video_loader(ds, PartSampler(sampler, ds), self.workers, 1, pin, context, self.in_order,

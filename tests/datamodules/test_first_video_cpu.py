@@ -91,9 +91,11 @@ def test_the_dataset_passes_the_limit_for_that_task_only(monkeypatch):
         ds[i]
     assert seen == [("/v0.mp4", "auto", None, None, 1), ("/v1.mp4", "auto", None, 500.0, 2),
                     ("/v2.mp4", "auto", None, None, 1)]
-    seen.clear()   # an item that is a part of that task keeps the decoder's own choice
-    VideoQADataset(tasks, 1024, decoder="auto", parts=[1, 2, 1], cpu_task=1)[1]
-    assert seen == [("/v1.mp4", "auto", (0, 2), None, 1)]
+    seen.clear()   # each part of that task too (data.first_video_parts), with the limit and the thread count
+    ds = VideoQADataset(tasks, 1024, decoder="auto", parts=[1, 2, 1], cpu_task=1, cpu_task_threads=3)
+    ds[1], ds[2], ds[3]
+    assert seen == [("/v1.mp4", "auto", (0, 2), 1000.0, 3), ("/v1.mp4", "auto", (1, 2), 1000.0, 3),
+                    ("/v2.mp4", "auto", None, None, 1)]
     seen.clear()   # data.first_video_threads: that task's read gets its own thread count, the others keep theirs
     ds = VideoQADataset(tasks, 1024, decoder="auto", cpu_task=1, cpu_task_mpx=500.0, cpu_task_threads=6)
     ds[1], ds[2]
@@ -103,14 +105,25 @@ def test_the_dataset_passes_the_limit_for_that_task_only(monkeypatch):
     assert seen == [("/v0.mp4", "cpu", None, None, 1)]
 
 
-def test_predict_records_are_the_cpu_readers_apart_from_the_reason(tiny_vl3_dir, demo_bench, tmp_path, monkeypatch):
+@pytest.mark.parametrize("first_parts", [1, 2])
+def test_predict_records_are_the_cpu_readers_apart_from_the_reason(tiny_vl3_dir, demo_bench, tmp_path, monkeypatch,
+                                                                    first_parts):
     """The user's predict with ``decoder: auto`` and 2 workers, NVDEC taken as able to run and as the reader of every
     file (this machine has no GPU): the first video of the order is read on the CPU with the reason, every other
     video fails on the stand-in NVDEC reader, and every field of the CPU-read video's records is that of a
-    ``decoder: cpu`` run apart from ``decoder_fallback``."""
+    ``decoder: cpu`` run apart from ``decoder_fallback``. With ``first_video_parts: 2`` that video is read on the CPU
+    in 2 parts by the 2 workers and joined (none decoded again whole): the same records."""
     import datamodules.decode.readers as readers
+    import datamodules.part_join as pj
     import datamodules.videoqa as vq
+    from datamodules.video_items import VideoQADataset
     from tests.conftest import run_predict
+
+    joined, again = [], []
+    real_join, real_whole = pj.join_items, VideoQADataset.whole_item
+    monkeypatch.setattr(pj, "join_items", lambda items, ds=None: joined.append(
+        (len(items), {it["video_info"]["decoder_fallback"] for it in items})) or real_join(items, ds))
+    monkeypatch.setattr(VideoQADataset, "whole_item", lambda self, t: again.append(t) or real_whole(self, t))
 
     real = vq.first_video_on_cpu
     chosen = []
@@ -125,8 +138,10 @@ def test_predict_records_are_the_cpu_readers_apart_from_the_reason(tiny_vl3_dir,
 
     monkeypatch.setattr(video, "resolve_decoder", readers.resolve_decoder)
     on = run_predict(tiny_vl3_dir, demo_bench, tmp_path / "on", budgets=(256,), model_args={"max_new_tokens": 2},
-                     extra=["--data.init_args.decoder=auto", "--data.init_args.num_workers=2"])
+                     extra=["--data.init_args.decoder=auto", "--data.init_args.num_workers=2",
+                            f"--data.init_args.first_video_parts={first_parts}"])
     assert chosen[0] is None and chosen[1] is not None          # decoder cpu: none; auto: the order's first
+    assert joined == ([(2, {SMALL_ON_CPU})] if first_parts == 2 else []) and again == []
     first = {r["video"] for r in on if r["video_info"].get("decoder_fallback") == SMALL_ON_CPU}
     assert len(first) == 1 and len(on) == len(ref) == 7
     key = lambda r: (r["job"], r["qid"])  # noqa: E731
@@ -135,6 +150,30 @@ def test_predict_records_are_the_cpu_readers_apart_from_the_reason(tiny_vl3_dir,
         a = by_key[key(b)]
         assert (b["video_info"]["decoder_fallback"] == SMALL_ON_CPU) == (b["video"] in first)
         assert a == {**b, "video_info": {k: v for k, v in b["video_info"].items() if k != "decoder_fallback"}}
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "4", None])
+def test_first_video_parts_is_checked_before_anything_runs(bad):
+    with pytest.raises(SettingError, match="data.first_video_parts"):
+        VideoQADataModule(first_video_parts=bad)
+    assert VideoQADataModule().first_video_parts == 1 and VideoQADataModule(first_video_parts=3).first_video_parts == 3
+
+
+def test_the_first_video_in_parts_still_goes_first():
+    """``interleave_parts``' ``lead``: the rank's first video read on the CPU in parts keeps its place; the others
+    follow as after any split video (the next ``k`` whole videos, then the next split one)."""
+    from datamodules.part_join import PartSampler, interleave_parts
+
+    counts = {0: 1, 1: 1, 3: 2, 4: 3, 5: 1, 6: 1, 7: 1}
+    assert interleave_parts([3, 0, 1], counts) == [0, 3, 1]                   # before: a whole video first
+    assert interleave_parts([3, 0, 1], counts, lead=3) == [3, 0, 1]
+    # after the lead's 2 parts, 2 whole videos, then the 3-part one, then 3 whole ones
+    assert interleave_parts([4, 3, 0, 1, 5, 6, 7], counts, lead=3) == [3, 0, 1, 4, 5, 6, 7]
+    ds = VideoQADataset([VideoTask(f"v{i}", f"/v{i}.mp4", "videomme", []) for i in range(3)], 1024,
+                        decoder="auto", parts=[1, 1, 2], cpu_task=2)
+    assert list(PartSampler([2, 0, 1], ds)) == [2, 3, 0, 1]                  # task 2's items first
+    ds.cpu_task = None
+    assert list(PartSampler([2, 0, 1], ds)) == [0, 2, 3, 1]
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True, "4"])
