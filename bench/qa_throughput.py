@@ -304,10 +304,12 @@ def bc_parts(vlm: BudgetedVideoLlama3, prompts: dict, tokens: dict, logits) -> d
         base = logits("b", i, toks)
         vision = forced_logits(vlm, prompts["c"], QUESTIONS[i], toks, fused=False)
         kernels = forced_logits(vlm, prompts["b"], QUESTIONS[i], toks, fused=True)
-        # the memory-efficient backend alone: with MATH allowed a 16k prompt's fallback took a 6.6 GiB score matrix
-        # and ran out of memory on the H100 (session 14); where it cannot run, the row says nan
+        # on CUDA the memory-efficient backend alone: with MATH allowed a 16k prompt's fallback took a 6.6 GiB
+        # score matrix and ran out of memory on the H100 (session 14); where it cannot run, the row says nan. The CPU
+        # has no such backend: MATH there (the tiny model's test)
+        backends = [SDPBackend.EFFICIENT_ATTENTION] + ([SDPBackend.MATH] if vlm.device.type == "cpu" else [])
         try:
-            with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+            with sdpa_kernel(backends):
                 spread = forced_logits(vlm, prompts["b"], QUESTIONS[i], toks, fused=False)
         except (RuntimeError, torch.OutOfMemoryError) as e:
             print(f"library_spread_d: question {i}: the memory-efficient SDPA backend did not run "
