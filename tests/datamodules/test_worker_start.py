@@ -77,9 +77,10 @@ def test_fork_server_workers_give_the_main_process_items(tiny_vl3_dir, tmp_path)
 
 def test_lazy_video_processor_is_the_checkpoints(tiny_vl3_dir):
     """``LazyVideoProcessor``: nothing read until an attribute is used, then the very processor
-    ``load_video_processor`` reads (the same resize, pixel for pixel); pickled, only the path travels; its module
-    is the one the fork server preloads."""
-    import pickle
+    ``load_video_processor`` reads (the same resize, pixel for pixel); copied as pickle copies it (its
+    ``__getstate__``: what the DataLoader sends a worker), only the path travels; its module is the one the fork
+    server preloads."""
+    import copy
 
     from datamodules import worker_server
     from models.videollama3.frame_sizes import LazyVideoProcessor, load_video_processor, processor_resize
@@ -87,13 +88,13 @@ def test_lazy_video_processor_is_the_checkpoints(tiny_vl3_dir):
     real = load_video_processor(tiny_vl3_dir)
     lazy = LazyVideoProcessor(tiny_vl3_dir)
     assert lazy._processor is None and "not read" in repr(lazy)
-    copy = pickle.loads(pickle.dumps(lazy))
-    assert copy._processor is None and copy.model_path == str(tiny_vl3_dir)
+    sent = copy.deepcopy(lazy)
+    assert sent._processor is None and sent.model_path == str(tiny_vl3_dir)
     frames = torch.randint(0, 256, (3, 90, 160, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     for max_tokens in (16, 64, 256):
-        assert torch.equal(processor_resize(copy, frames, max_tokens), processor_resize(real, frames, max_tokens))
-    assert type(copy._processor) is type(real) and copy.to_dict() == real.to_dict()
-    assert pickle.loads(pickle.dumps(copy))._processor is None      # read once here, still only the path
+        assert torch.equal(processor_resize(sent, frames, max_tokens), processor_resize(real, frames, max_tokens))
+    assert type(sent._processor) is type(real) and sent.to_dict() == real.to_dict()
+    assert copy.deepcopy(sent)._processor is None      # read once here, still only the path
     assert lazy.processor_module == type(real).__module__ == worker_server.VL3_PROCESSOR_MODULE == VL3_PROCESSOR
     missing = LazyVideoProcessor(tiny_vl3_dir.parent / "nowhere")
     try:
