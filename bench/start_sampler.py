@@ -130,6 +130,77 @@ def summary(data: dict, timing: dict | None, bin_s: float, top: int = 3, top_fra
     return "\n".join(lines)
 
 
+# what a sample is doing, by the frames of its stack (the first rule that matches wins)
+ACTIVITIES = (
+    ("waits", ("threading.py:wait", "threading.py:join", "threading.py:_wait_for_tstate_lock", "queues.py:get",
+               "selectors.py:select", "connection.py:_poll", "connection.py:wait", "streams.py:synchronize",
+               "cuda/__init__.py:synchronize", "warm.py:wait_for", "forkserver.py:read_signed",
+               "dataloader.py:_try_get_data", "_monitor.py:run", "queues.py:_feed", "pin_memory.py:",
+               "start_sampler.py")),
+    ("imports", ("_find_and_load",)),
+    ("weight read", ("weight_reader.py:",)),
+    ("Triton", ("triton/",)),
+    ("the step", ("budgeted_qa.py:predict_step", "budgeted_qa.py:_answer_video")),
+    ("model load", ("encoding.py:from_pretrained", "qbase.py:from_pretrained")),
+    ("warm-up", ("warm.py:",)),
+    ("data set-up", ("datamodules/",)),
+)
+COLORS = {"imports": "#d62728", "weight read": "#1f77b4", "Triton": "#9467bd", "the step": "#2ca02c",
+          "model load": "#17becf", "warm-up": "#bcbd22", "data set-up": "#ff7f0e", "other": "#7f7f7f"}
+
+
+def activity(stack: list[str]) -> str | None:
+    """The :data:`ACTIVITIES` name of a stack (``None``: waiting), ``"other"`` where none matches."""
+    inner = stack[-1] if stack else ""
+    for name, keys in ACTIVITIES:
+        hit = any(k in inner for k in keys) if name == "waits" else any(k in f for f in stack for k in keys)
+        if hit:
+            return None if name == "waits" else name
+    return "other"
+
+
+def plot(data: dict, timing: dict | None, path: Path, until_s: float | None = None) -> None:
+    """One row per thread (the weight reader's threads as one row), each sample a bar coloured by :func:`activity`
+    (waits left blank), the ``timeline_s`` marks as lines: where the start's seconds go, thread by thread."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stacks, dt = data["stacks"], data["interval_s"]
+    rows: dict[str, list] = collections.defaultdict(list)
+    for age, name, sid in data["samples"]:
+        if until_s is not None and age > until_s:
+            continue
+        row = "weight readers" if name.startswith("weight-reader-") else name
+        kind = activity(stacks[sid])
+        if kind is not None:
+            rows[row].append((age, kind))
+    names = [n for n, v in sorted(rows.items(), key=lambda kv: kv[1][0][0]) if len(v) >= 3]
+    fig, ax = plt.subplots(figsize=(12, 0.45 * len(names) + 1.6))
+    for y, n in enumerate(names):
+        by_kind: dict[str, list] = collections.defaultdict(list)
+        for age, kind in rows[n]:
+            by_kind[kind].append((age, dt * 1.05))
+        for kind, spans in by_kind.items():
+            ax.broken_barh(spans, (y - 0.35, 0.7), color=COLORS.get(kind, "#7f7f7f"))
+    marks = [(k, v) for k, v in sorted(((timing or {}).get("timeline_s") or {}).items(), key=lambda kv: kv[1])
+             if until_s is None or v <= until_s]
+    for i, (k, v) in enumerate(marks):   # labels on three heights: marks a fraction of a second apart stay legible
+        ax.axvline(v, color="k", lw=0.6, ls=":")
+        ax.text(v, len(names) - 0.4 + 0.9 * (i % 3), k, fontsize=6.5, va="bottom", ha="left")
+    ax.set_yticks(range(len(names)), names)
+    ax.set_xlabel("seconds after the interpreter's start")
+    ax.set_ylim(-0.6, len(names) + 3.4)
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()], labels=list(COLORS),
+              ncol=len(COLORS), fontsize=7, loc="upper left")
+    ax.set_title("what each thread of the CLI does, sampled every "
+                 f"{dt * 1000:.0f} ms (blank: waiting)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="write the samples here (JSON)")
@@ -138,11 +209,16 @@ def main(argv=None) -> None:
     ap.add_argument("--summary", type=Path, help="print the summary of a samples file and stop")
     ap.add_argument("--timing", type=Path, help="the run's timing_rank0.json (its timeline_s marks the spans)")
     ap.add_argument("--bins", type=float, default=1.0, help="time bin of the per-thread view (s)")
+    ap.add_argument("--plot", type=Path, help="with --summary: also draw the threads' activity (PNG)")
+    ap.add_argument("--plot-until-s", type=float, default=None, help="the plot's last second")
     ap.add_argument("script", nargs="*", help="-- the script and its arguments (run as __main__)")
     args = ap.parse_args(argv)
     if args.summary:
         timing = json.loads(args.timing.read_text()) if args.timing else None
-        print(summary(json.loads(args.summary.read_text()), timing, args.bins))
+        data = json.loads(args.summary.read_text())
+        print(summary(data, timing, args.bins))
+        if args.plot:
+            plot(data, timing, args.plot, args.plot_until_s)
         return
     if not args.out or not args.script:
         ap.error("--out and a script to run (after --) are needed")
