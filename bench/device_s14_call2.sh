@@ -4,7 +4,7 @@
 #   (2) the user's CLI on the whole workload-shaped set, 16 workers, one Triton cache (cold in the first run,
 #       old1): session 13's code (1ad9a05, carried as .old: `git archive 1ad9a05 -- <code> | tar -x -C .old`) and
 #       this session's, alternated: lazy video processor, ParquetFile annotations, weight reads ahead of the imports
-#       ("new"), then with data.first_video_parts=3 (2 threads a part); every new run sampled
+#       ("new"; then with data.first_video_parts=3, 2 threads a part); every new run sampled
 #       (bench/start_sampler.py); records compared with the second session-13 run.
 #   bash bench/device_s14_call2.sh                        (carry .whl and .old)
 set -u
@@ -15,17 +15,17 @@ gpu_tests_report
 export TRITON_CACHE_DIR=/tmp/triton_cli
 cli() {   # label, script dir (. or .old), --cli-decoders entries...
   local label=$1 dir=$2; shift 2
-  timeout $(( ${CLI_END:-400} - ($(date +%s) - T0) )) python3 $dir/bench/workload.py --videos /tmp/wl --paths nvdec \
+  timeout $(( ${CLI_END:-330} - ($(date +%s) - T0) )) python3 $dir/bench/workload.py --videos /tmp/wl --paths nvdec \
     --only short --workers 16 --cli --cli-decoders "$@" --json "$OUT/cli_$label.json" > "$OUT/cli_$label.txt" 2>&1
   echo "rc $? ($label)"; grep -E "^CLI.*(videos,|timeline|per video|stages)|records identical|Traceback|Error" \
     "$OUT/cli_$label.txt" | sed 's/; warm-up.*//' | cut -c1-600 | head -24
   stamp "CLI $label"
 }
 cli old1 .old auto
-cli new1 . auto/env.BENCH_START_SAMPLE=new1.json auto/first_video_parts=3/first_video_threads=2/env.BENCH_START_SAMPLE=p3t2.json
+cli new1 . auto/env.BENCH_START_SAMPLE=new1.json
 cli old2 .old auto
-cli new2 . auto/env.BENCH_START_SAMPLE=new2.json
-cp new1.json p3t2.json new2.json "$OUT/" 2>/dev/null
+cli new2 . auto/first_video_parts=3/first_video_threads=2/env.BENCH_START_SAMPLE=p3t2.json
+cp new1.json p3t2.json "$OUT/" 2>/dev/null
 python3 - <<'PY'
 import json, sys
 sys.path.insert(0, "bench")
