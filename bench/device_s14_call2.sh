@@ -7,6 +7,9 @@
 #       ("new"; then with data.first_video_parts=3, 2 threads a part); every new run sampled
 #       (bench/start_sampler.py); records compared with the second session-13 run.
 #   bash bench/device_s14_call2.sh                        (carry .whl and .old)
+# As run (kind nvidia-h200 asked after eleven refused starts, an H100 came; 337 s): GPU tests 43 passed; old1, new1,
+# old2 ran; new2 (first_video_parts=3) answered its first video and was cut by CLI_END; the table below found no
+# file (it read /tmp/device_out, not the tool's $OUT; mended since). Files bench/results/s14call2_*.
 set -u
 . bench/device_site.sh
 gpu_tests_start
@@ -26,12 +29,12 @@ cli new1 . auto/env.BENCH_START_SAMPLE=new1.json
 cli old2 .old auto
 cli new2 . auto/first_video_parts=3/first_video_threads=2/env.BENCH_START_SAMPLE=p3t2.json
 cp new1.json p3t2.json "$OUT/" 2>/dev/null
-python3 - <<'PY'
-import json, sys
+OUT="$OUT" python3 - <<'PY'
+import json, os, sys
 sys.path.insert(0, "bench")
 from pathlib import Path
 import workload as w
-out = Path("/tmp/device_out")
+out = Path(os.environ["OUT"])   # (the device tool's $OUT where it sets one: as run, this read /tmp/device_out)
 runs = {}
 for label in ("old1", "new1", "old2", "new2"):
     f = out / f"cli_{label}.json"
