@@ -1,4 +1,6 @@
 #!/bin/bash
+# Session 14: the CLI runs now start with data.first_video_parts=3 (2 and 6 threads a part) against the defaults
+# (session 14 call 2 cut that run; the first video's CPU read ends 1.6 s after the weights) and compare the records.
 # Session 13: its call ran the GPU tests (43 passed) and the CLI defaults against the pinned reader and 6 first-video
 # threads (now the defaults); still to run: the kernels: eager records, the early CUDA context's A/B
 # (env.TOKENBUDGET_EARLY_CUDA=0, added to the CLI runs) and the first-step profile.
@@ -13,7 +15,7 @@
 #   DEADLINE=240 CLI_END=240 CLI_RUNS="auto auto/model.kernels=eager" bash bench/device_next.sh     (a short call)
 set -u
 DEADLINE=${DEADLINE:-440}; CLI_END=${CLI_END:-$(( DEADLINE - 110 ))}   # seconds after the start
-CLI_RUNS=${CLI_RUNS:-auto auto/model.kernels=eager auto auto/env.TOKENBUDGET_EARLY_CUDA=0}
+CLI_RUNS=${CLI_RUNS:-auto auto/first_video_parts=3/first_video_threads=2 auto auto/first_video_parts=3 auto/model.kernels=eager auto/env.TOKENBUDGET_EARLY_CUDA=0}
 . bench/device_site.sh
 gpu_tests_start
 set_and_checkpoint

@@ -7,6 +7,8 @@
 #   (3) the load probe: the pinned reader with 4, 8 and 16 threads against the raw read;
 #   (4) the QA bench (paths b, c, d) at 4k and 16k on one video: b=c with the split of where b and c part.
 #   bash bench/device_s14_call1.sh                        (carry .whl)
+# As run (H100, 390 s): (1)-(3) as above; (4) ran out of GPU memory in its library-spread row (SDPA's MATH fallback
+# at 16k; bench/qa_throughput.py mended since). Files bench/results/s14call1_*.
 set -u
 . bench/device_site.sh
 nproc; lscpu | grep -E "Model name|MHz" | head -3
