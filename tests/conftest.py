@@ -68,6 +68,20 @@ def inductor_kernels():
 
 REPO = Path(__file__).resolve().parent.parent
 MEDIA = REPO / "assets" / "media"
+
+
+def load_bench_script(name: str):
+    """``bench/<name>.py`` as a module (the bench folder is no package; it goes on ``sys.path`` for the scripts that
+    import each other, e.g. ``workload`` -> ``cli_throughput``)."""
+    import importlib.util
+
+    bench = REPO / "bench"
+    if str(bench) not in sys.path:
+        sys.path.insert(0, str(bench))
+    spec = importlib.util.spec_from_file_location(name, bench / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 DEMO_PARQUET = REPO / "assets" / "videomme" / "test-demo.parquet"
 
 

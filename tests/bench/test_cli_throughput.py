@@ -1,20 +1,15 @@
 """bench/cli_throughput.py: the real CLI run bench, as a CPU smoke run on the tiny model (the figures it prints
 come from the run's own ``timing_rank0.json``: one step time per video, the first read as the warm-up)."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "cli_throughput.py"
+from tests.conftest import load_bench_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("cli_throughput", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench_script("cli_throughput")
 
 
 def test_benchmark_root_has_three_questions_per_video(tmp_path):

@@ -1,9 +1,7 @@
 """bench/extract_throughput.py's compute ceiling (issue 25, target 3): the analytic FLOPs of
 ``algorithms/encoder_flops.py`` against numbers worked out by hand (and against ``FlopCounterMode`` on the library's
 own towers), and the tiny CPU smoke run's rows carrying the ceiling fields."""
-import importlib.util
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +12,8 @@ from algorithms.encoder_flops import (audio_flops_per_second, audio_payload_flop
                                       vision_patch_flops)
 from algorithms.flops import get_shape, prefill_flops
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "extract_throughput.py"
+from tests.conftest import load_bench_script
+
 
 # A 2-block vision tower: block 0 windowed, block 1 full attention; width C = 8, MLP I = 12, 3 x 2 x 14 x 14 patch
 # input, merge 2, windows of 56 px = 2 x 2 merged cells = 16 patches, merger output 10.
@@ -30,10 +29,7 @@ TEXT = SimpleNamespace(num_hidden_layers=2, hidden_size=8, intermediate_size=12,
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("extract_throughput", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench_script("extract_throughput")
 
 
 def test_vision_patch_by_hand():

@@ -1,18 +1,11 @@
 """bench/qa_step_profile.py: the GPU-idle accounting on hand-made intervals, and a CPU smoke run of the real
 ``BudgetedQA.predict_step`` with every host stage wrapped in a profiler range."""
-import importlib.util
-import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "qa_step_profile.py"
+from tests.conftest import load_bench_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("qa_step_profile", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(BENCH.parent))
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench_script("qa_step_profile")
 
 
 def test_union_merges_overlapping_kernel_intervals():

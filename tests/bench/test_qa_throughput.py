@@ -1,8 +1,6 @@
 """bench/qa_throughput.py's floor: the LLM shape read from the config, and a row's parts as the bench computes them
 (the row's fields passed through, the model's element size, the decode's steps), checked by hand on the tiny model.
 The CPU smoke run's printed parts: tests/models/videollama3/test_throughput.py::test_qa_bench_runs_on_the_cpu."""
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,15 +8,11 @@ import pytest
 from algorithms.flops import extend_flops, get_shape, kv_cache_bytes, prefill_flops, weight_bytes
 from algorithms.qa_floor import PART_NAMES
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "qa_throughput.py"
+from tests.conftest import load_bench_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("qa_throughput", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(BENCH.parent))
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench_script("qa_throughput")
 
 
 def test_llm_shape_of_the_bench_model_is_qwen2_7b():

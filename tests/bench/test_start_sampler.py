@@ -1,20 +1,18 @@
 """bench/start_sampler.py: every thread's stack sampled from the interpreter's start, around a script run as
 ``__main__``; the summary's spans and the plot's activities from hand-made stacks."""
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.conftest import load_bench_script
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench" / "start_sampler.py"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("start_sampler", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench_script("start_sampler")
 
 
 def test_a_script_is_sampled_thread_by_thread(tmp_path):

@@ -1,6 +1,5 @@
 """bench/workload.py: the looped set, the frame plan, the decode tasks and the table's arithmetic (fast); the whole
 ``--tiny`` run with the CLI (slow)."""
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -11,14 +10,13 @@ import pytest
 from datamodules.decode import nvdec  # noqa: F401  (before decord, as the bench does)
 from tests.media_factory import ffmpeg_exe
 
+from tests.conftest import load_bench_script
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "workload.py"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("workload", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench_script("workload")
 
 
 @pytest.fixture(scope="module")
