@@ -34,3 +34,4 @@ timeout $left python3 bench/qa_step_profile.py --early-compile --contention-only
 echo "rc $?"; grep -E "^model built|decoded in|^early compilation|^first-call|^## warm-up|stages \(s\)|^warm-up video again" \
   "$OUT/first_step.txt" | cut -c1-400
 stamp "first step profile"
+bundle_out

@@ -23,3 +23,4 @@ timeout $(( 560 - ($(date +%s) - T0) )) python3 bench/qa_throughput.py --budgets
   --paths bcd --videos /tmp/wl/s2_h264_720p2997_g250_90s.mp4 /tmp/wl/m1_h264_720p30_g250_480s.mp4 --json "$OUT/qa_s2m1.json" \
   > "$OUT/qa_s2m1.txt" 2>&1
 echo "rc $?"; tail -30 "$OUT/qa_s2m1.txt" | cut -c1-300; stamp "QA bench, two more"
+bundle_out

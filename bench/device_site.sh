@@ -65,3 +65,9 @@ gpu_tests_start() {
 gpu_tests_report() {
   wait "$GPU_TESTS_PID"; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu_tests.txt" | head -12; stamp "gpu tests"
 }
+
+# everything in $OUT as one archive, $OUT/out.tgz (the device tool returns only a few files a call: session 14's call 2
+# lost its sampler files and GPU test log to that count); call it last
+bundle_out() {
+  tar czf /tmp/out.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/out.tgz "$OUT/" && stamp "bundled: $OUT/out.tgz"
+}
