@@ -28,7 +28,7 @@ echo "rc $?"; grep -E "^CLI.*(videos,|stages|timeline)|records identical|differi
   "$OUT/cli_defaults.txt" | cut -c1-600 | head -30
 stamp "CLI"
 unset TRITON_CACHE_DIR
-left=$(( DEADLINE - ($(date +%s) - T0) )); [ $left -lt 60 ] && { stamp "no time left for the profile"; exit 0; }
+left=$(( DEADLINE - ($(date +%s) - T0) )); [ $left -lt 60 ] && { stamp "no time left for the profile"; bundle_out; exit 0; }
 timeout $left python3 bench/qa_step_profile.py --early-compile --contention-only \
   --videos /tmp/wl/s1_h264_360p25_g60_90s.mp4 /tmp/wl/s2_h264_720p2997_g250_90s.mp4 > "$OUT/first_step.txt" 2>&1
 echo "rc $?"; grep -E "^model built|decoded in|^early compilation|^first-call|^## warm-up|stages \(s\)|^warm-up video again" \
