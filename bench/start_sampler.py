@@ -1,9 +1,10 @@
-"""Where a process's first seconds go, every thread at once: a sampling profiler around ``evaluate.py`` (issue 41).
+"""Where a process's first seconds go, every thread of it at once: a sampling profiler around ``evaluate.py``.
 
 cProfile sees one thread and its overhead bends a start that is mostly imports; this samples the Python stacks of
-every thread (``sys._current_frames``) every ``--interval-ms`` from the interpreter's start until ``--until-s``
-seconds (process age, :func:`callbacks.process_clock.process_age_s`, the clock of ``timeline_s``), then writes the
-samples as JSON. A thread waiting in C (a CUDA call, a file read, a lock) shows the Python frame that called it.
+every thread of the process (``sys._current_frames``; not its DataLoader workers, which are processes of their own)
+every ``--interval-ms`` from the interpreter's start until ``--until-s`` seconds (process age,
+:func:`callbacks.process_clock.process_age_s`, the clock of ``timeline_s``), then writes the samples as JSON. A thread
+waiting in C (a CUDA call, a file read, a lock) shows the Python frame that called it.
 
     python bench/start_sampler.py --out /tmp/start.json [--until-s 30] -- evaluate.py predict --config ...
     python bench/start_sampler.py --summary /tmp/start.json [--timing out/timing_rank0.json] [--bins 1.0]
@@ -100,8 +101,9 @@ def summary(data: dict, timing: dict | None, bin_s: float, top: int = 3, top_fra
     for name, rows in sorted(by_thread.items(), key=lambda kv: kv[1][0][0]):
         lines.append(f"## thread {name}: {rows[0][0]:.2f}-{rows[-1][0]:.2f} s, {len(rows)} samples")
         bins: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-        for age, sid in rows:
-            bins[int(age // bin_s)][leaf(stacks[sid])] += 1
+        for age, sid in rows:   # a sample waiting (activity None: a lock, a queue, a sleep) is named as such
+            key = leaf(stacks[sid])
+            bins[int(age // bin_s)][key if activity(stacks[sid]) is not None else f"(waiting) {key}"] += 1
         for b in sorted(bins):
             c = bins[b]
             n = sum(c.values())
@@ -186,12 +188,18 @@ def plot(data: dict, timing: dict | None, path: Path, until_s: float | None = No
             ax.broken_barh(spans, (y - 0.35, 0.7), color=COLORS.get(kind, "#7f7f7f"))
     marks = [(k, v) for k, v in sorted(((timing or {}).get("timeline_s") or {}).items(), key=lambda kv: kv[1])
              if until_s is None or v <= until_s]
-    for i, (k, v) in enumerate(marks):   # labels on three heights: marks a fraction of a second apart stay legible
+    span = max([v for _, v in marks] + [a for r in rows.values() for a, _ in r] + [1.0])
+    ends: list[float] = []          # per label height, where its last label ends (s): marks close together stack up
+    for k, v in marks:
         ax.axvline(v, color="k", lw=0.6, ls=":")
-        ax.text(v, len(names) - 0.4 + 0.9 * (i % 3), k, fontsize=6.5, va="bottom", ha="left")
+        level = next((i for i, e in enumerate(ends) if e <= v), len(ends))
+        if level == len(ends):
+            ends.append(0.0)
+        ends[level] = v + span * 0.0075 * len(k)     # a 6.5-pt label's width, roughly, in seconds
+        ax.text(v, len(names) - 0.4 + 0.55 * level, k, fontsize=6.5, va="bottom", ha="left")
     ax.set_yticks(range(len(names)), names)
     ax.set_xlabel("seconds after the interpreter's start")
-    ax.set_ylim(-0.6, len(names) + 3.4)
+    ax.set_ylim(-0.6, len(names) + 0.6 + 0.55 * max(len(ends), 1) + 1.2)
     ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()], labels=list(COLORS),
               ncol=len(COLORS), fontsize=7, loc="upper left")
     ax.set_title("what each thread of the CLI does, sampled every "
@@ -202,16 +210,19 @@ def plot(data: dict, timing: dict | None, path: Path, until_s: float | None = No
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, help="write the samples here (JSON)")
-    ap.add_argument("--until-s", type=float, default=30.0, help="stop sampling at this process age (s)")
-    ap.add_argument("--interval-ms", type=float, default=10.0)
-    ap.add_argument("--summary", type=Path, help="print the summary of a samples file and stop")
-    ap.add_argument("--timing", type=Path, help="the run's timing_rank0.json (its timeline_s marks the spans)")
-    ap.add_argument("--bins", type=float, default=1.0, help="time bin of the per-thread view (s)")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                 usage="%(prog)s --out S.json [options] -- SCRIPT [ARGS ...]\n"
+                                       "       %(prog)s --summary S.json [--timing timing_rank0.json] [--plot P.png]")
+    ap.add_argument("--out", type=Path, help="sampling: write the samples here (JSON)")
+    ap.add_argument("--until-s", type=float, default=30.0, help="sampling: stop at this process age (s)")
+    ap.add_argument("--interval-ms", type=float, default=10.0, help="sampling: time between two samples (ms)")
+    ap.add_argument("--summary", type=Path, help="print the summary of a samples file (no script is run)")
+    ap.add_argument("--timing", type=Path, help="with --summary: the run's timing_rank0.json (its timeline_s marks "
+                                                 "the spans)")
+    ap.add_argument("--bins", type=float, default=1.0, help="with --summary: time bin of the per-thread view (s)")
     ap.add_argument("--plot", type=Path, help="with --summary: also draw the threads' activity (PNG)")
-    ap.add_argument("--plot-until-s", type=float, default=None, help="the plot's last second")
-    ap.add_argument("script", nargs="*", help="-- the script and its arguments (run as __main__)")
+    ap.add_argument("--plot-until-s", type=float, default=None, help="with --plot: the plot's last second")
+    ap.add_argument("script", nargs="*", help="after --: the script and its arguments (run as __main__)")
     args = ap.parse_args(argv)
     if args.summary:
         timing = json.loads(args.timing.read_text()) if args.timing else None
@@ -229,6 +240,8 @@ def main(argv=None) -> None:
         runpy.run_path(args.script[0], run_name="__main__")
     finally:
         sampler.dump(args.out)
+        print(f"start_sampler: {len(sampler.samples)} samples of {len({n for _, n, _ in sampler.samples})} threads "
+              f"in {args.out} (read them with --summary {args.out})", file=sys.stderr)
 
 
 if __name__ == "__main__":
