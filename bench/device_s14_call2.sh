@@ -15,19 +15,11 @@ set -u
 gpu_tests_start
 set_and_checkpoint
 gpu_tests_report
-export TRITON_CACHE_DIR=/tmp/triton_cli
-cli() {   # label, script dir (. or .old), --cli-decoders entries...
-  local label=$1 dir=$2; shift 2
-  timeout $(( ${CLI_END:-330} - ($(date +%s) - T0) )) python3 $dir/bench/workload.py --videos /tmp/wl --paths nvdec \
-    --only short --workers 16 --cli --cli-decoders "$@" --json "$OUT/cli_$label.json" > "$OUT/cli_$label.txt" 2>&1
-  echo "rc $? ($label)"; grep -E "^CLI.*(videos,|timeline|per video|stages)|records identical|Traceback|Error" \
-    "$OUT/cli_$label.txt" | sed 's/; warm-up.*//' | cut -c1-600 | head -24
-  stamp "CLI $label"
-}
-cli old1 .old auto
-cli new1 . auto/env.BENCH_START_SAMPLE=new1.json
-cli old2 .old auto
-cli new2 . auto/first_video_parts=3/first_video_threads=2/env.BENCH_START_SAMPLE=p3t2.json
+export TRITON_CACHE_DIR=/tmp/triton_cli CLI_END=${CLI_END:-330}
+workload_cli old1 .old auto
+workload_cli new1 . auto/env.BENCH_START_SAMPLE=new1.json
+workload_cli old2 .old auto
+workload_cli new2 . auto/first_video_parts=3/first_video_threads=2/env.BENCH_START_SAMPLE=p3t2.json
 cp new1.json p3t2.json "$OUT/" 2>/dev/null
 OUT="$OUT" python3 - <<'PY'
 import json, os, sys

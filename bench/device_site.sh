@@ -71,3 +71,17 @@ gpu_tests_report() {
 bundle_out() {
   tar czf /tmp/out.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/out.tgz "$OUT/" && stamp "bundled: $OUT/out.tgz"
 }
+
+# the user's CLI on the workload-shaped set (/tmp/wl, 16 workers) by the bench/workload.py under folder $2 (`.`, or an
+# older checkout carried in), one run per --cli-decoders entry after it, until CLI_END s after the start (default
+# 400): $OUT/cli_$1.json / .txt, and their summary lines here
+workload_cli() {
+  local label=$1 dir=$2; shift 2
+  local left=$(( ${CLI_END:-400} - ($(date +%s) - T0) ))
+  local args=(--videos /tmp/wl --paths nvdec --only short --workers 16 --cli --json "$OUT/cli_$label.json")
+  timeout "$left" python3 "$dir/bench/workload.py" "${args[@]}" --cli-decoders "$@" > "$OUT/cli_$label.txt" 2>&1
+  echo "rc $? ($label)"
+  grep -E "^CLI.*(videos,|timeline|per video|stages)|records identical|Traceback|Error" "$OUT/cli_$label.txt" \
+    | sed 's/; warm-up.*//' | cut -c1-600 | head -24
+  stamp "CLI $label"
+}
