@@ -494,7 +494,7 @@ class VideoQADataModule(LightningDataModule):
         if cpu_task is not None and parts is not None and parts[cpu_task] > 1:
             cpu_task = None    # a video big enough to split is no quick first video
         k_first = min(self.first_video_parts, self.workers)
-        if cpu_task is not None and k_first > 1 and not self.strict_frames and self.max_replaced_frac == 0:
+        if cpu_task is not None and k_first > 1 and self._parts_allowed():
             parts = parts or [1] * len(tasks)      # its CPU read cut into parts, one worker each
             parts[cpu_task] = k_first
         if cpu_task is not None:
@@ -632,7 +632,12 @@ class VideoQADataModule(LightningDataModule):
     def _splits(self) -> bool:
         """Whether this run decodes long videos in parts (``decode_part_mb``'s conditions)."""
         return bool(self.decode_part_mb) and self.decoder != "cpu" and self.workers >= 2 \
-            and torch.cuda.is_available() and not self.strict_frames and self.max_replaced_frac == 0
+            and torch.cuda.is_available() and self._parts_allowed()
+
+    def _parts_allowed(self) -> bool:
+        """Whether any video may be decoded in parts (``decode_part_mb``, ``first_video_parts``): not with
+        ``strict_frames`` or ``max_replaced_frac > 0``, whose rules look across the whole video."""
+        return not self.strict_frames and self.max_replaced_frac == 0
 
 
 def first_video_on_cpu(decoder: str, workers: int, nvdec_may_run: bool, order: Sequence[int],

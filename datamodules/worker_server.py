@@ -6,7 +6,8 @@ data module's set-up, that server imported its modules while the main process lo
 only ~9 s later on the H200 (2026-12-04: set-up at 12.7 s, first worker at 22.0 s, so the first video reached the
 step 2.8 s after the weights). :func:`start_early`, called by ``evaluate.py`` before it imports anything heavy,
 starts the same server beside the main process's own imports, where a predict run on a machine with an NVIDIA
-device may use one. This module imports nothing but the standard library (and :mod:`models.device_start`, which imports no more).
+device may use one. This module imports nothing but the standard library (and :mod:`models.device_start`, which
+imports no more).
 """
 from __future__ import annotations
 

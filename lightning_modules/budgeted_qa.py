@@ -572,8 +572,9 @@ class BudgetedQA(LightningModule):
             # the load's end, and the context made beside the imports (evaluate.py), on this timeline
             ends = {"load_end": loading.timings["end_perf_counter"]} if loading is not None else {}
             for name, t in {**ends, **early_cuda_marks()}.items():
-                if age_at(t) is not None:
-                    self.timeline_marks[name] = age_at(t)
+                age = age_at(t)
+                if age is not None:
+                    self.timeline_marks[name] = age
 
     def _read_model(self, device: torch.device) -> BudgetedVideoLlama3:
         """The VLM of ``model_path``, its weights read straight to ``device`` where the loader can
@@ -610,8 +611,9 @@ class BudgetedQA(LightningModule):
             t0 = time.perf_counter()
             warm.wait_for(thread)
             end = thread.timings.get("end_perf_counter")
-            if end is not None and age_at(end) is not None:
-                self.timeline_marks["early_compile_end"] = age_at(end)
+            age = age_at(end) if end is not None else None
+            if age is not None:
+                self.timeline_marks["early_compile_end"] = age
             self.warmup_report = {**self.warmup_report, "compile_wait_s": round(time.perf_counter() - t0, 3),
                                   "early_compile": {k: v for k, v in getattr(thread, "timings", {}).items()
                                                     if k != "end_perf_counter"}}

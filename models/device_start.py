@@ -21,6 +21,7 @@ ENV_SWITCH = "TOKENBUDGET_EARLY_CUDA"   # "0": no early context (the module's ea
 GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0")
 
 _THREAD: threading.Thread | None = None
+_MARKS: dict[str, float | str] = {}
 
 
 def predict_on_nvidia_machine(argv: list[str], switch: str) -> bool:
@@ -30,7 +31,6 @@ def predict_on_nvidia_machine(argv: list[str], switch: str) -> bool:
     if not argv or argv[0] != "predict" or os.environ.get(switch, "1") == "0":
         return False
     return any(os.path.exists(n) for n in GPU_NODES)
-_MARKS: dict[str, float | str] = {}
 
 
 def start_cuda_early(argv: list[str]) -> threading.Thread | None:
