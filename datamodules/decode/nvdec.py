@@ -134,6 +134,7 @@ def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, 
     ``convert``, or by ``sink`` on its own threads, so that this session goes back to feeding its engine."""
     import torch
 
+    t_start = time.perf_counter()
     keep, counts = scanned.plan(run)
     ordered = sorted(scanned.pts)
     want = {ordered[i]: k for k, i in enumerate(run)}
@@ -151,6 +152,8 @@ def _decode_run_packets(path: str, run: list[int], gpu_id: int, p: StreamProbe, 
             if k is None or done[k]:
                 continue
             t0 = time.perf_counter()
+            if "first_frame_s" not in info:   # the session's start to its first wanted frame (decoder set-up)
+                info["first_frame_s"] = round(t0 - t_start, 4)
             surface = torch.from_dlpack(frame)
             info.setdefault("surface_shape", tuple(surface.shape))
             host = surface.cpu().numpy()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -367,9 +368,12 @@ def test_packet_session_control_flow_on_cpu(clips, name, monkeypatch):
     conv = nvdec.Yuv420ToRgb(p.width, p.height, p.pix_fmt, (p.height, p.width), p.colorspace, p.color_range)
     out = np.zeros((len(run), p.height, p.width, 3), np.uint8)
     scan = pf.scan(str(clips[name]))
+    t0 = time.perf_counter()
     info = nvdec._decode_run_packets(str(clips[name]), run, 0, p, conv, out, 0, scan)
+    elapsed = time.perf_counter() - t0
     assert np.array_equal(out, _decord(clips[name], run, p.height, p.width, p.height, p.width))
     assert info["path"] == "packets" and fake.fed == info["kept"] < info["packets"] == len(scan.pts)
+    assert 0 <= info["first_frame_s"] <= elapsed   # the session's start to its first wanted frame
     monkeypatch.setattr(nvdec, "_nvc", lambda: _FakeNvc(pts_shift=1))
     with pytest.raises(nvdec.NvdecError, match="demuxer packet 0 has pts"):
         nvdec._decode_run_packets(str(clips[name]), run, 0, p, conv, out, 0, scan)

@@ -1,0 +1,26 @@
+#!/bin/bash
+# Session 15, call 1: does data.first_video_parts=3 bring the first answer forward (session 14: the first video's CPU
+# read, 4.3 s beside the 15 workers' NVDEC starts, ends 1.6 s after the weights)? Files in $OUT (bundled out.tgz):
+#   (1) the GPU tests;
+#   (2) bench/worker_start_probe.py: a first NVDEC read's phases in 1, 4 and 15 forkserver workers released at
+#       once (session 14: the engines idle 5 s after the workers' first jobs started), then 15 beside 8 GiB pinned;
+#   (3) the user's CLI on the whole workload-shaped set, 16 workers, one Triton cache (cold in the first run), fresh
+#       processes, alternated: the defaults and first_video_parts=3 with 2 and with 6 (the default) threads a part;
+#       records of each run compared with the first's (bench/workload.py); one parts run sampled
+#       (bench/start_sampler.py).
+#   bash bench/device_s15_call1.sh                        (carry .whl)
+set -u
+. bench/device_site.sh
+gpu_tests_start
+set_and_checkpoint
+gpu_tests_report
+timeout 120 python3 bench/worker_start_probe.py --video /tmp/wl/s1_h264_360p25_g60_90s.mp4 --procs 1 4 15 \
+  --json "$OUT/worker_start.json" > "$OUT/worker_start.txt" 2>&1; echo "rc $?"; cat "$OUT/worker_start.txt"
+timeout 60 python3 bench/worker_start_probe.py --video /tmp/wl/s1_h264_360p25_g60_90s.mp4 --procs 15 --pinned-gb 8 \
+  --json "$OUT/worker_start_pinned.json" > "$OUT/worker_start_pinned.txt" 2>&1; echo "rc $?"
+cat "$OUT/worker_start_pinned.txt"; stamp "worker start probe"
+export TRITON_CACHE_DIR=/tmp/triton_cli CLI_END=${CLI_END:-560}
+workload_cli ab . auto auto/first_video_parts=3/first_video_threads=2 auto/first_video_parts=3 auto \
+  auto/first_video_parts=3/first_video_threads=2/env.BENCH_START_SAMPLE=p3t2.json auto/first_video_parts=3
+cp p3t2.json "$OUT/" 2>/dev/null
+bundle_out
