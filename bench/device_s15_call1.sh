@@ -19,8 +19,8 @@ timeout 120 python3 bench/worker_start_probe.py --video /tmp/wl/s1_h264_360p25_g
 timeout 60 python3 bench/worker_start_probe.py --video /tmp/wl/s1_h264_360p25_g60_90s.mp4 --procs 15 --pinned-gb 8 \
   --json "$OUT/worker_start_pinned.json" > "$OUT/worker_start_pinned.txt" 2>&1; echo "rc $?"
 cat "$OUT/worker_start_pinned.txt"; stamp "worker start probe"
-export TRITON_CACHE_DIR=/tmp/triton_cli CLI_END=${CLI_END:-560}
+export TRITON_CACHE_DIR=/tmp/triton_cli CLI_END=${CLI_END:-520}
 workload_cli ab . auto auto/first_video_parts=3/first_video_threads=2 auto/first_video_parts=3 auto \
-  auto/first_video_parts=3/first_video_threads=2/env.BENCH_START_SAMPLE=p3t2.json auto/first_video_parts=3
+  auto/first_video_parts=3/first_video_threads=2/env.BENCH_START_SAMPLE=p3t2.json
 cp p3t2.json "$OUT/" 2>/dev/null
 bundle_out

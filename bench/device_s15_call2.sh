@@ -9,11 +9,11 @@
 set -u
 . bench/device_site.sh
 set_and_checkpoint
-timeout $(( 380 - ($(date +%s) - T0) )) python3 bench/qa_throughput.py --budgets 4096 16384 --kernels triton \
+timeout $(( 330 - ($(date +%s) - T0) )) python3 bench/qa_throughput.py --budgets 4096 16384 --kernels triton \
   --paths bcd --videos /tmp/wl/s1_h264_360p25_g60_90s.mp4 /tmp/wl/s2_h264_720p2997_g250_90s.mp4 \
   /tmp/wl/m1_h264_720p30_g250_480s.mp4 --json "$OUT/qa_triton.json" > "$OUT/qa_triton.txt" 2>&1
 echo "rc $?"; tail -30 "$OUT/qa_triton.txt" | cut -c1-300; stamp "QA bench"
-timeout $(( 570 - ($(date +%s) - T0) )) python3 bench/extract_throughput.py --modes completed-block-hold \
+timeout $(( 470 - ($(date +%s) - T0) )) python3 bench/extract_throughput.py --modes completed-block-hold \
   --sessions 16 --memory-policy window sliding --reprefill-slides auto --json "$OUT/extract.json" \
   > "$OUT/extract.txt" 2>&1
 echo "rc $?"; tail -30 "$OUT/extract.txt" | cut -c1-300; stamp "extraction"
