@@ -44,6 +44,9 @@ if __name__ == "__main__":
         from models.device_start import start_cuda_early
 
         start_cuda_early(sys.argv[1:])
+        from models.early_weights import start_weights_early
+
+        start_weights_early(sys.argv[1:], DEFAULT_PREDICT_CONFIG)   # the checkpoint's reads, beside the imports too
         from cli import main
     except KeyboardInterrupt:       # Ctrl-C during the imports (seconds): one line, as after the start
         print("interrupted while starting: nothing was run or written", file=sys.stderr)

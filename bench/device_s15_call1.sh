@@ -5,7 +5,9 @@
 #   (2) bench/worker_start_probe.py: a first NVDEC read's phases in 1, 4 and 15 forkserver workers released at
 #       once (session 14: the engines idle 5 s after the workers' first jobs started), then 15 beside 8 GiB pinned;
 #   (3) the user's CLI on the whole workload-shaped set, 16 workers, one Triton cache (cold in the first run), fresh
-#       processes, alternated: the defaults and first_video_parts=3 with 2 and with 6 (the default) threads a part;
+#       processes: the defaults (the weight reads now start beside the imports: models/early_weights.py), with
+#       first_video_parts=3 (6 threads a part, the default; then 2), each also with the early reads off
+#       (env.TOKENBUDGET_EARLY_WEIGHTS=0);
 #       records of each run compared with the first's (bench/workload.py); one parts run sampled
 #       (bench/start_sampler.py).
 #   bash bench/device_s15_call1.sh                        (carry .whl)
@@ -20,7 +22,7 @@ timeout 60 python3 bench/worker_start_probe.py --video /tmp/wl/s1_h264_360p25_g6
   --json "$OUT/worker_start_pinned.json" > "$OUT/worker_start_pinned.txt" 2>&1; echo "rc $?"
 cat "$OUT/worker_start_pinned.txt"; stamp "worker start probe"
 export TRITON_CACHE_DIR=/tmp/triton_cli CLI_END=${CLI_END:-520}
-workload_cli ab . auto auto/first_video_parts=3/first_video_threads=2 auto/first_video_parts=3 auto \
-  auto/first_video_parts=3/first_video_threads=2/env.BENCH_START_SAMPLE=p3t2.json
+workload_cli ab . auto auto/first_video_parts=3 auto/first_video_parts=3/env.TOKENBUDGET_EARLY_WEIGHTS=0 \
+  auto/first_video_parts=3/first_video_threads=2/env.BENCH_START_SAMPLE=p3t2.json auto/env.TOKENBUDGET_EARLY_WEIGHTS=0
 cp p3t2.json "$OUT/" 2>/dev/null
 bundle_out

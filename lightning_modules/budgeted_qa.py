@@ -568,10 +568,12 @@ class BudgetedQA(LightningModule):
             self.vlm = vlm.to(self.device)
             self.load_seconds = time.perf_counter() - t0
             from models.device_start import early_cuda_marks
+            from models.early_weights import early_weight_marks
 
-            # the load's end, and the context made beside the imports (evaluate.py), on this timeline
+            # the load's end, and the context and weight reads started beside the imports (evaluate.py), on this
+            # timeline
             ends = {"load_end": loading.timings["end_perf_counter"]} if loading is not None else {}
-            for name, t in {**ends, **early_cuda_marks()}.items():
+            for name, t in {**ends, **early_cuda_marks(), **early_weight_marks()}.items():
                 age = age_at(t)
                 if age is not None:
                     self.timeline_marks[name] = age

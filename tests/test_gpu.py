@@ -403,6 +403,30 @@ def test_pinned_weight_reader_on_cuda_is_the_files_and_the_librarys(tiny_vl3_dir
     assert all(a[k].device == b[k].device and torch.equal(a[k], b[k]) for k in b)
 
 
+def test_weights_read_beside_the_imports_are_the_ones_the_load_uses(tiny_vl3_dir, monkeypatch):
+    """``evaluate.py``'s early read (``models.early_weights``) on CUDA: started from a predict command line naming
+    the checkpoint, taken by ``from_pretrained(weight_reader="pinned", device="cuda")`` (its start on the timeline),
+    with the library loader's parameters on the GPU."""
+    from pathlib import Path
+
+    from models import early_weights as ew
+    from models.videollama3 import BudgetedVideoLlama3
+
+    monkeypatch.delenv(ew.ENV_SWITCH, raising=False)
+    ew._MARKS.clear()
+    demo = Path(__file__).resolve().parents[1] / "configs" / "predict" / "demo.yaml"
+    thread = ew.start_weights_early(["predict", f"--model.init_args.model_path={tiny_vl3_dir}"], demo)
+    assert thread is not None
+    thread.join()
+    assert ew._EARLY["device"] == torch.device("cuda", 0)
+    early = BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir, device="cuda", weight_reader="pinned")
+    assert not ew._EARLY and set(ew.early_weight_marks()) == {"weights_early_start"}
+    lib = BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir, device="cuda")
+    a, b = early.model.state_dict(), lib.model.state_dict()
+    assert all(a[k].device == b[k].device and torch.equal(a[k], b[k]) for k in b)
+    ew._MARKS.clear()
+
+
 @pytest.mark.usefixtures("inductor_kernels")
 def test_eager_first_step_runs_while_the_early_compilation_runs(tiny_vl3_dir):
     """Issue 41, ``first_step="eager"``: with the early compilation held (a stand-in thread registered as

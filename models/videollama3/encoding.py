@@ -152,10 +152,14 @@ class VisionEncoding:
         if weight_reader == "pinned" and not original:
             # the reads start before transformers' modeling imports and the model's construction (seconds of Python
             # under the GIL), which they then overlap: the 7B files took 1.4 s after 3.5 s of those on the H100
+            from ..early_weights import take
             from ..weight_reader import ReadAhead, checkpoint_files
 
             with reading_checkpoint(path):   # (its file checks first: a FIFO is never opened)
-                ahead = ReadAhead(checkpoint_files(path), device if device is not None else "cpu")
+                files, to = checkpoint_files(path), device if device is not None else "cpu"
+                # the same files read to the same device beside the CLI's imports (evaluate.py), else read now
+                taken = take(files, to)
+                ahead = taken[0] if taken is not None else ReadAhead(files, to)
         from transformers import AutoVideoProcessor, VideoLlama3ForConditionalGeneration
 
         from ..tokenizer import load_tokenizer
