@@ -34,7 +34,8 @@ def _cli_values(argv: list[str], default_config: Path) -> dict | None:
     """``class_path``, ``model_path`` and ``weight_reader`` of the ``model`` block as LightningCLI will see them
     (``default_config``, then each ``--config`` file in order, then ``--model.init_args.<key>`` / ``--model.class_path``
     arguments), or ``None`` where the command line replaces the model in a way not followed here (``--model FILE``,
-    ``--model.init_args FILE``, help or config printing)."""
+    ``--model.init_args FILE``), asks for help or config printing, or puts the run on the CPU
+    (``--trainer.accelerator cpu``)."""
     import yaml
 
     configs, overrides = [], {}
@@ -44,6 +45,8 @@ def _cli_values(argv: list[str], default_config: Path) -> dict | None:
         name, eq, value = arg.partition("=")
         if name in ("-h", "--help", "--print_config") or name in ("--model", "--model.init_args"):
             return None
+        if name == "--trainer.accelerator" and (value if eq else argv[i + 1] if i + 1 < len(argv) else "") == "cpu":
+            return None      # (the load's device is then the CPU)
         takes = name == "--config" or name in ("--model.class_path", *(f"--model.init_args.{k}" for k in MODEL_KEYS),
                                                *(f"--model.{k}" for k in MODEL_KEYS))
         if takes and not eq:

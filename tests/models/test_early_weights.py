@@ -36,6 +36,9 @@ def _clean():
     (["--help"], None),
     (["--print_config"], None),
     (["--config"], None),
+    (["--trainer.accelerator=cpu"], None),
+    (["--trainer.accelerator", "cpu"], None),
+    (["--trainer.accelerator", "gpu"], {"class_path": ew.VL3_MODULE, "model_path": "checkpoints/tiny-videollama3"}),
 ])
 def test_the_model_block_as_the_cli_sees_it(argv, want):
     got = ew._cli_values(argv, DEMO)
