@@ -10,6 +10,8 @@
 #       (env.TOKENBUDGET_EARLY_WEIGHTS=0);
 #       records of each run compared with the first's (bench/workload.py); one parts run sampled
 #       (bench/start_sampler.py).
+#   (4) with the time left, bench/qa_throughput.py --paths bcd at 4k and 16k (kernels: triton) on one video: does
+#       b=c hold within --logit-tol now that (c)'s vision MLP rounds as the library's (session 12: 0.15-0.18 apart)?
 #   bash bench/device_s15_call1.sh                        (carry .whl)
 set -u
 . bench/device_site.sh
@@ -21,8 +23,12 @@ timeout 120 python3 bench/worker_start_probe.py --video /tmp/wl/s1_h264_360p25_g
 timeout 60 python3 bench/worker_start_probe.py --video /tmp/wl/s1_h264_360p25_g60_90s.mp4 --procs 15 --pinned-gb 8 \
   --json "$OUT/worker_start_pinned.json" > "$OUT/worker_start_pinned.txt" 2>&1; echo "rc $?"
 cat "$OUT/worker_start_pinned.txt"; stamp "worker start probe"
-export TRITON_CACHE_DIR=/tmp/triton_cli CLI_END=${CLI_END:-520}
+export TRITON_CACHE_DIR=/tmp/triton_cli CLI_END=${CLI_END:-430}
 workload_cli ab . auto auto/first_video_parts=3 auto/first_video_parts=3/env.TOKENBUDGET_EARLY_WEIGHTS=0 \
-  auto/first_video_parts=3/first_video_threads=2/env.BENCH_START_SAMPLE=p3t2.json auto/env.TOKENBUDGET_EARLY_WEIGHTS=0
-cp p3t2.json "$OUT/" 2>/dev/null
+  auto/env.TOKENBUDGET_EARLY_WEIGHTS=0 auto/first_video_parts=3/first_video_threads=2
+unset TRITON_CACHE_DIR
+left=$(( 545 - ($(date +%s) - T0) ))
+[ $left -gt 60 ] && { timeout $left python3 bench/qa_throughput.py --budgets 4096 16384 --kernels triton --paths bcd \
+  --videos /tmp/wl/s1_h264_360p25_g60_90s.mp4 --json "$OUT/qa_s1.json" > "$OUT/qa_s1.txt" 2>&1
+  echo "rc $?"; grep -E "^s1|b=c|c=d" "$OUT/qa_s1.txt" | cut -c1-300; stamp "QA bench, one video"; }
 bundle_out
