@@ -6,7 +6,8 @@
 #       once (session 14: the engines idle 5 s after the workers' first jobs started), then 15 beside 8 GiB pinned;
 #   (3) the user's CLI on the whole workload-shaped set, 16 workers, one Triton cache (cold in the first run), fresh
 #       processes: the defaults (the weight reads now start beside the imports: models/early_weights.py), with
-#       first_video_parts=3 (6 threads a part, the default; then 2), each also with the early reads off
+#       first_video_parts=3 (6 threads a part, the default), with data.cuda_turns (the workers' first CUDA calls in
+#       the order of their first videos), both, then the defaults and parts=3 with the early reads off
 #       (env.TOKENBUDGET_EARLY_WEIGHTS=0);
 #       records of each run compared with the first's (bench/workload.py); one parts run sampled
 #       (bench/start_sampler.py).
@@ -24,8 +25,8 @@ timeout 60 python3 bench/worker_start_probe.py --video /tmp/wl/s1_h264_360p25_g6
   --json "$OUT/worker_start_pinned.json" > "$OUT/worker_start_pinned.txt" 2>&1; echo "rc $?"
 cat "$OUT/worker_start_pinned.txt"; stamp "worker start probe"
 export TRITON_CACHE_DIR=/tmp/triton_cli CLI_END=${CLI_END:-430}
-workload_cli ab . auto auto/first_video_parts=3 auto/first_video_parts=3/env.TOKENBUDGET_EARLY_WEIGHTS=0 \
-  auto/env.TOKENBUDGET_EARLY_WEIGHTS=0 auto/first_video_parts=3/first_video_threads=2
+workload_cli ab . auto auto/first_video_parts=3 auto/cuda_turns=true auto/first_video_parts=3/cuda_turns=true \
+  auto/env.TOKENBUDGET_EARLY_WEIGHTS=0 auto/first_video_parts=3/env.TOKENBUDGET_EARLY_WEIGHTS=0
 unset TRITON_CACHE_DIR
 left=$(( 545 - ($(date +%s) - T0) ))
 [ $left -gt 60 ] && { timeout $left python3 bench/qa_throughput.py --budgets 4096 16384 --kernels triton --paths bcd \
