@@ -64,11 +64,9 @@ def _start_on_cpu(monkeypatch, argv):
     thread.join()
 
 
-def test_the_load_takes_the_early_read_of_its_own_files(tiny_vl3_dir, monkeypatch):
-    """The read started from the command line is the one the pinned load uses (no second ReadAhead), with the
-    library loader's parameters, and its start is given for the timeline."""
+def _count_reads(monkeypatch) -> list:
+    """The files of every ``ReadAhead`` started from now on, one list per read."""
     import models.weight_reader as wr
-    from models.videollama3 import BudgetedVideoLlama3
 
     made = []
     real_init = wr.ReadAhead.__init__
@@ -78,6 +76,16 @@ def test_the_load_takes_the_early_read_of_its_own_files(tiny_vl3_dir, monkeypatc
         real_init(self, *a, **kw)
 
     monkeypatch.setattr(wr.ReadAhead, "__init__", init)
+    return made
+
+
+def test_the_load_takes_the_early_read_of_its_own_files(tiny_vl3_dir, monkeypatch):
+    """The read started from the command line is the one the pinned load uses (no second ReadAhead), with the
+    library loader's parameters, and its start is given for the timeline."""
+    import models.weight_reader as wr
+    from models.videollama3 import BudgetedVideoLlama3
+
+    made = _count_reads(monkeypatch)
     _start_on_cpu(monkeypatch, [f"--model.init_args.model_path={tiny_vl3_dir}"])
     assert len(made) == 1 and ew._EARLY["files"] == [f.resolve() for f in wr.checkpoint_files(tiny_vl3_dir)]
     pinned = BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir, weight_reader="pinned")
@@ -95,14 +103,7 @@ def test_a_read_of_other_files_is_dropped_and_the_load_reads_its_own(tiny_vl3_di
     other = tmp_path / "other"
     shutil.copytree(tiny_vl3_dir, other)
     _start_on_cpu(monkeypatch, [f"--model.init_args.model_path={other}"])
-    made = []
-    real_init = wr.ReadAhead.__init__
-
-    def init(self, *a, **kw):
-        made.append(a[0])
-        real_init(self, *a, **kw)
-
-    monkeypatch.setattr(wr.ReadAhead, "__init__", init)
+    made = _count_reads(monkeypatch)
     BudgetedVideoLlama3.from_pretrained(tiny_vl3_dir, weight_reader="pinned")
     assert made == [wr.checkpoint_files(tiny_vl3_dir)] and not ew._EARLY and ew.early_weight_marks() == {}
 
