@@ -24,11 +24,11 @@ timeout 120 python3 bench/worker_start_probe.py --video /tmp/wl/s1_h264_360p25_g
 timeout 60 python3 bench/worker_start_probe.py --video /tmp/wl/s1_h264_360p25_g60_90s.mp4 --procs 15 --pinned-gb 8 \
   --json "$OUT/worker_start_pinned.json" > "$OUT/worker_start_pinned.txt" 2>&1; echo "rc $?"
 cat "$OUT/worker_start_pinned.txt"; stamp "worker start probe"
-export TRITON_CACHE_DIR=/tmp/triton_cli CLI_END=${CLI_END:-430}
-workload_cli ab . auto auto/first_video_parts=3 auto/cuda_turns=true auto/first_video_parts=3/cuda_turns=true \
-  auto/env.TOKENBUDGET_EARLY_WEIGHTS=0 auto/first_video_parts=3/env.TOKENBUDGET_EARLY_WEIGHTS=0
+export TRITON_CACHE_DIR=/tmp/triton_cli CLI_END=${CLI_END:-440}
+workload_cli ab . auto auto/first_video_parts=3 auto/cuda_turns=true auto/env.TOKENBUDGET_EARLY_WEIGHTS=0 \
+  auto/first_video_parts=3/cuda_turns=true auto/first_video_parts=3/env.TOKENBUDGET_EARLY_WEIGHTS=0
 unset TRITON_CACHE_DIR
-left=$(( 545 - ($(date +%s) - T0) ))
+left=$(( 530 - ($(date +%s) - T0) ))
 [ $left -gt 60 ] && { timeout $left python3 bench/qa_throughput.py --budgets 4096 16384 --kernels triton --paths bcd \
   --videos /tmp/wl/s1_h264_360p25_g60_90s.mp4 --json "$OUT/qa_s1.json" > "$OUT/qa_s1.txt" 2>&1
   echo "rc $?"; grep -E "^s1|b=c|c=d" "$OUT/qa_s1.txt" | cut -c1-300; stamp "QA bench, one video"; }
