@@ -224,27 +224,6 @@ class VideoQADataset(Dataset):
             return None
         return mark
 
-    @staticmethod
-    def _cuda_turn(video_path: str, on_cpu: bool) -> None:
-        """A decode worker's turn for its first CUDA calls (``data.cuda_turns``, :mod:`datamodules.cuda_turns`),
-        before its first decode: made here for ``video_path`` (NVDEC's check of it), or passed when the video is
-        read on the CPU. Nothing without turns, in the main process, or after the first item."""
-        from datamodules import cuda_turns
-
-        if not cuda_turns.pending():
-            return
-        from torch.utils.data import get_worker_info
-
-        info = get_worker_info()
-        if info is None:
-            return
-        if on_cpu:
-            cuda_turns.take_turn(info.id, None)
-        else:
-            from datamodules.decode.nvdec import first_cuda_calls
-
-            cuda_turns.take_turn(info.id, functools.partial(first_cuda_calls, video_path))
-
     def _cpu_task_threads(self) -> int:
         """Decoder threads of ``cpu_task``'s CPU read: ``cpu_task_threads``, else ``decode_threads`` and at least 2."""
         n = self.cpu_task_threads
@@ -264,8 +243,6 @@ class VideoQADataset(Dataset):
         if self.decoder != "cpu":   # registers READERS["nvdec"] in this process (a spawned worker starts without it)
             import datamodules.decode.nvdec  # noqa: F401
         on_cpu = i == self.cpu_task and self.decoder != "cpu"      # (each of its parts too: data.first_video_parts)
-        if self.decoder != "cpu":
-            self._cuda_turn(task.video_path, on_cpu)
         mark = self._mark(task.video_path)
         # a file that killed a decode worker in an earlier run: decoded in a child process, whose crash costs only
         # this video's questions

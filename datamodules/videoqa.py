@@ -192,11 +192,6 @@ class VideoQADataModule(LightningDataModule):
             steps that ran while the 30-minute 1080p file was still decoding took 40-60 % longer than the same
             videos' steps in a run where decoding had ended (the CPUs 80-95 % busy, the SMs below 100 %). Records
             do not change.
-        cuda_turns: on a CUDA machine, the decode workers make their first CUDA calls (a context, NVDEC's
-            capabilities) one after another in the order of their first videos, each waiting at most 2 s for the
-            ones before it (:mod:`datamodules.cuda_turns`), instead of all at once in the driver's order: in 19
-            recorded runs the engines stayed idle 5-6 s after the first jobs began, and the second video waited
-            0.4-4.9 s. Records do not change. Default ``false`` (not yet measured on a GPU).
     """
 
     def __init__(self, benchmark: str = "videomme", root: str = "assets/demo_videomme",
@@ -208,12 +203,8 @@ class VideoQADataModule(LightningDataModule):
                  decode_part_mb: float | None = DECODE_PART_MB,
                  first_video_cpu_mpx: float | None = FIRST_VIDEO_CPU_MPX, worker_niceness: int = 0,
                  decode_timeout_s: float | None = DECODE_TIMEOUT_S, pin_memory: bool | None = None,
-                 first_video_threads: int | None = FIRST_VIDEO_THREADS, first_video_parts: int = FIRST_VIDEO_PARTS,
-                 cuda_turns: bool = False):
+                 first_video_threads: int | None = FIRST_VIDEO_THREADS, first_video_parts: int = FIRST_VIDEO_PARTS):
         super().__init__()
-        if not isinstance(cuda_turns, bool):
-            raise SettingError(f"data.cuda_turns must be true or false, got {cuda_turns!r}")
-        self.cuda_turns = cuda_turns
         check_int("data.first_video_parts", first_video_parts, 1)
         self.first_video_parts = first_video_parts
         check_int("data.first_video_threads", first_video_threads, 1, allow_none=True,
@@ -526,7 +517,7 @@ class VideoQADataModule(LightningDataModule):
             marks.setdefault("loader_built", process_age_s())
         if ds.parts is None:
             return video_loader(ds, sampler, self.workers, self.prefetch_factor, pin, context, self.in_order,
-                                self.worker_niceness, self._turns(context))
+                                self.worker_niceness)
         n_split = sum(k > 1 for k in ds.parts) - (cpu_task is not None and ds.parts[cpu_task] > 1)
         if n_split:
             print(f"[rank {rank}] {self.benchmark}: {n_split} long video{'s' * (n_split != 1)} decoded in parts by "
@@ -535,13 +526,8 @@ class VideoQADataModule(LightningDataModule):
         # one item per worker at a time (prefetch_factor 1): with in_order=False the loader then gives the next item
         # to a worker that holds none, so no video waits behind a long part in a busy worker's queue
         loader = video_loader(ds, PartSampler(sampler, ds), self.workers, 1, pin, context, self.in_order,
-                              self.worker_niceness, self._turns(context))
+                              self.worker_niceness)
         return JoiningLoader(loader, ds, len(sampler))
-
-    def _turns(self, context) -> bool:
-        """Whether this loader's workers take turns for their first CUDA calls: ``cuda_turns`` where they are
-        started by the fork server (a CUDA machine) and may decode with NVDEC."""
-        return self.cuda_turns and context is not None and self.decoder != "cpu"
 
     def _writer(self):
         """The trainer's records writer (the callback that keeps this output folder's resume state), or ``None``."""
@@ -704,24 +690,17 @@ def _short(text: str, most: int = 60) -> str:
 
 
 def video_loader(ds, sampler, num_workers: int, prefetch_factor: int, pin_memory: bool = False, context=None,
-                 in_order: bool = False, worker_niceness: int = 0, cuda_turns: bool = False) -> DataLoader:
+                 in_order: bool = False, worker_niceness: int = 0) -> DataLoader:
     """The predict loader of one rank: one item per video (``batch_size=None``), ``sampler``'s videos decoded by
     ``num_workers`` workers, ``prefetch_factor`` ahead each; with ``in_order=False`` an item is delivered as soon as
     its worker has it (``torch.utils.data.DataLoader(in_order=False)``), else in the sampler's order. Workers are
     started by ``context`` (the fork server where NVDEC may run), else forked after the parent's garbage is
     collected (:mod:`datamodules.fork_context`). Each worker starts with
     :func:`datamodules.worker_watch.start_decode_worker`: with ``worker_niceness`` > 0 it lowers its CPU priority by
-    that much, and it ends itself once this process is gone (it would otherwise finish its video first). With
-    ``cuda_turns`` the workers make their first CUDA calls in the order of their first items
-    (:mod:`datamodules.cuda_turns`)."""
+    that much, and it ends itself once this process is gone (it would otherwise finish its video first)."""
     if context is None and num_workers > 0:
         context = fork_context()
-    turns = None
-    if cuda_turns and num_workers > 0:
-        from .cuda_turns import make_counter
-
-        turns = make_counter(context)
     return DataLoader(ds, batch_size=None, sampler=sampler, num_workers=num_workers,
                       prefetch_factor=prefetch_factor if num_workers > 0 else None,
                       persistent_workers=False, pin_memory=pin_memory, multiprocessing_context=context,
-                      in_order=in_order, worker_init_fn=worker_init(num_workers, worker_niceness, turns))
+                      in_order=in_order, worker_init_fn=worker_init(num_workers, worker_niceness))

@@ -51,27 +51,20 @@ def watch_run_process(run_pid: int, poll_s: float = POLL_S) -> threading.Thread:
     return thread
 
 
-def start_decode_worker(run_pid: int, niceness: int, worker_id: int, turns=None) -> None:
+def start_decode_worker(run_pid: int, niceness: int, worker_id: int) -> None:
     """A decode worker's ``worker_init_fn``: ``os.nice(niceness)`` first when ``niceness`` > 0 (before any
     thread starts, so the decoder and conversion threads inherit it), then :func:`watch_run_process` on ``run_pid`` (the
-    process that built the loader); with ``turns`` (``data.cuda_turns``: the loader's shared counter) this worker
-    keeps it for its first CUDA calls (:mod:`datamodules.cuda_turns`). ``worker_id`` is the DataLoader's.
+    process that built the loader). ``worker_id`` is the DataLoader's.
 
     Raises:
         OSError: (from ``os.nice``) where the process may not change its priority."""
     if niceness:
         os.nice(niceness)
     watch_run_process(run_pid)
-    if turns is not None:
-        from datamodules import cuda_turns   # (standard library only)
-
-        cuda_turns.install(turns)
 
 
-def worker_init(num_workers: int, niceness: int = 0, turns=None):
+def worker_init(num_workers: int, niceness: int = 0):
     """The ``worker_init_fn`` for a loader of ``num_workers`` workers built by this process:
-    :func:`start_decode_worker` bound to this process's pid, ``niceness`` and ``turns`` (picklable, for the fork
-    server), or ``None`` without workers."""
-    if num_workers <= 0:
-        return None
-    return functools.partial(start_decode_worker, os.getpid(), niceness, turns=turns)
+    :func:`start_decode_worker` bound to this process's pid and ``niceness`` (picklable, for the fork server), or
+    ``None`` without workers."""
+    return functools.partial(start_decode_worker, os.getpid(), niceness) if num_workers > 0 else None

@@ -352,23 +352,6 @@ def read_with_fallback(path: str | Path, indices: list[int], decode_hw: tuple[in
 
 
 
-def first_cuda_calls(path: str | Path) -> None:
-    """The CUDA calls this process's first NVDEC read of ``path`` starts with, made now: its device's primary
-    context (one allocation) and :func:`nvdec_unsupported`'s check (PyNvVideoCodec's capability query, kept per
-    codec). For :mod:`datamodules.cuda_turns`; what fails here is left for the read itself to report."""
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return
-        gpu = _gpu_id()
-        with torch.cuda.device(gpu):
-            torch.empty(1, device=torch.device("cuda", gpu))
-        nvdec_unsupported(path, gpu)
-    except Exception:  # noqa: BLE001 - the read reports it, naming the file
-        return
-
-
 def _gpu_id() -> int:
     """The GPU of this process's rank (``LOCAL_RANK``, which Lightning's DDP sets and DataLoader workers inherit)."""
     return int(os.environ.get("LOCAL_RANK", "0") or 0)
@@ -419,4 +402,4 @@ register()
 
 
 __all__ = ["auto_sessions", "ConvertPool", "available", "register", "reader", "NVDEC_CODECS", "NvdecError", "StreamProbe", "Yuv420ToRgb", "nv12_planes", "nvdec_unsupported",
-           "probe", "read_nvdec", "read_with_fallback", "split_runs", "split_runs_at_periods", "first_cuda_calls"]
+           "probe", "read_nvdec", "read_with_fallback", "split_runs", "split_runs_at_periods"]

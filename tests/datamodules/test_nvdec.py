@@ -245,25 +245,6 @@ def test_read_nvdec_equals_decord(clips, name, scale, sessions):
 
 
 @pytest.mark.gpu
-def test_first_cuda_calls_make_the_context_and_keep_the_capabilities(clips):
-    """``first_cuda_calls`` (``data.cuda_turns``): after it this process has its CUDA context and NVDEC's
-    capabilities for the clip's codec, so the read that follows asks for neither; a file it cannot open is left for
-    the read to report."""
-    import torch
-
-    from datamodules.decode import nvdec_plan
-
-    if not _nvdec_ready():
-        pytest.skip(f"NVDEC not usable here: {nvdec._nvc()}")
-    name = "h264_642x362.mp4"
-    p = nvdec.probe(clips[name])
-    nvdec_plan._CAPS.pop((0, p.codec, p.pix_fmt), None)
-    nvdec.first_cuda_calls(clips[name])
-    assert torch.cuda.is_initialized() and nvdec_plan._CAPS[(0, p.codec, p.pix_fmt)][1] is None
-    nvdec.first_cuda_calls("/no/such/file.mp4")   # (raises nothing)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("name", ["h264_642x362.mp4", "h264_320x180_bt709.mp4", "h264_jpeg_256x144.mp4",
                                   "hevc_320x240.mp4"])
 @pytest.mark.parametrize("scale", [1.0, 0.6])
