@@ -387,7 +387,13 @@ def _supports(probe, path) -> str | None:
     return nvdec_unsupported(path, _gpu_id()) if path is not None else None
 
 
+def _stream_supports(probe, path) -> str | None:
+    """:func:`_supports` without the device's part (no CUDA call): what the stream alone rules out."""
+    return nvdec_unsupported(path, _gpu_id(), device_checks=False) if path is not None else None
+
+
 reader.supports = _supports
+reader.stream_supports = _stream_supports
 reader.whole_video = True
 
 

@@ -153,12 +153,13 @@ def _nvc():
     return _NVC
 
 
-def nvdec_unsupported(path: str | Path, gpu_id: int = 0) -> str | None:
+def nvdec_unsupported(path: str | Path, gpu_id: int = 0, device_checks: bool = True) -> str | None:
     """Why NVDEC cannot decode ``path`` with the CPU path's exact frames, or ``None`` when it can.
 
     Checks, in order: the stream (PyAV probe: codec among ``NVDEC_CODECS``, 8-bit 4:2:0, no display rotation),
     PyNvVideoCodec's import, a CUDA device, and ``PyNvVideoCodec.GetDecoderCaps(gpu, codec, chroma, bit depth)``
     (supported, ``width_min..width_max``, ``height_min..height_max``, ``mb_num_max`` macroblocks).
+    ``device_checks=False`` stops after PyNvVideoCodec's import: the stream's reasons only, no CUDA call.
 
     Returns:
         a one-line reason (no file name: the caller records it next to the file), or ``None``.
@@ -173,6 +174,8 @@ def nvdec_unsupported(path: str | Path, gpu_id: int = 0) -> str | None:
     nvc = _nvc()
     if isinstance(nvc, str):
         return nvc
+    if not device_checks:   # the stream's reasons only: no CUDA call, no capability query
+        return None
     import torch
 
     if not torch.cuda.is_available() or gpu_id >= torch.cuda.device_count():

@@ -25,14 +25,17 @@ READERS: dict[str, ReaderFactory] = {}
 DECODERS = ("cpu", "nvdec", "auto")
 
 
-def resolve_decoder(decoder: str, probe: VideoProbe | None = None, path: Path | None = None
-                    ) -> tuple[str, str | None]:
+def resolve_decoder(decoder: str, probe: VideoProbe | None = None, path: Path | None = None,
+                    device_checks: bool = True) -> tuple[str, str | None]:
     """The reader a ``decoder`` setting decodes a video with, and why it is not the one asked for.
 
     ``cpu``: the CPU reader; ``nvdec``: the NVDEC reader (an error when none is registered); ``auto``: ``nvdec``
     when registered, else ``cpu``. For ``nvdec`` and ``auto`` a video the NVDEC reader cannot decode exactly
     (its ``supports(probe, path)`` gives a reason: codec, 4:4:4 / 10-bit, odd size, rotation, decoder limits, no
-    GPU) goes to the CPU, per file, with that reason.
+    GPU) goes to the CPU, per file, with that reason. ``device_checks=False``: only what the stream alone rules out
+    is asked (the reader's ``stream_supports``, where it has one: no query of the GPU), for a file that is read on
+    the CPU whatever the device says (the rank's first video, ``decode_video(cpu_below_mpx=...)``), whose record
+    needs only the reason.
 
     Returns:
         ``("cpu" | "nvdec", reason or None)``; the reason is recorded as ``video_info.decoder_fallback``.
@@ -54,5 +57,7 @@ def resolve_decoder(decoder: str, probe: VideoProbe | None = None, path: Path | 
                              "available: needs PyNvVideoCodec and an NVIDIA GPU); use cpu or auto")
         return "cpu", None
     supports = getattr(nv, "supports", None)
+    if not device_checks:
+        supports = getattr(nv, "stream_supports", supports)
     why = supports(probe, path) if (probe is not None and supports is not None) else None
     return ("cpu", why) if why else ("nvdec", None)

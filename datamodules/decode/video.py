@@ -156,10 +156,14 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
     probe = probe_video(path)
     plan = plan_decode(path, probe, budget_tokens, base_fps, native_decode_bytes, decode_max_side,
                        short_clip_first_frame)
-    name, fallback = resolve_decoder(decoder, probe, path)
+    small_first = cpu_below_mpx is not None and source_megapixels(probe) <= cpu_below_mpx
+    # a small first video is read on the CPU whatever NVDEC's device query would say: that query (a CUDA context and
+    # NVDEC's capabilities, 0.2 s alone) waited ~3 s in the driver beside the other workers' first NVDEC calls
+    # (H100, bench/worker_start_probe.py, 15 workers), on the first answer's path; only the stream's reasons asked
+    name, fallback = resolve_decoder(decoder, probe, path, device_checks=not small_first)
     if strict_frames and name == "nvdec":   # the rule needs concealment flags, which NVDEC's frames lack
         name, fallback = "cpu", NVDEC_UNCHECKED
-    if cpu_below_mpx is not None and name == "nvdec" and source_megapixels(probe) <= cpu_below_mpx:
+    if small_first and name == "nvdec":
         name, fallback = "cpu", SMALL_ON_CPU
     if name == "cpu":
         name = cpu_reader_for(probe, plan.decode_hw)

@@ -53,7 +53,7 @@ def test_decode_video_reads_a_small_file_on_the_cpu_only_where_nvdec_would(monke
     clip = MEDIA / "realshort.mp4"
     ref = decode_video(clip, 256, decoder="cpu")
     mpx = source_megapixels(video.probe_video(clip))
-    monkeypatch.setattr(video, "resolve_decoder", lambda decoder, *a: ("nvdec", None))
+    monkeypatch.setattr(video, "resolve_decoder", lambda decoder, *a, **kw: ("nvdec", None))
     real_read = video._read_planned
 
     def read(path, probe, plan, name, *a):
@@ -69,9 +69,50 @@ def test_decode_video_reads_a_small_file_on_the_cpu_only_where_nvdec_would(monke
     for limit in (mpx - 1e-6, None):       # too big, or no limit: the NVDEC reader is asked
         with pytest.raises(RuntimeError, match="the NVDEC reader was asked"):
             decode_video(clip, 256, decoder="auto", cpu_below_mpx=limit)
-    monkeypatch.setattr(video, "resolve_decoder", lambda decoder, *a: ("cpu", "own reason") if a else ("cpu", None))
+    monkeypatch.setattr(video, "resolve_decoder", lambda decoder, *a, **kw: ("cpu", "own reason") if a else ("cpu", None))
     own = decode_video(clip, 256, decoder="auto", cpu_below_mpx=mpx)
     assert own.info["decoder_fallback"] == "own reason"
+
+
+def test_a_small_first_video_asks_only_the_streams_reasons(monkeypatch):
+    """The rank's small first video is read on the CPU whatever NVDEC's device query says, so only the NVDEC
+    reader's ``stream_supports`` is asked (no CUDA call, which waited ~3 s in the driver beside 15 workers' first
+    NVDEC calls on the H100): its reason when the stream rules NVDEC out, else ``SMALL_ON_CPU``; a video above the
+    limit is asked the whole ``supports`` (the device's part too). Frames are the CPU reader's."""
+    import datamodules.decode.readers as readers
+    import datamodules.decode.video as video
+
+    clip = MEDIA / "realshort.mp4"
+    ref = decode_video(clip, 256, decoder="cpu")
+    mpx = source_megapixels(video.probe_video(clip))
+    asked = []
+
+    def fake_reader(*a, **kw):
+        raise AssertionError("not called: _read_planned stands in below")
+
+    real_read = video._read_planned
+
+    def read(path, probe, plan, name, *a):
+        if name == "nvdec":
+            raise RuntimeError("the NVDEC reader was asked")
+        return real_read(path, probe, plan, name, *a)
+
+    monkeypatch.setattr(video, "_read_planned", read)
+    fake_reader.supports = lambda probe, path: asked.append("device") or None
+    fake_reader.stream_supports = lambda probe, path: asked.append("stream") or stream_reason[0]
+    monkeypatch.setitem(readers.READERS, "nvdec", fake_reader)
+    stream_reason = [None]
+    small = decode_video(clip, 256, decoder="auto", cpu_below_mpx=mpx)
+    assert asked == ["stream"] and small.info["decoder_fallback"] == SMALL_ON_CPU
+    assert small.frames.equal(ref.frames)
+    asked.clear()
+    stream_reason[0] = "codec x (NVDEC here: h264)"
+    own = decode_video(clip, 256, decoder="auto", cpu_below_mpx=mpx)
+    assert asked == ["stream"] and own.info["decoder_fallback"] == "codec x (NVDEC here: h264)"
+    asked.clear()
+    with pytest.raises(RuntimeError, match="the NVDEC reader was asked"):
+        decode_video(clip, 256, decoder="auto", cpu_below_mpx=mpx - 1e-6)
+    assert asked == ["device"]
 
 
 def test_the_dataset_passes_the_limit_for_that_task_only(monkeypatch):
@@ -132,8 +173,8 @@ def test_predict_records_are_the_cpu_readers_apart_from_the_reason(tiny_vl3_dir,
     ref = run_predict(tiny_vl3_dir, demo_bench, tmp_path / "cpu", budgets=(256,), model_args={"max_new_tokens": 2},
                       extra=["--data.init_args.num_workers=2"])
     real_resolve = readers.resolve_decoder
-    monkeypatch.setattr(readers, "resolve_decoder", lambda decoder, *a: ("nvdec", None) if a and decoder == "auto"
-                        else real_resolve(decoder, *a))
+    monkeypatch.setattr(readers, "resolve_decoder", lambda decoder, *a, **kw: ("nvdec", None)
+                        if a and decoder == "auto" else real_resolve(decoder, *a, **kw))
     import datamodules.decode.video as video
 
     monkeypatch.setattr(video, "resolve_decoder", readers.resolve_decoder)
