@@ -7,6 +7,10 @@
 # (c)'s vision MLP rounds as the library's? session 12 call 2: logits 0.15-0.18 apart on every row, with the
 # epilogue; the row now says where b and c part: encoder rows, fused kernels, and the library's own SDPA-backend
 # spread), then two more videos.
+# Session 15 ran the QA bench on s1 only (b=c still apart: logits 0.145-0.182, c=d equal); the kernel check, the
+# load probe and the two other videos are still to run, and the extraction figures (session 10) to re-measure:
+#   timeout 150 python3 bench/extract_throughput.py --modes completed-block-hold --sessions 16 \
+#     --memory-policy window sliding --reprefill-slides auto --json "$OUT/extract.json"
 #   bash bench/device_next2.sh                            (carry .whl)
 set -u
 . bench/device_site.sh

@@ -14,6 +14,9 @@
 #   (4) with the time left, bench/qa_throughput.py --paths bcd at 4k and 16k (kernels: triton) on one video: does
 #       b=c hold within --logit-tol now that (c)'s vision MLP rounds as the library's (session 12: 0.15-0.18 apart)?
 #   bash bench/device_s15_call1.sh                        (carry .whl)
+# As run (after ten refused starts, a lent H100 whose host was slower than session 14 call 2's: module built at
+# 9.0-9.7 s against 7.4; 523 s): GPU tests 45 passed; the probe; CLI runs auto, first_video_parts=3, cuda_turns,
+# early reads off (the fifth, parts=3 with turns, cut by CLI_END); the QA bench on s1. Files bench/results/s15call1_*.
 set -u
 . bench/device_site.sh
 gpu_tests_start
