@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import argparse
+import contextlib
 import json
 import shutil
 import sys
@@ -284,16 +285,31 @@ def token_checks(vlm: BudgetedVideoLlama3, prompts: dict, tokens: dict, tol: flo
     return out
 
 
+@contextlib.contextmanager
+def library_efficient_attention(backends):
+    """transformers' SDPA attention limited to ``backends``, with the key and value heads repeated to the query
+    heads (``repeat_kv``, as transformers does where it does not pass ``enable_gqa``): the memory-efficient kernel
+    takes no grouped heads on dense inputs, so with ``enable_gqa`` it did not run at all (session 15's row: nan)."""
+    from unittest import mock
+
+    import transformers.integrations.sdpa_attention as library_sdpa
+    from torch.nn.attention import sdpa_kernel
+
+    with sdpa_kernel(backends), mock.patch.object(library_sdpa, "use_gqa_in_sdpa", lambda *a, **kw: False):
+        yield
+
+
 def bc_parts(vlm: BudgetedVideoLlama3, prompts: dict, tokens: dict, logits) -> dict:
     """Where b and c part: per question, max |logit difference| along (b)'s tokens of (b)'s own logits (its prompt
     rows, the library's kernels) against ``bc_vision_d``: (c)'s prompt rows (frame-batched encoder) under the
     library's kernels; ``bc_kernels_d``: (b)'s prompt rows under (c)'s fused kernels; ``library_spread_d``: (b)'s
-    prompt rows and kernels with SDPA's memory-efficient backend in place of its default (flash on CUDA): two paths
-    the library itself may take, i.e. the spread the tolerance has to allow. ``-`` without both (b) and (c); each a
+    prompt rows and kernels with SDPA's memory-efficient backend in place of its default (flash on CUDA)
+    (:func:`library_efficient_attention`): two paths the library itself may take, i.e. the spread the tolerance has
+    to allow. ``-`` without both (b) and (c); each a
     ``;``-joined list of per-question floats (``nan`` for a question without tokens)."""
     if "b" not in tokens or "c" not in tokens:
         return {"bc_vision_d": "-", "bc_kernels_d": "-", "library_spread_d": "-"}
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
 
     parts = {"bc_vision_d": [], "bc_kernels_d": [], "library_spread_d": []}
     for i, toks in enumerate(tokens["b"]):
@@ -309,7 +325,7 @@ def bc_parts(vlm: BudgetedVideoLlama3, prompts: dict, tokens: dict, logits) -> d
         # has no such backend: MATH there (the tiny model's test)
         backends = [SDPBackend.EFFICIENT_ATTENTION] + ([SDPBackend.MATH] if vlm.device.type == "cpu" else [])
         try:
-            with sdpa_kernel(backends):
+            with library_efficient_attention(backends):
                 spread = forced_logits(vlm, prompts["b"], QUESTIONS[i], toks, fused=False)
         except (RuntimeError, torch.OutOfMemoryError) as e:
             print(f"library_spread_d: question {i}: the memory-efficient SDPA backend did not run "

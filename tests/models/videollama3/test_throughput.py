@@ -478,8 +478,19 @@ def test_frame_batched_forward_matches_library_attention(tiny_vlm):
 def test_qa_bench_runs_on_the_cpu(bench_tiny_model_from_session, tmp_path, capsys):
     """bench/qa_throughput.py --tiny: the comparison table is produced and every path answers the same tokens (its
     ``main`` in this process, on one thread as the script's own run with OMP_NUM_THREADS=1; the tiny model is the
-    session's checkpoint, the one ``--tiny`` writes)."""
+    session's checkpoint, the one ``--tiny`` writes). The library-spread row repeats the key and value heads (the
+    tiny model has 4 query heads on 2), as the memory-efficient backend needs on the GPU: inside its context the
+    library no longer asks SDPA for grouped heads."""
     import json
+
+    import transformers.integrations.sdpa_attention as library_sdpa
+    from torch.nn.attention import SDPBackend
+
+    k = torch.zeros(1, 2, 5, 8)
+    assert library_sdpa.use_gqa_in_sdpa(None, k, k)
+    with bench_tiny_model_from_session.library_efficient_attention([SDPBackend.MATH]):
+        assert not library_sdpa.use_gqa_in_sdpa(None, k, k)
+    assert library_sdpa.use_gqa_in_sdpa(None, k, k)
 
     out = tmp_path / "qa.json"
     threads = torch.get_num_threads()
