@@ -44,6 +44,21 @@ def test_source_megapixels_by_hand():
     assert source_megapixels(_Probe(1800, 1080, 1920)) == pytest.approx(3732.48)   # 60 s of 1080p30
 
 
+def _nvdec_read_raises(monkeypatch) -> None:
+    """``decode_video``'s planned read raises "the NVDEC reader was asked" for ``nvdec`` (this machine has no GPU)
+    and reads as before otherwise."""
+    import datamodules.decode.video as video
+
+    real_read = video._read_planned
+
+    def read(path, probe, plan, name, *a):
+        if name == "nvdec":
+            raise RuntimeError("the NVDEC reader was asked")
+        return real_read(path, probe, plan, name, *a)
+
+    monkeypatch.setattr(video, "_read_planned", read)
+
+
 def test_decode_video_reads_a_small_file_on_the_cpu_only_where_nvdec_would(monkeypatch):
     """``cpu_below_mpx``: a file NVDEC would read (forced here: no GPU) goes to the CPU reader when its source
     megapixels are at most the limit, with the reason; a larger one stays with NVDEC; a file ``auto`` sends to the CPU
@@ -54,14 +69,7 @@ def test_decode_video_reads_a_small_file_on_the_cpu_only_where_nvdec_would(monke
     ref = decode_video(clip, 256, decoder="cpu")
     mpx = source_megapixels(video.probe_video(clip))
     monkeypatch.setattr(video, "resolve_decoder", lambda decoder, *a, **kw: ("nvdec", None))
-    real_read = video._read_planned
-
-    def read(path, probe, plan, name, *a):
-        if name == "nvdec":
-            raise RuntimeError("the NVDEC reader was asked")
-        return real_read(path, probe, plan, name, *a)
-
-    monkeypatch.setattr(video, "_read_planned", read)
+    _nvdec_read_raises(monkeypatch)
     small = decode_video(clip, 256, decoder="auto", cpu_below_mpx=mpx)
     assert small.info["decoder_fallback"] == SMALL_ON_CPU and small.info["decoder"] == ref.info["decoder"]
     assert small.frames.equal(ref.frames) and small.times_s == ref.times_s
@@ -88,16 +96,9 @@ def test_a_small_first_video_asks_only_the_streams_reasons(monkeypatch):
     asked = []
 
     def fake_reader(*a, **kw):
-        raise AssertionError("not called: _read_planned stands in below")
+        raise AssertionError("not called: _read_planned stands in")
 
-    real_read = video._read_planned
-
-    def read(path, probe, plan, name, *a):
-        if name == "nvdec":
-            raise RuntimeError("the NVDEC reader was asked")
-        return real_read(path, probe, plan, name, *a)
-
-    monkeypatch.setattr(video, "_read_planned", read)
+    _nvdec_read_raises(monkeypatch)
     fake_reader.supports = lambda probe, path: asked.append("device") or None
     fake_reader.stream_supports = lambda probe, path: asked.append("stream") or stream_reason[0]
     monkeypatch.setitem(readers.READERS, "nvdec", fake_reader)
