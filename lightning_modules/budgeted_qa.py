@@ -40,7 +40,6 @@ from __future__ import annotations
 import functools
 import gc
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -377,7 +376,9 @@ class BudgetedQA(LightningModule):
             # issue 41: start both now, on the device a predict run will use (this process's LOCAL_RANK GPU,
             # inference mode: Lightning's defaults), instead of at the trainer's set-up 2.6-2.7 s later (H200); set-up
             # starts them again where the trainer then says otherwise (another device, the CPU, grad mode)
-            self._start_early(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0") or 0)), True)
+            from models.device_start import rank_gpu
+
+            self._start_early(torch.device("cuda", rank_gpu()), True)
 
     def setup(self, stage: str) -> None:
         self.timeline_marks.setdefault("setup", process_age_s())

@@ -24,6 +24,11 @@ _THREAD: threading.Thread | None = None
 _MARKS: dict[str, float | str] = {}
 
 
+def rank_gpu() -> int:
+    """This process's GPU index: ``LOCAL_RANK`` (a DDP rank Lightning launched), else 0 (standard library only)."""
+    return int(os.environ.get("LOCAL_RANK", "0") or 0)
+
+
 def predict_on_nvidia_machine(argv: list[str], switch: str) -> bool:
     """Whether ``argv`` is a ``predict`` run on a machine with an NVIDIA device node and the environment variable
     ``switch`` is not ``0``: when the entry point starts work early (this module's CUDA context; the decode workers'
@@ -58,7 +63,7 @@ def start_cuda_early(argv: list[str]) -> threading.Thread | None:
             if not torch.cuda.is_available():
                 _MARKS["cuda_failed"] = "no CUDA device"
                 return
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0") or 0))
+            device = torch.device("cuda", rank_gpu())
             torch.cuda.set_device(device)
             torch.empty(1, device=device)   # the primary context, made here (the allocation releases the GIL)
             torch.cuda.synchronize(device)

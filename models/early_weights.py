@@ -16,7 +16,6 @@ Imports: the standard library, PyYAML, torch and :mod:`models.weight_reader` (no
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -74,12 +73,14 @@ def _cli_values(argv: list[str], default_config: Path) -> dict | None:
 
 
 def _device():
-    """This process's GPU (``LOCAL_RANK``'s, else 0, as :mod:`models.device_start` picks), ``None`` without CUDA."""
+    """This process's GPU (:func:`models.device_start.rank_gpu`), ``None`` without CUDA."""
     import torch
+
+    from models.device_start import rank_gpu
 
     if not torch.cuda.is_available():
         return None
-    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0") or 0))
+    return torch.device("cuda", rank_gpu())
 
 
 def start_weights_early(argv: list[str], default_config: Path) -> threading.Thread | None:
