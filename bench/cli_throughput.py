@@ -125,12 +125,20 @@ def run_predict(ckpt: Path, root: Path, out: Path, config: str, extra: list[str]
     cmd = [sys.executable, str(REPO / "evaluate.py"), "predict", "--config", str(REPO / config),
            f"--model.init_args.model_path={ckpt}", f"--data.init_args.root={root}",
            f"--trainer.callbacks.init_args.out_dir={out}", *extra]
+    if os.environ.get("BENCH_STEP_PROFILE"):   # these steps under the profiler, then again alone (StepProfile)
+        steps = [int(x) for x in os.environ["BENCH_STEP_PROFILE"].split(",")]
+        spec = {"class_path": "callbacks.step_profile.StepProfile",
+                "init_args": {"steps": steps, "path": str(out / "step_profile.json")}}
+        cmd.append("--trainer.callbacks+=" + json.dumps(spec))
     if os.environ.get("BENCH_START_SAMPLE"):   # the start's every-thread sampler (bench/start_sampler.py)
         cmd[1:2] = [str(REPO / "bench" / "start_sampler.py"), "--out", os.environ["BENCH_START_SAMPLE"], "--",
                     str(REPO / "evaluate.py")]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    return json.loads((out / "timing_rank0.json").read_text()), time.perf_counter() - t0
+    timing = json.loads((out / "timing_rank0.json").read_text())
+    if (out / "step_profile.json").is_file():
+        timing["step_profile"] = json.loads((out / "step_profile.json").read_text())["steps"]
+    return timing, time.perf_counter() - t0
 
 
 def main(argv=None) -> None:

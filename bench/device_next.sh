@@ -14,6 +14,8 @@
 #   bash bench/device_next.sh                             (carry .whl and .old)
 set -u
 . bench/device_site.sh
+# is CUDA MPS at hand (the next call may run the CLI under it: one shared context for the decode workers and the step)?
+{ command -v nvidia-cuda-mps-control nvidia-smi; nvidia-smi -q | grep -iE "compute mode|product name|mig mode" -A1 | head -8; } 2>&1 | tee "$OUT/mps_check.txt"
 gpu_tests_start
 set_and_checkpoint
 gpu_tests_report

@@ -35,6 +35,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from callbacks.step_profile import classify, union  # noqa: E402 - the kernel classes and busy intervals
+
 STAGES = {  # (owner, attribute) -> label: host stages wrapped in profiler ranges
     ("vlm", "encode"): "encode", ("vlm", "compress"): "compress", ("vlm", "project"): "project",
     ("vlm", "build_prompt"): "build_prompt", ("vlm", "prefill"): "prefill", ("vlm", "embed"): "embed",
@@ -142,29 +144,6 @@ def warmup_report(module, item) -> None:
     s = io.StringIO()            # where the host's own time went (first calls: kernel builds, library set-up)
     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
     print("\n".join(line for line in s.getvalue().splitlines() if line.strip())[:6000])
-
-
-def classify(name: str) -> str:
-    n = name.lower()
-    if any(k in n for k in ("flash", "fmha", "cudnn", "attention", "sdpa")):
-        return "attention"
-    if any(k in n for k in ("gemm", "cutlass", "xmma", "nvjet", "matmul", "sm90_", "cublas")):
-        return "gemm"
-    if n.startswith("triton") or "triton" in n:
-        return "triton (fused)"
-    if "memcpy" in n or "memset" in n:
-        return "copy/set"
-    return "other"
-
-
-def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out = []
-    for a, b in sorted(intervals):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
 
 
 def profile_report(module, item) -> None:
