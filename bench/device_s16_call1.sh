@@ -23,9 +23,9 @@ gpu_tests_start
 set_and_checkpoint
 gpu_tests_report
 export TRITON_CACHE_DIR=/tmp/triton_cli
-CLI_END=170 workload_cli old1 .old auto
-CLI_END=230 workload_cli new1 . auto
-CLI_END=300 BENCH_STEP_PROFILE=1,2,3,5 workload_cli prof . auto
+CLI_END=160 workload_cli old1 .old auto
+CLI_END=215 workload_cli new1 . auto
+CLI_END=280 BENCH_STEP_PROFILE=1,2,3,5 workload_cli prof . auto
 python3 - "$OUT/cli_prof.json" <<'PY' 2>&1 | tee "$OUT/prof_summary.txt"
 import json, sys
 for run in json.load(open(sys.argv[1]))["cli_runs"].values():
@@ -40,13 +40,13 @@ if command -v nvidia-cuda-mps-control >/dev/null; then
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
   mkdir -p /tmp/mps_pipe /tmp/mps_log
   nvidia-cuda-mps-control -d && stamp "MPS daemon started"
-  CLI_END=370 workload_cli mps . auto
+  CLI_END=340 workload_cli mps . auto
   echo quit | nvidia-cuda-mps-control; sleep 1
   tail -5 /tmp/mps_log/control.log /tmp/mps_log/server.log 2>/dev/null | cut -c1-200 > "$OUT/mps_log.txt"
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 fi
-CLI_END=440 workload_cli old2 .old auto
-CLI_END=510 workload_cli new2 . auto
+CLI_END=400 workload_cli old2 .old auto
+CLI_END=455 workload_cli new2 . auto
 for n in new1 new2 prof mps; do   # records of each run against the second old one (the decoder fields left out)
   [ -f "$OUT/cli_$n.json" ] || continue
   python3 -c "import json, sys; sys.path.insert(0, 'bench'); import workload as w; o = lambda l: w.Path(json.load(open(
