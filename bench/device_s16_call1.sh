@@ -23,8 +23,7 @@ set -u
 set_and_checkpoint
 export TRITON_CACHE_DIR=/tmp/triton_cli
 CLI_END=150 workload_cli new1 . auto      # (first: the Triton cache cold, against the new code)
-CLI_END=205 workload_cli old1 .old auto
-CLI_END=270 BENCH_STEP_PROFILE=1,2,3,5 workload_cli prof . auto
+CLI_END=210 BENCH_STEP_PROFILE=1,2,3,5 workload_cli prof . auto
 python3 - "$OUT/cli_prof.json" <<'PY' 2>&1 | tee "$OUT/prof_summary.txt"
 import json, sys
 for run in json.load(open(sys.argv[1]))["cli_runs"].values():
@@ -39,15 +38,15 @@ if command -v nvidia-cuda-mps-control >/dev/null; then
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
   mkdir -p /tmp/mps_pipe /tmp/mps_log
   nvidia-cuda-mps-control -d && stamp "MPS daemon started"
-  CLI_END=335 workload_cli mps . auto
+  CLI_END=272 workload_cli mps . auto
   echo quit | nvidia-cuda-mps-control; sleep 1
   tail -5 /tmp/mps_log/control.log /tmp/mps_log/server.log 2>/dev/null | cut -c1-200 > "$OUT/mps_log.txt"
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 fi
-# (old2/new2 left out to fit the device time left: new1 ran first, with the Triton cache cold, old1 after it)
-for n in new1 prof mps; do   # records of each run against the old one (the decoder fields left out)
+CLI_END=335 workload_cli old1 .old auto   # (last: it runs only if the call's time allows; old2/new2 left out)
+for n in prof mps old1; do   # records of each run against new1's (the decoder fields left out)
   [ -f "$OUT/cli_$n.json" ] || continue
   python3 -c "import json, sys; sys.path.insert(0, 'bench'); import workload as w; o = lambda l: w.Path(json.load(open(
-f'$OUT/cli_{l}.json'))['cli_runs']['auto']['out']); print('$n vs old1:', *w.compare_records(o('old1'), o('$n')))"
+f'$OUT/cli_{l}.json'))['cli_runs']['auto']['out']); print('$n vs new1:', *w.compare_records(o('new1'), o('$n')))"
 done
 bundle_out
