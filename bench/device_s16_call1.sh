@@ -5,7 +5,7 @@
 #   (2) the user's CLI on the whole workload-shaped set, 16 workers, one Triton cache (cold in the first run), fresh
 #       processes: session 15's code before the first video's NVDEC stream-only check (e977863, carried as .old)
 #       and after, alternated (the first answer);
-#   (3) the same CLI with steps 1, 2, 3 (beside the long files' decode) and 5 (l1, decoding over) under the profiler
+#   (3) the same CLI with steps 2, 3 (beside the long files' decode) and 5 (l1, decoding over) under the profiler
 #       and again alone at the end (callbacks.step_profile: kernel time, GPU idle, the host thread's run-queue wait):
 #       what bounds the steady step in the user's run;
 #   (4) where MPS is at hand, the CLI with a control daemon started for it (one GPU context shared by the decode
@@ -23,7 +23,7 @@ set -u
 set_and_checkpoint
 export TRITON_CACHE_DIR=/tmp/triton_cli
 CLI_END=150 workload_cli new1 . auto      # (first: the Triton cache cold, against the new code)
-CLI_END=210 BENCH_STEP_PROFILE=1,2,3,5 workload_cli prof . auto
+CLI_END=225 BENCH_STEP_PROFILE=2,3,5 workload_cli prof . auto
 python3 - "$OUT/cli_prof.json" <<'PY' 2>&1 | tee "$OUT/prof_summary.txt"
 import json, sys
 for run in json.load(open(sys.argv[1]))["cli_runs"].values():
@@ -38,12 +38,12 @@ if command -v nvidia-cuda-mps-control >/dev/null; then
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
   mkdir -p /tmp/mps_pipe /tmp/mps_log
   nvidia-cuda-mps-control -d && stamp "MPS daemon started"
-  CLI_END=272 workload_cli mps . auto
+  CLI_END=285 workload_cli mps . auto
   echo quit | nvidia-cuda-mps-control; sleep 1
   tail -5 /tmp/mps_log/control.log /tmp/mps_log/server.log 2>/dev/null | cut -c1-200 > "$OUT/mps_log.txt"
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 fi
-CLI_END=335 workload_cli old1 .old auto   # (last: it runs only if the call's time allows; old2/new2 left out)
+CLI_END=345 workload_cli old1 .old auto   # (last: it runs only if the call's time allows; old2/new2 left out)
 for n in prof mps old1; do   # records of each run against new1's (the decoder fields left out)
   [ -f "$OUT/cli_$n.json" ] || continue
   python3 -c "import json, sys; sys.path.insert(0, 'bench'); import workload as w; o = lambda l: w.Path(json.load(open(
