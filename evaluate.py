@@ -36,6 +36,9 @@ if __name__ == "__main__":
     import sys
 
     try:
+        from models.mps import start_mps
+
+        start_mps(sys.argv[1:])     # TOKENBUDGET_MPS=1: before any process of the run touches CUDA
         from datamodules.worker_server import start_early
 
         start_early(sys.argv[1:])   # the decode workers' fork server imports beside this process's imports

@@ -1,0 +1,85 @@
+"""A CUDA MPS control daemon of the run's own, so that the decode workers' NVDEC contexts and the step's context share
+the GPU as one (``TOKENBUDGET_MPS=1``; off by default).
+
+Why: without MPS, work of different CUDA contexts never runs at the same time on a GPU; the GPU switches between
+them. Each NVDEC worker is a context of its own, and NVDEC runs a small CUDA kernel in it for every frame it hands
+out (``cuvidMapVideoFrame``'s block-linear to pitch-linear copy), thousands a second across a pool of 16 workers,
+so the step's kernels are switched out for them again and again. Under MPS the clients' work goes through one
+server context and runs beside the step's. Nothing changes what a kernel computes: the same records.
+
+:func:`start_mps` (called by ``evaluate.py`` first thing, before any process of the run touches CUDA) starts
+``nvidia-cuda-mps-control -d`` with a pipe and log folder of its own in the system's temporary folder, and points
+this process at it (``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY``), so the decode workers and any DDP
+ranks Lightning launches (which inherit the environment) are its clients; other programs on the machine are not.
+At the interpreter's exit the daemon is told to quit and its folder removed. A process killed outright leaves the
+daemon running (``echo quit | CUDA_MPS_PIPE_DIRECTORY=<folder> nvidia-cuda-mps-control`` ends it).
+
+Not started (one line says why, the run goes on without MPS): no ``nvidia-cuda-mps-control`` on ``PATH``, the
+daemon did not start (e.g. the GPU is in an exclusive compute mode held by another daemon), or the process is
+already an MPS client (``CUDA_MPS_PIPE_DIRECTORY`` set: a DDP rank of a run that started one, or the user's own
+daemon). Standard library only.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from models.device_start import predict_on_nvidia_machine
+
+ENV_SWITCH = "TOKENBUDGET_MPS"   # "1": the run starts an MPS control daemon of its own
+PIPE_ENV, LOG_ENV = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
+CONTROL = "nvidia-cuda-mps-control"
+START_TIMEOUT_S = 15.0
+
+
+def start_mps(argv: list[str], control: str | None = None) -> str | None:
+    """Start the run's MPS control daemon when ``TOKENBUDGET_MPS=1`` and ``argv`` is a ``predict`` run on a machine
+    with an NVIDIA device node (see the module docstring); call before anything in the process uses CUDA.
+
+    Args:
+        argv: the command line after the program.
+        control: the control program (default: ``nvidia-cuda-mps-control`` found on ``PATH``).
+
+    Returns:
+        The daemon's pipe folder (now this process's ``CUDA_MPS_PIPE_DIRECTORY``), or ``None`` where no daemon was
+        started (the reason printed on stderr when MPS was asked for). Never raises for a daemon that cannot start.
+    """
+    if os.environ.get(ENV_SWITCH, "0") != "1" or not predict_on_nvidia_machine(argv, ENV_SWITCH):
+        return None
+    if os.environ.get(PIPE_ENV):
+        return None    # already a client of a daemon (this run's, in a DDP rank, or the user's own)
+    exe = control or shutil.which(CONTROL)
+    if exe is None:
+        print(f"{ENV_SWITCH}=1: no {CONTROL} on PATH; running without MPS", file=sys.stderr)
+        return None
+    folder = tempfile.mkdtemp(prefix="tokenbudget-mps-")
+    env = {**os.environ, PIPE_ENV: folder, LOG_ENV: folder}
+    try:
+        done = subprocess.run([exe, "-d"], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=START_TIMEOUT_S)
+        ok = done.returncode == 0
+        why = (done.stderr or done.stdout).strip().splitlines()[-1:] if not ok else []
+    except (OSError, subprocess.TimeoutExpired) as e:
+        ok, why = False, [f"{type(e).__name__}: {e}"]
+    if not ok:
+        shutil.rmtree(folder, ignore_errors=True)
+        print(f"{ENV_SWITCH}=1: {CONTROL} -d did not start ({'; '.join(why) or 'no message'}); running without MPS",
+              file=sys.stderr)
+        return None
+    os.environ[PIPE_ENV], os.environ[LOG_ENV] = folder, folder
+    atexit.register(stop_mps, exe, folder)
+    return folder
+
+
+def stop_mps(exe: str, folder: str) -> None:
+    """Tell the daemon of ``folder`` to quit (it ends once its clients have) and remove the folder."""
+    try:
+        subprocess.run([exe], input="quit\n", env={**os.environ, PIPE_ENV: folder, LOG_ENV: folder},
+                       capture_output=True, text=True, timeout=START_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,70 @@
+"""models.mps: the run's own MPS control daemon (TOKENBUDGET_MPS=1), with a stand-in control program that records how
+it was called (no GPU or MPS here)."""
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+import models.mps as mps
+
+
+@pytest.fixture
+def control(tmp_path, monkeypatch):
+    """A stand-in ``nvidia-cuda-mps-control``: appends its arguments, its stdin and its pipe folder to a log; exits
+    with the code in ``$FAKE_MPS_RC`` (default 0)."""
+    log = tmp_path / "calls.log"
+    exe = tmp_path / "nvidia-cuda-mps-control"
+    exe.write_text("#!/bin/sh\nin=$(cat 2>/dev/null </dev/stdin)\n"
+                   f"echo \"args=$* stdin=$in pipe=$CUDA_MPS_PIPE_DIRECTORY\" >> {log}\n"
+                   "[ -n \"$FAKE_MPS_RC\" ] && echo 'An instance of this daemon is already running' >&2\n"
+                   "exit ${FAKE_MPS_RC:-0}\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(mps, "predict_on_nvidia_machine", lambda argv, switch: argv[:1] == ["predict"])
+    monkeypatch.delenv(mps.PIPE_ENV, raising=False)
+    monkeypatch.delenv(mps.LOG_ENV, raising=False)
+    registered = []
+    monkeypatch.setattr(mps.atexit, "register", lambda fn, *a: registered.append((fn, a)))
+    return exe, log, registered
+
+
+def test_starts_a_daemon_of_its_own_and_quits_it_at_exit(control, monkeypatch):
+    exe, log, registered = control
+    monkeypatch.setenv(mps.ENV_SWITCH, "1")
+    folder = mps.start_mps(["predict", "--config", "x.yaml"], control=str(exe))
+    assert folder is not None and Path(folder).is_dir()
+    assert os.environ[mps.PIPE_ENV] == folder and os.environ[mps.LOG_ENV] == folder   # the run's processes inherit it
+    assert log.read_text().splitlines() == [f"args=-d stdin= pipe={folder}"]
+    assert [fn for fn, _ in registered] == [mps.stop_mps]
+    fn, args = registered[0]
+    fn(*args)                                                      # what the interpreter's exit runs
+    assert log.read_text().splitlines()[1] == f"args= stdin=quit pipe={folder}"
+    assert not Path(folder).exists()
+
+
+@pytest.mark.parametrize("case", ["switch off", "not predict", "already a client"])
+def test_nothing_started(control, monkeypatch, case):
+    exe, log, registered = control
+    monkeypatch.setenv(mps.ENV_SWITCH, "0" if case == "switch off" else "1")
+    if case == "already a client":
+        monkeypatch.setenv(mps.PIPE_ENV, "/tmp/someone-elses-daemon")
+    argv = ["fit"] if case == "not predict" else ["predict"]
+    assert mps.start_mps(argv, control=str(exe)) is None
+    assert not log.exists() and registered == []
+
+
+def test_a_daemon_that_does_not_start_is_one_line_and_the_run_goes_on(control, monkeypatch, capsys):
+    exe, log, registered = control
+    monkeypatch.setenv(mps.ENV_SWITCH, "1")
+    monkeypatch.setenv("FAKE_MPS_RC", "1")
+    assert mps.start_mps(["predict"], control=str(exe)) is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "did not start (An instance of this daemon is already running)" in err[0]
+    assert mps.PIPE_ENV not in os.environ and registered == []
+
+
+def test_no_control_program(control, monkeypatch, capsys):
+    monkeypatch.setenv(mps.ENV_SWITCH, "1")
+    monkeypatch.setattr(mps.shutil, "which", lambda name: None)
+    assert mps.start_mps(["predict"]) is None
+    assert "no nvidia-cuda-mps-control on PATH; running without MPS" in capsys.readouterr().err
