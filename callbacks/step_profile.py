@@ -14,8 +14,9 @@ For each step index in ``steps`` (the predict loop's ``batch_idx``: 0 is the fir
 ``torch.profiler`` (CPU and CUDA activity); at the end of predicting, each of those items is stepped once more under
 the profiler (its records are dropped: nothing is written twice). ``path`` gets, per step, both passes'
 :func:`summarize` and their ratios. Costs: the profiler's start (CUPTI's first use, about a second, made in
-``setup``), a synchronisation before and after each profiled step, and the items kept in host memory until the
-end. Off unless named in the trainer's callbacks.
+``setup``), the profiled steps themselves (recording every kernel: on the H100 a run of 6 videos predicted in 35 s
+against 20-22 s with three steps profiled), a synchronisation before and after each profiled step, and the items
+kept in host memory until the end. Off unless named in the trainer's callbacks.
 """
 from __future__ import annotations
 
@@ -123,6 +124,7 @@ class StepProfile(Callback):
         self.path = path
         self.again = again
         self._prof = None
+        self._mark = None
         self._t = None
         self._items: list[tuple[int, dict]] = []
         self.results: list[dict] = []
