@@ -62,7 +62,7 @@ def test_thread_schedstat_counts_this_threads_cpu_time():
 def test_step_profile_in_a_predict_run(tiny_vl3_dir, demo_bench, tmp_path):
     """The user's predict with the callback added: step 1 profiled in the run and again at the end; the records are
     those of the run without it (the second pass writes nothing)."""
-    from conftest import run_predict
+    from tests.conftest import run_predict
 
     prof = tmp_path / "sp.json"
     add = "--trainer.callbacks+=" + json.dumps({"class_path": "callbacks.step_profile.StepProfile",
