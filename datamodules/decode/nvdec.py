@@ -49,7 +49,6 @@ decoder used and why.
 """
 from __future__ import annotations
 
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -353,8 +352,11 @@ def read_with_fallback(path: str | Path, indices: list[int], decode_hw: tuple[in
 
 
 def _gpu_id() -> int:
-    """The GPU of this process's rank (``LOCAL_RANK``, which Lightning's DDP sets and DataLoader workers inherit)."""
-    return int(os.environ.get("LOCAL_RANK", "0") or 0)
+    """The GPU of this process's rank (``LOCAL_RANK``, which Lightning's DDP sets and DataLoader workers inherit):
+    :func:`models.device_start.rank_gpu` (standard library only)."""
+    from models.device_start import rank_gpu
+
+    return rank_gpu()
 
 
 def reader(path, probe, dh: int, dw: int, num_threads: int):
