@@ -11,7 +11,7 @@ stamp "mps probe"
 set_and_checkpoint
 export TRITON_CACHE_DIR=/tmp/triton_cli
 P=env.BENCH_STEP_PROFILE=2,3,5 M=env.TOKENBUDGET_MPS=1
-CLI_END=560 workload_cli mps . auto/$M auto/$M/$P
+CLI_END=450 workload_cli mps . auto/$M auto/$M/$P
 python3 - "$OUT/cli_mps.json" <<'PY' 2>&1 | tee "$OUT/prof_summary.txt"
 import json, sys
 for name, run in json.load(open(sys.argv[1]))["cli_runs"].items():
