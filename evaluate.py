@@ -38,7 +38,11 @@ if __name__ == "__main__":
     try:
         from models.mps import start_mps
 
-        start_mps(sys.argv[1:])     # TOKENBUDGET_MPS=1: before any process of the run touches CUDA
+        try:
+            start_mps(sys.argv[1:])     # the run's own MPS daemon, before any process of the run touches CUDA
+        except ValueError as e:         # TOKENBUDGET_MPS set to none of auto / 1 / 0
+            print(f"evaluate.py: {e}; nothing was run or written", file=sys.stderr)
+            raise SystemExit(2) from None
         from datamodules.worker_server import start_early
 
         start_early(sys.argv[1:])   # the decode workers' fork server imports beside this process's imports

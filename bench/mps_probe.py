@@ -31,7 +31,7 @@ torch.cuda.synchronize()
 print(f"{role} ready {time.time() - t0:.2f}", flush=True)
 time.sleep(delay)
 if role == "fault":
-    idx = torch.tensor([10**6], device="cuda")
+    idx = torch.tensor([2**40], device="cuda")    # far out of range: the index kernel's device-side assert
     y = x.view(-1)[idx]
     torch.cuda.synchronize()
     print(f"{role} no fault?", flush=True)
@@ -41,7 +41,7 @@ else:
         x = (x @ x).clamp_(-1, 1)
         torch.cuda.synchronize()
         n += 1
-    print(f"{role} done {n} matmuls in {time.time() - t1:.2f} s", flush=True)
+    print(f"{role} done {n} matmuls in {time.time() - t1:.2f} s (ended at {time.time():.2f})", flush=True)
 """
 
 
@@ -64,7 +64,7 @@ def stop(control: str, folder: str, env: dict) -> None:
 
 def clients(specs: list[tuple[str, dict, float, float, float]], timeout_s: float) -> dict:
     """``specs``: (role, env, run_s, delay_s, start_after_s); returns role -> (rc, end s, last lines)."""
-    t0, procs = time.time(), {}
+    t0, procs = time.time(), {}   # (epoch seconds: the clients print theirs)
     for role, env, run_s, delay, after in specs:
         while time.time() - t0 < after:
             time.sleep(0.05)
@@ -78,7 +78,10 @@ def clients(specs: list[tuple[str, dict, float, float, float]], timeout_s: float
         except subprocess.TimeoutExpired:
             p.kill()
             text, rc = p.communicate()[0], "timeout"
-        out[role] = (rc, round(time.time() - t0, 2), " | ".join(text.strip().splitlines()[-2:])[-300:])
+        ended = [float(w.rstrip(")")) for w in text.split() if w.rstrip(")").replace(".", "", 1).isdigit()
+                 and float(w.rstrip(")")) > 1e9]   # the client's own "ended at <epoch s>"
+        end = round((ended[-1] if ended else time.time()) - t0, 2)
+        out[role] = (rc, end, " | ".join(text.strip().splitlines()[-2:])[-300:])
     return out
 
 

@@ -1,11 +1,15 @@
 """A CUDA MPS control daemon of the run's own, so that the decode workers' NVDEC contexts and the step's context share
-the GPU as one (``TOKENBUDGET_MPS=1``; off by default).
+the GPU as one (on by default where the control program is; ``TOKENBUDGET_MPS=0`` turns it off).
 
 Why: without MPS, work of different CUDA contexts never runs at the same time on a GPU; the GPU switches between
 them. Each NVDEC worker is a context of its own, and NVDEC runs a small CUDA kernel in it for every frame it hands
 out (``cuvidMapVideoFrame``'s block-linear to pitch-linear copy), thousands a second across a pool of 16 workers,
 so the step's kernels are switched out for them again and again. Under MPS the clients' work goes through one
 server context and runs beside the step's. Nothing changes what a kernel computes: the same records.
+Measured on the H100, whole workload-shaped set (``bench/device_s17_call1.sh``, ``bench/device_s17_call2.sh``): a step
+beside the decoding pool ran its kernels x1.24 slower than alone without MPS, x1.00 under it; steady step per video
+2.17 s (twice) against 2.58 / 2.59 s; records identical (36 of 36). Two runs at once, each with a daemon of its own,
+share the GPU (``bench/mps_probe.py``).
 
 :func:`start_mps` (called by ``evaluate.py`` first thing, before any process of the run touches CUDA) starts
 ``nvidia-cuda-mps-control -d`` with a pipe and log folder of its own in the system's temporary folder, and points
@@ -14,10 +18,11 @@ ranks Lightning launches (which inherit the environment) are its clients; other 
 At the interpreter's exit the daemon is told to quit and its folder removed. A process killed outright leaves the
 daemon running (``echo quit | CUDA_MPS_PIPE_DIRECTORY=<folder> nvidia-cuda-mps-control`` ends it).
 
-Not started (one line says why, the run goes on without MPS): no ``nvidia-cuda-mps-control`` on ``PATH``, the
-daemon did not start (e.g. the GPU is in an exclusive compute mode held by another daemon), or the process is
-already an MPS client (``CUDA_MPS_PIPE_DIRECTORY`` set: a DDP rank of a run that started one, or the user's own
-daemon). Standard library only.
+``TOKENBUDGET_MPS``: unset or ``auto`` (default): started where ``nvidia-cuda-mps-control`` is on ``PATH`` (nothing
+said where it is not); ``1``: the same, and a missing program is one line; ``0``: never. Not started either where
+the daemon fails (one line says why; the run goes on without MPS, e.g. the GPU is in an exclusive compute mode held
+by another process) or the process is already an MPS client (``CUDA_MPS_PIPE_DIRECTORY`` set: a DDP rank of a run
+that started one, or the user's own daemon). Standard library only.
 """
 from __future__ import annotations
 
@@ -30,15 +35,15 @@ import tempfile
 
 from models.device_start import predict_on_nvidia_machine
 
-ENV_SWITCH = "TOKENBUDGET_MPS"   # "1": the run starts an MPS control daemon of its own
+ENV_SWITCH = "TOKENBUDGET_MPS"   # "auto" (default) / "1": the run starts an MPS control daemon of its own; "0": not
 PIPE_ENV, LOG_ENV = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
 CONTROL = "nvidia-cuda-mps-control"
 START_TIMEOUT_S = 15.0
 
 
 def start_mps(argv: list[str], control: str | None = None) -> str | None:
-    """Start the run's MPS control daemon when ``TOKENBUDGET_MPS=1`` and ``argv`` is a ``predict`` run on a machine
-    with an NVIDIA device node (see the module docstring); call before anything in the process uses CUDA.
+    """Start the run's MPS control daemon when ``argv`` is a ``predict`` run on a machine with an NVIDIA device node
+    and ``TOKENBUDGET_MPS`` is not ``0`` (see the module docstring); call before anything in the process uses CUDA.
 
     Args:
         argv: the command line after the program.
@@ -46,15 +51,23 @@ def start_mps(argv: list[str], control: str | None = None) -> str | None:
 
     Returns:
         The daemon's pipe folder (now this process's ``CUDA_MPS_PIPE_DIRECTORY``), or ``None`` where no daemon was
-        started (the reason printed on stderr when MPS was asked for). Never raises for a daemon that cannot start.
+        started (the reason printed on stderr, except for a missing program under ``auto``). Never raises for a
+        daemon that cannot start.
+
+    Raises:
+        ValueError: ``TOKENBUDGET_MPS`` is none of ``auto``, ``1``, ``0``.
     """
-    if os.environ.get(ENV_SWITCH, "0") != "1" or not predict_on_nvidia_machine(argv, ENV_SWITCH):
+    mode = os.environ.get(ENV_SWITCH, "auto").strip().lower() or "auto"
+    if mode not in ("auto", "1", "0"):
+        raise ValueError(f"{ENV_SWITCH}={os.environ[ENV_SWITCH]!r}: auto (default), 1 or 0")
+    if mode == "0" or not predict_on_nvidia_machine(argv, ENV_SWITCH):
         return None
     if os.environ.get(PIPE_ENV):
         return None    # already a client of a daemon (this run's, in a DDP rank, or the user's own)
     exe = control or shutil.which(CONTROL)
     if exe is None:
-        print(f"{ENV_SWITCH}=1: no {CONTROL} on PATH; running without MPS", file=sys.stderr)
+        if mode == "1":
+            print(f"{ENV_SWITCH}=1: no {CONTROL} on PATH; running without MPS", file=sys.stderr)
         return None
     folder = tempfile.mkdtemp(prefix="tokenbudget-mps-")
     env = {**os.environ, PIPE_ENV: folder, LOG_ENV: folder}
@@ -67,7 +80,7 @@ def start_mps(argv: list[str], control: str | None = None) -> str | None:
         ok, why = False, [f"{type(e).__name__}: {e}"]
     if not ok:
         shutil.rmtree(folder, ignore_errors=True)
-        print(f"{ENV_SWITCH}=1: {CONTROL} -d did not start ({'; '.join(why) or 'no message'}); running without MPS",
+        print(f"{ENV_SWITCH}={mode}: {CONTROL} -d did not start ({'; '.join(why) or 'no message'}); running without MPS",
               file=sys.stderr)
         return None
     os.environ[PIPE_ENV], os.environ[LOG_ENV] = folder, folder

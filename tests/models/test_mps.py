@@ -1,4 +1,4 @@
-"""models.mps: the run's own MPS control daemon (TOKENBUDGET_MPS=1), with a stand-in control program that records how
+"""models.mps: the run's own MPS control daemon (TOKENBUDGET_MPS: auto by default, 1, 0), with a stand-in control program that records how
 it was called (no GPU or MPS here)."""
 import os
 import stat
@@ -28,9 +28,13 @@ def control(tmp_path, monkeypatch):
     return exe, log, registered
 
 
-def test_starts_a_daemon_of_its_own_and_quits_it_at_exit(control, monkeypatch):
+@pytest.mark.parametrize("switch", [None, "auto", "1"])
+def test_starts_a_daemon_of_its_own_and_quits_it_at_exit(control, monkeypatch, switch):
     exe, log, registered = control
-    monkeypatch.setenv(mps.ENV_SWITCH, "1")
+    if switch is None:                                             # the default: started where the program is
+        monkeypatch.delenv(mps.ENV_SWITCH, raising=False)
+    else:
+        monkeypatch.setenv(mps.ENV_SWITCH, switch)
     folder = mps.start_mps(["predict", "--config", "x.yaml"], control=str(exe))
     assert folder is not None and Path(folder).is_dir()
     assert os.environ[mps.PIPE_ENV] == folder and os.environ[mps.LOG_ENV] == folder   # the run's processes inherit it
@@ -63,8 +67,34 @@ def test_a_daemon_that_does_not_start_is_one_line_and_the_run_goes_on(control, m
     assert mps.PIPE_ENV not in os.environ and registered == []
 
 
-def test_no_control_program(control, monkeypatch, capsys):
-    monkeypatch.setenv(mps.ENV_SWITCH, "1")
+@pytest.mark.parametrize("switch", [None, "1"])
+def test_no_control_program(control, monkeypatch, capsys, switch):
+    """Asked for (``1``): one line; by default: nothing said (most machines have no MPS)."""
+    if switch is None:
+        monkeypatch.delenv(mps.ENV_SWITCH, raising=False)
+    else:
+        monkeypatch.setenv(mps.ENV_SWITCH, switch)
     monkeypatch.setattr(mps.shutil, "which", lambda name: None)
     assert mps.start_mps(["predict"]) is None
-    assert "no nvidia-cuda-mps-control on PATH; running without MPS" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    if switch == "1":
+        assert err.strip() == "TOKENBUDGET_MPS=1: no nvidia-cuda-mps-control on PATH; running without MPS"
+    else:
+        assert err == ""
+    assert mps.PIPE_ENV not in os.environ
+
+
+def test_a_bad_switch_value_stops_the_run_before_anything_runs(tmp_path):
+    """``evaluate.py`` with ``TOKENBUDGET_MPS=yes``: one line naming the variable and the values it takes, rc 2,
+    nothing written."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, mps.ENV_SWITCH: "yes"}
+    r = subprocess.run([sys.executable, str(repo / "evaluate.py"), "predict"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "evaluate.py: TOKENBUDGET_MPS='yes': auto (default), 1 or 0; nothing was run or written"]
+    assert list(tmp_path.iterdir()) == []
