@@ -131,8 +131,8 @@ def run_predict(ckpt: Path, root: Path, out: Path, config: str, extra: list[str]
                 "init_args": {"steps": steps, "path": str(out / "step_profile.json")}}
         cmd.append("--trainer.callbacks+=" + json.dumps(spec))
     if os.environ.get("BENCH_START_SAMPLE"):   # the start's every-thread sampler (bench/start_sampler.py)
-        cmd[1:2] = [str(REPO / "bench" / "start_sampler.py"), "--out", os.environ["BENCH_START_SAMPLE"], "--",
-                    str(REPO / "evaluate.py")]
+        cmd[1:2] = [str(REPO / "bench" / "start_sampler.py"), "--out", os.environ["BENCH_START_SAMPLE"],
+                    "--until-s", os.environ.get("BENCH_START_SAMPLE_UNTIL", "30"), "--", str(REPO / "evaluate.py")]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     timing = json.loads((out / "timing_rank0.json").read_text())

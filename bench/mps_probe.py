@@ -10,6 +10,9 @@
    triggers a device-side assert (an out-of-range index) 2 s in. Under one daemon, and without MPS for reference.
    Does A survive B's fault? (Without MPS each process has a context of its own and A should.)
 
+3. **How long ``quit`` takes while a client lives**: a client holds its context for ``--long-s`` s; 1.5 s in, the
+   control program is told ``quit``; the seconds until it returns (``models.mps.stop_mps`` no longer waits for it).
+
 Each client is a fresh ``python -c`` process; a case's clients are given ``--timeout-s`` seconds.
 """
 from __future__ import annotations
@@ -89,6 +92,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--long-s", type=float, default=8.0)
     ap.add_argument("--timeout-s", type=float, default=45.0)
+    ap.add_argument("--cases", nargs="+", default=["two", "fault", "quit"], choices=["two", "fault", "quit"])
     args = ap.parse_args()
     control = shutil.which("nvidia-cuda-mps-control")
     if control is None:
@@ -96,6 +100,22 @@ def main() -> None:
     plain = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
     rows = []
 
+    if "quit" in args.cases:
+        f1, e1 = daemon(control)
+        t0 = time.time()
+        p = subprocess.Popen([sys.executable, "-c", CLIENT, "long", str(args.long_s), "0"], env=e1,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(1.5)
+        tq = time.time()
+        q = subprocess.run([control], input="quit\n", env=e1, capture_output=True, text=True, timeout=120)
+        quit_s, quit_at = time.time() - tq, time.time() - t0
+        text, _ = p.communicate(timeout=args.timeout_s)
+        print(f"== quit while a client lives: quit returned rc {q.returncode} after {quit_s:.2f} s ({quit_at:.2f} s "
+              f"after the client's start); client rc {p.returncode}: {text.strip().splitlines()[-1][:200]}",
+              flush=True)
+        stop(control, f1, e1)
+    if "two" not in args.cases and "fault" not in args.cases:
+        return
     f1, e1 = daemon(control)
     f2, e2 = daemon(control)
     r = clients([("long", e1, args.long_s, 0, 0), ("short", e2, 2.0, 0, 1.0)], args.timeout_s)

@@ -15,7 +15,8 @@ share the GPU (``bench/mps_probe.py``).
 ``nvidia-cuda-mps-control -d`` with a pipe and log folder of its own in the system's temporary folder, and points
 this process at it (``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY``), so the decode workers and any DDP
 ranks Lightning launches (which inherit the environment) are its clients; other programs on the machine are not.
-At the interpreter's exit the daemon is told to quit and its folder removed. A process killed outright leaves the
+At the interpreter's exit the daemon is told to quit and its folder removed (by a detached shell, which waits for
+the daemon: :func:`stop_mps`). A process killed outright leaves the
 daemon running (``echo quit | CUDA_MPS_PIPE_DIRECTORY=<folder> nvidia-cuda-mps-control`` ends it).
 
 ``TOKENBUDGET_MPS``: unset or ``auto`` (default): started where ``nvidia-cuda-mps-control`` is on ``PATH`` (nothing
@@ -88,11 +89,21 @@ def start_mps(argv: list[str], control: str | None = None) -> str | None:
     return folder
 
 
-def stop_mps(exe: str, folder: str) -> None:
-    """Tell the daemon of ``folder`` to quit (it ends once its clients have) and remove the folder."""
+def stop_mps(exe: str, folder: str) -> subprocess.Popen | None:
+    """Tell the daemon of ``folder`` to quit and remove the folder once it has, without waiting for either.
+
+    The control program's ``quit`` returns only when the daemon's server has ended, and the server waits for its
+    clients, this process among them (its CUDA context lives until the interpreter's end): waited for here, each
+    run's exit took the control program's whole timeout (14-17 s on the H100, session 17 call 3). So a detached
+    ``sh`` sends ``quit`` and removes the folder after, while this process exits.
+
+    Returns:
+        The detached process (tests wait on it), or ``None`` where it could not be started (the daemon then ends
+        with the machine or by hand: ``echo quit | CUDA_MPS_PIPE_DIRECTORY=<folder> nvidia-cuda-mps-control``).
+    """
     try:
-        subprocess.run([exe], input="quit\n", env={**os.environ, PIPE_ENV: folder, LOG_ENV: folder},
-                       capture_output=True, text=True, timeout=START_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    shutil.rmtree(folder, ignore_errors=True)
+        return subprocess.Popen(["sh", "-c", 'echo quit | "$0"; rm -rf -- "$1"', exe, folder],
+                                env={**os.environ, PIPE_ENV: folder, LOG_ENV: folder}, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        return None

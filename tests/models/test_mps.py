@@ -11,13 +11,14 @@ import models.mps as mps
 
 @pytest.fixture
 def control(tmp_path, monkeypatch):
-    """A stand-in ``nvidia-cuda-mps-control``: appends its arguments, its stdin and its pipe folder to a log; exits
-    with the code in ``$FAKE_MPS_RC`` (default 0)."""
+    """A stand-in ``nvidia-cuda-mps-control``: appends its arguments, its stdin and its pipe folder to a log; given
+    ``quit``, sleeps ``$FAKE_MPS_QUIT_S`` s; exits with the code in ``$FAKE_MPS_RC`` (default 0)."""
     log = tmp_path / "calls.log"
     exe = tmp_path / "nvidia-cuda-mps-control"
     exe.write_text("#!/bin/sh\nin=$(cat 2>/dev/null </dev/stdin)\n"
                    f"echo \"args=$* stdin=$in pipe=$CUDA_MPS_PIPE_DIRECTORY\" >> {log}\n"
                    "[ -n \"$FAKE_MPS_RC\" ] && echo 'An instance of this daemon is already running' >&2\n"
+                   "[ \"$in\" = quit ] && sleep ${FAKE_MPS_QUIT_S:-0}\n"
                    "exit ${FAKE_MPS_RC:-0}\n")
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setattr(mps, "predict_on_nvidia_machine", lambda argv, switch: argv[:1] == ["predict"])
@@ -41,7 +42,8 @@ def test_starts_a_daemon_of_its_own_and_quits_it_at_exit(control, monkeypatch, s
     assert log.read_text().splitlines() == [f"args=-d stdin= pipe={folder}"]
     assert [fn for fn, _ in registered] == [mps.stop_mps]
     fn, args = registered[0]
-    fn(*args)                                                      # what the interpreter's exit runs
+    proc = fn(*args)                                               # what the interpreter's exit runs: not waited for
+    assert proc is not None and proc.wait(timeout=30) == 0
     assert log.read_text().splitlines()[1] == f"args= stdin=quit pipe={folder}"
     assert not Path(folder).exists()
 
@@ -98,3 +100,18 @@ def test_a_bad_switch_value_stops_the_run_before_anything_runs(tmp_path):
     assert r.stderr.strip().splitlines() == [
         "evaluate.py: TOKENBUDGET_MPS='yes': auto (default), 1 or 0; nothing was run or written"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_exit_does_not_wait_for_the_daemon_to_quit(control, monkeypatch):
+    """The real ``quit`` returns once the server's clients (this process too) have ended: the exit hands it to a
+    detached shell instead of waiting (a stand-in that takes 3 s to quit)."""
+    exe, log, registered = control
+    monkeypatch.setenv(mps.ENV_SWITCH, "1")
+    monkeypatch.setenv("FAKE_MPS_QUIT_S", "3")
+    folder = mps.start_mps(["predict"], control=str(exe))
+    fn, args = registered[0]
+    proc = fn(*args)
+    assert proc.poll() is None and Path(folder).is_dir()     # still quitting: the folder stays until it has
+    assert proc.wait(timeout=30) == 0
+    assert log.read_text().splitlines()[1] == f"args= stdin=quit pipe={folder}"
+    assert not Path(folder).exists()
