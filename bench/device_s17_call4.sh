@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 17, call 4: (1) bench/mps_probe.py --cases quit: does the control program's quit wait for a living
+# Session 17, call 4 (its first try passed the sampler's file as a path: a variant takes no "/"; run again): (1) bench/mps_probe.py --cases quit: does the control program's quit wait for a living
 # client (call 3's MPS runs took 14-17 s longer to exit than without)? models.mps.stop_mps no longer waits for it.
 # (2) one CLI run, defaults (MPS), whole workload-shaped set, under bench/start_sampler.py to 90 s: where the
 # ~11 s between predict_end and the scores go (call 3: one core busy, the GPU idle), and the process's exit.
@@ -10,7 +10,9 @@ python3 bench/mps_probe.py --cases quit --long-s 8 2>&1 | tee "$OUT/mps_quit.txt
 stamp "mps quit probe"
 set_and_checkpoint
 export TRITON_CACHE_DIR=/tmp/triton_cli BENCH_START_SAMPLE_UNTIL=90
-CLI_END=290 workload_cli tail . auto/env.BENCH_START_SAMPLE=$OUT/tail_samples.json
+CLI_END=200 workload_cli tail . auto/env.BENCH_START_SAMPLE=tail_samples.json   # (no "/" in a variant: a file here)
+mv tail_samples.json "$OUT/"
+grep -o '"process_s": [0-9.]*' "$OUT/cli_tail.json" | head -2
 T=$(ls -d /tmp/workload_cli/out_auto* | tail -1)/timing_rank0.json
 python3 bench/start_sampler.py --summary "$OUT/tail_samples.json" --timing "$T" --bins 1.0 > "$OUT/tail_summary.txt" 2>&1
 cp "$T" "$OUT/"

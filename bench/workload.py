@@ -1075,6 +1075,7 @@ def run_cli(videos: list[Path], tiny: bool, work: Path = Path("/tmp/workload_cli
                     os.environ[k] = v
     timing["util"] = cli_util(util, launched, timing.get("timeline_s") or {})
     timing["out"] = out
+    timing["process_s"] = total_s   # the CLI process from its launch to its exit (the tail after predict_end too)
     used: dict = {}
     for f in out.glob("*/*/rank*.jsonl"):
         for line in f.read_text().splitlines():
