@@ -579,6 +579,20 @@ class BudgetedQA(LightningModule):
                 if age is not None:
                     self.timeline_marks[name] = age
 
+    def on_predict_end(self) -> None:
+        """Release the VLM at the end of predict (after the callbacks' ``on_predict_end``, which may still step it);
+        a later ``predict`` loads it again (``on_predict_start``).
+
+        Lightning's strategy teardown, which runs next, moves the module to the CPU: with the weights still on it
+        that was a device-to-host copy of the whole checkpoint, 10 s of every run's end with the 7B-size checkpoint
+        on the H100 (session 17 call 4: the main thread in ``Module._apply``'s lambda from 1.6 s to 11.6 s after
+        ``predict_end``, ``bench/start_sampler.py``), and the 16 GB then held in host memory until the process
+        ended. Nothing the run wrote depends on it."""
+        self.vlm = None
+        self._loading, self._early_key = None, None   # a later predict starts its load again (setup / predict start)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     def _read_model(self, device: torch.device) -> BudgetedVideoLlama3:
         """The VLM of ``model_path``, its weights read straight to ``device`` where the loader can
         (:meth:`BudgetedVideoLlama3.from_pretrained`'s ``device``)."""

@@ -230,3 +230,21 @@ def test_weight_reader_setting_reaches_the_load(tiny_vl3_dir, monkeypatch):
     assert lib.weight_reader_for(torch.device("cuda")) == "library"
     with pytest.raises(SettingError, match="model.init_args.weight_reader must be one of"):
         BudgetedQA(model_path=str(tiny_vl3_dir), weight_reader="mmap")
+
+
+def test_predict_end_releases_the_model_and_a_later_predict_loads_it_again(tiny_vl3_dir, loads):
+    """Lightning's strategy teardown moves the module to the CPU after ``on_predict_end``: with the weights still on
+    it, a copy of the whole checkpoint (10 s of every 7B run's end on the H100). After the hook nothing of the VLM is
+    left on the module to copy; the next predict loads it again."""
+    from lightning_modules.budgeted_qa import BudgetedQA
+
+    module = _attach(BudgetedQA(model_path=str(tiny_vl3_dir), raw_mode="orig"))
+    module.setup("predict")
+    module.on_predict_start()
+    assert module.vlm is not None and sum(p.numel() for p in module.parameters()) > 0
+    module.on_predict_end()
+    assert module.vlm is None and list(module.parameters()) == [] and list(module.buffers()) == []
+    module.setup("predict")                                       # a later predict on the same module
+    assert module._loading is not None                            # its load started again at set-up
+    module.on_predict_start()
+    assert module.vlm is not None and len(loads) == 2
