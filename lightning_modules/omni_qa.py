@@ -23,6 +23,7 @@ import logging
 import time
 from pathlib import Path
 
+import torch
 from lightning.pytorch import LightningModule
 
 from algorithms.choice import RULES, parse, parse_robust
@@ -163,6 +164,14 @@ class OmniPruningQA(LightningModule):
             self.qa = OmniQA(hp.model_path, dtype=hp.dtype, attn_implementation=hp.attn_implementation,
                              max_new_tokens=hp.max_new_tokens).to(self.device)
             self.load_seconds = time.perf_counter() - t0
+
+    def on_predict_end(self) -> None:
+        """Release the thinker at the end of predict, as :meth:`BudgetedQA.on_predict_end
+        <lightning_modules.budgeted_qa.BudgetedQA.on_predict_end>` does: Lightning's strategy teardown, which runs
+        next, would otherwise copy all its weights to the CPU. A later ``predict`` loads it again."""
+        self.qa = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def _base(self, item: dict, q: dict, job: str) -> dict:
         variant = self.jobs[job]

@@ -436,6 +436,10 @@ def test_measured_flops_on_cpu_need_eager_attention(omni_dir):
     assert module.qa is not None and module.load_seconds > 0
     module.on_predict_start()                   # loaded once
     assert module.load_seconds == 0.0
+    module.on_predict_end()                     # released: Lightning's teardown finds nothing to copy to the CPU
+    assert module.qa is None and list(module.parameters()) == []
+    module.on_predict_start()                   # a later predict loads it again
+    assert module.qa is not None and module.load_seconds > 0
 
 
 def test_worldsense_prompt_puts_vlmevalkits_sys_text_before_the_media(qa, clip):
