@@ -6,18 +6,17 @@ them. Each NVDEC worker is a context of its own, and NVDEC runs a small CUDA ker
 out (``cuvidMapVideoFrame``'s block-linear to pitch-linear copy), thousands a second across a pool of 16 workers,
 so the step's kernels are switched out for them again and again. Under MPS the clients' work goes through one
 server context and runs beside the step's. Nothing changes what a kernel computes: the same records.
-Measured on the H100, whole workload-shaped set (``bench/device_s17_call1.sh``, ``bench/device_s17_call2.sh``): a step
-beside the decoding pool ran its kernels x1.24 slower than alone without MPS, x1.00 under it; steady step per video
-2.17 s (twice) against 2.58 / 2.59 s; records identical (36 of 36). Two runs at once, each with a daemon of its own,
-share the GPU (``bench/mps_probe.py``).
+Measured on the H100, whole workload-shaped set (``bench/device_s17_call{1,2,3}.sh``): a step beside the decoding
+pool ran its kernels x1.24 slower than alone without MPS, x1.00 under it; steady step per video 2.14-2.17 s (4 runs)
+against 2.50-2.59 s (4 runs); records identical (36 of 36). Two runs at once, each with a daemon of its own, share
+the GPU, and a device-side assert in one client leaves another running (``bench/mps_probe.py``).
 
 :func:`start_mps` (called by ``evaluate.py`` first thing, before any process of the run touches CUDA) starts
 ``nvidia-cuda-mps-control -d`` with a pipe and log folder of its own in the system's temporary folder, and points
 this process at it (``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY``), so the decode workers and any DDP
 ranks Lightning launches (which inherit the environment) are its clients; other programs on the machine are not.
-At the interpreter's exit the daemon is told to quit and its folder removed (by a detached shell, which waits for
-the daemon: :func:`stop_mps`). A process killed outright leaves the
-daemon running (``echo quit | CUDA_MPS_PIPE_DIRECTORY=<folder> nvidia-cuda-mps-control`` ends it).
+At the interpreter's exit the daemon is told to quit and its folder removed, by a detached shell
+(:func:`stop_mps`). A process killed outright leaves the daemon running (``echo quit | CUDA_MPS_PIPE_DIRECTORY=<folder> nvidia-cuda-mps-control`` ends it).
 
 ``TOKENBUDGET_MPS``: unset or ``auto`` (default): started where ``nvidia-cuda-mps-control`` is on ``PATH`` (nothing
 said where it is not); ``1``: the same, and a missing program is one line; ``0``: never. Not started either where
@@ -90,12 +89,13 @@ def start_mps(argv: list[str], control: str | None = None) -> str | None:
 
 
 def stop_mps(exe: str, folder: str) -> subprocess.Popen | None:
-    """Tell the daemon of ``folder`` to quit and remove the folder once it has, without waiting for either.
+    """Tell the daemon of ``folder`` to quit and remove the folder after, in a detached ``sh``: not waited for.
 
-    The control program's ``quit`` returns only when the daemon's server has ended, and the server waits for its
-    clients, this process among them (its CUDA context lives until the interpreter's end): waited for here, each
-    run's exit took the control program's whole timeout (14-17 s on the H100, session 17 call 3). So a detached
-    ``sh`` sends ``quit`` and removes the folder after, while this process exits.
+    Measured on the H100 (session 17): with ``quit`` waited for here (at most 15 s), runs under MPS exited 14-15 s
+    later than without (call 3, ``predict_end`` to the exit 29 s against 14-15 s); handed to a detached shell, the
+    next run exited 15.2 s after ``predict_end`` (call 4). Sent by another process while a client lived, ``quit``
+    returned at once (``bench/mps_probe.py``), so what held it here, the run's own process being a client, is
+    inferred, not seen; the delay matched the timeout.
 
     Returns:
         The detached process (tests wait on it), or ``None`` where it could not be started (the daemon then ends
