@@ -1,5 +1,6 @@
 #!/bin/bash
-# Session 17, call 4 (its first try passed the sampler's file as a path: a variant takes no "/"; run again): (1) bench/mps_probe.py --cases quit: does the control program's quit wait for a living
+# Session 17, call 4 (its first try passed the sampler's file as a path: a variant takes no "/"; run again):
+# (1) bench/mps_probe.py --cases quit: does the control program's quit wait for a living
 # client (call 3's MPS runs took 14-17 s longer to exit than without)? models.mps.stop_mps no longer waits for it.
 # (2) one CLI run, defaults (MPS), whole workload-shaped set, under bench/start_sampler.py to 90 s: where the
 # ~11 s between predict_end and the scores go (call 3: one core busy, the GPU idle), and the process's exit.

@@ -16,7 +16,8 @@ the GPU, and a device-side assert in one client leaves another running (``bench/
 this process at it (``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY``), so the decode workers and any DDP
 ranks Lightning launches (which inherit the environment) are its clients; other programs on the machine are not.
 At the interpreter's exit the daemon is told to quit and its folder removed, by a detached shell
-(:func:`stop_mps`). A process killed outright leaves the daemon running (``echo quit | CUDA_MPS_PIPE_DIRECTORY=<folder> nvidia-cuda-mps-control`` ends it).
+(:func:`stop_mps`). A process killed outright leaves the daemon running
+(``echo quit | CUDA_MPS_PIPE_DIRECTORY=<folder> nvidia-cuda-mps-control`` ends it).
 
 ``TOKENBUDGET_MPS``: unset or ``auto`` (default): started where ``nvidia-cuda-mps-control`` is on ``PATH`` (nothing
 said where it is not); ``1``: the same, and a missing program is one line; ``0``: never. Not started either where
@@ -80,8 +81,8 @@ def start_mps(argv: list[str], control: str | None = None) -> str | None:
         ok, why = False, [f"{type(e).__name__}: {e}"]
     if not ok:
         shutil.rmtree(folder, ignore_errors=True)
-        print(f"{ENV_SWITCH}={mode}: {CONTROL} -d did not start ({'; '.join(why) or 'no message'}); running without MPS",
-              file=sys.stderr)
+        print(f"{ENV_SWITCH}={mode}: {CONTROL} -d did not start ({'; '.join(why) or 'no message'}); "
+              "running without MPS", file=sys.stderr)
         return None
     os.environ[PIPE_ENV], os.environ[LOG_ENV] = folder, folder
     atexit.register(stop_mps, exe, folder)

@@ -1,5 +1,5 @@
-"""models.mps: the run's own MPS control daemon (TOKENBUDGET_MPS: auto by default, 1, 0), with a stand-in control program that records how
-it was called (no GPU or MPS here)."""
+"""models.mps: the run's own MPS control daemon (TOKENBUDGET_MPS: auto by default, 1, 0), with a stand-in control
+program that records how it was called (no GPU or MPS here)."""
 import os
 import stat
 from pathlib import Path
