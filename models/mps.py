@@ -15,9 +15,8 @@ the GPU, and a device-side assert in one client leaves another running (``bench/
 ``nvidia-cuda-mps-control -d`` with a pipe and log folder of its own in the system's temporary folder, and points
 this process at it (``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY``), so the decode workers and any DDP
 ranks Lightning launches (which inherit the environment) are its clients; other programs on the machine are not.
-At the interpreter's exit the daemon is told to quit and its folder removed, by a detached shell
-(:func:`stop_mps`). A process killed outright leaves the daemon running
-(``echo quit | CUDA_MPS_PIPE_DIRECTORY=<folder> nvidia-cuda-mps-control`` ends it).
+When the run's process has ended (its exit, Ctrl-C, or killed outright) the daemon is told to quit and its folder
+removed, by a detached shell watching it (:func:`watch_and_stop`).
 
 ``TOKENBUDGET_MPS``: unset or ``auto`` (default): started where ``nvidia-cuda-mps-control`` is on ``PATH`` (nothing
 said where it is not); ``1``: the same, and a missing program is one line; ``0``: never. Not started either where
@@ -27,7 +26,6 @@ that started one, or the user's own daemon). Standard library only.
 """
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
 import subprocess
@@ -40,6 +38,7 @@ ENV_SWITCH = "TOKENBUDGET_MPS"   # "auto" (default) / "1": the run starts an MPS
 PIPE_ENV, LOG_ENV = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
 CONTROL = "nvidia-cuda-mps-control"
 START_TIMEOUT_S = 15.0
+POLL_S = 1.0       # the watcher's look at the run's process: the daemon quits at most this long after the run
 
 
 def start_mps(argv: list[str], control: str | None = None) -> str | None:
@@ -85,25 +84,32 @@ def start_mps(argv: list[str], control: str | None = None) -> str | None:
               "running without MPS", file=sys.stderr)
         return None
     os.environ[PIPE_ENV], os.environ[LOG_ENV] = folder, folder
-    atexit.register(stop_mps, exe, folder)
+    watch_and_stop(exe, folder, os.getpid())
     return folder
 
 
-def stop_mps(exe: str, folder: str) -> subprocess.Popen | None:
-    """Tell the daemon of ``folder`` to quit and remove the folder after, in a detached ``sh``: not waited for.
+def watch_and_stop(exe: str, folder: str, pid: int, poll_s: float = POLL_S) -> subprocess.Popen | None:
+    """A detached ``sh`` that waits for process ``pid`` to end (``kill -0`` every ``poll_s`` s), then tells the
+    daemon of ``folder`` to quit and removes the folder.
 
-    Measured on the H100 (session 17): with ``quit`` waited for here (at most 15 s), runs under MPS exited 14-15 s
-    later than without (call 3, ``predict_end`` to the exit 29 s against 14-15 s); handed to a detached shell, the
-    next run exited 15.2 s after ``predict_end`` (call 4). Sent by another process while a client lived, ``quit``
-    returned at once (``bench/mps_probe.py``), so what held it here, the run's own process being a client, is
-    inferred, not seen; the delay matched the timeout.
+    So the daemon ends with the run however the run ends: at its exit, on Ctrl-C, and also killed outright (out of
+    memory, a scheduler's ``SIGKILL``), where an exit handler never runs and the daemon's server would otherwise keep
+    its GPU context until the machine restarts. In a session of its own: a Ctrl-C to the run's terminal does not
+    reach it.
+
+    Measured on the H100 (session 17): with ``quit`` sent and waited for in the run's exit handler (at most 15 s),
+    runs under MPS exited 14-15 s later than without (call 3, ``predict_end`` to the exit 29 s against 14-15 s);
+    handed to a detached shell, the next run exited 15.2 s after ``predict_end`` (call 4). Sent by another process
+    while a client lived, ``quit`` returned at once (``bench/mps_probe.py``): what held it in the exit handler, the
+    run's own process being a client, is inferred, not seen; the delay matched the timeout.
 
     Returns:
-        The detached process (tests wait on it), or ``None`` where it could not be started (the daemon then ends
-        with the machine or by hand: ``echo quit | CUDA_MPS_PIPE_DIRECTORY=<folder> nvidia-cuda-mps-control``).
+        The watcher (tests wait on it), or ``None`` where it could not be started (the daemon then ends with the
+        machine or by hand: ``echo quit | CUDA_MPS_PIPE_DIRECTORY=<folder> nvidia-cuda-mps-control``).
     """
+    script = f'while kill -0 {int(pid)} 2>/dev/null; do sleep {poll_s:g}; done; echo quit | "$0"; rm -rf -- "$1"'
     try:
-        return subprocess.Popen(["sh", "-c", 'echo quit | "$0"; rm -rf -- "$1"', exe, folder],
+        return subprocess.Popen(["sh", "-c", script, exe, folder],
                                 env={**os.environ, PIPE_ENV: folder, LOG_ENV: folder}, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError:

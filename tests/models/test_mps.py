@@ -7,30 +7,30 @@ from pathlib import Path
 import pytest
 
 import models.mps as mps
+from models.mps import watch_and_stop   # (the real one: the fixture stands another in for start_mps)
 
 
 @pytest.fixture
 def control(tmp_path, monkeypatch):
-    """A stand-in ``nvidia-cuda-mps-control``: appends its arguments, its stdin and its pipe folder to a log; given
-    ``quit``, sleeps ``$FAKE_MPS_QUIT_S`` s; exits with the code in ``$FAKE_MPS_RC`` (default 0)."""
+    """A stand-in ``nvidia-cuda-mps-control``: appends its arguments, its stdin and its pipe folder to a log; exits
+    with the code in ``$FAKE_MPS_RC`` (default 0)."""
     log = tmp_path / "calls.log"
     exe = tmp_path / "nvidia-cuda-mps-control"
     exe.write_text("#!/bin/sh\nin=$(cat 2>/dev/null </dev/stdin)\n"
                    f"echo \"args=$* stdin=$in pipe=$CUDA_MPS_PIPE_DIRECTORY\" >> {log}\n"
                    "[ -n \"$FAKE_MPS_RC\" ] && echo 'An instance of this daemon is already running' >&2\n"
-                   "[ \"$in\" = quit ] && sleep ${FAKE_MPS_QUIT_S:-0}\n"
                    "exit ${FAKE_MPS_RC:-0}\n")
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setattr(mps, "predict_on_nvidia_machine", lambda argv, switch: argv[:1] == ["predict"])
     monkeypatch.delenv(mps.PIPE_ENV, raising=False)
     monkeypatch.delenv(mps.LOG_ENV, raising=False)
-    registered = []
-    monkeypatch.setattr(mps.atexit, "register", lambda fn, *a: registered.append((fn, a)))
+    registered = []   # the watchers started: (control, folder, pid)
+    monkeypatch.setattr(mps, "watch_and_stop", lambda exe, folder, pid: registered.append((exe, folder, pid)))
     return exe, log, registered
 
 
 @pytest.mark.parametrize("switch", [None, "auto", "1"])
-def test_starts_a_daemon_of_its_own_and_quits_it_at_exit(control, monkeypatch, switch):
+def test_starts_a_daemon_of_its_own_and_a_watcher_for_this_process(control, monkeypatch, switch):
     exe, log, registered = control
     if switch is None:                                             # the default: started where the program is
         monkeypatch.delenv(mps.ENV_SWITCH, raising=False)
@@ -40,12 +40,28 @@ def test_starts_a_daemon_of_its_own_and_quits_it_at_exit(control, monkeypatch, s
     assert folder is not None and Path(folder).is_dir()
     assert os.environ[mps.PIPE_ENV] == folder and os.environ[mps.LOG_ENV] == folder   # the run's processes inherit it
     assert log.read_text().splitlines() == [f"args=-d stdin= pipe={folder}"]
-    assert [fn for fn, _ in registered] == [mps.stop_mps]
-    fn, args = registered[0]
-    proc = fn(*args)                                               # what the interpreter's exit runs: not waited for
-    assert proc is not None and proc.wait(timeout=30) == 0
-    assert log.read_text().splitlines()[1] == f"args= stdin=quit pipe={folder}"
-    assert not Path(folder).exists()
+    assert registered == [(str(exe), folder, os.getpid())]
+
+
+def test_the_watcher_quits_the_daemon_once_the_run_has_ended_however_it_ended(control, tmp_path):
+    """The run's process killed outright (no exit handler runs): the daemon is told to quit and its folder removed
+    all the same, and not before the process is gone."""
+    import signal
+    import subprocess
+    import time
+
+    exe, log, _ = control
+    folder = tmp_path / "pipe"
+    folder.mkdir()
+    run = subprocess.Popen(["sleep", "60"])
+    watcher = watch_and_stop(str(exe), str(folder), run.pid, poll_s=0.1)
+    time.sleep(0.5)                                                # several looks while the run lives
+    assert watcher.poll() is None and folder.is_dir() and not log.exists()
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    assert watcher.wait(timeout=30) == 0
+    assert log.read_text().splitlines() == [f"args= stdin=quit pipe={folder}"]
+    assert not folder.exists()
 
 
 @pytest.mark.parametrize("case", ["switch off", "not predict", "already a client"])
@@ -100,18 +116,3 @@ def test_a_bad_switch_value_stops_the_run_before_anything_runs(tmp_path):
     assert r.stderr.strip().splitlines() == [
         "evaluate.py: TOKENBUDGET_MPS='yes': auto (default), 1 or 0; nothing was run or written"]
     assert list(tmp_path.iterdir()) == []
-
-
-def test_the_exit_does_not_wait_for_the_daemon_to_quit(control, monkeypatch):
-    """The real ``quit`` returns once the server's clients (this process too) have ended: the exit hands it to a
-    detached shell instead of waiting (a stand-in that takes 3 s to quit)."""
-    exe, log, registered = control
-    monkeypatch.setenv(mps.ENV_SWITCH, "1")
-    monkeypatch.setenv("FAKE_MPS_QUIT_S", "3")
-    folder = mps.start_mps(["predict"], control=str(exe))
-    fn, args = registered[0]
-    proc = fn(*args)
-    assert proc.poll() is None and Path(folder).is_dir()     # still quitting: the folder stays until it has
-    assert proc.wait(timeout=30) == 0
-    assert log.read_text().splitlines()[1] == f"args= stdin=quit pipe={folder}"
-    assert not Path(folder).exists()
