@@ -1011,7 +1011,8 @@ def print_cli_run(label: str, t: dict, n_videos: int) -> None:
     print(f"CLI decoder={label}: {n_videos} videos, first answer "
           f"{t['first_answer_s']:.1f} s after process start, steady step {statistics.mean(rest):.2f} s, wait share "
           f"{t['wait_share']:.1%} (after the first video {t['steady_wait_share']:.1%}; wall / steps after it "
-          f"{t['wall_over_steps']:.2f}), decoders used {t['decoders']}", flush=True)
+          f"{t['wall_over_steps']:.2f}), decoders used {t['decoders']}"
+          + ("" if "cuda_mps_pipe" not in t else f", CUDA MPS {'on' if t['cuda_mps_pipe'] else 'off'}"), flush=True)
     u = t.get("util") or {}
     if u.get("window_s"):
         share = lambda k: "-" if not u.get(k) else f"{u[k]['mean']:.0%} (p90 {u[k]['p90']:.0%})"   # noqa: E731

@@ -202,6 +202,8 @@ class StageTimer(Callback):
         s = self.summary()
         if getattr(pl_module, "warmup_report", None):   # BudgetedQA: the first step's compile wait and graphs
             s["warmup"] = pl_module.warmup_report
+        # the CUDA MPS daemon this run's processes are clients of (models.mps: the run's own by default), or None
+        s["cuda_mps_pipe"] = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
         out = self.out_dir
         if out is None:
             for cb in trainer.callbacks:

@@ -35,14 +35,17 @@ def test_earlier_runs_are_kept_under_previous_runs_and_an_old_file_reads(tmp_pat
     assert json.loads(path.read_text()) == {**_run(1), "previous_runs": []}
 
 
-def test_a_resumed_run_with_an_added_budget_keeps_the_first_runs_timing(tiny_vl3_dir, demo_bench, tmp_path):
+def test_a_resumed_run_with_an_added_budget_keeps_the_first_runs_timing(tiny_vl3_dir, demo_bench, tmp_path,
+                                                                        monkeypatch):
     out = tmp_path / "out"
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "mps"))   # as under the run's own daemon (models.mps)
     timer = ["--trainer.callbacks+=callbacks.timing.StageTimer"]
     # a budget below the folder's largest (256) is added: a larger one is refused (largest_budget in run.json)
     first = run_predict(tiny_vl3_dir, demo_bench, out, budgets=(256,), extra=timer,
                         model_args={"max_new_tokens": 2})
     one = json.loads((out / "timing_rank0.json").read_text())
     assert one["videos"] == 2 and one["previous_runs"] == [] and len(first) == 7
+    assert one["cuda_mps_pipe"] == str(tmp_path / "mps")                   # which daemon the run's processes used
     rows = one["per_video"]      # a wait is traced to its video: the rows' waits are the run's wait
     assert len({r["video_id"] for r in rows}) == 2 and None not in {r["video_id"] for r in rows}
     assert abs(sum(r["wait_s"] for r in rows) - one["stages_s"]["wait"]) < 1e-3
