@@ -13,14 +13,5 @@ set_and_checkpoint
 export TRITON_CACHE_DIR=/tmp/triton_cli
 P=env.BENCH_STEP_PROFILE=2,3,5 M=env.TOKENBUDGET_MPS=1
 CLI_END=570 workload_cli ab . auto auto/$M auto auto/$M auto/$P auto/$M/$P
-python3 - "$OUT/cli_ab.json" <<'PY' 2>&1 | tee "$OUT/prof_summary.txt"
-import json, sys
-for name, run in json.load(open(sys.argv[1]))["cli_runs"].items():
-    for s in run.get("step_profile") or []:
-        for k in ("run", "alone"):
-            r = s.get(k) or {}
-            print(name, s["step"], s.get("video_id"), k, {x: r.get(x) for x in ("wall_s", "busy_ms", "kernel_ms",
-                  "gap_ms", "host_cpu_s", "host_runqueue_s", "by_class_ms")})
-        print("   ratio", json.dumps(s.get("ratio"))[:600])
-PY
+step_profile_summary "$OUT/cli_ab.json" 600
 bundle_out

@@ -85,3 +85,18 @@ workload_cli() {
     | sed 's/; warm-up.*//' | cut -c1-600 | head -24
   stamp "CLI $label"
 }
+
+# the step profiles (callbacks.step_profile, BENCH_STEP_PROFILE) of every CLI run in workload json $1: each profiled
+# step in the run and alone, and their ratios (at most $2 characters of them, default 600); $OUT/prof_summary.txt
+step_profile_summary() {
+  python3 - "$1" "${2:-600}" <<'PY' 2>&1 | tee "$OUT/prof_summary.txt"
+import json, sys
+for name, run in json.load(open(sys.argv[1]))["cli_runs"].items():
+    for s in run.get("step_profile") or []:
+        for k in ("run", "alone"):
+            r = s.get(k) or {}
+            print(name, s["step"], s.get("video_id"), k, {x: r.get(x) for x in ("wall_s", "busy_ms", "kernel_ms",
+                  "gap_ms", "host_cpu_s", "host_runqueue_s", "by_class_ms")})
+        print("   ratio", json.dumps(s.get("ratio"))[:int(sys.argv[2])])
+PY
+}
