@@ -282,6 +282,13 @@ def _timing(out_dir: Path) -> str:
         st = t.get("stages_s") or {k: v for k, v in t.items() if isinstance(v, (int, float))}
         return ", ".join(f"{k} {float(v):.2f} s" for k, v in st.items())
 
+    def first_answer(t: dict) -> str:
+        v = (t.get("timeline_s") or {}).get("first_answer")
+        return "-" if v is None else f"{float(v):.1f} s"
+
+    def mps(t: dict) -> str:   # (files written before session 17 do not say)
+        return "-" if "cuda_mps_pipe" not in t else ("on" if t["cuda_mps_pipe"] else "off")
+
     rows, earlier, latest = [], [], {}
     for f in sorted(out_dir.glob("timing_rank*.json")):
         try:
@@ -291,15 +298,20 @@ def _timing(out_dir: Path) -> str:
         if not runs:
             continue
         latest[f.name] = runs[-1]
-        rows.append([f.name, runs[-1].get("videos"), stages(runs[-1])])
-        earlier += [[f.name, f"{i + 1} of {len(runs)}", r.get("videos"), stages(r)] for i, r in enumerate(runs[:-1])]
+        rows.append([f.name, runs[-1].get("videos"), first_answer(runs[-1]), mps(runs[-1]), stages(runs[-1])])
+        earlier += [[f.name, f"{i + 1} of {len(runs)}", r.get("videos"), first_answer(r), mps(r), stages(r)]
+                    for i, r in enumerate(runs[:-1])]
     if not rows:
         return "<p>No timing files.</p>"
-    out = "<p>The latest run of this folder.</p>" + _table(["file", "videos", "stages"], rows, {1})
+    out = ("<p>The latest run of this folder (first answer: seconds from the process's start to the end of its first "
+           "step; CUDA MPS: whether the run's processes shared the GPU through an MPS daemon, "
+           "<code>TOKENBUDGET_MPS</code>).</p>"
+           + _table(["file", "videos", "first answer", "CUDA MPS", "stages"], rows, {1, 2}))
     out += _timeline(latest)
     if earlier:
         out += (f"<details><summary>{len(earlier)} earlier run(s) into this folder (resumed)</summary>"
-                + _table(["file", "run", "videos", "stages"], earlier, {2}) + "</details>")
+                + _table(["file", "run", "videos", "first answer", "CUDA MPS", "stages"], earlier, {2, 3})
+                + "</details>")
     return out
 
 

@@ -26,8 +26,17 @@ def test_earlier_runs_are_kept_under_previous_runs_and_an_old_file_reads(tmp_pat
     assert timing_runs(data) == [OLD, _run(1), _run(0)]
     html = _timing(tmp_path)
     latest, earlier = html.split("<details>")
-    assert "<td>timing_rank0.json</td><td class=\"num\">0</td><td>load 1.00 s, wait 0.50 s, encode 2.00 s" in latest
+    # videos, first answer, CUDA MPS (files before session 17 do not say: "-"), stages
+    assert ("<td>timing_rank0.json</td><td class=\"num\">0</td><td class=\"num\">-</td><td>-</td>"
+            "<td>load 1.00 s, wait 0.50 s, encode 2.00 s") in latest
+    write_timing(path, {**_run(2), "timeline_s": {"first_answer": 14.83}, "cuda_mps_pipe": "/tmp/tokenbudget-mps-x"})
+    row = _timing(tmp_path).split("<details>")[0]
+    assert "<td class=\"num\">2</td><td class=\"num\">14.8 s</td><td>on</td>" in row
+    write_timing(path, {**_run(1), "cuda_mps_pipe": None})
+    assert "<td class=\"num\">1</td><td class=\"num\">-</td><td>off</td>" in _timing(tmp_path).split("<details>")[0]
+    path.write_text(json.dumps(data))                              # back to the three runs above
     assert "2 earlier run(s) into this folder (resumed)" in earlier and "<td>1 of 3</td>" in earlier
+    assert "<th>first answer</th><th>CUDA MPS</th>" in earlier
     assert "<td>2 of 3</td>" in earlier
     path.write_text("{torn")                                       # unreadable: kept beside, not overwritten
     write_timing(path, _run(1))
