@@ -21,8 +21,8 @@ CLI_END=280 workload_cli defaults . auto auto
 grep -o '"process_s": [0-9.]*\|"predict_end": [0-9.]*\|"cuda_mps_pipe": [^,]*' "$OUT/cli_defaults.json" | head -12
 unset TRITON_CACHE_DIR
 pool() {   # $1: label, $2: deadline (s after the start), $3: workers (16); the 18-video pool of session 8 call 1
-  timeout $(( ${2:-400} - ($(date +%s) - T0) )) python3 bench/workload.py --videos /tmp/wl --paths nvdec --workers ${3:-16} \
-    --copies 3 --part-mb 0 --json "$OUT/pool_$1.json" > "$OUT/pool_$1.txt" 2>&1
+  timeout $(( ${2:-400} - ($(date +%s) - T0) )) python3 bench/workload.py --videos /tmp/wl --paths nvdec \
+    --workers "${3:-16}" --copies 3 --part-mb 0 --json "$OUT/pool_$1.json" > "$OUT/pool_$1.txt" 2>&1
   echo "rc $? ($1)"; grep -E "busy while decoding|every worker was busy|full Video-MME" "$OUT/pool_$1.txt" | cut -c1-300
   stamp "pool $1"
 }
