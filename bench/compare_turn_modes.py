@@ -60,7 +60,8 @@ def run_one(configs: list[str], mode: str, seed: int, out_dir: Path, extra: list
     finally:
         sys.argv = argv
     train_m = {k: float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("train/")}
-    res = cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path="best", verbose=False)[0]
+    res = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False,
+                           ckpt_path=cli.trainer.checkpoint_callback.best_model_path)[0]   # best.ckpt
     out = {k.removeprefix("test/"): float(v) for k, v in res.items()}
     out["epoch_time_s"] = train_m.get("train/epoch_time_s", float("nan"))
     out["rows_per_s"] = train_m.get("train/rows_per_s", float("nan"))

@@ -29,6 +29,20 @@ def train_command(args: list[str], ckpt_path: str, subcommand: str | None = None
     return shlex.join(["python", "train.py", *out, f"--ckpt_path={ckpt_path}"])
 
 
+def last_checkpoint(trainer: Trainer) -> str:
+    """The fit's checkpoint of its last finished epoch: a ModelCheckpoint's ``last_model_path`` (``save_last``), else
+    the file of a ModelCheckpoint without a monitor (the shipped configs' ``last.ckpt``: its ``best_model_path`` is
+    the latest epoch it saved); ``""`` when none was written yet."""
+    callbacks = getattr(trainer, "checkpoint_callbacks", None) or [trainer.checkpoint_callback]
+    for cb in callbacks:
+        if getattr(cb, "last_model_path", ""):
+            return cb.last_model_path
+    for cb in callbacks:
+        if cb is not None and getattr(cb, "monitor", "x") is None and getattr(cb, "best_model_path", ""):
+            return cb.best_model_path
+    return ""
+
+
 class EpochScores(Callback):
     """After each fit validation epoch (not the sanity check) print, on rank 0,
     ``epoch 3/49: val/auroc_mean 0.9125 (best 0.9310 at epoch 2)  val/loss 0.4012``.
@@ -49,7 +63,7 @@ class EpochScores(Callback):
         that resumes it (this command with ``--ckpt_path`` at it); ``cli.main`` prints the note."""
         if not isinstance(exception, KeyboardInterrupt) or trainer.state.fn != "fit" or not trainer.is_global_zero:
             return
-        last = getattr(trainer.checkpoint_callback, "last_model_path", "") or ""
+        last = last_checkpoint(trainer)
         if last and Path(last).is_file():
             note_interrupt(f"the last finished epoch is in {last}; resume it: {train_command(sys.argv[1:], last)}")
 

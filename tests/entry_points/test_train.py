@@ -48,7 +48,8 @@ def test_fit_learns_logs_offline_and_tests_best_checkpoint(demo, tmp_path, capsy
     assert float(m["val/auroc_mean"]) > 0.9
     assert float(m["train/rows_per_s"]) > 0 and "val/sh_bacc" in m and "val/ap_va_wearer" in m
     assert cli.trainer.logger.experiment.settings.mode == "offline" or cli.trainer.logger._offline
-    res = cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path="best", verbose=False)[0]
+    res = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False,
+                           ckpt_path=cli.trainer.checkpoint_callback.best_model_path)[0]   # best.ckpt
     assert res["test/auroc_mean"] > 0.9 and 0 <= res["test/sh_f1w"] <= 1
     assert list(tmp_path.glob("**/checkpoints/best.ckpt")) and list(tmp_path.glob("wandb/offline-run-*"))
 
@@ -468,6 +469,24 @@ def test_disabled_wandb_fit_keeps_metrics_csv_and_resume_keeps_run_and_best(demo
     val2 = _epoch_values(_csv_rows(run_dir / "metrics.csv"), "val/auroc_mean")
     assert sorted(val2) == [0, 1, 2] and val2[0] == val[0] and val2[1] == val[1]
     assert float(ckpt2.best_model_score) == pytest.approx(max(val2.values()), abs=1e-6)
+
+
+def test_last_ckpt_is_the_last_finished_epoch_not_the_best(demo, tmp_path, monkeypatch):
+    """A fit whose score stops improving (lr 0: the weights and so val/auroc_mean never change after epoch 0):
+    ``best.ckpt`` stays at epoch 0 and ``last.ckpt`` holds the last finished epoch, 2 (with ``save_last`` lightning
+    2.6 left it at the best epoch, so a resume re-trained the epochs after it); the Ctrl-C note names it."""
+    import torch
+
+    from callbacks.train_console import last_checkpoint
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    cli = cli_main(fit_args(demo, tmp_path, "--trainer.max_epochs=3", "--model.init_args.lr=0",
+                            f"--trainer.logger.init_args.save_dir={tmp_path}"))
+    folder = Path(cli.trainer.checkpoint_callback.dirpath)
+    assert sorted(p.name for p in folder.iterdir()) == ["best.ckpt", "last.ckpt"]
+    assert torch.load(folder / "best.ckpt", weights_only=False)["epoch"] == 0
+    assert torch.load(folder / "last.ckpt", weights_only=False)["epoch"] == 2
+    assert last_checkpoint(cli.trainer) == str(folder / "last.ckpt")
 
 
 def test_test_run_joins_the_fit_group(demo, tmp_path, capsys):
