@@ -14,18 +14,42 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def local_checkpoint(path: str | Path, what: str, hint: str = "") -> Path:
-    """``path`` as a checkpoint directory holding ``config.json``.
+    """``path`` as a checkpoint directory holding ``config.json`` and a weights file (:data:`WEIGHT_SUFFIXES`).
 
     Raises:
         FileNotFoundError: naming the path, what was expected there and how to create the demo one.
+        CheckpointError: ``config.json`` without any weights file beside it (transformers' own message was a
+            traceback ending "no file named model.safetensors").
     """
     p = Path(path)
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"no {what} checkpoint at {p} (config.json missing){'; ' + hint if hint else ''}")
+    if not any(f.suffix in WEIGHT_SUFFIXES for f in p.iterdir()):
+        raise CheckpointError(f"{p}: config.json but no weights file beside it (none of "
+                              f"{', '.join('*' + s for s in WEIGHT_SUFFIXES)}); copy the whole {what} checkpoint")
     return p
 
 
+def check_model_type(path: Path, what: str, model_types: tuple[str, ...]) -> None:
+    """Refuse a checkpoint of another model family, by its ``config.json``'s ``model_type``, in one line (loaded,
+    a Qwen2.5-Omni folder given as VideoLLaMA3's failed deep in transformers, e.g. "embed_dim must be divisible by
+    num_heads"). A ``config.json`` that is not a JSON object is left to the load, which names it.
+
+    Raises:
+        CheckpointError: naming the folder, the ``model_type`` found and the ones expected.
+    """
+    try:
+        found = json.loads((path / "config.json").read_text()).get("model_type")
+    except (ValueError, AttributeError):
+        return
+    if found not in model_types:
+        raise CheckpointError(f"{path}: config.json's model_type is {found!r}, not a {what} checkpoint (expected "
+                              f"{' or '.join(repr(t) for t in model_types)})")
+
+
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+# transformers' Qwen2_5OmniThinkerConfig / Qwen2_5OmniConfig (a whole released Qwen2.5-Omni folder holds the thinker)
+OMNI_MODEL_TYPES = ("qwen2_5_omni_thinker", "qwen2_5_omni")
 
 
 def _kind(mode: int) -> str:
@@ -146,6 +170,7 @@ def load_omni_thinker(model_dir: str | Path, dtype: str = "float32", attn_implem
     from transformers import AutoFeatureExtractor, AutoVideoProcessor, Qwen2_5OmniThinkerForConditionalGeneration
 
     path = local_checkpoint(model_dir, "Qwen2.5-Omni thinker", "for the demo run `python -m models.omni.tiny <dir>` first")
+    check_model_type(path, "Qwen2.5-Omni thinker", OMNI_MODEL_TYPES)
     if dtype not in OMNI_DTYPES:
         raise SettingError(f"dtype must be one of {list(OMNI_DTYPES)}, got {dtype!r}")
     if thinker is None:

@@ -18,7 +18,7 @@ import torch
 
 from algorithms.budget import CELL_PIXELS, MIN_TOKENS_PER_FRAME, Plan, frame_grid
 from algorithms.errors import CheckpointError, SettingError
-from ..loading import local_checkpoint, reading_checkpoint
+from ..loading import check_model_type, local_checkpoint, reading_checkpoint
 from .chat_template import processor_chat_template
 from .qbase import TransformerDecoderFlatCompressor, load_state_dict_strict
 from .weight_files import ORIGINAL_PROJECTOR_DIR, QBASE_DIR
@@ -224,8 +224,15 @@ class VisionEncoding:
 
         Raises:
             FileNotFoundError: naming the path (and how to build the demo checkpoint).
+            CheckpointError: no weights file beside ``config.json``, or another family's checkpoint (its
+                ``model_type`` named).
         """
-        return local_checkpoint(path, "VideoLLaMA3", "for the demo run `python -m models.videollama3.tiny` first")
+        from .original_config import is_original_layout
+
+        p = local_checkpoint(path, "VideoLLaMA3", "for the demo run `python -m models.videollama3.tiny` first")
+        if not is_original_layout(p):   # (the original layout's own model_type is videollama3_qwen2)
+            check_model_type(p, "VideoLLaMA3", ("video_llama_3",))   # transformers' VideoLlama3Config
+        return p
 
     def set_vision_attention(self, implementation: str | None) -> "BudgetedVideoLlama3":
         """Select the vision encoder's attention backend (``"frame_batched"``, a transformers name, or ``None``)."""

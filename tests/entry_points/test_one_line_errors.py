@@ -148,3 +148,47 @@ def test_ctrl_c_during_the_imports_is_one_line_and_status_130(tmp_path):
     assert proc.returncode == 130, err[-2000:]
     assert err.strip().splitlines()[-1] == "interrupted while starting: nothing was run or written"
     assert "Traceback" not in err and not out.exists()
+
+
+@pytest.mark.parametrize("case", ["another family", "no weights"])
+def test_a_checkpoint_of_another_family_or_without_weights_is_one_line(capsys, tmp_path, tiny_vl3_dir, demo_bench,
+                                                                      case):
+    """A Qwen2.5-Omni folder given as ``model_path`` ended in a 40-frame traceback ("embed_dim must be divisible by
+    num_heads"), a folder of config files only in transformers' "no file named model.safetensors": one line each
+    now, status 2, nothing written."""
+    import json
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_vl3_dir, ckpt)
+    if case == "another family":
+        cfg = json.loads((ckpt / "config.json").read_text())
+        (ckpt / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen2_5_omni_thinker"}))
+        want = (f"error: CheckpointError: {ckpt}: config.json's model_type is 'qwen2_5_omni_thinker', not a "
+                "VideoLLaMA3 checkpoint (expected 'video_llama_3')")
+    else:
+        for f in ckpt.glob("*.safetensors"):
+            f.unlink()
+        want = (f"error: CheckpointError: {ckpt}: config.json but no weights file beside it (none of *.safetensors, "
+                "*.bin, *.pt, *.pth); copy the whole VideoLLaMA3 checkpoint")
+    out = tmp_path / "out"
+    code, err = _main_exit(capsys, ["predict", f"--model.init_args.model_path={ckpt}",
+                                    f"--data.init_args.root={demo_bench}", "--data.init_args.num_workers=0",
+                                    "--data.init_args.loader_kwargs={}", f"--trainer.callbacks.init_args.out_dir={out}"])
+    assert code == 2 and err[-2:] == [want, TRACEBACK_HINT]
+    assert not out.exists()
+
+
+def test_the_omni_loader_refuses_a_videollama3_folder_before_loading(tmp_path):
+    """``configs/extract`` with a VideoLLaMA3 ``model_dir`` loaded it into the thinker (a table of missing weights)
+    and then failed on its feature extractor, 162 lines: one error naming the model_type now."""
+    import json
+
+    from algorithms.errors import CheckpointError
+    from models.loading import load_omni_thinker
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "video_llama_3"}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"model_type is 'video_llama_3', not a Qwen2\.5-Omni thinker checkpoint "
+                                              r"\(expected 'qwen2_5_omni_thinker' or 'qwen2_5_omni'\)"):
+        load_omni_thinker(tmp_path)

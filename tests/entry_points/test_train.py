@@ -484,8 +484,8 @@ def test_last_ckpt_is_the_last_finished_epoch_not_the_best(demo, tmp_path, monke
                             f"--trainer.logger.init_args.save_dir={tmp_path}"))
     folder = Path(cli.trainer.checkpoint_callback.dirpath)
     assert sorted(p.name for p in folder.iterdir()) == ["best.ckpt", "last.ckpt"]
-    assert torch.load(folder / "best.ckpt", weights_only=False)["epoch"] == 0
-    assert torch.load(folder / "last.ckpt", weights_only=False)["epoch"] == 2
+    assert torch.load(folder / "best.ckpt", weights_only=True)["epoch"] == 0
+    assert torch.load(folder / "last.ckpt", weights_only=True)["epoch"] == 2
     assert last_checkpoint(cli.trainer) == str(folder / "last.ckpt")
 
 
