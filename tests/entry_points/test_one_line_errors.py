@@ -174,7 +174,8 @@ def test_a_checkpoint_of_another_family_or_without_weights_is_one_line(capsys, t
     out = tmp_path / "out"
     code, err = _main_exit(capsys, ["predict", f"--model.init_args.model_path={ckpt}",
                                     f"--data.init_args.root={demo_bench}", "--data.init_args.num_workers=0",
-                                    "--data.init_args.loader_kwargs={}", f"--trainer.callbacks.init_args.out_dir={out}"])
+                                    "--data.init_args.loader_kwargs={}",
+                                    f"--trainer.callbacks.init_args.out_dir={out}"])
     assert code == 2 and err[-2:] == [want, TRACEBACK_HINT]
     assert not out.exists()
 
