@@ -194,14 +194,9 @@ class StageTimer(Callback):
                 "decode_worker_s": round(self.decode_worker_s, 4), "first_wait_s": round(self.first_wait_s, 4),
                 "step_s": list(self.step_s), "timeline_s": dict(self.timeline), "per_video": list(self.per_video)}
 
-    def on_predict_end(self, trainer, pl_module) -> None:
-        self._stamp("predict_end")
-        for name, age in (getattr(pl_module, "timeline_marks", None) or {}).items():   # e.g. module_built, setup
-            if age is not None:
-                self.timeline.setdefault(name, round(float(age), 3))
-        s = self.summary()
-        if getattr(pl_module, "warmup_report", None):   # BudgetedQA: the first step's compile wait and graphs
-            s["warmup"] = pl_module.warmup_report
+    def _write(self, trainer, s: dict) -> None:
+        """``timing_rank<r>.json`` in the run's folder (this callback's ``out_dir``, else the writer's), the earlier
+        runs kept (:func:`write_timing`); a folder that cannot take it is one warning, never a stop."""
         # the CUDA MPS daemon this run's processes are clients of (models.mps: the run's own by default), or None
         s["cuda_mps_pipe"] = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
         out = self.out_dir
@@ -210,16 +205,39 @@ class StageTimer(Callback):
                 if hasattr(cb, "out_dir") and cb is not self:
                     out = cb.out_dir
                     break
-        if out is not None:
-            path = Path(out) / f"timing_rank{trainer.global_rank}.json"
+        if out is None:
+            return
+        path = Path(out) / f"timing_rank{trainer.global_rank}.json"
+        try:
+            write_timing(path, s)   # earlier runs kept
+        except OSError as e:        # a full disk or read-only folder: the stage times are not worth a stop
+            print(f"warning: {e.filename or path}: timing not written ({e.strerror or e})", file=sys.stderr)
             try:
-                write_timing(path, s)   # earlier runs kept
-            except OSError as e:        # a full disk or read-only folder: the stage times are not worth a stop
-                print(f"warning: {e.filename or path}: timing not written ({e.strerror or e})", file=sys.stderr)
-                try:
-                    path.with_suffix(".json.tmp").unlink(missing_ok=True)
-                except OSError:
-                    pass
+                path.with_suffix(".json.tmp").unlink(missing_ok=True)
+            except OSError:
+                pass
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        """A run stopped by Ctrl-C (or SIGTERM) keeps the figures of the videos it did, marked ``interrupted``, so
+        that the resumed run's file lists it under ``previous_runs`` as the README says (it was lost before)."""
+        if not isinstance(exception, KeyboardInterrupt) or not self._start or not self.per_video:
+            return
+        self._stamp("interrupted")
+        self._module_marks(pl_module)
+        self._write(trainer, {**self.summary(), "interrupted": True})
+
+    def _module_marks(self, pl_module) -> None:
+        for name, age in (getattr(pl_module, "timeline_marks", None) or {}).items():   # e.g. module_built, setup
+            if age is not None:
+                self.timeline.setdefault(name, round(float(age), 3))
+
+    def on_predict_end(self, trainer, pl_module) -> None:
+        self._stamp("predict_end")
+        self._module_marks(pl_module)
+        s = self.summary()
+        if getattr(pl_module, "warmup_report", None):   # BudgetedQA: the first step's compile wait and graphs
+            s["warmup"] = pl_module.warmup_report
+        self._write(trainer, s)
         rows = "  ".join(f"{k} {s['stages_s'][k]:.2f}s ({100 * s['stages_share'][k]:.0f}%)" for k in self.STAGES)
         print(f"[rank {trainer.global_rank}] {s['videos']} video{'' if s['videos'] == 1 else 's'} in "
               f"{s['wall_s']:.2f}s: {rows}")

@@ -99,7 +99,7 @@ def test_ctrl_c_exits_130_saying_how_many_records_are_kept(tiny_vl3_dir, demo_be
     out = tmp_path / "out"
     cfg = {"trainer": {"enable_progress_bar": False, "callbacks": [
         {"class_path": "callbacks.jsonl_writer.JsonlPredictionWriter", "init_args": {"out_dir": str(out)}},
-        {"class_path": f"{__name__}.InterruptAfterFirstVideo"}]},
+        {"class_path": "callbacks.timing.StageTimer"}, {"class_path": f"{__name__}.InterruptAfterFirstVideo"}]},
         "model": {"class_path": "lightning_modules.budgeted_qa.BudgetedQA",
                   "init_args": {"model_path": str(tiny_vl3_dir), "budgets": [128], "max_new_tokens": 2}},
         "data": {"class_path": "datamodules.videoqa.VideoQADataModule",
@@ -115,6 +115,21 @@ def test_ctrl_c_exits_130_saying_how_many_records_are_kept(tiny_vl3_dir, demo_be
     # the first video (realshort, the cheaper one goes first) has 3 questions x 1 budget
     assert len(read_records(out)) == 3
     assert err[-1] == f"interrupted: 3 records kept in {out}; run the same command to resume"
+    import json
+
+    timing = json.loads((out / "timing_rank0.json").read_text())   # the interrupted run's figures are kept
+    assert timing["interrupted"] is True and timing["videos"] == 1 and len(timing["per_video"]) == 1
+    assert timing["per_video"][0]["video_id"] == read_records(out)[0]["video"]
+    cfg["trainer"]["callbacks"].pop(2)                               # the same command again, not interrupted
+    path.write_text(yaml.safe_dump(cfg))
+    import evaluate
+
+    evaluate.cli_main(["predict", f"--config={path}"])
+    resumed = json.loads((out / "timing_rank0.json").read_text())
+    assert resumed["videos"] == 1 and "interrupted" not in resumed   # the second video only
+    assert [r.get("interrupted") for r in resumed["previous_runs"]] == [True]
+    records = read_records(out)                                      # the demo's 7 questions, none twice
+    assert len(records) == 7 == len({(r["qid"], r["job"]) for r in records})
 
 
 def test_interrupted_recognises_lightnings_exit_after_a_keyboard_interrupt():
