@@ -13,8 +13,10 @@ from algorithms.errors import CheckpointError, SettingError
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def local_checkpoint(path: str | Path, what: str, hint: str = "") -> Path:
-    """``path`` as a checkpoint directory holding ``config.json`` and a weights file (:data:`WEIGHT_SUFFIXES`).
+def local_checkpoint(path: str | Path, what: str, hint: str = "", weights: bool = True) -> Path:
+    """``path`` as a checkpoint directory holding ``config.json`` and, with ``weights``, a weights file
+    (:data:`WEIGHT_SUFFIXES`; ``False`` where the model comes from elsewhere and only the folder's configs and
+    processors are read, as ``bench/extract_throughput.py``'s in-memory thinker).
 
     Raises:
         FileNotFoundError: naming the path, what was expected there and how to create the demo one.
@@ -24,7 +26,7 @@ def local_checkpoint(path: str | Path, what: str, hint: str = "") -> Path:
     p = Path(path)
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"no {what} checkpoint at {p} (config.json missing){'; ' + hint if hint else ''}")
-    if not any(f.suffix in WEIGHT_SUFFIXES for f in p.iterdir()):
+    if weights and not any(f.suffix in WEIGHT_SUFFIXES for f in p.iterdir()):
         raise CheckpointError(f"{p}: config.json but no weights file beside it (none of "
                               f"{', '.join('*' + s for s in WEIGHT_SUFFIXES)}); copy the whole {what} checkpoint")
     return p
@@ -169,7 +171,8 @@ def load_omni_thinker(model_dir: str | Path, dtype: str = "float32", attn_implem
     import torch
     from transformers import AutoFeatureExtractor, AutoVideoProcessor, Qwen2_5OmniThinkerForConditionalGeneration
 
-    path = local_checkpoint(model_dir, "Qwen2.5-Omni thinker", "for the demo run `python -m models.omni.tiny <dir>` first")
+    path = local_checkpoint(model_dir, "Qwen2.5-Omni thinker", "for the demo run `python -m models.omni.tiny <dir>` first",
+                            weights=thinker is None)
     check_model_type(path, "Qwen2.5-Omni thinker", OMNI_MODEL_TYPES)
     if dtype not in OMNI_DTYPES:
         raise SettingError(f"dtype must be one of {list(OMNI_DTYPES)}, got {dtype!r}")
