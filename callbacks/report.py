@@ -286,7 +286,9 @@ def _timing(out_dir: Path) -> str:
         v = (t.get("timeline_s") or {}).get("first_answer")
         return "-" if v is None else f"{float(v):.1f} s"
 
-    def mps(t: dict) -> str:   # (files written before session 17 do not say)
+    def mps(t: dict) -> str:   # (files written before session 17 do not say; a CPU run has no GPU to share)
+        if t.get("device_type") == "cpu":
+            return "no GPU"
         return "-" if "cuda_mps_pipe" not in t else ("on" if t["cuda_mps_pipe"] else "off")
 
     rows, earlier, latest = [], [], {}

@@ -199,6 +199,7 @@ class StageTimer(Callback):
         runs kept (:func:`write_timing`); a folder that cannot take it is one warning, never a stop."""
         # the CUDA MPS daemon this run's processes are clients of (models.mps: the run's own by default), or None
         s["cuda_mps_pipe"] = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
+        s["device_type"] = trainer.strategy.root_device.type     # "cuda" or "cpu" (MPS means nothing on the CPU)
         out = self.out_dir
         if out is None:
             for cb in trainer.callbacks:

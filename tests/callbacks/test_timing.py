@@ -34,6 +34,8 @@ def test_earlier_runs_are_kept_under_previous_runs_and_an_old_file_reads(tmp_pat
     assert "<td class=\"num\">2</td><td class=\"num\">14.8 s</td><td>on</td>" in row
     write_timing(path, {**_run(1), "cuda_mps_pipe": None})
     assert "<td class=\"num\">1</td><td class=\"num\">-</td><td>off</td>" in _timing(tmp_path).split("<details>")[0]
+    write_timing(path, {**_run(1), "cuda_mps_pipe": None, "device_type": "cpu"})     # a CPU run: nothing to share
+    assert "<td class=\"num\">1</td><td class=\"num\">-</td><td>no GPU</td>" in _timing(tmp_path).split("<details>")[0]
     path.write_text(json.dumps(data))                              # back to the three runs above
     assert "2 earlier run(s) into this folder (resumed)" in earlier and "<td>1 of 3</td>" in earlier
     assert "<th>first answer</th><th>CUDA MPS</th>" in earlier
@@ -55,6 +57,7 @@ def test_a_resumed_run_with_an_added_budget_keeps_the_first_runs_timing(tiny_vl3
     one = json.loads((out / "timing_rank0.json").read_text())
     assert one["videos"] == 2 and one["previous_runs"] == [] and len(first) == 7
     assert one["cuda_mps_pipe"] == str(tmp_path / "mps")                   # which daemon the run's processes used
+    assert one["device_type"] == "cpu"
     rows = one["per_video"]      # a wait is traced to its video: the rows' waits are the run's wait
     assert len({r["video_id"] for r in rows}) == 2 and None not in {r["video_id"] for r in rows}
     assert abs(sum(r["wait_s"] for r in rows) - one["stages_s"]["wait"]) < 1e-3
