@@ -241,7 +241,18 @@ def _decode_task(job) -> dict:
 
     t0 = time.perf_counter()
     st: dict = {}
-    if decoder in ("nvdec", "nvdec_full"):
+    if decoder == "hybrid":   # data.cpu_slots as the CLI's workers take them (decode_video: the same rule)
+        from datamodules.decode.cpu_slots import CpuSlots
+
+        slots = CpuSlots(os.environ["WORKLOAD_CPU_SLOTS_DIR"], int(os.environ["WORKLOAD_CPU_SLOTS"]),
+                         int(os.environ["WORKLOAD_CPU_SLOT_THREADS"]), float(os.environ["WORKLOAD_CPU_SLOT_MPX"]))
+        with slots.take(p["n"] * h * w / 1e6 * len(idx) / max(len(p["idx"]), 1)) as on_cpu:
+            if on_cpu:
+                frames, used, why = _cpu_run(path, idx, (dh, dw), slots.threads, False)
+                why = f"CPU slot ({used})"
+            else:
+                frames, used, why = nvdec.read_with_fallback(path, idx, (dh, dw), cpu, sessions=sessions, stats=st)
+    elif decoder in ("nvdec", "nvdec_full"):
         frames, used, why = nvdec.read_with_fallback(path, idx, (dh, dw), cpu, sessions=sessions, stats=st,
                                                      nvdec_skip_nonref=decoder == "nvdec")
     elif decoder == "cpu_skip":
@@ -746,12 +757,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--make", default=None, help="only write the set to this folder")
     ap.add_argument("--videos", default="/tmp/workload")
     ap.add_argument("--paths", nargs="+", default=["cpu", "nvdec"],
-                    choices=["cpu", "cpu_skip", "cpu_checked", "cpu_run", "nvdec", "nvdec_full"],
+                    choices=["cpu", "cpu_skip", "cpu_checked", "cpu_run", "nvdec", "nvdec_full", "hybrid"],
                     help="cpu: decord; cpu_checked / cpu_run: decode_video's CPU read with its concealment flags, "
                          "before / after issue 42's one pass; cpu_skip: PyAV fed only the needed packets; "
                          "nvdec: NVDEC fed only the needed packets (nvdec_skip_nonref, the default); nvdec_full: "
-                         "NVDEC decoding every frame")
+                         "NVDEC decoding every frame; hybrid: nvdec, but a read goes to the CPU reader while one of "
+                         "--cpu-slots is free (data.cpu_slots)")
     ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--cpu-slots", type=int, default=4, help="path hybrid: data.cpu_slots (CPU reads at a time)")
+    ap.add_argument("--cpu-slot-threads", type=int, default=2, help="path hybrid: data.cpu_slot_threads")
+    ap.add_argument("--cpu-slot-mpx", type=float, default=30000.0, help="path hybrid: data.cpu_slot_mpx")
     ap.add_argument("--threads", type=int, default=None, help="decoder threads per CPU worker (auto from cores)")
     ap.add_argument("--sessions", type=int, default=None, help="NVDEC sessions per video (default: auto_sessions, as the CLI)")
     ap.add_argument("--window-s", type=float, default=None)
@@ -794,6 +809,11 @@ def main(argv=None) -> dict:
     threads = args.threads or auto_decode_threads(args.workers)
     workers = 1 if args.tiny else args.workers
     rows_by_path, walls = {}, {}
+    import tempfile
+
+    os.environ.update(WORKLOAD_CPU_SLOTS_DIR=tempfile.mkdtemp(prefix="workload-cpu-slots-"),
+                      WORKLOAD_CPU_SLOTS=str(args.cpu_slots), WORKLOAD_CPU_SLOT_THREADS=str(args.cpu_slot_threads),
+                      WORKLOAD_CPU_SLOT_MPX=str(args.cpu_slot_mpx))   # (the spawned pool workers inherit them)
     pool_videos = [v for v in videos if not args.only or class_of(str(v)) in args.only]
     for kind in args.paths:
         rows_by_path[kind], walls[kind] = run_path(pool_videos, kind, workers, threads, args.sessions, args.window_s,

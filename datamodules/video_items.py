@@ -20,6 +20,7 @@ from callbacks.process_clock import boot_s, process_start_boot_s
 
 from .benchmarks import Question
 from .decode import MAX_REPLACED_FRAC, STRICT_FRAMES, NATIVE_DECODE_BYTES, DecodeError, EncoderSizing, decode_video
+from .decode.cpu_slots import CpuSlots
 from .decode.isolated import decode_isolated
 
 
@@ -151,6 +152,9 @@ class VideoQADataset(Dataset):
     ``cpu_below_mpx``; ``cpu_task_threads`` decoder threads for each read, ``None``: ``decode_threads`` and at least
     2; :func:`datamodules.videoqa.first_video_on_cpu` picks it), ``None``: none.
 
+    ``cpu_slots``: every other read NVDEC would do goes to the CPU reader while one of these slots is free
+    (:func:`datamodules.decode.decode_video` ``cpu_slots``; not for a video decoded in a process of its own).
+
     ``error`` always starts with the video path: a :class:`~datamodules.decode.DecodeError` message as is (see
     :mod:`datamodules.decode.errors` for the per-case table), any other exception of the decoder (including
     ``MemoryError``) as ``"<path>: unexpected decode failure (<type>: <message>)"``. ``KeyboardInterrupt`` and
@@ -163,7 +167,9 @@ class VideoQADataset(Dataset):
                  decoder: str = "cpu", strict_frames: bool = STRICT_FRAMES, parts: list[int] | None = None,
                  cpu_task: int | None = None, cpu_task_mpx: float = 1000.0, decoding_dir: str | None = None,
                  isolated: frozenset[str] | set[str] = frozenset(), decode_timeout_s: float | None = DECODE_TIMEOUT_S,
-                 main_mark: str | None = None, cpu_task_threads: int | None = None):
+                 main_mark: str | None = None, cpu_task_threads: int | None = None,
+                 cpu_slots: CpuSlots | None = None):
+        self.cpu_slots = cpu_slots   # data.cpu_slots (None: none): idle cores read files NVDEC would
         self.cpu_task, self.cpu_task_mpx = cpu_task, cpu_task_mpx
         self.cpu_task_threads = cpu_task_threads   # None: max(decode_threads, 2)
         # decoding in the main process (no workers): the file naming the video it decodes now, left behind if a
@@ -247,15 +253,18 @@ class VideoQADataset(Dataset):
         # a file that killed a decode worker in an earlier run: decoded in a child process, whose crash costs only
         # this video's questions
         decode = decode_video
+        slots = None if on_cpu else self.cpu_slots
         if task.video_path in self.isolated and part is None:   # its hand-over folder goes with the run's marks
             decode = functools.partial(decode_isolated, tmp_dir=self.decoding_dir)
+            slots = None   # (its arguments travel as JSON)
         call = functools.partial(decode, task.video_path, self.max_budget, self.decode_max_side,
                                  num_threads=self._cpu_task_threads() if on_cpu else self.decode_threads,
                                  native_decode_bytes=self.native_decode_bytes,
                                  short_clip_first_frame=self.short_clip_first_frame,
                                  max_replaced_frac=self.max_replaced_frac, sizing=self.sizing,
                                  decoder=self.decoder, strict_frames=self.strict_frames, part=part,
-                                 cpu_below_mpx=self.cpu_task_mpx if on_cpu else None)
+                                 cpu_below_mpx=self.cpu_task_mpx if on_cpu else None,
+                                 **({"cpu_slots": slots} if slots is not None else {}))
         try:
             dec = call_with_timeout(call, self.decode_timeout_s, f"decode {task.video_id}")
             item.update(frames=dec.frames, times_s=dec.times_s, video_info=dec.info)

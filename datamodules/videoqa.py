@@ -24,6 +24,7 @@ from algorithms.errors import SettingError, check_int
 
 from .benchmarks import AnnotationError, Question, canonical_loader_kwargs, load_benchmark, question_sha1
 from .benchmarks.base import check_media_present, path_problem
+from .decode.cpu_slots import CPU_SLOT_MPX, CPU_SLOT_THREADS, CPU_SLOTS, CpuSlots
 from .decode import (DECODERS, MAX_REPLACED_FRAC, STRICT_FRAMES, NATIVE_DECODE_BYTES, auto_decode_threads,
                      auto_num_workers)
 from .fork_context import fork_context
@@ -192,6 +193,12 @@ class VideoQADataModule(LightningDataModule):
             steps that ran while the 30-minute 1080p file was still decoding took 40-60 % longer than the same
             videos' steps in a run where decoding had ended (the CPUs 80-95 % busy, the SMs below 100 %). Records
             do not change.
+        cpu_slots: with ``decoder: auto`` on a CUDA machine and ``num_workers`` >= 1, up to this many of the rank's
+            workers at a time read a file (or a part) NVDEC would read with the CPU reader instead, on
+            ``cpu_slot_threads`` decoder threads, when it has at most ``cpu_slot_mpx`` source megapixels
+            (:mod:`datamodules.decode.cpu_slots`): the host's idle cores decode beside the engines. The records are
+            the CPU reader's, which NVDEC's equal (``video_info.decoder`` names the reader). ``0`` (default): none.
+            Each slot takes a worker from the engines while it reads, so raise ``num_workers`` by as many.
     """
 
     def __init__(self, benchmark: str = "videomme", root: str = "assets/demo_videomme",
@@ -203,8 +210,16 @@ class VideoQADataModule(LightningDataModule):
                  decode_part_mb: float | None = DECODE_PART_MB,
                  first_video_cpu_mpx: float | None = FIRST_VIDEO_CPU_MPX, worker_niceness: int = 0,
                  decode_timeout_s: float | None = DECODE_TIMEOUT_S, pin_memory: bool | None = None,
-                 first_video_threads: int | None = FIRST_VIDEO_THREADS, first_video_parts: int = FIRST_VIDEO_PARTS):
+                 first_video_threads: int | None = FIRST_VIDEO_THREADS, first_video_parts: int = FIRST_VIDEO_PARTS,
+                 cpu_slots: int = CPU_SLOTS, cpu_slot_threads: int = CPU_SLOT_THREADS,
+                 cpu_slot_mpx: float = CPU_SLOT_MPX):
         super().__init__()
+        check_int("data.cpu_slots", cpu_slots, 0)
+        check_int("data.cpu_slot_threads", cpu_slot_threads, 1)
+        if isinstance(cpu_slot_mpx, bool) or not isinstance(cpu_slot_mpx, (int, float)) \
+                or not math.isfinite(cpu_slot_mpx) or cpu_slot_mpx <= 0:
+            raise SettingError(f"data.cpu_slot_mpx must be a finite number > 0 (megapixels), got {cpu_slot_mpx!r}")
+        self.cpu_slots, self.cpu_slot_threads, self.cpu_slot_mpx = cpu_slots, cpu_slot_threads, float(cpu_slot_mpx)
         check_int("data.first_video_parts", first_video_parts, 1)
         self.first_video_parts = first_video_parts
         check_int("data.first_video_threads", first_video_threads, 1, allow_none=True,
@@ -502,11 +517,12 @@ class VideoQADataModule(LightningDataModule):
             print(f"[rank {rank}] {self.benchmark}: the first video ({tasks[cpu_task].video_id}) is read on the CPU"
                   f"{cut} if it has at most {self.first_video_cpu_mpx:g} source megapixels (data.first_video_cpu_mpx: "
                   f"sooner than a worker's first NVDEC decode)", flush=True)
+        slots = self._cpu_slots_of_run(rank)
         ds = VideoQADataset(tasks, max_budget, self.decode_max_side, threads,
                             self.native_decode_bytes, self.short_clip_first_frame, self.max_replaced_frac, sizing,
                             self.decoder, self.strict_frames, parts if parts and max(parts) > 1 else None, cpu_task,
                             self.first_video_cpu_mpx or 0.0, self._decoding_dir(), crashed, self.decode_timeout_s,
-                            self._main_mark(), cpu_task_threads=self.first_video_threads)
+                            self._main_mark(), cpu_task_threads=self.first_video_threads, cpu_slots=slots)
         # frames pinned (in the loader's pin-memory thread, off the GPU's path) when the run is on CUDA: the
         # module's copy to the device then does not block the host
         pin = self.pins_frames()
@@ -595,6 +611,22 @@ class VideoQADataModule(LightningDataModule):
         if self.workers != 0 or writer is None or not hasattr(writer, "out_dir"):
             return None
         return str(Path(writer.out_dir) / f"decoding_rank{self.trainer.global_rank}.txt")
+
+    def _cpu_slots_of_run(self, rank: int) -> CpuSlots | None:
+        """``data.cpu_slots`` of this rank's workers, in its decoding folder, or ``None`` (no slots asked for, no
+        workers, no folder, or no read NVDEC would do: ``decoder`` not ``auto``, ``strict_frames``, no CUDA or no
+        PyNvVideoCodec). Says so once."""
+        if not self.cpu_slots or self.decoder != "auto" or self.strict_frames or self.workers < 1:
+            return None
+        if not torch.cuda.is_available() or nvdec_missing() is not None:
+            return None
+        folder = self._decoding_dir()
+        if folder is None:
+            return None
+        print(f"[rank {rank}] up to {self.cpu_slots} of the {self.workers} decode workers at a time read a file of at "
+              f"most {self.cpu_slot_mpx:g} source megapixels on the CPU ({self.cpu_slot_threads} threads each; "
+              "data.cpu_slots) instead of NVDEC: the same frames", flush=True)
+        return CpuSlots(str(Path(folder, "cpu_slots")), self.cpu_slots, self.cpu_slot_threads, self.cpu_slot_mpx)
 
     def _decoding_dir(self) -> str | None:
         """A temporary folder where the decode workers name the video each is decoding

@@ -4,6 +4,7 @@ The pipeline is described in :mod:`datamodules.decode`.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from datamodules.decode.cpu_slots import ON_CPU_SLOT, CpuSlots
 from datamodules.decode.cpu import _read_frames, cpu_reader_for, decord_decodes, pyav_sws_reads
 from datamodules.decode.pyav_skip import concealed_frames
 from datamodules.decode.errors import DecodeError, FrameSizeChange, _check_file, _open_error
@@ -64,7 +66,7 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
                  max_replaced_frac: float = MAX_REPLACED_FRAC, sizing: EncoderSizing | None = None,
                  hold_chunk_bytes: float = HOLD_CHUNK_BYTES, decoder: str = "cpu",
                  strict_frames: bool = STRICT_FRAMES, part: tuple[int, int] | None = None,
-                 cpu_below_mpx: float | None = None) -> DecodedVideo:
+                 cpu_below_mpx: float | None = None, cpu_slots: CpuSlots | None = None) -> DecodedVideo:
     """Decode the frames the largest budget of a run needs, as seed 001's ``decode_video`` chooses them.
 
     Three steps: (a) the plan, :func:`probe_video` and :func:`plan_decode`: seed 001's ``duration =
@@ -130,6 +132,10 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
         cpu_below_mpx: a file NVDEC would decode is read by the CPU reader instead when its
             :func:`source_megapixels` are at most this (``info["decoder_fallback"]``: :data:`SMALL_ON_CPU`); the
             CPU reader is the reference NVDEC's frames are checked against. ``None``: no such rule.
+        cpu_slots: where NVDEC would read the file: the CPU reader reads it instead (``cpu_slots.threads`` decoder
+            threads; ``info["decoder_fallback"]``: :data:`~datamodules.decode.cpu_slots.ON_CPU_SLOT`) when one of
+            these slots is free and the read has at most ``cpu_slots.max_mpx`` source megapixels (a part: its share
+            of the file's), held while it reads (:mod:`datamodules.decode.cpu_slots`). ``None``: no slots.
 
     Raises:
         DecodeError: missing, empty, truncated, corrupted or unreadable file, no video stream, no frame at the
@@ -143,7 +149,7 @@ def decode_video(path: str | Path, budget_tokens: int, decode_max_side: int = 89
         part_bounds(1, *part)   # checks 0 <= k < K
     return _decode_video(Path(path), budget_tokens, decode_max_side, base_fps, num_threads, native_decode_bytes,
                          short_clip_first_frame, max_replaced_frac, sizing, hold_chunk_bytes, decoder,
-                         bool(strict_frames), part, cpu_below_mpx)
+                         bool(strict_frames), part, cpu_below_mpx, cpu_slots)
 
 
 def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps: float, num_threads: int,
@@ -151,7 +157,7 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
                   max_replaced_frac: float = 0.0, sizing: EncoderSizing | None = None,
                   hold_chunk_bytes: float = HOLD_CHUNK_BYTES, decoder: str = "cpu",
                   strict_frames: bool = STRICT_FRAMES, part: tuple[int, int] | None = None,
-                  cpu_below_mpx: float | None = None) -> DecodedVideo:
+                  cpu_below_mpx: float | None = None, cpu_slots: CpuSlots | None = None) -> DecodedVideo:
     _check_file(path)
     probe = probe_video(path)
     plan = plan_decode(path, probe, budget_tokens, base_fps, native_decode_bytes, decode_max_side,
@@ -165,33 +171,39 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
         name, fallback = "cpu", NVDEC_UNCHECKED
     if small_first and name == "nvdec":
         name, fallback = "cpu", SMALL_ON_CPU
-    if name == "cpu":
-        name = cpu_reader_for(probe, plan.decode_hw)
-    try:
+    on_slot = False
+    with contextlib.ExitStack() as held:
+        if cpu_slots is not None and name == "nvdec":   # an idle core free: the CPU reader, the same frames
+            on_slot = held.enter_context(cpu_slots.take(_read_megapixels(probe, plan, part)))
+        if on_slot:
+            name, fallback, num_threads = "cpu", ON_CPU_SLOT, cpu_slots.threads
+        if name == "cpu":
+            name = cpu_reader_for(probe, plan.decode_hw)
         try:
-            frames, replaced, made, concealed = _read_planned(path, probe, plan, name, num_threads,
-                                                              max_replaced_frac, sizing, hold_chunk_bytes,
-                                                              strict_frames, _bounds(plan, part))
-        except FrameSizeChange as e:   # the CLI rebuilds its filter graph there: plan again on the decoder's
-            probe = probe_video(path, timeline=str(e))   # timeline, with a new fps filter per size (issue 44)
-            plan = plan_decode(path, probe, budget_tokens, base_fps, native_decode_bytes, decode_max_side,
-                               short_clip_first_frame)
-            if name == "nvdec":
-                fallback = f"nvdec: {e}"
-            name = "pyav"
-            frames, replaced, made, concealed = _read_planned(path, probe, plan, name, num_threads,
-                                                              max_replaced_frac, sizing, hold_chunk_bytes,
-                                                              strict_frames, _bounds(plan, part))
-    except DecodeError as e:
-        if strict_frames or name not in ("decord", "nvdec") or probe.timestamps_unusable:
-            raise
-        # decord fails a whole batch on one refused packet, where the ffmpeg CLI skips it: PyAV reads the file
-        alt = "pyav_sws" if pyav_sws_reads(probe) else "pyav_skip"
-        frames, replaced, made, concealed = _read_planned(path, probe, plan, alt, num_threads,
-                                                          max_replaced_frac, sizing, hold_chunk_bytes, False,
-                                                          _bounds(plan, part))
-        fallback = f"{name} failed: {str(e)[len(str(path)) + 2:][:200]}"
-        name = alt
+            try:
+                frames, replaced, made, concealed = _read_planned(path, probe, plan, name, num_threads,
+                                                                  max_replaced_frac, sizing, hold_chunk_bytes,
+                                                                  strict_frames, _bounds(plan, part))
+            except FrameSizeChange as e:   # the CLI rebuilds its filter graph there: plan again on the decoder's
+                probe = probe_video(path, timeline=str(e))   # timeline, with a new fps filter per size (issue 44)
+                plan = plan_decode(path, probe, budget_tokens, base_fps, native_decode_bytes, decode_max_side,
+                                   short_clip_first_frame)
+                if name == "nvdec":
+                    fallback = f"nvdec: {e}"
+                name = "pyav"
+                frames, replaced, made, concealed = _read_planned(path, probe, plan, name, num_threads,
+                                                                  max_replaced_frac, sizing, hold_chunk_bytes,
+                                                                  strict_frames, _bounds(plan, part))
+        except DecodeError as e:
+            if strict_frames or name not in ("decord", "nvdec") or probe.timestamps_unusable:
+                raise
+            # decord fails a whole batch on one refused packet, where the ffmpeg CLI skips it: PyAV reads the file
+            alt = "pyav_sws" if pyav_sws_reads(probe) else "pyav_skip"
+            frames, replaced, made, concealed = _read_planned(path, probe, plan, alt, num_threads,
+                                                              max_replaced_frac, sizing, hold_chunk_bytes, False,
+                                                              _bounds(plan, part))
+            fallback = f"{name} failed: {str(e)[len(str(path)) + 2:][:200]}"
+            name = alt
     h, w = probe.height, probe.width
     n_planned = len(plan.idx)
     bounds = _bounds(plan, part)
@@ -227,6 +239,16 @@ def _decode_video(path: Path, budget_tokens: int, decode_max_side: int, base_fps
     if info["decoder"] == "nvdec":   # NVDEC's own frames: no decoder flags, no check pass (module nvdec)
         info["concealment_checked"] = False
     return DecodedVideo(frames=frames, times_s=plan.times_s, info=info, part=bounds)
+
+
+def _read_megapixels(probe, plan, part: tuple[int, int] | None) -> float:
+    """The source megapixels a read of ``part`` of ``plan`` covers: the file's (:func:`source_megapixels`) times the
+    part's share of the planned frames (the whole file's for ``None``)."""
+    mpx = source_megapixels(probe)
+    if part is None or not plan.idx:
+        return mpx
+    lo, hi = part_bounds(len(plan.idx), *part)
+    return mpx * (hi - lo) / len(plan.idx)
 
 
 def _bounds(plan, part: tuple[int, int] | None) -> tuple[int, int] | None:
