@@ -32,9 +32,24 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
                      parser_kwargs={"predict": {"default_config_files": [str(DEFAULT_PREDICT_CONFIG)]}})
 
 
-if __name__ == "__main__":
+def _exit_while_starting(signum, frame) -> None:
+    """SIGINT's handler while ``evaluate.py`` imports: the line and status 130 at once. A ``KeyboardInterrupt`` raised
+    there can surface inside a C++ extension's callback into Python, where pybind11 aborts the process
+    ("terminate called after throwing an instance of 'pybind11::error_already_set'", status -6: seen once in the
+    test suite); nothing of the run has been written yet, and the processes started so far (the workers' fork
+    server, the MPS daemon's watcher) end with this one."""
+    import os
     import sys
 
+    print("interrupted while starting: nothing was run or written", file=sys.stderr, flush=True)
+    os._exit(130)
+
+
+if __name__ == "__main__":
+    import signal
+    import sys
+
+    default_sigint = signal.signal(signal.SIGINT, _exit_while_starting)
     try:
         from models.mps import start_mps
 
@@ -58,5 +73,7 @@ if __name__ == "__main__":
     except KeyboardInterrupt:       # Ctrl-C during the imports (seconds): one line, as after the start
         print("interrupted while starting: nothing was run or written", file=sys.stderr)
         raise SystemExit(130) from None
+    finally:
+        signal.signal(signal.SIGINT, default_sigint)
 
     main(cli_main)
