@@ -22,9 +22,9 @@ pool() {   # $1: label, $2: deadline (s after the start), $3: path, $4: workers,
   stamp "pool $1"
 }
 pool nvdec16 230 nvdec 16
-pool hybrid20k4 300 hybrid 20 4
-pool nvdec20 370 nvdec 20
+pool hybrid20k4 290 hybrid 20 4
+pool nvdec20 350 nvdec 20
 export TRITON_CACHE_DIR=/tmp/triton_cli
-CLI_END=490 workload_cli cli . auto auto/cpu_slots=4/num_workers=20
+CLI_END=445 workload_cli cli . auto auto/cpu_slots=4/num_workers=20
 grep -o '"process_s": [0-9.]*\|"predict_end": [0-9.]*\|"cuda_mps_pipe": [^,]*' "$OUT/cli_cli.json" | head -12
 bundle_out
