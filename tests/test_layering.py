@@ -204,7 +204,7 @@ def test_benchmark_formats_import_base_only():
 
 # the decode room (issue 40): its file names are the pipeline, in this order; the NVDEC reader comes last
 DECODE_STEPS = ("errors", "display", "probe", "plan", "readers", "cpu", "swscale", "pyav_skip", "retry", "held",
-                "parts", "video", "packet_filter", "convert", "nvdec_plan", "nvdec", "isolated")
+                "parts", "cpu_slots", "video", "packet_filter", "convert", "nvdec_plan", "nvdec", "isolated")
 
 
 def test_decode_steps_import_one_way():
@@ -223,7 +223,7 @@ def test_decode_steps_import_one_way():
     assert graph["datamodules.decode"] == set(rank) - {"datamodules.decode.packet_filter", "datamodules.decode.display",
                                                        "datamodules.decode.swscale", "datamodules.decode.convert",
                                                        "datamodules.decode.nvdec_plan", "datamodules.decode.nvdec",
-                                                       "datamodules.decode.isolated"}
+                                                       "datamodules.decode.isolated", "datamodules.decode.cpu_slots"}
     eager = [f"{f.name} imports {a.name if isinstance(n, ast.Import) else n.module}"
              for f in sorted((REPO / "datamodules/decode").glob("*.py"))
              for n in ast.parse(f.read_text(encoding="utf-8")).body if isinstance(n, (ast.Import, ast.ImportFrom))
