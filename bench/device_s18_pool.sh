@@ -14,7 +14,7 @@ pool() {   # $1: label, $2: deadline (s after the start), $3: path, $4: workers,
   echo "  videos on a CPU slot: $(grep -c 'CPU slot' "$OUT/pool_$1.txt")"
   stamp "pool $1"
 }
-pool nvdec16 170 nvdec 16
-pool hybrid20k4 235 hybrid 20 4
-pool nvdec20 295 nvdec 20
+pool nvdec16 150 nvdec 16
+pool hybrid20k4 215 hybrid 20 4
+pool nvdec20 265 nvdec 20
 bundle_out
