@@ -1,14 +1,15 @@
 #!/bin/bash
-# Prepared in session 17 for the next session's first call (session 16's version ran as bench/device_s17_call1.sh).
-#   (1) the GPU tests beside the set's making (BudgetedQA now releases the VLM at predict end; the MPS watcher);
-#   (2) the user's CLI, defaults (the run's own MPS daemon), whole workload-shaped set, twice: the first answer cold
-#       and warm, and process_s - predict_end (session 17 call 4: 15.2 s, 10.0 s of it Lightning's teardown copying
-#       the 7B weights to the CPU, which the release removes: expect ~5 s);
-#   (3) the feed, which now bounds the full benchmark: with 2.15 s steps the full Video-MME needs ~14,000 source
-#       frames/s to keep the GPU busy, the pool's steady rate was 10,685 (session 8, NVDEC 64 % busy; projected
-#       0.80 h against 0.54 h of steps). The 18-video pool (16 workers, every video whole) as in session 8, then the
-#       same with 24 workers, and with 16 under an MPS daemon (do the workers' per-frame copy kernels run faster as
-#       one context?).
+# Prepared in sessions 17-18 for the next session's first call (session 18 got no device machine: every start was
+# refused). One call, ~560 s:
+#   (1) the GPU tests beside the set's making (BudgetedQA releases the VLM at predict end; the MPS watcher);
+#   (2) the feed, which bounds the full Video-MME (session 17's projection: 0.80 h against 0.54 h of steps; ~14,000
+#       source frames/s needed, 10,685 measured in session 8's 18-video pool with 16 workers, NVDEC 64 % busy, CPUs
+#       42 %): the same pool (3 copies, every video whole) with nvdec / 16 workers, then data.cpu_slots (session 18:
+#       idle cores read files NVDEC would, `--paths hybrid`) with 20 workers and 4 slots of 2 threads, then nvdec with
+#       20 workers (the worker count alone), then hybrid with 22 workers and 6 slots;
+#   (3) the user's CLI on the workload-shaped set: defaults, then cpu_slots=4 with 20 workers (records compared), and
+#       process_s - predict_end (session 17 call 4: 15.2 s, 10.0 s of it Lightning's teardown copying the 7B weights
+#       to the CPU, which the release at predict end removes: expect ~5 s).
 # Then bench/device_next2.sh (extraction, QA bench).
 #   bash bench/device_next.sh                             (carry .whl)
 set -u
@@ -16,19 +17,19 @@ set -u
 gpu_tests_start
 set_and_checkpoint
 gpu_tests_report
-export TRITON_CACHE_DIR=/tmp/triton_cli
-CLI_END=280 workload_cli defaults . auto auto
-grep -o '"process_s": [0-9.]*\|"predict_end": [0-9.]*\|"cuda_mps_pipe": [^,]*' "$OUT/cli_defaults.json" | head -12
-unset TRITON_CACHE_DIR
-pool() {   # $1: label, $2: deadline (s after the start), $3: workers (16); the 18-video pool of session 8 call 1
-  timeout $(( ${2:-400} - ($(date +%s) - T0) )) python3 bench/workload.py --videos /tmp/wl --paths nvdec \
-    --workers "${3:-16}" --copies 3 --part-mb 0 --json "$OUT/pool_$1.json" > "$OUT/pool_$1.txt" 2>&1
-  echo "rc $? ($1)"; grep -E "busy while decoding|every worker was busy|full Video-MME" "$OUT/pool_$1.txt" | cut -c1-300
+pool() {   # $1: label, $2: deadline (s after the start), $3: path, $4: workers, $5: CPU slots
+  timeout $(( $2 - ($(date +%s) - T0) )) python3 bench/workload.py --videos /tmp/wl --paths "$3" \
+    --workers "$4" --cpu-slots "${5:-0}" --copies 3 --part-mb 0 --json "$OUT/pool_$1.json" > "$OUT/pool_$1.txt" 2>&1
+  echo "rc $? ($1)"; grep -E "busy while decoding|every worker was busy|full Video-MME" "$OUT/pool_$1.txt" \
+    | grep -v "^  " | cut -c1-330
+  echo "  videos on a CPU slot: $(grep -c 'CPU slot' "$OUT/pool_$1.txt")"
   stamp "pool $1"
 }
-pool plain 400
-pool w24 480 24     # more sessions in flight on the 7 engines (the CPUs were 42 % busy with 16)
-MPSDIR=$(mktemp -d) && CUDA_MPS_PIPE_DIRECTORY=$MPSDIR CUDA_MPS_LOG_DIRECTORY=$MPSDIR nvidia-cuda-mps-control -d \
-  && { ( export CUDA_MPS_PIPE_DIRECTORY=$MPSDIR CUDA_MPS_LOG_DIRECTORY=$MPSDIR; pool mps 560 )
-       echo quit | CUDA_MPS_PIPE_DIRECTORY=$MPSDIR nvidia-cuda-mps-control; }
+pool nvdec16 230 nvdec 16
+pool hybrid20k4 295 hybrid 20 4
+pool nvdec20 360 nvdec 20
+pool hybrid22k6 425 hybrid 22 6
+export TRITON_CACHE_DIR=/tmp/triton_cli
+CLI_END=580 workload_cli cli . auto auto/cpu_slots=4/num_workers=20
+grep -o '"process_s": [0-9.]*\|"predict_end": [0-9.]*\|"cuda_mps_pipe": [^,]*' "$OUT/cli_cli.json" | head -12
 bundle_out
