@@ -278,9 +278,10 @@ def _timing(out_dir: Path) -> str:
     them, folded (``callbacks.timing.timing_runs``: a file of the old single-run format is its latest run)."""
     from .timing import timing_runs
 
-    def stages(t: dict) -> str:
+    def stages(t: dict) -> str:   # (a run stopped by Ctrl-C says so: its figures are those of the videos it did)
         st = t.get("stages_s") or {k: v for k, v in t.items() if isinstance(v, (int, float))}
-        return ", ".join(f"{k} {float(v):.2f} s" for k, v in st.items())
+        return ("interrupted: " if t.get("interrupted") else "") + ", ".join(f"{k} {float(v):.2f} s"
+                                                                           for k, v in st.items())
 
     def first_answer(t: dict) -> str:
         v = (t.get("timeline_s") or {}).get("first_answer")

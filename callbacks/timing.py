@@ -93,6 +93,7 @@ class StageTimer(Callback):
         self._start = 0.0
         self.timeline: dict[str, float] = {}   # seconds after the process started (process_age_s), milestones
         self._t0: float | None = None          # perf_counter() at the process start
+        self._ended = False                    # this run's figures written at predict end (on_predict_end)
 
     def _stamp(self, name: str) -> None:
         if self._t0 is not None and name not in self.timeline:
@@ -220,8 +221,10 @@ class StageTimer(Callback):
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         """A run stopped by Ctrl-C (or SIGTERM) keeps the figures of the videos it did, marked ``interrupted``, so
-        that the resumed run's file lists it under ``previous_runs`` as the README says (it was lost before)."""
-        if not isinstance(exception, KeyboardInterrupt) or not self._start or not self.per_video:
+        that the resumed run's file lists it under ``previous_runs`` as the README says (it was lost before). An
+        interrupt after predict end (while the scores are written) changes nothing: the run's figures were written
+        whole then, and a second write would list the same run twice."""
+        if not isinstance(exception, KeyboardInterrupt) or not self._start or not self.per_video or self._ended:
             return
         self._stamp("interrupted")
         self._module_marks(pl_module)
@@ -239,6 +242,7 @@ class StageTimer(Callback):
         if getattr(pl_module, "warmup_report", None):   # BudgetedQA: the first step's compile wait and graphs
             s["warmup"] = pl_module.warmup_report
         self._write(trainer, s)
+        self._ended = True
         rows = "  ".join(f"{k} {s['stages_s'][k]:.2f}s ({100 * s['stages_share'][k]:.0f}%)" for k in self.STAGES)
         print(f"[rank {trainer.global_rank}] {s['videos']} video{'' if s['videos'] == 1 else 's'} in "
               f"{s['wall_s']:.2f}s: {rows}")

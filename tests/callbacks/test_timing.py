@@ -150,3 +150,30 @@ def test_timeline_figure_names_a_video_decoded_in_parts():
                          {"video_id": "odd", "parts_fallback": "part 1 failed", **row}, {"video_id": "s", **row}]}
     (ax,) = timeline_figure({"timing_rank0.json": run}).axes
     assert [t.get_text() for t in ax.get_yticklabels()] == ["long (4 parts)", "odd (decoded again whole)", "s"]
+
+
+def test_an_interrupt_after_predict_end_does_not_list_the_run_twice(tmp_path):
+    """Ctrl-C while the scores are written (after predict end): the run's figures were written whole at predict end;
+    the interrupt's write would have pushed them under ``previous_runs`` and listed the same run twice (a new
+    user's trial); an interrupt during predict still writes them, marked."""
+    import time
+    from types import SimpleNamespace
+
+    from callbacks.timing import StageTimer
+
+    trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=SimpleNamespace(type="cpu")), callbacks=[],
+                              global_rank=0, datamodule=None)
+    timer = StageTimer(out_dir=str(tmp_path))
+    timer._start, timer.videos, timer.per_video = time.perf_counter(), 1, [{"video_id": "a", "wait_s": 0.1}]
+    timer.on_predict_end(trainer, SimpleNamespace())
+    timer.on_exception(trainer, SimpleNamespace(), KeyboardInterrupt())
+    data = json.loads((tmp_path / "timing_rank0.json").read_text())
+    assert data["previous_runs"] == [] and "interrupted" not in data and data["videos"] == 1
+    timer._reset()                                   # the next run, interrupted mid-predict
+    timer._start, timer.videos, timer.per_video = time.perf_counter(), 1, [{"video_id": "b", "wait_s": 0.1}]
+    timer.on_exception(trainer, SimpleNamespace(), KeyboardInterrupt())
+    data = json.loads((tmp_path / "timing_rank0.json").read_text())
+    assert data["interrupted"] is True and [r["per_video"][0]["video_id"] for r in data["previous_runs"]] == ["a"]
+    row = _timing(tmp_path).split("<details>")[0]                  # the report says which run was interrupted
+    assert "<td>interrupted: load 0.00 s, wait 0.00 s" in row
+    assert "interrupted" not in _timing(tmp_path).split("<details>")[1]
