@@ -23,9 +23,11 @@ from tests.conftest import MEDIA
 from tests.datamodules.test_first_video_cpu import _nvdec_read_raises
 
 HOLD = """
-import sys, time
-from datamodules.decode.cpu_slots import CpuSlots
-with CpuSlots(sys.argv[1], int(sys.argv[2])).take(1.0) as got:
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("cpu_slots", sys.argv[3])   # the module alone (no torch import: fast)
+mod = sys.modules["cpu_slots"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+with mod.CpuSlots(sys.argv[1], int(sys.argv[2])).take(1.0) as got:
     print("held" if got else "none", flush=True)
     time.sleep(60)
 """
@@ -52,7 +54,10 @@ def test_slots_are_taken_up_to_their_count_and_given_back(tmp_path):
 def test_a_slot_held_by_another_process_is_not_free_and_comes_back_when_it_is_killed(tmp_path):
     folder = str(tmp_path / "s")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, folder, "1"], stdout=subprocess.PIPE, text=True, env=env)
+    import datamodules.decode.cpu_slots as module
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, folder, "1", module.__file__], stdout=subprocess.PIPE,
+                              text=True, env=env)
     try:
         assert holder.stdout.readline().strip() == "held"
         with CpuSlots(folder, 1).take(1.0) as got:
