@@ -70,10 +70,7 @@ if __name__ == "__main__":
 
         start_weights_early(sys.argv[1:], DEFAULT_PREDICT_CONFIG)   # the checkpoint's reads, beside the imports too
         from cli import main
-    except KeyboardInterrupt:       # Ctrl-C during the imports (seconds): one line, as after the start
-        print("interrupted while starting: nothing was run or written", file=sys.stderr)
-        raise SystemExit(130) from None
-    finally:
+    finally:   # (Ctrl-C until here is _exit_while_starting's; from here on Lightning's and cli.main's)
         signal.signal(signal.SIGINT, default_sigint)
 
     main(cli_main)

@@ -263,8 +263,7 @@ class VideoQADataset(Dataset):
                                  short_clip_first_frame=self.short_clip_first_frame,
                                  max_replaced_frac=self.max_replaced_frac, sizing=self.sizing,
                                  decoder=self.decoder, strict_frames=self.strict_frames, part=part,
-                                 cpu_below_mpx=self.cpu_task_mpx if on_cpu else None,
-                                 **({"cpu_slots": slots} if slots is not None else {}))
+                                 cpu_below_mpx=self.cpu_task_mpx if on_cpu else None, cpu_slots=slots)
         try:
             dec = call_with_timeout(call, self.decode_timeout_s, f"decode {task.video_id}")
             item.update(frames=dec.frames, times_s=dec.times_s, video_info=dec.info)

@@ -5,12 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow   # ~5 s on 2 cores: the probe script's smoke run (the probe runs on the GPU machine)
 def test_workers_report_phases_and_the_cpu_reason(tmp_path):
     from datamodules.decode.nvdec_plan import nvdec_unsupported
 

@@ -475,7 +475,6 @@ def test_frame_batched_forward_matches_library_attention(tiny_vlm):
     assert not torch.allclose(plain, ref_uneq, atol=1e-3)                  # the boundaries matter
 
 
-@pytest.mark.slow   # ~12 s on 2 cores: the bench script's smoke run (the bench itself runs on the GPU machine)
 def test_qa_bench_runs_on_the_cpu(bench_tiny_model_from_session, tmp_path, capsys):
     """bench/qa_throughput.py --tiny: the comparison table is produced and every path answers the same tokens (its
     ``main`` in this process, on one thread as the script's own run with OMP_NUM_THREADS=1; the tiny model is the
