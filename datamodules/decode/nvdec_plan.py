@@ -23,10 +23,21 @@ import numpy as np
 from datamodules.decode.errors import NvdecError
 
 
+# PyNvVideoCodec's console logger (the Video Codec SDK's ``simplelogger``) takes its level from this variable
+# (the names beside it in the 2.2.4 binary's strings: TRACE, DEBUG, WARN, ERROR, FATAL). Its WARN lines
+# carry nothing a run acts on ("Container format is matroska,webm. , Seek accuracy may be impacted." once per
+# session of a WebM file: 27 lines in session 19's 18-video pool; the frames are checked against the container's
+# count and equal decord's either way), so a run sets ERROR unless the variable is already set.
+NVC_LOG_ENV, NVC_LOG_LEVEL = "LOGGER_LEVEL", "ERROR"
+
+
 def _import_nvc():
     """PyNvVideoCodec, or why it cannot be used in this process. It must be imported before decord: decord loads
     its FFmpeg 4.1 libraries ``RTLD_GLOBAL``, and PyNvVideoCodec's demuxer then binds to them and segfaults (seen
-    on the H200 with PyNvVideoCodec 2.2.4 whichever way ``LD_BIND_NOW`` is set); imported first, both work."""
+    on the H200 with PyNvVideoCodec 2.2.4 whichever way ``LD_BIND_NOW`` is set); imported first, both work.
+    Sets :data:`NVC_LOG_ENV` to :data:`NVC_LOG_LEVEL` first where the environment has no value for it (so the
+    decode workers, which inherit it, print no WARN lines; a user's own value is kept)."""
+    os.environ.setdefault(NVC_LOG_ENV, NVC_LOG_LEVEL)
     try:
         import PyNvVideoCodec as nvc  # noqa: N813
         return nvc

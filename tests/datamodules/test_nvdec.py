@@ -207,6 +207,26 @@ def test_decord_first_is_refused(tmp_path):
         assert "PyNvVideoCodec is not installed" in out[0] and "decord was imported" not in out[0]
 
 
+@pytest.mark.parametrize("given, seen", [(None, "ERROR"), ("WARN", "WARN")])
+def test_nvc_logger_level_set_before_import(tmp_path, given, seen):
+    """PyNvVideoCodec's console logger reads ``LOGGER_LEVEL``: the import sets ``ERROR`` where it is unset (its
+    WARN lines, one per WebM session, carry nothing a run acts on) and keeps a user's value. A stand-in package
+    (first on the path, imported in a fresh process) records what it found at its own import, and a child of
+    that process inherits it (the decode workers are started after the import)."""
+    (tmp_path / "PyNvVideoCodec").mkdir()
+    (tmp_path / "PyNvVideoCodec" / "__init__.py").write_text(
+        "import os\nSEEN = os.environ.get('LOGGER_LEVEL')\n")
+    code = ("import subprocess, sys; sys.path.insert(0, {!r}); from datamodules.decode import nvdec_plan; "
+            "print(nvdec_plan._NVC.SEEN); print(subprocess.run([sys.executable, '-c', "
+            "'import os; print(os.environ.get(\"LOGGER_LEVEL\"))'], capture_output=True, text=True).stdout.strip())")
+    env = {k: v for k, v in os.environ.items() if k != "LOGGER_LEVEL"}
+    if given is not None:
+        env["LOGGER_LEVEL"] = given
+    out = subprocess.run([sys.executable, "-c", code.format(str(tmp_path))], cwd=REPO, capture_output=True,
+                         text=True, check=True, env=env).stdout.splitlines()
+    assert out == [seen, seen]
+
+
 def test_fallback_records_why(clips):
     """read_with_fallback sends what NVDEC cannot decode exactly to the CPU reader, with the reason."""
     calls = []
