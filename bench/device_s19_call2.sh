@@ -3,7 +3,7 @@
 # (.whl/nvdec_clips, made on the CPU machine by `python -m tests.datamodules.test_nvdec .whl/nvdec_clips`; call 1
 # lacked them: 18 errors); (2) PyNvVideoCodec's WARN lines of a WebM read, with LOGGER_LEVEL unset (the run sets
 # ERROR) and =WARN; (3) bench/device_next2.sh's rows: extraction, then the QA bench at 4k and 16k on s1, s2, m1.
-#   bash bench/device_s19_call2.sh                        (carry .whl)
+#   bash bench/device_s19_call2.sh                        (carry .whl; QA_END=N: the QA bench on s1 only, until N s)
 set -u
 . bench/device_site.sh
 export NVDEC_TEST_CLIPS=$PWD/.whl/nvdec_clips
@@ -19,13 +19,13 @@ list(range(0, 20, 2)), (240, 320), 0, 4); print('frames', f.shape)"
 }
 warn_lines unset; warn_lines WARN; stamp "WARN lines"
 python3 bench/workload.py --make /tmp/wl > /dev/null 2>&1; stamp "set"
-timeout 200 python3 bench/extract_throughput.py --modes completed-block-hold --sessions 16 \
+timeout 170 python3 bench/extract_throughput.py --modes completed-block-hold --sessions 16 \
   --memory-policy window sliding --reprefill-slides auto --json "$OUT/extract.json" > "$OUT/extract.txt" 2>&1
 echo "rc $?"; tail -12 "$OUT/extract.txt" | cut -c1-260; stamp "extraction"
-timeout $(( 400 - ($(date +%s) - T0) )) python3 bench/qa_throughput.py --budgets 4096 16384 --kernels triton \
+timeout $(( ${QA_END:-400} - ($(date +%s) - T0) )) python3 bench/qa_throughput.py --budgets 4096 16384 --kernels triton \
   --paths bcd --videos /tmp/wl/s1_h264_360p25_g60_90s.mp4 --json "$OUT/qa_s1.json" > "$OUT/qa_s1.txt" 2>&1
 echo "rc $?"; grep -E "^s1|b=c|c=d" "$OUT/qa_s1.txt" | cut -c1-300; stamp "QA bench, s1"
-timeout $(( 585 - ($(date +%s) - T0) )) python3 bench/qa_throughput.py --budgets 4096 16384 --kernels triton \
+[ "${QA_END:-400}" -lt 400 ] || timeout $(( 585 - ($(date +%s) - T0) )) python3 bench/qa_throughput.py --budgets 4096 16384 --kernels triton \
   --paths bcd --videos /tmp/wl/s2_h264_720p2997_g250_90s.mp4 /tmp/wl/m1_h264_720p30_g250_480s.mp4 \
   --json "$OUT/qa_s2m1.json" > "$OUT/qa_s2m1.txt" 2>&1
 echo "rc $?"; tail -30 "$OUT/qa_s2m1.txt" | cut -c1-300; stamp "QA bench, s2 and m1"
