@@ -208,23 +208,30 @@ def test_decord_first_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("given, seen", [(None, "ERROR"), ("WARN", "WARN")])
-def test_nvc_logger_level_set_before_import(tmp_path, given, seen):
+def test_nvc_logger_level_set_before_import(tmp_path, monkeypatch, given, seen):
     """PyNvVideoCodec's console logger reads ``LOGGER_LEVEL``: the import sets ``ERROR`` where it is unset (its
     WARN lines, one per WebM session, carry nothing a run acts on) and keeps a user's value. A stand-in package
-    (first on the path, imported in a fresh process) records what it found at its own import, and a child of
-    that process inherits it (the decode workers are started after the import)."""
+    (first on the path) records what it found at its own import; the process's environment, which the decode
+    workers inherit, keeps it."""
+    from datamodules.decode import nvdec_plan
+
     (tmp_path / "PyNvVideoCodec").mkdir()
-    (tmp_path / "PyNvVideoCodec" / "__init__.py").write_text(
-        "import os\nSEEN = os.environ.get('LOGGER_LEVEL')\n")
-    code = ("import subprocess, sys; sys.path.insert(0, {!r}); from datamodules.decode import nvdec_plan; "
-            "print(nvdec_plan._NVC.SEEN); print(subprocess.run([sys.executable, '-c', "
-            "'import os; print(os.environ.get(\"LOGGER_LEVEL\"))'], capture_output=True, text=True).stdout.strip())")
-    env = {k: v for k, v in os.environ.items() if k != "LOGGER_LEVEL"}
-    if given is not None:
-        env["LOGGER_LEVEL"] = given
-    out = subprocess.run([sys.executable, "-c", code.format(str(tmp_path))], cwd=REPO, capture_output=True,
-                         text=True, check=True, env=env).stdout.splitlines()
-    assert out == [seen, seen]
+    (tmp_path / "PyNvVideoCodec" / "__init__.py").write_text("import os\nSEEN = os.environ.get('LOGGER_LEVEL')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("LOGGER_LEVEL", "x")      # (so that the teardown restores the variable's first state)
+    if given is None:
+        monkeypatch.delenv("LOGGER_LEVEL")
+    else:
+        monkeypatch.setenv("LOGGER_LEVEL", given)
+    held = sys.modules.pop("PyNvVideoCodec", None)
+    try:
+        stand_in = nvdec_plan._import_nvc()
+        assert (stand_in.__file__, stand_in.SEEN, os.environ["LOGGER_LEVEL"]) == (
+            str(tmp_path / "PyNvVideoCodec" / "__init__.py"), seen, seen)
+    finally:
+        sys.modules.pop("PyNvVideoCodec", None)
+        if held is not None:
+            sys.modules["PyNvVideoCodec"] = held
 
 
 def test_fallback_records_why(clips):
