@@ -1,5 +1,5 @@
 #!/bin/bash
-# Prepared in sessions 17-18 for the next session's first call (session 18 got no device machine: every start was
+# Prepared in sessions 17-18 for the next session's first call; ran as session 19's call 1 (session 18 got no device machine: every start was
 # refused). One call, ~560 s:
 #   (1) the GPU tests beside the set's making (BudgetedQA releases the VLM at predict end; the MPS watcher);
 #   (2) the feed, which bounds the full Video-MME (session 17's projection: 0.80 h against 0.54 h of steps; ~14,000
