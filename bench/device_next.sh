@@ -1,6 +1,6 @@
 #!/bin/bash
-# Prepared in sessions 17-18 for the next session's first call; ran as session 19's call 1 (session 18 got no device machine: every start was
-# refused). One call, ~560 s:
+# Prepared in sessions 17-18 for the next session's first call; ran as session 19's call 1 (session 18 got no
+# device machine: every start was refused). One call, ~560 s:
 #   (1) the GPU tests beside the set's making (BudgetedQA releases the VLM at predict end; the MPS watcher);
 #   (2) the feed, which bounds the full Video-MME (session 17's projection: 0.80 h against 0.54 h of steps; ~14,000
 #       source frames/s needed, 10,685 measured in session 8's 18-video pool with 16 workers, NVDEC 64 % busy, CPUs
