@@ -15,18 +15,19 @@ warn_lines() {   # $1: LOGGER_LEVEL value or "unset"
 list(range(0, 20, 2)), (240, 320), 0, 4); print('frames', f.shape)"
   if [ "$1" = unset ]; then env -u LOGGER_LEVEL python3 -c "$code" > "$OUT/warn_$1.txt" 2>&1
   else LOGGER_LEVEL=$1 python3 -c "$code" > "$OUT/warn_$1.txt" 2>&1; fi
-  echo "LOGGER_LEVEL $1: rc $?, $(grep -c '\[WARN' "$OUT/warn_$1.txt") WARN lines; $(grep -v '\[WARN' "$OUT/warn_$1.txt" | tail -2 | cut -c1-200)"
+  echo "LOGGER_LEVEL $1: rc $?, $(grep -c '\[WARN' "$OUT/warn_$1.txt") WARN lines;" \
+    "$(grep -v '\[WARN' "$OUT/warn_$1.txt" | tail -2 | cut -c1-200)"
 }
 warn_lines unset; warn_lines WARN; stamp "WARN lines"
 python3 bench/workload.py --make /tmp/wl > /dev/null 2>&1; stamp "set"
 timeout 170 python3 bench/extract_throughput.py --modes completed-block-hold --sessions 16 \
   --memory-policy window sliding --reprefill-slides auto --json "$OUT/extract.json" > "$OUT/extract.txt" 2>&1
 echo "rc $?"; tail -12 "$OUT/extract.txt" | cut -c1-260; stamp "extraction"
-timeout $(( ${QA_END:-400} - ($(date +%s) - T0) )) python3 bench/qa_throughput.py --budgets 4096 16384 --kernels triton \
-  --paths bcd --videos /tmp/wl/s1_h264_360p25_g60_90s.mp4 --json "$OUT/qa_s1.json" > "$OUT/qa_s1.txt" 2>&1
+timeout $(( ${QA_END:-400} - ($(date +%s) - T0) )) python3 bench/qa_throughput.py --budgets 4096 16384 \
+  --kernels triton --paths bcd --videos /tmp/wl/s1_h264_360p25_g60_90s.mp4 --json "$OUT/qa_s1.json" > "$OUT/qa_s1.txt" 2>&1
 echo "rc $?"; grep -E "^s1|b=c|c=d" "$OUT/qa_s1.txt" | cut -c1-300; stamp "QA bench, s1"
-[ "${QA_END:-400}" -lt 400 ] || timeout $(( 585 - ($(date +%s) - T0) )) python3 bench/qa_throughput.py --budgets 4096 16384 --kernels triton \
-  --paths bcd --videos /tmp/wl/s2_h264_720p2997_g250_90s.mp4 /tmp/wl/m1_h264_720p30_g250_480s.mp4 \
+[ "${QA_END:-400}" -lt 400 ] || timeout $(( 585 - ($(date +%s) - T0) )) python3 bench/qa_throughput.py \
+  --budgets 4096 16384 --kernels triton --paths bcd --videos /tmp/wl/s2_h264_720p2997_g250_90s.mp4 /tmp/wl/m1_h264_720p30_g250_480s.mp4 \
   --json "$OUT/qa_s2m1.json" > "$OUT/qa_s2m1.txt" 2>&1
 echo "rc $?"; tail -30 "$OUT/qa_s2m1.txt" | cut -c1-300; stamp "QA bench, s2 and m1"
 bundle_out
