@@ -24,10 +24,12 @@ timeout 170 python3 bench/extract_throughput.py --modes completed-block-hold --s
   --memory-policy window sliding --reprefill-slides auto --json "$OUT/extract.json" > "$OUT/extract.txt" 2>&1
 echo "rc $?"; tail -12 "$OUT/extract.txt" | cut -c1-260; stamp "extraction"
 timeout $(( ${QA_END:-400} - ($(date +%s) - T0) )) python3 bench/qa_throughput.py --budgets 4096 16384 \
-  --kernels triton --paths bcd --videos /tmp/wl/s1_h264_360p25_g60_90s.mp4 --json "$OUT/qa_s1.json" > "$OUT/qa_s1.txt" 2>&1
+  --kernels triton --paths bcd --videos /tmp/wl/s1_h264_360p25_g60_90s.mp4 --json "$OUT/qa_s1.json" \
+  > "$OUT/qa_s1.txt" 2>&1
 echo "rc $?"; grep -E "^s1|b=c|c=d" "$OUT/qa_s1.txt" | cut -c1-300; stamp "QA bench, s1"
 [ "${QA_END:-400}" -lt 400 ] || timeout $(( 585 - ($(date +%s) - T0) )) python3 bench/qa_throughput.py \
-  --budgets 4096 16384 --kernels triton --paths bcd --videos /tmp/wl/s2_h264_720p2997_g250_90s.mp4 /tmp/wl/m1_h264_720p30_g250_480s.mp4 \
+  --budgets 4096 16384 --kernels triton --paths bcd \
+  --videos /tmp/wl/s2_h264_720p2997_g250_90s.mp4 /tmp/wl/m1_h264_720p30_g250_480s.mp4 \
   --json "$OUT/qa_s2m1.json" > "$OUT/qa_s2m1.txt" 2>&1
 echo "rc $?"; tail -30 "$OUT/qa_s2m1.txt" | cut -c1-300; stamp "QA bench, s2 and m1"
 bundle_out
