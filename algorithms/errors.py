@@ -11,12 +11,14 @@ class SettingError(ValueError):
 
 def check_int(name: str, value, low: int, allow_none: bool = False, none_means: str = "") -> None:
     """Raise :class:`SettingError` naming ``name`` unless ``value`` is an integer (not a bool) ``>= low``, or
-    ``None`` when ``allow_none`` (``none_means`` says what null does, for the message)."""
+    ``None`` when ``allow_none`` (``none_means`` says what null does, for the message). The message shows a
+    ``None`` as the config's ``null``."""
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         tail = f", or null for {none_means}" if allow_none and none_means else (", or null" if allow_none else "")
-        raise SettingError(f"{name}={value!r}: expected an integer >= {low}{tail}")
+        shown = "null" if value is None else repr(value)
+        raise SettingError(f"{name}={shown}: expected an integer >= {low}{tail}")
 
 
 class CheckpointError(ValueError):

@@ -137,6 +137,7 @@ def test_the_dataset_passes_the_slots_except_to_the_first_videos_cpu_read(monkey
 
 def test_the_settings_are_checked_and_off_without_cuda(tmp_path):
     for name, bad, msg in (("cpu_slots", -1, "data.cpu_slots"), ("cpu_slots", 1.5, "data.cpu_slots"),
+                           ("cpu_slots", None, "^data.cpu_slots=null: expected an integer >= 0$"),
                            ("cpu_slot_threads", 0, "data.cpu_slot_threads"),
                            ("cpu_slot_mpx", 0, "data.cpu_slot_mpx must be a finite number > 0"),
                            ("cpu_slot_mpx", float("inf"), "data.cpu_slot_mpx"),
